@@ -1,0 +1,79 @@
+"""The project's error classes.
+
+Every failure a user can cause or meet is one of these, with a one-line message that names the file,
+field or model involved. Adapters (store, triton, watcher) wrap third-party exceptions at their edge;
+the CLI renders them in one place and maps each class to an exit code.
+"""
+
+from __future__ import annotations
+
+
+class TritonctlError(Exception):
+    """Root of every error tritonctl raises on purpose."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # one line, always
+        return " ".join(self.message.split("\n")).strip()
+
+
+class ConfigError(TritonctlError):
+    """A setting (flag, environment variable, config file key) is invalid."""
+
+
+class UsageError(TritonctlError):
+    """The request itself is malformed: a bad model name, digest or path."""
+
+
+class ModelConfigError(TritonctlError):
+    """A model directory fails offline validation."""
+
+
+class NotFoundError(TritonctlError):
+    """A model, snapshot or digest that the request names does not exist."""
+
+
+class SnapshotError(TritonctlError):
+    """A model's content could not be captured (still changing, unreadable, on hold)."""
+
+
+class StoreError(TritonctlError):
+    """The registry database failed (locked, unreachable, out of space)."""
+
+
+class TritonError(TritonctlError):
+    """tritonserver answered with an error; `status` is its gRPC status name."""
+
+    def __init__(self, message: str, status: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TritonUnavailableError(TritonError):
+    """tritonserver cannot be reached (not started, crashed, wrong address)."""
+
+
+class TritonTimeoutError(TritonError):
+    """tritonserver did not answer within the call's deadline."""
+
+
+class LauncherError(TritonctlError):
+    """The embedded tritonserver could not be found, assembled or started."""
+
+
+class DeployError(TritonctlError):
+    """A deploy failed; `outcome` is 'failed' or 'rolled_back'."""
+
+    def __init__(self, message: str, outcome: str = "failed") -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class DaemonUnavailableError(TritonctlError):
+    """The CLI cannot reach the daemon's control API."""
+
+
+class PermissionDeniedError(TritonctlError):
+    """The control API refused the caller (missing or wrong token)."""

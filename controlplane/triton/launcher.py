@@ -1,0 +1,290 @@
+"""Find, assemble and run an embedded tritonserver in explicit mode.
+
+PyPI's nvidia-pytriton wheel ships a real tritonserver with the python backend, but not ready to run:
+the backend directory lacks the `triton_python_backend_stub` of the running interpreter, the stub
+needs the wheel's bundled libraries, and model code imports packages from the first `python3` on
+PATH. This module hides those facts (measured in shared/TRITON_NOTES.md) behind `TritonServer`,
+which starts the server on loopback ports, waits until it is live and stops it within a bound.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.errors import LauncherError
+
+RESTRICTED_HEADER = "tritonctl-key"
+_LOG_TAIL_CHARS = 2000
+
+
+def _wheel_root() -> Path | None:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
+    return root if (root / "bin" / "tritonserver").exists() else None
+
+
+def find_tritonserver(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The tritonserver binary: an explicit path, then $PATH, then the nvidia-pytriton wheel."""
+    if explicit:
+        path = Path(explicit)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise LauncherError(f"tritonserver binary {path}: not an executable file")
+        return path
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Path(on_path)
+    wheel = _wheel_root()
+    if wheel is not None:
+        return wheel / "bin" / "tritonserver"
+    raise LauncherError(
+        "no tritonserver found: pass --tritonserver PATH, put one on $PATH, "
+        "or install the embedded extra (pip install 'tritonctl[embedded]')"
+    )
+
+
+def _bundled_libs_dir(server: Path) -> Path | None:
+    candidate = server.resolve().parent.parent.parent.parent / "nvidia_pytriton.libs"
+    return candidate if candidate.is_dir() else None
+
+
+def assemble_backend_dir(dest: Path, server: Path) -> Path:
+    """Make `dest/python/` a python backend whose stub matches the running interpreter.
+
+    Links (never copies) the wheel's files so the stub still finds its bundled libraries. For a
+    tritonserver that is not from the wheel, its own `backends/` directory is used as it is.
+    """
+    wheel_backends = server.resolve().parent.parent / "backends"
+    stubs = server.resolve().parent.parent / "python_backend_stubs"
+    if not stubs.is_dir():
+        if wheel_backends.is_dir():
+            return wheel_backends
+        raise LauncherError(f"tritonserver {server}: no backends directory next to it; pass --backend-dir")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = stubs / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise LauncherError(f"{stubs}: no triton_python_backend_stub for Python {version}")
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    wanted = {
+        "libtriton_python.so": wheel_backends / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": wheel_backends / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": stub,
+    }
+    for name, target in wanted.items():
+        link = python_dir / name
+        if link.is_symlink() or link.exists():
+            if link.is_symlink() and Path(os.readlink(link)) == target:
+                continue
+            link.unlink()
+        link.symlink_to(target)
+    return dest
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the server retries on the rare collision)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process in explicit mode on loopback.
+
+    Ports left at 0 are chosen free at start. `restricted_key` restricts the model-repository
+    protocol (gRPC and HTTP) to callers that send header `tritonctl-key: <key>`.
+    """
+
+    model_repository: Path
+    workdir: Path
+    grpc_port: int = 0
+    http_port: int = 0
+    metrics_port: int | None = None
+    host: str = "127.0.0.1"
+    tritonserver: str | None = None
+    restricted_key: str | None = None
+    exit_timeout_s: int = 5
+    disable_auto_complete: bool = True
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _log_handle: object = field(default=None, init=False, repr=False)
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "tritonserver.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def command(self, server: Path, backend_dir: Path) -> list[str]:
+        args = [
+            str(server),
+            f"--model-repository={self.model_repository}",
+            "--model-control-mode=explicit",
+            f"--backend-directory={backend_dir}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            "--strict-readiness=true",
+            "--log-verbose=0",
+        ]
+        if self.metrics_port is None:
+            args.append("--allow-metrics=false")
+        else:
+            args += [f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}"]
+        if self.disable_auto_complete:
+            args.append("--disable-auto-complete-config")
+        if self.restricted_key:
+            rule = f"model-repository:{RESTRICTED_HEADER}={self.restricted_key}"
+            args += [f"--grpc-restricted-protocol={rule}", f"--http-restricted-api={rule}"]
+        args += list(self.extra_args)
+        return args
+
+    def _environment(self, server: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        # The python stub imports model code with the first python3 on PATH: make it ours.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        libs = _bundled_libs_dir(server)
+        if libs is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+        env.update(self.env)
+        return env
+
+    def start(self, live_timeout_s: float = 60.0) -> TritonServer:
+        """Start the server and return once it is live; raise LauncherError with the log tail if not."""
+        if self.is_running():
+            return self
+        server = find_tritonserver(self.tritonserver)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.model_repository.mkdir(parents=True, exist_ok=True)
+        backend_dir = assemble_backend_dir(self.workdir / "backends", server)
+        choose_ports = self.grpc_port == 0
+        last_error: LauncherError | None = None
+        for _attempt in range(3 if choose_ports else 1):
+            if choose_ports:
+                self.grpc_port, self.http_port = free_port(self.host), free_port(self.host)
+            elif self.http_port == 0:
+                self.http_port = free_port(self.host)
+            if self.metrics_port == 0:
+                self.metrics_port = free_port(self.host)
+            try:
+                self._spawn(server, backend_dir)
+                self.wait_live(live_timeout_s)
+                return self
+            except LauncherError as exc:
+                last_error = exc
+                self.stop()
+                if "address already in use" not in self.log_tail().lower():
+                    break
+        assert last_error is not None
+        raise last_error
+
+    def _spawn(self, server: Path, backend_dir: Path) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_handle = log
+        self.process = subprocess.Popen(
+            self.command(server, backend_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self._environment(server),
+            start_new_session=True,  # its python stubs share the group, so stop() reaches them
+        )
+
+    def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-chars:].decode("utf-8", "replace")
+
+    def wait_live(self, timeout_s: float = 60.0) -> None:
+        import tritonclient.grpc as grpcclient  # deferred: heavy import
+
+        deadline = time.monotonic() + timeout_s
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            while time.monotonic() < deadline:
+                if not self.is_running():
+                    code = self.process.returncode if self.process else None
+                    raise LauncherError(
+                        f"tritonserver exited with code {code} during start-up; log {self.log_path}: "
+                        + self.log_tail(600).strip().replace("\n", " | ")
+                    )
+                try:
+                    if client.is_server_live(client_timeout=1.0):
+                        return
+                except Exception:  # noqa: BLE001 - not up yet; any transport error means retry
+                    pass
+                time.sleep(0.05)
+        finally:
+            client.close()
+        raise LauncherError(f"tritonserver not live after {timeout_s:.0f}s; log {self.log_path}")
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM, then SIGKILL to the whole process group after the bound. Returns the exit code."""
+        proc = self.process
+        if proc is None:
+            return None
+        bound = timeout_s if timeout_s is not None else self.exit_timeout_s + 5.0
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=bound)
+            except subprocess.TimeoutExpired:
+                pass
+        # The server, or a stub it left behind (execute() that never returns), may ignore SIGTERM.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        code = proc.wait()
+        if self._log_handle is not None:
+            self._log_handle.close()  # type: ignore[attr-defined]
+            self._log_handle = None
+        return code
+
+    def kill(self) -> None:
+        """Abrupt death (SIGKILL to the group), for fault tests and a supervisor's last resort."""
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

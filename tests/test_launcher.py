@@ -1,0 +1,98 @@
+"""The embedded tritonserver: found, assembled, started live on loopback, stopped within its bound."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from controlplane.errors import LauncherError
+from controlplane.triton.launcher import RESTRICTED_HEADER, TritonServer, find_tritonserver
+
+SUM_MODEL = {
+    "config.pbtxt": """
+name: "summer"
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+""",
+    "1/model.py": """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            y = x.sum(axis=1, keepdims=True).astype(np.float32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y)]))
+        return out
+""",
+}
+
+
+def write_model(repo: Path, files: dict[str, str], name: str = "summer") -> None:
+    for rel, text in files.items():
+        path = repo / name / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_finds_the_wheel_binary() -> None:
+    assert find_tritonserver().name == "tritonserver"
+
+
+def test_explicit_path_that_is_not_a_binary_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match="not an executable file"):
+        find_tritonserver(tmp_path / "nope")
+
+
+def test_server_serves_a_python_model_in_explicit_mode(triton: TritonServer) -> None:
+    write_model(triton.model_repository, SUM_MODEL)
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    assert client.is_server_live()
+    # explicit mode: nothing is loaded until asked
+    assert not client.is_model_ready("summer")
+    client.load_model("summer", client_timeout=60)
+    x = grpcclient.InferInput("x", [2, 3], "FP32")
+    x.set_data_from_numpy(np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32))
+    result = client.infer("summer", [x]).as_numpy("y")
+    assert result.tolist() == [[6.0], [15.0]]
+    client.unload_model("summer")
+
+
+def test_restricted_key_refuses_model_repository_calls_without_it(tmp_path: Path) -> None:
+    server = TritonServer(tmp_path / "repo", tmp_path / "work", restricted_key="s3cret")
+    write_model(server.model_repository, SUM_MODEL)
+    with server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.load_model("summer", client_timeout=60)
+        header = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": "s3cret"}
+        client.load_model("summer", headers=header, client_timeout=60)
+        assert client.is_model_ready("summer")  # inference-side protocols stay open
+
+
+def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
+    server = TritonServer(tmp_path / "repo", tmp_path / "work")
+    server.start()
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)  # a stopped process cannot act on SIGTERM
+    started = time.monotonic()
+    server.stop(timeout_s=1.0)
+    assert time.monotonic() - started < 10
+    assert not server.is_running()
+
+
+def test_start_failure_reports_the_log_tail(tmp_path: Path) -> None:
+    server = TritonServer(tmp_path / "repo", tmp_path / "work", extra_args=["--no-such-flag"])
+    with pytest.raises(LauncherError, match="exited with code"):
+        server.start(live_timeout_s=20)
