@@ -1,0 +1,223 @@
+"""Daemon settings: flag > TRITONCTL_* environment > TOML config file > defaults, validated once.
+
+Each setting is declared once in `FIELDS` with its type, default, unit and doc; the README's
+configuration table is the same list. Unknown keys and bad values are one-line `ConfigError`s that
+name the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from controlplane.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
+ENV_PREFIX = "TRITONCTL_"
+POLICIES = ("auto", "manual")
+LOG_FORMATS = ("plain", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# What SIGHUP may change without a restart (everything else needs one).
+RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the daemon needs, with units in the names."""
+
+    repository: Path | None = None  # source repository people edit (watched)
+    state_dir: Path = Path("/var/lib/tritonctl")
+    db_url: str | None = None  # default: sqlite:///<state_dir>/registry.db
+    triton_url: str | None = None  # an external tritonserver (gRPC host:port)
+    launch_triton: bool = False  # start and supervise the embedded tritonserver
+    tritonserver: Path | None = None  # explicit binary for --launch-triton
+    triton_key: str | None = None  # restricted-protocol key of an external server
+    settle_s: float = 1.0
+    policy: str = "auto"
+    commit_marker: str | None = None
+    socket: Path | None = None  # default: <state_dir>/tritonctl.sock
+    listen: str | None = None  # optional TCP listener host:port (requires token_file)
+    token_file: Path | None = None
+    metrics_port: int | None = None
+    log_level: str = "info"
+    log_format: str = "plain"
+    reconcile_interval_s: float = 10.0
+    load_timeout_s: float = 120.0
+    shutdown_timeout_s: float = 30.0
+    host: str = ""
+
+    @property
+    def registry_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.state_dir / 'registry.db'}"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket or self.state_dir / "tritonctl.sock"
+
+    def reloaded(self, new: Settings) -> Settings:
+        """This settings object with only the SIGHUP-reloadable fields taken from `new`."""
+        return replace(self, **{name: getattr(new, name) for name in RELOADABLE})
+
+
+def _path(value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError("expected a path")
+    return Path(value).expanduser()
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _positive_float(minimum: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError("expected a number")
+        number = float(value)
+        if number < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return text
+
+    return parse
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected a port number")
+    port = int(value)
+    if not 0 < port < 65536:
+        raise ValueError("expected a port number 1-65535")
+    return port
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def _listen(value: Any) -> str:
+    text = _text(value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT")
+    _port(port)
+    return text
+
+
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    "repository": _path,
+    "state_dir": _path,
+    "db_url": _text,
+    "triton_url": _text,
+    "launch_triton": _bool,
+    "tritonserver": _path,
+    "triton_key": _text,
+    "settle_s": _positive_float(0.05),
+    "policy": _choice(POLICIES),
+    "commit_marker": _text,
+    "socket": _path,
+    "listen": _listen,
+    "token_file": _path,
+    "metrics_port": _port,
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
+    "reconcile_interval_s": _positive_float(0.5),
+    "load_timeout_s": _positive_float(1.0),
+    "shutdown_timeout_s": _positive_float(1.0),
+    "host": _text,
+}
+assert set(PARSERS) == {f.name for f in fields(Settings)}
+
+
+def _parse(key: str, value: Any, source: str) -> Any:
+    try:
+        return PARSERS[key](value)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{source}: {key}: invalid value {value!r} ({exc})") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in PARSERS:
+            raise ConfigError(f"{path}: {key}: unknown key")
+        values[key] = _parse(key, value, str(path))
+    return values
+
+
+def read_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name in ("TRITONCTL_CONFIG", "TRITONCTL_FAULT"):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key not in PARSERS:
+            raise ConfigError(f"environment: {name}: unknown setting")
+        values[key] = _parse(key, value, "environment")
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge the sources; a missing default config file is fine, a missing named one is an error."""
+    env = os.environ if env is None else env
+    file_values: dict[str, Any] = {}
+    named = config_file or (Path(env["TRITONCTL_CONFIG"]) if env.get("TRITONCTL_CONFIG") else None)
+    if named is not None:
+        file_values = read_config_file(named)
+    elif DEFAULT_CONFIG_FILE.exists():
+        file_values = read_config_file(DEFAULT_CONFIG_FILE)
+    merged: dict[str, Any] = {}
+    merged.update(file_values)
+    merged.update(read_environment(env))
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key not in PARSERS:
+            raise ConfigError(f"flag: {key}: unknown setting")
+        merged[key] = _parse(key, value, "flag")
+    settings = Settings(**merged)
+    if settings.listen and not settings.token_file:
+        raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
+    if settings.triton_url and settings.launch_triton:
+        raise ConfigError("triton_url: give either --triton-url or --launch-triton, not both")
+    return settings

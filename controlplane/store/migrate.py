@@ -1,0 +1,48 @@
+"""Run the Alembic migrations in `migrations/` against the registry (no alembic.ini needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.exc import SQLAlchemyError
+
+import migrations
+from controlplane.errors import StoreError
+from controlplane.store.registry import Registry
+
+
+def _config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(registry: Registry) -> str | None:
+    try:
+        with registry.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as exc:
+        raise StoreError(f"registry: cannot read the schema revision: {exc}") from exc
+
+
+def upgrade(registry: Registry, revision: str = "head") -> tuple[str | None, str]:
+    """Upgrade the registry's schema; returns (revision before, revision after)."""
+    before = current_revision(registry)
+    config = _config()
+    try:
+        with registry.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, revision)
+    except SQLAlchemyError as exc:
+        raise StoreError(f"registry: migration failed: {str(exc).splitlines()[0]}") from exc
+    return before, current_revision(registry) or ""

@@ -1,0 +1,114 @@
+"""Plain, immutable views of registry rows: what the rest of the core and the CLI work with."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+
+def iso(value: datetime | None) -> str | None:
+    """Naive-UTC datetime → ISO 8601 with a Z, the JSON contract's time format."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _jsonable(record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in asdict(record).items():
+        out[key] = iso(value) if isinstance(value, datetime) else value
+    return out
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    name: str
+    policy: str | None
+    pinned: bool
+    active_digest: str | None
+    state: str
+    last_error: str | None
+    active_since: datetime | None
+    updated_at: datetime
+    removed_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    model: str
+    digest: str
+    manifest: str
+    config: dict[str, Any] | None
+    versions: list[int]
+    served_versions: list[int]
+    valid: bool
+    problems: list[dict[str, str]]
+    total_bytes: int
+    first_seen: datetime
+    last_seen: datetime
+    quarantined: bool
+    quarantine_reason: str | None
+    collected: bool
+
+    @property
+    def first_error(self) -> str | None:
+        for problem in self.problems:
+            if problem.get("severity") == "error":
+                return f"{problem['file']}: {problem['field']}: {problem['message']}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        data = _jsonable(self)
+        data.pop("manifest")
+        return data
+
+
+@dataclass(frozen=True)
+class DeploymentRecord:
+    id: int
+    model: str
+    kind: str
+    digest: str | None
+    previous_digest: str | None
+    step: str
+    actor: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    id: int
+    time: datetime
+    actor: str
+    action: str
+    model: str | None
+    digest: str | None
+    outcome: str
+    duration_ms: int | None
+    message: str
+    host: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)
+
+
+@dataclass(frozen=True)
+class ServingRecord:
+    model: str
+    digest: str | None
+    versions: list[int] = field(default_factory=list)
+    since: datetime | None = None
+    host: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)

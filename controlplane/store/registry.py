@@ -1,0 +1,492 @@
+"""Repository functions over the registry: every version, every deploy step, every action.
+
+`Registry` is the only writer of the database. Each method is one short transaction; methods that
+change what serves (`finish_deployment`) write the deployment's end, the model's active digest, the
+serving log and the audit event in the same transaction, so a crash never leaves them disagreeing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.errors import NotFoundError, StoreError, UsageError
+from controlplane.store import schema
+from controlplane.store.records import (
+    AuditRecord,
+    DeploymentRecord,
+    ModelRecord,
+    ServingRecord,
+    SnapshotRecord,
+)
+
+BUSY_TIMEOUT_S = 10.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _redact(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a URL we cannot parse is shown as given
+        return url
+
+
+def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
+    """An engine for any SQLAlchemy URL; SQLite gets WAL, a busy timeout and foreign keys."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    model: str | None = None
+    action: str | None = None
+    outcome: str | None = None
+    actor: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = 100
+
+
+def _model_record(row: schema.Model) -> ModelRecord:
+    return ModelRecord(
+        name=row.name,
+        policy=row.policy,
+        pinned=bool(row.pinned),
+        active_digest=row.active_digest,
+        state=row.state,
+        last_error=row.last_error,
+        active_since=row.active_since,
+        updated_at=row.updated_at,
+        removed_at=row.removed_at,
+    )
+
+
+def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
+    return SnapshotRecord(
+        model=row.model,
+        digest=row.digest,
+        manifest=row.manifest,
+        config=json.loads(row.config) if row.config else None,
+        versions=json.loads(row.versions),
+        served_versions=json.loads(row.served_versions),
+        valid=bool(row.valid),
+        problems=json.loads(row.problems),
+        total_bytes=row.total_bytes,
+        first_seen=row.first_seen,
+        last_seen=row.last_seen,
+        quarantined=bool(row.quarantined),
+        quarantine_reason=row.quarantine_reason,
+        collected=bool(row.collected),
+    )
+
+
+def _deployment_record(row: schema.Deployment) -> DeploymentRecord:
+    return DeploymentRecord(
+        id=row.id,
+        model=row.model,
+        kind=row.kind,
+        digest=row.digest,
+        previous_digest=row.previous_digest,
+        step=row.step,
+        actor=row.actor,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        outcome=row.outcome,
+        error=row.error,
+    )
+
+
+def _audit_record(row: schema.AuditEvent) -> AuditRecord:
+    return AuditRecord(
+        id=row.id,
+        time=row.time,
+        actor=row.actor,
+        action=row.action,
+        model=row.model,
+        digest=row.digest,
+        outcome=row.outcome,
+        duration_ms=row.duration_ms,
+        message=row.message,
+        host=row.host,
+    )
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """An audit event to append (the registry stamps the time)."""
+
+    actor: str
+    action: str
+    model: str | None
+    digest: str | None
+    outcome: str
+    message: str = ""
+    duration_ms: int | None = None
+
+
+class Registry:
+    """The registry database behind any SQLAlchemy URL."""
+
+    def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        self.url = url
+        self.host = host
+        self.engine = make_engine(url, busy_timeout_s)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as exc:
+            session.rollback()
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            raise StoreError(f"registry {_redact(self.url)}: {reason}") from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def _model_row(self, session: Session, name: str, create: bool = True) -> schema.Model:
+        row = session.scalar(select(schema.Model).where(schema.Model.name == name))
+        if row is None:
+            if not create:
+                raise NotFoundError(f"model '{name}' is unknown to the registry")
+            now = utcnow()
+            row = schema.Model(name=name, pinned=False, state="new", created_at=now, updated_at=now)
+            session.add(row)
+            session.flush()
+        return row
+
+    def ensure_model(self, name: str) -> ModelRecord:
+        try:
+            with self._session() as session:
+                return _model_record(self._model_row(session, name))
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):  # created concurrently: read it back
+                return self.get_model(name)
+            raise
+
+    def get_model(self, name: str) -> ModelRecord:
+        with self._session() as session:
+            return _model_record(self._model_row(session, name, create=False))
+
+    def find_model(self, name: str) -> ModelRecord | None:
+        with self._session() as session:
+            row = session.scalar(select(schema.Model).where(schema.Model.name == name))
+            return _model_record(row) if row else None
+
+    def list_models(self) -> list[ModelRecord]:
+        with self._session() as session:
+            rows = session.scalars(select(schema.Model).order_by(schema.Model.name))
+            return [_model_record(row) for row in rows]
+
+    def update_model(self, name: str, **fields: Any) -> ModelRecord:
+        """Set policy / pinned / state / last_error / removed_at on a model (created if new)."""
+        allowed = {"policy", "pinned", "state", "last_error", "removed_at"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise UsageError(f"cannot set model field(s) {sorted(unknown)}")
+        with self._session() as session:
+            row = self._model_row(session, name)
+            for key, value in fields.items():
+                setattr(row, key, value)
+            row.updated_at = utcnow()
+            return _model_record(row)
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def record_snapshot(
+        self,
+        model: str,
+        digest: str,
+        manifest: str,
+        *,
+        config: dict[str, Any] | None,
+        versions: list[int],
+        served_versions: list[int],
+        valid: bool,
+        problems: list[dict[str, str]],
+        total_bytes: int,
+    ) -> tuple[SnapshotRecord, bool]:
+        """Record a snapshot; the same content seen again only updates last_seen. Returns (record, new)."""
+        with self._session() as session:
+            self._model_row(session, model)
+            row = session.scalar(
+                select(schema.Snapshot).where(schema.Snapshot.model == model, schema.Snapshot.digest == digest)
+            )
+            now = utcnow()
+            if row is not None:
+                row.last_seen = now
+                row.collected = False
+                return _snapshot_record(row), False
+            row = schema.Snapshot(
+                model=model,
+                digest=digest,
+                manifest=manifest,
+                config=json.dumps(config) if config is not None else None,
+                versions=json.dumps(versions),
+                served_versions=json.dumps(served_versions),
+                valid=valid,
+                problems=json.dumps(problems),
+                total_bytes=total_bytes,
+                first_seen=now,
+                last_seen=now,
+                quarantined=False,
+            )
+            session.add(row)
+            session.flush()
+            return _snapshot_record(row), True
+
+    def get_snapshot(self, model: str, digest: str) -> SnapshotRecord:
+        """A model's snapshot by full digest or unique prefix."""
+        with self._session() as session:
+            rows = list(
+                session.scalars(
+                    select(schema.Snapshot)
+                    .where(schema.Snapshot.model == model, schema.Snapshot.digest.startswith(digest))
+                    .limit(2)
+                )
+            )
+            if not rows:
+                raise NotFoundError(f"model '{model}' has no snapshot with digest {digest}")
+            if len(rows) > 1:
+                raise UsageError(f"digest prefix {digest} is ambiguous for model '{model}'")
+            return _snapshot_record(rows[0])
+
+    def list_snapshots(self, model: str) -> list[SnapshotRecord]:
+        with self._session() as session:
+            rows = session.scalars(
+                select(schema.Snapshot)
+                .where(schema.Snapshot.model == model)
+                .order_by(schema.Snapshot.first_seen.desc(), schema.Snapshot.id.desc())
+            )
+            return [_snapshot_record(row) for row in rows]
+
+    def set_quarantine(self, model: str, digest: str, reason: str | None) -> None:
+        with self._session() as session:
+            row = session.scalar(
+                select(schema.Snapshot).where(schema.Snapshot.model == model, schema.Snapshot.digest == digest)
+            )
+            if row is None:
+                raise NotFoundError(f"model '{model}' has no snapshot with digest {digest}")
+            row.quarantined = reason is not None
+            row.quarantine_reason = reason
+
+    def mark_collected(self, model: str, digests: list[str]) -> None:
+        if not digests:
+            return
+        with self._session() as session:
+            rows = session.scalars(
+                select(schema.Snapshot).where(schema.Snapshot.model == model, schema.Snapshot.digest.in_(digests))
+            )
+            for row in rows:
+                row.collected = True
+
+    def count_quarantined(self) -> int:
+        with self._session() as session:
+            return int(session.scalar(select(func.count()).where(schema.Snapshot.quarantined.is_(True))) or 0)
+
+    # -- deployments ----------------------------------------------------------------------------
+
+    def begin_deployment(
+        self, model: str, kind: str, digest: str | None, previous_digest: str | None, actor: str
+    ) -> DeploymentRecord:
+        """Record the intent before anything is done (crash recovery reads it back)."""
+        with self._session() as session:
+            self._model_row(session, model)
+            now = utcnow()
+            row = schema.Deployment(
+                model=model,
+                kind=kind,
+                digest=digest,
+                previous_digest=previous_digest,
+                step="intent",
+                actor=actor,
+                started_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+            session.flush()
+            return _deployment_record(row)
+
+    def advance(self, deployment_id: int, step: str) -> None:
+        with self._session() as session:
+            row = session.get(schema.Deployment, deployment_id)
+            if row is None:
+                raise NotFoundError(f"deployment {deployment_id} is unknown")
+            row.step = step
+            row.updated_at = utcnow()
+
+    def finish_deployment(
+        self,
+        deployment_id: int,
+        *,
+        outcome: str,
+        error: str | None,
+        audit: AuditEntry,
+        serving: ServingRecord | None,
+        model_state: str,
+    ) -> DeploymentRecord:
+        """End a deployment; in the same transaction set what serves, log it and audit it."""
+        with self._session() as session:
+            row = session.get(schema.Deployment, deployment_id)
+            if row is None:
+                raise NotFoundError(f"deployment {deployment_id} is unknown")
+            now = utcnow()
+            row.step = "done"
+            row.outcome = outcome
+            row.error = error
+            row.finished_at = now
+            row.updated_at = now
+            model = self._model_row(session, row.model)
+            model.state = model_state
+            model.last_error = error
+            model.updated_at = now
+            if serving is not None:
+                if serving.digest != model.active_digest or model.active_since is None:
+                    model.active_since = now
+                model.active_digest = serving.digest
+                session.add(
+                    schema.ServingLog(
+                        time=now,
+                        model=row.model,
+                        digest=serving.digest,
+                        versions=json.dumps(serving.versions),
+                        host=self.host,
+                    )
+                )
+            self._add_audit(session, audit, now)
+            return _deployment_record(row)
+
+    def open_deployments(self) -> list[DeploymentRecord]:
+        with self._session() as session:
+            rows = session.scalars(
+                select(schema.Deployment)
+                .where(schema.Deployment.finished_at.is_(None))
+                .order_by(schema.Deployment.id)
+            )
+            return [_deployment_record(row) for row in rows]
+
+    def last_deployment(self, model: str) -> DeploymentRecord | None:
+        with self._session() as session:
+            row = session.scalar(
+                select(schema.Deployment)
+                .where(schema.Deployment.model == model)
+                .order_by(schema.Deployment.id.desc())
+                .limit(1)
+            )
+            return _deployment_record(row) if row else None
+
+    # -- audit and serving history --------------------------------------------------------------
+
+    def _add_audit(self, session: Session, entry: AuditEntry, now: datetime) -> None:
+        session.add(
+            schema.AuditEvent(
+                time=now,
+                actor=entry.actor,
+                action=entry.action,
+                model=entry.model,
+                digest=entry.digest,
+                outcome=entry.outcome,
+                duration_ms=entry.duration_ms,
+                message=" ".join(entry.message.split()),
+                host=self.host,
+            )
+        )
+
+    def audit(self, entry: AuditEntry) -> None:
+        with self._session() as session:
+            self._add_audit(session, entry, utcnow())
+
+    def query_audit(self, query: AuditQuery) -> list[AuditRecord]:
+        """Newest first, filtered; uses the (model, time) and (time) indexes."""
+        stmt = select(schema.AuditEvent)
+        table = schema.AuditEvent
+        if query.model is not None:
+            stmt = stmt.where(table.model == query.model)
+        if query.action is not None:
+            stmt = stmt.where(table.action == query.action)
+        if query.outcome is not None:
+            stmt = stmt.where(table.outcome == query.outcome)
+        if query.actor is not None:
+            stmt = stmt.where(table.actor == query.actor)
+        if query.since is not None:
+            stmt = stmt.where(table.time >= query.since)
+        if query.until is not None:
+            stmt = stmt.where(table.time <= query.until)
+        stmt = stmt.order_by(table.time.desc(), table.id.desc()).limit(max(1, query.limit))
+        with self._session() as session:
+            return [_audit_record(row) for row in session.scalars(stmt)]
+
+    def serving_at(self, when: datetime, models: list[str] | None = None) -> list[ServingRecord]:
+        """What each model served at `when`: one index seek per model on (model, time)."""
+        with self._session() as session:
+            names = models
+            if names is None:
+                names = list(session.scalars(select(schema.ServingLog.model).distinct()))
+            out: list[ServingRecord] = []
+            for name in sorted(names):
+                row = session.scalar(
+                    select(schema.ServingLog)
+                    .where(schema.ServingLog.model == name, schema.ServingLog.time <= when)
+                    .order_by(schema.ServingLog.time.desc(), schema.ServingLog.id.desc())
+                    .limit(1)
+                )
+                if row is not None and row.digest is not None:
+                    out.append(
+                        ServingRecord(
+                            model=row.model,
+                            digest=row.digest,
+                            versions=json.loads(row.versions),
+                            since=row.time,
+                            host=row.host,
+                        )
+                    )
+            return out
+
+    def serving_history(self, model: str, limit: int = 50) -> list[ServingRecord]:
+        """The model's serving changes, newest first (None digest: nothing served from then on)."""
+        with self._session() as session:
+            rows = session.scalars(
+                select(schema.ServingLog)
+                .where(schema.ServingLog.model == model)
+                .order_by(schema.ServingLog.time.desc(), schema.ServingLog.id.desc())
+                .limit(limit)
+            )
+            return [
+                ServingRecord(row.model, row.digest, json.loads(row.versions), row.time, row.host) for row in rows
+            ]

@@ -1,0 +1,107 @@
+"""The registry's tables (SQLAlchemy 2 ORM). Alembic migrations in `migrations/` create them.
+
+Times are naive UTC datetimes everywhere. `audit_events` and `serving_log` are append-only: nothing in
+the product updates or deletes their rows (gc keeps them even when snapshots go).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Boolean, DateTime, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Model(Base):
+    """One model name ever seen in the source repository (or loaded through the API)."""
+
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    policy: Mapped[str | None] = mapped_column(String(16), nullable=True)  # None: the global policy
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    active_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="new")
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+    active_since: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    removed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class Snapshot(Base):
+    """Every distinct content a model ever had (the same content seen again maps to the same row)."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (UniqueConstraint("model", "digest", name="uq_snapshot_model_digest"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    manifest: Mapped[str] = mapped_column(Text)  # JSON, the snapshot's entries
+    config: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON of the parsed config.pbtxt
+    versions: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of Triton version dirs
+    served_versions: Mapped[str] = mapped_column(Text, default="[]")
+    valid: Mapped[bool] = mapped_column(Boolean)
+    problems: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of problem objects
+    total_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    first_seen: Mapped[datetime] = mapped_column(DateTime)
+    last_seen: Mapped[datetime] = mapped_column(DateTime)
+    quarantined: Mapped[bool] = mapped_column(Boolean, default=False)
+    quarantine_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    collected: Mapped[bool] = mapped_column(Boolean, default=False)  # content removed by gc
+
+
+class Deployment(Base):
+    """One deploy, rollback or unload, its step recorded before each step is taken."""
+
+    __tablename__ = "deployments"
+    __table_args__ = (Index("ix_deployments_open", "finished_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # deploy | rollback | unload
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    previous_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    step: Mapped[str] = mapped_column(String(24))
+    actor: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class AuditEvent(Base):
+    """Append-only log of every action: who, what, which model and digest, outcome, how long."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        Index("ix_audit_model_time", "model", "time"),
+        Index("ix_audit_time", "time"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[datetime] = mapped_column(DateTime)
+    actor: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    duration_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    host: Mapped[str] = mapped_column(String(128), default="")
+
+
+class ServingLog(Base):
+    """Append-only: from `time` on, `model` served `digest` (None: nothing). Answers `audit --at T`."""
+
+    __tablename__ = "serving_log"
+    __table_args__ = (Index("ix_serving_model_time", "model", "time"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[datetime] = mapped_column(DateTime)
+    model: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    versions: Mapped[str] = mapped_column(Text, default="[]")
+    host: Mapped[str] = mapped_column(String(128), default="")

@@ -1,0 +1,203 @@
+"""A client facade over `tritonclient.grpc` with deadlines, bounded retries and the project's errors.
+
+Every call carries a client timeout (a broken model can make Triton's load hang; see
+shared/TRITON_NOTES.md "Traps"). Only transport failures (UNAVAILABLE, connection refused) are retried
+with backoff; a refused model-repository call ("This protocol is restricted") is not a transport
+failure. Triton's own message is kept in every error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from controlplane.errors import PermissionDeniedError, TritonError, TritonTimeoutError, TritonUnavailableError
+from controlplane.triton.launcher import RESTRICTED_HEADER
+
+T = TypeVar("T")
+DIGEST_PARAMETER = "tritonctl.digest"
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One row of Triton's repository index: a model version and its state."""
+
+    name: str
+    version: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Deadlines in seconds for each kind of call."""
+
+    call_s: float = 5.0
+    load_s: float = 120.0
+    infer_s: float = 10.0
+
+
+def _status_name(exc: InferenceServerException) -> str:
+    status = exc.status() or ""
+    return status.replace("StatusCode.", "")
+
+
+def _message(exc: InferenceServerException) -> str:
+    return " ".join((exc.message() or str(exc)).split())
+
+
+def _is_transport_failure(exc: InferenceServerException) -> bool:
+    return _status_name(exc) == "UNAVAILABLE" and "restricted" not in _message(exc)
+
+
+class TritonClient:
+    """tritonserver over gRPC. Thread-safe for concurrent calls (grpc channels are)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        restricted_key: str | None = None,
+        timeouts: Timeouts | None = None,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+    ) -> None:
+        self.url = url
+        self.timeouts = timeouts or Timeouts()
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._headers = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": restricted_key} if restricted_key else None
+        self._client = grpcclient.InferenceServerClient(url)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, what: str, fn: Callable[[], T], retry: bool = True) -> T:
+        attempts = self.retries + 1 if retry else 1
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except InferenceServerException as exc:
+                status, message = _status_name(exc), _message(exc)
+                if _is_transport_failure(exc):
+                    if attempt + 1 < attempts:
+                        time.sleep(self.backoff_s * (2**attempt))
+                        continue
+                    raise TritonUnavailableError(
+                        f"tritonserver at {self.url} unreachable ({what}): {message}", status
+                    ) from exc
+                if "restricted" in message:
+                    raise PermissionDeniedError(f"tritonserver at {self.url} refused {what}: {message}") from exc
+                if status == "DEADLINE_EXCEEDED" or "Deadline Exceeded" in message:
+                    raise TritonTimeoutError(f"{what}: no answer within the deadline ({message})", status) from exc
+                raise TritonError(f"{what}: {message}", status) from exc
+        raise AssertionError("unreachable")
+
+    # -- health ---------------------------------------------------------------------------------
+
+    def server_live(self) -> bool:
+        """True when the server answers; never raises."""
+        try:
+            return bool(self._client.is_server_live(client_timeout=self.timeouts.call_s))
+        except Exception:  # noqa: BLE001 - any failure means "not live"
+            return False
+
+    # -- model repository -----------------------------------------------------------------------
+
+    def load(self, model: str, timeout_s: float | None = None) -> None:
+        deadline = timeout_s or self.timeouts.load_s
+        self._call(
+            f"load '{model}'",
+            lambda: self._client.load_model(model, headers=self._headers, client_timeout=deadline),
+            retry=False,  # a load is not idempotent in cost; the caller decides to try again
+        )
+
+    def unload(self, model: str, dependents: bool = False) -> None:
+        self._call(
+            f"unload '{model}'",
+            lambda: self._client.unload_model(
+                model, headers=self._headers, unload_dependents=dependents, client_timeout=self.timeouts.call_s
+            ),
+        )
+
+    def index(self) -> list[IndexEntry]:
+        data = self._call(
+            "repository index",
+            lambda: self._client.get_model_repository_index(
+                headers=self._headers, as_json=True, client_timeout=self.timeouts.call_s
+            ),
+        )
+        return [
+            IndexEntry(m.get("name", ""), m.get("version", ""), m.get("state", ""), m.get("reason", ""))
+            for m in data.get("models", [])
+        ]
+
+    def ready_versions(self, model: str) -> list[str]:
+        """Versions of `model` that the index says are READY."""
+        return sorted(
+            (e.version for e in self.index() if e.name == model and e.state == "READY"),
+            key=lambda v: int(v) if v.isdigit() else -1,
+        )
+
+    def version_ready(self, model: str, version: str = "") -> bool:
+        return bool(
+            self._call(
+                f"readiness of '{model}'",
+                lambda: self._client.is_model_ready(model, version, client_timeout=self.timeouts.call_s),
+            )
+        )
+
+    def served_config(self, model: str) -> dict[str, Any]:
+        data = self._call(
+            f"config of '{model}'",
+            lambda: self._client.get_model_config(model, as_json=True, client_timeout=self.timeouts.call_s),
+        )
+        return dict(data.get("config", {}))
+
+    def served_digest(self, model: str) -> str | None:
+        """The snapshot digest stamped into the config Triton serves (None if not stamped)."""
+        params = self.served_config(model).get("parameters", {})
+        value = params.get(DIGEST_PARAMETER, {}).get("string_value")
+        return str(value) if value else None
+
+    # -- inference ------------------------------------------------------------------------------
+
+    def infer(
+        self,
+        model: str,
+        version: str,
+        inputs: Sequence[tuple[str, str, np.ndarray]],
+        output_names: Sequence[str],
+        timeout_s: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """One inference: inputs as (name, datatype, array); returns the named outputs."""
+        infer_inputs = []
+        for name, datatype, array in inputs:
+            tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array)
+            infer_inputs.append(tensor)
+        outputs = [grpcclient.InferRequestedOutput(name) for name in output_names] or None
+        result = self._call(
+            f"infer '{model}'",
+            lambda: self._client.infer(
+                model,
+                infer_inputs,
+                model_version=version,
+                outputs=outputs,
+                client_timeout=timeout_s or self.timeouts.infer_s,
+            ),
+            retry=False,
+        )
+        return {name: result.as_numpy(name) for name in output_names}
+
+
+def index_summary(entries: Sequence[IndexEntry]) -> str:
+    """Compact JSON of index entries, for logs and error messages."""
+    return json.dumps([e.__dict__ for e in entries])
