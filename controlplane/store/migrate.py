@@ -46,3 +46,25 @@ def upgrade(registry: Registry, revision: str = "head") -> tuple[str | None, str
     except SQLAlchemyError as exc:
         raise StoreError(f"registry: migration failed: {str(exc).splitlines()[0]}") from exc
     return before, current_revision(registry) or ""
+
+
+def open_existing(url: str) -> Registry:
+    """A registry that must already exist with the current schema (read-only commands)."""
+    from sqlalchemy.engine import make_url
+
+    from controlplane.errors import NotFoundError
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        if not Path(parsed.database).exists():
+            raise NotFoundError(f"no registry at {parsed.database}: start the daemon or run `tritonctl db upgrade`")
+    registry = Registry(url)
+    revision = current_revision(registry)
+    if revision is None:
+        registry.close()
+        raise StoreError("registry has no schema yet: run `tritonctl db upgrade`")
+    if revision != head_revision():
+        registry.close()
+        raise StoreError(f"registry schema is at {revision}, this tritonctl needs {head_revision()}: "
+                         "run `tritonctl db upgrade`")
+    return registry

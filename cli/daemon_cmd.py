@@ -1,0 +1,51 @@
+"""`tritonctl daemon`: parse flags into settings and run the daemon (the core does the rest)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from controlplane import logs
+from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
+from controlplane.daemon import Daemon
+
+
+@click.command()
+@click.option("--repository", type=click.Path(path_type=Path, file_okay=False), help="Source repository to watch.")
+@click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="State directory [default: /var/lib/tritonctl].")
+@click.option("--db-url", help="SQLAlchemy URL of the registry [default: sqlite:///<state-dir>/registry.db].")
+@click.option("--triton-url", help="gRPC HOST:PORT of an external tritonserver (explicit mode, on <state>/serving).")
+@click.option("--launch-triton", is_flag=True, default=None, help="Start and supervise the embedded tritonserver.")
+@click.option("--tritonserver", type=click.Path(path_type=Path, dir_okay=False),
+              help="tritonserver binary for --launch-triton.")
+@click.option("--settle", "settle_s", type=float, help="Settle window in seconds [default: 1.0, min 0.05].")
+@click.option("--policy", type=click.Choice(POLICIES), help="Global deploy policy [default: auto].")
+@click.option("--commit-marker", help="File name writers create last to mark a model complete.")
+@click.option("--socket", type=click.Path(path_type=Path), help="Control socket [default: <state-dir>/tritonctl.sock].")
+@click.option("--listen", help="Also listen on TCP HOST:PORT (requires --token-file).")
+@click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), help="Token for --listen.")
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port (off by default).")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), help="[default: plain]")
+@click.option("--host", help="This host's name in the registry (fleet use).")
+@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="TOML config file [default: /etc/tritonctl/tritonctl.toml if present]. Env: TRITONCTL_CONFIG.")
+def daemon(config_file: Path | None, **flags: Any) -> None:
+    """Run the control plane: watch, snapshot, record, deploy, reconcile.
+
+    Settings come from flags, then TRITONCTL_* environment variables, then the config file.
+
+    \b
+    Examples:
+      tritonctl daemon --repository examples/model_repository --state-dir .state --launch-triton
+      tritonctl daemon --config /etc/tritonctl/tritonctl.toml --triton-url 127.0.0.1:8001
+    """
+    settings = load_settings(flags, config_file=config_file)
+    logs.configure(settings.log_level, settings.log_format)
+    runner = Daemon(settings, reload_settings=lambda: load_settings(flags, config_file=config_file))
+    runner.install_signal_handlers()
+    sys.exit(runner.run())

@@ -1,0 +1,105 @@
+"""Commands that read the registry directly, so they work while the daemon is down; and `db upgrade`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cli import render
+from cli.options import json_option, registry_options, state_option
+from controlplane import queries
+from controlplane.config import Settings
+from controlplane.snapshot import ContentStore
+from controlplane.store import migrate
+from controlplane.store.registry import Registry
+
+
+@click.command()
+@click.argument("model")
+@json_option
+@registry_options
+def versions(registry: Registry, store: ContentStore, model: str, as_json: bool) -> None:
+    """List every distinct content MODEL ever had, newest first, with the active one marked.
+
+    \b
+    Example:
+      tritonctl versions linear --json
+    """
+    render.versions(model, queries.versions(registry, model), as_json)
+
+
+@click.command()
+@click.argument("model")
+@click.argument("digest_a")
+@click.argument("digest_b")
+@json_option
+@registry_options
+def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str, as_json: bool) -> None:
+    """Show files added, removed and changed between two snapshots of MODEL, with text diffs.
+
+    \b
+    Example:
+      tritonctl diff linear 3f2a9c1b 9e01d4aa
+    """
+    render.diff(queries.diff(registry, store, model, digest_a, digest_b), as_json)
+
+
+@click.command()
+@click.option("--model", help="Only this model.")
+@click.option("--action", help="Only this action (deploy, rollback, unload, snapshot, restore, policy, pin...).")
+@click.option("--outcome", type=click.Choice(list(queries.OUTCOMES)), help="Only this outcome.")
+@click.option("--actor", help="Only this actor (OS user, watcher, tritonctl).")
+@click.option("--since", help="ISO 8601 or relative (30m, 2h, 7d).")
+@click.option("--until", help="ISO 8601 or relative (30m, 2h, 7d).")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--at", "at", help="Instead: what each model was serving at this time.")
+@json_option
+@registry_options
+def audit(registry: Registry, store: ContentStore, model: str | None, action: str | None, outcome: str | None,
+          actor: str | None, since: str | None, until: str | None, limit: int, at: str | None,
+          as_json: bool) -> None:
+    """Query the append-only audit log (newest first), or what served at a given time.
+
+    \b
+    Examples:
+      tritonctl audit --model linear --since 2h
+      tritonctl audit --outcome rolled_back --since 7d --json
+      tritonctl audit --at 2026-11-29T03:00:00Z
+    """
+    if at:
+        render.serving_at(queries.serving_at(registry, at, [model] if model else None), as_json)
+        return
+    rows = queries.audit(registry, model=model, action=action, outcome=outcome, actor=actor, since=since,
+                         until=until, limit=limit)
+    render.audit(rows, as_json)
+
+
+@click.group()
+def db() -> None:
+    """Registry schema management."""
+
+
+@db.command("upgrade")
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="SQLAlchemy URL (default sqlite:///<state-dir>/registry.db).")
+@state_option
+@json_option
+def db_upgrade(db_url: str | None, state_dir: Path, as_json: bool) -> None:
+    """Create or upgrade the registry schema (the daemon also does this at start).
+
+    \b
+    Example:
+      tritonctl db upgrade --db-url postgresql+psycopg://tritonctl@db/tritonctl
+    """
+    settings = Settings(state_dir=state_dir, db_url=db_url)
+    if settings.db_url is None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    registry = Registry(settings.registry_url)
+    try:
+        before, after = migrate.upgrade(registry)
+    finally:
+        registry.close()
+    render.kv({"from": before, "to": after}, as_json)
+
+
+COMMANDS = [versions, diff, audit, db]

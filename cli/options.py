@@ -1,0 +1,74 @@
+"""Options shared by several commands, and how they become a client or a registry."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from controlplane.api.client import ControlClient
+from controlplane.api.server import read_token
+from controlplane.config import Settings
+from controlplane.snapshot import ContentStore
+from controlplane.store.migrate import open_existing
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_STATE_DIR = Settings().state_dir
+
+
+def state_option(fn: F) -> F:
+    return click.option(
+        "--state-dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        default=DEFAULT_STATE_DIR,
+        show_default=True,
+        envvar="TRITONCTL_STATE_DIR",
+        help="The daemon's state directory (registry, store, socket). Env: TRITONCTL_STATE_DIR.",
+    )(fn)
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON (a stable contract, see README).")(fn)
+
+
+def daemon_options(fn: F) -> F:
+    """--state-dir, --socket, --address, --token-file: how to reach the daemon."""
+
+    @click.option("--socket", type=click.Path(path_type=Path), envvar="TRITONCTL_SOCKET",
+                  help="Control socket (default <state-dir>/tritonctl.sock). Env: TRITONCTL_SOCKET.")
+    @click.option("--address", envvar="TRITONCTL_ADDRESS", help="HOST:PORT of a daemon's TCP listener.")
+    @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), envvar="TRITONCTL_TOKEN_FILE",
+                  help="Token for --address.")
+    @state_option
+    @functools.wraps(fn)
+    def wrapper(*args: Any, socket: Path | None, address: str | None, token_file: Path | None,
+                state_dir: Path, **kwargs: Any) -> Any:
+        token = read_token(token_file) if token_file else None
+        client = ControlClient(socket=socket or state_dir / "tritonctl.sock", address=address, token=token)
+        try:
+            return fn(*args, client=client, **kwargs)
+        finally:
+            client.close()
+
+    return wrapper  # type: ignore[return-value]
+
+
+def registry_options(fn: F) -> F:
+    """--state-dir and --db-url: read the registry directly (works while the daemon is down)."""
+
+    @click.option("--db-url", envvar="TRITONCTL_DB_URL",
+                  help="SQLAlchemy URL of the registry (default sqlite:///<state-dir>/registry.db).")
+    @state_option
+    @functools.wraps(fn)
+    def wrapper(*args: Any, db_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
+        settings = Settings(state_dir=state_dir, db_url=db_url)
+        registry = open_existing(settings.registry_url)
+        try:
+            return fn(*args, registry=registry, store=ContentStore(state_dir / "store"), **kwargs)
+        finally:
+            registry.close()
+
+    return wrapper  # type: ignore[return-value]

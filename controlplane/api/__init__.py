@@ -1,0 +1,1 @@
+"""Control API: proto, generated code, server and client."""

@@ -1,0 +1,277 @@
+"""The daemon's lifecycle: start-up (migrate, Triton, reconcile, control API, watcher, READY=1) →
+main loop (settled models, periodic reconcile, Triton supervision, watchdog) → shutdown.
+
+Signal handlers only set flags; the loop acts on them. SIGHUP re-reads the settings that can change
+without a restart (policy, settle window, log level, reconcile interval); SIGTERM/SIGINT stop taking
+new work, let in-flight deploys finish within `shutdown_timeout_s`, leave models loaded in an
+external tritonserver and stop a launched one; a second SIGINT exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from controlplane import systemd
+from controlplane.config import Settings
+from controlplane.deploy import Outcome
+from controlplane.errors import TritonctlError
+from controlplane.publish import ServingRepository
+from controlplane.service import ControlPlane
+from controlplane.snapshot import ContentStore
+from controlplane.store import migrate
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.triton.client import Timeouts, TritonClient
+from controlplane.triton.launcher import TritonServer
+from controlplane.watcher import RepositoryWatcher
+
+log = logging.getLogger("tritonctl.daemon")
+
+TICK_S = 0.1
+
+
+class Daemon:
+    """One tritonctl daemon process."""
+
+    def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> None:
+        self.settings = settings
+        self.reload_settings = reload_settings
+        self.stop_requested = threading.Event()
+        self.reload_requested = threading.Event()
+        self._sigint_count = 0
+        self._settled: queue.Queue[str] = queue.Queue()
+        self._inflight: set[Future[Any]] = set()
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
+        self.triton_server: TritonServer | None = None
+        self.watcher: RepositoryWatcher | None = None
+        self.api: Any = None
+        self.metrics: Any = None
+        self.plane: ControlPlane | None = None
+        self.registry: Registry | None = None
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def _prepare_state_dir(self) -> None:
+        state = self.settings.state_dir
+        state.mkdir(parents=True, exist_ok=True)
+        os.chmod(state, 0o750)
+        for sub in ("store", "serving", "published", "triton"):
+            (state / sub).mkdir(exist_ok=True)
+
+    def _start_triton(self) -> tuple[str, str | None]:
+        if self.settings.launch_triton:
+            key = secrets.token_hex(16)  # only this process knows it: nobody else can load code
+            self.triton_server = TritonServer(
+                model_repository=self.settings.state_dir / "serving",
+                workdir=self.settings.state_dir / "triton",
+                tritonserver=str(self.settings.tritonserver) if self.settings.tritonserver else None,
+                restricted_key=key,
+            )
+            self.triton_server.start()
+            log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
+            return self.triton_server.grpc_url, key
+        if not self.settings.triton_url:
+            raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
+        return self.settings.triton_url, self.settings.triton_key
+
+    def start(self) -> None:
+        settings = self.settings
+        self._prepare_state_dir()
+        self.registry = Registry(settings.registry_url, host=settings.host)
+        before, after = migrate.upgrade(self.registry)
+        if before != after:
+            log.info("registry schema upgraded %s -> %s", before or "empty", after)
+        url, key = self._start_triton()
+        triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
+        store = ContentStore(settings.state_dir / "store")
+        serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
+        self.plane = ControlPlane(settings, self.registry, store, serving, triton, on_outcome=self._on_outcome)
+        if settings.metrics_port:
+            from controlplane.metrics import Metrics
+
+            self.metrics = Metrics(self.plane, settings.metrics_port)
+            self.metrics.start()
+        self.plane.reconcile()
+        from controlplane.api.server import ApiServer
+
+        self.api = ApiServer(self.plane, self.executor, settings)
+        self.api.start()
+        if settings.repository is not None:
+            self.watcher = RepositoryWatcher(settings.repository, self._settled.put, settle_s=settings.settle_s)
+            self.plane.reschedule = self.watcher.reschedule
+            self.watcher.start()
+            self._initial_scan()
+        self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
+        systemd.ready(self.status_line())
+        log.info("ready: control socket %s, triton %s", settings.socket_path, url)
+
+    def _initial_scan(self) -> None:
+        """Record (and, under auto policy, deploy) what the source holds now; ensembles last."""
+        assert self.watcher is not None and self.plane is not None
+        names = self.watcher.initial_scan()
+        ordered = sorted(names, key=lambda n: (self._is_ensemble(n), n))
+        for name in ordered:
+            try:
+                self.plane.handle_settled(name)
+            except TritonctlError as exc:
+                log.error("%s: %s", name, exc)
+
+    def _is_ensemble(self, name: str) -> bool:
+        assert self.settings.repository is not None
+        try:
+            text = (self.settings.repository / name / "config.pbtxt").read_text(errors="replace")
+        except OSError:
+            return False
+        return 'platform: "ensemble"' in text or "platform:\"ensemble\"" in text
+
+    # -- main loop ------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
+
+    def _on_stop_signal(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT:
+            self._sigint_count += 1
+            if self._sigint_count > 1:
+                os._exit(130)  # the operator insists
+        self.stop_requested.set()
+
+    def run(self) -> int:
+        """Start, loop until asked to stop, shut down. Returns the exit code."""
+        self.start()
+        assert self.plane is not None
+        interval = systemd.watchdog_interval_s()
+        next_ping = time.monotonic()
+        next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+        while not self.stop_requested.is_set():
+            now = time.monotonic()
+            if interval is not None and now >= next_ping:
+                systemd.watchdog_ping()  # from the loop that does the work: a hung loop stops pinging
+                next_ping = now + interval
+            if self.reload_requested.is_set():
+                self.reload_requested.clear()
+                self._reload()
+            self._dispatch_settled()
+            if now >= next_reconcile:
+                self._supervise_and_reconcile()
+                next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+            self._inflight = {f for f in self._inflight if not f.done()}
+            self.stop_requested.wait(TICK_S)
+        self.shutdown()
+        return 0
+
+    def _dispatch_settled(self) -> None:
+        assert self.plane is not None
+        while True:
+            try:
+                model = self._settled.get_nowait()
+            except queue.Empty:
+                return
+            self._inflight.add(self.executor.submit(self._guarded, self.plane.handle_settled, model))
+
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except TritonctlError as exc:
+            log.error("%s: %s", args[0] if args else fn.__name__, exc)
+        except Exception:  # noqa: BLE001 - a bug in one model's pipeline must not stop the daemon
+            log.exception("unexpected error handling %s", args)
+        return None
+
+    def _supervise_and_reconcile(self) -> None:
+        assert self.plane is not None
+        server = self.triton_server
+        if server is not None and not server.is_running():
+            log.error("launched tritonserver died (code %s); restarting", server.process and server.process.returncode)
+            try:
+                server.stop()
+                server.start()
+            except TritonctlError as exc:
+                log.error("restarting tritonserver: %s", exc)
+                return
+        try:
+            self.plane.reconcile()
+        except TritonctlError as exc:
+            log.error("reconcile: %s", exc)
+        systemd.status(self.status_line())
+
+    def _reload(self) -> None:
+        systemd.reloading()
+        if self.reload_settings is not None:
+            try:
+                new = self.settings.reloaded(self.reload_settings())
+            except TritonctlError as exc:
+                log.error("reload refused, keeping the running settings: %s", exc)
+                systemd.ready(self.status_line())
+                return
+            self.settings = new
+            if self.plane is not None:
+                self.plane.settings = new
+            if self.watcher is not None:
+                self.watcher.set_settle(new.settle_s)
+            logging.getLogger("tritonctl").setLevel(new.log_level.upper())
+            log.info("reloaded: policy=%s settle_s=%s log_level=%s", new.policy, new.settle_s, new.log_level)
+        systemd.ready(self.status_line())
+
+    def _on_outcome(self, outcome: Outcome) -> None:
+        if self.metrics is not None:
+            self.metrics.observe(outcome)
+        systemd.status(self.status_line())
+
+    def status_line(self) -> str:
+        if self.plane is None or self.registry is None:
+            return "starting"
+        try:
+            serving = sum(1 for m in self.registry.list_models() if m.state == "serving")
+        except TritonctlError:
+            serving = -1
+        return f"{serving} models serving; last: {self.plane.counters.last_action}"
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        systemd.stopping()
+        log.info("stopping: no new work; waiting up to %.0fs for deploys in flight", self.settings.shutdown_timeout_s)
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.api is not None:
+            self.api.stop(grace_s=1.0)
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        for future in list(self._inflight):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                future.result(timeout=remaining)
+            except Exception:  # noqa: BLE001 - its own handler logged it; we only wait
+                pass
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self.registry is not None:
+            try:
+                self.registry.audit(AuditEntry("tritonctl", "daemon_stop", None, None, "ok", "clean shutdown"))
+            except TritonctlError as exc:
+                log.error("audit at shutdown: %s", exc)
+        if self.triton_server is not None:
+            self.triton_server.stop()
+        if self.plane is not None:
+            self.plane.triton.close()
+        if self.registry is not None:
+            self.registry.close()
+        log.info("stopped")
+
+
+def socket_path_ok(path: Path) -> bool:
+    return path.exists() and path.is_socket()

@@ -1,0 +1,460 @@
+"""The per-model deploy / rollback / unload state machine.
+
+One operation at a time per model (different models deploy concurrently). Every step is recorded in
+the registry before it is taken, so a crash leaves a deployment that `recover` can finish or roll
+back. A deploy is: publish a fresh tree → load → verify every served version READY and the served
+config carrying the new digest → smoke requests → commit. On any failure the last good snapshot is
+published as a fresh tree and loaded again (Triton ignores a re-point to an old tree; see
+shared/TRITON_NOTES.md), the failing digest is quarantined and the outcome is `rolled_back`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from controlplane.errors import (
+    DeployError,
+    NotFoundError,
+    SnapshotError,
+    TritonctlError,
+    TritonError,
+    TritonUnavailableError,
+)
+from controlplane.modelconfig import stamp_parameter
+from controlplane.publish import ServingRepository
+from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
+from controlplane.snapshot import ContentStore
+from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.triton.client import DIGEST_PARAMETER, TritonClient
+
+log = logging.getLogger("tritonctl.deploy")
+
+SMOKE_FILE = "smoke.json"
+FAULT_ENV = "TRITONCTL_FAULT"  # test-only: names a step at which the daemon exits abruptly
+
+
+def fault_point(step: str) -> None:
+    """Crash-consistency tests set TRITONCTL_FAULT=<step> to make the process die right here."""
+    if os.environ.get(FAULT_ENV) == step:
+        log.error("fault injection: exiting abruptly at %s", step)
+        os._exit(97)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One step of an operation, streamed to the CLI as it happens."""
+
+    model: str
+    step: str
+    state: str  # start | ok | failed | skipped
+    message: str = ""
+    digest: str = ""
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an operation ended: ok, failed, rolled_back or noop."""
+
+    model: str
+    action: str
+    outcome: str
+    digest: str | None
+    active_digest: str | None
+    message: str = ""
+    duration_ms: int = 0
+    steps: list[Progress] = field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome in ("ok", "noop")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "action": self.action,
+            "outcome": self.outcome,
+            "digest": self.digest,
+            "active_digest": self.active_digest,
+            "message": self.message,
+            "duration_ms": self.duration_ms,
+        }
+
+
+class VerifyError(TritonctlError):
+    """Triton answered OK but does not serve what was published."""
+
+
+def stamp_digest(digest: str) -> Callable[[str], str]:
+    return lambda text: stamp_parameter(text, DIGEST_PARAMETER, digest)
+
+
+class Deployer:
+    """Drives one Triton through deploys, rollbacks and unloads, recording each step."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        store: ContentStore,
+        serving: ServingRepository,
+        triton: TritonClient,
+        *,
+        load_timeout_s: float = 120.0,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.serving = serving
+        self.triton = triton
+        self.load_timeout_s = load_timeout_s
+        self.on_outcome = on_outcome
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def lock(self, model: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(model, threading.Lock())
+
+    # -- the steps ------------------------------------------------------------------------------
+
+    def _publish(self, model: str, digest: str) -> Path:
+        snapshot = self.store.load(model, digest)
+        return self.serving.publish(snapshot, self.store, stamp_digest(digest))
+
+    def _verify(self, model: str, digest: str, served_versions: Sequence[int]) -> list[str]:
+        ready = self.triton.ready_versions(model)
+        missing = [str(v) for v in served_versions if str(v) not in ready]
+        if missing:
+            raise VerifyError(f"'{model}': version(s) {', '.join(missing)} not READY after load (ready: {ready})")
+        served = self.triton.served_digest(model)
+        if served != digest:
+            raise VerifyError(
+                f"'{model}': Triton serves digest {(served or 'none')[:12]}, not {digest[:12]} (load ignored)"
+            )
+        return ready
+
+    def _smoke(self, model: str, tree: Path) -> None:
+        path = tree / SMOKE_FILE
+        if not path.exists():
+            return
+        requests = load_smoke_file(path)
+
+        def infer(name: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+            return self.triton.infer(name, version, [(i.name, i.datatype, i.array) for i in inputs], outputs)
+
+        failures = run_smoke(model, requests, infer)
+        if failures:
+            raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
+
+    def _load_verified(self, model: str, digest: str, served_versions: Sequence[int], emit: ProgressFn,
+                       deployment: DeploymentRecord | None) -> tuple[Path, list[str]]:
+        emit(Progress(model, "publish", "start", digest=digest))
+        tree = self._publish(model, digest)
+        if deployment:
+            self.registry.advance(deployment.id, "published")
+            fault_point("after_publish")
+        emit(Progress(model, "publish", "ok", str(tree), digest))
+        emit(Progress(model, "load", "start", digest=digest))
+        self.triton.load(model, self.load_timeout_s)
+        if deployment:
+            self.registry.advance(deployment.id, "loaded")
+            fault_point("after_load")
+        emit(Progress(model, "load", "ok", digest=digest))
+        emit(Progress(model, "verify", "start", digest=digest))
+        ready = self._verify(model, digest, served_versions)
+        if deployment:
+            self.registry.advance(deployment.id, "verified")
+            fault_point("after_verify")
+        emit(Progress(model, "verify", "ok", f"READY versions {', '.join(ready)}", digest))
+        return tree, ready
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def deploy(
+        self,
+        model: str,
+        digest: str,
+        actor: str,
+        *,
+        force: bool = False,
+        kind: str = "deploy",
+        progress: ProgressFn | None = None,
+    ) -> Outcome:
+        """Deploy a recorded snapshot; roll back to the last good one on any failure."""
+        with self.lock(model):
+            return self._deploy_locked(model, digest, actor, force=force, kind=kind, progress=progress)
+
+    def _deploy_locked(
+        self, model: str, digest: str, actor: str, *, force: bool, kind: str, progress: ProgressFn | None
+    ) -> Outcome:
+        started = time.monotonic()
+        steps: list[Progress] = []
+
+        def emit(p: Progress) -> None:
+            steps.append(p)
+            log.info("%s %s %s %s %s", p.model, p.step, p.state, p.digest[:12], p.message)
+            if progress:
+                progress(p)
+
+        snap = self.registry.get_snapshot(model, digest)
+        digest = snap.digest
+        current = self.registry.ensure_model(model)
+        previous = current.active_digest if current.state in ("serving", "degraded") else None
+
+        def finish_without_triton(outcome: str, message: str) -> Outcome:
+            self.registry.audit(AuditEntry(actor, kind, model, digest, outcome, message, _ms(started)))
+            emit(Progress(model, "validate" if outcome == "failed" else "deploy", "failed" if outcome == "failed"
+                          else "skipped", message, digest))
+            return self._outcome(model, kind, outcome, digest, previous, message, started, steps)
+
+        emit(Progress(model, "validate", "start", digest=digest))
+        if not snap.valid:
+            return finish_without_triton("failed", f"invalid, not sent to Triton: {snap.first_error}")
+        if snap.quarantined and not force:
+            return finish_without_triton(
+                "failed", f"digest {digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry"
+            )
+        emit(Progress(model, "validate", "ok", digest=digest))
+        if previous == digest and not force and self._serves(model, digest):
+            return finish_without_triton("noop", f"already serving {digest[:12]}")
+
+        deployment = self.registry.begin_deployment(model, kind, digest, previous, actor)
+        fault_point("after_intent")
+        try:
+            tree, ready = self._load_verified(model, digest, snap.served_versions, emit, deployment)
+            emit(Progress(model, "smoke", "start", digest=digest))
+            self._smoke(model, tree)
+            emit(Progress(model, "smoke", "ok", digest=digest))
+        except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
+            return self._recover_from_failure(deployment, snap, previous, exc, emit, started, steps, actor)
+        fault_point("before_commit")
+        message = f"serving {digest[:12]} (versions {', '.join(ready)})"
+        self.registry.finish_deployment(
+            deployment.id,
+            outcome="ok",
+            error=None,
+            audit=AuditEntry(actor, kind, model, digest, "ok", message, _ms(started)),
+            serving=ServingRecord(model, digest, [int(v) for v in ready if v.isdigit()]),
+            model_state="serving",
+        )
+        if snap.quarantined:
+            self.registry.set_quarantine(model, digest, None)
+        self.serving.prune(model)
+        emit(Progress(model, "commit", "ok", message, digest))
+        return self._outcome(model, kind, "ok", digest, digest, message, started, steps)
+
+    def _serves(self, model: str, digest: str) -> bool:
+        try:
+            return self.triton.served_digest(model) == digest and bool(self.triton.ready_versions(model))
+        except TritonctlError:
+            return False
+
+    def _recover_from_failure(
+        self,
+        deployment: DeploymentRecord,
+        snap: SnapshotRecord,
+        previous: str | None,
+        exc: Exception,
+        emit: ProgressFn,
+        started: float,
+        steps: list[Progress],
+        actor: str,
+    ) -> Outcome:
+        model, digest, kind = snap.model, snap.digest, deployment.kind
+        error = str(exc)
+        emit(Progress(model, deployment.step if deployment.step != "intent" else "deploy", "failed", error, digest))
+        self.registry.advance(deployment.id, "rolling_back")
+        fault_point("mid_rollback")
+        if isinstance(exc, TritonUnavailableError):
+            # Not the content's fault: no quarantine. Put the serving repository back to what the
+            # registry says serves; reconcile loads it when Triton is back.
+            if previous:
+                self._publish(model, previous)
+            message = f"tritonserver unreachable: {error}"
+            self.registry.finish_deployment(
+                deployment.id, outcome="failed", error=message, serving=None,
+                audit=AuditEntry(actor, kind, model, digest, "failed", message, _ms(started)),
+                model_state="serving" if previous else "failed",
+            )
+            return self._outcome(model, kind, "failed", digest, previous, message, started, steps)
+        self.registry.set_quarantine(model, digest, error)
+        if previous:
+            emit(Progress(model, "rollback", "start", f"restoring {previous[:12]}", previous))
+            try:
+                prev_snap = self.registry.get_snapshot(model, previous)
+                self._load_verified(model, previous, prev_snap.served_versions, emit, None)
+            except TritonctlError as rollback_exc:
+                message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
+                emit(Progress(model, "rollback", "failed", str(rollback_exc), previous))
+                self.registry.finish_deployment(
+                    deployment.id, outcome="failed", error=message, serving=None,
+                    audit=AuditEntry(actor, kind, model, digest, "failed", message, _ms(started)),
+                    model_state="degraded",
+                )
+                return self._outcome(model, kind, "failed", digest, previous, message, started, steps)
+            message = f"rolled back to {previous[:12]}: {error}"
+            self.registry.finish_deployment(
+                deployment.id, outcome="rolled_back", error=error, serving=None,
+                audit=AuditEntry(actor, kind, model, digest, "rolled_back", message, _ms(started)),
+                model_state="serving",
+            )
+            self.serving.prune(model)
+            emit(Progress(model, "rollback", "ok", message, previous))
+            return self._outcome(model, kind, "rolled_back", digest, previous, message, started, steps)
+        # Nothing good to return to: take the broken model out of Triton.
+        try:
+            self.triton.unload(model)
+        except TritonctlError as unload_exc:
+            log.warning("%s: unload after failed first deploy: %s", model, unload_exc)
+        self.serving.unpublish(model)
+        message = f"failed, nothing to roll back to: {error}"
+        self.registry.finish_deployment(
+            deployment.id, outcome="failed", error=error,
+            serving=ServingRecord(model, None, []),
+            audit=AuditEntry(actor, kind, model, digest, "failed", message, _ms(started)),
+            model_state="failed",
+        )
+        return self._outcome(model, kind, "failed", digest, None, message, started, steps)
+
+    def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
+        with self.lock(model):
+            started = time.monotonic()
+            current = self.registry.get_model(model)
+            deployment = self.registry.begin_deployment(model, "unload", None, current.active_digest, actor)
+            try:
+                self.triton.unload(model, dependents)
+            except TritonctlError as exc:
+                message = str(exc)
+                self.registry.finish_deployment(
+                    deployment.id, outcome="failed", error=message, serving=None,
+                    audit=AuditEntry(actor, "unload", model, current.active_digest, "failed", message, _ms(started)),
+                    model_state=current.state,
+                )
+                return self._outcome(model, "unload", "failed", None, current.active_digest, message, started, [])
+            self.serving.unpublish(model)
+            self.registry.finish_deployment(
+                deployment.id, outcome="ok", error=None, serving=ServingRecord(model, None, []),
+                audit=AuditEntry(actor, "unload", model, current.active_digest, "ok", "unloaded", _ms(started)),
+                model_state="unloaded",
+            )
+            if progress:
+                progress(Progress(model, "unload", "ok", "unloaded"))
+            return self._outcome(model, "unload", "ok", None, None, "unloaded", started, [])
+
+    def previous_good(self, model: str) -> str:
+        """The last digest that served before the active one (valid, not quarantined, not collected)."""
+        current = self.registry.get_model(model)
+        for entry in self.registry.serving_history(model, limit=200):
+            if entry.digest is None or entry.digest == current.active_digest:
+                continue
+            snap = self.registry.get_snapshot(model, entry.digest)
+            if snap.valid and not snap.quarantined and not snap.collected:
+                return snap.digest
+        raise NotFoundError(f"model '{model}' has no previous good version to roll back to")
+
+    def rollback(self, model: str, actor: str, to: str | None = None, progress: ProgressFn | None = None) -> Outcome:
+        target = self.registry.get_snapshot(model, to).digest if to else self.previous_good(model)
+        return self.deploy(model, target, actor, force=to is not None, kind="rollback", progress=progress)
+
+    def restore(self, model: str, digest: str, reason: str) -> Outcome:
+        """Make Triton serve the registry's active digest again (reconcile, crash recovery)."""
+        with self.lock(model):
+            started = time.monotonic()
+            snap = self.registry.get_snapshot(model, digest)
+            try:
+                self._load_verified(model, digest, snap.served_versions, lambda p: None, None)
+            except TritonctlError as exc:
+                message = f"restore of {digest[:12]} failed ({reason}): {exc}"
+                self.registry.audit(AuditEntry("tritonctl", "restore", model, digest, "failed", message, _ms(started)))
+                self.registry.update_model(model, last_error=message)
+                return self._outcome(model, "restore", "failed", digest, digest, message, started, [])
+            message = f"restored {digest[:12]} ({reason})"
+            self.registry.audit(AuditEntry("tritonctl", "restore", model, digest, "ok", message, _ms(started)))
+            self.serving.prune(model)
+            return self._outcome(model, "restore", "ok", digest, digest, message, started, [])
+
+    def recover(self, deployment: DeploymentRecord) -> Outcome:
+        """Finish or roll back a deployment a crash interrupted (its steps say how far it got)."""
+        with self.lock(deployment.model):
+            started = time.monotonic()
+            model, previous = deployment.model, deployment.previous_digest
+            reason = f"interrupted at step '{deployment.step}' by a daemon stop"
+            if deployment.kind == "unload":
+                try:
+                    self.triton.unload(model)
+                except TritonctlError as exc:
+                    log.warning("%s: finishing interrupted unload: %s", model, exc)
+                self.serving.unpublish(model)
+                self.registry.finish_deployment(
+                    deployment.id, outcome="ok", error=None, serving=ServingRecord(model, None, []),
+                    audit=AuditEntry(deployment.actor, "unload", model, previous, "ok", f"finished after restart; {reason}",
+                                     _ms(started)),
+                    model_state="unloaded",
+                )
+                return self._outcome(model, "unload", "ok", None, None, reason, started, [])
+            if previous:
+                snap = self.registry.get_snapshot(model, previous)
+                try:
+                    self._load_verified(model, previous, snap.served_versions, lambda p: None, None)
+                except TritonctlError as exc:
+                    message = f"{reason}; restoring {previous[:12]} failed: {exc}"
+                    self.registry.finish_deployment(
+                        deployment.id, outcome="failed", error=message, serving=None,
+                        audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "failed", message,
+                                         _ms(started)),
+                        model_state="degraded",
+                    )
+                    return self._outcome(model, deployment.kind, "failed", deployment.digest, previous, message,
+                                         started, [])
+                message = f"rolled back to {previous[:12]}: {reason}"
+                self.registry.finish_deployment(
+                    deployment.id, outcome="rolled_back", error=reason, serving=None,
+                    audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "rolled_back", message,
+                                     _ms(started)),
+                    model_state="serving",
+                )
+                self.serving.prune(model)
+                return self._outcome(model, deployment.kind, "rolled_back", deployment.digest, previous, message,
+                                     started, [])
+            try:
+                self.triton.unload(model)
+            except TritonctlError as exc:
+                log.warning("%s: unload during recovery: %s", model, exc)
+            self.serving.unpublish(model)
+            message = f"failed: {reason} (no previous version)"
+            self.registry.finish_deployment(
+                deployment.id, outcome="failed", error=reason, serving=ServingRecord(model, None, []),
+                audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "failed", message,
+                                 _ms(started)),
+                model_state="failed",
+            )
+            return self._outcome(model, deployment.kind, "failed", deployment.digest, None, message, started, [])
+
+    def _outcome(self, model: str, action: str, outcome: str, digest: str | None, active: str | None,
+                 message: str, started: float, steps: list[Progress]) -> Outcome:
+        result = Outcome(model, action, outcome, digest, active, message, _ms(started), list(steps))
+        if self.on_outcome:
+            self.on_outcome(result)
+        return result
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def raise_for(outcome: Outcome) -> Outcome:
+    """For callers that want an exception: DeployError unless the outcome succeeded."""
+    if not outcome.succeeded:
+        raise DeployError(f"{outcome.model}: {outcome.message}", outcome.outcome)
+    return outcome

@@ -1,0 +1,174 @@
+"""Read-only questions to the registry and the store, answerable while the daemon is down.
+
+versions, diff, audit (with relative times), "what served at T", status rows and gc's selection.
+Results are plain dicts in the shape of the CLI's `--json` contract (README "JSON output").
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from controlplane.errors import NotFoundError, UsageError
+from controlplane.names import validate_model_name
+from controlplane.reconcile import Drift
+from controlplane.snapshot import ContentStore, Snapshot
+from controlplane.store.records import ModelRecord, iso
+from controlplane.store.registry import AuditQuery, Registry, utcnow
+
+OUTCOMES = ("ok", "failed", "rolled_back", "noop", "invalid")
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+TEXT_SUFFIXES = (".pbtxt", ".py", ".json", ".txt", ".md", ".yaml", ".yml", ".toml", ".cfg", ".ini")
+MAX_TEXT_DIFF_BYTES = 1 << 20
+
+
+def now() -> datetime:
+    return utcnow()
+
+
+def parse_time(text: str, field: str = "time", reference: datetime | None = None) -> datetime:
+    """ISO 8601 (naive = UTC) or relative to now: 30s, 30m, 2h, 7d, 1w. Returns naive UTC."""
+    value = text.strip()
+    match = _RELATIVE.match(value)
+    if match:
+        amount, unit = float(match.group(1)), match.group(2)
+        return (reference or now()) - timedelta(seconds=amount * _UNITS[unit])
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{field}: '{text}' is neither ISO 8601 nor a relative time like 30m, 2h, 7d") from None
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+    return parsed
+
+
+def status_row(
+    model: ModelRecord, policy: str, versions: list[dict[str, str]], drift: Drift | None, reachable: bool
+) -> dict[str, Any]:
+    return {
+        "model": model.name,
+        "state": model.state,
+        "versions": versions,
+        "digest": model.active_digest,
+        "since": iso(model.active_since),
+        "policy": policy,
+        "pinned": model.pinned,
+        "drift": drift.kind if drift else (None if reachable else "unknown"),
+        "drift_detail": drift.detail if drift else None,
+        "last_error": model.last_error,
+        "removed": model.removed_at is not None,
+    }
+
+
+def versions(registry: Registry, model: str) -> list[dict[str, Any]]:
+    validate_model_name(model)
+    record = registry.find_model(model)
+    if record is None:
+        raise NotFoundError(f"model '{model}' is unknown to the registry")
+    out = []
+    for snap in registry.list_snapshots(model):
+        data = snap.to_json()
+        data["active"] = snap.digest == record.active_digest
+        data["first_error"] = snap.first_error
+        out.append(data)
+    return out
+
+
+def _entries(registry: Registry, model: str, digest: str) -> tuple[str, dict[str, Any]]:
+    snap = registry.get_snapshot(model, digest)
+    parsed = Snapshot.from_manifest_json(model, snap.manifest)
+    if snap.collected:
+        raise NotFoundError(f"snapshot {snap.digest[:12]} of '{model}' was removed by gc")
+    return snap.digest, {e.path: e for e in parsed.entries if e.kind == "file"}
+
+
+def _text(store: ContentStore, sha256: str) -> list[str] | None:
+    path = store.object_path(sha256)
+    try:
+        if path.stat().st_size > MAX_TEXT_DIFF_BYTES:
+            return None
+        return path.read_bytes().decode("utf-8").splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str) -> dict[str, Any]:
+    """Files added / removed / changed between two snapshots, with unified diffs of text files."""
+    validate_model_name(model)
+    full_a, a = _entries(registry, model, digest_a)
+    full_b, b = _entries(registry, model, digest_b)
+    added = [{"path": p, "size": b[p].size} for p in sorted(set(b) - set(a))]
+    removed = [{"path": p, "size": a[p].size} for p in sorted(set(a) - set(b))]
+    changed = []
+    for path in sorted(set(a) & set(b)):
+        if a[path].sha256 == b[path].sha256 and a[path].mode == b[path].mode:
+            continue
+        item: dict[str, Any] = {"path": path, "size_a": a[path].size, "size_b": b[path].size, "diff": None}
+        if path.endswith(TEXT_SUFFIXES):
+            old, new = _text(store, a[path].sha256), _text(store, b[path].sha256)
+            if old is not None and new is not None:
+                item["diff"] = "".join(
+                    difflib.unified_diff(old, new, f"{full_a[:12]}/{path}", f"{full_b[:12]}/{path}")
+                )
+        changed.append(item)
+    return {"model": model, "a": full_a, "b": full_b, "added": added, "removed": removed, "changed": changed}
+
+
+def audit(
+    registry: Registry,
+    *,
+    model: str | None = None,
+    action: str | None = None,
+    outcome: str | None = None,
+    actor: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    if model is not None:
+        validate_model_name(model)
+    if outcome is not None and outcome not in OUTCOMES:
+        raise UsageError(f"--outcome: '{outcome}' is not one of {', '.join(OUTCOMES)}")
+    if limit < 1:
+        raise UsageError("--limit: must be at least 1")
+    query = AuditQuery(
+        model=model,
+        action=action,
+        outcome=outcome,
+        actor=actor,
+        since=parse_time(since, "--since") if since else None,
+        until=parse_time(until, "--until") if until else None,
+        limit=limit,
+    )
+    return [record.to_json() for record in registry.query_audit(query)]
+
+
+def serving_at(registry: Registry, when: str, models: list[str] | None = None) -> dict[str, Any]:
+    moment = parse_time(when, "--at")
+    for name in models or []:
+        validate_model_name(name)
+    rows = registry.serving_at(moment, models or None)
+    return {"at": iso(moment), "models": [row.to_json() for row in rows]}
+
+
+def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> dict[str, Any]:
+    """Keep each model's active snapshot and its `keep` newest; drop the rest's content (not their rows)."""
+    if keep < 0:
+        raise UsageError("--keep: must be 0 or more")
+    kept: set[str] = set()
+    dropped: dict[str, list[str]] = {}
+    for model in registry.list_models():
+        snaps = [s for s in registry.list_snapshots(model.name) if not s.collected]
+        for index, snap in enumerate(snaps):
+            if index < keep or snap.digest == model.active_digest:
+                kept.add(snap.digest)
+            else:
+                dropped.setdefault(model.name, []).append(snap.digest)
+    freed = store.gc(kept)
+    for model_name, digests in dropped.items():
+        registry.mark_collected(model_name, [d for d in digests if d not in kept])
+    count = sum(len([d for d in ds if d not in kept]) for ds in dropped.values())
+    return {"snapshots_removed": count, "snapshots_kept": len(kept), "bytes_freed": freed}
