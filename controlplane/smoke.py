@@ -1,0 +1,408 @@
+"""Smoke requests: a few known requests and their expected answers, sent after a deploy.
+
+A model may carry `<model>/smoke.json`. A deploy whose model is READY but answers these requests
+wrongly (or not at all) is a failed deploy, so the deploy state machine rolls it back. The file is
+checked offline (`load_smoke_file`, one-line errors naming file and field) and run through an
+`InferFn` (`run_smoke`), so this module needs no server and the daemon supplies the transport.
+
+Format::
+
+    {"requests": [
+      {"version": "1",                                  # optional; "" / absent = default version
+       "inputs":  [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}],
+       "outputs": [{"name": "y", "data": [6], "tolerance": 1e-6, "shape": [1, 1]}]}
+    ]}
+
+`data` is a flat or nested list whose element count (and, when nested, layout) matches `shape`.
+BYTES data are strings, sent UTF-8 encoded; BYTES outputs compare exactly and tolerance is ignored.
+Numeric outputs pass when every |got - expected| <= tolerance (default 1e-6). An output's `shape`
+is optional and checked when given; without it only the values (in row-major order) are compared.
+Outputs the file does not list are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from controlplane.errors import ModelConfigError, TritonError, TritonTimeoutError
+
+SMOKE_FILE = "smoke.json"
+DEFAULT_TOLERANCE = 1e-6
+
+# Triton's wire datatypes that numpy can hold (BF16 has no numpy type).
+DATATYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+
+_REQUEST_KEYS = {"version", "inputs", "outputs"}
+_INPUT_KEYS = {"name", "datatype", "shape", "data"}
+_OUTPUT_KEYS = {"name", "data", "shape", "tolerance"}
+
+
+@dataclass(frozen=True)
+class SmokeInput:
+    name: str
+    datatype: str
+    array: np.ndarray  # BYTES: object array of bytes (UTF-8)
+
+
+@dataclass(frozen=True)
+class SmokeOutput:
+    name: str
+    expected: np.ndarray  # object array of str for BYTES outputs, float64/bool otherwise
+    tolerance: float
+    shape: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    inputs: tuple[SmokeInput, ...]
+    outputs: tuple[SmokeOutput, ...]
+    version: str = ""  # "" = the version Triton serves by default (the highest READY one)
+
+
+# (model, version, inputs, output_names) -> {output name: array}; BYTES outputs may be bytes or str.
+InferFn = Callable[[str, str, Sequence[SmokeInput], Sequence[str]], dict[str, np.ndarray]]
+
+
+class _Bad(Exception):
+    """A problem at one field; load_smoke_file turns it into a ModelConfigError."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def load_smoke_file(path: Path) -> list[SmokeRequest]:
+    """Parse and check `path`; raise ModelConfigError naming the file and the field at fault."""
+    path = Path(path)
+    label = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{label}: cannot read: {exc}") from exc
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} col {exc.colno}"
+        raise ModelConfigError(f"{label}: invalid JSON at {where}: {exc.msg}") from exc
+    try:
+        return _parse_document(document)
+    except _Bad as exc:
+        raise ModelConfigError(f"{label}: {exc}") from exc
+
+
+def _parse_document(document: object) -> list[SmokeRequest]:
+    if not isinstance(document, dict):
+        raise _Bad("(top level)", "expected an object with a 'requests' list")
+    _no_unknown_keys("(top level)", document, {"requests"})
+    requests = document.get("requests")
+    if not isinstance(requests, list) or not requests:
+        raise _Bad("requests", "expected a non-empty list")
+    return [_parse_request(f"requests[{i}]", item) for i, item in enumerate(requests)]
+
+
+def _parse_request(field: str, item: object) -> SmokeRequest:
+    if not isinstance(item, dict):
+        raise _Bad(field, "expected an object")
+    _no_unknown_keys(field, item, _REQUEST_KEYS)
+    version = _parse_version(f"{field}.version", item.get("version", ""))
+    raw_inputs = item.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise _Bad(f"{field}.inputs", "expected a non-empty list")
+    inputs = tuple(_parse_input(f"{field}.inputs[{i}]", x) for i, x in enumerate(raw_inputs))
+    _unique_names(f"{field}.inputs", [x.name for x in inputs])
+    raw_outputs = item.get("outputs", [])
+    if not isinstance(raw_outputs, list):
+        raise _Bad(f"{field}.outputs", "expected a list")
+    outputs = tuple(_parse_output(f"{field}.outputs[{i}]", x) for i, x in enumerate(raw_outputs))
+    _unique_names(f"{field}.outputs", [x.name for x in outputs])
+    return SmokeRequest(inputs=inputs, outputs=outputs, version=version)
+
+
+def _parse_version(field: str, value: object) -> str:
+    if isinstance(value, bool):
+        raise _Bad(field, f"expected a version number, got {value!r}")
+    if isinstance(value, int) and value >= 1:
+        return str(value)
+    if isinstance(value, str) and (value == "" or (value.isdigit() and int(value) >= 1)):
+        return value
+    raise _Bad(field, f'expected a version number such as "1", got {value!r}')
+
+
+def _parse_input(field: str, item: object) -> SmokeInput:
+    if not isinstance(item, dict):
+        raise _Bad(field, "expected an object")
+    _no_unknown_keys(field, item, _INPUT_KEYS)
+    name = _parse_name(f"{field}.name", item.get("name"))
+    datatype = item.get("datatype")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        known = ", ".join(DATATYPES)
+        raise _Bad(f"{field}.datatype", f"unknown datatype {datatype!r} (one of {known})")
+    if "shape" not in item:
+        raise _Bad(f"{field}.shape", "missing")
+    shape = _parse_shape(f"{field}.shape", item["shape"])
+    if "data" not in item:
+        raise _Bad(f"{field}.data", "missing")
+    array = _parse_data(f"{field}.data", item["data"], datatype, shape)
+    return SmokeInput(name=name, datatype=datatype, array=array)
+
+
+def _parse_output(field: str, item: object) -> SmokeOutput:
+    if not isinstance(item, dict):
+        raise _Bad(field, "expected an object")
+    _no_unknown_keys(field, item, _OUTPUT_KEYS)
+    name = _parse_name(f"{field}.name", item.get("name"))
+    shape = _parse_shape(f"{field}.shape", item["shape"]) if "shape" in item else None
+    tolerance = item.get("tolerance", DEFAULT_TOLERANCE)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
+        raise _Bad(f"{field}.tolerance", f"expected a number >= 0, got {tolerance!r}")
+    if "data" not in item:
+        raise _Bad(f"{field}.data", "missing")
+    expected = _parse_expected(f"{field}.data", item["data"], shape)
+    return SmokeOutput(name=name, expected=expected, tolerance=float(tolerance), shape=shape)
+
+
+def _parse_name(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise _Bad(field, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _parse_shape(field: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+    ):
+        raise _Bad(field, f"expected a list of integers >= 0, got {value!r}")
+    return tuple(value)
+
+
+def _layout(field: str, data: object) -> tuple[tuple[int, ...], list[object]]:
+    """The nested-list shape of `data` and its leaves in row-major order; rejects ragged lists."""
+    if not isinstance(data, list):
+        raise _Bad(field, f"expected a list, got {type(data).__name__}")
+
+    def walk(node: object, depth: int, dims: list[int], leaves: list[object]) -> None:
+        if isinstance(node, list):
+            if depth == len(dims):
+                if leaves and depth > 0:
+                    raise _Bad(field, "ragged nested lists")
+                dims.append(len(node))
+            elif dims[depth] != len(node):
+                raise _Bad(field, "ragged nested lists")
+            for child in node:
+                walk(child, depth + 1, dims, leaves)
+        else:
+            if depth != len(dims):
+                raise _Bad(field, "ragged nested lists")
+            leaves.append(node)
+
+    dims: list[int] = []
+    leaves: list[object] = []
+    walk(data, 0, dims, leaves)
+    return tuple(dims), leaves
+
+
+def _check_layout(field: str, layout: tuple[int, ...], count: int, shape: tuple[int, ...]) -> None:
+    wanted = math.prod(shape)
+    if len(layout) > 1 and layout != shape:
+        raise _Bad(field, f"nested data has shape {list(layout)} but shape is {list(shape)}")
+    if count != wanted:
+        raise _Bad(field, f"{count} values do not fill shape {list(shape)} ({wanted} values)")
+
+
+def _parse_data(field: str, data: object, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    layout, leaves = _layout(field, data)
+    _check_layout(field, layout, len(leaves), shape)
+    if datatype == "BYTES":
+        encoded: list[bytes] = []
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, str):
+                raise _Bad(field, f"value {i}: BYTES data must be strings, got {leaf!r}")
+            encoded.append(leaf.encode("utf-8"))
+        array = np.empty(len(encoded), dtype=np.object_)
+        array[:] = encoded
+        return array.reshape(shape)
+    dtype = DATATYPES[datatype]
+    for i, leaf in enumerate(leaves):
+        if datatype == "BOOL":
+            if not isinstance(leaf, bool):
+                raise _Bad(field, f"value {i}: BOOL data must be true/false, got {leaf!r}")
+        elif isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
+            raise _Bad(field, f"value {i}: {datatype} data must be numbers, got {leaf!r}")
+        elif np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            if not (isinstance(leaf, int) or float(leaf).is_integer()) or not info.min <= leaf <= info.max:
+                raise _Bad(field, f"value {i}: {leaf!r} is not a {datatype}")
+    return np.array(leaves, dtype=dtype).reshape(shape)
+
+
+def _parse_expected(field: str, data: object, shape: tuple[int, ...] | None) -> np.ndarray:
+    layout, leaves = _layout(field, data)
+    if shape is not None:
+        _check_layout(field, layout, len(leaves), shape)
+    target = shape if shape is not None else layout
+    if leaves and all(isinstance(leaf, str) for leaf in leaves):
+        return np.array(leaves, dtype=np.object_).reshape(target)
+    if all(isinstance(leaf, bool) for leaf in leaves):
+        return np.array(leaves, dtype=np.bool_).reshape(target)
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
+            raise _Bad(field, f"value {i}: expected all numbers, all booleans or all strings, got {leaf!r}")
+    return np.array(leaves, dtype=np.float64).reshape(target)
+
+
+def _no_unknown_keys(field: str, item: dict[str, object], allowed: set[str]) -> None:
+    unknown = sorted(set(item) - allowed)
+    if unknown:
+        where = f"{field}.{unknown[0]}" if not field.startswith("(") else unknown[0]
+        raise _Bad(where, f"unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _unique_names(field: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise _Bad(field, f"name {name!r} appears twice")
+        seen.add(name)
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_smoke(model: str, requests: Sequence[SmokeRequest], infer: InferFn) -> list[str]:
+    """Send each request through `infer`; one line per failure, an empty list when all pass."""
+    failures: list[str] = []
+    for i, request in enumerate(requests):
+        where = f"{model}" + (f" version {request.version}" if request.version else "") + f" request {i}"
+        names = [output.name for output in request.outputs]
+        try:
+            got = infer(model, request.version, request.inputs, names)
+        except Exception as exc:  # noqa: BLE001 - any failure of the call is a smoke failure
+            failures.append(_one_line(f"{where}: infer failed: {exc}"))
+            continue
+        for output in request.outputs:
+            problem = _compare(output, got.get(output.name))
+            if problem:
+                failures.append(_one_line(f"{where}: output '{output.name}' {problem}"))
+    return failures
+
+
+def _compare(output: SmokeOutput, got: np.ndarray | None) -> str | None:
+    if got is None:
+        return "missing from the response"
+    got = np.asarray(got)
+    if output.shape is not None and tuple(got.shape) != output.shape:
+        return f"has shape {list(got.shape)}, expected {list(output.shape)}"
+    expected = output.expected
+    if got.size != expected.size:
+        return f"has {got.size} values (shape {list(got.shape)}), expected {expected.size}"
+    flat_got, flat_expected = got.reshape(-1), expected.reshape(-1)
+    if expected.dtype == np.object_:
+        texts = [_as_text(value) for value in flat_got]
+        bad = [k for k, (g, e) in enumerate(zip(texts, flat_expected, strict=True)) if g != e]
+        if bad:
+            k = bad[0]
+            return f"differs at {_index(k, got.shape)}: expected {flat_expected[k]!r}, got {texts[k]!r}"
+        return None
+    if got.dtype == np.object_ or got.dtype.kind in "SU":
+        return f"is {got.dtype} data, expected numbers"
+    if expected.dtype == np.bool_:
+        close = flat_got.astype(np.bool_) == flat_expected
+    else:
+        values = flat_got.astype(np.float64)
+        close = np.isclose(values, flat_expected, rtol=0.0, atol=output.tolerance, equal_nan=True)
+    if not close.all():
+        k = int(np.argmin(close))
+        tol = f" (tolerance {output.tolerance:g})" if expected.dtype != np.bool_ else ""
+        return (
+            f"differs at {_index(k, got.shape)}: expected {flat_expected[k].item()!r}, "
+            f"got {flat_got[k].item()!r}{tol}"
+        )
+    return None
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, np.bytes_):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _index(flat: int, shape: tuple[int, ...]) -> str:
+    if len(shape) <= 1:
+        return f"index {flat}"
+    return f"index {list(int(i) for i in np.unravel_index(flat, shape))}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ---------------------------------------------------------------- gRPC transport
+
+
+def grpc_infer_fn(client: Any, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> InferFn:
+    """An InferFn over a `tritonclient.grpc.InferenceServerClient`.
+
+    Errors become TritonError (TritonTimeoutError past `timeout_s`) carrying Triton's own message;
+    BYTES outputs come back as object arrays of bytes, which run_smoke decodes as UTF-8.
+    """
+    import tritonclient.grpc as grpcclient  # deferred: heavy import
+    from tritonclient.utils import InferenceServerException
+
+    def infer(
+        model: str, version: str, inputs: Sequence[SmokeInput], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        tensors = []
+        for item in inputs:
+            tensor = grpcclient.InferInput(item.name, list(item.array.shape), item.datatype)
+            tensor.set_data_from_numpy(item.array)
+            tensors.append(tensor)
+        wanted = [grpcclient.InferRequestedOutput(name) for name in output_names] or None
+        try:
+            result = client.infer(
+                model,
+                tensors,
+                model_version=version,
+                outputs=wanted,
+                headers=headers,
+                client_timeout=timeout_s,
+            )
+        except InferenceServerException as exc:
+            status = str(exc.status() or "")
+            message = exc.message() or str(exc)
+            if "DEADLINE" in status.upper():
+                raise TritonTimeoutError(f"no answer within {timeout_s:g}s: {message}", status) from exc
+            raise TritonError(message, status) from exc
+        names = list(output_names) or [o["name"] for o in result.get_response(as_json=True)["outputs"]]
+        outputs: dict[str, np.ndarray] = {}
+        for name in names:
+            array = result.as_numpy(name)
+            if array is not None:
+                outputs[name] = array
+        return outputs
+
+    return infer
