@@ -1,0 +1,229 @@
+"""The repository watcher with real inotify events: settle, coalesce, debris, moves, deletes, threads."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.errors import ConfigError
+from controlplane.snapshot import HOLD_FILE, ContentStore
+from controlplane.watcher import RepositoryWatcher
+from tests.test_snapshot import make_model
+
+SETTLE = 0.3
+# watchdog warns (from its thread) when a new directory's watch races its own scan; harmless
+pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
+
+
+class Recorder:
+    """on_settled calls: (model, monotonic time, thread ident)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, int]] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, model: str) -> None:
+        with self.cond:
+            self.calls.append((model, time.monotonic(), threading.get_ident()))
+            self.cond.notify_all()
+
+    def models(self) -> list[str]:
+        with self.cond:
+            return [c[0] for c in self.calls]
+
+    def wait_for(self, n: int, timeout: float = 5.0) -> list[str]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.calls) >= n, timeout)
+            return [c[0] for c in self.calls]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def watch(repo: Path) -> Iterator[Callable[..., tuple[RepositoryWatcher, Recorder]]]:
+    started: list[RepositoryWatcher] = []
+
+    def start(settle: float = SETTLE, **kwargs: object) -> tuple[RepositoryWatcher, Recorder]:
+        rec = Recorder()
+        w = RepositoryWatcher(repo, rec, settle, **kwargs)  # type: ignore[arg-type]
+        w.start()
+        started.append(w)
+        time.sleep(0.05)
+        return w, rec
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def test_events_coalesce_until_the_model_settles(repo: Path, watch: Callable[..., tuple]) -> None:
+    make_model(repo, "m", 1)
+    w, rec = watch()
+    f = repo / "m" / "1" / "model.py"
+    for i in range(10):
+        with open(f, "a") as fh:
+            fh.write(f"# {i}\n")
+        last_write = time.monotonic()
+        time.sleep(0.05)
+    assert rec.wait_for(1) == ["m"]
+    assert rec.calls[0][1] - last_write >= SETTLE - 0.02
+    time.sleep(SETTLE + 0.2)
+    assert rec.models() == ["m"] and w.backlog() == 0
+
+
+def test_models_settle_independently(repo: Path, watch: Callable[..., tuple]) -> None:
+    w, rec = watch()
+    make_model(repo, "a", 1)
+    make_model(repo, "b", 1)
+    assert sorted(rec.wait_for(2)) == ["a", "b"]
+    time.sleep(SETTLE + 0.2)
+    assert len(rec.models()) == 2
+
+
+def test_debris_never_starts_a_check(repo: Path, watch: Callable[..., tuple]) -> None:
+    make_model(repo, "m", 1)
+    w, rec = watch()
+    junks = ["m/.model.py.swp", "m/1/model.py~", "m/.git/index", "m/x.tmp", "m/.#config.pbtxt"]
+    junks += ["m/1/__pycache__/model.cpython-311.pyc", ".staging/m/config.pbtxt", "README.md"]
+    for junk in junks:
+        (repo / junk).parent.mkdir(parents=True, exist_ok=True)
+        (repo / junk).write_text("junk")
+    time.sleep(SETTLE * 3)
+    assert rec.models() == [] and w.backlog() == 0
+
+
+def test_debris_writes_keep_a_pending_check_waiting(repo: Path, watch: Callable[..., tuple]) -> None:
+    make_model(repo, "m", 1)
+    w, rec = watch()
+    (repo / "m" / "config.pbtxt").write_text("changed")
+    t0 = time.monotonic()
+    with open(repo / "m" / "1" / ".weights.bin.Xy12ab", "wb") as fh:  # rsync's temp file
+        while time.monotonic() - t0 < 1.0:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+            time.sleep(0.05)
+    assert rec.wait_for(1) == ["m"] and rec.calls[0][1] - t0 >= 1.0 + SETTLE - 0.05
+
+
+@pytest.mark.parametrize("marker", [HOLD_FILE, ".committed"])
+def test_hold_file_and_commit_marker_start_a_check(repo: Path, watch: Callable[..., tuple], marker: str) -> None:
+    make_model(repo, "m", 1)
+    w, rec = watch(commit_marker=".committed")
+    (repo / "m" / marker).touch()
+    assert rec.wait_for(1) == ["m"]
+    (repo / "m" / marker).unlink()
+    assert rec.wait_for(2) == ["m", "m"]
+
+
+def test_directory_moved_in_is_handed_on_at_once(repo: Path, tmp_path: Path, watch: Callable[..., tuple]) -> None:
+    w, rec = watch(settle=2.0)
+    outside = make_model(tmp_path / "staging", "m1", 1)
+    t0 = time.monotonic()
+    os.rename(outside, repo / "m1")  # from outside the repository
+    assert rec.wait_for(1, timeout=1.5) == ["m1"] and rec.calls[0][1] - t0 < 1.0
+    inside = make_model(repo, ".incoming", 1)  # staged under a dot name, then renamed
+    time.sleep(0.1)
+    t1 = time.monotonic()
+    os.rename(inside, repo / "m2")
+    assert rec.wait_for(2, timeout=1.5) == ["m1", "m2"] and rec.calls[1][1] - t1 < 1.0
+
+
+def test_deletion_is_handed_on_at_once(repo: Path, watch: Callable[..., tuple]) -> None:
+    make_model(repo, "m", 1)
+    w, rec = watch(settle=2.0)
+    t0 = time.monotonic()
+    shutil.rmtree(repo / "m")
+    assert rec.wait_for(1, timeout=1.5) == ["m"] and rec.calls[0][1] - t0 < 1.0
+
+
+def test_deleted_then_recreated_waits_for_the_new_content(repo: Path, watch: Callable[..., tuple]) -> None:
+    make_model(repo, "m", 1)
+    w, rec = watch()
+    shutil.rmtree(repo / "m")
+    make_model(repo, "m", 2)
+    t0 = time.monotonic()
+    time.sleep(SETTLE * 2 + 0.2)
+    # a removal handed on before the mkdir is fine; once recreated, the new content settles first
+    assert rec.models() in (["m"], ["m", "m"])
+    assert rec.calls[-1][1] - t0 >= SETTLE - 0.05
+
+
+def test_reschedule_backlog_and_settle(repo: Path, watch: Callable[..., tuple]) -> None:
+    w, rec = watch()
+    w.reschedule("m", 0.2)
+    w.reschedule("n", 5.0)
+    assert w.backlog() == 2
+    assert rec.wait_for(1) == ["m"] and w.backlog() == 1
+    with pytest.raises(ConfigError, match="at least 0.05"):
+        w.set_settle(0.01)
+    w.set_settle(0.05)
+    assert w.settle_s == 0.05
+    make_model(repo, "fast", 1)
+    assert rec.wait_for(2, timeout=1.0) == ["m", "fast"]
+
+
+def test_initial_scan(repo: Path) -> None:
+    make_model(repo, "b", 1)
+    make_model(repo, "a", 1)
+    (repo / ".git").mkdir()
+    (repo / "README.md").write_text("hi")
+    assert RepositoryWatcher(repo, print).initial_scan() == ["a", "b"]
+
+
+def test_callbacks_run_on_the_debounce_thread_and_survive_errors(repo: Path, watch: Callable[..., tuple]) -> None:
+    failing = {"boom"}
+    seen: list[tuple[str, str]] = []
+
+    def on_settled(model: str) -> None:
+        seen.append((model, threading.current_thread().name))
+        if model in failing:
+            raise RuntimeError("consumer bug")
+
+    w = RepositoryWatcher(repo, on_settled, SETTLE)
+    w.start()
+    try:
+        make_model(repo, "boom", 1)
+        time.sleep(SETTLE + 0.3)
+        make_model(repo, "ok", 1)
+        deadline = time.monotonic() + 3
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        w.stop()
+    assert seen == [("boom", "tritonctl-debounce"), ("ok", "tritonctl-debounce")]
+
+
+def test_our_own_reads_do_not_trigger(repo: Path, tmp_path: Path, watch: Callable[..., tuple]) -> None:
+    d = make_model(repo, "m", 1)
+    w, rec = watch()
+    store = ContentStore(tmp_path / "store")
+    store.capture(d, "m")
+    time.sleep(SETTLE * 2)
+    assert rec.models() == []
+
+
+def test_stop_joins_its_threads(repo: Path) -> None:
+    before = set(threading.enumerate())
+    w = RepositoryWatcher(repo, print, SETTLE)
+    w.start()
+    assert len(set(threading.enumerate()) - before) >= 2
+    w.stop()
+    assert {t for t in set(threading.enumerate()) - before if t.is_alive()} == set()
+
+
+def test_missing_root_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a directory"):
+        RepositoryWatcher(tmp_path / "nope", print).start()
+    with pytest.raises(ConfigError):
+        RepositoryWatcher(tmp_path, print, settle_s=0)
