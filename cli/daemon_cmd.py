@@ -8,9 +8,7 @@ from typing import Any
 
 import click
 
-from controlplane import logs
 from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
-from controlplane.daemon import Daemon
 
 
 @click.command()
@@ -44,6 +42,9 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
       tritonctl daemon --repository examples/model_repository --state-dir .state --launch-triton
       tritonctl daemon --config /etc/tritonctl/tritonctl.toml --triton-url 127.0.0.1:8001
     """
+    from controlplane import logs
+    from controlplane.daemon import Daemon  # deferred: the other commands need not import it
+
     settings = load_settings(flags, config_file=config_file)
     logs.configure(settings.log_level, settings.log_format)
     runner = Daemon(settings, reload_settings=lambda: load_settings(flags, config_file=config_file))

@@ -3,29 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from cli import render
 from cli.options import json_option, registry_options, state_option
-from controlplane import queries
 from controlplane.config import Settings
-from controlplane.snapshot import ContentStore
-from controlplane.store import migrate
-from controlplane.store.registry import Registry
+from controlplane.store.records import OUTCOMES
+
+if TYPE_CHECKING:
+    from controlplane.snapshot import ContentStore
+    from controlplane.store.registry import Registry
 
 
 @click.command()
 @click.argument("model")
 @json_option
 @registry_options
-def versions(registry: Registry, store: ContentStore, model: str, as_json: bool) -> None:
+def versions(registry: Registry, model: str, as_json: bool) -> None:
     """List every distinct content MODEL ever had, newest first, with the active one marked.
 
     \b
     Example:
       tritonctl versions linear --json
     """
+    from controlplane import queries
+
     render.versions(model, queries.versions(registry, model), as_json)
 
 
@@ -34,7 +38,7 @@ def versions(registry: Registry, store: ContentStore, model: str, as_json: bool)
 @click.argument("digest_a")
 @click.argument("digest_b")
 @json_option
-@registry_options
+@registry_options(store=True)
 def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str, as_json: bool) -> None:
     """Show files added, removed and changed between two snapshots of MODEL, with text diffs.
 
@@ -42,13 +46,15 @@ def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, dig
     Example:
       tritonctl diff linear 3f2a9c1b 9e01d4aa
     """
+    from controlplane import queries
+
     render.diff(queries.diff(registry, store, model, digest_a, digest_b), as_json)
 
 
 @click.command()
 @click.option("--model", help="Only this model.")
 @click.option("--action", help="Only this action (deploy, rollback, unload, snapshot, restore, policy, pin...).")
-@click.option("--outcome", type=click.Choice(list(queries.OUTCOMES)), help="Only this outcome.")
+@click.option("--outcome", type=click.Choice(list(OUTCOMES)), help="Only this outcome.")
 @click.option("--actor", help="Only this actor (OS user, watcher, tritonctl).")
 @click.option("--since", help="ISO 8601 or relative (30m, 2h, 7d).")
 @click.option("--until", help="ISO 8601 or relative (30m, 2h, 7d).")
@@ -56,7 +62,7 @@ def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, dig
 @click.option("--at", "at", help="Instead: what each model was serving at this time.")
 @json_option
 @registry_options
-def audit(registry: Registry, store: ContentStore, model: str | None, action: str | None, outcome: str | None,
+def audit(registry: Registry, model: str | None, action: str | None, outcome: str | None,
           actor: str | None, since: str | None, until: str | None, limit: int, at: str | None,
           as_json: bool) -> None:
     """Query the append-only audit log (newest first), or what served at a given time.
@@ -67,6 +73,8 @@ def audit(registry: Registry, store: ContentStore, model: str | None, action: st
       tritonctl audit --outcome rolled_back --since 7d --json
       tritonctl audit --at 2026-11-29T03:00:00Z
     """
+    from controlplane import queries
+
     if at:
         render.serving_at(queries.serving_at(registry, at, [model] if model else None), as_json)
         return
@@ -77,7 +85,12 @@ def audit(registry: Registry, store: ContentStore, model: str | None, action: st
 
 @click.group()
 def db() -> None:
-    """Registry schema management."""
+    """Registry schema management.
+
+    \b
+    Example:
+      tritonctl db upgrade --state-dir /var/lib/tritonctl
+    """
 
 
 @db.command("upgrade")
@@ -91,6 +104,9 @@ def db_upgrade(db_url: str | None, state_dir: Path, as_json: bool) -> None:
     Example:
       tritonctl db upgrade --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
+    from controlplane.store import migrate
+    from controlplane.store.registry import Registry
+
     settings = Settings(state_dir=state_dir, db_url=db_url)
     if settings.db_url is None:
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli import render
 from cli.options import daemon_options, json_option
-from controlplane.api.client import ControlClient
 from controlplane.errors import DeployError
+
+if TYPE_CHECKING:
+    from controlplane.api.client import ControlClient
 
 OUTCOMES_THAT_FAIL = ("failed", "rolled_back")
 

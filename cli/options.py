@@ -9,11 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from controlplane.api.client import ControlClient
-from controlplane.api.server import read_token
 from controlplane.config import Settings
-from controlplane.snapshot import ContentStore
-from controlplane.store.migrate import open_existing
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_STATE_DIR = Settings().state_dir
@@ -46,6 +42,9 @@ def daemon_options(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, socket: Path | None, address: str | None, token_file: Path | None,
                 state_dir: Path, **kwargs: Any) -> Any:
+        from controlplane.api.client import ControlClient
+        from controlplane.api.server import read_token
+
         token = read_token(token_file) if token_file else None
         client = ControlClient(socket=socket or state_dir / "tritonctl.sock", address=address, token=token)
         try:
@@ -56,19 +55,33 @@ def daemon_options(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def registry_options(fn: F) -> F:
-    """--state-dir and --db-url: read the registry directly (works while the daemon is down)."""
+def registry_options(fn: F | None = None, *, store: bool = False) -> Any:
+    """--state-dir and --db-url: read the registry directly (works while the daemon is down).
 
-    @click.option("--db-url", envvar="TRITONCTL_DB_URL",
-                  help="SQLAlchemy URL of the registry (default sqlite:///<state-dir>/registry.db).")
-    @state_option
-    @functools.wraps(fn)
-    def wrapper(*args: Any, db_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
-        settings = Settings(state_dir=state_dir, db_url=db_url)
-        registry = open_existing(settings.registry_url)
-        try:
-            return fn(*args, registry=registry, store=ContentStore(state_dir / "store"), **kwargs)
-        finally:
-            registry.close()
+    With `store=True` the command also gets the content store (`diff` reads file contents). The others
+    never open it: opening creates its directories, which a read-only query must not need (a user with
+    read access only, or --db-url on a machine without the state directory).
+    """
 
-    return wrapper  # type: ignore[return-value]
+    def decorate(fn: F) -> F:
+        @click.option("--db-url", envvar="TRITONCTL_DB_URL",
+                      help="SQLAlchemy URL of the registry (default sqlite:///<state-dir>/registry.db).")
+        @state_option
+        @functools.wraps(fn)
+        def wrapper(*args: Any, db_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
+            from controlplane.store.migrate import open_existing
+
+            settings = Settings(state_dir=state_dir, db_url=db_url)
+            registry = open_existing(settings.registry_url)
+            try:
+                if store:
+                    from controlplane.snapshot import ContentStore
+
+                    kwargs["store"] = ContentStore(state_dir / "store")
+                return fn(*args, registry=registry, **kwargs)
+            finally:
+                registry.close()
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(fn) if fn is not None else decorate

@@ -150,7 +150,9 @@ class Deployer:
             return
         requests = load_smoke_file(path)
 
-        def infer(name: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        def infer(
+            name: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]
+        ) -> dict[str, np.ndarray]:
             return self.triton.infer(name, version, [(i.name, i.datatype, i.array) for i in inputs], outputs)
 
         failures = run_smoke(model, requests, infer)
@@ -398,8 +400,8 @@ class Deployer:
                 self.serving.unpublish(model)
                 self.registry.finish_deployment(
                     deployment.id, outcome="ok", error=None, serving=ServingRecord(model, None, []),
-                    audit=AuditEntry(deployment.actor, "unload", model, previous, "ok", f"finished after restart; {reason}",
-                                     _ms(started)),
+                    audit=AuditEntry(deployment.actor, "unload", model, previous, "ok",
+                                     f"finished after restart; {reason}", _ms(started)),
                     model_state="unloaded",
                 )
                 return self._outcome(model, "unload", "ok", None, None, reason, started, [])
@@ -420,8 +422,8 @@ class Deployer:
                 message = f"rolled back to {previous[:12]}: {reason}"
                 self.registry.finish_deployment(
                     deployment.id, outcome="rolled_back", error=reason, serving=None,
-                    audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "rolled_back", message,
-                                     _ms(started)),
+                    audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "rolled_back",
+                                     message, _ms(started)),
                     model_state="serving",
                 )
                 self.serving.prune(model)

@@ -9,16 +9,17 @@ from __future__ import annotations
 import difflib
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.names import validate_model_name
-from controlplane.reconcile import Drift
 from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.store.records import ModelRecord, iso
+from controlplane.store.records import OUTCOMES, ModelRecord, iso
 from controlplane.store.registry import AuditQuery, Registry, utcnow
 
-OUTCOMES = ("ok", "failed", "rolled_back", "noop", "invalid")
+if TYPE_CHECKING:
+    from controlplane.reconcile import Drift
+
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 TEXT_SUFFIXES = (".pbtxt", ".py", ".json", ".txt", ".md", ".yaml", ".yml", ".toml", ".cfg", ".ini")

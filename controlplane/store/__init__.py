@@ -1,24 +1,7 @@
-"""The registry adapter: SQLAlchemy schema and repository functions returning plain dataclasses.
+"""The registry adapter: SQLAlchemy schema (`schema`), repository functions (`registry`) returning the
+plain dataclasses of `records`, and migrations (`migrate`).
 
-Nothing outside this package sees an ORM object or a SQLAlchemy exception: reads return the
-dataclasses of `controlplane.store.records`, failures become `controlplane.errors.StoreError`.
+Nothing outside this package sees an ORM object or a SQLAlchemy exception: failures become
+`controlplane.errors.StoreError`. Import the submodules directly (this package imports nothing, so the
+CLI's light commands do not pay for SQLAlchemy).
 """
-
-from controlplane.store.records import (
-    AuditRecord,
-    DeploymentRecord,
-    ModelRecord,
-    ServingRecord,
-    SnapshotRecord,
-)
-from controlplane.store.registry import AuditQuery, Registry
-
-__all__ = [
-    "AuditQuery",
-    "AuditRecord",
-    "DeploymentRecord",
-    "ModelRecord",
-    "Registry",
-    "ServingRecord",
-    "SnapshotRecord",
-]

@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+# Every outcome an audit event can have (the CLI's --outcome choices).
+OUTCOMES = ("ok", "failed", "rolled_back", "noop", "invalid")
+
 
 def iso(value: datetime | None) -> str | None:
     """Naive-UTC datetime → ISO 8601 with a Z, the JSON contract's time format."""

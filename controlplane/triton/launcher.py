@@ -92,6 +92,17 @@ def assemble_backend_dir(dest: Path, server: Path) -> Path:
     return dest
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the daemon dies, so a crash leaves no orphan server."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux/glibc: the server outlives a crashed parent, as an external one would
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the server retries on the rare collision)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -101,7 +112,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class TritonServer:
-    """One tritonserver process in explicit mode on loopback.
+    """One tritonserver process in explicit mode (or `control_mode`) on loopback.
 
     Ports left at 0 are chosen free at start. `restricted_key` restricts the model-repository
     protocol (gRPC and HTTP) to callers that send header `tritonctl-key: <key>`.
@@ -117,6 +128,7 @@ class TritonServer:
     restricted_key: str | None = None
     exit_timeout_s: int = 5
     disable_auto_complete: bool = True
+    control_mode: str = "explicit"  # "poll" only to compare with Triton's own mode (bench/)
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
@@ -145,7 +157,7 @@ class TritonServer:
         args = [
             str(server),
             f"--model-repository={self.model_repository}",
-            "--model-control-mode=explicit",
+            f"--model-control-mode={self.control_mode}",
             f"--backend-directory={backend_dir}",
             f"--grpc-address={self.host}",
             f"--grpc-port={self.grpc_port}",
@@ -216,6 +228,7 @@ class TritonServer:
             stdin=subprocess.DEVNULL,
             env=self._environment(server),
             start_new_session=True,  # its python stubs share the group, so stop() reaches them
+            preexec_fn=_die_with_parent,
         )
 
     def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:

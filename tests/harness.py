@@ -1,0 +1,243 @@
+"""End-to-end harness: the real `tritonctl daemon` as a subprocess (with its launched tritonserver),
+the installed `tritonctl` CLI as subprocesses, and a generation-reporting python model to edit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+BIN = Path(sys.executable).parent
+TRITONCTL = str(BIN / "tritonctl")
+
+GEN_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "gen" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+parameters {{ key: "gen" value {{ string_value: "{gen}" }} }}
+"""
+
+GEN_MODEL = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+GEN = {gen}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        {init}
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("gen", np.full_like(x, GEN, dtype=np.float32))]))
+        return out
+"""
+
+
+def write_gen_model(repo: Path, name: str, gen: int, *, init: str = "pass", smoke_gen: int | None = None) -> Path:
+    """A model whose every response is its generation number; `init` is initialize()'s body."""
+    model = repo / name
+    (model / "1").mkdir(parents=True, exist_ok=True)
+    (model / "config.pbtxt").write_text(GEN_CONFIG.format(name=name, gen=gen))
+    (model / "1" / "model.py").write_text(GEN_MODEL.format(gen=gen, init=init))
+    if smoke_gen is not None:
+        smoke = {"requests": [{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0]}],
+                               "outputs": [{"name": "gen", "data": [smoke_gen]}]}]}
+        (model / "smoke.json").write_text(json.dumps(smoke))
+    return model
+
+
+def infer_gen(client: grpcclient.InferenceServerClient, name: str) -> float:
+    x = grpcclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 1), dtype=np.float32))
+    return float(client.infer(name, [x], client_timeout=10).as_numpy("gen")[0][0])
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate} (last: {last!r})")
+
+
+@dataclass
+class DaemonProcess:
+    repository: Path
+    state_dir: Path
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    settle_s: float = 0.2
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir.parent / f"{self.state_dir.name}-daemon.log"
+
+    def start(self, wait: bool = True) -> DaemonProcess:
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)
+        env.setdefault("TRITONCTL_RECONCILE_INTERVAL_S", "1")
+        env.update(self.env)
+        args = [TRITONCTL, "daemon", "--repository", str(self.repository), "--state-dir", str(self.state_dir),
+                "--launch-triton", "--settle", str(self.settle_s), *self.extra_args]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}: {self.log_tail()}")
+            return self.run("status", "--json").exit_code == 0
+
+        wait_for(ready, timeout_s, 0.2, "daemon ready")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def cli(self, *args: str, check: bool = True, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        full = [TRITONCTL, *args]
+        if args and args[0] != "validate" and "--state-dir" not in args:
+            full += ["--state-dir", str(self.state_dir)]
+        result = subprocess.run(full, capture_output=True, text=True, timeout=timeout_s)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} exited {result.returncode}: {result.stderr}{result.stdout}")
+        return result
+
+    def run(self, *args: str) -> Any:
+        """The CLI in-process (click's CliRunner): same code path, no interpreter start-up per call."""
+        from click.testing import CliRunner
+
+        from cli.main import cli
+
+        return CliRunner().invoke(cli, [*args, "--state-dir", str(self.state_dir)])
+
+    def json(self, *args: str) -> Any:
+        result = self.run(*args, "--json")
+        if result.exit_code != 0:
+            raise AssertionError(f"{' '.join(args)} exited {result.exit_code}: {result.output}")
+        return json.loads(result.stdout)
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.json("status"))
+
+    def model_status(self, name: str) -> dict[str, Any]:
+        for row in self.status()["models"]:
+            if row["model"] == name:
+                return dict(row)
+        return {}
+
+    def triton_url(self) -> str:
+        return str(self.status()["triton_url"])
+
+    def triton_pid(self) -> int | None:
+        """The launched tritonserver's pid (its command line names our serving directory)."""
+        serving = str(self.state_dir / "serving")
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "tritonserver" in cmdline and serving in cmdline:
+                return int(pid)
+        return None
+
+    def audit(self, *filters: str) -> list[dict[str, Any]]:
+        return list(self.json("audit", *filters))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        code = self.proc.returncode
+        self._kill_orphans()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the daemon alone (its tritonserver, in its own session, survives like after a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _kill_orphans(self) -> None:
+        pid = self.triton_pid()
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@contextmanager
+def request_loop(url: str, model: str, threads: int = 2) -> Iterator[dict[str, Any]]:
+    """Clients sending inference requests in a closed loop; counts results per generation and failures."""
+    stats: dict[str, Any] = {"ok": 0, "failed": 0, "errors": [], "gens": {}}
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def worker() -> None:
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            while not stop.is_set():
+                try:
+                    gen = infer_gen(client, model)
+                    with lock:
+                        stats["ok"] += 1
+                        stats["gens"][gen] = stats["gens"].get(gen, 0) + 1
+                except Exception as exc:  # noqa: BLE001 - counted and reported by the test
+                    with lock:
+                        stats["failed"] += 1
+                        if len(stats["errors"]) < 5:
+                            stats["errors"].append(str(exc))
+        finally:
+            client.close()
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    try:
+        yield stats
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(15)
+
+
+def copy_example(name: str, dest_repo: Path) -> Path:
+    src = Path(__file__).resolve().parent.parent / "examples" / "model_repository" / name
+    return Path(shutil.copytree(src, dest_repo / name))

@@ -1,0 +1,149 @@
+"""Faults against the real daemon and tritonserver: crashes at every deploy step, Triton dying.
+
+Crash consistency: the test-only hook TRITONCTL_FAULT=<step> makes the daemon `os._exit` right at
+that step of a deploy (or of the rollback that follows a failed one). After a restart the registry,
+the serving repository and Triton must agree, the last good version (or the finished deploy) must
+serve, and no snapshot or audit row may be lost. Each step runs once here; `pytest -m slow` runs
+every step three times.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from controlplane.store.registry import Registry
+from tests.harness import DaemonProcess, infer_gen, wait_for, write_gen_model
+
+DEPLOY_STEPS = ["after_intent", "after_publish", "after_load", "after_verify", "before_commit"]
+FAULT_EXIT = 97
+
+
+def _registry(daemon: DaemonProcess) -> Registry:
+    return Registry(f"sqlite:///{daemon.state_dir / 'registry.db'}")
+
+
+def _assert_consistent(daemon: DaemonProcess, model: str, expect_gen: int) -> None:
+    """Registry, serving repository and Triton agree, and the expected generation answers."""
+    registry = _registry(daemon)
+    try:
+        wait_for(lambda: not registry.open_deployments(), 60, what="no interrupted deployment left")
+        client = grpcclient.InferenceServerClient(daemon.triton_url())
+
+        def agreed() -> bool:
+            record = registry.get_model(model)
+            try:
+                served = client.get_model_config(model, as_json=True)["config"]["parameters"]["tritonctl.digest"]
+                answer = infer_gen(client, model)
+            except Exception:  # noqa: BLE001 - still loading
+                return False
+            published = (daemon.state_dir / "serving" / model / "config.pbtxt").read_text()
+            return (
+                record.active_digest == served["string_value"]
+                and record.active_digest is not None
+                and record.active_digest in published
+                and answer == expect_gen
+            )
+
+        wait_for(agreed, 60, 0.2, f"registry, serving/ and Triton agree on generation {expect_gen}")
+        client.close()
+    finally:
+        registry.close()
+
+
+def _crash_at(tmp_path: Path, step: str, failing: bool) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_gen_model(repo, "crashy", 1)
+    daemon = DaemonProcess(repo, tmp_path / "state").start()
+    client = grpcclient.InferenceServerClient(daemon.triton_url())
+    wait_for(lambda: daemon.model_status("crashy").get("state") == "serving", 30, what="gen 1 serving")
+    assert daemon.stop() == 0
+
+    # Restart with the fault armed, then make a change that walks into it.
+    daemon.env = {"TRITONCTL_FAULT": step}
+    daemon.start()
+    before = daemon.audit("--limit", "1000")
+    snapshots_before = len(daemon.json("versions", "crashy"))
+    if failing:
+        write_gen_model(repo, "crashy", 2, init="raise RuntimeError('broken on purpose')")
+    else:
+        write_gen_model(repo, "crashy", 2)
+    assert daemon.proc is not None
+    code = daemon.proc.wait(60)
+    assert code == FAULT_EXIT, f"daemon did not die at {step}: {daemon.log_tail()}"
+    client.close()
+
+    # Restart without the fault: the interrupted operation is finished or rolled back.
+    daemon.env = {}
+    daemon.start()
+    _assert_consistent(daemon, "crashy", expect_gen=1 if failing else 2)
+    after = daemon.audit("--limit", "1000")
+    kept = {(e["time"], e["action"], e["outcome"]) for e in after}
+    assert all((e["time"], e["action"], e["outcome"]) in kept for e in before), "an audit row was lost"
+    assert len(daemon.json("versions", "crashy")) >= snapshots_before + 1, "a snapshot was lost"
+    interrupted = [e for e in after if "interrupted" in e["message"]]
+    assert interrupted, "the interrupted operation must be audited"
+    assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("step", DEPLOY_STEPS)
+def test_crash_during_deploy_is_recovered(tmp_path: Path, step: str) -> None:
+    _crash_at(tmp_path, step, failing=False)
+
+
+def test_crash_mid_rollback_is_recovered(tmp_path: Path) -> None:
+    _crash_at(tmp_path, "mid_rollback", failing=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", [1, 2, 3])
+@pytest.mark.parametrize("step", [*DEPLOY_STEPS, "mid_rollback"])
+def test_crash_every_step_three_times(tmp_path: Path, step: str, round_: int) -> None:
+    _crash_at(tmp_path, step, failing=step == "mid_rollback")
+
+
+def test_killed_tritonserver_is_restarted_and_models_come_back(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_gen_model(repo, "phoenix", 7)
+    daemon = DaemonProcess(repo, tmp_path / "state").start()
+    try:
+        wait_for(lambda: daemon.model_status("phoenix").get("state") == "serving", 30, what="serving")
+        pid = daemon.triton_pid()
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def back() -> bool:
+            new_pid = daemon.triton_pid()
+            if new_pid in (None, pid):
+                return False
+            try:
+                client = grpcclient.InferenceServerClient(daemon.triton_url())
+                return infer_gen(client, "phoenix") == 7.0
+            except Exception:  # noqa: BLE001 - not yet
+                return False
+
+        wait_for(back, 60, 0.2, "tritonserver restarted with phoenix serving again")
+        assert time.monotonic() - killed_at < 30
+        restores = daemon.audit("--model", "phoenix", "--action", "restore")
+        assert restores and restores[0]["outcome"] == "ok"
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_daemon_crash_leaves_no_orphan_tritonserver(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    daemon = DaemonProcess(repo, tmp_path / "state").start()
+    pid = daemon.triton_pid()
+    assert pid is not None
+    daemon.kill()
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
+             15, what="launched tritonserver gone with its daemon")
