@@ -26,6 +26,7 @@ from controlplane.errors import (
     SnapshotError,
     TritonctlError,
     TritonError,
+    TritonTimeoutError,
     TritonUnavailableError,
 )
 from controlplane.modelconfig import stamp_parameter
@@ -160,7 +161,8 @@ class Deployer:
             raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
 
     def _load_verified(self, model: str, digest: str, served_versions: Sequence[int], emit: ProgressFn,
-                       deployment: DeploymentRecord | None) -> tuple[Path, list[str]]:
+                       deployment: DeploymentRecord | None, load_timeout_s: float | None = None
+                       ) -> tuple[Path, list[str]]:
         emit(Progress(model, "publish", "start", digest=digest))
         tree = self._publish(model, digest)
         if deployment:
@@ -168,7 +170,7 @@ class Deployer:
             fault_point("after_publish")
         emit(Progress(model, "publish", "ok", str(tree), digest))
         emit(Progress(model, "load", "start", digest=digest))
-        self.triton.load(model, self.load_timeout_s)
+        self.triton.load(model, load_timeout_s or self.load_timeout_s)
         if deployment:
             self.registry.advance(deployment.id, "loaded")
             fault_point("after_load")
@@ -295,7 +297,10 @@ class Deployer:
             emit(Progress(model, "rollback", "start", f"restoring {previous[:12]}", previous))
             try:
                 prev_snap = self.registry.get_snapshot(model, previous)
-                self._load_verified(model, previous, prev_snap.served_versions, emit, None)
+                # Triton cannot cancel a load that outlived our deadline; it finishes it before it
+                # takes ours, so the rollback's load gets room for both.
+                timeout = self.load_timeout_s * 2 if isinstance(exc, TritonTimeoutError) else None
+                self._load_verified(model, previous, prev_snap.served_versions, emit, None, timeout)
             except TritonctlError as rollback_exc:
                 message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
                 emit(Progress(model, "rollback", "failed", str(rollback_exc), previous))
@@ -383,6 +388,8 @@ class Deployer:
                 return self._outcome(model, "restore", "failed", digest, digest, message, started, [])
             message = f"restored {digest[:12]} ({reason})"
             self.registry.audit(AuditEntry("tritonctl", "restore", model, digest, "ok", message, _ms(started)))
+            if self.registry.get_model(model).state == "degraded":
+                self.registry.update_model(model, state="serving")
             self.serving.prune(model)
             return self._outcome(model, "restore", "ok", digest, digest, message, started, [])
 

@@ -88,6 +88,7 @@ class DaemonProcess:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     settle_s: float = 0.2
+    launch: bool = True  # --launch-triton; False: pass --triton-url in extra_args
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -100,7 +101,7 @@ class DaemonProcess:
         env.setdefault("TRITONCTL_RECONCILE_INTERVAL_S", "1")
         env.update(self.env)
         args = [TRITONCTL, "daemon", "--repository", str(self.repository), "--state-dir", str(self.state_dir),
-                "--launch-triton", "--settle", str(self.settle_s), *self.extra_args]
+                "--settle", str(self.settle_s), *(["--launch-triton"] if self.launch else []), *self.extra_args]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
