@@ -26,6 +26,9 @@ ENV_PREFIX = "TRITONCTL_"
 POLICIES = ("auto", "manual")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# TRITONCTL_* variables that are not daemon settings: the config file's path, the CLI client's
+# daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
+NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_FAULT")
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s")
 
@@ -89,7 +92,12 @@ def _positive_float(minimum: float) -> Callable[[Any], float]:
     def parse(value: Any) -> float:
         if isinstance(value, bool):
             raise ValueError("expected a number")
-        number = float(value)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected a number") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise ValueError("expected a finite number")
         if number < minimum:
             raise ValueError(f"must be at least {minimum}")
         return number
@@ -108,8 +116,8 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
 
 
 def _port(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("expected a port number")
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ValueError("expected a port number 1-65535")
     port = int(value)
     if not 0 < port < 65536:
         raise ValueError("expected a port number 1-65535")
@@ -184,12 +192,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def read_environment(env: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or name in ("TRITONCTL_CONFIG", "TRITONCTL_FAULT"):
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS_ENV:
             continue
         key = name[len(ENV_PREFIX) :].lower()
         if key not in PARSERS:
             raise ConfigError(f"environment: {name}: unknown setting")
-        values[key] = _parse(key, value, "environment")
+        values[key] = _parse(key, value, f"environment {name}")
     return values
 
 

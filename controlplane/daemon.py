@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ class Daemon:
         self._sigint_count = 0
         self._settled: queue.Queue[str] = queue.Queue()
         self._inflight: set[Future[Any]] = set()
+        self._inflight_lock = threading.Lock()  # reconcile runs in a worker and may submit work too
+        self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
         self.watcher: RepositoryWatcher | None = None
@@ -108,6 +111,8 @@ class Daemon:
         if settings.repository is not None:
             self.watcher = RepositoryWatcher(settings.repository, self._settled.put, settle_s=settings.settle_s)
             self.plane.reschedule = self.watcher.reschedule
+            if self.metrics is not None:
+                self.metrics.backlog = self.watcher.backlog
             self.watcher.start()
             self._initial_scan()
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
@@ -120,6 +125,8 @@ class Daemon:
         names = self.watcher.initial_scan()
         ordered = sorted(names, key=lambda n: (self._is_ensemble(n), n))
         for name in ordered:
+            if self.stop_requested.is_set():
+                break  # SIGTERM during start-up: the rest waits for the next start
             try:
                 self.plane.handle_settled(name)
             except TritonctlError as exc:
@@ -144,12 +151,22 @@ class Daemon:
         if signum == signal.SIGINT:
             self._sigint_count += 1
             if self._sigint_count > 1:
+                server = self.triton_server
+                if server is not None and server.process is not None:
+                    try:  # do not leave a launched tritonserver (its own session) behind
+                        os.killpg(server.process.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
                 os._exit(130)  # the operator insists
         self.stop_requested.set()
 
     def run(self) -> int:
         """Start, loop until asked to stop, shut down. Returns the exit code."""
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self._cleanup_failed_start()
+            raise
         assert self.plane is not None
         interval = systemd.watchdog_interval_s()
         next_ping = time.monotonic()
@@ -163,13 +180,27 @@ class Daemon:
                 self.reload_requested.clear()
                 self._reload()
             self._dispatch_settled()
-            if now >= next_reconcile:
-                self._supervise_and_reconcile()
+            if now >= next_reconcile and (self._reconciling is None or self._reconciling.done()):
+                # In a worker: a restore or a tritonserver restart can take longer than the watchdog
+                # allows, and the loop must keep pinging and dispatching meanwhile.
+                self._reconciling = self.executor.submit(self._guarded, self._supervise_and_reconcile)
+                self._track(self._reconciling)
                 next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
-            self._inflight = {f for f in self._inflight if not f.done()}
+            with self._inflight_lock:
+                self._inflight = {f for f in self._inflight if not f.done()}
             self.stop_requested.wait(TICK_S)
-        self.shutdown()
+        abandoned = self.shutdown()
+        if abandoned:
+            # Worker threads would hold the interpreter's exit until they finish; the registry
+            # records the interrupted deployments and the next start recovers them.
+            logging.shutdown()
+            os._exit(0)
         return 0
+
+    def _track(self, future: Future[Any]) -> None:
+        """Remember work in flight, so shutdown can wait for it (called from the loop and workers)."""
+        with self._inflight_lock:
+            self._inflight.add(future)
 
     def _dispatch_settled(self) -> None:
         assert self.plane is not None
@@ -178,7 +209,7 @@ class Daemon:
                 model = self._settled.get_nowait()
             except queue.Empty:
                 return
-            self._inflight.add(self.executor.submit(self._guarded, self.plane.handle_settled, model))
+            self._track(self.executor.submit(self._guarded, self.plane.handle_settled, model))
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -192,7 +223,7 @@ class Daemon:
     def _supervise_and_reconcile(self) -> None:
         assert self.plane is not None
         server = self.triton_server
-        if server is not None and not server.is_running():
+        if server is not None and not server.is_running() and not self.stop_requested.is_set():
             log.error("launched tritonserver died (code %s); restarting", server.process and server.process.returncode)
             try:
                 server.stop()
@@ -200,31 +231,47 @@ class Daemon:
             except TritonctlError as exc:
                 log.error("restarting tritonserver: %s", exc)
                 return
+        was_reachable = self.plane.counters.triton_reachable
         try:
             self.plane.reconcile()
         except TritonctlError as exc:
             log.error("reconcile: %s", exc)
+        if self.plane.counters.triton_reachable and not was_reachable and self.watcher is not None:
+            # Triton is back: changes recorded while it was away deploy now (auto policy).
+            log.info("tritonserver reachable again; re-checking the source repository")
+            self._track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "rescan"))
         systemd.status(self.status_line())
 
     def _reload(self) -> None:
         systemd.reloading()
         if self.reload_settings is not None:
             try:
-                new = self.settings.reloaded(self.reload_settings())
+                read = self.reload_settings()
             except TritonctlError as exc:
                 log.error("reload refused, keeping the running settings: %s", exc)
                 systemd.ready(self.status_line())
                 return
+            new = self.settings.reloaded(read)
+            pending = [f.name for f in fields(Settings) if getattr(read, f.name) != getattr(new, f.name)]
+            if pending:
+                log.warning("reload: %s changed but take effect only after a restart", ", ".join(pending))
             self.settings = new
             if self.plane is not None:
                 self.plane.settings = new
             if self.watcher is not None:
                 self.watcher.set_settle(new.settle_s)
             logging.getLogger("tritonctl").setLevel(new.log_level.upper())
-            log.info("reloaded: policy=%s settle_s=%s log_level=%s", new.policy, new.settle_s, new.log_level)
+            log.info("reloaded: policy=%s settle_s=%s log_level=%s reconcile_interval_s=%s",
+                     new.policy, new.settle_s, new.log_level, new.reconcile_interval_s)
         systemd.ready(self.status_line())
 
     def _on_outcome(self, outcome: Outcome) -> None:
+        log.log(
+            logging.INFO if outcome.succeeded else logging.WARNING,
+            "%s %s %s digest %s active %s in %d ms: %s", outcome.model, outcome.action, outcome.outcome,
+            (outcome.digest or "-")[:12], (outcome.active_digest or "-")[:12], outcome.duration_ms,
+            outcome.message,
+        )
         if self.metrics is not None:
             self.metrics.observe(outcome)
         systemd.status(self.status_line())
@@ -236,27 +283,52 @@ class Daemon:
             serving = sum(1 for m in self.registry.list_models() if m.state == "serving")
         except TritonctlError:
             serving = -1
-        return f"{serving} models serving; last: {self.plane.counters.last_action}"
+        triton = "reachable" if self.plane.counters.triton_reachable else "unreachable"
+        return f"{serving} models serving, triton {triton}; last: {self.plane.counters.last_action}"
 
     # -- shutdown -------------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
+    def _busy_models(self) -> list[str]:
+        """Models with an operation in progress (watcher, reconcile or control API alike)."""
+        if self.plane is None:
+            return []
+        try:
+            models = self.plane.registry.list_models()
+            return [m.name for m in models if self.plane.deployer.lock(m.name).locked()]
+        except TritonctlError:
+            return []
+
+    def shutdown(self) -> bool:
+        """Stop taking work, let in-flight work finish within the bound, release everything.
+
+        Returns whether work was still running when the bound passed (the caller exits regardless).
+        """
         systemd.stopping()
         log.info("stopping: no new work; waiting up to %.0fs for deploys in flight", self.settings.shutdown_timeout_s)
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
         if self.watcher is not None:
             self.watcher.stop()
         if self.api is not None:
             self.api.stop(grace_s=1.0)
-        deadline = time.monotonic() + self.settings.shutdown_timeout_s
-        for future in list(self._inflight):
+        self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
+        with self._inflight_lock:
+            inflight = list(self._inflight)
+        for future in inflight:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             try:
                 future.result(timeout=remaining)
-            except Exception:  # noqa: BLE001 - its own handler logged it; we only wait
+            except Exception:  # noqa: BLE001 - its own handler logged it (or it was cancelled); we only wait
                 pass
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        busy = self._busy_models()  # also operations the control API started in its own threads
+        while busy and time.monotonic() < deadline:
+            time.sleep(TICK_S)
+            busy = self._busy_models()
+        abandoned = bool(busy) or any(not f.done() for f in inflight)
+        if abandoned:
+            log.warning("shutdown bound of %.0fs passed with work in flight (%s); the next start recovers it",
+                        self.settings.shutdown_timeout_s, ", ".join(busy) or "reconcile")
         if self.metrics is not None:
             self.metrics.stop()
         if self.registry is not None:
@@ -271,6 +343,22 @@ class Daemon:
         if self.registry is not None:
             self.registry.close()
         log.info("stopped")
+        return abandoned
+
+    def _cleanup_failed_start(self) -> None:
+        """Start-up failed part-way: release what was started (above all a launched tritonserver)."""
+        for stop in (
+            lambda: self.watcher.stop() if self.watcher else None,
+            lambda: self.api.stop(grace_s=0.5) if self.api else None,
+            lambda: self.metrics.stop() if self.metrics else None,
+            lambda: self.triton_server.stop() if self.triton_server else None,
+            lambda: self.registry.close() if self.registry else None,
+        ):
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - the start-up error is the one to report
+                log.debug("cleanup after failed start", exc_info=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def socket_path_ok(path: Path) -> bool:

@@ -34,7 +34,7 @@ def notify(*lines: str) -> bool:
 
 
 def ready(status: str = "") -> bool:
-    return notify("READY=1", *([f"STATUS={status}"] if status else []))
+    return notify("READY=1", *([f"STATUS={' '.join(status.split())}"] if status else []))
 
 
 def status(text: str) -> bool:
@@ -61,6 +61,7 @@ def watchdog_interval_s() -> float | None:
     if not usec or (pid and pid != str(os.getpid())):
         return None
     try:
-        return max(0.05, int(usec) / 1_000_000 / 2)
+        value = int(usec)
     except ValueError:
         return None
+    return max(0.05, value / 1_000_000 / 2) if value > 0 else None

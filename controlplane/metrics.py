@@ -1,0 +1,176 @@
+"""Prometheus metrics for the daemon (`--metrics-port`, off by default), on 127.0.0.1 only.
+
+Counters and the duration histogram are fed as deploy outcomes happen (`observe`); everything that
+describes current state (model states, quarantined digests, snapshots, store size, watcher backlog,
+Triton reachability) is read at scrape time by a custom collector, so it cannot drift from the
+registry. A dedicated `CollectorRegistry` keeps these apart from anything else in the process (no
+process/GC collectors, no global state between tests).
+
+Metrics (names are a contract; see docs/operations.md):
+  tritonctl_deploys_total{outcome}          deploy/rollback operations by outcome (ok/noop/failed/rolled_back)
+  tritonctl_rollbacks_total                 failed deploys rolled back to the last good snapshot
+  tritonctl_deploy_duration_seconds         histogram of deploy/rollback operations (noops excluded)
+  tritonctl_quarantined_digests             snapshots quarantined after a failed deploy
+  tritonctl_model_state{model,state}        1 for each model's current state, 0 for the others
+  tritonctl_snapshots_total                 snapshots recorded in the registry
+  tritonctl_store_bytes                     bytes of file contents in the content store
+  tritonctl_watcher_backlog                 models waiting for their settle check
+  tritonctl_triton_reachable                1 if tritonserver answered at the last reconcile
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from sqlalchemy import func, select
+
+from controlplane.deploy import Outcome
+from controlplane.errors import ConfigError
+from controlplane.store import schema
+
+if TYPE_CHECKING:
+    from controlplane.service import ControlPlane
+
+log = logging.getLogger("tritonctl.metrics")
+
+LISTEN_HOST = "127.0.0.1"
+DEPLOY_ACTIONS = ("deploy", "rollback")  # operations that put a snapshot into Triton
+OUTCOMES = ("ok", "noop", "failed", "rolled_back")
+MODEL_STATES = ("new", "serving", "degraded", "failed", "unloaded")
+DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STORE_SIZE_TTL_S = 15.0  # walking the object store on every scrape would cost I/O for nothing
+HELP = {
+    "deploys": "Deploy and rollback operations by outcome",
+    "rollbacks": "Failed deploys rolled back to the last good snapshot",
+    "duration": "Duration of deploy and rollback operations (noops excluded)",
+    "model_state": "1 for the model's current state in the registry, 0 for the other states",
+    "quarantined": "Snapshots quarantined after a failed deploy",
+    "snapshots": "Snapshots (distinct model contents) recorded in the registry",
+    "store_bytes": "Bytes of file contents in the content-addressed store (deduplicated)",
+    "backlog": "Models waiting for their settle check",
+    "reachable": "1 if tritonserver answered at the last reconcile",
+}
+
+
+class _StoreSize:
+    """On-disk bytes of the content store's objects, cached for a few seconds."""
+
+    def __init__(self, objects: Path) -> None:
+        self.objects = objects
+        self._lock = threading.Lock()
+        self._value = 0
+        self._at = float("-inf")
+
+    def __call__(self) -> int:
+        with self._lock:
+            if time.monotonic() - self._at < STORE_SIZE_TTL_S:
+                return self._value
+            total = 0
+            for dirpath, _dirs, files in os.walk(self.objects):
+                for name in files:
+                    try:
+                        total += os.lstat(os.path.join(dirpath, name)).st_size
+                    except OSError:
+                        pass  # collected while we walked
+            self._value, self._at = total, time.monotonic()
+            return total
+
+
+class StateCollector:
+    """Gauges read from the registry and the running plane at scrape time."""
+
+    def __init__(self, plane: ControlPlane, backlog: Callable[[], int | None]) -> None:
+        self.plane = plane
+        self.backlog = backlog
+        self.store_size = _StoreSize(plane.store.root / "objects")
+
+    def collect(self) -> Iterator[Metric]:
+        # Each family on its own: one failing query must not fail the whole scrape.
+        for build in (self._model_state, self._quarantined, self._snapshots, self._store_bytes,
+                      self._backlog, self._reachable):
+            try:
+                yield from build()
+            except Exception as exc:  # noqa: BLE001 - e.g. the database is locked; a scrape must still answer
+                log.warning("metrics: %s: %s", build.__name__.lstrip("_"), exc)
+
+    def _model_state(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("tritonctl_model_state", HELP["model_state"], labels=["model", "state"])
+        for model in self.plane.registry.list_models():
+            states = MODEL_STATES if model.state in MODEL_STATES else (*MODEL_STATES, model.state)
+            for state in states:
+                family.add_metric([model.name, state], 1.0 if state == model.state else 0.0)
+        yield family
+
+    def _quarantined(self) -> Iterable[Metric]:
+        count = self.plane.registry.count_quarantined()
+        yield GaugeMetricFamily("tritonctl_quarantined_digests", HELP["quarantined"], value=count)
+
+    def _snapshots(self) -> Iterable[Metric]:
+        with self.plane.registry.engine.connect() as conn:
+            count = conn.execute(select(func.count()).select_from(schema.Snapshot)).scalar_one()
+        yield CounterMetricFamily("tritonctl_snapshots", HELP["snapshots"], value=int(count or 0))
+
+    def _store_bytes(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("tritonctl_store_bytes", HELP["store_bytes"], value=self.store_size())
+
+    def _backlog(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("tritonctl_watcher_backlog", HELP["backlog"], value=self.backlog() or 0)
+
+    def _reachable(self) -> Iterable[Metric]:
+        reachable = 1.0 if self.plane.counters.triton_reachable else 0.0
+        yield GaugeMetricFamily("tritonctl_triton_reachable", HELP["reachable"], value=reachable)
+
+
+class Metrics:
+    """The daemon's metrics and their HTTP endpoint (`start` / `stop`)."""
+
+    def __init__(self, plane: ControlPlane, port: int, host: str = LISTEN_HOST) -> None:
+        self.port = port
+        self.host = host
+        self.registry = CollectorRegistry()
+        # Set by the daemon once its watcher exists; None means no watcher (no --repository).
+        self.backlog: Callable[[], int] | None = None
+        self.deploys = Counter("tritonctl_deploys", HELP["deploys"], ["outcome"], registry=self.registry)
+        for outcome in OUTCOMES:
+            self.deploys.labels(outcome)  # present at 0 from the first scrape
+        self.rollbacks = Counter("tritonctl_rollbacks", HELP["rollbacks"], registry=self.registry)
+        self.duration = Histogram("tritonctl_deploy_duration_seconds", HELP["duration"],
+                                  buckets=DURATION_BUCKETS_S, registry=self.registry)
+        self.registry.register(StateCollector(plane, lambda: self.backlog() if self.backlog else 0))
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def observe(self, outcome: Outcome) -> None:
+        """Count one finished operation (called from the deployer's thread)."""
+        if outcome.outcome == "rolled_back":
+            self.rollbacks.inc()
+        if outcome.action not in DEPLOY_ACTIONS:
+            return
+        self.deploys.labels(outcome.outcome).inc()
+        if outcome.outcome != "noop":
+            self.duration.observe(outcome.duration_ms / 1000.0)
+
+    def start(self) -> None:
+        try:
+            self._server, self._thread = start_http_server(self.port, self.host, self.registry)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigError(f"metrics_port: cannot listen on {self.host}:{self.port}: {reason}") from None
+        log.info("metrics on http://%s:%s/metrics", self.host, self.port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
