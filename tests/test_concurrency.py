@@ -8,6 +8,7 @@ variant (`pytest -m slow`) runs for three minutes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import subprocess
@@ -85,7 +86,7 @@ def _run(tmp_path: Path, seconds: float) -> None:
         # Strictly serialized per model: no two deployments of a model overlap.
         for name in MODELS:
             spans = sorted((d.started_at, d.finished_at) for d in deployments if d.model == name)
-            for (_, end), (start, _) in zip(spans, spans[1:]):
+            for (_, end), (start, _) in itertools.pairwise(spans):
                 assert end <= start, f"{name}: overlapping deployments"
         # No lost or duplicated deploy: each finished deployment has exactly one audit event.
         audit_keys: dict[tuple[str, str, object], int] = {}
