@@ -56,6 +56,7 @@ class Settings:
     reconcile_interval_s: float = 10.0
     load_timeout_s: float = 120.0
     shutdown_timeout_s: float = 30.0
+    db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
     host: str = ""
 
     @property
@@ -159,6 +160,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "reconcile_interval_s": _positive_float(0.5),
     "load_timeout_s": _positive_float(1.0),
     "shutdown_timeout_s": _positive_float(1.0),
+    "db_busy_timeout_s": _positive_float(0.1),
     "host": _text,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}

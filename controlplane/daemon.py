@@ -89,7 +89,7 @@ class Daemon:
     def start(self) -> None:
         settings = self.settings
         self._prepare_state_dir()
-        self.registry = Registry(settings.registry_url, host=settings.host)
+        self.registry = Registry(settings.registry_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s)
         before, after = migrate.upgrade(self.registry)
         if before != after:
             log.info("registry schema upgraded %s -> %s", before or "empty", after)

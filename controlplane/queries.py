@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from controlplane.errors import NotFoundError, UsageError
-from controlplane.names import validate_model_name
+from controlplane.names import validate_digest, validate_model_name
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store.records import OUTCOMES, ModelRecord, iso
 from controlplane.store.registry import AuditQuery, Registry, utcnow
@@ -36,7 +36,10 @@ def parse_time(text: str, field: str = "time", reference: datetime | None = None
     match = _RELATIVE.match(value)
     if match:
         amount, unit = float(match.group(1)), match.group(2)
-        return (reference or now()) - timedelta(seconds=amount * _UNITS[unit])
+        try:
+            return (reference or now()) - timedelta(seconds=amount * _UNITS[unit])
+        except OverflowError:
+            raise UsageError(f"{field}: '{text}' reaches before year 1") from None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -99,6 +102,7 @@ def _text(store: ContentStore, sha256: str) -> list[str] | None:
 def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str) -> dict[str, Any]:
     """Files added / removed / changed between two snapshots, with unified diffs of text files."""
     validate_model_name(model)
+    digest_a, digest_b = validate_digest(digest_a), validate_digest(digest_b)
     full_a, a = _entries(registry, model, digest_a)
     full_b, b = _entries(registry, model, digest_b)
     added = [{"path": p, "size": b[p].size} for p in sorted(set(b) - set(a))]

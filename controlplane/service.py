@@ -18,7 +18,7 @@ from typing import Any
 from controlplane import queries
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, ProgressFn
-from controlplane.errors import NotFoundError, SnapshotError, TritonctlError, UsageError
+from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
@@ -141,6 +141,12 @@ class ControlPlane:
             return None
         try:
             record = self.capture(model)
+        except StoreError as exc:
+            # The registry is busy or unreachable: nothing was recorded; try again later.
+            log.error("%s: %s; retrying after the settle window", model, exc)
+            if self.reschedule:
+                self.reschedule(model, max(self.settings.settle_s, 1.0))
+            return None
         except SnapshotError as exc:
             text = str(exc)
             if ("still changing" in text or "on hold" in text or "awaiting" in text) and self.reschedule:
@@ -170,7 +176,7 @@ class ControlPlane:
     ) -> Outcome:
         validate_model_name(model)
         if digest:
-            validate_digest(digest)
+            digest = validate_digest(digest)
             target = self.registry.get_snapshot(model, digest).digest
         else:
             target = self.capture(model, actor).digest
@@ -186,7 +192,7 @@ class ControlPlane:
     def rollback(self, model: str, actor: str, to: str = "", progress: ProgressFn | None = None) -> Outcome:
         validate_model_name(model)
         if to:
-            validate_digest(to)
+            to = validate_digest(to)
         return self.deployer.rollback(model, actor, to or None, progress)
 
     def set_policy(self, model: str, policy: str, actor: str) -> dict[str, Any]:

@@ -1,0 +1,369 @@
+"""Registry semantics: one row per content, atomic deployment ends, an append-only audit log, what
+served when, and migrations that build exactly the ORM's schema.
+
+Real SQLite files in a temp dir, migrated with the project's Alembic migrations (as the daemon does).
+Time is a controllable clock patched into the registry, so "when" questions have exact answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from controlplane import queries
+from controlplane.errors import NotFoundError, StoreError, UsageError
+from controlplane.snapshot import ContentStore
+from controlplane.store import migrate
+from controlplane.store.records import ServingRecord
+from controlplane.store.registry import AuditEntry, AuditQuery, Registry
+from controlplane.store.schema import Base
+
+T0 = datetime(2026, 11, 1, 12, 0, 0)
+D1, D2, D3 = "a" * 64, "b" * 64, "c" * 64
+
+
+class Clock:
+    """A settable stand-in for `registry.utcnow` (naive UTC)."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def at(self, when: datetime) -> Clock:
+        self.now = when
+        return self
+
+    def advance(self, **delta: float) -> datetime:
+        self.now += timedelta(**delta)
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock(T0)
+    monkeypatch.setattr("controlplane.store.registry.utcnow", fake)
+    monkeypatch.setattr("controlplane.queries.utcnow", fake)
+    return fake
+
+
+@pytest.fixture
+def registry(tmp_path: Path, clock: Clock) -> Iterator[Registry]:
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    migrate.upgrade(reg)
+    yield reg
+    reg.close()
+
+
+def record(reg: Registry, model: str, digest: str, valid: bool = True, manifest: str = "{}") -> tuple[object, bool]:
+    return reg.record_snapshot(model, digest, manifest, config=None, versions=[1], served_versions=[1],
+                               valid=valid, problems=[], total_bytes=10)
+
+
+def deploy(reg: Registry, model: str, digest: str | None, *, kind: str = "deploy", outcome: str = "ok",
+           serve: bool = True, actor: str = "alice", versions: list[int] | None = None) -> int:
+    """A deployment from intent to end, as the deployer records it."""
+    current = reg.find_model(model)
+    dep = reg.begin_deployment(model, kind, digest, current.active_digest if current else None, actor)
+    reg.advance(dep.id, "publish")
+    serving = ServingRecord(model, digest, versions if versions is not None else [1]) if serve else None
+    reg.finish_deployment(dep.id, outcome=outcome, error=None if outcome == "ok" else "boom",
+                          audit=AuditEntry(actor, kind, model, digest, outcome, f"{kind} {outcome}"),
+                          serving=serving, model_state="serving")
+    return dep.id
+
+
+def rows(reg: Registry, table: str) -> list[tuple[object, ...]]:
+    with reg.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY id"))]
+
+
+# --- snapshots -------------------------------------------------------------------------------------
+
+
+def test_same_content_twice_is_one_snapshot_and_updates_last_seen(registry: Registry, clock: Clock) -> None:
+    first, new = record(registry, "linear", D1)
+    assert new is True
+    clock.advance(hours=3)
+    again, new_again = record(registry, "linear", D1)
+    assert new_again is False
+    assert len(registry.list_snapshots("linear")) == 1
+    assert again.first_seen == T0 and again.last_seen == T0 + timedelta(hours=3)  # type: ignore[attr-defined]
+    stored = registry.get_snapshot("linear", D1)
+    assert (stored.first_seen, stored.last_seen) == (T0, T0 + timedelta(hours=3))
+
+
+def test_same_digest_under_two_models_is_two_snapshots(registry: Registry) -> None:
+    record(registry, "linear", D1)
+    record(registry, "reshape", D1)
+    assert [s.model for s in registry.list_snapshots("linear")] == ["linear"]
+    assert [s.model for s in registry.list_snapshots("reshape")] == ["reshape"]
+
+
+def test_content_seen_again_after_gc_is_no_longer_collected(registry: Registry) -> None:
+    record(registry, "linear", D1)
+    registry.mark_collected("linear", [D1])
+    assert registry.get_snapshot("linear", D1).collected
+    record(registry, "linear", D1)
+    assert not registry.get_snapshot("linear", D1).collected
+
+
+def test_snapshots_list_newest_first_and_resolve_by_unique_prefix(registry: Registry, clock: Clock) -> None:
+    record(registry, "linear", D1)
+    clock.advance(minutes=1)
+    record(registry, "linear", "ab" + "0" * 62)
+    clock.advance(minutes=1)
+    record(registry, "linear", D2)
+    assert [s.digest[:2] for s in registry.list_snapshots("linear")] == ["bb", "ab", "aa"]
+    assert registry.get_snapshot("linear", "bbbbbb").digest == D2
+    with pytest.raises(UsageError, match="ambiguous"):
+        registry.get_snapshot("linear", "a")
+    with pytest.raises(NotFoundError):
+        registry.get_snapshot("linear", "dddddd")
+
+
+# --- deployments -----------------------------------------------------------------------------------
+
+
+def test_finish_deployment_writes_end_active_digest_serving_log_and_audit(registry: Registry, clock: Clock) -> None:
+    record(registry, "linear", D1)
+    dep = registry.begin_deployment("linear", "deploy", D1, None, "alice")
+    assert [d.id for d in registry.open_deployments()] == [dep.id]
+    assert registry.open_deployments()[0].step == "intent"
+    end = clock.advance(seconds=5)
+    done = registry.finish_deployment(
+        dep.id, outcome="ok", error=None, audit=AuditEntry("alice", "deploy", "linear", D1, "ok", "deployed", 5000),
+        serving=ServingRecord("linear", D1, [1, 2]), model_state="serving",
+    )
+    assert (done.step, done.outcome, done.finished_at) == ("done", "ok", end)
+    assert registry.open_deployments() == []
+    model = registry.get_model("linear")
+    assert (model.active_digest, model.active_since, model.state, model.last_error) == (D1, end, "serving", None)
+    [serving] = registry.serving_history("linear")
+    assert (serving.digest, serving.versions, serving.since) == (D1, [1, 2], end)
+    [event] = registry.query_audit(AuditQuery(model="linear"))
+    assert (event.time, event.actor, event.action, event.digest, event.outcome, event.duration_ms) == (
+        end, "alice", "deploy", D1, "ok", 5000)
+
+
+def test_finish_deployment_is_all_or_nothing(registry: Registry, clock: Clock) -> None:
+    """If any write of the end fails (here: the audit row violates NOT NULL), none of them lands."""
+    record(registry, "linear", D1)
+    deploy(registry, "linear", D1)
+    record(registry, "linear", D2)
+    dep = registry.begin_deployment("linear", "deploy", D2, D1, "alice")
+    before = {t: rows(registry, t) for t in ("models", "serving_log", "audit_events")}
+    clock.advance(minutes=1)
+    broken_audit = AuditEntry("alice", "deploy", "linear", D2, None, "x")  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="NOT NULL"):
+        registry.finish_deployment(dep.id, outcome="ok", error=None, audit=broken_audit,
+                                   serving=ServingRecord("linear", D2, [1]), model_state="serving")
+    assert {t: rows(registry, t) for t in before} == before
+    assert [d.id for d in registry.open_deployments()] == [dep.id]
+    assert registry.get_model("linear").active_digest == D1
+
+
+def test_failed_deployment_keeps_what_serves(registry: Registry, clock: Clock) -> None:
+    record(registry, "linear", D1)
+    deploy(registry, "linear", D1)
+    since = registry.get_model("linear").active_since
+    clock.advance(minutes=5)
+    deploy(registry, "linear", D2, outcome="rolled_back", serve=False)
+    model = registry.get_model("linear")
+    assert (model.active_digest, model.active_since, model.last_error) == (D1, since, "boom")
+    assert len(registry.serving_history("linear")) == 1
+    assert registry.last_deployment("linear").outcome == "rolled_back"  # type: ignore[union-attr]
+
+
+def test_redeploying_the_active_digest_keeps_its_since(registry: Registry, clock: Clock) -> None:
+    deploy(registry, "linear", D1)
+    since = registry.get_model("linear").active_since
+    clock.advance(hours=1)
+    deploy(registry, "linear", D1)
+    assert registry.get_model("linear").active_since == since
+    assert len(registry.serving_history("linear")) == 2  # the reload is still logged
+
+
+def test_audit_messages_are_stored_on_one_line(registry: Registry) -> None:
+    registry.audit(AuditEntry("bob", "policy", "linear", None, "ok", "policy\nmanual\t now"))
+    assert registry.query_audit(AuditQuery())[0].message == "policy manual now"
+
+
+# --- append-only audit and serving log -------------------------------------------------------------
+
+
+def test_no_operation_updates_or_deletes_audit_or_serving_rows(registry: Registry, clock: Clock,
+                                                               tmp_path: Path) -> None:
+    """Every statement the registry sends during a full life cycle, gc included, is watched: audit_events
+    and serving_log only ever see INSERTs, and rows written early are unchanged at the end."""
+    statements: list[str] = []
+    sa.event.listen(registry.engine, "before_cursor_execute",
+                    lambda conn, cursor, stmt, params, context, executemany: statements.append(stmt))
+    record(registry, "linear", D1)
+    registry.audit(AuditEntry("watcher", "snapshot", "linear", D1, "ok", "recorded"))
+    deploy(registry, "linear", D1)
+    early_audit, early_serving = rows(registry, "audit_events"), rows(registry, "serving_log")
+    for digest in (D2, D3):
+        clock.advance(minutes=10)
+        record(registry, "linear", digest)
+        deploy(registry, "linear", digest)
+    registry.update_model("linear", policy="manual", pinned=True, last_error="x")
+    registry.set_quarantine("linear", D2, "smoke failed")
+    deploy(registry, "linear", None, kind="unload", versions=[])
+    store = ContentStore(tmp_path / "store", fsync=False)
+    result = queries.collect_garbage(registry, store, keep=0)
+    assert result["snapshots_removed"] == 3
+
+    for table in ("audit_events", "serving_log"):
+        touching = [s for s in statements if table in s and not s.lstrip().upper().startswith(("SELECT", "INSERT"))]
+        assert touching == [], f"{table} must be append-only"
+    assert rows(registry, "audit_events")[: len(early_audit)] == early_audit
+    assert rows(registry, "serving_log")[: len(early_serving)] == early_serving
+    assert len(rows(registry, "audit_events")) == 5
+    assert all(s.collected for s in registry.list_snapshots("linear"))
+    assert len(registry.list_snapshots("linear")) == 3  # gc drops content, never the history rows
+
+
+def test_registry_offers_no_way_to_change_audit_rows() -> None:
+    public = {name for name in dir(Registry) if not name.startswith("_")}
+    assert not {n for n in public if any(w in n for w in ("delete", "remove", "purge", "truncate"))}
+    assert not {n for n in public if "audit" in n and n not in ("audit", "query_audit")}
+
+
+def test_gc_keeps_the_active_and_newest_snapshots(registry: Registry, clock: Clock, tmp_path: Path) -> None:
+    for digest in (D1, D2, D3):
+        clock.advance(minutes=1)
+        record(registry, "linear", digest)
+    deploy(registry, "linear", D1)  # the oldest one serves
+    store = ContentStore(tmp_path / "store", fsync=False)
+    result = queries.collect_garbage(registry, store, keep=1)
+    assert (result["snapshots_removed"], result["snapshots_kept"]) == (1, 2)
+    collected = {s.digest: s.collected for s in registry.list_snapshots("linear")}
+    assert collected == {D3: False, D2: True, D1: False}
+    with pytest.raises(UsageError):
+        queries.collect_garbage(registry, store, keep=-1)
+
+
+# --- what served when --------------------------------------------------------------------------------
+
+
+def test_serving_at_picks_each_models_digest_at_each_time(registry: Registry, clock: Clock) -> None:
+    t1 = clock.at(T0 + timedelta(hours=1)).now
+    deploy(registry, "linear", D1, versions=[1])
+    t2 = clock.at(T0 + timedelta(hours=2)).now
+    deploy(registry, "reshape", D3)
+    t3 = clock.at(T0 + timedelta(hours=3)).now
+    deploy(registry, "linear", D2, versions=[1, 2])
+    clock.at(T0 + timedelta(hours=4))
+    deploy(registry, "linear", D2, outcome="rolled_back", serve=False)  # no serving change
+    t5 = clock.at(T0 + timedelta(hours=5)).now
+    deploy(registry, "reshape", None, kind="unload", versions=[])
+
+    def served(when: datetime, models: list[str] | None = None) -> dict[str, str | None]:
+        return {r.model: r.digest for r in registry.serving_at(when, models)}
+
+    assert served(T0) == {}
+    assert served(t1 - timedelta(microseconds=1)) == {}
+    assert served(t1) == {"linear": D1}  # a change counts from its own instant
+    assert served(t2 + timedelta(minutes=30)) == {"linear": D1, "reshape": D3}
+    assert served(t3) == {"linear": D2, "reshape": D3}
+    assert served(t5 - timedelta(seconds=1)) == {"linear": D2, "reshape": D3}
+    assert served(t5) == {"linear": D2}  # unloaded: nothing served from then on
+    assert served(t5, ["reshape"]) == {}
+    assert served(t3, ["reshape", "unknown"]) == {"reshape": D3}
+    [linear] = registry.serving_at(t3 + timedelta(hours=10), ["linear"])
+    assert (linear.versions, linear.since) == ([1, 2], t3)
+
+
+def test_serving_at_breaks_same_instant_ties_by_insertion_order(registry: Registry) -> None:
+    deploy(registry, "linear", D1)
+    deploy(registry, "linear", D2)  # same clock reading
+    assert [r.digest for r in registry.serving_at(T0)] == [D2]
+
+
+def test_serving_at_agrees_with_a_plain_reading_of_the_log(registry: Registry, clock: Clock) -> None:
+    """Random deploys and unloads of three models (some at the same instant); at many moments the
+    registry's answer equals the last logged change at or before that moment, per model."""
+    import random
+
+    rng = random.Random(7)
+    log: list[tuple[datetime, int, str, str | None]] = []
+    for i in range(120):
+        if rng.random() < 0.7:
+            clock.advance(seconds=rng.choice([1, 1, 30, 600]))
+        model = rng.choice(["a", "b", "c"])
+        digest = None if rng.random() < 0.15 else rng.choice([D1, D2, D3])
+        deploy(registry, model, digest, kind="unload" if digest is None else "deploy")
+        log.append((clock.now, i, model, digest))
+    for _ in range(60):
+        when = T0 + timedelta(seconds=rng.uniform(-60, (clock.now - T0).total_seconds() + 60))
+        expected: dict[str, str | None] = {}
+        for at, _, model, digest in sorted(log):
+            if at <= when:
+                expected[model] = digest
+        wanted = {m: d for m, d in expected.items() if d is not None}
+        assert {r.model: r.digest for r in registry.serving_at(when)} == wanted
+        assert {r.model: r.digest for r in registry.serving_at(when, ["b", "zz"])} == {
+            m: d for m, d in wanted.items() if m == "b"}
+
+
+# --- migrations --------------------------------------------------------------------------------------
+
+
+def test_upgrade_on_an_empty_database_creates_every_table(tmp_path: Path) -> None:
+    reg = Registry(f"sqlite:///{tmp_path / 'fresh.db'}")
+    try:
+        assert migrate.current_revision(reg) is None
+        before, after = migrate.upgrade(reg)
+        assert (before, after) == (None, migrate.head_revision())
+        tables = set(sa.inspect(reg.engine).get_table_names())
+        assert tables == set(Base.metadata.tables) | {"alembic_version"}
+        assert migrate.upgrade(reg) == (after, after)  # idempotent
+    finally:
+        reg.close()
+
+
+def test_migrated_schema_matches_the_orm_exactly(tmp_path: Path) -> None:
+    """Alembic's autogenerate comparison finds nothing to add, drop or alter: the migrations and
+    `schema.py` describe the same tables, columns, types, nullability and indexes."""
+    reg = Registry(f"sqlite:///{tmp_path / 'fresh.db'}")
+    try:
+        migrate.upgrade(reg)
+        with reg.engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            differences = compare_metadata(context, Base.metadata)
+        assert differences == []
+    finally:
+        reg.close()
+
+
+def test_downgrade_to_base_and_back(tmp_path: Path) -> None:
+    from alembic import command
+
+    reg = Registry(f"sqlite:///{tmp_path / 'fresh.db'}")
+    try:
+        migrate.upgrade(reg)
+        config = migrate._config()
+        with reg.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "base")
+        assert set(sa.inspect(reg.engine).get_table_names()) <= {"alembic_version"}
+        migrate.upgrade(reg)
+        assert set(sa.inspect(reg.engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
+    finally:
+        reg.close()
+
+
+def test_open_existing_refuses_missing_or_unmigrated_registries(tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError, match="db upgrade"):
+        migrate.open_existing(f"sqlite:///{tmp_path / 'missing.db'}")
+    Registry(f"sqlite:///{tmp_path / 'empty.db'}").engine.connect().close()  # creates the file
+    with pytest.raises(StoreError, match="no schema"):
+        migrate.open_existing(f"sqlite:///{tmp_path / 'empty.db'}")

@@ -1,0 +1,103 @@
+"""Storage faults: the state directory's filesystem full, the registry locked by another writer.
+
+Each ends in a clear one-line error, nothing half-recorded, and nothing that serves changes. The
+unreadable-source case is in tests/test_snapshot.py (test_unreadable_file_is_named).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from controlplane.store.registry import Registry
+from tests.harness import DaemonProcess, infer_gen, wait_for, write_gen_model
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB tmpfs for the state directory (root only; skipped where mounting is not allowed)."""
+    mount = tmp_path / "smallfs"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.strip() or 'not root'}); "
+                    "the full-disk case needs one")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_state_filesystem_refuses_the_snapshot_and_keeps_serving(tmp_path: Path, small_fs: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_gen_model(repo, "roomy", 1)
+    daemon = DaemonProcess(repo, small_fs / "state").start()
+    try:
+        wait_for(lambda: daemon.model_status("roomy").get("state") == "serving", 30, what="serving")
+        versions_before = daemon.json("versions", "roomy")
+        hold = repo / "roomy" / ".tritonctl-hold"  # the writer says: not complete yet
+        hold.touch()
+        write_gen_model(repo, "roomy", 2)
+        (repo / "roomy" / "1" / "weights.bin").write_bytes(os.urandom(64 * 1024 * 1024))  # > the filesystem
+        hold.unlink()
+        events = wait_for(lambda: daemon.audit("--model", "roomy", "--action", "snapshot", "--outcome", "failed"),
+                          30, what="refused snapshot")
+        assert "No space left on device" in events[0]["message"]
+        assert "\n" not in events[0]["message"]
+        assert daemon.json("versions", "roomy") == versions_before, "nothing half-recorded"
+        leftovers = [p for p in (small_fs / "state" / "store").rglob("*") if ".tmp" in p.name]
+        assert not leftovers, leftovers
+        client = grpcclient.InferenceServerClient(daemon.triton_url())
+        assert infer_gen(client, "roomy") == 1.0
+        assert daemon.proc is not None and daemon.proc.poll() is None
+        # Room again (the big file goes): the next settled change is taken normally.
+        (repo / "roomy" / "1" / "weights.bin").unlink()
+        wait_for(lambda: _answers(client, "roomy", 2.0), 30, 0.2, "generation 2 once there is room")
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_registry_locked_longer_than_the_busy_timeout(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_gen_model(repo, "locky", 1)
+    daemon = DaemonProcess(repo, tmp_path / "state", env={"TRITONCTL_DB_BUSY_TIMEOUT_S": "0.5"}).start()
+    try:
+        wait_for(lambda: daemon.model_status("locky").get("state") == "serving", 30, what="serving")
+        client = grpcclient.InferenceServerClient(daemon.triton_url())
+        holder = sqlite3.connect(daemon.state_dir / "registry.db", isolation_level=None, timeout=10)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            write_gen_model(repo, "locky", 2)
+            wait_for(lambda: "database is locked" in daemon.log_tail(20000), 20, what="locked error logged")
+            assert infer_gen(client, "locky") == 1.0, "nothing that serves changes while the registry is locked"
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        line = next(x for x in daemon.log_tail(20000).splitlines() if "database is locked" in x)
+        assert line.startswith(("ERROR", "WARNING")) and "Traceback" not in daemon.log_tail(20000)
+        # Released: the change is retried and deploys; nothing was half-recorded meanwhile.
+        wait_for(lambda: _answers(client, "locky", 2.0), 30, 0.2, "generation 2 after the lock is released")
+        registry = Registry(f"sqlite:///{daemon.state_dir / 'registry.db'}")
+        try:
+            assert len(registry.list_snapshots("locky")) == 2
+            wait_for(lambda: not registry.open_deployments(), 20, what="no open deployment")
+        finally:
+            registry.close()
+    finally:
+        assert daemon.stop() == 0
+
+
+def _answers(client: grpcclient.InferenceServerClient, model: str, gen: float) -> bool:
+    try:
+        return infer_gen(client, model) == gen
+    except Exception:  # noqa: BLE001 - not yet
+        return False
