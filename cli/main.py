@@ -65,6 +65,40 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.meta["tritonctl.debug"] = debug
 
 
+@cli.command("validate")
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (a stable contract, see README).")
+@click.pass_context
+def validate_cmd(ctx: click.Context, paths: tuple[str, ...], as_json: bool) -> None:
+    """Check model directories offline, with Triton's own config schema.
+
+    PATH is a model directory (config.pbtxt plus version directories), a repository of model
+    directories, or a config.pbtxt. Each problem prints as one line, `severity file: field: reason`.
+    Exits 1 if any model has an error; warnings alone exit 0.
+
+    \b
+    Examples:
+      tritonctl validate examples/model_repository/*
+      tritonctl validate examples/model_repository --json
+    """
+    from cli import render
+    from controlplane.modelconfig import validate_paths
+
+    results = validate_paths(paths)
+    render.render_validation(results, as_json=as_json)
+    ctx.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILED)
+
+
+def _register_commands() -> None:
+    from cli import daemon_cmd, history, operations
+
+    for command in [*operations.COMMANDS, *history.COMMANDS, daemon_cmd.daemon]:
+        cli.add_command(command)
+
+
+_register_commands()
+
+
 def main(argv: list[str] | None = None) -> None:
     cli.main(args=argv, prog_name="tritonctl")
 

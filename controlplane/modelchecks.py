@@ -1,0 +1,240 @@
+"""The field-by-field checks behind `controlplane.modelconfig.validate_model_dir`.
+
+Triton rejects a bad config.pbtxt only when it loads it, and then often with nothing but "failed to
+poll from model repository" (the reason stays in the server log). These checks repeat, offline and
+without a server, the rules of Triton's own `ValidateModelConfig` / `ValidateIOShape` (core
+`model_config_utils.cc`) that a user can break, each as a one-line finding naming the field. They are
+pure functions of a parsed `ModelConfig`: no file system, no I/O, so the daemon and the CLI share them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+ERROR = "error"
+WARNING = "warning"
+
+KNOWN_BACKENDS = frozenset(
+    {"python", "onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino", "fil", "dali",
+     "identity", "repeat", "square", "vllm", "tensorrtllm"}
+)
+KNOWN_PLATFORMS = frozenset(
+    {"ensemble", "tensorrt_plan", "onnxruntime_onnx", "pytorch_libtorch", "tensorflow_graphdef",
+     "tensorflow_savedmodel"}
+)
+ENSEMBLE = "ensemble"
+# Triton checks the platform only for these backends (GetBackendTypeFromPlatform); others take any.
+_PLATFORMS_OF_BACKEND = {
+    "tensorrt": {"tensorrt_plan"},
+    "onnxruntime": {"onnxruntime_onnx"},
+    "pytorch": {"pytorch_libtorch"},
+    "tensorflow": {"tensorflow_graphdef", "tensorflow_savedmodel"},
+}
+WILDCARD = -1
+
+
+class Finding(NamedTuple):
+    """One problem in config.pbtxt: `field` is a path such as `input[0].dims`."""
+
+    field: str
+    message: str
+    severity: str = ERROR
+
+
+def check_config(
+    config: mc.ModelConfig, explicit: Any, model_name: str, inferred: tuple[str, str] | None = None
+) -> list[Finding]:
+    """Every rule a parsed config breaks. `explicit` is the same text parsed into a schema twin
+    that records which scalars were written (proto3 cannot tell `count: 0` from no count), or None.
+    `inferred` is (backend, evidence) when Triton would fill in a missing backend from the files.
+    """
+    findings: list[Finding] = []
+    findings += _check_identity(config, model_name, inferred)
+    if config.max_batch_size < 0:
+        findings.append(Finding("max_batch_size", f"is {config.max_batch_size}: must be >= 0"))
+    findings += _check_io(config)
+    findings += _check_batching(config)
+    findings += _check_instance_groups(config, explicit)
+    return findings
+
+
+def _check_identity(config: mc.ModelConfig, model_name: str, inferred: tuple[str, str] | None) -> Iterator[Finding]:
+    if config.name and config.name != model_name:
+        yield Finding("name", f'"{config.name}" does not match the directory name "{model_name}"')
+    backend, platform = config.backend, config.platform
+    if not backend and not platform and inferred:
+        yield Finding("backend", f'not set: Triton infers "{inferred[0]}" from {inferred[1]}; write it out', WARNING)
+    elif not backend and not platform:
+        yield Finding("backend", 'neither backend nor platform is set, and no model file to infer one from '
+                      '(e.g. backend: "python" with 1/model.py)')
+    if backend and backend not in KNOWN_BACKENDS:
+        yield Finding("backend", f'unknown backend "{backend}" (known: {_names(KNOWN_BACKENDS)})')
+    if platform and platform not in KNOWN_PLATFORMS:
+        yield Finding("platform", f'unknown platform "{platform}" (known: {_names(KNOWN_PLATFORMS)})')
+    if platform == ENSEMBLE:
+        if backend:
+            yield Finding("backend", f'is "{backend}": an ensemble must leave backend empty')
+        if not config.HasField("ensemble_scheduling"):
+            yield Finding("ensemble_scheduling", 'missing: required by platform "ensemble"')
+        elif not config.ensemble_scheduling.step:
+            yield Finding("ensemble_scheduling.step", "empty: an ensemble needs at least one step")
+        for i, step in enumerate(config.ensemble_scheduling.step):
+            if not step.model_name:
+                yield Finding(f"ensemble_scheduling.step[{i}].model_name", "empty")
+        if config.instance_group:
+            yield Finding("instance_group", "must not be set for an ensemble")
+    elif config.HasField("ensemble_scheduling"):
+        yield Finding("ensemble_scheduling", f'is set but platform is "{platform}", not "ensemble"')
+    allowed = _PLATFORMS_OF_BACKEND.get(backend)
+    if allowed and platform and platform not in allowed:
+        yield Finding("platform", f'"{platform}" does not go with backend "{backend}"')
+    filename = config.default_model_filename
+    if filename and ("/" in filename or filename in (".", "..")):
+        yield Finding("default_model_filename", f'"{filename}" must be a plain file name')
+
+
+def _check_io(config: mc.ModelConfig) -> Iterator[Finding]:
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: dict[str, int] = {}
+        for i, io in enumerate(tensors):
+            where = f"{kind}[{i}]"
+            if not io.name:
+                yield Finding(f"{where}.name", f"empty: every {kind} needs a name")
+            elif io.name in seen:
+                first = f"{kind}[{seen[io.name]}]"
+                yield Finding(f"{where}.name", f'duplicate {kind} name "{io.name}" (also {first})')
+            else:
+                seen[io.name] = i
+            if io.data_type == mc.TYPE_INVALID:
+                yield Finding(f"{where}.data_type", "missing (TYPE_INVALID): set e.g. TYPE_FP32")
+            yield from _check_shape(io, where, config.max_batch_size)
+            if io.is_shape_tensor and config.platform != "tensorrt_plan":
+                yield Finding(f"{where}.is_shape_tensor", "shape tensors need platform tensorrt_plan")
+            layout = io.format if kind == "input" else 0
+            if layout in (mc.ModelInput.FORMAT_NHWC, mc.ModelInput.FORMAT_NCHW) and len(io.dims) != 3:
+                yield Finding(f"{where}.dims", f"format {mc.ModelInput.Format.Name(layout)} needs 3 dims")
+
+
+def _bad_dims(dims: Sequence[int]) -> list[int]:
+    return [d for d in dims if d < 1 and d != WILDCARD]
+
+
+def _check_shape(io: Any, where: str, max_batch_size: int) -> Iterator[Finding]:
+    dims = list(io.dims)
+    if not dims:
+        yield Finding(f"{where}.dims", "empty: give the shape, e.g. [ 3 ], or [ -1 ] for any length")
+    elif _bad_dims(dims):
+        yield Finding(f"{where}.dims", f"{_show(dims)}: each dimension must be >= 1, or -1 for any size")
+    if not io.HasField("reshape"):
+        return
+    shape = list(io.reshape.shape)
+    if not shape and max_batch_size == 0:
+        yield Finding(f"{where}.reshape", "empty reshape needs max_batch_size > 0 (no scalar tensors)")
+        return
+    if _bad_dims(shape):
+        yield Finding(f"{where}.reshape", f"{_show(shape)}: each dimension must be >= 1, or -1")
+        return
+    if dims and not _bad_dims(dims) and not _same_elements(dims, shape):
+        yield Finding(f"{where}.reshape", f"{_show(shape)} holds other element counts than {_show(dims)}")
+
+
+def _same_elements(dims: list[int], shape: list[int]) -> bool:
+    """Triton's rule: equal element counts; with -1, equal counts between the variable dimensions."""
+    if not shape:
+        return _count(dims) == 1
+    if WILDCARD not in dims and WILDCARD not in shape:
+        return _count(dims) == _count(shape)
+    return _segments(dims) == _segments(shape)
+
+
+def _count(dims: Iterable[int]) -> int:
+    return math.prod(dims)
+
+
+def _segments(dims: list[int]) -> list[int]:
+    counts, current = [], 1
+    for d in dims:
+        if d == WILDCARD:
+            counts.append(current)
+            current = 1
+        else:
+            current *= d
+    counts.append(current)
+    return counts
+
+
+def _check_batching(config: mc.ModelConfig) -> Iterator[Finding]:
+    mbs = config.max_batch_size
+    if config.HasField("dynamic_batching"):
+        db = config.dynamic_batching
+        if mbs == 0:
+            yield Finding("dynamic_batching", "is set but max_batch_size is 0: nothing can be batched")
+        yield from _check_preferred("dynamic_batching", db.preferred_batch_size, mbs)
+        if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
+            yield Finding(
+                "dynamic_batching.default_priority_level",
+                f"is {db.default_priority_level}: must be in [1, {db.priority_levels}]",
+            )
+    if config.HasField("sequence_batching") and config.sequence_batching.HasField("oldest"):
+        yield from _check_preferred(
+            "sequence_batching.oldest", config.sequence_batching.oldest.preferred_batch_size, mbs
+        )
+
+
+def _check_preferred(where: str, sizes: Sequence[int], mbs: int) -> Iterator[Finding]:
+    for i, size in enumerate(sizes):
+        field = f"{where}.preferred_batch_size[{i}]"
+        if size < 1:
+            yield Finding(field, f"is {size}: must be >= 1")
+        elif size > mbs:
+            yield Finding(field, f"is {size}: above max_batch_size {mbs}")
+
+
+def _check_instance_groups(config: mc.ModelConfig, explicit: Any) -> Iterator[Finding]:
+    for i, group in enumerate(config.instance_group):
+        where = f"instance_group[{i}]"
+        written = explicit is not None and explicit.instance_group[i].HasField("count")
+        if group.count < 0 or (group.count == 0 and written):
+            yield Finding(f"{where}.count", f"is {group.count}: must be >= 1 (Triton would silently run 1)")
+        if group.kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
+            yield Finding(f"{where}.gpus", "KIND_CPU must not list GPUs")
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            yield Finding(f"{where}.kind", "KIND_GPU needs a GPU on the serving host", WARNING)
+
+
+def check_version_policy(config: mc.ModelConfig, available: Sequence[int]) -> list[Finding]:
+    """Policies that serve nothing (errors: Triton refuses the load) or name absent versions."""
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice") if config.HasField("version_policy") else None
+    if which == "latest" and policy.latest.num_versions < 1:
+        return [Finding("version_policy.latest.num_versions", "is 0: serves no version; use >= 1")]
+    if which != "specific":
+        return []
+    field = "version_policy.specific.versions"
+    wanted = sorted(set(policy.specific.versions))
+    if not wanted:
+        return [Finding(field, "empty: serves no version")]
+    if not available:
+        return []  # "no version directory" already says it
+    absent = [v for v in wanted if v not in available]
+    present = ", ".join(map(str, sorted(available)))
+    if len(absent) == len(wanted):
+        return [Finding(field, f"names only absent versions {_show(absent)} (present: {present}): "
+                        "Triton refuses to load")]
+    if absent:
+        served = ", ".join(str(v) for v in wanted if v in available)
+        return [Finding(field, f"versions {_show(absent)} absent (present: {present}); "
+                        f"Triton serves only {served}", WARNING)]
+    return []
+
+
+def _names(values: Iterable[str]) -> str:
+    return ", ".join(sorted(values))
+
+
+def _show(values: Iterable[int]) -> str:
+    return "[ " + ", ".join(str(v) for v in values) + " ]"

@@ -1,0 +1,479 @@
+"""Offline validation of Triton model directories, with Triton's own config schema.
+
+tritonserver explains most mistakes in a model directory only when it loads it, many with nothing
+but "failed to poll from model repository", and one (a python version without model.py) by hanging.
+tritonctl validates every snapshot here first, so a broken model is recorded and explained instead
+of deployed. config.pbtxt is parsed with tritonclient's `model_config_pb2`, the schema Triton
+itself uses; the rest of the directory is only stat'ed: nothing but config.pbtxt is ever opened, no
+symlink is followed out of the model directory, and nothing can block on a FIFO or device. Every
+problem is a `Problem` (file, field, one-line reason); the field rules live in
+`controlplane.modelchecks`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from controlplane.errors import ModelConfigError, UsageError
+from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
+from controlplane.names import validate_model_name
+
+CONFIG_FILE = "config.pbtxt"
+PYTHON_FILE = "model.py"
+MAX_CONFIG_BYTES = 1 << 20  # a real config.pbtxt is a few KiB; anything this big is a mistake
+MAX_ENTRIES = 100_000  # entries looked at per model before the scan gives up (with a warning)
+MAX_DEPTH = 32
+# Directories at a model's root that Triton reads for other purposes, never as versions.
+RESERVED_DIRS = frozenset({"warmup", "initial_state", "configs"})
+_VERSION_RE = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+_STOLL_RE = re.compile(r"\s*([+-]?[0-9]+)", re.ASCII)  # what std::stoll reads: Triton takes "2a" as 2
+_INT64_MAX = 2**63 - 1
+# The files from which Triton (AutoCompleteBackendFields) infers a missing backend, in its order.
+_BACKEND_FILES = (("model.savedmodel", "tensorflow"), ("model.graphdef", "tensorflow"), ("model.plan", "tensorrt"),
+                  ("model.onnx", "onnxruntime"), ("model.xml", "openvino"), ("model.pt", "pytorch"),
+                  ("model.py", "python"))
+_MISSING = "missing"
+
+
+def _one_line(text: str) -> str:
+    """Printable, one line: undecodable bytes of file names and control characters become escapes."""
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    field: str
+    message: str
+    severity: str  # "error" | "warning"
+
+    def __post_init__(self) -> None:
+        for name in ("file", "field", "message"):
+            object.__setattr__(self, name, _one_line(getattr(self, name)))
+
+    def line(self) -> str:
+        return f"{self.file}: {self.field}: {self.message}"
+
+
+@dataclass
+class ValidationResult:
+    model: str
+    path: Path
+    problems: list[Problem] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+    versions: list[int] = field(default_factory=list)
+    served_versions: list[int] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def first_error(self) -> Problem | None:
+        errors = self.errors
+        return errors[0] if errors else None
+
+
+# --- config.pbtxt --------------------------------------------------------------------------------
+
+
+def _parse(text: str) -> mc.ModelConfig:
+    config = mc.ModelConfig()
+    text_format.Parse(text, config)
+    return config
+
+
+def _parse_failure(exc: Exception, text: str) -> tuple[int, int, str]:
+    if not isinstance(exc, text_format.ParseError):
+        return 0, 0, f"{type(exc).__name__}: {exc}"
+    line, col = exc.GetLine() or 0, exc.GetColumn() or 0
+    reason = re.sub(r"^\d+:\d+ : ", "", str(exc))
+    lines = text.splitlines()
+    if 0 < line <= len(lines):  # protobuf repeats the whole line first; the line:col says enough
+        reason = reason.removeprefix(f"'{lines[line - 1]}': ")
+    return line, col, reason
+
+
+def parse_config_text(text: str, file: str) -> mc.ModelConfig:
+    """Parse config.pbtxt text; unparsable text raises ModelConfigError `"{file}:{line}:{col}: why"`."""
+    try:
+        return _parse(text)
+    except (text_format.ParseError, ValueError, RecursionError) as exc:
+        line, col, reason = _parse_failure(exc, text)
+        raise ModelConfigError(f"{file}:{line}:{col}: {reason}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _explicit_class() -> Any:
+    """ModelConfig's schema as proto2, where every scalar records whether the text wrote it."""
+    proto = descriptor_pb2.FileDescriptorProto()
+    mc.DESCRIPTOR.CopyToProto(proto)
+    proto.name = "tritonctl/explicit/" + proto.name
+    proto.syntax = "proto2"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+
+
+def _parse_explicit(text: str) -> Any:
+    try:
+        return text_format.Parse(text, _explicit_class()())
+    except Exception:  # noqa: BLE001 - presence is a refinement; without it the checks still run
+        return None
+
+
+def served_versions(config: mc.ModelConfig | Mapping[str, Any] | None, available: Iterable[int]) -> list[int]:
+    """The versions Triton serves out of `available` under the config's version_policy (measured,
+    TRITON_NOTES "version_policy"): none set → the latest 1; `latest {n}` → the n highest; `all`
+    (or an empty `version_policy {}`) → all; `specific` → those listed that exist."""
+    versions = sorted({int(v) for v in available})
+    kind, arg = _policy(config)
+    if kind == "latest":
+        return versions[-arg:] if arg > 0 else []
+    if kind == "specific":
+        return sorted(set(arg) & set(versions))
+    return versions
+
+
+def _policy(config: mc.ModelConfig | Mapping[str, Any] | None) -> tuple[str, Any]:
+    if config is None:
+        return "latest", 1
+    if isinstance(config, Mapping):
+        policy = config.get("version_policy")
+        if policy is None:
+            return "latest", 1
+        if "latest" in policy:
+            return "latest", int((policy["latest"] or {}).get("num_versions", 0))
+        if "specific" in policy:
+            return "specific", [int(v) for v in (policy["specific"] or {}).get("versions", [])]
+        return "all", None
+    if not config.HasField("version_policy"):
+        return "latest", 1
+    which = config.version_policy.WhichOneof("policy_choice")
+    if which == "latest":
+        return "latest", config.version_policy.latest.num_versions
+    if which == "specific":
+        return "specific", list(config.version_policy.specific.versions)
+    return "all", None
+
+
+def stamp_parameter(config_text: str, key: str, value: str) -> str:
+    """The config text with `parameters { key: K value { string_value: V } }` set. A new key is
+    appended (the user's text and comments stay as they are); an existing one is replaced, which
+    rewrites the text in protobuf's canonical form."""
+    config = parse_config_text(config_text, CONFIG_FILE)
+    if key in config.parameters:
+        config.parameters[key].string_value = value
+        return text_format.MessageToString(config)
+    stamp = mc.ModelConfig()
+    stamp.parameters[key].string_value = value
+    separator = "" if not config_text or config_text.endswith("\n") else "\n"
+    return config_text + separator + text_format.MessageToString(stamp)
+
+
+# --- the model directory -------------------------------------------------------------------------
+
+
+def _is_within(root: str, path: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _stat_inside(root: str, rel: str) -> tuple[os.stat_result | None, str]:
+    """lstat of `root/rel` after resolving it, or None and why; never follows a link out of root."""
+    path = os.path.join(root, rel)
+    try:
+        if not os.path.lexists(path):
+            return None, _MISSING
+        real = os.path.realpath(path)
+        if not _is_within(root, real):
+            return None, f"symlink leaves the model directory (-> {real})"
+        st = os.lstat(real)
+    except FileNotFoundError:
+        return None, "dangling symlink"
+    except OSError as exc:
+        return None, f"cannot stat: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):  # realpath gave up: a symlink loop
+        return None, "dangling symlink (a loop)"
+    return st, ""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+class _Checker:
+    """Collects the problems of one model directory; `label` names it in every Problem."""
+
+    def __init__(self, root: str, label: str) -> None:
+        self.root = root
+        self.label = label
+        self.config_label = f"{label}/{CONFIG_FILE}"
+        self.problems: list[Problem] = []
+
+    def add(self, where: str, message: str, severity: str = ERROR, file: str | None = None) -> None:
+        self.problems.append(Problem(file or self.label, where, message, severity))
+
+    def read_config(self) -> str | None:
+        st, reason = _stat_inside(self.root, CONFIG_FILE)
+        if st is None:
+            self.add(CONFIG_FILE, "missing: Triton cannot load the model" if reason == _MISSING else reason)
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            self.add(CONFIG_FILE, f"is a {_kind(st.st_mode)}, not a regular file")
+            return None
+        if st.st_size > MAX_CONFIG_BYTES:
+            self.add(CONFIG_FILE, f"is {st.st_size} bytes, over the {MAX_CONFIG_BYTES} byte limit")
+            return None
+        try:  # O_NONBLOCK + fstat: a FIFO swapped in after the lstat cannot make us wait
+            fd = os.open(os.path.realpath(os.path.join(self.root, CONFIG_FILE)),
+                         os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            self.add(CONFIG_FILE, f"cannot open: {exc.strerror}")
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.add(CONFIG_FILE, "is not a regular file")
+                return None
+            data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            self.add(CONFIG_FILE, f"cannot read: {exc.strerror}")
+            return None
+        finally:
+            os.close(fd)
+        if len(data) > MAX_CONFIG_BYTES:
+            self.add(CONFIG_FILE, f"is over the {MAX_CONFIG_BYTES} byte limit")
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            col = exc.start - data.rfind(b"\n", 0, exc.start)
+            reason = f"not valid UTF-8 (byte 0x{data[exc.start]:02x})"
+            self.add(f"{line}:{col}", reason, file=self.config_label)
+            return None
+
+    def parse(self, text: str) -> mc.ModelConfig | None:
+        try:
+            return _parse(text)
+        except (text_format.ParseError, ValueError, RecursionError) as exc:
+            line, col, reason = _parse_failure(exc, text)
+            self.add(f"{line}:{col}", reason, file=self.config_label)
+            return None
+
+    def version_dirs(self) -> list[int]:
+        """Numeric version directories, as Triton's VersionsToLoad reads them; odd entries reported."""
+        versions: list[int] = []
+        for name in _list(self.root):
+            if name == CONFIG_FILE:
+                continue
+            st, _ = _stat_inside(self.root, name)
+            if st is None:
+                continue  # the walk reports dangling and escaping links
+            numeric = _VERSION_RE.fullmatch(name) is not None
+            if not stat.S_ISDIR(st.st_mode):
+                if numeric or name.isdigit():
+                    self.add(name, f"is a {_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'file'}: "
+                             "a version must be a directory")
+                continue
+            if name in RESERVED_DIRS:
+                continue
+            if numeric and int(name) <= _INT64_MAX:
+                versions.append(int(name))
+            elif numeric:
+                self.add(name, "too large for a version number (int64)")
+            elif name.isdigit():
+                self.add(name, "ignored by Triton: a version directory name has no leading zeros", WARNING)
+            elif match := _STOLL_RE.match(name):
+                self.add(name, f"Triton reads this name as version {int(match.group(1))}: "
+                         "name version directories with digits only")
+            else:
+                self.add(name, "not a numeric version directory: Triton ignores it", WARNING)
+        if not versions:
+            self.add("versions", "no numeric version directory (e.g. 1/): Triton has nothing to load")
+        return sorted(versions)
+
+    def inferred_backend(self, config: mc.ModelConfig) -> tuple[str, str] | None:
+        """(backend, evidence) Triton fills in when config.pbtxt names neither backend nor platform:
+        from default_model_filename, else from the files of its first sub-directory by name."""
+        if config.backend or config.platform:
+            return None
+        if config.default_model_filename:
+            found = [b for f, b in _BACKEND_FILES if f == config.default_model_filename]
+            return (found[0], "default_model_filename") if found else None
+        subdirs = [n for n in _list(self.root) if (st := _stat_inside(self.root, n)[0]) and stat.S_ISDIR(st.st_mode)]
+        if not subdirs:
+            return None
+        for filename, backend in _BACKEND_FILES:
+            if _stat_inside(self.root, f"{subdirs[0]}/{filename}")[0] is not None:
+                return backend, f"{subdirs[0]}/{filename}"
+        return None
+
+    def python_files(self, config: mc.ModelConfig, versions: list[int], served: list[int]) -> None:
+        filename = config.default_model_filename or PYTHON_FILE
+        if "/" in filename or filename in (".", ".."):
+            return  # modelchecks reports the name itself
+        for version in versions:
+            rel = f"{version}/{filename}"
+            st, reason = _stat_inside(self.root, rel)
+            severity, note = (ERROR, "") if version in served else (WARNING, " (version not served now)")
+            if st is None:
+                if reason == _MISSING:
+                    self.add(rel, f"missing: Triton hangs loading a python model without it{note}", severity)
+                else:
+                    self.add(rel, reason)
+            elif stat.S_ISDIR(st.st_mode):
+                self.add(rel, f"is a directory, not a file{note}", severity)
+            elif not stat.S_ISREG(st.st_mode):
+                self.add(rel, f"is a {_kind(st.st_mode)}, not a regular file{note}", severity)
+
+    def walk(self) -> None:
+        """Every entry, by lstat: dangling or escaping symlinks and special files are errors."""
+        seen = 0
+        stack: list[tuple[str, int]] = [("", 0)]
+        while stack:
+            rel_dir, depth = stack.pop()
+            for name in _list(os.path.join(self.root, rel_dir)):
+                seen += 1
+                if seen > MAX_ENTRIES:
+                    self.add(".", f"more than {MAX_ENTRIES} entries: stopped checking", WARNING)
+                    return
+                rel = os.path.join(rel_dir, name) if rel_dir else name
+                try:
+                    mode = os.lstat(os.path.join(self.root, rel)).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISLNK(mode):
+                    _, reason = _stat_inside(self.root, rel)
+                    if reason:
+                        self.add(rel, reason)
+                elif stat.S_ISDIR(mode):
+                    if depth < MAX_DEPTH:
+                        stack.append((rel, depth + 1))
+                elif not stat.S_ISREG(mode) and rel != CONFIG_FILE:  # read_config reports that one
+                    self.add(rel, f"is a {_kind(mode)}: a model may hold only files, directories, symlinks")
+
+
+def _list(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
+    """Check one model directory offline. `name` is the model's name when the directory is named
+    otherwise (a snapshot tree). Never raises for bad content: every finding is a Problem."""
+    path = Path(path)
+    model = name or Path(os.path.abspath(path)).name  # may hold undecodable bytes as surrogates
+    result = ValidationResult(model=_one_line(model), path=path)
+    checker = _Checker("", result.model)
+    checker.problems = result.problems
+    try:
+        validate_model_name(model)
+    except UsageError as exc:
+        checker.add("directory", str(exc))
+    if not os.path.lexists(path):
+        checker.add(".", "does not exist")
+        return result
+    root = os.path.realpath(path)
+    if not os.path.isdir(root):
+        checker.add(".", "dangling symlink" if os.path.islink(path) else "is not a directory")
+        return result
+    checker.root = root
+    text = checker.read_config()
+    config = checker.parse(text) if text is not None else None
+    inferred = checker.inferred_backend(config) if config is not None else None
+    if config is not None:
+        explicit = _parse_explicit(text) if text is not None else None
+        for finding in check_config(config, explicit, model, inferred):
+            checker.add(finding.field, finding.message, finding.severity, file=checker.config_label)
+    versions = checker.version_dirs()
+    if config is not None:
+        for finding in check_version_policy(config, versions):
+            checker.add(finding.field, finding.message, finding.severity, file=checker.config_label)
+        result.config = json_format.MessageToDict(config, preserving_proto_field_name=True)
+        result.served_versions = served_versions(config, versions)
+        if (config.backend or (inferred and inferred[0])) == "python":
+            checker.python_files(config, versions, result.served_versions)
+    result.versions = versions
+    checker.walk()
+    result.problems[:] = list(dict.fromkeys(result.problems))  # one line per problem, first kept
+    return result
+
+
+def model_dirs(path: Path) -> list[Path]:
+    """The model directories PATH names: itself, or, for a repository (no config.pbtxt of its own
+    but sub-directories with one), each non-hidden sub-directory."""
+    path = Path(path)
+    if os.path.lexists(path / CONFIG_FILE) or not path.is_dir():
+        return [path]
+    children = sorted(
+        p for p in _entries(path) if not p.name.startswith(".") and (p.is_dir() or p.is_symlink())
+    )
+    if any(os.path.lexists(child / CONFIG_FILE) for child in children if child.is_dir()):
+        return children
+    return [path]
+
+
+def _entries(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []
+
+
+def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> list[ValidationResult]:
+    """Validate each PATH: a model directory, a repository of them, or a config.pbtxt. A plain file
+    gets only a warning (Triton ignores files in a repository), so `validate repo/*` works."""
+    results: list[ValidationResult] = []
+    for raw in paths:
+        path = Path(raw)
+        if not os.path.lexists(path):
+            raise UsageError(f"{path}: no such file or directory")
+        if path.name == CONFIG_FILE and not path.is_dir():
+            results.append(validate_model_dir(path.parent if str(path.parent) else Path(".")))
+        elif path.is_dir() or (path.is_symlink() and not path.exists()):
+            results.extend(validate_model_dir(p) for p in model_dirs(path))
+        else:
+            result = ValidationResult(model=_one_line(path.name), path=path)
+            reason = "not a directory: Triton ignores files here"
+            result.problems.append(Problem(result.model, ".", reason, WARNING))
+            results.append(result)
+    return results
