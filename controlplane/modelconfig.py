@@ -27,10 +27,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
+from controlplane.snapshot import CONFIG_FILE, MAX_CONFIG_BYTES
 
-CONFIG_FILE = "config.pbtxt"
 PYTHON_FILE = "model.py"
-MAX_CONFIG_BYTES = 1 << 20  # a real config.pbtxt is a few KiB; anything this big is a mistake
 MAX_ENTRIES = 100_000  # entries looked at per model before the scan gives up (with a warning)
 MAX_DEPTH = 32
 # Directories at a model's root that Triton reads for other purposes, never as versions.

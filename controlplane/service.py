@@ -65,7 +65,7 @@ class ControlPlane:
         self.deployer = Deployer(
             registry, store, serving, triton, load_timeout_s=settings.load_timeout_s, on_outcome=self._note_outcome
         )
-        self._capture_locks: dict[str, threading.Lock] = {}
+        self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
 
@@ -74,9 +74,11 @@ class ControlPlane:
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
 
-    def _capture_lock(self, model: str) -> threading.Lock:
+    def _capture_lock(self, model: str) -> threading.RLock:
+        """Serializes a model's capture-and-decide pipeline, so two settled events for the same
+        content cannot both decide to deploy it (the second sees the first's outcome)."""
         with self._guard:
-            return self._capture_locks.setdefault(model, threading.Lock())
+            return self._capture_locks.setdefault(model, threading.RLock())
 
     def effective_policy(self, model: ModelRecord) -> str:
         return model.policy or self.settings.policy
@@ -139,6 +141,10 @@ class ControlPlane:
                                "removed from the source repository; what serves keeps serving")
                 )
             return None
+        with self._capture_lock(model):
+            return self._capture_and_decide(model)
+
+    def _capture_and_decide(self, model: str) -> Outcome | None:
         try:
             record = self.capture(model)
         except StoreError as exc:

@@ -31,6 +31,8 @@ from typing import Any
 from controlplane.errors import SnapshotError
 
 HOLD_FILE = ".tritonctl-hold"
+CONFIG_FILE = "config.pbtxt"
+MAX_CONFIG_BYTES = 1 << 20  # a real config.pbtxt is a few KiB: refuse before copying gigabytes of one
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 _CHUNK = 1 << 20
 _STATCACHE_MAX = 50_000
@@ -283,6 +285,7 @@ class ContentStore:
         self._check_present(model_dir := Path(model_dir), model)
         skip = frozenset({commit_marker}) if commit_marker else frozenset()
         before = scan(model_dir, model, skip)
+        self._check_config_size(model, before)
         if commit_marker:
             self._check_marker(model_dir, model, commit_marker, before)
         try:
@@ -290,6 +293,15 @@ class ContentStore:
                 return self._record(model_dir, model, skip, before)
         finally:
             self._save_statcache()
+
+    @staticmethod
+    def _check_config_size(model: str, items: list[_Item]) -> None:
+        for item in items:
+            if item.rel == CONFIG_FILE and item.kind != "dir" and item.st.st_size > MAX_CONFIG_BYTES:
+                raise SnapshotError(
+                    f"{model}: {CONFIG_FILE} is {item.st.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit;"
+                    " refusing to capture it"
+                )
 
     def _record(self, model_dir: Path, model: str, skip: frozenset[str], before: list[_Item]) -> Snapshot:
         entries: list[ManifestEntry] = []
