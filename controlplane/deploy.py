@@ -40,7 +40,10 @@ from controlplane.triton.client import DIGEST_PARAMETER, TritonClient
 log = logging.getLogger("tritonctl.deploy")
 
 SMOKE_FILE = "smoke.json"
-FAULT_ENV = "TRITONCTL_FAULT"  # test-only: names a step at which the daemon exits abruptly
+FAULT_ENV = "TRITONCTL_FAULT"
+# After a load outlived its deadline, the rollback's load queues behind it in Triton: give it this long
+# on top of the usual deadline before calling the rollback failed (reconcile retries it later anyway).
+ROLLBACK_GRACE_S = 60.0  # test-only: names a step at which the daemon exits abruptly
 
 
 def fault_point(step: str) -> None:
@@ -126,6 +129,11 @@ class Deployer:
     def lock(self, model: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(model, threading.Lock())
+
+    def busy_models(self) -> list[str]:
+        """Models with an operation in progress in this process."""
+        with self._locks_guard:
+            return sorted(model for model, lock in self._locks.items() if lock.locked())
 
     # -- the steps ------------------------------------------------------------------------------
 
@@ -299,7 +307,7 @@ class Deployer:
                 prev_snap = self.registry.get_snapshot(model, previous)
                 # Triton cannot cancel a load that outlived our deadline; it finishes it before it
                 # takes ours, so the rollback's load gets room for both.
-                timeout = self.load_timeout_s * 2 if isinstance(exc, TritonTimeoutError) else None
+                timeout = self.load_timeout_s + ROLLBACK_GRACE_S if isinstance(exc, TritonTimeoutError) else None
                 self._load_verified(model, previous, prev_snap.served_versions, emit, None, timeout)
             except TritonctlError as rollback_exc:
                 message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"

@@ -222,3 +222,34 @@ def _answers(client: grpcclient.InferenceServerClient, model: str, gen: float) -
         return infer_gen(client, model) == gen
     except Exception:  # noqa: BLE001 - not yet
         return False
+
+
+def test_tritonserver_killed_during_a_load(tmp_path: Path) -> None:
+    """The load dies with its server: not the content's fault (no quarantine); once the daemon has
+    restarted Triton, the last good version is restored and the new content then deploys."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_gen_model(repo, "midload", 1)
+    daemon = DaemonProcess(repo, tmp_path / "state").start()
+    try:
+        wait_for(lambda: daemon.model_status("midload").get("state") == "serving", 30, what="serving")
+        pid = daemon.triton_pid()
+        assert pid is not None
+        write_gen_model(repo, "midload", 2, init="import time; time.sleep(4)")
+        time.sleep(1.5)  # settle (0.2 s) + capture: the load of generation 2 is under way
+        os.killpg(pid, signal.SIGKILL)
+        events = wait_for(lambda: daemon.audit("--model", "midload", "--action", "deploy", "--outcome", "failed"),
+                          30, what="the interrupted load recorded")
+        assert "unreachable" in events[0]["message"] or "UNAVAILABLE" in events[0]["message"]
+        assert not [v for v in daemon.json("versions", "midload") if v["quarantined"]]
+
+        def gen2() -> bool:
+            try:
+                return infer_gen(grpcclient.InferenceServerClient(daemon.triton_url()), "midload") == 2.0
+            except Exception:  # noqa: BLE001 - Triton restarting
+                return False
+
+        wait_for(gen2, 90, 0.3, "generation 2 serving after Triton came back")
+        assert daemon.proc is not None and daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0
