@@ -249,22 +249,17 @@ class Deployer:
             self._smoke(model, tree)
             emit(Progress(model, "smoke", "ok", digest=digest))
         except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
-            return self._recover_from_failure(deployment, snap, previous, exc, emit, started, steps, actor)
+            return self._recover_from_failure(deployment, snap, previous, exc, emit, started, steps)
         fault_point("before_commit")
         message = f"serving {digest[:12]} (versions {', '.join(ready)})"
-        self.registry.finish_deployment(
-            deployment.id,
-            outcome="ok",
-            error=None,
-            audit=AuditEntry(actor, kind, model, digest, "ok", message, _ms(started)),
-            serving=ServingRecord(model, digest, [int(v) for v in ready if v.isdigit()]),
-            model_state="serving",
-        )
+        emit(Progress(model, "commit", "start", message, digest))
+        outcome = self._end(deployment, "ok", message, None, "serving", digest, started, steps,
+                            serving=ServingRecord(model, digest, [int(v) for v in ready if v.isdigit()]))
         if snap.quarantined:
             self.registry.set_quarantine(model, digest, None)
         self.serving.prune(model)
         emit(Progress(model, "commit", "ok", message, digest))
-        return self._outcome(model, kind, "ok", digest, digest, message, started, steps)
+        return outcome
 
     def _serves(self, model: str, digest: str) -> bool:
         try:
@@ -281,9 +276,8 @@ class Deployer:
         emit: ProgressFn,
         started: float,
         steps: list[Progress],
-        actor: str,
     ) -> Outcome:
-        model, digest, kind = snap.model, snap.digest, deployment.kind
+        model, digest = snap.model, snap.digest
         error = str(exc)
         emit(Progress(model, deployment.step if deployment.step != "intent" else "deploy", "failed", error, digest))
         self.registry.advance(deployment.id, "rolling_back")
@@ -294,12 +288,8 @@ class Deployer:
             if previous:
                 self._publish(model, previous)
             message = f"tritonserver unreachable: {error}"
-            self.registry.finish_deployment(
-                deployment.id, outcome="failed", error=message, serving=None,
-                audit=AuditEntry(actor, kind, model, digest, "failed", message, _ms(started)),
-                model_state="serving" if previous else "failed",
-            )
-            return self._outcome(model, kind, "failed", digest, previous, message, started, steps)
+            return self._end(deployment, "failed", message, message, "serving" if previous else "failed",
+                             previous, started, steps)
         self.registry.set_quarantine(model, digest, error)
         if previous:
             emit(Progress(model, "rollback", "start", f"restoring {previous[:12]}", previous))
@@ -312,35 +302,42 @@ class Deployer:
             except TritonctlError as rollback_exc:
                 message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
                 emit(Progress(model, "rollback", "failed", str(rollback_exc), previous))
-                self.registry.finish_deployment(
-                    deployment.id, outcome="failed", error=message, serving=None,
-                    audit=AuditEntry(actor, kind, model, digest, "failed", message, _ms(started)),
-                    model_state="degraded",
-                )
-                return self._outcome(model, kind, "failed", digest, previous, message, started, steps)
+                return self._end(deployment, "failed", message, message, "degraded", previous, started, steps)
             message = f"rolled back to {previous[:12]}: {error}"
-            self.registry.finish_deployment(
-                deployment.id, outcome="rolled_back", error=error, serving=None,
-                audit=AuditEntry(actor, kind, model, digest, "rolled_back", message, _ms(started)),
-                model_state="serving",
-            )
             self.serving.prune(model)
             emit(Progress(model, "rollback", "ok", message, previous))
-            return self._outcome(model, kind, "rolled_back", digest, previous, message, started, steps)
-        # Nothing good to return to: take the broken model out of Triton.
+            return self._end(deployment, "rolled_back", message, error, "serving", previous, started, steps)
+        self._take_out(model)
+        return self._end(deployment, "failed", f"failed, nothing to roll back to: {error}", error, "failed", None,
+                         started, steps, serving=ServingRecord(model, None, []))
+
+    def _take_out(self, model: str) -> None:
+        """Nothing good to return to: take the broken model out of Triton and the serving repository."""
         try:
             self.triton.unload(model)
-        except TritonctlError as unload_exc:
-            log.warning("%s: unload after failed first deploy: %s", model, unload_exc)
+        except TritonctlError as exc:
+            log.warning("%s: unload of a model with no good version: %s", model, exc)
         self.serving.unpublish(model)
-        message = f"failed, nothing to roll back to: {error}"
-        self.registry.finish_deployment(
-            deployment.id, outcome="failed", error=error,
-            serving=ServingRecord(model, None, []),
-            audit=AuditEntry(actor, kind, model, digest, "failed", message, _ms(started)),
-            model_state="failed",
-        )
-        return self._outcome(model, kind, "failed", digest, None, message, started, steps)
+
+    def _end(
+        self,
+        deployment: DeploymentRecord,
+        outcome: str,
+        message: str,
+        error: str | None,
+        state: str,
+        active: str | None,
+        started: float,
+        steps: list[Progress],
+        serving: ServingRecord | None = None,
+    ) -> Outcome:
+        """Finish a deployment (its end, what serves, the audit event: one transaction) and report it."""
+        audit = AuditEntry(deployment.actor, deployment.kind, deployment.model,
+                           deployment.digest or deployment.previous_digest, outcome, message, _ms(started))
+        self.registry.finish_deployment(deployment.id, outcome=outcome, error=error, audit=audit, serving=serving,
+                                        model_state=state)
+        return self._outcome(deployment.model, deployment.kind, outcome, deployment.digest, active, message,
+                             started, steps)
 
     def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
         with self.lock(model):
@@ -350,22 +347,13 @@ class Deployer:
             try:
                 self.triton.unload(model, dependents)
             except TritonctlError as exc:
-                message = str(exc)
-                self.registry.finish_deployment(
-                    deployment.id, outcome="failed", error=message, serving=None,
-                    audit=AuditEntry(actor, "unload", model, current.active_digest, "failed", message, _ms(started)),
-                    model_state=current.state,
-                )
-                return self._outcome(model, "unload", "failed", None, current.active_digest, message, started, [])
+                return self._end(deployment, "failed", str(exc), str(exc), current.state, current.active_digest,
+                                 started, [])
             self.serving.unpublish(model)
-            self.registry.finish_deployment(
-                deployment.id, outcome="ok", error=None, serving=ServingRecord(model, None, []),
-                audit=AuditEntry(actor, "unload", model, current.active_digest, "ok", "unloaded", _ms(started)),
-                model_state="unloaded",
-            )
             if progress:
                 progress(Progress(model, "unload", "ok", "unloaded"))
-            return self._outcome(model, "unload", "ok", None, None, "unloaded", started, [])
+            return self._end(deployment, "ok", "unloaded", None, "unloaded", None, started, [],
+                             serving=ServingRecord(model, None, []))
 
     def previous_good(self, model: str) -> str:
         """The last digest that served before the active one (valid, not quarantined, not collected)."""
@@ -408,55 +396,22 @@ class Deployer:
             model, previous = deployment.model, deployment.previous_digest
             reason = f"interrupted at step '{deployment.step}' by a daemon stop"
             if deployment.kind == "unload":
-                try:
-                    self.triton.unload(model)
-                except TritonctlError as exc:
-                    log.warning("%s: finishing interrupted unload: %s", model, exc)
-                self.serving.unpublish(model)
-                self.registry.finish_deployment(
-                    deployment.id, outcome="ok", error=None, serving=ServingRecord(model, None, []),
-                    audit=AuditEntry(deployment.actor, "unload", model, previous, "ok",
-                                     f"finished after restart; {reason}", _ms(started)),
-                    model_state="unloaded",
-                )
-                return self._outcome(model, "unload", "ok", None, None, reason, started, [])
+                self._take_out(model)
+                return self._end(deployment, "ok", f"finished after restart; {reason}", None, "unloaded", None,
+                                 started, [], serving=ServingRecord(model, None, []))
             if previous:
                 snap = self.registry.get_snapshot(model, previous)
                 try:
                     self._load_verified(model, previous, snap.served_versions, lambda p: None, None)
                 except TritonctlError as exc:
                     message = f"{reason}; restoring {previous[:12]} failed: {exc}"
-                    self.registry.finish_deployment(
-                        deployment.id, outcome="failed", error=message, serving=None,
-                        audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "failed", message,
-                                         _ms(started)),
-                        model_state="degraded",
-                    )
-                    return self._outcome(model, deployment.kind, "failed", deployment.digest, previous, message,
-                                         started, [])
-                message = f"rolled back to {previous[:12]}: {reason}"
-                self.registry.finish_deployment(
-                    deployment.id, outcome="rolled_back", error=reason, serving=None,
-                    audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "rolled_back",
-                                     message, _ms(started)),
-                    model_state="serving",
-                )
+                    return self._end(deployment, "failed", message, message, "degraded", previous, started, [])
                 self.serving.prune(model)
-                return self._outcome(model, deployment.kind, "rolled_back", deployment.digest, previous, message,
-                                     started, [])
-            try:
-                self.triton.unload(model)
-            except TritonctlError as exc:
-                log.warning("%s: unload during recovery: %s", model, exc)
-            self.serving.unpublish(model)
-            message = f"failed: {reason} (no previous version)"
-            self.registry.finish_deployment(
-                deployment.id, outcome="failed", error=reason, serving=ServingRecord(model, None, []),
-                audit=AuditEntry(deployment.actor, deployment.kind, model, deployment.digest, "failed", message,
-                                 _ms(started)),
-                model_state="failed",
-            )
-            return self._outcome(model, deployment.kind, "failed", deployment.digest, None, message, started, [])
+                return self._end(deployment, "rolled_back", f"rolled back to {previous[:12]}: {reason}", reason,
+                                 "serving", previous, started, [])
+            self._take_out(model)
+            return self._end(deployment, "failed", f"failed: {reason} (no previous version)", reason, "failed", None,
+                             started, [], serving=ServingRecord(model, None, []))
 
     def _outcome(self, model: str, action: str, outcome: str, digest: str | None, active: str | None,
                  message: str, started: float, steps: list[Progress]) -> Outcome:

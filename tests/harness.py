@@ -70,6 +70,14 @@ def infer_gen(client: grpcclient.InferenceServerClient, name: str) -> float:
     return float(client.infer(name, [x], client_timeout=10).as_numpy("gen")[0][0])
 
 
+def answers(client: grpcclient.InferenceServerClient, name: str, gen: float) -> bool:
+    """Whether `name` answers with generation `gen` right now (False while loading or unreachable)."""
+    try:
+        return infer_gen(client, name) == gen
+    except Exception:  # noqa: BLE001 - not loaded yet, or Triton restarting
+        return False
+
+
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "") -> Any:
     deadline = time.monotonic() + timeout_s
     last: Any = None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.harness import DaemonProcess, copy_example, infer_gen, request_loop, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, copy_example, infer_gen, request_loop, wait_for, write_gen_model
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +39,7 @@ def client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
 
 def serving_gen(daemon: DaemonProcess, client: grpcclient.InferenceServerClient, name: str, gen: int,
                 timeout_s: float = 30.0) -> None:
-    def ok() -> bool:
-        try:
-            return infer_gen(client, name) == gen
-        except Exception:  # noqa: BLE001 - not loaded yet
-            return False
-
-    wait_for(ok, timeout_s, 0.05, f"{name} serving generation {gen}")
+    wait_for(lambda: answers(client, name, gen), timeout_s, 0.05, f"{name} serving generation {gen}")
 
 
 def test_examples_linear_served_at_start(daemon: DaemonProcess) -> None:

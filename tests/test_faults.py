@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.store.registry import Registry
-from tests.harness import DaemonProcess, infer_gen, request_loop, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, infer_gen, request_loop, wait_for, write_gen_model
 
 DEPLOY_STEPS = ["after_intent", "after_publish", "after_load", "after_verify", "before_commit"]
 FAULT_EXIT = 97
@@ -210,18 +210,12 @@ def test_triton_unreachable_at_start_then_desired_state_restored(tmp_path: Path)
         assert daemon.cli("load", "patient", check=False).returncode in (1, 4)
         server.start()
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        wait_for(lambda: _answers(client, "patient", 4.0), 60, 0.2, "patient served once Triton is up")
+        wait_for(lambda: answers(client, "patient", 4.0), 60, 0.2, "patient served once Triton is up")
         assert daemon.status()["triton_reachable"] is True
     finally:
         assert daemon.stop() == 0
         server.stop()
 
-
-def _answers(client: grpcclient.InferenceServerClient, model: str, gen: float) -> bool:
-    try:
-        return infer_gen(client, model) == gen
-    except Exception:  # noqa: BLE001 - not yet
-        return False
 
 
 def test_tritonserver_killed_during_a_load(tmp_path: Path) -> None:
@@ -243,13 +237,8 @@ def test_tritonserver_killed_during_a_load(tmp_path: Path) -> None:
         assert "unreachable" in events[0]["message"] or "UNAVAILABLE" in events[0]["message"]
         assert not [v for v in daemon.json("versions", "midload") if v["quarantined"]]
 
-        def gen2() -> bool:
-            try:
-                return infer_gen(grpcclient.InferenceServerClient(daemon.triton_url()), "midload") == 2.0
-            except Exception:  # noqa: BLE001 - Triton restarting
-                return False
-
-        wait_for(gen2, 90, 0.3, "generation 2 serving after Triton came back")
+        wait_for(lambda: answers(grpcclient.InferenceServerClient(daemon.triton_url()), "midload", 2.0), 90, 0.3,
+                 "generation 2 serving after Triton came back")
         assert daemon.proc is not None and daemon.proc.poll() is None
     finally:
         assert daemon.stop() == 0

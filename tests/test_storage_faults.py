@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.store.registry import Registry
-from tests.harness import DaemonProcess, infer_gen, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, infer_gen, wait_for, write_gen_model
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_full_state_filesystem_refuses_the_snapshot_and_keeps_serving(tmp_path: 
         assert daemon.proc is not None and daemon.proc.poll() is None
         # Room again (the big file goes): the next settled change is taken normally.
         (repo / "roomy" / "1" / "weights.bin").unlink()
-        wait_for(lambda: _answers(client, "roomy", 2.0), 30, 0.2, "generation 2 once there is room")
+        wait_for(lambda: answers(client, "roomy", 2.0), 30, 0.2, "generation 2 once there is room")
     finally:
         assert daemon.stop() == 0
 
@@ -85,7 +85,7 @@ def test_registry_locked_longer_than_the_busy_timeout(tmp_path: Path) -> None:
         line = next(x for x in daemon.log_tail(20000).splitlines() if "database is locked" in x)
         assert line.startswith(("ERROR", "WARNING")) and "Traceback" not in daemon.log_tail(20000)
         # Released: the change is retried and deploys; nothing was half-recorded meanwhile.
-        wait_for(lambda: _answers(client, "locky", 2.0), 30, 0.2, "generation 2 after the lock is released")
+        wait_for(lambda: answers(client, "locky", 2.0), 30, 0.2, "generation 2 after the lock is released")
         registry = Registry(f"sqlite:///{daemon.state_dir / 'registry.db'}")
         try:
             assert len(registry.list_snapshots("locky")) == 2
@@ -95,9 +95,3 @@ def test_registry_locked_longer_than_the_busy_timeout(tmp_path: Path) -> None:
     finally:
         assert daemon.stop() == 0
 
-
-def _answers(client: grpcclient.InferenceServerClient, model: str, gen: float) -> bool:
-    try:
-        return infer_gen(client, model) == gen
-    except Exception:  # noqa: BLE001 - not yet
-        return False
