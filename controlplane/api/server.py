@@ -25,6 +25,7 @@ from controlplane.api import control_pb2 as pb
 from controlplane.api import control_pb2_grpc as pb_grpc
 from controlplane.config import Settings
 from controlplane.deploy import Outcome, Progress
+from controlplane.names import validate_model_name
 from controlplane.service import ControlPlane
 
 log = logging.getLogger("tritonctl.api")
@@ -116,12 +117,16 @@ class ControlServicer(pb_grpc.ControlServicer):
 
         if not request.wait:
             try:
-                from controlplane.names import validate_model_name
-
                 validate_model_name(request.model)
             except errors.TritonctlError as exc:
                 _abort(context, exc)
-            self.executor.submit(run, lambda p: None)
+            def run_logged() -> None:
+                try:
+                    run(lambda p: None)
+                except errors.TritonctlError as exc:  # nobody waits for it: the log and audit tell
+                    log.error("%s: load (--no-wait) failed: %s", request.model, exc)
+
+            self.executor.submit(run_logged)
             yield pb.Progress(model=request.model, step="done", state="ok", final=True, outcome="accepted",
                               message="accepted; follow with `tritonctl status` or `tritonctl audit`",
                               result_json=json.dumps({"model": request.model, "outcome": "accepted"}))
