@@ -225,6 +225,7 @@ class Daemon:
         server = self.triton_server
         if server is not None and not server.is_running() and not self.stop_requested.is_set():
             log.error("launched tritonserver died (code %s); restarting", server.process and server.process.returncode)
+            self.plane.counters.triton_reachable = False  # a fresh server: re-check the source below
             try:
                 server.stop()
                 server.start()
