@@ -84,9 +84,12 @@ def rollback(client: ControlClient, model: str, to_digest: str, as_json: bool) -
 @click.argument("models", nargs=-1)
 @click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds (Ctrl-C to stop).")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("--fleet", is_flag=True, help="The fleet's model x host matrix (digest, state, drift), from --db-url.")
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="With --fleet: the fleet's PostgreSQL registry.")
 @json_option
 @daemon_options
-def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval: float, as_json: bool) -> None:
+def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval: float, fleet: bool,
+           db_url: str | None, as_json: bool) -> None:
     """Show each model: Triton versions and state, active digest, since when, policy, pin, drift, last error.
 
     \b
@@ -94,7 +97,14 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
       tritonctl status
       tritonctl status linear sentiment --json
       tritonctl status --watch
+      tritonctl status --fleet --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
+    if fleet:
+        data = _with_fleet_registry(db_url, lambda reg: _fleet_queries().matrix(reg))
+        if models:
+            data["models"] = [m for m in data["models"] if m["model"] in models]
+        render.fleet_matrix(data, as_json)
+        return
     if not watch:
         render.status(client.status(list(models)), as_json)
         return
@@ -165,4 +175,68 @@ def gc(client: ControlClient, keep: int, as_json: bool) -> None:
     render.kv(client.gc(keep), as_json)
 
 
-COMMANDS = [load, unload, rollback, status, policy, pin, unpin, gc]
+def _fleet_queries() -> Any:
+    from controlplane.fleet import queries
+
+    return queries
+
+
+def _with_fleet_registry(db_url: str | None, fn: Any) -> Any:
+    from controlplane.errors import UsageError
+    from controlplane.store.migrate import open_existing
+
+    if not db_url:
+        raise UsageError("--fleet needs --db-url (or TRITONCTL_DB_URL): the fleet's PostgreSQL registry")
+    registry = open_existing(db_url)
+    try:
+        return fn(registry)
+    finally:
+        registry.close()
+
+
+@click.command()
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", required=True, help="The fleet's PostgreSQL registry.")
+@click.option("--state-dir", hidden=True)
+@json_option
+def hosts(db_url: str, state_dir: str | None, as_json: bool) -> None:
+    """List the fleet's hosts: last heartbeat, alive, leader.
+
+    \b
+    Example:
+      tritonctl hosts --db-url postgresql+psycopg://tritonctl@db/tritonctl
+    """
+    render.fleet_hosts(_with_fleet_registry(db_url, lambda reg: _fleet_queries().hosts(reg)), as_json)
+
+
+@click.command()
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", required=True, help="The fleet's PostgreSQL registry.")
+@click.option("--open", "only_open", is_flag=True, help="Only rollouts still in progress.")
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds until no rollout is open.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--state-dir", hidden=True)
+@json_option
+def rollouts(db_url: str, only_open: bool, watch: bool, interval: float, limit: int, state_dir: str | None,
+             as_json: bool) -> None:
+    """Fleet rollouts, newest first, with each host's step (wave 0 is the canary set).
+
+    \b
+    Examples:
+      tritonctl rollouts --db-url postgresql+psycopg://tritonctl@db/tritonctl
+      tritonctl rollouts --open --watch
+    """
+    def read() -> Any:
+        return _with_fleet_registry(db_url, lambda reg: _fleet_queries().rollouts(reg, not only_open, limit))
+
+    if not watch:
+        render.fleet_rollouts(read(), as_json)
+        return
+    while True:
+        data = read()
+        render.fleet_rollouts(data, as_json)
+        if not any(r["state"] in ("queued", "running", "rolling_back") for r in data):
+            return
+        time.sleep(interval)
+
+
+COMMANDS = [load, unload, rollback, status, policy, pin, unpin, gc, hosts, rollouts]

@@ -276,9 +276,63 @@ def serving_at(data: dict[str, Any], as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"serving at {data['at']}", title_justify="left")
-    for column in ("Model", "Digest", "Triton versions", "Since"):
+    hosts = any(row.get("host") for row in data["models"])  # a fleet: one row per model and host
+    for column in ("Model", *(("Host",) if hosts else ()), "Digest", "Triton versions", "Since"):
         table.add_column(column)
     for row in data["models"]:
-        table.add_row(row["model"], _short(row["digest"]), ", ".join(str(v) for v in row["versions"]),
-                      row["since"] or "")
+        table.add_row(row["model"], *((row.get("host") or "",) if hosts else ()), _short(row["digest"]),
+                      ", ".join(str(v) for v in row["versions"]), row["since"] or "")
     _console().print(table)
+
+
+# --- fleet: hosts, rollouts, model x host matrix ---------------------------------------------------
+
+
+def fleet_hosts(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(title="fleet hosts", title_justify="left")
+    for column in ("Host", "Leader", "Alive", "Last heartbeat", "Triton", "Version"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["host"], "yes" if row["leader"] else "", "yes" if row["alive"] else "NO",
+                      f"{_when(row['last_heartbeat'])} ({row['age_s']}s ago)", row["triton_url"], row["version"])
+    _console().print(table)
+
+
+def fleet_rollouts(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        _print_json(rows)
+        return
+    for rollout in rows:
+        click.echo(f"rollout {rollout['id']} {rollout['model']} {_short(rollout['digest'])} "
+                   f"(from {_short(rollout['previous_digest'])}): {rollout['state']}"
+                   + (f" - {rollout['error']}" if rollout.get("error") else ""))
+        for step in rollout["steps"]:
+            label = "canary" if step["wave"] == 0 and step["action"] == "deploy" else f"wave {step['wave']}"
+            click.echo(f"  {label:<8} {step['host']:<16} {step['action']:<8} {_short(step['digest'])} "
+                       f"{step['state']:<8} {step['message']}")
+
+
+def fleet_matrix(data: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _print_json(data)
+        return
+    from rich.table import Table
+
+    hosts = sorted({h for m in data["models"] for h in m["hosts"]})
+    table = Table(title="fleet: model x host (digest state; * = drift from the fleet's target)", title_justify="left")
+    for column in ("Model", "Target", *hosts):
+        table.add_column(column)
+    for model in data["models"]:
+        cells = []
+        for host in hosts:
+            cell = model["hosts"].get(host)
+            cells.append("-" if cell is None else
+                         f"{_short(cell['digest'])} {cell['state']}{' *' if cell['drift'] else ''}")
+        table.add_row(model["model"], _short(model["target"]), *cells)
+    _console().print(table)
+

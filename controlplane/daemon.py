@@ -43,8 +43,12 @@ TICK_S = 0.1
 class Daemon:
     """One tritonctl daemon process."""
 
-    def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> None:
+    def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None = None,
+                 fleet: Any = None) -> None:
         self.settings = settings
+        self.fleet_settings = fleet  # FleetSettings with --fleet (docs/fleet.md); None: a single host
+        self.fleet: Any = None
+        self.shared_registry: Registry | None = None
         self.reload_settings = reload_settings
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
@@ -89,10 +93,17 @@ class Daemon:
     def start(self) -> None:
         settings = self.settings
         self._prepare_state_dir()
-        self.registry = Registry(settings.registry_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s)
+        # In a fleet the host's own deploy state stays in its local registry; --db-url is the fleet's.
+        local_url = f"sqlite:///{settings.state_dir / 'registry.db'}" if self.fleet_settings else settings.registry_url
+        self.registry = Registry(local_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s)
         before, after = migrate.upgrade(self.registry)
         if before != after:
             log.info("registry schema upgraded %s -> %s", before or "empty", after)
+        if self.fleet_settings is not None:
+            from controlplane.fleet.member import upgrade_shared
+
+            self.shared_registry = Registry(settings.registry_url, host=settings.host)
+            upgrade_shared(self.shared_registry)
         url, key = self._start_triton()
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         store = ContentStore(settings.state_dir / "store")
@@ -104,6 +115,12 @@ class Daemon:
             self.metrics = Metrics(self.plane, settings.metrics_port)
             self.metrics.start()
         self.plane.reconcile()
+        if self.fleet_settings is not None:
+            from controlplane.fleet.member import FleetMember
+
+            assert self.shared_registry is not None
+            self.fleet = FleetMember(settings, self.fleet_settings, self.plane, self.shared_registry)
+            self.plane.fleet_load = self.fleet.load
         from controlplane.api.server import ApiServer
 
         self.api = ApiServer(self.plane, self.executor, settings)
@@ -114,7 +131,10 @@ class Daemon:
             if self.metrics is not None:
                 self.metrics.backlog = self.watcher.backlog
             self.watcher.start()
-            self._initial_scan()
+            if self.fleet is None:
+                self._initial_scan()
+        if self.fleet is not None:
+            self.fleet.start()  # the leader scans the source; every host converges to the fleet
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
         log.info("ready: control socket %s, triton %s", settings.socket_path, url)
@@ -209,7 +229,8 @@ class Daemon:
                 model = self._settled.get_nowait()
             except queue.Empty:
                 return
-            self._track(self.executor.submit(self._guarded, self.plane.handle_settled, model))
+            handler = self.fleet.handle_settled if self.fleet is not None else self.plane.handle_settled
+            self._track(self.executor.submit(self._guarded, handler, model))
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -237,7 +258,9 @@ class Daemon:
             self.plane.reconcile()
         except TritonctlError as exc:
             log.error("reconcile: %s", exc)
-        if self.plane.counters.triton_reachable and not was_reachable and self.watcher is not None:
+        if self.fleet is not None and self.plane.counters.triton_reachable and not was_reachable:
+            self.fleet.initial_scan()
+        elif self.plane.counters.triton_reachable and not was_reachable and self.watcher is not None:
             # Triton is back: changes recorded while it was away deploy now (auto policy).
             log.info("tritonserver reachable again; re-checking the source repository")
             self._track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "rescan"))
@@ -281,7 +304,7 @@ class Daemon:
         if self.plane is None or self.registry is None:
             return "starting"
         try:
-            serving = sum(1 for m in self.registry.list_models() if m.state == "serving")
+            serving = self.registry.count_models("serving")  # a count, not 10,000 rows, every round
         except TritonctlError:
             serving = -1
         triton = "reachable" if self.plane.counters.triton_reachable else "unreachable"
@@ -309,6 +332,8 @@ class Daemon:
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         if self.watcher is not None:
             self.watcher.stop()
+        if self.fleet is not None:
+            self.fleet.stop()
         if self.api is not None:
             self.api.stop(grace_s=1.0)
         self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
@@ -343,6 +368,8 @@ class Daemon:
             self.plane.triton.close()
         if self.registry is not None:
             self.registry.close()
+        if self.shared_registry is not None:
+            self.shared_registry.close()
         log.info("stopped")
         return abandoned
 
@@ -350,10 +377,12 @@ class Daemon:
         """Start-up failed part-way: release what was started (above all a launched tritonserver)."""
         for stop in (
             lambda: self.watcher.stop() if self.watcher else None,
+            lambda: self.fleet.stop() if self.fleet else None,
             lambda: self.api.stop(grace_s=0.5) if self.api else None,
             lambda: self.metrics.stop() if self.metrics else None,
             lambda: self.triton_server.stop() if self.triton_server else None,
             lambda: self.registry.close() if self.registry else None,
+            lambda: self.shared_registry.close() if self.shared_registry else None,
         ):
             try:
                 stop()

@@ -22,7 +22,7 @@ from controlplane.errors import NotFoundError, SnapshotError, StoreError, Triton
 from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
-from controlplane.reconcile import Drift, plan
+from controlplane.reconcile import SERVING_STATES, Drift, plan
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import ModelRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
@@ -68,6 +68,8 @@ class ControlPlane:
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
+        # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
+        self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
@@ -85,14 +87,19 @@ class ControlPlane:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def capture(self, model: str, actor: str = WATCHER_ACTOR) -> SnapshotRecord:
-        """Snapshot the model's source now, validate the immutable tree, record it (once per content)."""
+    def capture(self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True) -> SnapshotRecord:
+        """Snapshot the model's source now, validate the immutable tree, record it (once per content).
+
+        `settled` (the watcher's captures): refuse, as "still changing", a source that changed within
+        the settle window, measured now, not when the watcher fired (the capture may run later, when
+        the writer has begun its next edit). `tritonctl load` asks for what is there now."""
         validate_model_name(model)
         if self.settings.repository is None:
             raise UsageError("the daemon has no source repository (--repository)")
         source = self.settings.repository / model
         with self._capture_lock(model):
-            snapshot = self.store.capture(source, model, commit_marker=self.settings.commit_marker)
+            snapshot = self.store.capture(source, model, commit_marker=self.settings.commit_marker,
+                                          quiet_s=self.settings.settle_s if settled else 0.0)
             tree = self.store.tree_path(snapshot.digest)
             result = validate_model_dir(tree, name=model)
             prefix = f"{tree.name}/"
@@ -185,10 +192,12 @@ class ControlPlane:
             digest = validate_digest(digest)
             target = self.registry.get_snapshot(model, digest).digest
         else:
-            target = self.capture(model, actor).digest
+            target = self.capture(model, actor, settled=False).digest
         current = self.registry.find_model(model)
         if current is not None and current.pinned and target != current.active_digest and not force:
             raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; unpin it or use --force")
+        if self.fleet_load is not None:
+            return self.fleet_load(model, target, actor, force, progress)
         return self.deployer.deploy(model, target, actor, force=force, progress=progress)
 
     def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
@@ -278,9 +287,10 @@ class ControlPlane:
                 continue  # in flight in this process, not interrupted
             outcome = self.deployer.recover(deployment)
             log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
-        busy = [m.name for m in self.registry.list_models() if self.deployer.lock(m.name).locked()]
+        busy = self.deployer.busy_models()
         index, served = self._triton_view()
-        result = plan(self.registry.list_models(), index, served, busy)
+        # plan() looks only at models meant to serve: do not list every model of the repository
+        result = plan(self.registry.list_models(states=SERVING_STATES), index, served, busy)
         for model, digest in result.restore:
             outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
             log.warning("%s: %s", model, outcome.message)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.triton.launcher import TritonServer
+from tests.pg import pg_url, postgres  # noqa: F401 - fixtures: a throwaway PostgreSQL server
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, DateTime, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -47,7 +47,7 @@ class Snapshot(Base):
     served_versions: Mapped[str] = mapped_column(Text, default="[]")
     valid: Mapped[bool] = mapped_column(Boolean)
     problems: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of problem objects
-    total_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # models exceed 2 GiB
     first_seen: Mapped[datetime] = mapped_column(DateTime)
     last_seen: Mapped[datetime] = mapped_column(DateTime)
     quarantined: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -105,3 +105,64 @@ class ServingLog(Base):
     digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     versions: Mapped[str] = mapped_column(Text, default="[]")
     host: Mapped[str] = mapped_column(String(128), default="")
+
+
+# -- fleet (tables used only when daemons share a PostgreSQL registry; see docs/fleet.md) ---------
+
+
+class FleetHost(Base):
+    """One daemon of a fleet: its name, its tritonserver and when it last said it is alive."""
+
+    __tablename__ = "hosts"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    triton_url: Mapped[str] = mapped_column(String(256), default="")
+    version: Mapped[str] = mapped_column(String(32), default="")
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    last_heartbeat: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Rollout(Base):
+    """One digest going to the fleet: canary first, then waves; rolled back everywhere on a failure."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = (Index("ix_rollouts_model_state", "model", "state"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(String(64))
+    previous_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # queued | running | rolling_back | done | rolled_back
+    actor: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class RolloutHost(Base):
+    """One host's step of a rollout (wave 0 is the canary set); `action` rollback undoes a deploy."""
+
+    __tablename__ = "rollout_hosts"
+    __table_args__ = (Index("ix_rollout_hosts_rollout", "rollout_id"), Index("ix_rollout_hosts_host", "host", "state"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rollout_id: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(128))
+    wave: Mapped[int] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(16))  # deploy | rollback
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # waiting | pending | running | ok | failed | skipped
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class HostModel(Base):
+    """What one host serves for one model right now (its own registry's view, reported to the fleet)."""
+
+    __tablename__ = "host_models"
+    __table_args__ = (UniqueConstraint("host", "model", name="uq_host_model"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    updated_at: Mapped[datetime] = mapped_column(DateTime)

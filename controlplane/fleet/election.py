@@ -1,0 +1,98 @@
+"""Leader election: a PostgreSQL session advisory lock held on a dedicated connection.
+
+Exactly one daemon holds `pg_try_advisory_lock(LEADER_LOCK)`. The others try again every interval.
+When the leader dies its connection dies and PostgreSQL releases the lock, so another daemon takes it
+within an interval (plus the TCP keepalive time when the leader's machine vanishes without a reset).
+The leader checks its connection every interval and steps down at once when it is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger("tritonctl.fleet.election")
+
+LEADER_LOCK = 0x7472_6974  # "trit": classid 0, objid this, in pg_locks
+APPLICATION_PREFIX = "tritonctl-leader:"
+
+
+def libpq_url(url: str) -> str:
+    """A SQLAlchemy URL (postgresql+psycopg://...) as a libpq connection URI."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def connect(url: str, application_name: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(libpq_url(url), autocommit=True, connect_timeout=5, application_name=application_name,
+                           keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+
+
+class LeaderElection:
+    """Runs in its own thread; `is_leader` says whether this daemon holds the lock right now."""
+
+    def __init__(self, url: str, host: str, on_change: Callable[[bool], None], interval_s: float = 1.0) -> None:
+        self.url = url
+        self.host = host
+        self.on_change = on_change
+        self.interval_s = interval_s
+        self._leader = threading.Event()
+        self._stop = threading.Event()
+        self._conn: Any = None
+        self._thread = threading.Thread(target=self._run, name="fleet-election", daemon=True)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()  # closing the session releases the lock
+            except Exception:  # noqa: BLE001 - it is gone either way
+                pass
+        if self._leader.is_set():
+            self._leader.clear()
+            log.warning("%s is no longer the fleet leader", self.host)
+            self.on_change(False)
+
+    def _tick(self) -> None:
+        if self._conn is None:
+            self._conn = connect(self.url, APPLICATION_PREFIX + self.host)
+        if self._leader.is_set():
+            self._conn.execute("SELECT 1")  # raises when the session (and so the lock) is gone
+            return
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,)).fetchone()
+        if row and row[0]:
+            self._leader.set()
+            log.info("%s is now the fleet leader", self.host)
+            self.on_change(True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - any database trouble: step down, reconnect later
+                log.warning("leader election: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                self._drop()
+            self._stop.wait(self.interval_s)
+
+
+LEADER_QUERY = """
+SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = :key
+"""

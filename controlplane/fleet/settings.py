@@ -1,0 +1,37 @@
+"""Fleet settings: given to `tritonctl daemon` as flags (`--fleet`, `--shared-store`, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from controlplane.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    shared_store: Path  # object store directory every host can read; the leader writes it
+    canary_hosts: tuple[str, ...] = ()  # explicit canary set; default: the first `canary_count` by name
+    canary_count: int = 1
+    wave_size: int = 2  # hosts per wave after the canaries
+    heartbeat_s: float = 1.0
+    host_timeout_s: float = 10.0  # a host silent this long is left out of new waves (it converges later)
+    poll_s: float = 1.0  # LISTEN/NOTIFY wakes hosts at once; this is the fallback poll
+
+
+def fleet_settings(db_url: str | None, host: str, shared_store: Path | None, canary_hosts: str | None,
+                   canary_count: int | None, wave_size: int | None) -> FleetSettings:
+    """Validate the fleet flags against the daemon's settings (one-line ConfigErrors)."""
+    if not db_url or not db_url.startswith("postgresql"):
+        raise ConfigError("fleet: --fleet needs --db-url postgresql+psycopg://... (the shared registry)")
+    if not host:
+        raise ConfigError("fleet: --fleet needs --host NAME (this host's name in the fleet)")
+    if shared_store is None:
+        raise ConfigError("fleet: --fleet needs --shared-store DIR (snapshot content for every host)")
+    if canary_count is not None and canary_count < 1:
+        raise ConfigError("fleet: --canary-count must be at least 1")
+    if wave_size is not None and wave_size < 1:
+        raise ConfigError("fleet: --wave-size must be at least 1")
+    canaries = tuple(h.strip() for h in (canary_hosts or "").split(",") if h.strip())
+    return FleetSettings(shared_store=Path(shared_store), canary_hosts=canaries, canary_count=canary_count or 1,
+                         wave_size=wave_size or 2)

@@ -1,0 +1,289 @@
+"""Fleet building blocks: wave planning, the shared store's verified import, leader election on a real
+PostgreSQL server, and the leader's rollout driver on real fleet tables, with the hosts' step results
+written directly (the end-to-end test with real daemons and tritonservers is tests/test_fleet_e2e.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.errors import SnapshotError
+from controlplane.fleet.election import LeaderElection
+from controlplane.fleet.member import plan_waves
+from controlplane.fleet.sharedstore import SharedStore
+from controlplane.fleet.store import FleetStore
+from controlplane.snapshot import ContentStore
+from controlplane.store import migrate
+from controlplane.store.registry import Registry
+from tests.harness import wait_for, write_gen_model
+
+
+def test_waves_put_the_canaries_first_then_the_rest_in_order() -> None:
+    hosts = ["h3", "h1", "h4", "h2", "h5"]
+    assert plan_waves(hosts, (), 1, 2) == [["h1"], ["h2", "h3"], ["h4", "h5"]]
+    assert plan_waves(hosts, ("h4",), 1, 3) == [["h4"], ["h1", "h2", "h3"], ["h5"]]
+    assert plan_waves(hosts, ("gone", "h2"), 1, 10) == [["h2"], ["h1", "h3", "h4", "h5"]]
+    assert plan_waves(hosts, (), 2, 2) == [["h1", "h2"], ["h3", "h4"], ["h5"]]
+    assert plan_waves(["h1"], (), 1, 2) == [["h1"]]
+    assert plan_waves([], (), 1, 2) == []
+
+
+@pytest.fixture
+def captured(tmp_path: Path) -> tuple[ContentStore, str]:
+    repo = tmp_path / "repo"
+    write_gen_model(repo, "m", 1)
+    (repo / "m" / "1" / "weights.bin").write_bytes(os.urandom(300_000))
+    leader = ContentStore(tmp_path / "leader-store")
+    return leader, leader.capture(repo / "m", "m").digest
+
+
+def test_shared_store_carries_a_snapshot_to_another_host(tmp_path: Path, captured: tuple[ContentStore, str]) -> None:
+    leader, digest = captured
+    shared = SharedStore(tmp_path / "shared")
+    shared.export(leader, "m", digest)
+    assert shared.has(digest)
+    host = ContentStore(tmp_path / "host-store")
+    snap = shared.import_into(host, "m", digest)
+    assert snap.digest == digest
+    tree = host.tree_path(digest)
+    assert (tree / "1" / "weights.bin").read_bytes() == (leader.tree_path(digest) / "1" / "weights.bin").read_bytes()
+    assert shared.import_into(host, "m", digest).digest == digest  # already there: a no-op
+
+
+def test_a_corrupt_shared_object_is_refused_and_nothing_is_published(tmp_path: Path,
+                                                                    captured: tuple[ContentStore, str]) -> None:
+    leader, digest = captured
+    shared = SharedStore(tmp_path / "shared")
+    snap = shared.export(leader, "m", digest)
+    weights = next(e for e in snap.entries if e.path.endswith("weights.bin"))
+    victim = shared.object_path(weights.sha256)
+    os.chmod(victim, 0o644)
+    data = bytearray(victim.read_bytes())
+    data[1000] ^= 0xFF  # one flipped bit in transit or at rest
+    victim.write_bytes(bytes(data))
+    host = ContentStore(tmp_path / "host-store")
+    with pytest.raises(SnapshotError, match="corrupt"):
+        shared.import_into(host, "m", digest)
+    assert not host.object_path(weights.sha256).exists()
+    assert not host.tree_path(digest).exists()
+    with pytest.raises(SnapshotError, match="not in the shared store"):
+        shared.import_into(host, "m", "f" * 64)
+
+
+# --- leader election and the fleet tables on PostgreSQL ---------------------------------------------
+
+
+@pytest.fixture
+def shared(pg_url: str) -> Iterator[Registry]:
+    reg = Registry(pg_url, host="h1")
+    migrate.upgrade(reg)
+    yield reg
+    reg.close()
+
+
+def test_exactly_one_leader_and_a_new_one_when_it_goes(shared: Registry) -> None:
+    changes: list[tuple[str, bool]] = []
+    elections = [LeaderElection(shared.url, f"h{i}", lambda lead, i=i: changes.append((f"h{i}", lead)),
+                                interval_s=0.2) for i in (1, 2, 3)]
+    store = FleetStore(shared)
+    for election in elections:
+        election.start()
+    try:
+        wait_for(lambda: sum(e.is_leader for e in elections) == 1, 10, what="a leader")
+        time.sleep(0.6)
+        assert sum(e.is_leader for e in elections) == 1
+        first = next(e for e in elections if e.is_leader)
+        assert store.leader() == first.host
+        started = time.monotonic()
+        first.stop()  # its session ends: PostgreSQL releases the lock
+        wait_for(lambda: sum(e.is_leader for e in elections if e is not first) == 1, 10, what="a new leader")
+        assert time.monotonic() - started < 3
+        second = next(e for e in elections if e.is_leader and e is not first)
+        assert wait_for(lambda: store.leader() == second.host, 5)
+        assert (first.host, False) in changes and (second.host, True) in changes
+    finally:
+        for election in elections:
+            election.stop()
+
+
+def test_a_leader_whose_connection_is_killed_steps_down(shared: Registry) -> None:
+    from sqlalchemy import text
+
+    election = LeaderElection(shared.url, "h1", lambda lead: None, interval_s=0.2)
+    election.start()
+    try:
+        wait_for(lambda: election.is_leader, 10, what="leader")
+        with shared.engine.begin() as conn:  # an administrator (or a network cut) ends its session
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'tritonctl-leader:h1'"))
+        wait_for(lambda: not election.is_leader, 5, 0.05, what="step down")
+        wait_for(lambda: election.is_leader, 10, what="leads again after reconnecting")
+    finally:
+        election.stop()
+
+
+def test_hosts_heartbeats_and_liveness(shared: Registry) -> None:
+    from controlplane.store.registry import utcnow
+
+    store = FleetStore(shared)
+    store.heartbeat("h2", "127.0.0.1:2", "1.0", utcnow())
+    store.heartbeat("h1", "127.0.0.1:1", "1.0", utcnow())
+    assert store.live_hosts(10) == ["h1", "h2"]
+    rows = store.hosts()
+    assert [(r["host"], r["alive"], r["leader"]) for r in rows] == [("h1", True, False), ("h2", True, False)]
+    time.sleep(0.3)
+    assert store.live_hosts(0.1) == []
+
+
+# --- the leader's rollout driver ---------------------------------------------------------------------
+
+D1, D2 = "1" * 64, "2" * 64
+
+
+class Leader:
+    """The leader side of a FleetMember, driven by hand: no threads, no tritonserver, always leading."""
+
+    def __init__(self, shared: Registry, tmp: Path) -> None:
+        from types import SimpleNamespace
+
+        from controlplane.config import Settings
+        from controlplane.fleet.member import FleetMember
+        from controlplane.fleet.settings import FleetSettings
+
+        settings = Settings(db_url=shared.url, host="h1", state_dir=tmp)
+        plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"))
+        self.member = FleetMember(settings, FleetSettings(shared_store=tmp / "shared", wave_size=2), plane, shared)
+        self.member.election._leader.set()
+        self.store = self.member.store
+
+    def drive(self) -> dict[str, object]:
+        for rollout in self.store.rollouts():
+            self.member._drive(rollout)
+        return {}
+
+    def states(self, rid: int) -> list[tuple[str, int, str, str]]:
+        return [(s.host, s.wave, s.action, s.state) for s in self.store.rollout(rid)["steps"]]
+
+    def report(self, rid: int, host: str, state: str, message: str = "") -> None:
+        from controlplane.fleet.store import audit_event
+
+        [step] = [s for s in self.store.rollout(rid)["steps"] if s.host == host and s.state in ("pending", "running")]
+        self.store.finish_step(step, state, message, host=host, serving=step.digest if state == "ok" else D1,
+                               audit=audit_event("fleet", step.action, step.model, step.digest, state, message))
+
+
+@pytest.fixture
+def leader(shared: Registry, tmp_path: Path) -> Leader:
+    from controlplane.store.registry import utcnow
+
+    lead = Leader(shared, tmp_path)
+    for host in ("h1", "h2", "h3", "h4"):
+        lead.store.heartbeat(host, "", "t", utcnow())
+    for digest in (D1, D2):
+        shared.record_snapshot("m", digest, "{}", config=None, versions=[1], served_versions=[1], valid=True,
+                               problems=[], total_bytes=1)
+    return lead
+
+
+def test_waves_advance_only_when_every_host_of_the_previous_one_is_ok(leader: Leader, shared: Registry) -> None:
+    rid = leader.member.propose("m", shared.get_snapshot("m", D2))
+    assert rid is not None
+    assert leader.states(rid) == [("h1", 0, "deploy", "pending"), ("h2", 1, "deploy", "waiting"),
+                                  ("h3", 1, "deploy", "waiting"), ("h4", 2, "deploy", "waiting")]
+    assert leader.member.propose("m", shared.get_snapshot("m", D2)) is None  # already on its way
+    leader.drive()
+    assert [s[3] for s in leader.states(rid)] == ["pending", "waiting", "waiting", "waiting"]
+    leader.report(rid, "h1", "ok")
+    leader.drive()
+    assert [s[3] for s in leader.states(rid)] == ["ok", "pending", "pending", "waiting"]
+    leader.report(rid, "h2", "ok")
+    leader.drive()
+    assert [s[3] for s in leader.states(rid)] == ["ok", "ok", "pending", "waiting"]
+    leader.report(rid, "h3", "ok")
+    leader.drive()
+    leader.report(rid, "h4", "ok")
+    leader.drive()
+    assert leader.store.rollout(rid)["state"] == "done"
+    assert leader.store.targets() == {"m": D2}
+    assert leader.member.propose("m", shared.get_snapshot("m", D2)) is None  # the fleet serves it
+
+
+def test_a_failure_stops_the_waves_and_rolls_back_every_host_that_took_it(leader: Leader, shared: Registry) -> None:
+    with leader.store.session() as session:
+        leader.store.set_target(session, "m", D1)
+    rid = leader.member.propose("m", shared.get_snapshot("m", D2))
+    assert rid is not None
+    leader.report(rid, "h1", "ok")
+    leader.drive()
+    leader.report(rid, "h2", "ok")
+    leader.report(rid, "h3", "failed", "weights missing")
+    leader.drive()
+    rollout = leader.store.rollout(rid)
+    assert rollout["state"] == "rolling_back" and "h3" in rollout["error"] and "weights missing" in rollout["error"]
+    assert leader.states(rid)[3] == ("h4", 2, "deploy", "skipped")  # never reached the last wave
+    rollbacks = [s for s in rollout["steps"] if s.action == "rollback"]
+    assert sorted(s.host for s in rollbacks) == ["h1", "h2"] and {s.digest for s in rollbacks} == {D1}
+    assert shared.get_snapshot("m", D2).quarantined
+    leader.report(rid, "h1", "ok")
+    leader.drive()
+    assert leader.store.rollout(rid)["state"] == "rolling_back"
+    leader.report(rid, "h2", "ok")
+    leader.drive()
+    assert leader.store.rollout(rid)["state"] == "rolled_back"
+    assert leader.store.targets() == {"m": D1}
+
+
+def test_a_silent_host_is_skipped_and_a_second_change_waits_its_turn(leader: Leader, shared: Registry) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from controlplane.store import schema
+    from controlplane.store.registry import utcnow
+
+    rid = leader.member.propose("m", shared.get_snapshot("m", D1))
+    assert rid is not None
+    queued = leader.store.create_rollout("m", D2, D1, "test", [["h1"]])
+    assert leader.store.rollout(queued)["state"] == "queued"
+    with leader.store.session() as session:  # h1 stops heartbeating
+        session.execute(update(schema.FleetHost).where(schema.FleetHost.name == "h1")
+                        .values(last_heartbeat=utcnow() - timedelta(minutes=1)))
+    leader.drive()
+    assert leader.states(rid)[0] == ("h1", 0, "deploy", "skipped")
+    leader.drive()
+    for host in ("h2", "h3"):
+        leader.report(rid, host, "ok")
+    leader.drive()
+    leader.report(rid, "h4", "ok")
+    leader.drive()
+    assert leader.store.rollout(rid)["state"] == "done"
+    assert leader.store.rollout(queued)["state"] == "running"
+
+
+def test_fleet_flags_are_checked_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    from controlplane.errors import ConfigError
+    from controlplane.fleet.settings import fleet_settings
+
+    pg = "postgresql+psycopg://u@127.0.0.1:1/db"
+    settings = fleet_settings(pg, "h1", tmp_path, " h2, h3 ,", None, 3)
+    assert (settings.canary_hosts, settings.canary_count, settings.wave_size) == (("h2", "h3"), 1, 3)
+    for args, message in (((None, "h1", tmp_path), "--db-url postgresql"), ((f"sqlite:///{tmp_path}/r.db", "h1",
+                          tmp_path), "--db-url postgresql"), ((pg, "", tmp_path), "--host"), ((pg, "h1", None),
+                          "--shared-store")):
+        with pytest.raises(ConfigError, match=message):
+            fleet_settings(*args, None, None, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="wave-size"):
+        fleet_settings(pg, "h1", tmp_path, None, None, 0)
+    result = CliRunner().invoke(cli, ["daemon", "--fleet", "--host", "h1", "--db-url", pg,
+                                      "--state-dir", str(tmp_path / "state")], env={"TRITONCTL_CONFIG": None})
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: fleet: --fleet needs --shared-store DIR (snapshot content for every host)"]
+    assert not (tmp_path / "state").exists()

@@ -1,0 +1,265 @@
+"""The fleet end to end: one PostgreSQL, four `tritonctl daemon --fleet` processes on loopback, each
+with its own launched tritonserver and state directory, one source repository and one shared store.
+
+In order (one fleet for the module, the tests build on each other):
+- an edit in the source repository ends up served on all four hosts, canary first;
+- a broken version stops at the canary, never reaches the other hosts, the canary is back on the good
+  version, and request loops against all four hosts see 0 failures throughout;
+- `tritonctl load --digest` on any host rolls out to all four, printing each host's step live;
+- (slow) a failure in a later wave rolls back the canary and the wave's other host too;
+- the leader is killed and another daemon leads in under 10 s (and the fleet still rolls out);
+- a host stopped during a rollout converges to the fleet's version after it restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.harness import DaemonProcess, infer_gen, request_loop, wait_for, write_gen_model
+from tests.pg import PostgresServer
+
+HOSTS = ["h1", "h2", "h3", "h4"]
+MODEL = "fleetmodel"
+
+
+class Fleet:
+    def __init__(self, base: Path, url: str) -> None:
+        self.base = base
+        self.url = url
+        self.repo = base / "repo"
+        self.repo.mkdir()
+        self.shared = base / "shared"
+        self.daemons: dict[str, DaemonProcess] = {}
+        self.clients: dict[str, grpcclient.InferenceServerClient] = {}
+
+    def daemon(self, host: str) -> DaemonProcess:
+        if host not in self.daemons:
+            self.daemons[host] = DaemonProcess(
+                self.repo, self.base / f"state-{host}", settle_s=0.2,
+                extra_args=["--fleet", "--db-url", self.url, "--host", host, "--shared-store", str(self.shared),
+                            "--wave-size", "2"])
+        return self.daemons[host]
+
+    def start(self, host: str, wait: bool = True) -> DaemonProcess:
+        proc = self.daemon(host).start(wait=wait)
+        if wait:
+            self.connect(host)
+        return proc
+
+    def connect(self, host: str) -> None:
+        old = self.clients.pop(host, None)
+        if old is not None:
+            old.close()
+        self.clients[host] = grpcclient.InferenceServerClient(self.daemons[host].triton_url())
+
+    def gen(self, host: str) -> float | None:
+        try:
+            return infer_gen(self.clients[host], MODEL)
+        except Exception:  # noqa: BLE001 - not loaded (yet)
+            return None
+
+    def wait_gen(self, gen: int, hosts: list[str], timeout_s: float = 60.0) -> None:
+        wait_for(lambda: all(self.gen(h) == gen for h in hosts), timeout_s, 0.1,
+                 f"generation {gen} on {hosts} (now {[self.gen(h) for h in hosts]})")
+
+    def settled(self, timeout_s: float = 20.0) -> dict[str, Any]:
+        """Wait until the model's rollout is over and every host reports the fleet's target; its row."""
+        def row() -> Any:
+            rows = [m for m in self.cli_json("status", "--fleet")["models"] if m["model"] == MODEL]
+            if not rows or sorted(rows[0]["hosts"]) != HOSTS or self.cli_json("rollouts", "--open"):
+                return None
+            return rows[0] if all(not cell["drift"] for cell in rows[0]["hosts"].values()) else None
+
+        return dict(wait_for(row, timeout_s, 0.2, "the fleet settled on one digest"))
+
+    def cli_json(self, *args: str) -> Any:
+        """The CLI in-process (click's CliRunner: the same code path without an interpreter start-up)."""
+        from click.testing import CliRunner
+
+        from cli.main import cli
+
+        result = CliRunner().invoke(cli, [*args, "--db-url", self.url, "--json"])
+        if result.exit_code != 0:
+            raise AssertionError(f"{' '.join(args)} exited {result.exit_code}: {result.output}")
+        return json.loads(result.stdout)
+
+    def leader(self) -> str | None:
+        for row in self.cli_json("hosts"):
+            if row["leader"]:
+                return str(row["host"])
+        return None
+
+    def stop_all(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        for proc in self.daemons.values():  # all at once: each waits for its own tritonserver
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGTERM)
+        for proc in self.daemons.values():
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Iterator[Fleet]:
+    fl = Fleet(tmp_path_factory.mktemp("fleet"), postgres.new_database("fleet"))
+    try:
+        for host in HOSTS:
+            fl.start(host, wait=False)
+        for host in HOSTS:
+            fl.daemons[host].wait_ready()
+            fl.connect(host)
+        yield fl
+    finally:
+        fl.stop_all()
+
+
+def steps_of(fleet: Fleet, digest: str) -> list[dict[str, Any]]:
+    rollouts = [r for r in fleet.cli_json("rollouts") if r["digest"] == digest]
+    return rollouts[0]["steps"] if rollouts else []
+
+
+def test_an_edit_is_served_on_every_host_canary_first(fleet: Fleet) -> None:
+    write_gen_model(fleet.repo, MODEL, 1)
+    fleet.wait_gen(1, HOSTS, 90)
+    write_gen_model(fleet.repo, MODEL, 2)
+    started = time.monotonic()
+    fleet.wait_gen(2, HOSTS, 60)
+    elapsed = time.monotonic() - started
+    digest = fleet.settled()["target"]
+    steps = steps_of(fleet, digest)
+    canary = [s for s in steps if s["wave"] == 0]
+    assert [s["host"] for s in canary] == ["h1"] and all(s["state"] == "ok" for s in steps)
+    first_other = min(s["started_at"] for s in steps if s["wave"] > 0)
+    assert canary[0]["finished_at"] <= first_other, "the other hosts start only after the canary is verified"
+    print(f"rollout of an edit to 4 hosts: {elapsed:.1f}s")
+
+
+def test_a_broken_version_stops_at_the_canary_with_no_failed_requests(fleet: Fleet) -> None:
+    good = fleet.settled()["target"]
+    with ExitStack() as stack:
+        loops = {h: stack.enter_context(request_loop(fleet.daemons[h].triton_url(), MODEL, threads=1)) for h in HOSTS}
+        write_gen_model(fleet.repo, MODEL, 3, init="raise RuntimeError('weights missing')")
+
+        def rolled_back() -> Any:
+            return [r for r in fleet.cli_json("rollouts") if r["state"] == "rolled_back"]
+
+        [rollout] = wait_for(rolled_back, 60, 0.3, "the rollout rolled back")
+        time.sleep(1.0)
+    for host, stats in loops.items():
+        assert stats["failed"] == 0, (host, stats["errors"])
+        assert stats["ok"] > 0 and set(stats["gens"]) == {2.0}, (host, stats["gens"])
+    deploys = [s for s in rollout["steps"] if s["action"] == "deploy"]
+    assert [(s["host"], s["state"]) for s in deploys if s["wave"] == 0] == [("h1", "failed")]
+    assert all(s["state"] == "skipped" for s in deploys if s["wave"] > 0)
+    assert "weights missing" in rollout["error"]
+    for host in HOSTS:
+        assert fleet.gen(host) == 2.0
+    versions = fleet.cli_json("versions", MODEL)
+    bad = [v for v in versions if v["quarantined"]]
+    assert len(bad) == 1 and bad[0]["digest"] == rollout["digest"]
+    assert fleet.cli_json("status", "--fleet")["models"][0]["target"] == good
+    # The fix rolls out normally.
+    write_gen_model(fleet.repo, MODEL, 4)
+    fleet.wait_gen(4, HOSTS, 60)
+
+
+def test_audit_answers_per_host(fleet: Fleet) -> None:
+    target = fleet.settled()["target"]
+    at = fleet.cli_json("audit", "--at", "0s")
+    served = {(m["model"], m["host"]): m["digest"] for m in at["models"]}
+    assert {host: served.get((MODEL, host)) for host in HOSTS} == dict.fromkeys(HOSTS, target)
+    events = fleet.cli_json("audit", "--model", MODEL, "--limit", "500")
+    assert {e["host"] for e in events if e["action"] == "deploy"} == set(HOSTS)
+    # The human-readable views render too.
+    d = fleet.daemons["h1"]
+    hosts = d.cli("hosts", "--db-url", fleet.url).stdout
+    assert all(h in hosts for h in HOSTS) and "yes" in hosts
+    matrix = d.cli("status", "--fleet", "--db-url", fleet.url).stdout
+    assert MODEL in matrix and all(h in matrix for h in HOSTS)
+    assert "canary" in d.cli("rollouts", "--db-url", fleet.url, "--limit", "1").stdout
+    table = d.cli("audit", "--db-url", fleet.url, "--at", "0s").stdout
+    assert "Host" in table and "h4" in table
+
+
+def test_load_on_any_host_rolls_out_to_the_fleet_with_live_progress(fleet: Fleet) -> None:
+    versions = fleet.cli_json("versions", MODEL)
+    current = next(v["digest"] for v in versions if v["active"])
+    older = [v["digest"] for v in versions if not v["active"] and not v["quarantined"]][0]
+    out = fleet.daemons["h3"].cli("load", MODEL, "--digest", older[:12]).stdout
+    lines = out.splitlines()
+    canary = next(i for i, line in enumerate(lines) if "canary h1" in line and "ok" in line)
+    waves = [i for i, line in enumerate(lines) if "wave " in line and " ok " in line]
+    assert len(waves) == 3 and min(waves) > canary, out
+    assert all(fleet.gen(h) is not None for h in HOSTS)
+    assert len({fleet.gen(h) for h in HOSTS}) == 1
+    assert fleet.cli_json("status", "--fleet")["models"][0]["target"] == older
+    fleet.daemons["h2"].cli("load", MODEL, "--digest", current[:12])
+    fleet.wait_gen(4, HOSTS, 30)
+
+
+@pytest.mark.slow
+def test_a_failure_in_a_later_wave_rolls_back_every_host_that_took_it(fleet: Fleet) -> None:
+    """Canary h1 and h2 take the new version, h3 (same wave as h2) fails: h1 and h2 go back to the
+    previous version, h4 never sees it, and no request fails anywhere."""
+    before = fleet.settled()["target"]
+    only_h3 = "import os\n        if 'state-h3' in args['model_repository']:\n            raise RuntimeError('h3 disk')"
+    with ExitStack() as stack:
+        loops = {h: stack.enter_context(request_loop(fleet.daemons[h].triton_url(), MODEL, threads=1)) for h in HOSTS}
+        write_gen_model(fleet.repo, MODEL, 40, init=only_h3)
+        [rollout] = wait_for(lambda: [r for r in fleet.cli_json("rollouts", "--limit", "1")
+                                      if r["state"] == "rolled_back"], 60, 0.3, "rolled back")
+        time.sleep(0.5)
+    steps = {(s["host"], s["action"]): s["state"] for s in rollout["steps"]}
+    assert steps == {("h1", "deploy"): "ok", ("h2", "deploy"): "ok", ("h3", "deploy"): "failed",
+                     ("h4", "deploy"): "skipped", ("h1", "rollback"): "ok", ("h2", "rollback"): "ok"}
+    assert "h3 disk" in rollout["error"]
+    for host, stats in loops.items():
+        assert stats["failed"] == 0, (host, stats["errors"])
+    assert 40.0 not in loops["h4"]["gens"] and 40.0 not in loops["h3"]["gens"]
+    assert 40.0 in loops["h1"]["gens"]  # the canary did serve it, until the fleet rolled back
+    fleet.wait_gen(4, HOSTS, 10)
+    assert fleet.settled()["target"] == before
+
+
+def test_the_leader_killed_another_leads_within_10s(fleet: Fleet) -> None:
+    leader = wait_for(fleet.leader, 10, 0.2, "a leader")
+    started = time.monotonic()
+    fleet.daemons[leader].kill()  # SIGKILL: no goodbye, PostgreSQL drops its session
+    new = wait_for(lambda: (n := fleet.leader()) not in (None, leader) and n, 10, 0.1, "a new leader")
+    assert time.monotonic() - started < 10
+    print(f"new leader {new} after {time.monotonic() - started:.1f}s")
+    others = [h for h in HOSTS if h != leader]
+    write_gen_model(fleet.repo, MODEL, 5)
+    fleet.wait_gen(5, others, 60)
+    # The old leader's host comes back and converges.
+    fleet.daemons[leader]._kill_orphans()
+    fleet.start(leader)
+    fleet.wait_gen(5, HOSTS, 60)
+
+
+def test_a_host_stopped_during_a_rollout_converges_after_restart(fleet: Fleet) -> None:
+    victim = "h4"  # in the last wave
+    write_gen_model(fleet.repo, MODEL, 6)
+    from controlplane.fleet.store import FleetStore
+    from controlplane.store.registry import Registry
+
+    registry = Registry(fleet.url)
+    try:
+        wait_for(lambda: FleetStore(registry).rollouts(), 20, 0.05, "the rollout under way")
+    finally:
+        registry.close()
+    assert fleet.daemons[victim].stop() == 0
+    others = [h for h in HOSTS if h != victim]
+    fleet.wait_gen(6, others, 60)
+    fleet.start(victim)
+    fleet.wait_gen(6, HOSTS, 60)
+    fleet.settled()
