@@ -22,6 +22,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -207,6 +208,36 @@ def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset()) -> lis
     return items
 
 
+def last_change_ns(model_dir: Path) -> int:
+    """The newest ctime (ns) in a model directory: the directory, every entry below it, and the debris
+    the scan leaves out (a temp file a writer fills before renaming it, an editor's swap file), without
+    descending into debris directories. ctime, because no writer can set it back or forward (mtime can:
+    `touch -d`, `cp -p`, rsync)."""
+    newest = 0
+
+    def walk(path: str) -> None:
+        nonlocal newest
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # vanished: the scan decides what that means
+                    newest = max(newest, st.st_ctime_ns)
+                    if entry.is_dir(follow_symlinks=False) and not is_ignored_name(entry.name):
+                        walk(entry.path)
+        except OSError:
+            pass
+
+    try:
+        newest = os.lstat(model_dir).st_ctime_ns
+    except OSError:
+        return 0
+    walk(os.fspath(model_dir))
+    return newest
+
+
 def _first_difference(before: list[_Item], after: list[_Item]) -> str:
     old, new = ({i.rel: i.signature for i in items} for items in (before, after))
     rel = min(r for r in old.keys() | new.keys() if old.get(r) != new.get(r))
@@ -253,8 +284,15 @@ class ContentStore:
         except OSError as exc:
             raise SnapshotError(f"content store {self.root}: {exc.strerror}") from exc
         self._statcache_path = self.root / "statcache.json"
+        # new entries are appended to a journal, folded into statcache.json only once the journal
+        # outgrows the cache: rewriting the whole cache after every capture made an initial scan of
+        # N models cost O(N^2) (bench/scale.py: 10,000 models)
+        self._journal_path = self.root / "statcache.log"
+        self._journal_lines = 0
+        self._statcache_new: list[tuple[str, str]] = []
         self._statcache: OrderedDict[str, str] = self._load_statcache()
         self._statcache_dirty = False
+        self._statcache_rewrite = False
 
     # -- paths ---------------------------------------------------------------------------------
     def object_path(self, sha256: str) -> Path:  # read-only; hard-link it, never write through it
@@ -280,19 +318,43 @@ class ContentStore:
         return self._flock(fcntl.LOCK_SH)
 
     # -- capture -------------------------------------------------------------------------------
-    def capture(self, model_dir: Path, model: str, *, commit_marker: str | None = None) -> Snapshot:
-        """Snapshot `model_dir` if it is complete and held still; raise SnapshotError otherwise."""
+    def capture(
+        self, model_dir: Path, model: str, *, commit_marker: str | None = None, quiet_s: float = 0.0
+    ) -> Snapshot:
+        """Snapshot `model_dir` if it is complete and held still; raise SnapshotError otherwise.
+
+        `quiet_s` > 0: also refuse ("still changing") unless nothing in the directory, debris included,
+        changed during the last `quiet_s` seconds or during the capture. The watcher hands a model on
+        once it was quiet for the settle window, but the capture may run later (a busy daemon, a fleet
+        leader's queue) when the writer has started the next edit: measured by bench/edit_torture.py.
+        """
         self._check_present(model_dir := Path(model_dir), model)
         skip = frozenset({commit_marker}) if commit_marker else frozenset()
+        changed = last_change_ns(model_dir) if quiet_s > 0 else 0
+        if quiet_s > 0:
+            self._check_quiet(model, changed, quiet_s)
         before = scan(model_dir, model, skip)
         self._check_config_size(model, before)
         if commit_marker:
             self._check_marker(model_dir, model, commit_marker, before)
         try:
             with self.reading():  # objects written here are unreferenced until the manifest exists
-                return self._record(model_dir, model, skip, before)
+                snapshot = self._record(model_dir, model, skip, before)
         finally:
             self._save_statcache()
+        if quiet_s > 0 and last_change_ns(model_dir) != changed:
+            # the stored objects and tree stay unreferenced (gc takes them) unless captured again whole
+            raise SnapshotError(f"{model}: still changing (written to during the capture)")
+        return snapshot
+
+    @staticmethod
+    def _check_quiet(model: str, changed_ns: int, quiet_s: float) -> None:
+        age_s = time.time() - changed_ns / 1e9
+        # more than a second in the future: a clock step or a skewed file server, not a writer
+        if -1.0 <= age_s < quiet_s:
+            raise SnapshotError(
+                f"{model}: still changing (last change {max(age_s, 0.0):.2f} s ago, settle window {quiet_s:g} s)"
+            )
 
     @staticmethod
     def _check_config_size(model: str, items: list[_Item]) -> None:
@@ -371,6 +433,7 @@ class ContentStore:
         with self._lock:
             self._statcache[key] = sha
             self._statcache.move_to_end(key)
+            self._statcache_new.append((key, sha))
             while len(self._statcache) > _STATCACHE_MAX:
                 self._statcache.popitem(last=False)
             self._statcache_dirty = True
@@ -486,25 +549,51 @@ class ContentStore:
             live = {k: v for k, v in self._statcache.items() if v in referenced}
             if len(live) != len(self._statcache):
                 self._statcache = OrderedDict(live)
-                self._statcache_dirty = True
+                self._statcache_dirty = self._statcache_rewrite = True
         self._save_statcache()
         return freed
 
     # -- stat cache ----------------------------------------------------------------------------
     def _load_statcache(self) -> OrderedDict[str, str]:
+        cache: OrderedDict[str, str] = OrderedDict()
         try:
             rows = json.loads(self._statcache_path.read_text())["entries"]
-            return OrderedDict((str(k), str(v)) for k, v in rows[-_STATCACHE_MAX:] if is_digest(str(v)))
+            cache.update((str(k), str(v)) for k, v in rows[-_STATCACHE_MAX:] if is_digest(str(v)))
         except (OSError, ValueError, KeyError, TypeError):
-            return OrderedDict()
+            cache.clear()
+        try:
+            with open(self._journal_path, encoding="ascii", errors="replace") as journal:
+                for line in journal:  # "<dev:ino:size:mtime:ctime> <sha256>"; a torn last line is skipped
+                    self._journal_lines += 1
+                    parts = line.split()
+                    if len(parts) == 2 and is_digest(parts[1]):
+                        cache[parts[0]] = parts[1]
+                        cache.move_to_end(parts[0])
+        except OSError:
+            pass
+        while len(cache) > _STATCACHE_MAX:
+            cache.popitem(last=False)
+        return cache
 
     def _save_statcache(self) -> None:
+        """Append the new entries to the journal; rewrite statcache.json (and empty the journal) when
+        entries went away (gc) or the journal outgrew half the cache: amortized O(1) per entry."""
         with self._lock:
             if not self._statcache_dirty:
                 return
-            body = json.dumps({"format": 1, "entries": list(self._statcache.items())}, separators=(",", ":"))
+            new, self._statcache_new = self._statcache_new, []
             self._statcache_dirty = False
             try:
+                fold_at = max(1000, len(self._statcache) // 2)
+                if not self._statcache_rewrite and self._journal_lines + len(new) <= fold_at:
+                    with open(self._journal_path, "a", encoding="ascii") as journal:
+                        journal.write("".join(f"{key} {sha}\n" for key, sha in new))
+                    self._journal_lines += len(new)
+                    return
+                body = json.dumps({"format": 1, "entries": list(self._statcache.items())}, separators=(",", ":"))
                 write_atomic(self._statcache_path, body.encode(), mode=0o644)
+                self._journal_path.unlink(missing_ok=True)
+                self._journal_lines = 0
+                self._statcache_rewrite = False
             except OSError:
                 pass  # only a cache: the next capture re-reads what it cannot find

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import Engine, create_engine, event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -355,12 +355,16 @@ class Registry:
             return _deployment_record(row)
 
     def advance(self, deployment_id: int, step: str) -> None:
+        # one UPDATE, not load-modify-flush: three of these run in every deploy (bench/change_latency.py)
         with self._session() as session:
-            row = session.get(schema.Deployment, deployment_id)
-            if row is None:
+            result = session.execute(
+                update(schema.Deployment)
+                .where(schema.Deployment.id == deployment_id)
+                .values(step=step, updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            if not getattr(result, "rowcount", 1):
                 raise NotFoundError(f"deployment {deployment_id} is unknown")
-            row.step = step
-            row.updated_at = utcnow()
 
     def finish_deployment(
         self,
