@@ -1,0 +1,214 @@
+"""CI smoke of the side-by-side benchmarks (bench/*.py): each runs end to end as a subprocess, as a
+person runs it, and writes the report docs/benchmarks.md is built from.
+
+Timings are not judged here (CI machines vary and are shared). What is judged is what tritonctl
+promises whatever the machine: under the edit torture it never serves a mixed or half-written model,
+and no request fails while it swaps models. Every benchmark runs in its `--quick` mode; the three that
+take longest at their `--quick` sizes run here with smaller counts still (noted per test) so the file
+stays near 3 minutes on 2 cores. `test_run_all_quick` runs everything at the exact `--quick` sizes
+(about 4 minutes) and is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+
+def run_bench(name: str, tmp_path: Path, *args: str, timeout_s: float = 240) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", *args, "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "results:" in proc.stdout and "Result" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == name and report["quick"] is True
+    assert {"nproc", "python", "tritonserver", "memory_gib"} <= set(report["machine"])
+    assert report["machine"]["tritonserver"].startswith("2.")
+    for row in report["rows"]:
+        assert {"measurement", "system", "target", "measured", "met"} <= set(row)
+        assert row["met"] in (True, False, None)
+        assert (row["met"] is None) == (row["target"] == "-")  # a target always shows its verdict
+    return report
+
+
+def test_edit_torture_quick(tmp_path: Path) -> None:
+    report = run_bench("edit_torture", tmp_path, "--edits", "9")  # --quick is 20 edits (about 50 s)
+    ctl = report["systems"]["tritonctl"]
+    assert ctl["mixed_or_partial"] == 0, ctl
+    assert ctl["failed_requests"] == 0, ctl["error_examples"]
+    assert ctl["requests"] > 50 and ctl["converged"]
+    poll = report["systems"]["Triton poll"]
+    assert poll["requests"] > 50  # Triton's own numbers are reported, not judged
+    assert report["settings"]["file_writes_by_mode"].keys() <= {"inplace", "rename"}
+
+
+def test_swap_availability_quick(tmp_path: Path) -> None:
+    report = run_bench("swap_availability", tmp_path, "--swaps", "4", "--failing", "1")  # --quick: 10 + 2
+    ctl = report["systems"]["tritonctl"]
+    assert ctl["failed_requests"] == 0, ctl["error_examples"]
+    assert ctl["swaps_ok"] == 4 and ctl["failing_detected"] == 1 and not ctl["broken_generation_answered"]
+    for system in ("Triton explicit (in place + load)", "Triton poll"):
+        assert report["systems"][system]["requests"] > 0
+        assert report["systems"][system]["latency_p50_ms"] is not None
+
+
+def test_change_latency_quick(tmp_path: Path) -> None:
+    report = run_bench("change_latency", tmp_path)
+    e2e = report["end_to_end"]
+    assert e2e["tritonctl"]["trials"] == 3 and e2e["Triton poll"]["trials"] == 3
+    assert e2e["tritonctl"]["minus_settle_median_s"] is not None
+    steps = report["in_process"]["steps_ms"]
+    assert {"capture", "publish", "verify", "load", "overhead"} <= set(steps)
+    assert report["in_process"]["deploys"] == 8 and not report["in_process"]["failures"]
+    assert any(r["measurement"].startswith("overhead per deploy") and r["met"] is not None for r in report["rows"])
+
+
+def test_snapshot_cost_quick(tmp_path: Path) -> None:
+    report = run_bench("snapshot_cost", tmp_path)
+    assert report["settings"]["size_mib"] == 100
+    assert report["distinct_digests"] == 1  # every capture of the same content has the same digest
+    assert report["bytes_read_by_config_only_resnapshots"] < 1 << 20  # the big file is never read again
+    assert all(len(v) == 3 for v in report["times_s"].values())
+
+
+def test_scale_quick(tmp_path: Path) -> None:
+    report = run_bench("scale", tmp_path, "--idle", "4")  # --quick idles 10 s
+    res = report["results"][0]
+    ctl, poll = res["tritonctl"], res["triton_poll"]
+    assert res["models"] == 200
+    assert ctl["models_in_registry"] == 200 and ctl["models_serving"] == 3
+    assert ctl["inotify_watches"] >= 200 and ctl["peak_rss_mb"] > 0
+    assert poll["live_s"] is not None and poll["models_ready"] == 200
+
+
+def test_run_all_renders_docs_from_results(tmp_path: Path) -> None:
+    """run_all --from-results rebuilds its block of the docs and leaves everything else in the file."""
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\n## Someone else's section\n\nkept as it is\n")
+    for _ in range(2):  # the second run replaces the block, it does not append another
+        proc = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--from-results", "--docs", str(docs)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = docs.read_text()
+    assert "## Someone else's section\n\nkept as it is" in text
+    assert text.count("<!-- bench/run_all.py:full:start -->") == 1
+    assert text.count("<!-- bench/run_all.py:full:end -->") == 1
+    assert "| Benchmark | Measurement | System | Target | Measured | Result |" in text
+
+
+@pytest.mark.slow
+def test_run_all_quick(tmp_path: Path) -> None:
+    """Every benchmark at its exact --quick sizes through run_all (about 4 minutes on 2 cores)."""
+    docs = tmp_path / "benchmarks.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--docs", str(docs),
+                           "--results", str(tmp_path / "results")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = docs.read_text()
+    for name in ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale"):
+        assert f"python bench/{name}.py --quick" in text
+
+
+def test_stat_cache_journal_keeps_saves_linear(tmp_path: Path) -> None:
+    """Found by bench/scale.py: rewriting the whole stat cache after every capture made the initial scan
+    of 10,000 models quadratic. New entries go to an append-only journal, folded in only when it
+    outgrows the cache; a restarted store still sees every entry."""
+    from controlplane.snapshot import ContentStore
+
+    src = tmp_path / "src"
+    store = ContentStore(tmp_path / "store", fsync=False)
+    for i in range(1200):
+        (src / f"m{i}").mkdir(parents=True)
+        (src / f"m{i}" / "config.pbtxt").write_text(f'name: "m{i}"\n')
+        store.capture(src / f"m{i}", f"m{i}")
+    journal = store.root / "statcache.log"
+    snapshot = store.root / "statcache.json"
+    assert snapshot.exists() and snapshot.stat().st_size > 0  # folded once the journal passed 1,000 lines
+    assert not journal.exists() or len(journal.read_text().splitlines()) < 1200
+    again = ContentStore(store.root, fsync=False)
+    for i in (0, 600, 1199):
+        again.capture(src / f"m{i}", f"m{i}")
+    assert again.files_read == 0  # every entry survived the restart, from the snapshot or the journal
+    assert store.gc(set()) > 0  # every entry goes: the snapshot is rewritten, the journal emptied
+    assert not journal.exists() and json.loads(snapshot.read_text())["entries"] == []
+
+
+def test_settled_capture_refuses_a_directory_written_within_the_settle_window(tmp_path: Path) -> None:
+    """Found by bench/edit_torture.py: a capture that runs after the watcher's settle window (a busy
+    daemon) caught the writer's next edit half done. A settled capture now checks, when it runs, that
+    nothing in the model directory changed within the window, a temp file being filled included."""
+    import os
+    import time
+
+    from controlplane.errors import SnapshotError
+    from controlplane.snapshot import ContentStore
+    from tests.harness import write_gen_model
+
+    model = write_gen_model(tmp_path / "repo", "m", 1)
+    store = ContentStore(tmp_path / "store", fsync=False)
+    with pytest.raises(SnapshotError, match="still changing"):
+        store.capture(model, "m", quiet_s=0.5)
+    assert store.capture(model, "m").digest  # without quiet_s: as before (tritonctl load)
+    time.sleep(0.6)
+    first = store.capture(model, "m", quiet_s=0.5)
+    (model / "1" / ".model.py.tmp").write_text("half of the next model.py")  # debris: not captured...
+    with pytest.raises(SnapshotError, match="still changing"):
+        store.capture(model, "m", quiet_s=0.5)  # ...but its writer is not done
+    time.sleep(0.6)
+    assert store.capture(model, "m", quiet_s=0.5).digest == first.digest
+    past = time.time() - 3600
+    os.utime(model / "config.pbtxt", (past, past))  # an old mtime does not hide a fresh change (ctime)
+    with pytest.raises(SnapshotError, match="still changing"):
+        store.capture(model, "m", quiet_s=0.5)
+
+
+def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_path: Path) -> None:
+    """The edit-torture miss, replayed deterministically: the watcher's "settled" reaches the control
+    plane late, when the writer has begun the next edit (config.pbtxt rewritten in place, first chunk
+    only). The capture is refused as still changing and rescheduled; nothing half-written is recorded.
+    `tritonctl load` (settled=False) still takes what is there, as before."""
+    import time
+
+    from controlplane.config import Settings
+    from controlplane.publish import ServingRepository
+    from controlplane.service import ControlPlane
+    from controlplane.snapshot import ContentStore
+    from controlplane.store import migrate
+    from controlplane.store.registry import Registry
+    from controlplane.triton.client import TritonClient
+    from tests.harness import GEN_CONFIG, write_gen_model
+
+    repo, state = tmp_path / "repo", tmp_path / "state"
+    model = write_gen_model(repo, "m", 1)
+    state.mkdir()
+    registry = Registry(f"sqlite:///{state / 'registry.db'}")
+    migrate.upgrade(registry)
+    triton = TritonClient("127.0.0.1:1")  # never reached: policy manual, nothing deploys
+    plane = ControlPlane(Settings(repository=repo, state_dir=state, settle_s=0.5, policy="manual"), registry,
+                         ContentStore(state / "store", fsync=False),
+                         ServingRepository(state / "serving", state / "published"), triton)
+    rescheduled: list[tuple[str, float]] = []
+    plane.reschedule = lambda name, delay: rescheduled.append((name, delay))
+    try:
+        time.sleep(0.6)
+        plane.handle_settled("m")  # on time: generation 1 recorded
+        assert len(registry.list_snapshots("m")) == 1
+        full = GEN_CONFIG.format(name="m", gen=2)
+        (model / "config.pbtxt").write_text(full[: len(full) // 2])  # the next edit, first chunk
+        plane.handle_settled("m")  # late: the window had passed when the watcher fired, not now
+        assert rescheduled == [("m", 0.5)]
+        assert len(registry.list_snapshots("m")) == 1  # nothing half-written recorded
+        taken = plane.capture("m", "alice", settled=False)  # `tritonctl load` takes what is there now...
+        assert not taken.valid  # ...and offline validation refuses this half of a config
+    finally:
+        triton.close()
+        registry.close()
