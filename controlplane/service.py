@@ -253,7 +253,7 @@ class ControlPlane:
     def status(self, models: list[str] | None = None) -> dict[str, Any]:
         for name in models or []:
             validate_model_name(name)
-        records = self.registry.list_models()
+        everything = records = self.registry.list_models()
         if models:
             known = {m.name for m in records}
             for name in models:
@@ -265,7 +265,7 @@ class ControlPlane:
             reachable = True
         except TritonctlError:
             index, served, reachable = [], {}, False
-        drift = {d.model: d for d in plan(self.registry.list_models(), index, served).drift} if reachable else {}
+        drift = {d.model: d for d in plan(everything, index, served).drift} if reachable else {}
         rows = []
         for model in records:
             versions = [

@@ -14,8 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, text, update
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from controlplane.errors import StoreError
 from controlplane.fleet.election import APPLICATION_PREFIX, LEADER_LOCK, LEADER_QUERY
@@ -49,20 +48,11 @@ def _step(row: schema.RolloutHost, model: str = "") -> Step:
 class FleetStore:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self._sessions = sessionmaker(registry.engine, expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        session = self._sessions()
-        try:
+        with self.registry.session() as session:
             yield session
-            session.commit()
-        except SQLAlchemyError as exc:
-            session.rollback()
-            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-            raise StoreError(f"fleet registry: {reason}") from exc
-        finally:
-            session.close()
 
     def notify(self, session: Session, payload: str) -> None:
         if self.registry.engine.dialect.name == "postgresql":

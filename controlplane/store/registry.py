@@ -163,6 +163,13 @@ class Registry:
         self.engine.dispose()
 
     @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction on the registry; SQLAlchemy failures become StoreError (for adapters that
+        add tables of their own, e.g. controlplane.fleet)."""
+        with self._session() as session:
+            yield session
+
+    @contextmanager
     def _session(self) -> Iterator[Session]:
         session = self._sessions()
         try:
