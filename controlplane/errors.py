@@ -77,3 +77,14 @@ class DaemonUnavailableError(TritonctlError):
 
 class PermissionDeniedError(TritonctlError):
     """The control API refused the caller (missing or wrong token)."""
+
+
+class EnvironmentFault(TritonctlError):
+    """A failure that is not the content's fault: the tritonserver is unreachable or restarting, a
+    backend or GPU the model needs is missing on that server, an ensemble member is not loaded, the
+    content was collected, the state filesystem is full. A deploy that ends with one is `failed` and
+    retried later; its digest is never quarantined."""
+
+
+class HostCapabilityError(EnvironmentFault):
+    """The target tritonserver lacks what the model needs (a backend, a GPU): found before the load."""
