@@ -187,6 +187,9 @@ def status(data: dict[str, Any], as_json: bool) -> None:
         _print_json(data)
         return
     _console().print(_status_table(data))
+    watch = data.get("watch") or {}
+    if watch.get("mode"):
+        click.echo(f"watch: {watch['mode']} ({watch.get('reason', '')})")
 
 
 class live_status:  # noqa: N801 - a context manager named for how it reads at the call site

@@ -26,9 +26,10 @@ ENV_PREFIX = "TRITONCTL_"
 POLICIES = ("auto", "manual")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+WATCH_MODES = ("auto", "inotify", "poll")
 # TRITONCTL_* variables that are not daemon settings: the config file's path, the CLI client's
 # daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
-NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_FAULT")
+NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_FAULT", "TRITONCTL_TEST_DROP_EVENTS")
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s")
 
@@ -58,6 +59,9 @@ class Settings:
     shutdown_timeout_s: float = 30.0
     db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
     host: str = ""
+    watch: str = "auto"  # how the repository is watched: auto (by filesystem type), inotify, poll
+    poll_interval_s: float = 2.0  # poll mode (and symlinked models): stat signatures this often
+    rescan_interval_s: float = 30.0  # inotify mode: every model's stat signature, the safety net
 
     @property
     def registry_url(self) -> str:
@@ -162,6 +166,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "shutdown_timeout_s": _positive_float(1.0),
     "db_busy_timeout_s": _positive_float(0.1),
     "host": _text,
+    "watch": _choice(WATCH_MODES),
+    "poll_interval_s": _positive_float(0.1),
+    "rescan_interval_s": _positive_float(0.5),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 

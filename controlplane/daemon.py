@@ -126,8 +126,13 @@ class Daemon:
         self.api = ApiServer(self.plane, self.executor, settings)
         self.api.start()
         if settings.repository is not None:
-            self.watcher = RepositoryWatcher(settings.repository, self._settled.put, settle_s=settings.settle_s)
+            self.watcher = RepositoryWatcher(
+                settings.repository, self._settled.put, settle_s=settings.settle_s,
+                commit_marker=settings.commit_marker, watch=settings.watch,
+                poll_interval_s=settings.poll_interval_s, rescan_interval_s=settings.rescan_interval_s,
+            )
             self.plane.reschedule = self.watcher.reschedule
+            self.plane.watch_info = self.watcher.watch_info
             if self.metrics is not None:
                 self.metrics.backlog = self.watcher.backlog
             self.watcher.start()

@@ -9,6 +9,7 @@ translates and the CLI only renders. Read-only history queries that work without
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ class ControlPlane:
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
+        self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
         # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
         self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
 
@@ -139,7 +141,11 @@ class ControlPlane:
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", None, None, "invalid", str(exc)))
             return None
         assert self.settings.repository is not None
-        if not (self.settings.repository / model).is_dir():
+        entry = self.settings.repository / model
+        if entry.is_symlink() and not entry.is_dir():
+            self._report_dangling(model, entry)
+            return None
+        if not entry.is_dir():
             existing = self.registry.find_model(model)
             if existing is not None and existing.removed_at is None:
                 self.registry.update_model(model, removed_at=queries.now())
@@ -150,6 +156,18 @@ class ControlPlane:
             return None
         with self._capture_lock(model):
             return self._capture_and_decide(model)
+
+    def _report_dangling(self, model: str, entry: Path) -> None:
+        """A symlink model entry that leads to no directory: one line in the log and the audit;
+        whatever serves keeps serving and the model is not marked removed."""
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            target = "?"
+        what = "a dangling symlink" if not os.path.lexists(os.path.realpath(entry)) else "a symlink to no directory"
+        message = f"model entry {model} is {what} (-> {target}); nothing changed"
+        log.warning("%s: %s", model, message)
+        self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", message))
 
     def _capture_and_decide(self, model: str) -> Outcome | None:
         try:
@@ -274,7 +292,8 @@ class ControlPlane:
             rows.append(
                 queries.status_row(model, self.effective_policy(model), versions, drift.get(model.name), reachable)
             )
-        return {"triton_reachable": reachable, "triton_url": self.triton.url, "models": rows}
+        watch = self.watch_info() if self.watch_info else {"mode": None, "reason": "no source repository"}
+        return {"triton_reachable": reachable, "triton_url": self.triton.url, "watch": watch, "models": rows}
 
     def reconcile(self) -> list[Drift]:
         """Compare desired and actual; restore what should serve; finish interrupted deployments."""

@@ -231,7 +231,8 @@ def last_change_ns(model_dir: Path) -> int:
             pass
 
     try:
-        newest = os.lstat(model_dir).st_ctime_ns
+        # a symlinked model root (a publish by symlink flip): the link's own ctime and its target's
+        newest = max(os.lstat(model_dir).st_ctime_ns, os.stat(model_dir).st_ctime_ns)
     except OSError:
         return 0
     walk(os.fspath(model_dir))

@@ -8,6 +8,16 @@ own: watchdog's thread only updates a deadline, never hashes, queries or blocks.
 on at once: a directory moved into the repository (how careful writers publish a finished model)
 and a model directory deleted (the consumer decides it is removed).
 
+A model entry may be a symlink to a complete directory (inside or outside the repository): a deploy
+tool's publish. Its flip (the entry replaced, or its target changed) is taken at once, like a
+directory renamed in; inotify does not follow the link, so such entries are also polled every
+`poll_interval_s`. Events are not trusted alone: a `SignaturePoller` rescans every model's stat
+signature every `rescan_interval_s` (an overflow of the inotify queue rescans at once) and hands what
+changed to the same settle path. Where inotify cannot see writes (network and FUSE filesystems,
+`controlplane.fswatch`), or it runs out of watches, the poller is the only source, every
+`poll_interval_s`: the same settle window, and the capture's own quiescence, hold-file and commit
+marker checks, so the same atomic-snapshot guarantee (docs/watching.md).
+
 Debris (editor swap and backup files, `.git`, temp files; `snapshot.is_ignored_name`) never starts a
 check, but writes to it keep an already pending check waiting: rsync fills `.weights.bin.XXXXXX` for
 as long as a big file takes to copy, and the model is not complete until it is renamed. The hold file
@@ -16,6 +26,7 @@ and the commit marker are not debris: creating or removing them starts a check.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -32,11 +43,17 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
 from controlplane.errors import ConfigError
+from controlplane.fswatch import WatchMode, choose_mode
+from controlplane.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller
 from controlplane.snapshot import HOLD_FILE, is_ignored_name
 
 log = logging.getLogger(__name__)
 
 MIN_SETTLE_S = 0.05
+# test-only hook (like TRITONCTL_FAULT): drop inotify events of models whose name starts with this,
+# so a test can prove the rescan catches what events missed
+DROP_EVENTS_ENV = "TRITONCTL_TEST_DROP_EVENTS"
+WATCHES_SYSCTL = "fs.inotify.max_user_watches"
 # watchdog re-adds a watch when a new directory's creation races its own recursive scan (cp -r) and
 # warns about it from its thread; harmless, and not the operator's to act on
 warnings.filterwarnings("ignore", message="Callback with id .* already exists", category=RuntimeWarning)
@@ -80,6 +97,26 @@ class _Handler(FileSystemEventHandler):
             log.exception("watcher: cannot handle %r", event)
 
 
+class _WatchdogLog(logging.Handler):
+    """watchdog reports a queue overflow and a failed watch only in its log: turn those into a
+    rescan now, or polling."""
+
+    def __init__(self, watcher: RepositoryWatcher) -> None:
+        super().__init__(logging.WARNING)
+        self._watcher = watcher
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage().lower()
+            exc = record.exc_info[1] if record.exc_info else None
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "watch limit" in text:
+                self._watcher._switch_to_poll(f"out of inotify watches (raise {WATCHES_SYSCTL})")
+            elif "overflow" in text:
+                self._watcher._on_overflow()
+        except Exception:  # noqa: BLE001 - a log handler must never raise
+            pass
+
+
 class RepositoryWatcher:
     """Watch `root` recursively and call `on_settled(model)` once a model held still `settle_s`."""
 
@@ -90,6 +127,9 @@ class RepositoryWatcher:
         settle_s: float = 1.0,
         *,
         commit_marker: str | None = None,
+        watch: str = "auto",
+        poll_interval_s: float = 2.0,
+        rescan_interval_s: float = 30.0,
     ) -> None:
         self.root = Path(root)
         self._prefix = os.path.abspath(self.root).rstrip("/") + "/"
@@ -101,22 +141,52 @@ class RepositoryWatcher:
         self._stopping = False
         self._observer: BaseObserver | None = None
         self._thread: threading.Thread | None = None
+        self._watch_setting = watch
+        self.poll_interval_s = poll_interval_s
+        self.rescan_interval_s = rescan_interval_s
+        self.mode = WatchMode("inotify", "not started")
+        self._links: set[str] = set()  # model entries that are symlinks: polled, inotify cannot follow
+        self._poller = SignaturePoller(DirectorySource(self._prefix[:-1]), self._on_poll_change)
+        self._poller.on_full_round = self._on_full_round
+        self._log_hook: _WatchdogLog | None = None
+        self._drop_prefix = os.environ.get(DROP_EVENTS_ENV) or None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root}: not a directory")
         self._stopping = False
+        self.mode = choose_mode(self.root, self._watch_setting)
+        self._links = {n for n in self._entries() if os.path.islink(self._prefix + n)}
+        self._poller.baseline()  # before any event: a change from now on is either seen or polled
         self._thread = threading.Thread(target=self._debounce_loop, name="tritonctl-debounce", daemon=True)
         self._thread.start()
+        if self.mode.mode == "inotify":
+            self._start_observer()
+        if self.mode.mode == "poll":
+            self._poller.start(self.poll_interval_s)
+        else:
+            self._poller.start(self.rescan_interval_s, self.poll_interval_s, self._linked)
+        log.info("watching %s by %s: %s", self.root, self.mode.mode, self.mode.reason)
+
+    def _start_observer(self) -> None:
         observer = _new_observer()
         observer.schedule(_Handler(self), self._prefix[:-1], recursive=True, event_filter=_EVENT_FILTER)
+        self._log_hook = _WatchdogLog(self)
+        watchdog_log = logging.getLogger("watchdog.observers")
+        watchdog_log.addHandler(self._log_hook)
+        if watchdog_log.getEffectiveLevel() > logging.WARNING:
+            watchdog_log.setLevel(logging.WARNING)
         try:
             observer.start()
         except OSError as exc:
+            with contextlib.suppress(Exception):
+                observer.stop()
+            if exc.errno == errno.ENOSPC:
+                self._switch_to_poll(f"out of inotify watches (raise {WATCHES_SYSCTL})")
+                return
             self.stop()
-            hint = " (raise fs.inotify.max_user_watches)" if exc.errno == errno.ENOSPC else ""
-            raise ConfigError(f"cannot watch {self.root}: {exc.strerror}{hint}") from exc
+            raise ConfigError(f"cannot watch {self.root}: {exc.strerror}") from exc
         self._observer = observer
 
     def stop(self) -> None:
@@ -124,6 +194,10 @@ class RepositoryWatcher:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        self._poller.stop()
+        if self._log_hook is not None:
+            logging.getLogger("watchdog.observers").removeHandler(self._log_hook)
+            self._log_hook = None
         if self._observer is not None:
             self._observer.stop()
             self._observer.join()
@@ -152,12 +226,75 @@ class RepositoryWatcher:
         return self._settle
 
     def initial_scan(self) -> list[str]:
-        """Model directories present now (what to capture at start-up, before any event)."""
+        """Model entries present now (what to capture at start-up, before any event): directories and
+        symlinks (a dangling one is reported by the consumer)."""
+        return sorted(self._entries())
+
+    def watch_info(self) -> dict[str, str]:
+        """{"mode": "inotify" | "poll", "reason": ...}: what `status` shows."""
+        return self.mode.as_dict()
+
+    def rescan_now(self) -> None:
+        """Compare every model's signature at once (what an inotify overflow triggers)."""
+        self._poller.request_full()
+
+    def _entries(self) -> list[str]:
         try:
             with os.scandir(self.root) as it:
-                return sorted(e.name for e in it if e.is_dir() and not is_ignored_name(e.name))
+                return [e.name for e in it if not is_ignored_name(e.name) and (e.is_dir() or e.is_symlink())]
         except FileNotFoundError:
             return []
+
+    def _linked(self) -> list[str]:
+        with self._cond:
+            return list(self._links)
+
+    # -- lost events: overflow, out of watches, polling ----------------------------------------------
+    def _on_overflow(self) -> None:
+        log.warning("inotify queue overflowed under %s: events were lost; rescanning every model now", self.root)
+        self._poller.request_full()
+
+    def _switch_to_poll(self, reason: str) -> None:
+        with self._cond:
+            if self.mode.mode == "poll" or self._stopping:
+                return
+            self.mode = WatchMode("poll", reason)
+        log.warning("cannot watch %s by inotify: %s; polling every %g s instead", self.root, reason,
+                    self.poll_interval_s)
+        self._poller.set_intervals(self.poll_interval_s, None)
+        self._poller.request_full()
+
+    def _on_full_round(self, elapsed_s: float, models: int, changes: dict[str, str]) -> None:
+        observer = self._observer
+        if self.mode.mode == "inotify" and observer is not None and not self._stopping:
+            if not observer.is_alive() or not all(e.is_alive() for e in observer.emitters):
+                self._switch_to_poll(f"inotify stopped (out of watches? raise {WATCHES_SYSCTL})")
+        if changes and self.mode.mode == "inotify":
+            log.info("rescan of %d models (%.0f ms) found changes without an event: %s", models,
+                     elapsed_s * 1000, ", ".join(f"{m} {k}" for m, k in sorted(changes.items())[:10]))
+        else:
+            log.debug("%s round of %d models: %.1f ms, %d changed", self.mode.mode, models, elapsed_s * 1000,
+                      len(changes))
+
+    def _on_poll_change(self, model: str, kind: str) -> None:
+        """The poller saw `model` change: the same deadlines as for its events."""
+        now = time.monotonic()
+        with self._cond:
+            if os.path.islink(self._prefix + model):
+                self._links.add(model)
+            else:
+                self._links.discard(model)
+            pending = self._pending.get(model)
+            if kind == REMOVED:
+                # the debounce loop looks again when due: a flip by unlink + symlink is back by then
+                self._pending[model] = _Pending(now + self._settle, removal=True)
+            elif kind in (ADDED, REPLACED):
+                self._pending[model] = _Pending(now)
+            elif pending is None or pending.removal:
+                self._pending[model] = _Pending(now + self._settle)
+            else:
+                pending.deadline = max(pending.deadline, now + self._settle)
+            self._cond.notify_all()
 
     @staticmethod
     def _checked(settle_s: float) -> float:
@@ -198,9 +335,23 @@ class RepositoryWatcher:
 
     def _note(self, info: tuple[str, bool, bool], is_dir: bool, *, gone: bool = False, arrived: bool = False) -> None:
         model, debris, top = info
-        if top and not is_dir:
-            return  # a plain file at the repository root is no model
+        if self._drop_prefix is not None and model.startswith(self._drop_prefix):
+            return  # test hook: as if inotify had lost this event
         now = time.monotonic()
+        if top and not is_dir:
+            # a symlink model entry (inotify reports links as files; a plain file is no model)
+            linked = os.path.islink(self._prefix + model)
+            with self._cond:
+                if linked and not gone:  # created, or renamed over the entry: a flip
+                    self._links.add(model)
+                    self._pending[model] = _Pending(now)
+                elif gone and model in self._links and not linked:
+                    self._links.discard(model)
+                    self._pending[model] = _Pending(now + self._settle, removal=True)
+                else:
+                    return
+                self._cond.notify_all()
+            return
         with self._cond:
             pending = self._pending.get(model)
             if debris:
@@ -234,12 +385,13 @@ class RepositoryWatcher:
     def _debounce_loop(self) -> None:
         while (due := self._next_due()) is not None:
             model, pending = due
-            if pending.removal and (self.root / model).is_dir():
+            if pending.removal and os.path.lexists(self.root / model):
                 # deleted and already being recreated: wait for the new content to settle
                 with self._cond:
                     self._pending.setdefault(model, _Pending(time.monotonic() + self._settle))
                 continue
             try:
+                self._poller.refresh(model)  # handed on now: the rescan reports only later changes
                 self._on_settled(model)
             except Exception:
                 log.exception("watcher: on_settled(%r) failed", model)

@@ -1,0 +1,243 @@
+"""Poll a source for changes: every interval, compare each model's signature with the last one seen
+and hand the changed models on.
+
+Events can be lost (an inotify queue overflow, a filesystem that raises none for writes made
+elsewhere, a symlinked model whose target lives outside the watched tree), so the watcher does not
+trust them alone: this poller is its safety net (a full rescan every `rescan_interval_s`) and, where
+events cannot be had, its only source (every `poll_interval_s`). It knows nothing of files: a
+`SignatureSource` lists the names and gives each a signature; `DirectorySource` is the local one
+(stat facts of every entry, no file read), and another source (an object store's listing with
+ETags) plugs in the same way.
+
+A signature is a pair (identity, content). A changed identity is a model *replaced* as a whole: a
+directory renamed over it, a symlink flipped to another target; the watcher takes those at once. A
+changed content is an edit in place, handed to the settle window like an inotify event.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
+
+from controlplane.snapshot import is_ignored_name
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[Hashable, int]  # (identity, content hash)
+ADDED, CHANGED, REPLACED, REMOVED = "added", "changed", "replaced", "removed"
+
+
+class SignatureSource(Protocol):
+    def names(self) -> Iterable[str]:
+        """Every model name the source holds now."""
+
+    def signature(self, name: str) -> Signature | None:
+        """The model's signature now; None when it is gone."""
+
+
+class DirectorySource:
+    """Model entries of a local directory: sub-directories and symlinks (to a directory, or dangling).
+
+    The signature is stat facts only (kind, inode, size, mtime, ctime of every entry, debris
+    included, so a temp file being filled keeps the model "changing"); a symlinked model entry is
+    followed for its content and its target is part of its identity.
+    """
+
+    def __init__(self, root: os.PathLike[str] | str) -> None:
+        self.root = os.fspath(root)
+
+    def names(self) -> list[str]:
+        try:
+            with os.scandir(self.root) as it:
+                return [e.name for e in it if not is_ignored_name(e.name) and (e.is_dir() or e.is_symlink())]
+        except OSError:
+            return []
+
+    def signature(self, name: str) -> Signature | None:
+        path = os.path.join(self.root, name)
+        try:
+            lst = os.lstat(path)
+        except OSError:
+            return None
+        link = None
+        st = lst
+        if stat.S_ISLNK(lst.st_mode):
+            try:
+                link = os.readlink(path)
+                st = os.stat(path)
+            except OSError:
+                return ("dangling", link), 0
+            if not stat.S_ISDIR(st.st_mode):
+                return ("not a directory", link), 0
+            identity: Hashable = (link, os.path.realpath(path), st.st_dev, st.st_ino)
+        elif stat.S_ISDIR(lst.st_mode):
+            identity = (None, None, st.st_dev, st.st_ino)
+        else:
+            return None  # a plain file at the root is no model
+        facts: list[object] = []
+        _walk(path, facts)
+        return identity, hash(tuple(facts))
+
+
+def _walk(path: str, facts: list[object]) -> None:
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        facts.append(("unreadable", path, exc.errno))
+        return
+    for entry in entries:
+        try:
+            s = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # vanished between listing and stat: the next round sees the rest
+        facts += (entry.name, s.st_mode, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+        if stat.S_ISDIR(s.st_mode) and not is_ignored_name(entry.name):
+            facts.append("{")
+            _walk(entry.path, facts)
+            facts.append("}")
+
+
+class SignaturePoller:
+    """Remembers every name's last signature; `poll` compares and reports; a thread of its own polls
+    everything every `full_interval_s` and, in between, the names `fast_names()` gives every
+    `fast_interval_s`. `on_change(name, kind)` runs on that thread (kind: added, changed, replaced,
+    removed) and must not block."""
+
+    def __init__(self, source: SignatureSource, on_change: Callable[[str, str], None], *,
+                 name: str = "tritonctl-poll") -> None:
+        self.source = source
+        self._on_change = on_change
+        self._name = name
+        self._seen: dict[str, Signature] = {}
+        self._lock = threading.Lock()  # _seen: the poll thread and refresh() callers
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._full_now = False
+        self._thread: threading.Thread | None = None
+        self.full_interval_s = 30.0
+        self.fast_interval_s: float | None = None
+        self.fast_names: Callable[[], Iterable[str]] | None = None
+        self.on_full_round: Callable[[float, int, dict[str, str]], None] | None = None
+        self.rounds = 0
+        self.last_round_s = 0.0
+
+    # -- comparing -----------------------------------------------------------------------------
+    def baseline(self) -> int:
+        """Record every name's signature without reporting anything; how many."""
+        seen = {n: sig for n in self.source.names() if (sig := self.source.signature(n)) is not None}
+        with self._lock:
+            self._seen = seen
+        return len(seen)
+
+    def refresh(self, name: str) -> None:
+        """Record `name`'s signature now without reporting it (it is being handled already)."""
+        sig = self.source.signature(name)
+        with self._lock:
+            if sig is None:
+                self._seen.pop(name, None)
+            else:
+                self._seen[name] = sig
+
+    def poll(self, names: Iterable[str] | None = None) -> dict[str, str]:
+        """Compare `names` (None: every name, and notice those gone) and report what changed."""
+        full = names is None
+        listed = list(self.source.names() if names is None else names)
+        changes: dict[str, str] = {}
+        for name in listed:
+            sig = self.source.signature(name)
+            with self._lock:
+                old = self._seen.get(name)
+                if sig is None:
+                    self._seen.pop(name, None)
+                else:
+                    self._seen[name] = sig
+            if sig is None:
+                if old is not None:
+                    changes[name] = REMOVED
+            elif old is None:
+                changes[name] = ADDED
+            elif old[0] != sig[0]:
+                changes[name] = REPLACED
+            elif old[1] != sig[1]:
+                changes[name] = CHANGED
+        if full:
+            present = set(listed)
+            with self._lock:
+                gone = [n for n in self._seen if n not in present]
+                for n in gone:
+                    del self._seen[n]
+            changes.update(dict.fromkeys(gone, REMOVED))
+        for name, kind in changes.items():
+            try:
+                self._on_change(name, kind)
+            except Exception:  # noqa: BLE001 - one bad name must not stop the polling
+                log.exception("poll: on_change(%r, %r) failed", name, kind)
+        return changes
+
+    # -- thread --------------------------------------------------------------------------------
+    def start(self, full_interval_s: float, fast_interval_s: float | None = None,
+              fast_names: Callable[[], Iterable[str]] | None = None) -> None:
+        self.full_interval_s = full_interval_s
+        self.fast_interval_s, self.fast_names = fast_interval_s, fast_names
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+
+    def request_full(self) -> None:
+        """Poll everything at once (an inotify overflow lost events)."""
+        with self._cond:
+            self._full_now = True
+            self._cond.notify_all()
+
+    def set_intervals(self, full_interval_s: float, fast_interval_s: float | None) -> None:
+        with self._cond:
+            self.full_interval_s, self.fast_interval_s = full_interval_s, fast_interval_s
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        next_full = time.monotonic() + self.full_interval_s
+        next_fast = time.monotonic() + (self.fast_interval_s or 0.0)
+        while True:
+            with self._cond:
+                while not self._stopping and not self._full_now:
+                    now = time.monotonic()
+                    due = min(next_full, next_fast) if self.fast_interval_s else next_full
+                    if now >= due:
+                        break
+                    self._cond.wait(due - now)
+                if self._stopping:
+                    return
+                full = self._full_now or time.monotonic() >= next_full
+                self._full_now = False
+            started = time.monotonic()
+            try:
+                if full:
+                    changes = self.poll()
+                    self.rounds += 1
+                    self.last_round_s = time.monotonic() - started
+                    if self.on_full_round is not None:
+                        self.on_full_round(self.last_round_s, len(self._seen), changes)
+                elif self.fast_names is not None:
+                    fast = list(self.fast_names())
+                    if fast:
+                        self.poll(fast)
+            except Exception:  # noqa: BLE001 - keep polling; the next round tries again
+                log.exception("poll round failed")
+            now = time.monotonic()
+            if full:
+                next_full = now + self.full_interval_s
+            next_fast = now + (self.fast_interval_s or 0.0)
