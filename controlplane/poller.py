@@ -26,7 +26,7 @@ from typing import Protocol
 
 from controlplane.snapshot import is_ignored_name
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tritonctl.poller")
 
 Signature = tuple[Hashable, int]  # (identity, content hash)
 ADDED, CHANGED, REPLACED, REMOVED = "added", "changed", "replaced", "removed"

@@ -47,7 +47,7 @@ from controlplane.fswatch import WatchMode, choose_mode
 from controlplane.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller
 from controlplane.snapshot import HOLD_FILE, is_ignored_name
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tritonctl.watcher")
 
 MIN_SETTLE_S = 0.05
 # test-only hook (like TRITONCTL_FAULT): drop inotify events of models whose name starts with this,
