@@ -45,11 +45,18 @@ class DirectorySource:
 
     The signature is stat facts only (kind, inode, size, mtime, ctime of every entry, debris
     included, so a temp file being filled keeps the model "changing"); a symlinked model entry is
-    followed for its content and its target is part of its identity.
+    followed for its content and its target is part of its identity. A directory is listed again
+    only when its own stat changed: its listing is kept while its inode, mtime and ctime stay, and
+    only once its ctime is older than `RACY_NS` (as git does for "racily clean" files: an entry
+    added within the timestamp granularity of the listing must not hide), so a round costs one
+    lstat per entry (bench/rescan_cost.py).
     """
+
+    RACY_NS = 2_000_000_000
 
     def __init__(self, root: os.PathLike[str] | str) -> None:
         self.root = os.fspath(root)
+        self._listings: dict[str, dict[str, tuple[tuple[int, ...], list[str]]]] = {}
 
     def names(self) -> list[str]:
         try:
@@ -59,10 +66,11 @@ class DirectorySource:
             return []
 
     def signature(self, name: str) -> Signature | None:
-        path = os.path.join(self.root, name)
+        path = f"{self.root}/{name}"
         try:
             lst = os.lstat(path)
         except OSError:
+            self._listings.pop(name, None)
             return None
         link = None
         st = lst
@@ -78,29 +86,42 @@ class DirectorySource:
         elif stat.S_ISDIR(lst.st_mode):
             identity = (None, None, st.st_dev, st.st_ino)
         else:
+            self._listings.pop(name, None)
             return None  # a plain file at the root is no model
         facts: list[object] = []
-        _walk(path, facts)
+        old = self._listings.get(name, {})
+        kept: dict[str, tuple[tuple[int, ...], list[str]]] = {}
+        self._walk(path, st, facts, old, kept)
+        self._listings[name] = kept
         return identity, hash(tuple(facts))
 
-
-def _walk(path: str, facts: list[object]) -> None:
-    try:
-        with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        facts.append(("unreadable", path, exc.errno))
-        return
-    for entry in entries:
-        try:
-            s = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue  # vanished between listing and stat: the next round sees the rest
-        facts += (entry.name, s.st_mode, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-        if stat.S_ISDIR(s.st_mode) and not is_ignored_name(entry.name):
-            facts.append("{")
-            _walk(entry.path, facts)
-            facts.append("}")
+    def _walk(self, path: str, st: os.stat_result, facts: list[object],
+              old: dict[str, tuple[tuple[int, ...], list[str]]],
+              kept: dict[str, tuple[tuple[int, ...], list[str]]]) -> None:
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        cached = old.get(path)
+        if cached is not None and cached[0] == key:
+            names = cached[1]
+            kept[path] = cached
+        else:
+            try:
+                names = sorted(os.listdir(path))
+            except OSError as exc:
+                facts.append(("unreadable", path, exc.errno))
+                return
+            if time.time_ns() - st.st_ctime_ns > self.RACY_NS:
+                kept[path] = (key, names)
+        lstat, isdir, append = os.lstat, stat.S_ISDIR, facts.append
+        for entry in names:
+            child = f"{path}/{entry}"
+            try:
+                s = lstat(child)
+            except OSError:
+                continue  # vanished between listing and stat: the directory's own stat changed too
+            append((entry, s.st_mode, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns))
+            if isdir(s.st_mode) and not is_ignored_name(entry):
+                self._walk(child, s, facts, old, kept)
+                append("}")
 
 
 class SignaturePoller:
@@ -124,8 +145,13 @@ class SignaturePoller:
         self.fast_interval_s: float | None = None
         self.fast_names: Callable[[], Iterable[str]] | None = None
         self.on_full_round: Callable[[float, int, dict[str, str]], None] | None = None
+        # at most this share of one core for full rounds (None: no limit): a round that costs more
+        # than the budget allows at `full_interval_s` waits longer (`effective_full_interval_s`)
+        self.full_cpu_budget: float | None = None
+        self.effective_full_interval_s = self.full_interval_s
         self.rounds = 0
         self.last_round_s = 0.0
+        self.last_round_cpu_s = 0.0
 
     # -- comparing -----------------------------------------------------------------------------
     def baseline(self) -> int:
@@ -148,31 +174,26 @@ class SignaturePoller:
         """Compare `names` (None: every name, and notice those gone) and report what changed."""
         full = names is None
         listed = list(self.source.names() if names is None else names)
+        signature = self.source.signature
+        now = {name: signature(name) for name in listed}
         changes: dict[str, str] = {}
-        for name in listed:
-            sig = self.source.signature(name)
-            with self._lock:
-                old = self._seen.get(name)
+        with self._lock:
+            seen = self._seen
+            for name, sig in now.items():
+                old = seen.get(name)
                 if sig is None:
-                    self._seen.pop(name, None)
-                else:
-                    self._seen[name] = sig
-            if sig is None:
-                if old is not None:
-                    changes[name] = REMOVED
-            elif old is None:
-                changes[name] = ADDED
-            elif old[0] != sig[0]:
-                changes[name] = REPLACED
-            elif old[1] != sig[1]:
-                changes[name] = CHANGED
-        if full:
-            present = set(listed)
-            with self._lock:
-                gone = [n for n in self._seen if n not in present]
+                    if old is not None:
+                        del seen[name]
+                        changes[name] = REMOVED
+                    continue
+                if old != sig:
+                    seen[name] = sig
+                    changes[name] = ADDED if old is None else REPLACED if old[0] != sig[0] else CHANGED
+            if full:
+                gone = [n for n in seen if n not in now]
                 for n in gone:
-                    del self._seen[n]
-            changes.update(dict.fromkeys(gone, REMOVED))
+                    del seen[n]
+                changes.update(dict.fromkeys(gone, REMOVED))
         for name, kind in changes.items():
             try:
                 self._on_change(name, kind)
@@ -182,8 +203,9 @@ class SignaturePoller:
 
     # -- thread --------------------------------------------------------------------------------
     def start(self, full_interval_s: float, fast_interval_s: float | None = None,
-              fast_names: Callable[[], Iterable[str]] | None = None) -> None:
-        self.full_interval_s = full_interval_s
+              fast_names: Callable[[], Iterable[str]] | None = None, full_cpu_budget: float | None = None) -> None:
+        self.full_interval_s = self.effective_full_interval_s = full_interval_s
+        self.full_cpu_budget = full_cpu_budget
         self.fast_interval_s, self.fast_names = fast_interval_s, fast_names
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
@@ -203,9 +225,11 @@ class SignaturePoller:
             self._full_now = True
             self._cond.notify_all()
 
-    def set_intervals(self, full_interval_s: float, fast_interval_s: float | None) -> None:
+    def set_intervals(self, full_interval_s: float, fast_interval_s: float | None,
+                      full_cpu_budget: float | None = None) -> None:
         with self._cond:
             self.full_interval_s, self.fast_interval_s = full_interval_s, fast_interval_s
+            self.full_cpu_budget = full_cpu_budget
             self._cond.notify_all()
 
     def _loop(self) -> None:
@@ -223,12 +247,13 @@ class SignaturePoller:
                     return
                 full = self._full_now or time.monotonic() >= next_full
                 self._full_now = False
-            started = time.monotonic()
+            started, cpu_started = time.monotonic(), time.thread_time()
             try:
                 if full:
                     changes = self.poll()
                     self.rounds += 1
                     self.last_round_s = time.monotonic() - started
+                    self.last_round_cpu_s = time.thread_time() - cpu_started
                     if self.on_full_round is not None:
                         self.on_full_round(self.last_round_s, len(self._seen), changes)
                 elif self.fast_names is not None:
@@ -239,5 +264,9 @@ class SignaturePoller:
                 log.exception("poll round failed")
             now = time.monotonic()
             if full:
-                next_full = now + self.full_interval_s
+                interval = self.full_interval_s
+                if self.full_cpu_budget:
+                    interval = max(interval, self.last_round_cpu_s / self.full_cpu_budget)
+                self.effective_full_interval_s = interval
+                next_full = now + interval
             next_fast = now + (self.fast_interval_s or 0.0)

@@ -54,6 +54,10 @@ MIN_SETTLE_S = 0.05
 # so a test can prove the rescan catches what events missed
 DROP_EVENTS_ENV = "TRITONCTL_TEST_DROP_EVENTS"
 WATCHES_SYSCTL = "fs.inotify.max_user_watches"
+# The rescan keeps to this share of one core: where a round of every model's stat signature costs
+# more than that at `rescan_interval_s` (bench/rescan_cost.py: 10,000 models on a slow 2-vCPU VM),
+# it runs less often, so an idle daemon stays within its idle-CPU target (docs/watching.md).
+RESCAN_CPU_BUDGET = 0.004
 # watchdog re-adds a watch when a new directory's creation races its own recursive scan (cp -r) and
 # warns about it from its thread; harmless, and not the operator's to act on
 warnings.filterwarnings("ignore", message="Callback with id .* already exists", category=RuntimeWarning)
@@ -150,6 +154,7 @@ class RepositoryWatcher:
         self._poller.on_full_round = self._on_full_round
         self._log_hook: _WatchdogLog | None = None
         self._drop_prefix = os.environ.get(DROP_EVENTS_ENV) or None
+        self._stretch_logged = False
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -166,7 +171,7 @@ class RepositoryWatcher:
         if self.mode.mode == "poll":
             self._poller.start(self.poll_interval_s)
         else:
-            self._poller.start(self.rescan_interval_s, self.poll_interval_s, self._linked)
+            self._poller.start(self.rescan_interval_s, self.poll_interval_s, self._linked, RESCAN_CPU_BUDGET)
         log.info("watching %s by %s: %s", self.root, self.mode.mode, self.mode.reason)
 
     def _start_observer(self) -> None:
@@ -269,6 +274,12 @@ class RepositoryWatcher:
         if self.mode.mode == "inotify" and observer is not None and not self._stopping:
             if not observer.is_alive() or not all(e.is_alive() for e in observer.emitters):
                 self._switch_to_poll(f"inotify stopped (out of watches? raise {WATCHES_SYSCTL})")
+        stretched = self._poller.effective_full_interval_s
+        if self.mode.mode == "inotify" and stretched > self.rescan_interval_s * 1.5 and not self._stretch_logged:
+            self._stretch_logged = True
+            log.info("a rescan of %d models costs %.0f ms of CPU: rescanning every %.0f s instead of %g s to stay "
+                     "under %.1f %% of a core", models, self._poller.last_round_cpu_s * 1000, stretched,
+                     self.rescan_interval_s, RESCAN_CPU_BUDGET * 100)
         if changes and self.mode.mode == "inotify":
             log.info("rescan of %d models (%.0f ms) found changes without an event: %s", models,
                      elapsed_s * 1000, ", ".join(f"{m} {k}" for m, k in sorted(changes.items())[:10]))

@@ -294,7 +294,8 @@ def test_inotify_overflow_rescans_at_once(tmp_path: Path, monkeypatch: pytest.Mo
         (tmp_path / "lost" / "config.pbtxt").write_text("x")
         assert not calls.wait("lost", 1.0), "the hook must drop the events"
         # what watchdog logs when the kernel reports IN_Q_OVERFLOW
-        logging.getLogger("watchdog.observers.inotify_c").warning("Inotify queue overflowed; filesystem events were lost")
+        watchdog_log = logging.getLogger("watchdog.observers.inotify_c")
+        watchdog_log.warning("Inotify queue overflowed; filesystem events were lost")
         assert calls.wait("lost", 5.0)
     finally:
         watcher.stop()
