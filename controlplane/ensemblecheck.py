@@ -45,7 +45,7 @@ class EnsembleFinding(NamedTuple):
 class Member:
     """A step model as the ensemble sees it: its (complete) config and the versions it serves."""
 
-    config: mc.ModelConfig
+    config: mc.ModelConfig | None  # None: present, but its config.pbtxt does not parse (reported there)
     served_versions: Sequence[int]
 
 
@@ -200,6 +200,8 @@ def _members(config: mc.ModelConfig, name: str, lookup: Lookup) -> Iterator[Ense
         if member is None:
             yield EnsembleFinding(f"{where}.model_name", f'step model "{step.model_name}" is not in the '
                                   "repository", environment=True)
+            continue
+        if member.config is None:
             continue
         served = sorted(member.served_versions)
         if not served:

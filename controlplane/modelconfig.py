@@ -551,9 +551,9 @@ def check_ensembles(results: list[ValidationResult]) -> None:
 
         def lookup(name: str, ensemble: ValidationResult = result) -> Member | None:
             member = find(ensemble, name)
-            if member is None or member.config is None:
+            if member is None:
                 return None
-            return Member(as_config(member.config), member.served_versions)
+            return Member(as_config(member.config) if member.config is not None else None, member.served_versions)
 
         problems = ensemble_problems(result, lookup)
         for step in as_config(result.config).ensemble_scheduling.step:

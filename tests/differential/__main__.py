@@ -7,7 +7,7 @@ import sys
 import time
 
 from tests.differential.cases import all_cases
-from tests.differential.runner import confusion, run_with_own_server, sample, unexpected
+from tests.differential.runner import confusion, crashes, run_with_own_server, sample, unexpected
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'; '.join(o.offline)[:150]} | {o.triton[:200]}")
     print(confusion(outcomes))
     print(f"({time.monotonic() - started:.0f} s)")
+    for crash in crashes:
+        print("server restarted:", crash)
     bad = unexpected(outcomes)
     for line in bad:
         print("UNEXPECTED", line)
