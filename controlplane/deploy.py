@@ -20,8 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from controlplane.ensemblemembers import require_members
 from controlplane.errors import (
     DeployError,
+    EnvironmentFault,
+    ModelConfigError,
     NotFoundError,
     SnapshotError,
     TritonctlError,
@@ -237,6 +240,10 @@ class Deployer:
             return finish_without_triton(
                 "failed", f"digest {digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry"
             )
+        try:
+            require_members(self.registry, snap)
+        except (EnvironmentFault, ModelConfigError) as exc:  # an ensemble whose steps this daemon lacks
+            return finish_without_triton("failed", str(exc))
         emit(Progress(model, "validate", "ok", digest=digest))
         if previous == digest and not force and self._serves(model, digest):
             return finish_without_triton("noop", f"already serving {digest[:12]}")

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from controlplane.ensemblecheck import check_ensemble_graph
+
 ERROR = "error"
 WARNING = "warning"
 
@@ -59,6 +61,9 @@ def check_config(
     findings += _check_io(config)
     findings += _check_batching(config)
     findings += _check_instance_groups(config, explicit)
+    findings += _check_sequence_controls(config)
+    findings += _check_batch_inputs(config)
+    findings += [Finding(f.field, f.message, f.severity) for f in check_ensemble_graph(config, model_name)]
     return findings
 
 
@@ -179,6 +184,13 @@ def _check_batching(config: mc.ModelConfig) -> Iterator[Finding]:
                 "dynamic_batching.default_priority_level",
                 f"is {db.default_priority_level}: must be in [1, {db.priority_levels}]",
             )
+        for level in sorted(db.priority_queue_policy):
+            if not db.priority_levels:
+                yield Finding("dynamic_batching.priority_queue_policy", f"key {level}: priority_levels is 0, "
+                              "so Triton ignores every priority queue policy", WARNING)
+            elif not 1 <= level <= db.priority_levels:
+                yield Finding("dynamic_batching.priority_queue_policy",
+                              f"key {level} is not a priority level: must be in [1, {db.priority_levels}]")
     if config.HasField("sequence_batching") and config.sequence_batching.HasField("oldest"):
         yield from _check_preferred(
             "sequence_batching.oldest", config.sequence_batching.oldest.preferred_batch_size, mbs
@@ -204,6 +216,67 @@ def _check_instance_groups(config: mc.ModelConfig, explicit: Any) -> Iterator[Fi
             yield Finding(f"{where}.gpus", "KIND_CPU must not list GPUs")
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             yield Finding(f"{where}.kind", "KIND_GPU needs a GPU on the serving host", WARNING)
+
+
+_BOOL_CONTROLS = frozenset({mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START,
+                            mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY,
+                            mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END})
+_CORRID_TYPES = frozenset({mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32, mc.TYPE_STRING})
+
+
+def _check_sequence_controls(config: mc.ModelConfig) -> Iterator[Finding]:
+    """What Triton's sequence batcher requires of each control (core GetBooleanSequenceControlProperties /
+    GetTypedSequenceControlProperties): START, READY and END give exactly one of int32_false_true,
+    fp32_false_true, bool_false_true with 2 values; CORRID gives a data_type of an integer or string
+    type; no kind twice."""
+    if not config.HasField("sequence_batching"):
+        return
+    Control = mc.ModelSequenceBatching.Control
+    seen: dict[int, str] = {}
+    for i, control_input in enumerate(config.sequence_batching.control_input):
+        where = f"sequence_batching.control_input[{i}]"
+        if not control_input.name:
+            yield Finding(f"{where}.name", "empty: every control input needs a name")
+        for j, control in enumerate(control_input.control):
+            field = f"{where}.control[{j}]"
+            kind = Control.Kind.Name(control.kind)
+            if control.kind in seen:
+                yield Finding(f"{field}.kind", f"{kind} is given twice (also {seen[control.kind]})")
+            seen.setdefault(control.kind, field)
+            pairs = [(n, list(v)) for n, v in (("int32_false_true", control.int32_false_true),
+                                                ("fp32_false_true", control.fp32_false_true),
+                                                ("bool_false_true", control.bool_false_true)) if v]
+            if control.kind in _BOOL_CONTROLS:
+                if len(pairs) != 1:
+                    yield Finding(field, f"{kind} needs exactly one of int32_false_true, fp32_false_true, "
+                                  f"bool_false_true (has {len(pairs)})")
+                elif len(pairs[0][1]) != 2:
+                    yield Finding(f"{field}.{pairs[0][0]}", f"has {len(pairs[0][1])} values: needs 2 [false, true]")
+            elif control.kind == Control.CONTROL_SEQUENCE_CORRID:
+                if pairs:
+                    yield Finding(f"{field}.{pairs[0][0]}", f"{kind} takes only data_type")
+                if control.data_type not in _CORRID_TYPES:
+                    yield Finding(f"{field}.data_type", f"{kind} needs data_type TYPE_UINT64, TYPE_INT64, "
+                                  "TYPE_UINT32, TYPE_INT32 or TYPE_STRING")
+
+
+_SOURCED_KINDS = frozenset(mc.BatchInput.Kind.values())
+
+
+def _check_batch_inputs(config: mc.ModelConfig) -> Iterator[Finding]:
+    """batch_input entries: a target name, and source inputs that are inputs of the model."""
+    inputs = {io.name for io in config.input}
+    for i, batch_input in enumerate(config.batch_input):
+        where = f"batch_input[{i}]"
+        if not batch_input.target_name:
+            yield Finding(f"{where}.target_name", "empty: the model cannot ask for this batch input by name", WARNING)
+        if len(batch_input.source_input) != 1:
+            yield Finding(f"{where}.source_input", f"has {len(batch_input.source_input)} names: "
+                          f"{mc.BatchInput.Kind.Name(batch_input.kind)} takes exactly 1")
+        for source in batch_input.source_input:
+            if source not in inputs:
+                yield Finding(f"{where}.source_input", f'"{source}" is not an input of the model '
+                              f'(inputs: {", ".join(sorted(inputs)) or "none"})')
 
 
 def check_version_policy(config: mc.ModelConfig, available: Sequence[int]) -> list[Finding]:

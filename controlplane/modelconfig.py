@@ -16,7 +16,7 @@ import functools
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,12 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from controlplane.ensemblecheck import Member, as_config, check_ensemble_members, is_ensemble
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
 from controlplane.snapshot import CONFIG_FILE, MAX_CONFIG_BYTES
+from controlplane.warmupcheck import check_warmup
 
 PYTHON_FILE = "model.py"
 MAX_ENTRIES = 100_000  # entries looked at per model before the scan gives up (with a warning)
@@ -42,6 +44,8 @@ _BACKEND_FILES = (("model.savedmodel", "tensorflow"), ("model.graphdef", "tensor
                   ("model.onnx", "onnxruntime"), ("model.xml", "openvino"), ("model.pt", "pytorch"),
                   ("model.py", "python"))
 _MISSING = "missing"
+EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
+MODEL_DIRECTORY_VAR = "$$TRITON_MODEL_DIRECTORY"
 
 
 def _one_line(text: str) -> str:
@@ -351,6 +355,35 @@ class _Checker:
             elif not stat.S_ISREG(st.st_mode):
                 self.add(rel, f"is a {_kind(st.st_mode)}, not a regular file{note}", severity)
 
+    def file_size(self, rel: str) -> int | None:
+        """Size of the regular file `rel` inside the model, None when absent (or not a file)."""
+        st, _ = _stat_inside(self.root, rel)
+        return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
+
+    def referenced_files(self, config: mc.ModelConfig) -> None:
+        """Files config.pbtxt names that Triton opens at load: warmup data, label files, the python
+        EXECUTION_ENV_PATH archive (`$$TRITON_MODEL_DIRECTORY` is the model directory)."""
+        for finding in check_warmup(config, self.file_size):
+            self.add(finding.field, finding.message, finding.severity, file=self.config_label)
+        for i, output in enumerate(config.output):
+            if output.label_filename and self.file_size(output.label_filename) is None:
+                self.add(f"output[{i}].label_filename", f'"{output.label_filename}": no such file in the '
+                         "model directory", file=self.config_label)
+        if EXECUTION_ENV_PATH not in config.parameters:
+            return
+        value = config.parameters[EXECUTION_ENV_PATH].string_value
+        where = f'parameters["{EXECUTION_ENV_PATH}"]'
+        if value.startswith(MODEL_DIRECTORY_VAR):
+            rel = value[len(MODEL_DIRECTORY_VAR):].lstrip("/")
+            if not rel or self.file_size(rel) is None:
+                self.add(where, f'"{value}": no such archive {rel or "(empty)"} in the model directory',
+                         file=self.config_label)
+        elif not value:
+            self.add(where, "empty: name the conda-pack archive", file=self.config_label)
+        else:
+            self.add(where, f'"{value}" lies outside the model directory: present only if the serving host '
+                     f"has it (use {MODEL_DIRECTORY_VAR}/...)", WARNING, file=self.config_label)
+
     def walk(self) -> None:
         """Every entry, by lstat: dangling or escaping symlinks and special files are errors."""
         seen = 0
@@ -431,6 +464,7 @@ def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
         result.served_versions = served_versions(config, versions)
         if (config.backend or (inferred and inferred[0])) == "python":
             checker.python_files(config, versions, result.served_versions)
+        checker.referenced_files(config)
     result.versions = versions
     checker.walk()
     result.problems[:] = list(dict.fromkeys(result.problems))  # one line per problem, first kept
@@ -475,4 +509,57 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> list[ValidationRe
             reason = "not a directory: Triton ignores files here"
             result.problems.append(Problem(result.model, ".", reason, WARNING))
             results.append(result)
+    check_ensembles(results)
     return results
+
+
+def ensemble_problems(result: ValidationResult, lookup: Callable[[str], Member | None]) -> list[Problem]:
+    """The cross-repository problems of an ensemble `result` (none for other models), its step
+    models found with `lookup`. Content problems are errors; a missing or unserved step model too
+    (the repository given is incomplete), flagged in the message."""
+    if result.config is None:
+        return []
+    config = as_config(result.config)
+    if not is_ensemble(config):
+        return []
+    label = f"{result.model}/{CONFIG_FILE}"
+    return [Problem(label, f.field, f.message, ERROR) for f in check_ensemble_members(config, result.model, lookup)]
+
+
+def check_ensembles(results: list[ValidationResult]) -> None:
+    """Check every ensemble among `results` against its step models: those validated with it, else
+    a sibling directory of the ensemble (the same repository), validated on demand."""
+    by_name = {r.model: r for r in results}
+    siblings: dict[str, ValidationResult | None] = {}
+
+    def find(ensemble: ValidationResult, name: str) -> ValidationResult | None:
+        if name in by_name:
+            return by_name[name]
+        try:
+            validate_model_name(name)
+        except UsageError:
+            return None
+        sibling = Path(os.path.abspath(ensemble.path)).parent / name
+        key = str(sibling)
+        if key not in siblings:
+            siblings[key] = validate_model_dir(sibling) if os.path.isdir(sibling) else None
+        return siblings[key]
+
+    for result in results:
+        if result.config is None or not is_ensemble(as_config(result.config)):
+            continue
+
+        def lookup(name: str, ensemble: ValidationResult = result) -> Member | None:
+            member = find(ensemble, name)
+            if member is None:
+                return None
+            return Member(as_config(member.config) if member.config is not None else None, member.served_versions)
+
+        problems = ensemble_problems(result, lookup)
+        for step in as_config(result.config).ensemble_scheduling.step:
+            member = find(result, step.model_name)
+            if member is not None and member is not result and not member.ok:
+                problems.append(Problem(f"{result.model}/{CONFIG_FILE}", "ensemble_scheduling",
+                                        f'step model "{step.model_name}" does not validate: '
+                                        f"{member.first_error.line() if member.first_error else ''}", ERROR))
+        result.problems.extend(p for p in problems if p not in result.problems)

@@ -19,6 +19,7 @@ from typing import Any
 from controlplane import queries
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, ProgressFn
+from controlplane.ensemblemembers import content_problems
 from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
@@ -114,6 +115,8 @@ class ControlPlane:
                 }
                 for p in result.problems
             ]
+            ensemble = content_problems(self.registry, model, result.config) if result.ok else []
+            problems += ensemble
             record, new = self.registry.record_snapshot(
                 model,
                 snapshot.digest,
@@ -121,7 +124,7 @@ class ControlPlane:
                 config=result.config,
                 versions=result.versions,
                 served_versions=result.served_versions,
-                valid=result.ok,
+                valid=result.ok and not ensemble,
                 problems=problems,
                 total_bytes=snapshot.total_bytes,
             )

@@ -135,3 +135,44 @@ def test_example_repository_is_valid() -> None:
     code, out, _ = run(*map(str, entries))  # as the shell expands examples/model_repository/*
     assert code == 0, out
     assert "error " not in out
+
+
+# --- ensembles across the repository ----------------------------------------------------------------
+
+PIPE = ('name: "pipe"\nplatform: "ensemble"\nmax_batch_size: 4\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
+        'input_map { key: "KEY" value: "x" } output_map { key: "y" value: "y" } } ] }\n')
+
+
+def _pipe(repo: Path, key: str = "x") -> Path:
+    pipe = repo / "pipe"
+    (pipe / "1").mkdir(parents=True)
+    (pipe / "config.pbtxt").write_text(PIPE.replace("KEY", key))
+    return pipe
+
+
+def test_ensemble_is_checked_against_its_sibling_step_model(tmp_path: Path) -> None:
+    write_model(tmp_path / "step")
+    pipe = _pipe(tmp_path)
+    assert run(str(pipe))[0] == 0  # the step model found next to it, in the same repository
+    assert run(str(tmp_path))[0] == 0
+    (pipe / "config.pbtxt").write_text(PIPE.replace("KEY", "nosuch"))
+    code, out, _ = run(str(pipe))
+    assert code == 1
+    assert ('error pipe/config.pbtxt: ensemble_scheduling.step[0].input_map: key "nosuch" is not an input '
+            'of "step" (inputs: x)') in out.splitlines()
+
+
+def test_ensemble_step_models_given_on_the_command_line(tmp_path: Path) -> None:
+    pipe = _pipe(tmp_path / "a")
+    step = write_model(tmp_path / "b" / "step")
+    code, out, _ = run(str(pipe))
+    assert code == 1 and 'ensemble_scheduling.step[0].model_name: step model "step" is not in the repository' in out
+    code, out, _ = run(str(pipe), str(step))
+    assert code == 0, out
+    config = step / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 4", "max_batch_size: 2"))
+    code, out, _ = run(str(pipe), str(step))
+    assert code == 1 and "max_batch_size: 4 is above step model \"step\"'s max_batch_size 2" in out

@@ -1,0 +1,68 @@
+"""An ensemble's step models as the daemon knows them, for the capture and pre-deploy checks.
+
+The daemon deploys one model at a time, so an ensemble's steps are other models of the registry:
+their config is the one of their active snapshot (what Triton serves), else of their latest valid
+snapshot (what they will serve). A map key or a type that does not fit that config is the
+ensemble's content fault (`content_problems`, recorded with the snapshot); a step model that the
+daemon does not serve is an environment fault (`require_members` raises EnvironmentFault: deploying
+the step first fixes it, and the ensemble's digest must not be quarantined for it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.ensemblecheck import EnsembleFinding, Member, as_config, check_ensemble_members, is_ensemble
+from controlplane.errors import EnvironmentFault, ModelConfigError
+from controlplane.store.records import SnapshotRecord
+from controlplane.store.registry import Registry
+
+SERVING_STATES = ("serving", "degraded")
+
+
+def _member(registry: Registry, name: str, *, served_only: bool) -> Member | None:
+    record = registry.find_model(name)
+    if record is None or record.removed_at is not None:
+        return None
+    if record.active_digest and record.state in SERVING_STATES:
+        snap = registry.get_snapshot(name, record.active_digest)
+        if snap.config is not None:
+            return Member(as_config(snap.config), snap.served_versions)
+    if served_only:
+        return None
+    for snap in registry.list_snapshots(name):  # newest first
+        if snap.valid and snap.config is not None:
+            return Member(as_config(snap.config), snap.served_versions)
+    return None
+
+
+def _findings(registry: Registry, model: str, config: dict[str, Any] | None, *,
+              served_only: bool) -> list[EnsembleFinding]:
+    if config is None:
+        return []
+    parsed = as_config(config)
+    if not is_ensemble(parsed):
+        return []
+    return check_ensemble_members(parsed, model, lambda name: _member(registry, name, served_only=served_only))
+
+
+def content_problems(registry: Registry, model: str, config: dict[str, Any] | None) -> list[dict[str, str]]:
+    """The ensemble's problems against its step models' recorded configs, as snapshot problems;
+    steps that are not in the registry yet are not the content's fault and are left out."""
+    return [{"file": f"{model}/config.pbtxt", "field": f.field, "message": f.message, "severity": f.severity}
+            for f in _findings(registry, model, config, served_only=False) if not f.environment]
+
+
+def require_members(registry: Registry, snap: SnapshotRecord) -> None:
+    """Before deploying an ensemble: every step model served by this daemon, in the version the
+    step asks for (EnvironmentFault otherwise), and fitting the ensemble (ModelConfigError)."""
+    findings = _findings(registry, snap.model, snap.config, served_only=True)
+    environment = [f for f in findings if f.environment]
+    if environment:
+        f = environment[0]
+        why = f.message.replace("is not in the repository", "is not served by this daemon")
+        raise EnvironmentFault(f"{snap.model}/config.pbtxt: {f.field}: {why}; deploy it first")
+    content = [f for f in findings if f.severity == "error"]
+    if content:
+        f = content[0]
+        raise ModelConfigError(f"{snap.model}/config.pbtxt: {f.field}: {f.message}")
