@@ -45,6 +45,8 @@ class Settings:
     launch_triton: bool = False  # start and supervise the embedded tritonserver
     tritonserver: Path | None = None  # explicit binary for --launch-triton
     triton_key: str | None = None  # restricted-protocol key of an external server
+    triton_log_path: Path | None = None  # an external server's log file: Triton's reasons for failed loads
+    triton_metrics_url: str | None = None  # an external server's metrics endpoint: its GPU count
     settle_s: float = 1.0
     policy: str = "auto"
     commit_marker: str | None = None
@@ -152,6 +154,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "launch_triton": _bool,
     "tritonserver": _path,
     "triton_key": _text,
+    "triton_log_path": _path,
+    "triton_metrics_url": _text,
     "settle_s": _positive_float(0.05),
     "policy": _choice(POLICIES),
     "commit_marker": _text,

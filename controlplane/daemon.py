@@ -32,6 +32,7 @@ from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import Timeouts, TritonClient
+from controlplane.triton.host import host_for
 from controlplane.triton.launcher import TritonServer
 from controlplane.watcher import RepositoryWatcher
 
@@ -109,6 +110,8 @@ class Daemon:
         store = ContentStore(settings.state_dir / "store")
         serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
         self.plane = ControlPlane(settings, self.registry, store, serving, triton, on_outcome=self._on_outcome)
+        self.plane.deployer.host = host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
+                                            log_path=settings.triton_log_path)
         if settings.metrics_port:
             from controlplane.metrics import Metrics
 

@@ -39,6 +39,7 @@ from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER, TritonClient
+from controlplane.triton.host import TritonHost
 
 log = logging.getLogger("tritonctl.deploy")
 
@@ -126,6 +127,7 @@ class Deployer:
         self.triton = triton
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
+        self.host: TritonHost | None = None  # set by the daemon: capability checks, Triton's real reasons
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -181,7 +183,10 @@ class Deployer:
             fault_point("after_publish")
         emit(Progress(model, "publish", "ok", str(tree), digest))
         emit(Progress(model, "load", "start", digest=digest))
-        self.triton.load(model, load_timeout_s or self.load_timeout_s)
+        def load() -> None:
+            self.triton.load(model, load_timeout_s or self.load_timeout_s)
+
+        self.host.load(model, load) if self.host else load()
         if deployment:
             self.registry.advance(deployment.id, "loaded")
             fault_point("after_load")
@@ -251,6 +256,8 @@ class Deployer:
         deployment = self.registry.begin_deployment(model, kind, digest, previous, actor)
         fault_point("after_intent")
         try:
+            if self.host:  # a backend or GPU the server lacks: found before anything is published
+                self.host.check(snap.config, self.store.tree_path(digest))
             tree, ready = self._load_verified(model, digest, snap.served_versions, emit, deployment)
             emit(Progress(model, "smoke", "start", digest=digest))
             self._smoke(model, tree)
@@ -289,12 +296,12 @@ class Deployer:
         emit(Progress(model, deployment.step if deployment.step != "intent" else "deploy", "failed", error, digest))
         self.registry.advance(deployment.id, "rolling_back")
         fault_point("mid_rollback")
-        if isinstance(exc, TritonUnavailableError):
+        if isinstance(exc, (TritonUnavailableError, EnvironmentFault)):
             # Not the content's fault: no quarantine. Put the serving repository back to what the
             # registry says serves; reconcile loads it when Triton is back.
             if previous:
                 self._publish(model, previous)
-            message = f"tritonserver unreachable: {error}"
+            message = f"tritonserver unreachable: {error}" if isinstance(exc, TritonUnavailableError) else error
             return self._end(deployment, "failed", message, message, "serving" if previous else "failed",
                              previous, started, steps)
         self.registry.set_quarantine(model, digest, error)

@@ -7,6 +7,8 @@ sends the article's request over gRPC, checks the answer and unloads (the server
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,12 +21,12 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from controlplane.triton.launcher import TritonServer
-from tests.conftest import EXAMPLES, install_model
+from tests.conftest import EXAMPLES, ROOT, install_model
 
+GPU_EXAMPLES = ROOT / "examples" / "gpu"
 LOAD_TIMEOUT_S = 60.0
 INFER_TIMEOUT_S = 10.0
-LABELS = ["负面", "正向", "中性"]
-SEED_TEXTS = ["这部电影太好了，我很喜欢", "质量很差，非常失望", "还行吧，一般般"]
+LABELS = ["负面", "正向", "中性"]  # the article's argmax mapping
 
 
 @contextmanager
@@ -54,11 +56,6 @@ def texts(values: list[str]) -> np.ndarray:
 
 def decoded(array: np.ndarray) -> list[str]:
     return [item.decode("utf-8") for item in array.reshape(-1)]
-
-
-def softmax(logits: list[float]) -> np.ndarray:
-    values = np.exp(np.array(logits) - max(logits))
-    return values / values.sum()
 
 
 def infer(client: grpcclient.InferenceServerClient, model: str, inputs: list, version: str = ""):
@@ -92,6 +89,7 @@ def test_every_example_config_is_complete_and_cpu_only(model: str) -> None:
 
 def test_the_seed_models_are_all_there() -> None:
     assert set(example_models()) >= {
+        "datatypes",
         "linear",
         "linear_fixed",
         "reshape_test",
@@ -215,28 +213,48 @@ def test_a_config_override_can_narrow_the_version_policy(triton: TritonServer, t
         triton_client.unload_model(name)
 
 
-def expected_sentiment() -> tuple[list[str], np.ndarray]:
-    # bag of words: 好 + 喜欢 (positive rows [-1, 2, 0]), 差 + 失望 (negative rows [2, -1, 0]),
-    # 还行 + 一般 (neutral rows [0, 0, 1.5]); bias [0, 0, 0.5]
-    probabilities = np.array([softmax([-2, 4, 0.5]), softmax([4, -2, 0.5]), softmax([0, 0, 3.5])])
-    return ["正向", "负面", "中性"], probabilities
+ARTICLE_TEXTS = ["我爱你", "天气不好", "景色很不错"]  # the seed article's request, BYTES [3, 1]
+ARTICLE_LABELS = ["正向", "负面", "正向"]  # and its answer after post-processing
+# snownlp's P(positive) for them (0.75, 0.13, 0.99), as three classes [(1-p)^2, p^2, 2p(1-p)]
+ARTICLE_P = [0.7483050847457626, 0.12540700274012861, 0.9895570087469553]
+EVERYDAY = {  # clearly positive / clearly negative sentences that are not in the examples
+    "这部电影太好了，我很喜欢": "正向",
+    "今天心情很好": "正向",
+    "非常满意，推荐购买": "正向",
+    "这本书很有意思": "正向",
+    "物流很快，包装很好": "正向",
+    "质量很差，非常失望": "负面",
+    "服务态度太差了": "负面",
+    "东西坏了，很失望": "负面",
+    "这家餐厅太难吃了": "负面",
+    "客服不理人，太失望了": "负面",
+}
 
 
-def test_sentiment_classifies_raw_texts_server_side(triton: TritonServer, triton_client) -> None:
+def three_classes(p: float) -> list[float]:
+    return [(1 - p) ** 2, p * p, 2 * p * (1 - p)]
+
+
+def assert_article_answer(result) -> None:
+    assert result.as_numpy("prob").shape == (3, 1)
+    assert decoded(result.as_numpy("prob")) == ARTICLE_LABELS  # Chinese labels round-trip as UTF-8
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (3, 3) and probabilities.dtype == np.float32  # 9 numbers in JSON
+    np.testing.assert_allclose(probabilities, [three_classes(p) for p in ARTICLE_P], atol=1e-6)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-6)
+    assert [LABELS[i] for i in probabilities.argmax(axis=1)] == ARTICLE_LABELS
+
+
+def test_sentiment_answers_the_article_request_with_a_real_classifier(triton: TritonServer, triton_client) -> None:
     with served(triton, triton_client, "sentiment"):
-        result = infer(triton_client, "sentiment", [tensor("text", texts(SEED_TEXTS), "BYTES")])
-        labels, probabilities = expected_sentiment()
-        assert result.as_numpy("label").shape == (3, 1)
-        assert decoded(result.as_numpy("label")) == labels  # Chinese labels round-trip as UTF-8
-        got = result.as_numpy("probabilities")
-        assert got.shape == (3, 3) and got.dtype == np.float32  # 9 numbers in the JSON response
-        np.testing.assert_allclose(got, probabilities, atol=1e-6)
-        np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-6)
-        assert [LABELS[i] for i in got.argmax(axis=1)] == labels
-
-        english = ["Great movie, I love it!", "terrible and awful", "nothing known here"]
-        result = infer(triton_client, "sentiment", [tensor("text", texts(english), "BYTES")])
-        assert decoded(result.as_numpy("label")) == ["正向", "负面", "中性"]  # no known word: the bias
+        assert_article_answer(infer(triton_client, "sentiment", [tensor("text", texts(ARTICLE_TEXTS), "BYTES")]))
+        for label in ("正向", "负面"):  # max_batch_size 8: one request each
+            sentences = [text for text, expected in EVERYDAY.items() if expected == label]
+            result = infer(triton_client, "sentiment", [tensor("text", texts(sentences), "BYTES")])
+            assert decoded(result.as_numpy("prob")) == [label] * len(sentences), sentences
+        # not a lookup: a negation flips the label, a text with no known word is neutral (the prior)
+        result = infer(triton_client, "sentiment", [tensor("text", texts(["这个很好用", "这个不好用", "。"]), "BYTES")])
+        assert decoded(result.as_numpy("prob")) == ["正向", "负面", "中性"]
 
 
 def test_sentiment_pipeline_ensemble_matches_the_single_model(triton: TritonServer, triton_client) -> None:
@@ -244,26 +262,122 @@ def test_sentiment_pipeline_ensemble_matches_the_single_model(triton: TritonServ
     with served(triton, triton_client, "sentiment_pipeline", *parts):
         for part in parts:  # loading the ensemble loads what it composes
             assert triton_client.is_model_ready(part)
-        counts = infer(triton_client, "sentiment_tokenizer", [tensor("text", texts(SEED_TEXTS), "BYTES")])
-        assert counts.as_numpy("counts").shape == (3, 23)
-        assert counts.as_numpy("counts").sum(axis=1).tolist() == [2.0, 2.0, 2.0]
-
-        result = infer(triton_client, "sentiment_pipeline", [tensor("text", texts(SEED_TEXTS), "BYTES")])
-        labels, probabilities = expected_sentiment()
-        assert decoded(result.as_numpy("label")) == labels
-        np.testing.assert_allclose(result.as_numpy("probabilities"), probabilities, atol=1e-6)
+        words = infer(triton_client, "sentiment_tokenizer", [tensor("text", texts(ARTICLE_TEXTS), "BYTES")])
+        assert decoded(words.as_numpy("tokens")) == ["爱", "", "", "天气", "不好", "", "景色", "很", "不错"]
+        result = infer(triton_client, "sentiment_pipeline", [tensor("text", texts(ARTICLE_TEXTS), "BYTES")])
+        assert_article_answer(result)
     assert not triton_client.is_model_ready("sentiment_tokenizer")  # unloaded with the ensemble
 
 
 def test_models_load_from_their_own_directory(triton: TritonServer, triton_client) -> None:
-    """Weights are read relative to the model directory, so a renamed copy still loads."""
+    """A renamed copy of a model still loads and answers (nothing in it depends on its name)."""
     name = "sentiment_copy"
     dest = install_model(triton, EXAMPLES / "sentiment", name)
     config: Path = dest / "config.pbtxt"
     config.write_text(config.read_text().replace('name: "sentiment"', f'name: "{name}"'))
     triton_client.load_model(name, client_timeout=LOAD_TIMEOUT_S)
     try:
-        result = infer(triton_client, name, [tensor("text", texts(["好"]), "BYTES")])
-        assert decoded(result.as_numpy("label")) == ["正向"]
+        result = infer(triton_client, name, [tensor("text", texts(["我爱你"]), "BYTES")])
+        assert decoded(result.as_numpy("prob")) == ["正向"]
     finally:
         triton_client.unload_model(name)
+
+
+# ------------------------------------------------------------------ the article's configuration vocabulary
+
+DATATYPE_VALUES: dict[str, tuple[np.ndarray, str]] = {  # extremes of every type Triton has
+    "bool": (np.array([True, False]), "BOOL"),
+    "uint8": (np.array([0, 255], np.uint8), "UINT8"),
+    "uint16": (np.array([0, 65535], np.uint16), "UINT16"),
+    "uint32": (np.array([0, 2**32 - 1], np.uint32), "UINT32"),
+    "uint64": (np.array([0, 2**64 - 1], np.uint64), "UINT64"),
+    "int8": (np.array([-128, 127], np.int8), "INT8"),
+    "int16": (np.array([-(2**15), 2**15 - 1], np.int16), "INT16"),
+    "int32": (np.array([-(2**31), 2**31 - 1], np.int32), "INT32"),
+    "int64": (np.array([-(2**63), 2**63 - 1], np.int64), "INT64"),
+    "fp16": (np.array([0.5, -65504], np.float16), "FP16"),
+    "fp32": (np.array([1.5, -3.25e38], np.float32), "FP32"),
+    "fp64": (np.array([1e-300, -2.5], np.float64), "FP64"),
+    "string": (np.array(["我爱你".encode(), b"\x00\xff"], dtype=object), "BYTES"),
+}
+
+
+def test_datatypes_echoes_every_triton_data_type(triton: TritonServer, triton_client) -> None:
+    import ml_dtypes  # tritonclient's own dependency: numpy arrays of bfloat16 for BF16
+
+    values = dict(DATATYPE_VALUES, bf16=(np.array([1.0, -2.5, 3.140625], ml_dtypes.bfloat16), "BF16"))
+    with served(triton, triton_client, "datatypes"):
+        result = infer(triton_client, "datatypes", [tensor(n, a, dt) for n, (a, dt) in values.items()])
+        for name, (array, datatype) in values.items():
+            got = result.as_numpy(f"{name}_out")
+            assert result.get_output(f"{name}_out").datatype == datatype
+            assert got.dtype == array.dtype and got.tolist() == array.tolist(), name
+        # every input is optional: a request with one type gets that one back
+        only = infer(triton_client, "datatypes", [tensor("int8", np.array([7], np.int8), "INT8")])
+        assert only.as_numpy("int8_out").tolist() == [7] and only.as_numpy("fp32_out") is None
+
+
+def test_linear_warms_up_at_load_and_batches_concurrent_requests(triton: TritonServer, triton_client) -> None:
+    import queue
+
+    with served(triton, triton_client, "linear"):
+        stats = triton_client.get_inference_statistics("linear", as_json=True)["model_stats"][0]
+        # model_warmup: one execution of 4 zero rows happened before any request was sent
+        assert (int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0))) == (1, 4)
+        answers: queue.Queue = queue.Queue()
+        for row in ([1, 2, 3], [4, 5, 6], [1, 0, 0], [0, 0, 0]):  # 4 requests of one row, not waiting
+            triton_client.async_infer(
+                "linear", [tensor("x", np.array([row], np.float32), "FP32")],
+                callback=lambda result, error: answers.put((result, error)), client_timeout=INFER_TIMEOUT_S,
+            )
+        results = [answers.get(timeout=INFER_TIMEOUT_S + 5) for _ in range(4)]
+        assert all(error is None for _, error in results), results
+        assert sorted(float(r.as_numpy("y")[0, 0]) for r, _ in results) == [-1.0, -0.5, 6.0, 15.0]
+        # dynamic_batching: requests that arrived within the queue delay ran in one execute()
+        assert max(int(r.as_numpy("batch")[0, 0]) for r, _ in results) > 1
+
+
+def stub_processes(model_dir: Path) -> int:
+    """python backend stub processes running `model_dir`'s model (one per execution instance)."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"triton_python_backend_stub") and str(model_dir).encode() in b" ".join(args):
+            count += 1
+    return count
+
+
+def test_string_batch_runs_two_cpu_instances(triton: TritonServer, triton_client) -> None:
+    with served(triton, triton_client, "string_batch"):
+        config = triton_client.get_model_config("string_batch", as_json=True)["config"]
+        assert config["instance_group"][0]["count"] == 2 and config["instance_group"][0]["kind"] == "KIND_CPU"
+        assert stub_processes(triton.model_repository / "string_batch" / "1") == 2
+        result = infer(triton_client, "string_batch", [tensor("text", texts(["ok"]), "BYTES")])
+        assert decoded(result.as_numpy("upper")) == ["OK"]
+
+
+def test_gpu_example_is_refused_in_one_line_on_a_cpu_only_server_and_not_quarantined(tmp_path: Path) -> None:
+    from tests.harness import DaemonProcess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(GPU_EXAMPLES / "linear_gpu", repo / "linear_gpu")
+    daemon = DaemonProcess(repo, tmp_path / "state", extra_args=["--policy", "manual"]).start()
+    try:
+        url = daemon.triton_url()
+        load = daemon.run("load", "linear_gpu")  # the CLI, in process
+        expected = f"instance_group[0] needs GPU 0; the tritonserver at {url} has 0 GPUs"
+        assert load.exit_code == 1, load.output
+        assert expected in load.output
+        status = daemon.model_status("linear_gpu")
+        assert status["state"] == "failed" and expected in status["last_error"]
+        (event,) = [e for e in daemon.audit("--model", "linear_gpu") if e["action"] == "deploy"]
+        assert event["outcome"] == "failed" and expected in event["message"] and "\n" not in event["message"]
+        (version,) = daemon.json("versions", "linear_gpu")
+        assert version["valid"] and not version["quarantined"]  # the host's fault, not the content's
+        assert not (tmp_path / "state" / "serving" / "linear_gpu").exists()  # refused before publishing
+    finally:
+        daemon.stop()

@@ -132,6 +132,7 @@ class TritonServer:
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    backend_dir: Path | None = field(default=None, init=False)  # set by start(): what it can run
     _log_handle: object = field(default=None, init=False, repr=False)
 
     @property
@@ -196,7 +197,7 @@ class TritonServer:
         server = find_tritonserver(self.tritonserver)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model_repository.mkdir(parents=True, exist_ok=True)
-        backend_dir = assemble_backend_dir(self.workdir / "backends", server)
+        backend_dir = self.backend_dir = assemble_backend_dir(self.workdir / "backends", server)
         choose_ports = self.grpc_port == 0
         last_error: LauncherError | None = None
         for _attempt in range(3 if choose_ports else 1):

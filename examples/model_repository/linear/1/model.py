@@ -1,4 +1,8 @@
-"""y = x . w + b with fixed weights; one row per batch entry."""
+"""y = x . w + b with fixed weights; one row per batch entry.
+
+With dynamic batching, one execute() receives every request the batcher gathered; each response's
+"batch" output says how many rows (over all those requests) that execute() computed.
+"""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -9,9 +13,11 @@ B = np.float32(-1.0)
 
 class TritonPythonModel:
     def execute(self, requests):
+        xs = [pb_utils.get_input_tensor_by_name(request, "x").as_numpy() for request in requests]  # [batch, 3]
+        rows = sum(x.shape[0] for x in xs)
         responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()  # [batch, 3]
+        for x in xs:
             y = (x @ W + B).astype(np.float32)  # [batch, 1]
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y)]))
+            batch = np.full((x.shape[0], 1), rows, dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y), pb_utils.Tensor("batch", batch)]))
         return responses

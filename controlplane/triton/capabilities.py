@@ -1,0 +1,200 @@
+"""What the target tritonserver can run (its backends, its GPUs), checked before a model is loaded.
+
+Offline validation cannot know the host: a config asking for `KIND_GPU` or the `onnxruntime` backend
+is valid, yet the wheel's tritonserver on a CPU-only machine refuses it (measured in
+shared/TRITON_NOTES.md). Such a refusal is the environment's fault, not the content's, so it is a
+`HostCapabilityError` (an `EnvironmentFault`: the deploy ends `failed`, the digest is not
+quarantined, and it deploys once the model reaches a server that has what it needs).
+
+Where the facts come from:
+- a launched server: its backend directory (the launcher assembles it) and this host's GPUs
+  (`/proc/driver/nvidia/gpus`, else `/dev/nvidiaN`);
+- an external server: its metrics endpoint (`triton_metrics_url`; Triton exports `nv_gpu_*` gauges,
+  one `gpu_uuid` per GPU, only when it has GPUs). Its backends are not visible from outside, so
+  they are not checked before the load;
+- any server, after a failed load: Triton's own reason (`unable to find backend library for
+  backend 'X'`, `has kind KIND_GPU but no GPUs are available`, `invalid or unsupported gpu id N`)
+  is recognised and reported as the same error (`from_triton_reason`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controlplane.errors import HostCapabilityError
+
+log = logging.getLogger("tritonctl.capabilities")
+
+PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+METRICS_TIMEOUT_S = 2.0
+# Triton derives the backend from these platforms (GetBackendFromPlatform); ensembles need none.
+BACKEND_OF_PLATFORM = {
+    "tensorrt_plan": "tensorrt",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+}
+_GPU_UUID = re.compile(r'^nv_gpu_\w+\{[^}]*gpu_uuid="([^"]+)"', re.MULTILINE)
+
+
+def local_gpu_count(proc_gpus: Path = PROC_GPUS, dev: Path = Path("/dev")) -> int:
+    """GPUs the NVIDIA driver exposes on this host (0 without the driver)."""
+    try:
+        return sum(1 for _ in proc_gpus.iterdir())
+    except OSError:
+        pass
+    try:
+        return sum(1 for p in dev.iterdir() if re.fullmatch(r"nvidia\d+", p.name))
+    except OSError:
+        return 0
+
+
+def gpus_from_metrics(text: str) -> int:
+    """GPUs in a Triton metrics page: distinct `gpu_uuid` labels of its `nv_gpu_*` gauges."""
+    return len(set(_GPU_UUID.findall(text)))
+
+
+def fetch_metrics_gpu_count(url: str, timeout_s: float = METRICS_TIMEOUT_S) -> int | None:
+    """GPU count from an external tritonserver's metrics endpoint; None when it cannot be read."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - operator's URL
+            return gpus_from_metrics(response.read().decode("utf-8", "replace"))
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        log.warning("tritonserver metrics %s unreadable (%s): GPUs not checked before the load", url, exc)
+        return None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one tritonserver offers; None means unknown (that check is skipped)."""
+
+    url: str
+    backends: frozenset[str] | None
+    gpus: int | None
+
+
+def model_backend(config: Mapping[str, Any]) -> str | None:
+    """The backend a parsed config (MessageToDict form) needs; None for an ensemble or when unset."""
+    backend = str(config.get("backend") or "")
+    if backend:
+        return backend
+    return BACKEND_OF_PLATFORM.get(str(config.get("platform") or ""))
+
+
+def _gpus_word(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def check(config: Mapping[str, Any] | None, caps: Capabilities, model_dir: Path | None = None) -> None:
+    """Raise HostCapabilityError when `caps` lacks a backend or a GPU that `config` needs."""
+    if not config:
+        return
+    backend = model_backend(config)
+    if backend and caps.backends is not None and backend not in caps.backends:
+        # Triton also takes a backend shipped inside the model directory (libtriton_<name>.so).
+        shipped = model_dir is not None and any(model_dir.glob(f"*/libtriton_{backend}.so"))
+        if not shipped:
+            raise HostCapabilityError(
+                f"backend '{backend}' is not installed in this tritonserver ({caps.url}; "
+                f"it has {', '.join(sorted(caps.backends)) or 'none'})"
+            )
+    if caps.gpus is None:
+        return
+    for index, group in enumerate(config.get("instance_group") or []):
+        if group.get("kind") != "KIND_GPU":
+            continue
+        wanted = [int(g) for g in group.get("gpus") or []]
+        missing = [g for g in wanted if g >= caps.gpus]
+        if missing:
+            raise HostCapabilityError(
+                f"instance_group[{index}] needs GPU {', '.join(map(str, missing))}; "
+                f"the tritonserver at {caps.url} has {_gpus_word(caps.gpus)}"
+            )
+        if not wanted and caps.gpus == 0:
+            raise HostCapabilityError(
+                f"instance_group[{index}] needs a GPU (KIND_GPU); the tritonserver at {caps.url} has 0 GPUs"
+            )
+
+
+_TRITON_BACKEND = re.compile(r"unable to find backend library for backend '([^']+)'")
+_TRITON_NO_GPU = re.compile(r"instance group (\S+) of model \S+ has kind KIND_GPU but no GPUs are available")
+_TRITON_GPU_ID = re.compile(r"instance group (\S+) of model \S+ specifies invalid or unsupported gpu id (\d+)")
+
+
+def from_triton_reason(reason: str, url: str) -> HostCapabilityError | None:
+    """Triton's own words for a missing backend or GPU, as the error tritonctl raises for them."""
+    if match := _TRITON_BACKEND.search(reason):
+        return HostCapabilityError(f"backend '{match.group(1)}' is not installed in this tritonserver ({url})")
+    if match := _TRITON_NO_GPU.search(reason):
+        return HostCapabilityError(
+            f"instance_group {match.group(1)} needs a GPU (KIND_GPU); the tritonserver at {url} has 0 GPUs"
+        )
+    if match := _TRITON_GPU_ID.search(reason):
+        return HostCapabilityError(
+            f"instance_group {match.group(1)} needs GPU {match.group(2)}; the tritonserver at {url} does not "
+            "have it"
+        )
+    return None
+
+
+@dataclass
+class HostProbe:
+    """Answers "what can the target tritonserver run" for the deployer, from what tritonctl knows."""
+
+    url: str
+    backend_dir: Path | None = None  # a launched server's --backend-directory
+    local: bool = False  # launched here: count this host's GPUs
+    metrics_url: str | None = None  # an external server's metrics endpoint
+
+    def capabilities(self) -> Capabilities:
+        backends: frozenset[str] | None = None
+        if self.backend_dir is not None:
+            try:
+                backends = frozenset(p.name for p in self.backend_dir.iterdir() if p.is_dir())
+            except OSError:
+                backends = None
+        gpus: int | None = None
+        if self.local:
+            gpus = local_gpu_count()
+        elif self.metrics_url:
+            gpus = fetch_metrics_gpu_count(self.metrics_url)
+        return Capabilities(self.url, backends, gpus)
+
+    def check(self, config: Mapping[str, Any] | None, model_dir: Path | None = None) -> None:
+        check(config, self.capabilities(), model_dir)
+
+
+def probe_for(url: str, server: Any, metrics_url: str | None) -> HostProbe:
+    """The probe for the daemon's tritonserver: `server` is its launched TritonServer, or None."""
+    backend_dir = getattr(server, "backend_dir", None) if server is not None else None
+    return HostProbe(url, backend_dir=backend_dir, local=server is not None, metrics_url=metrics_url)
+
+
+def describe(caps: Capabilities) -> str:
+    """One line for logs: what the server offers."""
+    backends = ", ".join(sorted(caps.backends)) if caps.backends is not None else "unknown"
+    gpus = str(caps.gpus) if caps.gpus is not None else "unknown"
+    return f"tritonserver {caps.url}: backends {backends}; GPUs {gpus}"
+
+
+__all__ = [
+    "Capabilities",
+    "HostProbe",
+    "check",
+    "describe",
+    "fetch_metrics_gpu_count",
+    "from_triton_reason",
+    "gpus_from_metrics",
+    "local_gpu_count",
+    "model_backend",
+    "probe_for",
+]
+
