@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
 from controlplane.snapshot import CONFIG_FILE, MAX_CONFIG_BYTES
+from controlplane.triton.model_config import model_config_pb2 as mc
 
 PYTHON_FILE = "model.py"
 MAX_ENTRIES = 100_000  # entries looked at per model before the scan gives up (with a warning)
