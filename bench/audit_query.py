@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sqlite3
 import statistics
@@ -38,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "bench") not in sys.path:  # bench/common.py
+    sys.path.insert(0, str(ROOT / "bench"))
 
 import sqlalchemy as sa  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -226,24 +227,10 @@ def query_plans(registry: Registry, calls: dict[str, Callable[[], object]]) -> d
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        available = os.cpu_count() or 0
-    return {
-        "nproc": available, "cpu_count": os.cpu_count(), "cpu_model": cpu or platform.processor(),
-        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "sqlalchemy": sa.__version__,
-        "platform": platform.platform(),
-        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+    """bench/common.py's machine record (commit, uname, load, Python, tritonserver) plus the databases'."""
+    import common
+
+    return {**common.machine_info(), "sqlite": sqlite3.sqlite_version, "sqlalchemy": sa.__version__}
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -422,9 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         console.width = 132
     report = run(args, lambda text: console.print(text, style="dim"))
     render(report, console)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"results: {out}")
+    import common
+
+    common.write_report(out, report, console)
     missed = [r["name"] for r in report["results"] if r["met"] is False]
     return 1 if args.check and missed else 0
 
