@@ -49,6 +49,36 @@ def sqlite_path(url: str) -> Path | None:
     return None
 
 
+def audit_statement(query: AuditQuery) -> tuple[str, tuple[Any, ...]]:
+    """The SELECT (and its parameters) answering `tritonctl audit` with these filters."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("model", query.model), ("action", query.action), ("outcome", query.outcome),
+                          ("actor", query.actor)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if query.since is not None:
+        where.append("time >= ?")
+        params.append(to_db_time(query.since))
+    if query.until is not None:
+        where.append("time <= ?")
+        params.append(to_db_time(query.until))
+    sql = (f"SELECT {_AUDIT_COLUMNS} FROM audit_events{' WHERE ' + ' AND '.join(where) if where else ''} "
+           "ORDER BY time DESC, id DESC LIMIT ?")
+    return sql, (*params, max(1, query.limit))
+
+
+def serving_at_statement(when: datetime, models: list[str] | None) -> tuple[str, tuple[Any, ...]]:
+    """The SELECT (and its parameters) answering `tritonctl audit --at T` (rows unsorted)."""
+    where = ""
+    params: list[Any] = [to_db_time(when)]
+    if models is not None:
+        where = f" WHERE model IN ({', '.join('?' for _ in models)})"
+        params.extend(models)
+    return SERVING_AT_SQL.format(where=where), tuple(params)
+
+
 def to_db_time(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S.%f")
 
@@ -124,34 +154,14 @@ class SqliteReader:
 
     def query_audit(self, query: AuditQuery) -> list[AuditRecord]:
         """Newest first, filtered; uses the (model, time) and (time) indexes."""
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (("model", query.model), ("action", query.action), ("outcome", query.outcome),
-                              ("actor", query.actor)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if query.since is not None:
-            where.append("time >= ?")
-            params.append(to_db_time(query.since))
-        if query.until is not None:
-            where.append("time <= ?")
-            params.append(to_db_time(query.until))
-        sql = (f"SELECT {_AUDIT_COLUMNS} FROM audit_events{' WHERE ' + ' AND '.join(where) if where else ''} "
-               "ORDER BY time DESC, id DESC LIMIT ?")
-        rows = self._rows(sql, (*params, max(1, query.limit)))
+        rows = self._rows(*audit_statement(query))
         return [AuditRecord(id=i, time=_time(t), actor=actor, action=action, model=model,  # type: ignore[arg-type]
                             digest=digest, outcome=outcome, duration_ms=ms, message=message, host=host)
                 for i, t, actor, action, model, digest, outcome, ms, message, host in rows]
 
     def serving_at(self, when: datetime, models: list[str] | None = None) -> list[ServingRecord]:
         """What each model served at `when` (per host), by model name; as `Registry.serving_at`."""
-        where = ""
-        params: list[Any] = [to_db_time(when)]
-        if models is not None:
-            where = f" WHERE model IN ({', '.join('?' for _ in models)})"
-            params.extend(models)
-        rows = self._rows(SERVING_AT_SQL.format(where=where), tuple(params))
+        rows = self._rows(*serving_at_statement(when, models))
         records = [ServingRecord(model=model, digest=digest, versions=json.loads(versions), since=_time(t),
                                  host=host)
                    for t, model, digest, versions, host in rows if digest is not None]
