@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,7 @@ class Measurement:
     target_ms: float | None  # None: informational, no target
     times_ms: list[float]
     rows: int  # rows returned by the last repetition
+    cpu_ms: list[float] = field(default_factory=list)  # this process's CPU time per call (load-independent)
 
     @property
     def median_ms(self) -> float:
@@ -101,6 +102,7 @@ class Measurement:
             "median_ms": round(self.median_ms, 3), "p95_ms": round(self.p95_ms, 3),
             "min_ms": round(min(self.times_ms), 3), "max_ms": round(max(self.times_ms), 3),
             "repetitions": len(self.times_ms), "rows_returned": self.rows, "met": self.met,
+            "cpu_median_ms": round(statistics.median(self.cpu_ms), 3) if self.cpu_ms else None,
         }
 
 
@@ -192,12 +194,15 @@ def measure(name: str, what: str, target_ms: float | None, repetitions: int, war
     for i in range(warmup):
         call(-1 - i)
     times: list[float] = []
+    cpu: list[float] = []
     rows = 0
     for i in range(repetitions):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         rows = call(i)
         times.append((time.perf_counter() - t0) * 1000.0)
-    return Measurement(name, what, target_ms, times, rows)
+        cpu.append((time.process_time() - c0) * 1000.0)
+    return Measurement(name, what, target_ms, times, rows, cpu)
 
 
 def query_plans(registry: Registry, calls: dict[str, Callable[[], object]]) -> dict[str, list[str]]:
@@ -355,6 +360,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         results.append(measure("CLI process: tritonctl audit --model ...", "a new Python process: start-up, "
                                "imports, query, JSON", None, 2 if args.quick else 10, 0 if args.quick else 1,
                                process_call))
+        results[-1].cpu_ms = []  # a child process's CPU is not this process's: bench/cli_latency.py has it
 
         since, until = window(24)
         plans = query_plans(registry, {
@@ -393,12 +399,13 @@ def render(report: dict[str, Any], console: Console) -> None:
     m = report["machine"]
     table = Table(title=f"audit queries: {d['events']:,} events, {d['models']} models, {d['days']} days, "
                         f"{d['serving_changes']:,} serving changes", title_justify="left")
-    for column in ("Measurement", "Target (median)", "Median", "p95", "n", "Result"):
-        table.add_column(column, justify="right" if column in ("Median", "p95", "n") else "left")
+    for column in ("Measurement", "Target (median)", "Median", "p95", "CPU median", "n", "Result"):
+        table.add_column(column, justify="right" if column in ("Median", "p95", "CPU median", "n") else "left")
     for r in report["results"]:
         target = "-" if r["target_median_ms"] is None else f"<= {r['target_median_ms']:g} ms"
         verdict = {True: "[green]met[/green]", False: "[bold red]MISSED[/bold red]", None: "info"}[r["met"]]
-        table.add_row(r["name"], target, f"{r['median_ms']:.2f} ms", f"{r['p95_ms']:.2f} ms",
+        cpu = "-" if r.get("cpu_median_ms") is None else f"{r['cpu_median_ms']:.2f} ms"
+        table.add_row(r["name"], target, f"{r['median_ms']:.2f} ms", f"{r['p95_ms']:.2f} ms", cpu,
                       str(r["repetitions"]), verdict)
     console.print(table)
     console.print(f"{m['cpu_model']}, {m['nproc']} CPUs available; Python {m['python']}, SQLite {m['sqlite']}, "
