@@ -4,8 +4,12 @@ Builds a SQLite registry with the project's own migrations, fills it with N audi
 1,000,000) over M models (100) and D days (30) plus a serving log (20,000 changes), then times, with
 many repetitions, the questions an operator asks:
 
-  1. one model's events in a time window, newest 100     (`queries.audit`)        target: median <= 50 ms
-  2. what each of the 100 models served at a time T      (`queries.serving_at`)   target: median < 200 ms
+  1. one model's events in a time window, newest 100     (`queries.audit`)        target: median <= 20 ms
+  2. what each of the 100 models served at a time T      (`queries.serving_at`)   target: median <= 20 ms
+
+each through the sqlite3 reader the CLI uses on a SQLite registry (controlplane/store/sqlite_reader.py)
+and through the SQLAlchemy registry the daemon (and PostgreSQL) uses; the query plans of both are
+recorded (tests/test_query_plans.py asserts they use their indexes without a temporary b-tree)
   3. the same two through the CLI, in-process (CliRunner): parse, open the registry, query, render JSON
 
 and a few informational variants (a wider window, a filter the indexes do not cover). Prints a table
@@ -21,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sqlite3
 import statistics
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -38,15 +41,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "bench") not in sys.path:  # bench/common.py
+    sys.path.insert(0, str(ROOT / "bench"))
 
 import sqlalchemy as sa  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from controlplane import queries  # noqa: E402
-from controlplane.store import migrate, schema  # noqa: E402
-from controlplane.store.records import iso  # noqa: E402
+from controlplane.store import migrate, schema, sqlite_reader  # noqa: E402
+from controlplane.store.records import AuditQuery, iso  # noqa: E402
 from controlplane.store.registry import Registry  # noqa: E402
+from controlplane.store.sqlite_reader import SqliteReader  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BATCH = 20_000
@@ -75,6 +81,7 @@ class Measurement:
     target_ms: float | None  # None: informational, no target
     times_ms: list[float]
     rows: int  # rows returned by the last repetition
+    cpu_ms: list[float] = field(default_factory=list)  # this process's CPU time per call (load-independent)
 
     @property
     def median_ms(self) -> float:
@@ -95,6 +102,7 @@ class Measurement:
             "median_ms": round(self.median_ms, 3), "p95_ms": round(self.p95_ms, 3),
             "min_ms": round(min(self.times_ms), 3), "max_ms": round(max(self.times_ms), 3),
             "repetitions": len(self.times_ms), "rows_returned": self.rows, "met": self.met,
+            "cpu_median_ms": round(statistics.median(self.cpu_ms), 3) if self.cpu_ms else None,
         }
 
 
@@ -186,12 +194,15 @@ def measure(name: str, what: str, target_ms: float | None, repetitions: int, war
     for i in range(warmup):
         call(-1 - i)
     times: list[float] = []
+    cpu: list[float] = []
     rows = 0
     for i in range(repetitions):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         rows = call(i)
         times.append((time.perf_counter() - t0) * 1000.0)
-    return Measurement(name, what, target_ms, times, rows)
+        cpu.append((time.process_time() - c0) * 1000.0)
+    return Measurement(name, what, target_ms, times, rows, cpu)
 
 
 def query_plans(registry: Registry, calls: dict[str, Callable[[], object]]) -> dict[str, list[str]]:
@@ -226,24 +237,10 @@ def query_plans(registry: Registry, calls: dict[str, Callable[[], object]]) -> d
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        available = os.cpu_count() or 0
-    return {
-        "nproc": available, "cpu_count": os.cpu_count(), "cpu_model": cpu or platform.processor(),
-        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "sqlalchemy": sa.__version__,
-        "platform": platform.platform(),
-        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+    """bench/common.py's machine record (commit, uname, load, Python, tritonserver) plus the databases'."""
+    import common
+
+    return {**common.machine_info(), "sqlite": sqlite3.sqlite_version, "sqlalchemy": sa.__version__}
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -285,14 +282,19 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         def moment() -> str:
             return iso(low + timedelta(seconds=rng.random() * span)) or ""
 
-        def audit_window(hours: float) -> Callable[[int], int]:
+        reader = SqliteReader(db_path)
+
+        def audit_window(hours: float, source: Any = registry) -> Callable[[int], int]:
             def call(_: int) -> int:
                 since, until = window(hours)
-                return len(queries.audit(registry, model=rng.choice(names), since=since, until=until, limit=100))
+                return len(queries.audit(source, model=rng.choice(names), since=since, until=until, limit=100))
             return call
 
         def at_all(_: int) -> int:
             return len(queries.serving_at(registry, moment())["models"])
+
+        def at_all_reader(_: int) -> int:
+            return len(queries.serving_at(reader, moment())["models"])
 
         def rolled_back_7d(_: int) -> int:
             since, until = window(24 * 7)
@@ -303,10 +305,14 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             return len(queries.audit(registry, actor="nobody", since=since, until=until, limit=100))
 
         results = [
-            measure("audit: model + 24 h window", "queries.audit(model=M, since, until, limit=100)", 50.0,
-                    reps, 5, audit_window(24)),
-            measure("audit --at T: every model", f"queries.serving_at(T), {data.models} models", 200.0,
-                    max(20, reps // 4), 3, at_all),
+            measure("audit: model + 24 h window (CLI reader)", "queries.audit(model=M, since, until, limit=100), "
+                    "sqlite3", 20.0, reps, 5, audit_window(24, reader)),
+            measure("audit --at T: every model (CLI reader)", f"queries.serving_at(T), {data.models} models, "
+                    "sqlite3", 20.0, max(20, reps // 4), 3, at_all_reader),
+            measure("audit: model + 24 h window (registry)", "as above through SQLAlchemy (daemon, PostgreSQL)",
+                    20.0, reps, 5, audit_window(24)),
+            measure("audit --at T: every model (registry)", "as above through SQLAlchemy (daemon, PostgreSQL)",
+                    20.0, max(20, reps // 4), 3, at_all),
             measure("audit: model + 7 d window", "as 1, a week: more matches than the limit", None,
                     reps, 5, audit_window(24 * 7)),
             measure("audit: --outcome rolled_back, 7 d", "no model: the (time) index, then a filter", None,
@@ -354,6 +360,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         results.append(measure("CLI process: tritonctl audit --model ...", "a new Python process: start-up, "
                                "imports, query, JSON", None, 2 if args.quick else 10, 0 if args.quick else 1,
                                process_call))
+        results[-1].cpu_ms = []  # a child process's CPU is not this process's: bench/cli_latency.py has it
 
         since, until = window(24)
         plans = query_plans(registry, {
@@ -362,6 +369,14 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             "audit --at T (model list)": lambda: registry.serving_at(high),
             "audit: --outcome, no model": lambda: queries.audit(registry, outcome="rolled_back", since=since),
         })
+        for name, (sql, params) in {
+            "CLI reader: audit model + window": sqlite_reader.audit_statement(
+                AuditQuery(model=names[0], since=queries.parse_time(since), until=queries.parse_time(until))),
+            "CLI reader: audit --at T": sqlite_reader.serving_at_statement(high, None),
+        }.items():
+            rows = reader._conn.execute(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()
+            plans[name] = [" ".join(sql.split())[:160]] + [f"    {row[-1]}" for row in rows]
+        reader.close()
         db_bytes = sum(p.stat().st_size for p in (db_path, db_path.with_name(db_path.name + "-wal")) if p.exists())
         registry.close()
     finally:
@@ -384,12 +399,13 @@ def render(report: dict[str, Any], console: Console) -> None:
     m = report["machine"]
     table = Table(title=f"audit queries: {d['events']:,} events, {d['models']} models, {d['days']} days, "
                         f"{d['serving_changes']:,} serving changes", title_justify="left")
-    for column in ("Measurement", "Target (median)", "Median", "p95", "n", "Result"):
-        table.add_column(column, justify="right" if column in ("Median", "p95", "n") else "left")
+    for column in ("Measurement", "Target (median)", "Median", "p95", "CPU median", "n", "Result"):
+        table.add_column(column, justify="right" if column in ("Median", "p95", "CPU median", "n") else "left")
     for r in report["results"]:
         target = "-" if r["target_median_ms"] is None else f"<= {r['target_median_ms']:g} ms"
         verdict = {True: "[green]met[/green]", False: "[bold red]MISSED[/bold red]", None: "info"}[r["met"]]
-        table.add_row(r["name"], target, f"{r['median_ms']:.2f} ms", f"{r['p95_ms']:.2f} ms",
+        cpu = "-" if r.get("cpu_median_ms") is None else f"{r['cpu_median_ms']:.2f} ms"
+        table.add_row(r["name"], target, f"{r['median_ms']:.2f} ms", f"{r['p95_ms']:.2f} ms", cpu,
                       str(r["repetitions"]), verdict)
     console.print(table)
     console.print(f"{m['cpu_model']}, {m['nproc']} CPUs available; Python {m['python']}, SQLite {m['sqlite']}, "
@@ -422,9 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         console.width = 132
     report = run(args, lambda text: console.print(text, style="dim"))
     render(report, console)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"results: {out}")
+    import common
+
+    common.write_report(out, report, console)
     missed = [r["name"] for r in report["results"] if r["met"] is False]
     return 1 if args.check and missed else 0
 

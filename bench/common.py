@@ -91,6 +91,10 @@ def results_path(name: str, quick: bool, out: Path | None = None) -> Path:
 
 
 def write_report(path: Path, report: dict[str, Any], console: Console) -> None:
+    """Write the JSON, stamped with what makes it reproducible: the commit and the load at the end."""
+    machine = report.setdefault("machine", {})
+    machine["load_average_end"] = load_average()
+    report.setdefault("git_commit", machine.get("git_commit") or git_commit())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     console.print(f"results: {path}")
@@ -144,7 +148,27 @@ def _package_version(name: str) -> str:
         return "?"
 
 
+def git_commit() -> str:
+    """HEAD of the checkout the benchmark ran from, with `-dirty` when tracked files had changes."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15 minute load averages (a shared machine: other work runs alongside)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def machine_info(with_triton: bool = True) -> dict[str, Any]:
+    """The machine a result came from: recorded once per results JSON (bench/README.md)."""
     cpu = ""
     mem_kb = 0
     try:
@@ -173,7 +197,10 @@ def machine_info(with_triton: bool = True) -> dict[str, Any]:
         "nvidia_pytriton": _package_version("nvidia-pytriton"), "tritonclient": _package_version("tritonclient"),
         "watchdog": _package_version("watchdog"),
         "inotify_max_user_watches": watches,
+        "uname": " ".join(platform.uname()),
+        "git_commit": git_commit(),
         "load_average_1m": round(os.getloadavg()[0], 2),
+        "load_average_start": load_average(),
     }
 
 

@@ -4,11 +4,12 @@
     python bench/run_all.py --quick        # CI sizes (about 4 minutes)
     python bench/run_all.py --from-results # no run: rebuild the docs section from bench/results/*.json
     python bench/run_all.py --only scale,snapshot_cost
+    python bench/run_all.py --from-results --plots   # also draw docs/*.png from the JSON (matplotlib)
 
 Each benchmark runs as its own process (`python bench/<name>.py [--quick]`), one after the other (they
 would disturb each other's numbers on a 2-core machine), and writes bench/results/<name>[-quick].json.
-The audit benchmark (bench/audit_query.py) belongs to another engineer and is not run here unless
-`--with-audit`; its latest results (bench/results/audit_query.json) join the summary when present.
+The audit benchmark (bench/audit_query.py, a 1,000,000-event registry) runs only with `--with-audit`;
+its latest results (bench/results/audit_query.json) join the summary when present.
 
 docs/benchmarks.md keeps other sections as they are: this script only replaces the text between its
 own markers (one block for full runs, one for quick runs), appending the block the first time.
@@ -29,13 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-BENCHMARKS = ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale")
+BENCHMARKS = ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency")
 TITLES = {
     "edit_torture": "Edit torture: slow randomized writers, tritonctl vs Triton poll",
     "swap_availability": "Swap availability: requests during swaps, tritonctl vs Triton explicit vs Triton poll",
     "change_latency": "Change latency: last close() to first new answer; tritonctl's own overhead per deploy",
     "snapshot_cost": "Snapshot cost: a big model against cp and sha256sum",
     "scale": "Scale: many tiny models (cold start, idle CPU, memory), tritonctl vs Triton poll",
+    "cli_latency": "CLI latency: each command as a new process, beside `python -c pass`",
     "audit_query": "Audit query (bench/audit_query.py, another engineer's; latest results)",
 }
 DOCS = c.ROOT / "docs" / "benchmarks.md"
@@ -139,9 +141,15 @@ def markdown(quick: bool, reports: dict[str, dict[str, Any]], runtimes: dict[str
         runtime = report.get("runtime_s")
         lines.append(f"### {TITLES.get(name, name)}")
         lines.append("")
+        m = report.get("machine", {})
+        load_start = m.get("load_average_start") or [m.get("load_average_1m", "?")]
+        load_end = m.get("load_average_end") or ["?"]
         lines.append(f"`{report.get('command', name)}` — {when}"
                      + (f", {runtime:.0f} s" if isinstance(runtime, (int, float)) else "")
-                     + f"; load average at start {report.get('machine', {}).get('load_average_1m', '?')}.")
+                     + f"; commit {str(report.get('git_commit') or m.get('git_commit') or 'not recorded')[:12]}"
+                     + f"; load average (1 min) at start {load_start[0]}, at end {load_end[0]}.")
+        if name == "cli_latency" and report.get("plot"):
+            lines += ["", f"![CLI latency per command]({report['plot']})"]
         lines.append("")
         lines.append("| Measurement | System | Target | Measured | Result | Note |")
         lines.append("|---|---|---|---:|---|---|")
@@ -151,6 +159,40 @@ def markdown(quick: bool, reports: dict[str, dict[str, Any]], runtimes: dict[str
                          f"{cell(r['measured'])} | {result_word(r.get('met'))} | {cell(r.get('note', ''))} |")
     lines += ["", end]
     return "\n".join(lines) + "\n"
+
+
+def plot_cli_latency(report: dict[str, Any], path: Path) -> None:
+    """Median wall time per command (bars per system), `python -c pass` and the 150 ms target as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    commands = report["commands"]
+    systems = [s for s in ("before", "tritonctl") if s in commands[0]]
+    labels = {"before": f"before ({report['settings'].get('compare_label') or 'before'})", "tritonctl": "tritonctl"}
+    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        xs = [k + (i - (len(systems) - 1) / 2) * width for k in range(len(commands))]
+        values = [cmd[system]["median_ms"] for cmd in commands]
+        bars = ax.bar(xs, values, width, label=labels[system], color="#bbbbbb" if system == "before" else "#1f77b4")
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    floor = report["python_c_pass"]["median_ms"]
+    ax.axhline(floor, color="#2ca02c", linestyle=":", label=f"python -c pass ({floor:.0f} ms)")
+    target = report["settings"]["target_ms"]
+    ax.axhline(target, color="#d62728", linestyle="--", label=f"target {target:.0f} ms")
+    ax.set_xticks(range(len(commands)), [cmd["command"] for cmd in commands], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("median wall time, ms (new process)")
+    m = report.get("machine", {})
+    ax.set_title(f"tritonctl CLI latency, median of {report['settings']['runs']} runs; {m.get('nproc')} CPUs, "
+                 f"load {(m.get('load_average_start') or ['?'])[0]} at start; "
+                 f"commit {str(report.get('git_commit', '?'))[:8]}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def update_docs(path: Path, block: str, quick: bool) -> None:
@@ -176,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-audit", action="store_true", help="also run bench/audit_query.py")
     parser.add_argument("--docs", type=Path, default=DOCS, help="markdown file to update (default docs/benchmarks.md)")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--plots", action="store_true", help="draw PNGs next to the docs (needs matplotlib)")
     parser.add_argument("--results", type=Path, help="directory for the JSON results (default bench/results)")
     args = parser.parse_args(argv)
     names = [n for n in (args.only.split(",") if args.only else BENCHMARKS) if n]
@@ -220,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         console.print(table)
     if runtimes:
         console.print("runtimes: " + ", ".join(f"{n} {s:.0f} s" for n, s in runtimes.items()))
+    if args.plots and "cli_latency" in reports:
+        png = args.docs.parent / ("cli_latency-quick.png" if args.quick else "cli_latency.png")
+        plot_cli_latency(reports["cli_latency"], png)
+        reports["cli_latency"]["plot"] = png.name
+        console.print(f"plot: {png}")
     if not args.no_docs:
         update_docs(args.docs, markdown(args.quick, reports, runtimes), args.quick)
         console.print(f"updated {args.docs}")

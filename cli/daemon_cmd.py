@@ -64,3 +64,6 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
     runner = Daemon(settings, reload_settings=lambda: load_settings(flags, config_file=config_file), fleet=fleet)
     runner.install_signal_handlers()
     sys.exit(runner.run())
+
+
+COMMANDS = [daemon]

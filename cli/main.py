@@ -36,8 +36,48 @@ def exit_code_for(exc: errors.TritonctlError) -> int:
     return EXIT_FAILED
 
 
+# Which module defines each command, so `tritonctl status` imports cli.operations only (not the registry
+# code of `audit`, nor the daemon). A command missing here still works: `_all_commands` finds it in its
+# module's COMMANDS list (tests/test_layers.py checks this table is complete).
+LAZY_COMMANDS: dict[str, str] = {
+    **{name: "cli.operations" for name in
+       ("load", "unload", "rollback", "status", "policy", "pin", "unpin", "gc", "hosts", "rollouts")},
+    **{name: "cli.history" for name in ("versions", "diff", "audit", "db")},
+    "daemon": "cli.daemon_cmd",
+}
+COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd")
+
+
+def _module_commands(module_name: str) -> dict[str, click.Command]:
+    import importlib
+
+    module = importlib.import_module(module_name)
+    return {command.name: command for command in module.COMMANDS if command.name}
+
+
 class TritonctlGroup(click.Group):
-    """A click group whose `main` turns core errors into one line and an exit code."""
+    """A click group whose `main` turns core errors into one line and an exit code, and which imports a
+    command's module only when that command runs (or when help lists them all)."""
+
+    def _all_commands(self) -> dict[str, click.Command]:
+        found: dict[str, click.Command] = {}
+        for module_name in COMMAND_MODULES:
+            found.update(_module_commands(module_name))
+        return found
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self._all_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:
+            return self.commands[cmd_name]
+        module_name = LAZY_COMMANDS.get(cmd_name)
+        command = _module_commands(module_name).get(cmd_name) if module_name else None
+        if command is None:
+            command = self._all_commands().get(cmd_name)
+        if command is not None:
+            self.add_command(command)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -87,16 +127,6 @@ def validate_cmd(ctx: click.Context, paths: tuple[str, ...], as_json: bool) -> N
     results = validate_paths(paths)
     render.render_validation(results, as_json=as_json)
     ctx.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILED)
-
-
-def _register_commands() -> None:
-    from cli import daemon_cmd, history, operations
-
-    for command in [*operations.COMMANDS, *history.COMMANDS, daemon_cmd.daemon]:
-        cli.add_command(command)
-
-
-_register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:

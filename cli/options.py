@@ -43,7 +43,7 @@ def daemon_options(fn: F) -> F:
     def wrapper(*args: Any, socket: Path | None, address: str | None, token_file: Path | None,
                 state_dir: Path, **kwargs: Any) -> Any:
         from controlplane.api.client import ControlClient
-        from controlplane.api.server import read_token
+        from controlplane.api.protocol import read_token
 
         token = read_token(token_file) if token_file else None
         client = ControlClient(socket=socket or state_dir / "tritonctl.sock", address=address, token=token)
@@ -69,10 +69,10 @@ def registry_options(fn: F | None = None, *, store: bool = False) -> Any:
         @state_option
         @functools.wraps(fn)
         def wrapper(*args: Any, db_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
-            from controlplane.store.migrate import open_existing
+            from controlplane.store.migrate import open_reader
 
             settings = Settings(state_dir=state_dir, db_url=db_url)
-            registry = open_existing(settings.registry_url)
+            registry = open_reader(settings.registry_url)
             try:
                 if store:
                     from controlplane.snapshot import ContentStore

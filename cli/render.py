@@ -11,16 +11,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.text import Text
 
 if TYPE_CHECKING:  # importing modelconfig loads tritonclient: only `validate` should pay for that
+    from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
+
     from controlplane.modelconfig import Problem, ValidationResult
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     # Resolved at call time so click's CliRunner (which swaps sys.stdout) captures the output.
     # Piped into a file or `less`, tables get a generous width instead of folding at 80 columns.
     console = Console(highlight=False, soft_wrap=True)
@@ -73,6 +75,8 @@ def render_validation(results: Sequence[ValidationResult], as_json: bool = False
     if as_json:
         click.echo(json.dumps(validation_json(results), indent=2))
         return
+    from rich.text import Text
+
     console = _console()
     for result in results:
         if result.ok and result.config is not None:
@@ -115,6 +119,8 @@ class _ProgressDisplay:
     def __call__(self, message: Any) -> None:
         if self.as_json or message.state == "start":
             return
+        from rich.text import Text
+
         style = _STATE_STYLE.get(message.state, "")
         text = Text.assemble(
             (f"{message.state:>7} ", style), (f"{message.step:<8} ", "bold"), f"{message.model} ",
@@ -138,6 +144,8 @@ def outcome(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         _print_json(result)
         return
+    from rich.text import Text
+
     state = str(result.get("outcome", ""))
     text = Text.assemble(
         (f"{state}", _OUTCOME_STYLE.get(state, "")), f"  {result.get('model', '')} ",
@@ -259,6 +267,7 @@ def audit(rows: list[dict[str, Any]], as_json: bool) -> None:
         _print_json(rows)
         return
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=_plural(len(rows), "event"), title_justify="left")
     for column in ("Time", "Actor", "Action", "Model", "Digest", "Outcome", "Duration", "Message"):

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from tritonclient.grpc import model_config_pb2 as mc
+from controlplane.triton.model_config import model_config_pb2 as mc
 
 from controlplane.ensemblecheck import check_ensemble_graph
 

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from controlplane.ensemblecheck import Member, as_config, check_ensemble_members, is_ensemble
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
 from controlplane.snapshot import CONFIG_FILE, MAX_CONFIG_BYTES
+from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.warmupcheck import check_warmup
 
 PYTHON_FILE = "model.py"

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.store.records import OUTCOMES, ModelRecord, iso
-from controlplane.store.registry import AuditQuery, Registry, utcnow
+from controlplane.store.records import OUTCOMES, AuditQuery, ModelRecord, iso, utcnow
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the read commands pass a SqliteReader, which answers the same methods: no SQLAlchemy
     from controlplane.reconcile import Drift
+    from controlplane.store.registry import Registry
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -90,19 +90,32 @@ def test_scale_quick(tmp_path: Path) -> None:
     assert poll["live_s"] is not None and poll["models_ready"] == 200
 
 
+def test_cli_latency_quick(tmp_path: Path) -> None:
+    report = run_bench("cli_latency", tmp_path, "--runs", "2", "--events", "5000")  # --quick: 5 runs, 20,000
+    assert report["failures"] == []  # every command answered (exit 0) against the real daemon and registry
+    names = [cmd["command"] for cmd in report["commands"]]
+    assert names[:7] == ["status", "status --json", "load M (noop)", "versions M", "audit --model M --since 1d",
+                         "audit --at T", "validate (one model)"]
+    assert report["python_c_pass"]["median_ms"] > 0
+    assert all(len(cmd["tritonctl"]["samples_ms"]) == 2 for cmd in report["commands"])
+    assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
+    assert report["machine"]["uname"] and report["machine"]["load_average_start"]
+
+
 def test_run_all_renders_docs_from_results(tmp_path: Path) -> None:
     """run_all --from-results rebuilds its block of the docs and leaves everything else in the file."""
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\n## Someone else's section\n\nkept as it is\n")
-    for _ in range(2):  # the second run replaces the block, it does not append another
-        proc = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--from-results", "--docs", str(docs)],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    for plots in ([], ["--plots"]):  # the second run replaces the block, it does not append another
+        proc = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--from-results", "--docs", str(docs),
+                               *plots], cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     text = docs.read_text()
     assert "## Someone else's section\n\nkept as it is" in text
     assert text.count("<!-- bench/run_all.py:full:start -->") == 1
     assert text.count("<!-- bench/run_all.py:full:end -->") == 1
     assert "| Benchmark | Measurement | System | Target | Measured | Result |" in text
+    assert (tmp_path / "cli_latency.png").stat().st_size > 0 and "![CLI latency per command](cli_latency.png)" in text
 
 
 @pytest.mark.slow
@@ -114,7 +127,7 @@ def test_run_all_quick(tmp_path: Path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = docs.read_text()
-    for name in ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale"):
+    for name in ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency"):
         assert f"python bench/{name}.py --quick" in text
 
 

@@ -65,7 +65,9 @@ def assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
 
 
 def _all_commands(group: click.Group = cli, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)  # list_commands/get_command: the group registers commands lazily
+    for name in sorted(group.list_commands(ctx)):
+        command = group.get_command(ctx, name)
         yield (*path, name)
         if isinstance(command, click.Group):
             yield from _all_commands(command, (*path, name))

@@ -1,14 +1,43 @@
-"""The design's layers hold: import-linter's contracts in .importlinter (the core never imports the
-CLI; the adapters store, triton, watcher and systemd do not import each other)."""
+"""The design's layers hold, and each CLI command imports only what it uses.
+
+import-linter's contracts in .importlinter (the core never imports the CLI; the adapters do not import
+each other; the layers of docs/architecture.md; the client path imports no server, database, Triton
+client or numpy code), and, at run time, the modules a real `tritonctl` process has loaded when it
+exits: a static contract cannot see that `versions` on a SQLite registry never takes the SQLAlchemy
+branch, a process can.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from controlplane.store import migrate, schema
+from controlplane.store.records import iso, utcnow
+from controlplane.store.registry import Registry
+from tests.harness import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("sqlalchemy", "alembic", "tritonclient", "numpy")
+CONTRACTS = ("The core never imports the CLI", "The core's layers", "The CLI and the API client import no server")
+
+# Runs `tritonctl ARGS...` as `python -m cli.main` would, then writes the names of the loaded modules.
+_PROBE = """
+import atexit, json, runpy, sys
+out = sys.argv[1]
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv = ["tritonctl", *sys.argv[2:]]
+runpy.run_module("cli.main", run_name="__main__")
+"""
 
 
 def test_import_contracts_are_kept() -> None:
@@ -18,3 +47,117 @@ def test_import_contracts_are_kept() -> None:
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout
+    flat = " ".join(result.stdout.split())
+    for name in CONTRACTS:
+        assert name in flat, f"contract missing from .importlinter: {name}"
+
+
+def test_head_revision_constant_is_the_head_of_migrations() -> None:
+    # Read commands compare the registry's revision with this constant instead of importing Alembic.
+    assert migrate.HEAD_REVISION == migrate.head_revision()
+
+
+def test_every_command_is_registered_lazily() -> None:
+    from cli.main import COMMAND_MODULES, LAZY_COMMANDS, _module_commands
+
+    defined = {name: module for module in COMMAND_MODULES for name in _module_commands(module)}
+    assert defined == LAZY_COMMANDS  # a command missing here would import every command module
+
+
+def run_cli(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    modules_file = tmp_path / "modules.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(modules_file), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return proc, set(json.loads(modules_file.read_text()))
+
+
+def heavy(modules: set[str], extra: tuple[str, ...] = ()) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY + extra
+                  or m in ("controlplane.api.server", "controlplane.service", "controlplane.deploy",
+                           "controlplane.daemon"))
+
+
+@pytest.fixture
+def history_registry(tmp_path: Path) -> tuple[str, str]:
+    """A migrated SQLite registry with one model, two snapshots, audit events and serving changes."""
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = Registry(url)
+    migrate.upgrade(registry)
+    now = utcnow()
+    tables = schema.Base.metadata.tables
+    with registry.engine.begin() as conn:
+        conn.execute(sa.insert(tables["models"]), [{"name": "linear", "pinned": False, "active_digest": "b" * 64,
+                                                    "state": "serving", "created_at": now, "updated_at": now,
+                                                    "active_since": now}])
+        conn.execute(sa.insert(tables["snapshots"]), [
+            {"model": "linear", "digest": d * 64, "manifest": "{}", "versions": "[1]", "served_versions": "[1]",
+             "valid": True, "problems": "[]", "total_bytes": 10, "first_seen": now - timedelta(hours=h),
+             "last_seen": now, "quarantined": False, "collected": False} for d, h in (("a", 2), ("b", 1))])
+        conn.execute(sa.insert(tables["audit_events"]), [
+            {"time": now - timedelta(minutes=m), "actor": "alice", "action": "deploy", "model": "linear",
+             "digest": "a" * 64, "outcome": "ok", "duration_ms": m, "message": f"event {m}", "host": ""}
+            for m in range(1, 6)])
+        conn.execute(sa.insert(tables["serving_log"]), [
+            {"time": now - timedelta(hours=h), "model": "linear", "digest": d * 64, "versions": "[1]", "host": ""}
+            for d, h in (("a", 2), ("b", 1))])
+    registry.close()
+    return url, iso(now - timedelta(minutes=90)) or ""
+
+
+def test_read_commands_skip_sqlalchemy_and_answer_as_the_registry_does(
+        tmp_path: Path, history_registry: tuple[str, str]) -> None:
+    from controlplane import queries
+
+    url, moment = history_registry
+    registry = migrate.open_existing(url)
+    try:
+        expected = {
+            "versions": queries.versions(registry, "linear"),
+            "audit": queries.audit(registry, model="linear", since="1d"),
+            "at": queries.serving_at(registry, moment),
+        }
+    finally:
+        registry.close()
+    for key, args in (("versions", ["versions", "linear"]), ("audit", ["audit", "--model", "linear", "--since", "1d"]),
+                      ("at", ["audit", "--at", moment])):
+        proc, modules = run_cli(tmp_path, *args, "--json", "--db-url", url)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == expected[key]
+        assert heavy(modules, ("grpc", "rich")) == [], args
+
+
+def test_read_commands_refuse_an_old_schema_without_alembic(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = Registry(url)
+    migrate.upgrade(registry, "0003")
+    registry.close()
+    proc, modules = run_cli(tmp_path, "versions", "linear", "--db-url", url)
+    assert proc.returncode == 1
+    assert f"registry schema is at 0003, this tritonctl needs {migrate.HEAD_REVISION}" in proc.stderr
+    assert heavy(modules) == []
+
+
+def test_validate_of_one_model_loads_only_the_config_schema(tmp_path: Path) -> None:
+    proc, modules = run_cli(tmp_path, "validate", str(ROOT / "examples" / "model_repository" / "linear"))
+    assert proc.returncode == 0, proc.stderr
+    assert "tritonclient.grpc.model_config_pb2" in modules
+    assert heavy(modules, ("grpc",)) == ["tritonclient.grpc.model_config_pb2"]
+
+
+def test_status_process_imports_no_database_triton_or_numpy_code(tmp_path: Path, triton: Any) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    daemon = DaemonProcess(repo, tmp_path / "state", launch=False,
+                           extra_args=["--triton-url", triton.grpc_url, "--policy", "manual"]).start()
+    try:
+        for args in (["status", "--json"], ["status"]):
+            proc, modules = run_cli(tmp_path, *args, "--state-dir", str(daemon.state_dir))
+            assert proc.returncode == 0, proc.stderr
+            assert heavy(modules) == [], args
+            protobufs = sorted(m for m in modules if m.endswith("_pb2"))
+            assert protobufs == ["controlplane.api.control_pb2"], protobufs
+            if "--json" in args:
+                assert "rich" not in {m.split(".")[0] for m in modules}  # JSON needs no rich
+    finally:
+        daemon.stop()

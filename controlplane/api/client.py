@@ -13,7 +13,7 @@ import grpc
 from controlplane import errors
 from controlplane.api import control_pb2 as pb
 from controlplane.api import control_pb2_grpc as pb_grpc
-from controlplane.api.server import ACTOR_KEY, ERROR_CLASS_KEY, TOKEN_KEY
+from controlplane.api.protocol import ACTOR_KEY, ERROR_CLASS_KEY, TOKEN_KEY, error_from_name
 
 
 def _current_user() -> str:
@@ -53,10 +53,7 @@ class ControlClient:
         name = trailing.get(ERROR_CLASS_KEY)
         details = exc.details() or str(exc)  # type: ignore[attr-defined]
         if name:
-            cls = getattr(errors, str(name), None)
-            if isinstance(cls, type) and issubclass(cls, errors.TritonctlError):
-                return cls(details)
-            return errors.TritonctlError(details)
+            return error_from_name(str(name), details)
         code = exc.code()  # type: ignore[attr-defined]
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             where = self._socket if self._socket else self.target

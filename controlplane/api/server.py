@@ -23,6 +23,7 @@ import grpc
 from controlplane import errors
 from controlplane.api import control_pb2 as pb
 from controlplane.api import control_pb2_grpc as pb_grpc
+from controlplane.api.protocol import ACTOR_KEY, ERROR_CLASS_KEY, TOKEN_KEY, read_token, status_for
 from controlplane.config import Settings
 from controlplane.deploy import Outcome, Progress
 from controlplane.names import validate_model_name
@@ -30,29 +31,12 @@ from controlplane.service import ControlPlane
 
 log = logging.getLogger("tritonctl.api")
 
-ACTOR_KEY = "x-tritonctl-actor"
-TOKEN_KEY = "authorization"
-ERROR_CLASS_KEY = "tritonctl-error-class"
 SOCKET_MODE = 0o660
-
-_STATUS: list[tuple[type[errors.TritonctlError], grpc.StatusCode]] = [
-    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (errors.UsageError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (errors.TritonUnavailableError, grpc.StatusCode.FAILED_PRECONDITION),
-]
-
-
-def _status_for(exc: errors.TritonctlError) -> grpc.StatusCode:
-    for cls, code in _STATUS:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.ABORTED
 
 
 def _abort(context: grpc.ServicerContext, exc: errors.TritonctlError) -> None:
     context.set_trailing_metadata(((ERROR_CLASS_KEY, type(exc).__name__),))
-    context.abort(_status_for(exc), str(exc))
+    context.abort(status_for(exc), str(exc))
 
 
 def _actor(context: grpc.ServicerContext) -> str:
@@ -186,16 +170,6 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         streaming = handler_call_details.method.rsplit("/", 1)[-1] in ("Load", "Rollback", "Unload")
         return self._deny_stream if streaming else self._deny_unary
-
-
-def read_token(path: os.PathLike[str] | str) -> str:
-    try:
-        token = open(path, encoding="utf-8").read().strip()
-    except OSError as exc:
-        raise errors.ConfigError(f"token_file {path}: cannot read: {exc.strerror}") from None
-    if len(token) < 16:
-        raise errors.ConfigError(f"token_file {path}: the token must be at least 16 characters")
-    return token
 
 
 class ApiServer:

@@ -10,6 +10,11 @@ from typing import Any
 OUTCOMES = ("ok", "failed", "rolled_back", "noop", "invalid")
 
 
+def utcnow() -> datetime:
+    """Now as the registry stores times: naive UTC."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
 def iso(value: datetime | None) -> str | None:
     """Naive-UTC datetime → ISO 8601 with a Z, the JSON contract's time format."""
     if value is None:
@@ -115,3 +120,16 @@ class ServingRecord:
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(self)
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    """The filters of `tritonctl audit` (every given one must match), newest first, at most `limit`."""
+
+    model: str | None = None
+    action: str | None = None
+    outcome: str | None = None
+    actor: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = 100

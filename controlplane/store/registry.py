@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, func, select, update
@@ -21,19 +21,17 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store import schema
-from controlplane.store.records import (
+from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, they live in records
+    AuditQuery,
     AuditRecord,
     DeploymentRecord,
     ModelRecord,
     ServingRecord,
     SnapshotRecord,
+    utcnow,
 )
 
 BUSY_TIMEOUT_S = 10.0
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 def _redact(url: str) -> str:
@@ -60,17 +58,6 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True)
-
-
-@dataclass(frozen=True)
-class AuditQuery:
-    model: str | None = None
-    action: str | None = None
-    outcome: str | None = None
-    actor: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    limit: int = 100
 
 
 def _model_record(row: schema.Model) -> ModelRecord:
@@ -495,14 +482,16 @@ class Registry:
             .limit(1)
             .scalar_subquery()
         )
-        stmt = select(log).where(log.id.in_(select(last_change).select_from(named))).order_by(log.model, log.host)
+        # Sorted in Python: an ORDER BY over the id list would cost SQLite a temporary b-tree.
+        stmt = select(log).where(log.id.in_(select(last_change).select_from(named)))
         with self._session() as session:
-            return [
+            records = [
                 ServingRecord(model=row.model, digest=row.digest, versions=json.loads(row.versions), since=row.time,
                               host=row.host)
                 for row in session.scalars(stmt)
                 if row.digest is not None  # None: nothing served from then on
             ]
+        return sorted(records, key=lambda r: (r.model, r.host))
 
     def serving_history(self, model: str, limit: int = 50) -> list[ServingRecord]:
         """The model's serving changes, newest first (None digest: nothing served from then on)."""

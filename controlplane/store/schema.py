@@ -98,7 +98,10 @@ class ServingLog(Base):
     """Append-only: from `time` on, `model` served `digest` (None: nothing). Answers `audit --at T`."""
 
     __tablename__ = "serving_log"
-    __table_args__ = (Index("ix_serving_model_time", "model", "time"),)
+    __table_args__ = (
+        Index("ix_serving_model_time", "model", "time"),
+        Index("ix_serving_model_host_time", "model", "host", "time"),  # audit --at T (migration 0004)
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     time: Mapped[datetime] = mapped_column(DateTime)
     model: Mapped[str] = mapped_column(String(128))
