@@ -18,6 +18,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--db-url", help="SQLAlchemy URL of the registry [default: sqlite:///<state-dir>/registry.db].")
 @click.option("--triton-url", help="gRPC HOST:PORT of an external tritonserver (explicit mode, on <state>/serving).")
 @click.option("--launch-triton", is_flag=True, default=None, help="Start and supervise the embedded tritonserver.")
+@click.option("--keep-triton", is_flag=True, default=None,
+              help="On SIGTERM leave the launched tritonserver serving; the next start adopts it.")
 @click.option("--tritonserver", type=click.Path(path_type=Path, dir_okay=False),
               help="tritonserver binary for --launch-triton.")
 @click.option("--settle", "settle_s", type=float, help="Settle window in seconds [default: 1.0, min 0.05].")

@@ -58,6 +58,7 @@ class Settings:
     shutdown_timeout_s: float = 30.0
     db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
     host: str = ""
+    keep_triton: bool = False  # SIGTERM leaves a launched tritonserver serving; the next start adopts it
 
     @property
     def registry_url(self) -> str:
@@ -162,6 +163,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "shutdown_timeout_s": _positive_float(1.0),
     "db_busy_timeout_s": _positive_float(0.1),
     "host": _text,
+    "keep_triton": _bool,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 

@@ -282,12 +282,16 @@ class ControlPlane:
             self.counters.triton_reachable = False
             return []
         self.counters.triton_reachable = True
+        waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
         for deployment in self.registry.open_deployments():
             if self.deployer.lock(deployment.model).locked():
                 continue  # in flight in this process, not interrupted
             outcome = self.deployer.recover(deployment)
+            if outcome is None:
+                waiting.append(deployment.model)
+                continue
             log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
-        busy = self.deployer.busy_models()
+        busy = [*self.deployer.busy_models(), *waiting]
         index, served = self._triton_view()
         # plan() looks only at models meant to serve: do not list every model of the repository
         result = plan(self.registry.list_models(states=SERVING_STATES), index, served, busy)

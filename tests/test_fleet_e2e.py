@@ -231,19 +231,25 @@ def test_a_failure_in_a_later_wave_rolls_back_every_host_that_took_it(fleet: Fle
 
 
 def test_the_leader_killed_another_leads_within_10s(fleet: Fleet) -> None:
+    """SIGKILL the leader under a request loop: its tritonserver keeps serving (0 failed requests),
+    another daemon leads, and the restarted daemon adopts the running tritonserver and converges."""
     leader = wait_for(fleet.leader, 10, 0.2, "a leader")
-    started = time.monotonic()
-    fleet.daemons[leader].kill()  # SIGKILL: no goodbye, PostgreSQL drops its session
-    new = wait_for(lambda: (n := fleet.leader()) not in (None, leader) and n, 10, 0.1, "a new leader")
-    assert time.monotonic() - started < 10
-    print(f"new leader {new} after {time.monotonic() - started:.1f}s")
-    others = [h for h in HOSTS if h != leader]
-    write_gen_model(fleet.repo, MODEL, 5)
-    fleet.wait_gen(5, others, 60)
-    # The old leader's host comes back and converges.
-    fleet.daemons[leader]._kill_orphans()
-    fleet.start(leader)
-    fleet.wait_gen(5, HOSTS, 60)
+    victim = fleet.daemons[leader]
+    url, pid = victim.triton_url(), victim.triton_pid()
+    with request_loop(url, MODEL) as stats:
+        started = time.monotonic()
+        victim.kill()  # SIGKILL: no goodbye, PostgreSQL drops its session
+        new = wait_for(lambda: (n := fleet.leader()) not in (None, leader) and n, 10, 0.1, "a new leader")
+        assert time.monotonic() - started < 10
+        print(f"new leader {new} after {time.monotonic() - started:.1f}s")
+        others = [h for h in HOSTS if h != leader]
+        write_gen_model(fleet.repo, MODEL, 5)
+        fleet.wait_gen(5, others, 60)
+        # The old leader's host comes back, adopts its still-serving tritonserver and converges.
+        fleet.start(leader)
+        fleet.wait_gen(5, HOSTS, 60)
+    assert stats["failed"] == 0 and stats["ok"] > 0, stats
+    assert victim.triton_url() == url and victim.triton_pid() == pid, "the running tritonserver was adopted"
 
 
 def test_a_host_stopped_during_a_rollout_converges_after_restart(fleet: Fleet) -> None:
