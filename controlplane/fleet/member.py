@@ -356,13 +356,14 @@ class FleetMember:
             self.store.set_steps(first["id"], ("waiting",), "pending", wave=0)
 
     def _skip_silent_hosts(self, rid: int, steps: list[Step]) -> None:
-        """A host gone silent mid-rollout does not hold the fleet: its step is skipped, and the host
-        converges to the fleet's target when it is back."""
+        """A dead host does not hold the fleet: its steps not yet done (waiting ones too) are skipped
+        as soon as its daemon's session is gone or its heartbeat ages past the liveness window; the
+        host converges to the fleet's target when it is back."""
         live = set(self.store.live_hosts(self.fleet.host_timeout_s))
         for step in steps:
-            if step.state in ("pending", "running") and step.host not in live:
-                log.warning("rollout %s: host %s is silent; it converges when it is back", rid, step.host)
-                self.store.skip_step(step.id, f"host {step.host} silent; it converges when back")
+            if step.state in ("waiting", "pending", "running") and step.host not in live:
+                log.warning("rollout %s: host %s is dead; it converges when it is back", rid, step.host)
+                self.store.skip_step(step.id, f"host {step.host} dead (no session or silent); it converges when back")
 
     def _audit(self, action: str, model: str, digest: str | None, outcome: str, message: str) -> Any:
         event = audit_event(FLEET_ACTOR, action, model, digest, outcome, message)
