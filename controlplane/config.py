@@ -30,7 +30,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
 NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_FAULT")
 # What SIGHUP may change without a restart (everything else needs one).
-RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s")
+RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
+              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,15 @@ class Settings:
     db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
     host: str = ""
     keep_triton: bool = False  # SIGTERM leaves a launched tritonserver serving; the next start adopts it
+    # Fleet (docs/fleet.md): with `fleet`, `db_url` is the PostgreSQL registry every host shares.
+    fleet: bool = False
+    shared_store: Path | None = None  # snapshot content every host reads, the leader writes
+    canary_hosts: str | None = None  # comma-separated; default: the first `canary_count` hosts by name
+    canary_count: int = 1
+    wave_size: int = 2
+    liveness_s: float = 10.0  # a host silent this long is dead (one whose session ended is dead at once)
+    heartbeat_s: float = 1.0
+    converge_s: float = 2.0  # how often a host converges to the fleet's target
 
     @property
     def registry_url(self) -> str:
@@ -105,6 +115,15 @@ def _positive_float(minimum: float) -> Callable[[Any], float]:
         return number
 
     return parse
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ValueError("expected a whole number of at least 1")
+    number = int(value)
+    if number < 1:
+        raise ValueError("expected a whole number of at least 1")
+    return number
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -164,6 +183,14 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "db_busy_timeout_s": _positive_float(0.1),
     "host": _text,
     "keep_triton": _bool,
+    "fleet": _bool,
+    "shared_store": _path,
+    "canary_hosts": _text,
+    "canary_count": _positive_int,
+    "wave_size": _positive_int,
+    "liveness_s": _positive_float(0.5),
+    "heartbeat_s": _positive_float(0.1),
+    "converge_s": _positive_float(0.1),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 

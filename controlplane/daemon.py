@@ -292,6 +292,13 @@ class Daemon:
                 self.plane.settings = new
             if self.watcher is not None:
                 self.watcher.set_settle(new.settle_s)
+            if self.fleet is not None:
+                from controlplane.fleet.settings import from_settings
+
+                try:  # canaries, wave size, liveness window and converge period apply from the next use
+                    self.fleet.fleet = from_settings(new)
+                except TritonctlError as exc:
+                    log.error("reload: fleet settings refused, keeping the running ones: %s", exc)
             logging.getLogger("tritonctl").setLevel(new.log_level.upper())
             log.info("reloaded: policy=%s settle_s=%s log_level=%s reconcile_interval_s=%s",
                      new.policy, new.settle_s, new.log_level, new.reconcile_interval_s)

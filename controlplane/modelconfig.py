@@ -476,3 +476,12 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> list[ValidationRe
             result.problems.append(Problem(result.model, ".", reason, WARNING))
             results.append(result)
     return results
+
+
+def is_ensemble_dir(model_dir: Path) -> bool:
+    """Whether the model's config.pbtxt declares an ensemble (start-up scans deploy these last)."""
+    try:
+        text = (model_dir / "config.pbtxt").read_text(errors="replace")
+    except OSError:
+        return False
+    return 'platform: "ensemble"' in text or 'platform:"ensemble"' in text

@@ -362,3 +362,51 @@ def test_fleet_flags_are_checked_in_one_line(tmp_path: Path) -> None:
     assert result.output.strip().splitlines() == [
         "error: fleet: --fleet needs --shared-store DIR (snapshot content for every host)"]
     assert not (tmp_path / "state").exists()
+
+
+def test_fleet_settings_come_from_the_config_file_and_environment_like_any_other(tmp_path: Path) -> None:
+    """Flag > TRITONCTL_* > config file > default, and SIGHUP's reload takes only what can change live."""
+    from controlplane.config import load_settings
+    from controlplane.errors import ConfigError
+    from controlplane.fleet.settings import from_settings
+
+    config = tmp_path / "tritonctl.toml"
+    config.write_text('fleet = true\nhost = "h7"\ndb_url = "postgresql+psycopg://u@db/t"\n'
+                      f'shared_store = "{tmp_path / "shared"}"\ncanary_hosts = "h7,h8"\ncanary_count = 2\n'
+                      'wave_size = 3\nliveness_s = 6.0\nheartbeat_s = 0.5\nconverge_s = 4.0\n')
+    env = {"TRITONCTL_WAVE_SIZE": "5", "TRITONCTL_CONVERGE_S": "1.5"}
+    settings = load_settings({"canary_count": 4}, env=env, config_file=config)
+    fleet = from_settings(settings)
+    assert settings.fleet and settings.host == "h7"
+    assert (fleet.shared_store, fleet.canary_hosts, fleet.canary_count, fleet.wave_size) == \
+           (tmp_path / "shared", ("h7", "h8"), 4, 5)
+    assert (fleet.host_timeout_s, fleet.heartbeat_s, fleet.converge_s) == (6.0, 0.5, 1.5)
+    reread = load_settings({}, env={"TRITONCTL_WAVE_SIZE": "1", "TRITONCTL_HEARTBEAT_S": "0.2",
+                                    "TRITONCTL_SHARED_STORE": "/elsewhere"}, config_file=config)
+    live = from_settings(settings.reloaded(reread))
+    assert (live.wave_size, live.canary_count, live.converge_s) == (1, 2, 4.0)  # reloaded
+    assert (live.heartbeat_s, live.shared_store) == (0.5, tmp_path / "shared")  # need a restart
+    with pytest.raises(ConfigError, match="wave_size: invalid value '0'"):
+        load_settings({}, env={"TRITONCTL_WAVE_SIZE": "0"}, config_file=config)
+    with pytest.raises(ConfigError, match="liveness_s .* must be longer than heartbeat_s"):
+        from_settings(load_settings({}, env={"TRITONCTL_LIVENESS_S": "0.5"}, config_file=config))
+
+
+def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: Registry, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from controlplane.config import Settings
+    from controlplane.fleet.member import FleetMember
+    from controlplane.fleet.settings import FleetSettings
+
+    repo = tmp_path / "repo"
+    for name in ("a_pipe", "b_step", "c_step"):
+        (repo / name).mkdir(parents=True)
+    (repo / "a_pipe" / "config.pbtxt").write_text('name: "a_pipe"\nplatform: "ensemble"\n')
+    for name in ("b_step", "c_step"):
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n')
+    settings = Settings(db_url=shared.url, host="h1", state_dir=tmp_path, repository=repo)
+    plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"))
+    member = FleetMember(settings, FleetSettings(shared_store=tmp_path / "shared"), plane, shared)
+    member._scan()
+    assert member._settled == ["b_step", "c_step", "a_pipe"]

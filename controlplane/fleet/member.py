@@ -26,7 +26,7 @@ from controlplane.fleet.election import LeaderElection, connect
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedstore import SharedStore
 from controlplane.fleet.store import CHANNEL, FleetStore, Step, audit_event
-from controlplane.modelconfig import validate_model_dir
+from controlplane.modelconfig import is_ensemble_dir, validate_model_dir
 from controlplane.snapshot import is_ignored_name
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry, utcnow
@@ -34,7 +34,6 @@ from controlplane.store.registry import AuditEntry, Registry, utcnow
 log = logging.getLogger("tritonctl.fleet")
 
 FLEET_ACTOR = "fleet"
-CONVERGE_EVERY_S = 2.0
 REPORT_EVERY_S = 5.0
 
 
@@ -165,6 +164,7 @@ class FleetMember:
         if repo is None or not repo.is_dir():
             return
         names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
+        names.sort(key=lambda n: is_ensemble_dir(repo / n))  # ensembles after their members (stable)
         with self._settled_lock:
             self._settled.extend(n for n in names if n not in self._settled)
 
@@ -380,7 +380,7 @@ class FleetMember:
         for step in self.store.claim(self.host):
             self._run_step(step)
         now = time.monotonic()
-        if now - self._last_converge >= CONVERGE_EVERY_S:
+        if now - self._last_converge >= self.fleet.converge_s:
             self._last_converge = now
             self._converge()
         if now - self._last_report >= REPORT_EVERY_S:
