@@ -129,6 +129,7 @@ class Daemon:
             assert self.shared_registry is not None
             self.fleet = FleetMember(settings, self.fleet_settings, self.plane, self.shared_registry)
             self.plane.fleet_load = self.fleet.load
+            self.plane.fleet = self.fleet
         from controlplane.api.server import ApiServer
 
         self.api = ApiServer(self.plane, self.executor, settings)

@@ -207,6 +207,44 @@ def test_load_on_any_host_rolls_out_to_the_fleet_with_live_progress(fleet: Fleet
     fleet.wait_gen(4, HOSTS, 30)
 
 
+def test_fleet_verbs_act_on_every_host_and_a_host_local_action_is_held(fleet: Fleet) -> None:
+    """`rollback` through any host rolls the fleet back (canary, waves, 0 failed requests, audited with
+    actor and host); `rollback --host h3` acts on h3 alone, which the fleet then shows held and does
+    not converge back, until `unpin --host h3`."""
+    current = fleet.settled()["target"]
+    with ExitStack() as stack:
+        loops = {h: stack.enter_context(request_loop(fleet.daemons[h].triton_url(), MODEL, threads=1)) for h in HOSTS}
+        out = fleet.daemons["h2"].cli("rollback", MODEL).stdout
+        previous = fleet.settled()["target"]
+        assert previous != current
+        gens = {fleet.gen(h) for h in HOSTS}
+        assert len(gens) == 1 and gens != {4.0}, gens
+        lines = out.splitlines()
+        canary = next(i for i, line in enumerate(lines) if "canary h1" in line and "ok" in line)
+        assert [i for i, line in enumerate(lines) if "wave " in line and " ok " in line][0] > canary, out
+        # One host alone, back to the current version: held, not converged back.
+        fleet.daemons["h3"].cli("rollback", MODEL, "--to", current[:12], "--host", "h3")
+        assert fleet.gen("h3") == 4.0
+        time.sleep(5.0)  # more than two converge periods
+        assert fleet.gen("h3") == 4.0 and {fleet.gen(h) for h in HOSTS if h != "h3"} == gens
+        cell = fleet.cli_json("status", "--fleet")["models"][0]["hosts"]["h3"]
+        assert cell["state"] == "held" and cell["held"] and cell["digest"] == current
+        assert "held" in fleet.daemons["h1"].cli("status", "--fleet", "--db-url", fleet.url).stdout
+        refused = fleet.daemons["h3"].cli("pin", MODEL, "--host", "h1", check=False)
+        assert refused.returncode == 2 and "this daemon is host 'h3'" in refused.stderr
+        # Released, it converges to the fleet's target.
+        fleet.daemons["h3"].cli("unpin", MODEL, "--host", "h3")
+        fleet.wait_gen(next(iter(gens)), HOSTS, 30)  # type: ignore[arg-type]
+    for host, stats in loops.items():
+        assert stats["failed"] == 0, (host, stats["errors"])
+    events = fleet.cli_json("audit", "--model", MODEL, "--limit", "500")
+    assert any(e["action"] == "rollback" and e["host"] == "h2" and e["actor"] for e in events)
+    assert any(e["action"] == "hold" and e["host"] == "h3" for e in events)
+    fleet.daemons["h1"].cli("load", MODEL, "--digest", current[:12])
+    fleet.wait_gen(4, HOSTS, 30)
+    fleet.settled()
+
+
 @pytest.mark.slow
 def test_a_failure_in_a_later_wave_rolls_back_every_host_that_took_it(fleet: Fleet) -> None:
     """Canary h1 and h2 take the new version, h3 (same wave as h2) fails: h1 and h2 go back to the

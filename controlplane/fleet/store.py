@@ -135,6 +135,9 @@ class FleetStore:
         if row is None:
             row = schema.Model(name=model, pinned=False, state="serving", created_at=now, updated_at=now)
             session.add(row)
+        if not digest:  # a fleet-wide unload is done: nothing is the target
+            row.active_digest, row.state, row.updated_at, row.last_error = None, "unloaded", now, None
+            return
         if row.active_digest != digest:
             row.active_since = now
         row.active_digest, row.state, row.updated_at, row.last_error = digest, "serving", now, None
@@ -283,7 +286,8 @@ class FleetStore:
             row = session.get(schema.RolloutHost, step.id)
             if row is not None:
                 row.state, row.message, row.finished_at = state, " ".join(message.split()), now
-            self._set_host_model(session, host, step.model, serving, "serving" if serving else "failed", now)
+            self._set_host_model(session, host, step.model, serving,
+                                 "serving" if serving else ("unloaded" if state == "ok" else "failed"), now)
             audit.time, audit.host = now, host
             session.add(audit)
             self.notify(session, f"step {step.id} {state}")
@@ -322,7 +326,7 @@ class FleetStore:
             for r in rows:
                 entry = models.setdefault(r.model, {"model": r.model, "target": targets.get(r.model), "hosts": {}})
                 entry["hosts"][r.host] = {"digest": r.digest, "state": r.state, "updated_at": r.updated_at,
-                                          "drift": r.digest != targets.get(r.model)}
+                                          "drift": r.digest != targets.get(r.model), "held": r.state == "held"}
             for model, digest in targets.items():
                 models.setdefault(model, {"model": model, "target": digest, "hosts": {}})
         return {"models": [models[m] for m in sorted(models)]}
