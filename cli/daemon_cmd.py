@@ -18,6 +18,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--db-url", help="SQLAlchemy URL of the registry [default: sqlite:///<state-dir>/registry.db].")
 @click.option("--triton-url", help="gRPC HOST:PORT of an external tritonserver (explicit mode, on <state>/serving).")
 @click.option("--launch-triton", is_flag=True, default=None, help="Start and supervise the embedded tritonserver.")
+@click.option("--keep-triton", is_flag=True, default=None,
+              help="On SIGTERM leave the launched tritonserver serving; the next start adopts it.")
 @click.option("--tritonserver", type=click.Path(path_type=Path, dir_okay=False),
               help="tritonserver binary for --launch-triton.")
 @click.option("--settle", "settle_s", type=float, help="Settle window in seconds [default: 1.0, min 0.05].")
@@ -30,7 +32,7 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), help="[default: plain]")
 @click.option("--host", help="This host's name in the registry (fleet use).")
-@click.option("--fleet", is_flag=True, default=False,
+@click.option("--fleet", is_flag=True, default=None,
               help="Join a fleet: --db-url is a PostgreSQL registry shared by every host (docs/fleet.md).")
 @click.option("--shared-store", type=click.Path(path_type=Path, file_okay=False),
               help="Fleet: snapshot content directory every host reads and the leader writes.")
@@ -52,14 +54,12 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
     from controlplane import logs
     from controlplane.daemon import Daemon  # deferred: the other commands need not import it
 
-    fleet_flags = {key: flags.pop(key) for key in ("fleet", "shared_store", "canary_hosts", "canary_count",
-                                                    "wave_size")}
     settings = load_settings(flags, config_file=config_file)
     fleet = None
-    if fleet_flags.pop("fleet"):
-        from controlplane.fleet.settings import fleet_settings
+    if settings.fleet:
+        from controlplane.fleet.settings import from_settings
 
-        fleet = fleet_settings(settings.db_url, settings.host, **fleet_flags)
+        fleet = from_settings(settings)
     logs.configure(settings.log_level, settings.log_format)
     runner = Daemon(settings, reload_settings=lambda: load_settings(flags, config_file=config_file), fleet=fleet)
     runner.install_signal_handlers()

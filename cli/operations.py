@@ -29,9 +29,12 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--digest", default="", help="Deploy this recorded snapshot (full digest or unique prefix).")
 @click.option("--force", is_flag=True, help="Retry a quarantined digest, or reload the active one.")
 @click.option("--no-wait", is_flag=True, help="Return once the daemon accepted the request.")
+@click.option("--host", "host", default="", metavar="H",
+              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def load(client: ControlClient, model: str, digest: str, force: bool, no_wait: bool, as_json: bool) -> None:
+def load(client: ControlClient, model: str, digest: str, force: bool, no_wait: bool, host: str,
+         as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
     \b
@@ -41,16 +44,18 @@ def load(client: ControlClient, model: str, digest: str, force: bool, no_wait: b
       tritonctl load linear --force      # retry a quarantined digest
     """
     with render.progress_display(as_json) as show:
-        result = client.load(model, digest, force, wait=not no_wait, on_progress=show)
+        result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host)
     _finish(result, as_json)
 
 
 @click.command()
 @click.argument("model")
 @click.option("--dependents", is_flag=True, help="Also unload models that only this one needs (ensembles).")
+@click.option("--host", "host", default="", metavar="H",
+              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def unload(client: ControlClient, model: str, dependents: bool, as_json: bool) -> None:
+def unload(client: ControlClient, model: str, dependents: bool, host: str, as_json: bool) -> None:
     """Unload MODEL from Triton; it stays unloaded until `tritonctl load`.
 
     \b
@@ -58,16 +63,18 @@ def unload(client: ControlClient, model: str, dependents: bool, as_json: bool) -
       tritonctl unload sentiment_pipeline --dependents
     """
     with render.progress_display(as_json) as show:
-        result = client.unload(model, dependents, on_progress=show)
+        result = client.unload(model, dependents, on_progress=show, host=host)
     _finish(result, as_json)
 
 
 @click.command()
 @click.argument("model")
 @click.option("--to", "to_digest", default="", help="Digest to return to (default: the previous good one).")
+@click.option("--host", "host", default="", metavar="H",
+              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def rollback(client: ControlClient, model: str, to_digest: str, as_json: bool) -> None:
+def rollback(client: ControlClient, model: str, to_digest: str, host: str, as_json: bool) -> None:
     """Serve MODEL's previous good version again (or the one given by --to).
 
     \b
@@ -76,7 +83,7 @@ def rollback(client: ControlClient, model: str, to_digest: str, as_json: bool) -
       tritonctl rollback linear --to 3f2a9c1b
     """
     with render.progress_display(as_json) as show:
-        result = client.rollback(model, to_digest, on_progress=show)
+        result = client.rollback(model, to_digest, on_progress=show, host=host)
     _finish(result, as_json)
 
 
@@ -120,44 +127,50 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
 @click.command()
 @click.argument("model")
 @click.argument("policy", type=click.Choice(["auto", "manual", "inherit"]))
+@click.option("--host", "host", default="", metavar="H",
+              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def policy(client: ControlClient, model: str, policy: str, as_json: bool) -> None:
+def policy(client: ControlClient, model: str, policy: str, host: str, as_json: bool) -> None:
     """Set MODEL's deploy policy: auto (every settled valid change deploys), manual, or inherit the global one.
 
     \b
     Example:
       tritonctl policy linear manual
     """
-    render.kv(client.set_policy(model, policy), as_json)
+    render.kv(client.set_policy(model, policy, host), as_json)
 
 
 @click.command()
 @click.argument("model")
+@click.option("--host", "host", default="", metavar="H",
+              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def pin(client: ControlClient, model: str, as_json: bool) -> None:
+def pin(client: ControlClient, model: str, host: str, as_json: bool) -> None:
     """Hold MODEL at its active snapshot: changes are recorded but not deployed until `unpin`.
 
     \b
     Example:
       tritonctl pin linear
     """
-    render.kv(client.set_pin(model, True), as_json)
+    render.kv(client.set_pin(model, True, host), as_json)
 
 
 @click.command()
 @click.argument("model")
+@click.option("--host", "host", default="", metavar="H",
+              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def unpin(client: ControlClient, model: str, as_json: bool) -> None:
+def unpin(client: ControlClient, model: str, host: str, as_json: bool) -> None:
     """Release a pinned MODEL.
 
     \b
     Example:
       tritonctl unpin linear
     """
-    render.kv(client.set_pin(model, False), as_json)
+    render.kv(client.set_pin(model, False, host), as_json)
 
 
 @click.command()

@@ -31,7 +31,8 @@ WATCH_MODES = ("auto", "inotify", "poll")
 # daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
 NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_FAULT", "TRITONCTL_TEST_DROP_EVENTS")
 # What SIGHUP may change without a restart (everything else needs one).
-RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s")
+RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
+              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,16 @@ class Settings:
     watch: str = "auto"  # how the repository is watched: auto (by filesystem type), inotify, poll
     poll_interval_s: float = 2.0  # poll mode (and symlinked models): stat signatures this often
     rescan_interval_s: float = 30.0  # inotify mode: every model's stat signature, the safety net
+    keep_triton: bool = False  # SIGTERM leaves a launched tritonserver serving; the next start adopts it
+    # Fleet (docs/fleet.md): with `fleet`, `db_url` is the PostgreSQL registry every host shares.
+    fleet: bool = False
+    shared_store: Path | None = None  # snapshot content every host reads, the leader writes
+    canary_hosts: str | None = None  # comma-separated; default: the first `canary_count` hosts by name
+    canary_count: int = 1
+    wave_size: int = 2
+    liveness_s: float = 10.0  # a host silent this long is dead (one whose session ended is dead at once)
+    heartbeat_s: float = 1.0
+    converge_s: float = 2.0  # how often a host converges to the fleet's target
 
     @property
     def registry_url(self) -> str:
@@ -110,6 +121,15 @@ def _positive_float(minimum: float) -> Callable[[Any], float]:
         return number
 
     return parse
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ValueError("expected a whole number of at least 1")
+    number = int(value)
+    if number < 1:
+        raise ValueError("expected a whole number of at least 1")
+    return number
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -173,6 +193,15 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "watch": _choice(WATCH_MODES),
     "poll_interval_s": _positive_float(0.1),
     "rescan_interval_s": _positive_float(0.5),
+    "keep_triton": _bool,
+    "fleet": _bool,
+    "shared_store": _path,
+    "canary_hosts": _text,
+    "canary_count": _positive_int,
+    "wave_size": _positive_int,
+    "liveness_s": _positive_float(0.5),
+    "heartbeat_s": _positive_float(0.1),
+    "converge_s": _positive_float(0.1),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 

@@ -4,7 +4,9 @@ main loop (settled models, periodic reconcile, Triton supervision, watchdog) →
 Signal handlers only set flags; the loop acts on them. SIGHUP re-reads the settings that can change
 without a restart (policy, settle window, log level, reconcile interval); SIGTERM/SIGINT stop taking
 new work, let in-flight deploys finish within `shutdown_timeout_s`, leave models loaded in an
-external tritonserver and stop a launched one; a second SIGINT exits at once.
+external tritonserver and stop a launched one (unless `keep_triton`); a second SIGINT exits at once.
+A launched tritonserver is the data plane and never dies with the daemon: a SIGKILLed daemon leaves
+it serving, and the next start adopts it (controlplane/triton/launcher.py) and reconciles.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
-from controlplane.triton.launcher import TritonServer
+from controlplane.triton.launcher import RECORD_FILE, TritonServer
 from controlplane.watcher import RepositoryWatcher
 
 log = logging.getLogger("tritonctl.daemon")
@@ -77,16 +79,22 @@ class Daemon:
 
     def _start_triton(self) -> tuple[str, str | None]:
         if self.settings.launch_triton:
-            key = secrets.token_hex(16)  # only this process knows it: nobody else can load code
+            workdir = self.settings.state_dir / "triton"
             self.triton_server = TritonServer(
                 model_repository=self.settings.state_dir / "serving",
-                workdir=self.settings.state_dir / "triton",
+                workdir=workdir,
                 tritonserver=str(self.settings.tritonserver) if self.settings.tritonserver else None,
-                restricted_key=key,
+                restricted_key=secrets.token_hex(16),  # only this daemon knows it: nobody else can load code
+                die_with_parent=False,  # the data plane outlives a crash of the control plane
+                record_path=workdir / RECORD_FILE,
             )
-            self.triton_server.start()
-            log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
-            return self.triton_server.grpc_url, key
+            if self.triton_server.adopt():
+                log.info("adopted the running tritonserver pid %s on %s", self.triton_server.pid,
+                         self.triton_server.grpc_url)
+            else:
+                self.triton_server.start()
+                log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
+            return self.triton_server.grpc_url, self.triton_server.restricted_key
         if not self.settings.triton_url:
             raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
         return self.settings.triton_url, self.settings.triton_key
@@ -124,6 +132,7 @@ class Daemon:
             assert self.shared_registry is not None
             self.fleet = FleetMember(settings, self.fleet_settings, self.plane, self.shared_registry)
             self.plane.fleet_load = self.fleet.load
+            self.plane.fleet = self.fleet
         from controlplane.api.server import ApiServer
 
         self.api = ApiServer(self.plane, self.executor, settings)
@@ -180,9 +189,9 @@ class Daemon:
             self._sigint_count += 1
             if self._sigint_count > 1:
                 server = self.triton_server
-                if server is not None and server.process is not None:
+                if server is not None and server.pid is not None and not self.settings.keep_triton:
                     try:  # do not leave a launched tritonserver (its own session) behind
-                        os.killpg(server.process.pid, signal.SIGKILL)
+                        os.killpg(server.pid, signal.SIGKILL)
                     except OSError:
                         pass
                 os._exit(130)  # the operator insists
@@ -292,6 +301,13 @@ class Daemon:
                 self.plane.settings = new
             if self.watcher is not None:
                 self.watcher.set_settle(new.settle_s)
+            if self.fleet is not None:
+                from controlplane.fleet.settings import from_settings
+
+                try:  # canaries, wave size, liveness window and converge period apply from the next use
+                    self.fleet.fleet = from_settings(new)
+                except TritonctlError as exc:
+                    log.error("reload: fleet settings refused, keeping the running ones: %s", exc)
             logging.getLogger("tritonctl").setLevel(new.log_level.upper())
             log.info("reloaded: policy=%s settle_s=%s log_level=%s reconcile_interval_s=%s",
                      new.policy, new.settle_s, new.log_level, new.reconcile_interval_s)
@@ -371,7 +387,12 @@ class Daemon:
             except TritonctlError as exc:
                 log.error("audit at shutdown: %s", exc)
         if self.triton_server is not None:
-            self.triton_server.stop()
+            if self.settings.keep_triton:
+                log.info("leaving tritonserver pid %s serving (keep_triton); the next start adopts it",
+                         self.triton_server.pid)
+                self.triton_server.release()
+            else:
+                self.triton_server.stop()
         if self.plane is not None:
             self.plane.triton.close()
         if self.registry is not None:
@@ -388,7 +409,8 @@ class Daemon:
             lambda: self.fleet.stop() if self.fleet else None,
             lambda: self.api.stop(grace_s=0.5) if self.api else None,
             lambda: self.metrics.stop() if self.metrics else None,
-            lambda: self.triton_server.stop() if self.triton_server else None,
+            # A server this start adopted was serving before it: leave it for the next start.
+            lambda: self.triton_server.stop() if self.triton_server and not self.triton_server.adopted_pid else None,
             lambda: self.registry.close() if self.registry else None,
             lambda: self.shared_registry.close() if self.shared_registry else None,
         ):

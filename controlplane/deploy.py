@@ -403,23 +403,88 @@ class Deployer:
             self.serving.prune(model)
             return self._outcome(model, "restore", "ok", digest, digest, message, started, [])
 
-    def recover(self, deployment: DeploymentRecord) -> Outcome:
-        """Finish or roll back a deployment a crash interrupted (its steps say how far it got)."""
+    def drain(self, model: str, bound_s: float | None = None) -> bool:
+        """Wait until Triton runs no load or unload of `model` (one a killed daemon may have left).
+
+        A first load or an unload shows as LOADING / UNLOADING in the repository index. A reload of
+        a READY model shows READY throughout (measured), so the index cannot tell it; but Triton runs
+        one load of a model at a time, so a load of the tree `serving/` already points at queues
+        behind it, then loads nothing (the tree is unchanged and pre-compiled) — or finishes the
+        interrupted publish → load, which is what the interrupted deploy wanted. Nothing is re-pointed
+        here. The bound is the rollback's after a load deadline: the load deadline plus
+        ROLLBACK_GRACE_S. Returns False when a load was still running at the bound.
+        """
+        bound = bound_s if bound_s is not None else self.load_timeout_s + ROLLBACK_GRACE_S
+        deadline = time.monotonic() + bound
+        while any(e.name == model and e.state in ("LOADING", "UNLOADING") for e in self.triton.index()):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        if self.serving.current(model) is None:
+            return True
+        try:
+            self.triton.load(model, max(1.0, deadline - time.monotonic()))
+        except TritonTimeoutError:
+            return False
+        except TritonUnavailableError:
+            raise
+        except TritonctlError as exc:  # the interrupted content does not load: decided from what serves
+            log.warning("%s: load of the interrupted tree after restart: %s", model, exc)
+        return True
+
+    def _serves_verified(self, model: str, digest: str, smoke: bool) -> list[str] | None:
+        """READY versions when Triton serves `digest` as recorded (and its smoke passes), else None."""
+        try:
+            snap = self.registry.get_snapshot(model, digest)
+            ready = self._verify(model, digest, snap.served_versions)
+            tree = self.serving.current(model)
+            if tree is None or digest not in (tree / "config.pbtxt").read_text(errors="replace"):
+                return None  # Triton serves it, but serving/ points elsewhere: publish it again
+            if smoke:
+                self._smoke(model, tree)
+            return ready
+        except OSError:
+            return None
+        except TritonctlError as exc:
+            log.info("%s: %s does not serve as recorded: %s", model, digest[:12], exc)
+            return None
+
+    def recover(self, deployment: DeploymentRecord) -> Outcome | None:
+        """Finish, roll forward or roll back a deployment a crash interrupted.
+
+        First `drain` (never re-point `serving/` under a load Triton may still run: its python stub
+        would import one tree's code under the other's config); then decide from what Triton serves:
+        the interrupted digest READY, verified and smoke-tested is committed (rolled forward); else
+        the previous one is restored (without a reload when it already serves). None: Triton still
+        ran a load at the bound; the deployment stays open and the next reconcile tries again.
+        """
         with self.lock(deployment.model):
             started = time.monotonic()
-            model, previous = deployment.model, deployment.previous_digest
+            model, previous, digest = deployment.model, deployment.previous_digest, deployment.digest
             reason = f"interrupted at step '{deployment.step}' by a daemon stop"
+            if not self.drain(model):
+                log.warning("%s: Triton still loads it after the bound; recovery waits for the next round", model)
+                return None
             if deployment.kind == "unload":
                 self._take_out(model)
                 return self._end(deployment, "ok", f"finished after restart; {reason}", None, "unloaded", None,
                                  started, [], serving=ServingRecord(model, None, []))
+            if digest and deployment.step != "rolling_back":
+                ready = self._serves_verified(model, digest, smoke=True)
+                if ready is not None:
+                    message = f"rolled forward: serving {digest[:12]} (versions {', '.join(ready)}); {reason}"
+                    outcome = self._end(deployment, "ok", message, None, "serving", digest, started, [],
+                                        serving=ServingRecord(model, digest, [int(v) for v in ready if v.isdigit()]))
+                    self.serving.prune(model)
+                    return outcome
             if previous:
-                snap = self.registry.get_snapshot(model, previous)
-                try:
-                    self._load_verified(model, previous, snap.served_versions, lambda p: None, None)
-                except TritonctlError as exc:
-                    message = f"{reason}; restoring {previous[:12]} failed: {exc}"
-                    return self._end(deployment, "failed", message, message, "degraded", previous, started, [])
+                if self._serves_verified(model, previous, smoke=False) is None:
+                    snap = self.registry.get_snapshot(model, previous)
+                    try:
+                        self._load_verified(model, previous, snap.served_versions, lambda p: None, None)
+                    except TritonctlError as exc:
+                        message = f"{reason}; restoring {previous[:12]} failed: {exc}"
+                        return self._end(deployment, "failed", message, message, "degraded", previous, started, [])
                 self.serving.prune(model)
                 return self._end(deployment, "rolled_back", f"rolled back to {previous[:12]}: {reason}", reason,
                                  "serving", previous, started, [])

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
+
+from controlplane.triton.model_config import model_config_pb2 as mc
 
 ERROR = "error"
 ENSEMBLE = "ensemble"

@@ -13,9 +13,8 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from controlplane.triton.model_config import model_config_pb2 as mc
-
 from controlplane.ensemblecheck import check_ensemble_graph
+from controlplane.triton.model_config import model_config_pb2 as mc
 
 ERROR = "error"
 WARNING = "warning"

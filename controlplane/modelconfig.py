@@ -563,3 +563,10 @@ def check_ensembles(results: list[ValidationResult]) -> None:
                                         f'step model "{step.model_name}" does not validate: '
                                         f"{member.first_error.line() if member.first_error else ''}", ERROR))
         result.problems.extend(p for p in problems if p not in result.problems)
+def is_ensemble_dir(model_dir: Path) -> bool:
+    """Whether the model's config.pbtxt declares an ensemble (start-up scans deploy these last)."""
+    try:
+        text = (model_dir / "config.pbtxt").read_text(errors="replace")
+    except OSError:
+        return False
+    return 'platform: "ensemble"' in text or 'platform:"ensemble"' in text

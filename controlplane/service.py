@@ -73,6 +73,9 @@ class ControlPlane:
         self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
         # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
         self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
+        # The FleetMember with --fleet: rollback, unload, pin, unpin and policy act on the fleet, or with
+        # `host` on this host only, which the fleet then holds (controlplane/fleet/verbs.py).
+        self.fleet: Any = None
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
@@ -206,7 +209,8 @@ class ControlPlane:
     # -- operations -----------------------------------------------------------------------------
 
     def load(
-        self, model: str, actor: str, digest: str = "", force: bool = False, progress: ProgressFn | None = None
+        self, model: str, actor: str, digest: str = "", force: bool = False, progress: ProgressFn | None = None,
+        host: str = "",
     ) -> Outcome:
         validate_model_name(model)
         if digest:
@@ -215,32 +219,46 @@ class ControlPlane:
         else:
             target = self.capture(model, actor, settled=False).digest
         current = self.registry.find_model(model)
-        if current is not None and current.pinned and target != current.active_digest and not force:
+        fleet_wide = self.fleet is not None and not host  # the fleet's pin is checked by the rollout
+        if current is not None and current.pinned and target != current.active_digest and not force and not fleet_wide:
             raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; unpin it or use --force")
+        if self.fleet is not None and host:
+            return self.fleet.verbs.held(model, host, actor, lambda: self.deployer.deploy(
+                model, target, actor, force=force, progress=progress))
         if self.fleet_load is not None:
             return self.fleet_load(model, target, actor, force, progress)
         return self.deployer.deploy(model, target, actor, force=force, progress=progress)
 
-    def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
+    def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None,
+               host: str = "") -> Outcome:
         validate_model_name(model)
+        if self.fleet is not None:
+            return self.fleet.verbs.unload(model, actor, dependents, progress, host)
         return self.deployer.unload(model, actor, dependents, progress)
 
-    def rollback(self, model: str, actor: str, to: str = "", progress: ProgressFn | None = None) -> Outcome:
+    def rollback(self, model: str, actor: str, to: str = "", progress: ProgressFn | None = None,
+                 host: str = "") -> Outcome:
         validate_model_name(model)
         if to:
             to = validate_digest(to)
+        if self.fleet is not None:
+            return self.fleet.verbs.rollback(model, actor, to or None, progress, host)
         return self.deployer.rollback(model, actor, to or None, progress)
 
-    def set_policy(self, model: str, policy: str, actor: str) -> dict[str, Any]:
+    def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> dict[str, Any]:
         validate_model_name(model)
         if policy not in ("auto", "manual", "inherit"):
             raise UsageError(f"policy '{policy}': expected auto, manual or inherit")
+        if self.fleet is not None:
+            return dict(self.fleet.verbs.set_policy(model, policy, actor, host))
         record = self.registry.update_model(model, policy=None if policy == "inherit" else policy)
         self.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok", f"policy {policy}"))
         return {"model": model, "policy": self.effective_policy(record), "inherited": record.policy is None}
 
-    def set_pin(self, model: str, pinned: bool, actor: str) -> dict[str, Any]:
+    def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> dict[str, Any]:
         validate_model_name(model)
+        if self.fleet is not None:
+            return dict(self.fleet.verbs.set_pin(model, pinned, actor, host))
         existing = self.registry.find_model(model)
         if existing is None:
             raise NotFoundError(f"model '{model}' is unknown to the registry")
@@ -304,12 +322,16 @@ class ControlPlane:
             self.counters.triton_reachable = False
             return []
         self.counters.triton_reachable = True
+        waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
         for deployment in self.registry.open_deployments():
             if self.deployer.lock(deployment.model).locked():
                 continue  # in flight in this process, not interrupted
             outcome = self.deployer.recover(deployment)
+            if outcome is None:
+                waiting.append(deployment.model)
+                continue
             log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
-        busy = self.deployer.busy_models()
+        busy = [*self.deployer.busy_models(), *waiting]
         index, served = self._triton_view()
         # plan() looks only at models meant to serve: do not list every model of the repository
         result = plan(self.registry.list_models(states=SERVING_STATES), index, served, busy)

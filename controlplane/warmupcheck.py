@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from tritonclient.grpc import model_config_pb2 as mc
+from controlplane.triton.model_config import model_config_pb2 as mc
 
 ERROR = "error"
 WARMUP_DIR = "warmup"

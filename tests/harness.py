@@ -168,15 +168,17 @@ class DaemonProcess:
 
     def triton_pid(self) -> int | None:
         """The launched tritonserver's pid (its command line names our serving directory)."""
-        serving = str(self.state_dir / "serving")
+        wanted = f"--model-repository={self.state_dir / 'serving'}"
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                stat = Path(f"/proc/{pid}/stat").read_text()
             except OSError:
                 continue
-            if "tritonserver" in cmdline and serving in cmdline:
+            # the server itself, not a python stub (whose paths may contain the word) nor a zombie
+            if Path(cmdline[0]).name == "tritonserver" and wanted in cmdline and stat[stat.rfind(")") + 2] != "Z":
                 return int(pid)
         return None
 

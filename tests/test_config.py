@@ -157,7 +157,8 @@ def test_reloaded_takes_only_reloadable_settings() -> None:
     assert (merged.policy, merged.settle_s, merged.log_level, merged.reconcile_interval_s) == \
            ("manual", 0.5, "debug", 3.0)
     assert (merged.load_timeout_s, merged.state_dir) == (120.0, Path("/a"))
-    assert set(RELOADABLE) == {"policy", "settle_s", "log_level", "reconcile_interval_s"}
+    assert set(RELOADABLE) == {"policy", "settle_s", "log_level", "reconcile_interval_s",
+                               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s"}
 
 
 def test_example_config_has_every_key_and_parses(tmp_path: Path) -> None:

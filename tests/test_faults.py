@@ -138,17 +138,6 @@ def test_killed_tritonserver_is_restarted_and_models_come_back(tmp_path: Path) -
         assert daemon.stop() == 0
 
 
-def test_daemon_crash_leaves_no_orphan_tritonserver(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    daemon = DaemonProcess(repo, tmp_path / "state").start()
-    pid = daemon.triton_pid()
-    assert pid is not None
-    daemon.kill()
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
-             15, what="launched tritonserver gone with its daemon")
-
-
 def test_load_past_its_deadline_is_rolled_back(tmp_path: Path) -> None:
     """Triton cannot cancel a load; the rollback waits for it and the old version keeps answering."""
     repo = tmp_path / "repo"

@@ -126,17 +126,67 @@ def test_a_leader_whose_connection_is_killed_steps_down(shared: Registry) -> Non
         election.stop()
 
 
-def test_hosts_heartbeats_and_liveness(shared: Registry) -> None:
+class HostSessions:
+    """The session each live daemon holds (its host lock), opened and closed by hand."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conns: dict[str, object] = {}
+
+    def open(self, *hosts: str) -> None:
+        from controlplane.fleet.election import APPLICATION_PREFIX, connect, take_host_lock
+
+        for host in hosts:
+            conn = connect(self.url, APPLICATION_PREFIX + host)
+            assert take_host_lock(conn, host)
+            self.conns[host] = conn
+
+    def close(self, host: str) -> None:
+        self.conns.pop(host).close()  # type: ignore[attr-defined]
+
+    def close_all(self) -> None:
+        for host in list(self.conns):
+            self.close(host)
+
+
+@pytest.fixture
+def sessions(shared: Registry) -> Iterator[HostSessions]:
+    held = HostSessions(shared.url)
+    yield held
+    held.close_all()
+
+
+def test_hosts_heartbeats_and_liveness(shared: Registry, sessions: HostSessions) -> None:
     from controlplane.store.registry import utcnow
 
     store = FleetStore(shared)
-    store.heartbeat("h2", "127.0.0.1:2", "1.0", utcnow())
-    store.heartbeat("h1", "127.0.0.1:1", "1.0", utcnow())
-    assert store.live_hosts(10) == ["h1", "h2"]
+    sessions.open("h1", "h2", "h3")
+    for host in ("h3", "h2", "h1"):
+        store.heartbeat(host, f"127.0.0.1:{host[1]}", "1.0", utcnow())
+    assert store.live_hosts(10) == ["h1", "h2", "h3"]
     rows = store.hosts()
-    assert [(r["host"], r["alive"], r["leader"]) for r in rows] == [("h1", True, False), ("h2", True, False)]
+    assert [(r["host"], r["alive"], r["session"], r["leader"]) for r in rows] == [
+        ("h1", True, True, False), ("h2", True, True, False), ("h3", True, True, False)]
+    # A daemon whose session ends (it died; the kernel closed its socket) is dead at once, its fresh
+    # heartbeat notwithstanding; one that holds its session but stops heartbeating, after the window.
+    sessions.close("h2")
+    wait_for(lambda: store.live_hosts(10) == ["h1", "h3"], 2, 0.02, "h2 dead once its session closed")
+    assert [r["alive"] for r in store.hosts()] == [True, False, True]
     time.sleep(0.3)
     assert store.live_hosts(0.1) == []
+
+
+def test_a_host_name_is_held_by_one_live_daemon(shared: Registry, sessions: HostSessions) -> None:
+    from controlplane.fleet.election import APPLICATION_PREFIX, connect, take_host_lock
+
+    sessions.open("h1")
+    second = connect(shared.url, APPLICATION_PREFIX + "h1")
+    try:
+        assert not take_host_lock(second, "h1")
+        sessions.close("h1")
+        wait_for(lambda: take_host_lock(second, "h1"), 2, 0.02, "the host lock free once its session ended")
+    finally:
+        second.close()
 
 
 # --- the leader's rollout driver ---------------------------------------------------------------------
@@ -177,10 +227,12 @@ class Leader:
 
 
 @pytest.fixture
-def leader(shared: Registry, tmp_path: Path) -> Leader:
+def leader(shared: Registry, tmp_path: Path, sessions: HostSessions) -> Leader:
     from controlplane.store.registry import utcnow
 
     lead = Leader(shared, tmp_path)
+    lead.sessions = sessions  # type: ignore[attr-defined]
+    sessions.open("h1", "h2", "h3", "h4")
     for host in ("h1", "h2", "h3", "h4"):
         lead.store.heartbeat(host, "", "t", utcnow())
     for digest in (D1, D2):
@@ -264,6 +316,29 @@ def test_a_silent_host_is_skipped_and_a_second_change_waits_its_turn(leader: Lea
     assert leader.store.rollout(queued)["state"] == "running"
 
 
+def test_a_host_whose_session_ends_is_skipped_at_the_next_tick(leader: Leader, shared: Registry) -> None:
+    """Its heartbeat is fresh, but its daemon's PostgreSQL session is gone: dead at once, even in a
+    wave not yet started (it converges when it is back)."""
+    rid = leader.member.propose("m", shared.get_snapshot("m", D1))
+    assert rid is not None
+    leader.sessions.close("h4")  # type: ignore[attr-defined]  # the daemon of the last wave dies
+    started = time.monotonic()
+
+    def skipped() -> bool:  # one leader tick each; PostgreSQL ends the backend a moment after the close
+        leader.drive()
+        return leader.states(rid)[3] == ("h4", 2, "deploy", "skipped")
+
+    wait_for(skipped, 2, 0.05, "h4's step skipped")
+    print(f"dead host skipped {time.monotonic() - started:.2f}s after its session closed")
+    assert "h4" not in leader.store.live_hosts(10)
+    leader.report(rid, "h1", "ok")
+    leader.drive()
+    for host in ("h2", "h3"):
+        leader.report(rid, host, "ok")
+    leader.drive()
+    assert leader.store.rollout(rid)["state"] == "done"
+
+
 def test_fleet_flags_are_checked_in_one_line(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
@@ -287,3 +362,51 @@ def test_fleet_flags_are_checked_in_one_line(tmp_path: Path) -> None:
     assert result.output.strip().splitlines() == [
         "error: fleet: --fleet needs --shared-store DIR (snapshot content for every host)"]
     assert not (tmp_path / "state").exists()
+
+
+def test_fleet_settings_come_from_the_config_file_and_environment_like_any_other(tmp_path: Path) -> None:
+    """Flag > TRITONCTL_* > config file > default, and SIGHUP's reload takes only what can change live."""
+    from controlplane.config import load_settings
+    from controlplane.errors import ConfigError
+    from controlplane.fleet.settings import from_settings
+
+    config = tmp_path / "tritonctl.toml"
+    config.write_text('fleet = true\nhost = "h7"\ndb_url = "postgresql+psycopg://u@db/t"\n'
+                      f'shared_store = "{tmp_path / "shared"}"\ncanary_hosts = "h7,h8"\ncanary_count = 2\n'
+                      'wave_size = 3\nliveness_s = 6.0\nheartbeat_s = 0.5\nconverge_s = 4.0\n')
+    env = {"TRITONCTL_WAVE_SIZE": "5", "TRITONCTL_CONVERGE_S": "1.5"}
+    settings = load_settings({"canary_count": 4}, env=env, config_file=config)
+    fleet = from_settings(settings)
+    assert settings.fleet and settings.host == "h7"
+    assert (fleet.shared_store, fleet.canary_hosts, fleet.canary_count, fleet.wave_size) == \
+           (tmp_path / "shared", ("h7", "h8"), 4, 5)
+    assert (fleet.host_timeout_s, fleet.heartbeat_s, fleet.converge_s) == (6.0, 0.5, 1.5)
+    reread = load_settings({}, env={"TRITONCTL_WAVE_SIZE": "1", "TRITONCTL_HEARTBEAT_S": "0.2",
+                                    "TRITONCTL_SHARED_STORE": "/elsewhere"}, config_file=config)
+    live = from_settings(settings.reloaded(reread))
+    assert (live.wave_size, live.canary_count, live.converge_s) == (1, 2, 4.0)  # reloaded
+    assert (live.heartbeat_s, live.shared_store) == (0.5, tmp_path / "shared")  # need a restart
+    with pytest.raises(ConfigError, match="wave_size: invalid value '0'"):
+        load_settings({}, env={"TRITONCTL_WAVE_SIZE": "0"}, config_file=config)
+    with pytest.raises(ConfigError, match="liveness_s .* must be longer than heartbeat_s"):
+        from_settings(load_settings({}, env={"TRITONCTL_LIVENESS_S": "0.5"}, config_file=config))
+
+
+def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: Registry, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from controlplane.config import Settings
+    from controlplane.fleet.member import FleetMember
+    from controlplane.fleet.settings import FleetSettings
+
+    repo = tmp_path / "repo"
+    for name in ("a_pipe", "b_step", "c_step"):
+        (repo / name).mkdir(parents=True)
+    (repo / "a_pipe" / "config.pbtxt").write_text('name: "a_pipe"\nplatform: "ensemble"\n')
+    for name in ("b_step", "c_step"):
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n')
+    settings = Settings(db_url=shared.url, host="h1", state_dir=tmp_path, repository=repo)
+    plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"))
+    member = FleetMember(settings, FleetSettings(shared_store=tmp_path / "shared"), plane, shared)
+    member._scan()
+    assert member._settled == ["b_step", "c_step", "a_pipe"]

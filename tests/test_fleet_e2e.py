@@ -8,7 +8,8 @@ In order (one fleet for the module, the tests build on each other):
 - `tritonctl load --digest` on any host rolls out to all four, printing each host's step live;
 - (slow) a failure in a later wave rolls back the canary and the wave's other host too;
 - the leader is killed and another daemon leads in under 10 s (and the fleet still rolls out);
-- a host stopped during a rollout converges to the fleet's version after it restarts.
+- a host SIGKILLed during a rollout is skipped within 2 s (its PostgreSQL session ended), keeps
+  serving, and converges to the fleet's version after it restarts and adopts its tritonserver.
 """
 
 from __future__ import annotations
@@ -206,6 +207,44 @@ def test_load_on_any_host_rolls_out_to_the_fleet_with_live_progress(fleet: Fleet
     fleet.wait_gen(4, HOSTS, 30)
 
 
+def test_fleet_verbs_act_on_every_host_and_a_host_local_action_is_held(fleet: Fleet) -> None:
+    """`rollback` through any host rolls the fleet back (canary, waves, 0 failed requests, audited with
+    actor and host); `rollback --host h3` acts on h3 alone, which the fleet then shows held and does
+    not converge back, until `unpin --host h3`."""
+    current = fleet.settled()["target"]
+    with ExitStack() as stack:
+        loops = {h: stack.enter_context(request_loop(fleet.daemons[h].triton_url(), MODEL, threads=1)) for h in HOSTS}
+        out = fleet.daemons["h2"].cli("rollback", MODEL).stdout
+        previous = fleet.settled()["target"]
+        assert previous != current
+        gens = {fleet.gen(h) for h in HOSTS}
+        assert len(gens) == 1 and gens != {4.0}, gens
+        lines = out.splitlines()
+        canary = next(i for i, line in enumerate(lines) if "canary h1" in line and "ok" in line)
+        assert [i for i, line in enumerate(lines) if "wave " in line and " ok " in line][0] > canary, out
+        # One host alone, back to the current version: held, not converged back.
+        fleet.daemons["h3"].cli("rollback", MODEL, "--to", current[:12], "--host", "h3")
+        assert fleet.gen("h3") == 4.0
+        time.sleep(5.0)  # more than two converge periods
+        assert fleet.gen("h3") == 4.0 and {fleet.gen(h) for h in HOSTS if h != "h3"} == gens
+        cell = fleet.cli_json("status", "--fleet")["models"][0]["hosts"]["h3"]
+        assert cell["state"] == "held" and cell["held"] and cell["digest"] == current
+        assert "held" in fleet.daemons["h1"].cli("status", "--fleet", "--db-url", fleet.url).stdout
+        refused = fleet.daemons["h3"].cli("pin", MODEL, "--host", "h1", check=False)
+        assert refused.returncode == 2 and "this daemon is host 'h3'" in refused.stderr
+        # Released, it converges to the fleet's target.
+        fleet.daemons["h3"].cli("unpin", MODEL, "--host", "h3")
+        fleet.wait_gen(next(iter(gens)), HOSTS, 30)  # type: ignore[arg-type]
+    for host, stats in loops.items():
+        assert stats["failed"] == 0, (host, stats["errors"])
+    events = fleet.cli_json("audit", "--model", MODEL, "--limit", "500")
+    assert any(e["action"] == "rollback" and e["host"] == "h2" and e["actor"] for e in events)
+    assert any(e["action"] == "hold" and e["host"] == "h3" for e in events)
+    fleet.daemons["h1"].cli("load", MODEL, "--digest", current[:12])
+    fleet.wait_gen(4, HOSTS, 30)
+    fleet.settled()
+
+
 @pytest.mark.slow
 def test_a_failure_in_a_later_wave_rolls_back_every_host_that_took_it(fleet: Fleet) -> None:
     """Canary h1 and h2 take the new version, h3 (same wave as h2) fails: h1 and h2 go back to the
@@ -231,35 +270,57 @@ def test_a_failure_in_a_later_wave_rolls_back_every_host_that_took_it(fleet: Fle
 
 
 def test_the_leader_killed_another_leads_within_10s(fleet: Fleet) -> None:
+    """SIGKILL the leader under a request loop: its tritonserver keeps serving (0 failed requests),
+    another daemon leads, and the restarted daemon adopts the running tritonserver and converges."""
     leader = wait_for(fleet.leader, 10, 0.2, "a leader")
-    started = time.monotonic()
-    fleet.daemons[leader].kill()  # SIGKILL: no goodbye, PostgreSQL drops its session
-    new = wait_for(lambda: (n := fleet.leader()) not in (None, leader) and n, 10, 0.1, "a new leader")
-    assert time.monotonic() - started < 10
-    print(f"new leader {new} after {time.monotonic() - started:.1f}s")
-    others = [h for h in HOSTS if h != leader]
-    write_gen_model(fleet.repo, MODEL, 5)
-    fleet.wait_gen(5, others, 60)
-    # The old leader's host comes back and converges.
-    fleet.daemons[leader]._kill_orphans()
-    fleet.start(leader)
-    fleet.wait_gen(5, HOSTS, 60)
+    victim = fleet.daemons[leader]
+    url, pid = victim.triton_url(), victim.triton_pid()
+    with request_loop(url, MODEL) as stats:
+        started = time.monotonic()
+        victim.kill()  # SIGKILL: no goodbye, PostgreSQL drops its session
+        new = wait_for(lambda: (n := fleet.leader()) not in (None, leader) and n, 10, 0.1, "a new leader")
+        assert time.monotonic() - started < 10
+        print(f"new leader {new} after {time.monotonic() - started:.1f}s")
+        others = [h for h in HOSTS if h != leader]
+        write_gen_model(fleet.repo, MODEL, 5)
+        fleet.wait_gen(5, others, 60)
+        # The old leader's host comes back, adopts its still-serving tritonserver and converges.
+        fleet.start(leader)
+        fleet.wait_gen(5, HOSTS, 60)
+    assert stats["failed"] == 0 and stats["ok"] > 0, stats
+    assert victim.triton_url() == url and victim.triton_pid() == pid, "the running tritonserver was adopted"
 
 
-def test_a_host_stopped_during_a_rollout_converges_after_restart(fleet: Fleet) -> None:
-    victim = "h4"  # in the last wave
-    write_gen_model(fleet.repo, MODEL, 6)
+def test_a_host_killed_during_a_rollout_is_skipped_within_2s_and_converges_after_restart(fleet: Fleet) -> None:
+    """SIGKILL the daemon of the last wave once the rollout is under way: PostgreSQL ends its session,
+    the leader skips its step within 2 s (not after the 10 s heartbeat window); its tritonserver keeps
+    serving, and on restart the daemon adopts it and converges to the fleet's version."""
     from controlplane.fleet.store import FleetStore
     from controlplane.store.registry import Registry
 
+    victim = fleet.daemons["h4"]  # in the last wave
+    pid = victim.triton_pid()
+    write_gen_model(fleet.repo, MODEL, 6)
     registry = Registry(fleet.url)
+    store = FleetStore(registry)
     try:
-        wait_for(lambda: FleetStore(registry).rollouts(), 20, 0.05, "the rollout under way")
+        [rollout] = wait_for(lambda: store.rollouts(), 20, 0.05, "the rollout under way")
+        victim.kill()
+        killed = time.monotonic()
+
+        def victim_step() -> str:
+            return next(s.state for s in store.rollout(rollout["id"])["steps"] if s.host == "h4")
+
+        wait_for(lambda: victim_step() == "skipped", 5, 0.05, "h4's step skipped")
+        skipped_after = time.monotonic() - killed
+        print(f"killed host skipped after {skipped_after:.2f}s")
+        assert skipped_after < 2.0
     finally:
         registry.close()
-    assert fleet.daemons[victim].stop() == 0
-    others = [h for h in HOSTS if h != victim]
+    others = [h for h in HOSTS if h != "h4"]
     fleet.wait_gen(6, others, 60)
-    fleet.start(victim)
+    assert fleet.gen("h4") is not None, "the killed daemon's tritonserver still serves"
+    fleet.start("h4")
     fleet.wait_gen(6, HOSTS, 60)
+    assert victim.triton_pid() == pid, "one tritonserver for h4: the adopted one"
     fleet.settled()

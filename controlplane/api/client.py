@@ -85,26 +85,28 @@ class ControlClient:
         return dict(self._unary(self._stub.Ping, pb.PingRequest(), timeout_s=5.0))
 
     def load(self, model: str, digest: str = "", force: bool = False, wait: bool = True,
-             on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:
-        request = pb.LoadRequest(model=model, digest=digest, force=force, wait=wait)
+             on_progress: Callable[[pb.Progress], None] | None = None, host: str = "") -> dict[str, Any]:
+        request = pb.LoadRequest(model=model, digest=digest, force=force, wait=wait, host=host)
         return self._stream(self._stub.Load, request, on_progress)
 
     def rollback(self, model: str, to_digest: str = "",
-                 on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:
-        return self._stream(self._stub.Rollback, pb.RollbackRequest(model=model, to_digest=to_digest), on_progress)
+                 on_progress: Callable[[pb.Progress], None] | None = None, host: str = "") -> dict[str, Any]:
+        return self._stream(self._stub.Rollback, pb.RollbackRequest(model=model, to_digest=to_digest, host=host),
+                            on_progress)
 
     def unload(self, model: str, dependents: bool = False,
-               on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:
-        return self._stream(self._stub.Unload, pb.UnloadRequest(model=model, dependents=dependents), on_progress)
+               on_progress: Callable[[pb.Progress], None] | None = None, host: str = "") -> dict[str, Any]:
+        return self._stream(self._stub.Unload, pb.UnloadRequest(model=model, dependents=dependents, host=host),
+                            on_progress)
 
     def status(self, models: list[str] | None = None) -> dict[str, Any]:
         return dict(self._unary(self._stub.Status, pb.StatusRequest(models=models or [])))
 
-    def set_policy(self, model: str, policy: str) -> dict[str, Any]:
-        return dict(self._unary(self._stub.SetPolicy, pb.PolicyRequest(model=model, policy=policy)))
+    def set_policy(self, model: str, policy: str, host: str = "") -> dict[str, Any]:
+        return dict(self._unary(self._stub.SetPolicy, pb.PolicyRequest(model=model, policy=policy, host=host)))
 
-    def set_pin(self, model: str, pinned: bool) -> dict[str, Any]:
-        return dict(self._unary(self._stub.SetPin, pb.PinRequest(model=model, pinned=pinned)))
+    def set_pin(self, model: str, pinned: bool, host: str = "") -> dict[str, Any]:
+        return dict(self._unary(self._stub.SetPin, pb.PinRequest(model=model, pinned=pinned, host=host)))
 
     def gc(self, keep: int) -> dict[str, Any]:
         return dict(self._unary(self._stub.Gc, pb.GcRequest(keep=keep), timeout_s=600.0))

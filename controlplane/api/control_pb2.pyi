@@ -7,32 +7,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LoadRequest(_message.Message):
-    __slots__ = ("model", "digest", "force", "wait")
+    __slots__ = ("model", "digest", "force", "wait", "host")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     model: str
     digest: str
     force: bool
     wait: bool
-    def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ...) -> None: ...
+    host: str
+    def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ..., host: _Optional[str] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
-    __slots__ = ("model", "to_digest")
+    __slots__ = ("model", "to_digest", "host")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TO_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     model: str
     to_digest: str
-    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ...) -> None: ...
+    host: str
+    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
 
 class UnloadRequest(_message.Message):
-    __slots__ = ("model", "dependents")
+    __slots__ = ("model", "dependents", "host")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEPENDENTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     model: str
     dependents: bool
-    def __init__(self, model: _Optional[str] = ..., dependents: _Optional[bool] = ...) -> None: ...
+    host: str
+    def __init__(self, model: _Optional[str] = ..., dependents: _Optional[bool] = ..., host: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("models",)
@@ -41,20 +47,24 @@ class StatusRequest(_message.Message):
     def __init__(self, models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PolicyRequest(_message.Message):
-    __slots__ = ("model", "policy")
+    __slots__ = ("model", "policy", "host")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     model: str
     policy: str
-    def __init__(self, model: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
+    host: str
+    def __init__(self, model: _Optional[str] = ..., policy: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
 
 class PinRequest(_message.Message):
-    __slots__ = ("model", "pinned")
+    __slots__ = ("model", "pinned", "host")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     model: str
     pinned: bool
-    def __init__(self, model: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
+    host: str
+    def __init__(self, model: _Optional[str] = ..., pinned: _Optional[bool] = ..., host: _Optional[str] = ...) -> None: ...
 
 class GcRequest(_message.Message):
     __slots__ = ("keep",)

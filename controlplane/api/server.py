@@ -97,7 +97,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
-            return self.plane.load(request.model, actor, request.digest, request.force, progress)
+            return self.plane.load(request.model, actor, request.digest, request.force, progress, host=request.host)
 
         if not request.wait:
             try:
@@ -120,12 +120,14 @@ class ControlServicer(pb_grpc.ControlServicer):
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.rollback(request.model, actor,
-                                                                               request.to_digest, progress))
+                                                                               request.to_digest, progress,
+                                                                               host=request.host))
 
     def Unload(self, request: pb.UnloadRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.unload(request.model, actor,
-                                                                             request.dependents, progress))
+                                                                             request.dependents, progress,
+                                                                             host=request.host))
 
     def _reply(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> pb.JsonReply:
         try:
@@ -138,10 +140,12 @@ class ControlServicer(pb_grpc.ControlServicer):
         return self._reply(context, lambda: self.plane.status(list(request.models) or None))
 
     def SetPolicy(self, request: pb.PolicyRequest, context: grpc.ServicerContext) -> pb.JsonReply:
-        return self._reply(context, lambda: self.plane.set_policy(request.model, request.policy, _actor(context)))
+        return self._reply(context, lambda: self.plane.set_policy(request.model, request.policy, _actor(context),
+                                                                        host=request.host))
 
     def SetPin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.JsonReply:
-        return self._reply(context, lambda: self.plane.set_pin(request.model, request.pinned, _actor(context)))
+        return self._reply(context, lambda: self.plane.set_pin(request.model, request.pinned, _actor(context),
+                                                                     host=request.host))
 
     def Gc(self, request: pb.GcRequest, context: grpc.ServicerContext) -> pb.JsonReply:
         return self._reply(context, lambda: self.plane.gc(request.keep, _actor(context)))

@@ -4,12 +4,20 @@ Exactly one daemon holds `pg_try_advisory_lock(LEADER_LOCK)`. The others try aga
 When the leader dies its connection dies and PostgreSQL releases the lock, so another daemon takes it
 within an interval (plus the TCP keepalive time when the leader's machine vanishes without a reset).
 The leader checks its connection every interval and steps down at once when it is lost.
+
+The same connection holds this host's session lock `pg_try_advisory_lock(HOST_LOCK_CLASS, crc32(host))`
+for as long as the daemon lives: the moment its session ends (the process dies, the kernel closes the
+socket) PostgreSQL drops the lock, and `FleetStore.live_hosts` counts the host dead at once instead of
+waiting for its heartbeat to age. A machine that vanishes without closing its connection is bounded
+by TCP keepalive (`keepalives_idle` 5 s + 3 × `keepalives_interval` 2 s on the daemon's side; the
+server's `tcp_keepalives_*` settings on PostgreSQL's) and, at worst, by the heartbeat age.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +27,17 @@ log = logging.getLogger("tritonctl.fleet.election")
 
 LEADER_LOCK = 0x7472_6974  # "trit": classid 0, objid this, in pg_locks
 APPLICATION_PREFIX = "tritonctl-leader:"
+HOST_LOCK_CLASS = 0x7472_6968  # "trih": pg_locks classid of every live daemon's host lock (objsubid 2)
+
+
+def host_lock_key(host: str) -> int:
+    return zlib.crc32(host.encode()) & 0x7FFF_FFFF
+
+
+def take_host_lock(conn: Any, host: str) -> bool:
+    """Hold `host`'s session lock on `conn` until the session ends; False if another session holds it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (HOST_LOCK_CLASS, host_lock_key(host))).fetchone()
+    return bool(row and row[0])
 
 
 def libpq_url(url: str) -> str:
@@ -44,6 +63,7 @@ class LeaderElection:
         self._leader = threading.Event()
         self._stop = threading.Event()
         self._conn: Any = None
+        self._host_locked = False
         self._thread = threading.Thread(target=self._run, name="fleet-election", daemon=True)
 
     @property
@@ -60,6 +80,7 @@ class LeaderElection:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._host_locked = False
         if conn is not None:
             try:
                 conn.close()  # closing the session releases the lock
@@ -73,6 +94,11 @@ class LeaderElection:
     def _tick(self) -> None:
         if self._conn is None:
             self._conn = connect(self.url, APPLICATION_PREFIX + self.host)
+        if not self._host_locked:
+            self._host_locked = take_host_lock(self._conn, self.host)
+            if not self._host_locked:
+                log.error("host %s: another live daemon holds this host name; liveness goes by heartbeat only",
+                          self.host)
         if self._leader.is_set():
             self._conn.execute("SELECT 1")  # raises when the session (and so the lock) is gone
             return
@@ -91,6 +117,11 @@ class LeaderElection:
                 self._drop()
             self._stop.wait(self.interval_s)
 
+
+HOST_SESSIONS_QUERY = """
+SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :cls AND l.objsubid = 2
+"""
 
 LEADER_QUERY = """
 SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid

@@ -26,7 +26,8 @@ from controlplane.fleet.election import LeaderElection, connect
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedstore import SharedStore
 from controlplane.fleet.store import CHANNEL, FleetStore, Step, audit_event
-from controlplane.modelconfig import validate_model_dir
+from controlplane.fleet.verbs import FleetVerbs
+from controlplane.modelconfig import is_ensemble_dir, validate_model_dir
 from controlplane.snapshot import is_ignored_name
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry, utcnow
@@ -34,7 +35,6 @@ from controlplane.store.registry import AuditEntry, Registry, utcnow
 log = logging.getLogger("tritonctl.fleet")
 
 FLEET_ACTOR = "fleet"
-CONVERGE_EVERY_S = 2.0
 REPORT_EVERY_S = 5.0
 
 
@@ -71,6 +71,7 @@ class FleetMember:
         self._threads.append(threading.Thread(target=self._listen, name="fleet-listen", daemon=True))
         self._last_converge = 0.0
         self._last_report = 0.0
+        self.verbs = FleetVerbs(self)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -165,6 +166,7 @@ class FleetMember:
         if repo is None or not repo.is_dir():
             return
         names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
+        names.sort(key=lambda n: is_ensemble_dir(repo / n))  # ensembles after their members (stable)
         with self._settled_lock:
             self._settled.extend(n for n in names if n not in self._settled)
 
@@ -230,29 +232,42 @@ class FleetMember:
 
     def load(self, model: str, digest: str, actor: str, force: bool, progress: ProgressFn | None) -> Outcome:
         """`tritonctl load` on any host of a fleet: roll `digest` out to every host, streaming each step."""
-        started = time.monotonic()
         record, _ = self.publish(model, digest)
+        return self.rollout(model, record, actor, force=force, progress=progress)
+
+    def rollout(self, model: str, record: SnapshotRecord | None, actor: str, *, force: bool,
+                progress: ProgressFn | None, kind: str = "rollout") -> Outcome:
+        """Change the fleet's target to `record` (None: unload everywhere) as a rollout: canary, waves,
+        fleet rollback on a failure; each host's step is streamed as it ends. Held hosts are skipped."""
+        started = time.monotonic()
+        digest = record.digest if record is not None else ""
+        what = digest[:12] if digest else "nothing (unload)"
 
         def end(outcome: str, message: str, active: str | None) -> Outcome:
-            return Outcome(model, "rollout", outcome, digest, active, message, int((time.monotonic() - started) * 1000))
+            return Outcome(model, kind, outcome, digest or None, active, message,
+                           int((time.monotonic() - started) * 1000))
 
         current = self.registry.ensure_model(model)
-        if not record.valid:
+        if kind == "rollout" and current.pinned and digest != current.active_digest and not force:
+            return end("failed", f"model '{model}' is pinned on the fleet to {str(current.active_digest)[:12]}; "
+                                 "unpin it or use --force", current.active_digest)
+        if record is not None and not record.valid:
             return end("failed", f"invalid, not sent to the fleet: {record.first_error}", current.active_digest)
-        if record.quarantined:
+        if record is not None and record.quarantined:
             if not force:
                 return end("failed", f"digest {digest[:12]} is quarantined ({record.quarantine_reason}); "
                                      "use --force to retry", current.active_digest)
             self.registry.set_quarantine(model, digest, None)
-        if digest == current.active_digest and not force:
-            return end("noop", f"the fleet already serves {digest[:12]}", digest)
+        if (digest or None) == current.active_digest and not force:
+            return end("noop", f"the fleet already serves {what}", current.active_digest)
         waves = plan_waves(self.store.live_hosts(self.fleet.host_timeout_s), self.fleet.canary_hosts,
                            self.fleet.canary_count, self.fleet.wave_size)
         if not waves:
             return end("failed", "no live hosts in the fleet", current.active_digest)
         rid = self.store.create_rollout(model, digest, current.active_digest, actor, waves)
-        self.registry.audit(AuditEntry(actor, "rollout", model, digest, "ok",
-                                       f"rollout {rid} started by {actor}: canary {', '.join(waves[0])}"))
+        self.registry.audit(AuditEntry(actor, kind, model, digest or None, "ok",
+                                       f"rollout {rid} of {what} started by {actor} through {self.host}: "
+                                       f"canary {', '.join(waves[0])}"))
         shown: dict[int, str] = {}
         deadline = time.monotonic() + self.settings.load_timeout_s * (len(waves) + 2)
         while True:
@@ -274,7 +289,7 @@ class FleetMember:
             time.sleep(0.2)
         target = self.store.targets().get(model)
         if rollout["state"] == "done":
-            return end("ok", f"rollout {rid}: serving {digest[:12]} on every host", target)
+            return end("ok", f"rollout {rid}: serving {what} on every host", target)
         return end("rolled_back", f"rollout {rid} rolled back: {rollout['error']}", target)
 
     # -- rollouts (leader only) -------------------------------------------------------------------
@@ -356,13 +371,14 @@ class FleetMember:
             self.store.set_steps(first["id"], ("waiting",), "pending", wave=0)
 
     def _skip_silent_hosts(self, rid: int, steps: list[Step]) -> None:
-        """A host gone silent mid-rollout does not hold the fleet: its step is skipped, and the host
-        converges to the fleet's target when it is back."""
+        """A dead host does not hold the fleet: its steps not yet done (waiting ones too) are skipped
+        as soon as its daemon's session is gone or its heartbeat ages past the liveness window; the
+        host converges to the fleet's target when it is back."""
         live = set(self.store.live_hosts(self.fleet.host_timeout_s))
         for step in steps:
-            if step.state in ("pending", "running") and step.host not in live:
-                log.warning("rollout %s: host %s is silent; it converges when it is back", rid, step.host)
-                self.store.skip_step(step.id, f"host {step.host} silent; it converges when back")
+            if step.state in ("waiting", "pending", "running") and step.host not in live:
+                log.warning("rollout %s: host %s is dead; it converges when it is back", rid, step.host)
+                self.store.skip_step(step.id, f"host {step.host} dead (no session or silent); it converges when back")
 
     def _audit(self, action: str, model: str, digest: str | None, outcome: str, message: str) -> Any:
         event = audit_event(FLEET_ACTOR, action, model, digest, outcome, message)
@@ -379,7 +395,7 @@ class FleetMember:
         for step in self.store.claim(self.host):
             self._run_step(step)
         now = time.monotonic()
-        if now - self._last_converge >= CONVERGE_EVERY_S:
+        if now - self._last_converge >= self.fleet.converge_s:
             self._last_converge = now
             self._converge()
         if now - self._last_report >= REPORT_EVERY_S:
@@ -405,10 +421,18 @@ class FleetMember:
 
     def _run_step(self, step: Step) -> None:
         started = time.monotonic()
+        local = self.plane.registry.find_model(step.model)
+        if local is not None and local.pinned:  # held by an operator's --host action: left alone
+            message = f"host {self.host} held (pinned here); `tritonctl unpin {step.model} --host {self.host}`"
+            self.store.finish_step(step, "skipped", message, host=self.host, serving=local.active_digest,
+                                   audit=audit_event(FLEET_ACTOR, step.action, step.model, step.digest, "skipped",
+                                                     f"rollout {step.rollout_id}: {message}"))
+            self.report_now()
+            return
         log.info("%s: rollout %s step %s: %s %s", step.model, step.rollout_id, step.id, step.action,
                  (step.digest or "-")[:12])
         try:
-            outcome = self._deploy(step.model, step.digest, step.action, FLEET_ACTOR)
+            outcome = self._deploy(step.model, step.digest or None, step.action, FLEET_ACTOR)
             state = "ok" if outcome.succeeded else "failed"
             message, result, serving = outcome.message, outcome.outcome, outcome.active_digest
         except TritonctlError as exc:
@@ -451,12 +475,17 @@ class FleetMember:
                 audit=audit_event("fleet-converge", outcome.action, model, target, outcome.outcome,
                                   f"converge: {outcome.message}", int((time.monotonic() - started) * 1000)))
 
+    def report_now(self) -> None:
+        self._report()
+
     def _report(self) -> None:
         try:
             models = self.plane.registry.list_models()
         except StoreError:
             return
-        self.store.report(self.host, {m.name: (m.active_digest, m.state) for m in models if m.active_digest})
+        # A host an operator acted on alone (--host) is pinned here: the fleet shows it `held`.
+        self.store.report(self.host, {m.name: (m.active_digest, "held" if m.pinned else m.state)
+                                      for m in models if m.active_digest or m.pinned})
 
 
 def _version() -> str:

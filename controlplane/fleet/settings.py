@@ -1,10 +1,12 @@
-"""Fleet settings: given to `tritonctl daemon` as flags (`--fleet`, `--shared-store`, ...)."""
+"""Fleet settings: daemon settings like any other (flag > TRITONCTL_* > config file > default, see
+controlplane/config.py), validated together here once `fleet` is on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.config import Settings
 from controlplane.errors import ConfigError
 
 
@@ -17,10 +19,19 @@ class FleetSettings:
     heartbeat_s: float = 1.0
     host_timeout_s: float = 10.0  # a host silent this long is left out of new waves (it converges later)
     poll_s: float = 1.0  # LISTEN/NOTIFY wakes hosts at once; this is the fallback poll
+    converge_s: float = 2.0  # how often a host compares what it serves with the fleet's target
+
+
+def from_settings(settings: Settings) -> FleetSettings:
+    """The fleet part of the daemon's settings (called when `fleet` is on, and again on SIGHUP)."""
+    return fleet_settings(settings.db_url, settings.host, settings.shared_store, settings.canary_hosts,
+                          settings.canary_count, settings.wave_size, heartbeat_s=settings.heartbeat_s,
+                          host_timeout_s=settings.liveness_s, converge_s=settings.converge_s)
 
 
 def fleet_settings(db_url: str | None, host: str, shared_store: Path | None, canary_hosts: str | None,
-                   canary_count: int | None, wave_size: int | None) -> FleetSettings:
+                   canary_count: int | None, wave_size: int | None, *, heartbeat_s: float = 1.0,
+                   host_timeout_s: float = 10.0, converge_s: float = 2.0) -> FleetSettings:
     """Validate the fleet flags against the daemon's settings (one-line ConfigErrors)."""
     if not db_url or not db_url.startswith("postgresql"):
         raise ConfigError("fleet: --fleet needs --db-url postgresql+psycopg://... (the shared registry)")
@@ -33,5 +44,8 @@ def fleet_settings(db_url: str | None, host: str, shared_store: Path | None, can
     if wave_size is not None and wave_size < 1:
         raise ConfigError("fleet: --wave-size must be at least 1")
     canaries = tuple(h.strip() for h in (canary_hosts or "").split(",") if h.strip())
+    if host_timeout_s <= heartbeat_s:
+        raise ConfigError(f"fleet: liveness_s ({host_timeout_s:g}) must be longer than heartbeat_s ({heartbeat_s:g})")
     return FleetSettings(shared_store=Path(shared_store), canary_hosts=canaries, canary_count=canary_count or 1,
-                         wave_size=wave_size or 2)
+                         wave_size=wave_size or 2, heartbeat_s=heartbeat_s, host_timeout_s=host_timeout_s,
+                         converge_s=converge_s)

@@ -17,7 +17,13 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from controlplane.errors import StoreError
-from controlplane.fleet.election import APPLICATION_PREFIX, LEADER_LOCK, LEADER_QUERY
+from controlplane.fleet.election import (
+    APPLICATION_PREFIX,
+    HOST_LOCK_CLASS,
+    HOST_SESSIONS_QUERY,
+    LEADER_LOCK,
+    LEADER_QUERY,
+)
 from controlplane.store import schema
 from controlplane.store.registry import Registry, utcnow
 
@@ -82,23 +88,38 @@ class FleetStore:
                 return str(name[len(APPLICATION_PREFIX):])
         return None
 
+    def _with_session(self) -> set[str] | None:
+        """Hosts whose daemon holds its session lock now (None: not PostgreSQL, heartbeats only)."""
+        if self.registry.engine.dialect.name != "postgresql":
+            return None
+        with self.session() as session:
+            names = session.scalars(text(HOST_SESSIONS_QUERY), {"cls": HOST_LOCK_CLASS}).all()
+        return {str(n[len(APPLICATION_PREFIX):]) for n in names if n and n.startswith(APPLICATION_PREFIX)}
+
     def hosts(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         leader = self.leader()
+        live = set(self.live_hosts(timeout_s))
+        sessions = self._with_session()
         now = utcnow()
         with self.session() as session:
             rows = session.scalars(select(schema.FleetHost).order_by(schema.FleetHost.name)).all()
             return [
                 {"host": r.name, "triton_url": r.triton_url, "version": r.version, "started_at": r.started_at,
                  "last_heartbeat": r.last_heartbeat, "age_s": round((now - r.last_heartbeat).total_seconds(), 1),
-                 "alive": now - r.last_heartbeat <= timedelta(seconds=timeout_s), "leader": r.name == leader}
+                 "alive": r.name in live, "session": None if sessions is None else r.name in sessions,
+                 "leader": r.name == leader}
                 for r in rows
             ]
 
     def live_hosts(self, timeout_s: float) -> list[str]:
+        """Hosts that heartbeat within `timeout_s` and (PostgreSQL) whose daemon's session is alive:
+        a daemon that dies is dead as soon as PostgreSQL sees its connection close."""
         cutoff = utcnow() - timedelta(seconds=timeout_s)
         with self.session() as session:
-            return list(session.scalars(select(schema.FleetHost.name).where(schema.FleetHost.last_heartbeat >= cutoff)
-                                        .order_by(schema.FleetHost.name)))
+            recent = list(session.scalars(select(schema.FleetHost.name).where(schema.FleetHost.last_heartbeat >= cutoff)
+                                          .order_by(schema.FleetHost.name)))
+        sessions = self._with_session()
+        return recent if sessions is None else [h for h in recent if h in sessions]
 
     # -- the fleet's target per model ---------------------------------------------------------------
 
@@ -114,6 +135,9 @@ class FleetStore:
         if row is None:
             row = schema.Model(name=model, pinned=False, state="serving", created_at=now, updated_at=now)
             session.add(row)
+        if not digest:  # a fleet-wide unload is done: nothing is the target
+            row.active_digest, row.state, row.updated_at, row.last_error = None, "unloaded", now, None
+            return
         if row.active_digest != digest:
             row.active_since = now
         row.active_digest, row.state, row.updated_at, row.last_error = digest, "serving", now, None
@@ -226,7 +250,7 @@ class FleetStore:
         with self.session() as session:
             session.execute(update(schema.RolloutHost)
                             .where(schema.RolloutHost.id == step_id,
-                                   schema.RolloutHost.state.in_(("pending", "running")))
+                                   schema.RolloutHost.state.in_(("waiting", "pending", "running")))
                             .values(state="skipped", finished_at=utcnow(), message=message))
 
     def add_rollback_steps(self, rollout_id: int, hosts: list[str], digest: str | None, wave: int) -> None:
@@ -262,7 +286,8 @@ class FleetStore:
             row = session.get(schema.RolloutHost, step.id)
             if row is not None:
                 row.state, row.message, row.finished_at = state, " ".join(message.split()), now
-            self._set_host_model(session, host, step.model, serving, "serving" if serving else "failed", now)
+            self._set_host_model(session, host, step.model, serving,
+                                 "serving" if serving else ("unloaded" if state == "ok" else "failed"), now)
             audit.time, audit.host = now, host
             session.add(audit)
             self.notify(session, f"step {step.id} {state}")
@@ -301,7 +326,7 @@ class FleetStore:
             for r in rows:
                 entry = models.setdefault(r.model, {"model": r.model, "target": targets.get(r.model), "hosts": {}})
                 entry["hosts"][r.host] = {"digest": r.digest, "state": r.state, "updated_at": r.updated_at,
-                                          "drift": r.digest != targets.get(r.model)}
+                                          "drift": r.digest != targets.get(r.model), "held": r.state == "held"}
             for model, digest in targets.items():
                 models.setdefault(model, {"model": model, "target": digest, "hosts": {}})
         return {"models": [models[m] for m in sorted(models)]}

@@ -5,11 +5,17 @@ the backend directory lacks the `triton_python_backend_stub` of the running inte
 needs the wheel's bundled libraries, and model code imports packages from the first `python3` on
 PATH. This module hides those facts (measured in shared/TRITON_NOTES.md) behind `TritonServer`,
 which starts the server on loopback ports, waits until it is live and stops it within a bound.
+
+The daemon's server is the data plane and outlives the control plane: it runs in its own session
+without a parent-death signal, its pid, ports, start time and restricted key are recorded in
+`server.json` (mode 0600) in its work directory, and a restarted daemon `adopt`s it — the same
+process (pid alive, same start time and command line) and answering — instead of starting another.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -24,6 +30,7 @@ from pathlib import Path
 from controlplane.errors import LauncherError
 
 RESTRICTED_HEADER = "tritonctl-key"
+RECORD_FILE = "server.json"
 _LOG_TAIL_CHARS = 2000
 
 
@@ -103,6 +110,28 @@ def _die_with_parent() -> None:
         pass  # not Linux/glibc: the server outlives a crashed parent, as an external one would
 
 
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), None if no such process.
+
+    Together with the pid it names one process: a pid reused after the server died has another one.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields_after_comm = stat[stat.rfind(")") + 2 :].split()
+    if not fields_after_comm or fields_after_comm[0] == "Z":
+        return None  # a zombie has stopped serving
+    return int(fields_after_comm[19])  # field 22 of proc(5): starttime
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the server retries on the rare collision)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -131,8 +160,15 @@ class TritonServer:
     control_mode: str = "explicit"  # "poll" only to compare with Triton's own mode (bench/)
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
+    # True: the server gets SIGTERM when its parent dies (tests, benchmarks: no orphans). The daemon
+    # passes False: its tritonserver is the data plane and keeps serving through a control-plane crash.
+    die_with_parent: bool = True
+    # Where start() records pid, ports, start time and key for a later `adopt` (None: not recorded).
+    record_path: Path | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     backend_dir: Path | None = field(default=None, init=False)  # set by start(): what it can run
+    adopted_pid: int | None = field(default=None, init=False, repr=False)  # a server this process did not start
+    _adopted_start: int | None = field(default=None, init=False, repr=False)
     _log_handle: object = field(default=None, init=False, repr=False)
 
     @property
@@ -149,10 +185,81 @@ class TritonServer:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process else None
+        return self.process.pid if self.process else self.adopted_pid
 
     def is_running(self) -> bool:
+        if self.adopted_pid is not None:
+            return process_start_time(self.adopted_pid) == self._adopted_start
         return self.process is not None and self.process.poll() is None
+
+    # -- the record a restarted daemon adopts ---------------------------------------------------
+
+    def write_record(self) -> None:
+        """Record pid, ports, start time and key (0600: the key lets its holder load code)."""
+        if self.record_path is None or self.pid is None:
+            return
+        record = {
+            "pid": self.pid,
+            "start_time": process_start_time(self.pid),
+            "grpc_port": self.grpc_port,
+            "http_port": self.http_port,
+            "metrics_port": self.metrics_port,
+            "host": self.host,
+            "model_repository": str(self.model_repository),
+            "restricted_key": self.restricted_key,
+        }
+        tmp = self.record_path.with_name(self.record_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.record_path)
+
+    def forget_record(self) -> None:
+        if self.record_path is not None:
+            try:
+                self.record_path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def adopt(self, live_timeout_s: float = 10.0) -> bool:
+        """Take over the server `record_path` names if it is still ours and answering.
+
+        Ours: the recorded pid is alive with the recorded start time, and its command line is a
+        tritonserver on this `model_repository`. Answering: live within `live_timeout_s`. A recorded
+        server that is ours but does not answer is killed (the caller starts a fresh one); a record
+        naming anything else is dropped. Returns whether the server was adopted.
+        """
+        if self.record_path is None or self.is_running():
+            return False
+        try:
+            record = json.loads(self.record_path.read_text())
+            pid, started = int(record["pid"]), record["start_time"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.forget_record()
+            return False
+        cmdline = _cmdline(pid)
+        ours = (
+            started is not None
+            and process_start_time(pid) == started
+            and bool(cmdline)
+            and Path(cmdline[0]).name == "tritonserver"
+            and f"--model-repository={self.model_repository}" in cmdline
+        )
+        if not ours:
+            self.forget_record()
+            return False
+        self.adopted_pid, self._adopted_start = pid, int(started)
+        self.host = str(record.get("host") or self.host)
+        self.grpc_port, self.http_port = int(record["grpc_port"]), int(record["http_port"])
+        self.metrics_port = record.get("metrics_port")
+        self.restricted_key = record.get("restricted_key")
+        try:
+            self.wait_live(live_timeout_s)
+        except LauncherError:
+            self.stop()  # ours but hung: the caller starts a fresh one
+            return False
+        return True
 
     def command(self, server: Path, backend_dir: Path) -> list[str]:
         args = [
@@ -194,6 +301,7 @@ class TritonServer:
         """Start the server and return once it is live; raise LauncherError with the log tail if not."""
         if self.is_running():
             return self
+        self.adopted_pid = self._adopted_start = None
         server = find_tritonserver(self.tritonserver)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model_repository.mkdir(parents=True, exist_ok=True)
@@ -210,6 +318,7 @@ class TritonServer:
             try:
                 self._spawn(server, backend_dir)
                 self.wait_live(live_timeout_s)
+                self.write_record()
                 return self
             except LauncherError as exc:
                 last_error = exc
@@ -229,7 +338,7 @@ class TritonServer:
             stdin=subprocess.DEVNULL,
             env=self._environment(server),
             start_new_session=True,  # its python stubs share the group, so stop() reaches them
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
 
     def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
@@ -249,7 +358,7 @@ class TritonServer:
                 if not self.is_running():
                     code = self.process.returncode if self.process else None
                     raise LauncherError(
-                        f"tritonserver exited with code {code} during start-up; log {self.log_path}: "
+                        f"tritonserver exited with code {code}; log {self.log_path}: "
                         + self.log_tail(600).strip().replace("\n", " | ")
                     )
                 try:
@@ -262,12 +371,35 @@ class TritonServer:
             client.close()
         raise LauncherError(f"tritonserver not live after {timeout_s:.0f}s; log {self.log_path}")
 
+    def _stop_adopted(self, bound: float) -> None:
+        """stop() for a server another daemon started: not our child, so poll instead of wait."""
+        pid = self.adopted_pid
+        assert pid is not None
+        for sig, wait_s in ((signal.SIGTERM, bound), (signal.SIGKILL, 10.0)):
+            if not self.is_running():
+                break
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            deadline = time.monotonic() + wait_s
+            while self.is_running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        try:
+            os.killpg(pid, signal.SIGKILL)  # stubs it left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.adopted_pid = self._adopted_start = None
+        self.forget_record()
+
     def stop(self, timeout_s: float | None = None) -> int | None:
         """SIGTERM, then SIGKILL to the whole process group after the bound. Returns the exit code."""
         proc = self.process
-        if proc is None:
-            return None
         bound = timeout_s if timeout_s is not None else self.exit_timeout_s + 5.0
+        if proc is None:
+            if self.adopted_pid is not None:
+                self._stop_adopted(bound)
+            return None
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -286,10 +418,27 @@ class TritonServer:
         if self._log_handle is not None:
             self._log_handle.close()  # type: ignore[attr-defined]
             self._log_handle = None
+        self.forget_record()
         return code
+
+    def release(self) -> None:
+        """Leave the server running (daemon stopping with --keep-triton): a later daemon adopts it."""
+        if self._log_handle is not None:
+            self._log_handle.close()  # type: ignore[attr-defined]
+            self._log_handle = None
+        self.process = None
+        self.adopted_pid = self._adopted_start = None
 
     def kill(self) -> None:
         """Abrupt death (SIGKILL to the group), for fault tests and a supervisor's last resort."""
+        if self.adopted_pid is not None:
+            try:
+                os.killpg(self.adopted_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            while self.is_running():
+                time.sleep(0.02)
+            return
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)

@@ -1,0 +1,124 @@
+"""The operator's verbs in a fleet: `rollback`, `unload`, `pin`, `unpin` and `policy` act on the fleet.
+
+Through any host's control API, without `--host`: rollback and unload change the fleet's target and
+run as a rollout (canary, waves, fleet rollback on a failure; each host's step streamed as it ends);
+pin, unpin and policy change the shared registry's model, which the leader honours before it starts
+any rollout. Every change is audited in the shared registry with the actor and the host it came
+through.
+
+With `--host H` (H must be the daemon the command reached) the single-host action runs on H alone
+and H is *held* for the model (its local pin): the fleet skips H's rollout steps and converge leaves
+it alone, `status --fleet` shows it `held`, until `tritonctl unpin MODEL --host H` releases it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from controlplane.deploy import Outcome, ProgressFn
+from controlplane.errors import NotFoundError, TritonctlError, UsageError
+from controlplane.store.registry import AuditEntry
+
+if TYPE_CHECKING:
+    from controlplane.fleet.member import FleetMember
+
+T = TypeVar("T")
+
+
+class FleetVerbs:
+    def __init__(self, member: FleetMember) -> None:
+        self.member = member
+
+    # -- --host H: this host only, held ---------------------------------------------------------
+
+    def check_host(self, host: str) -> None:
+        if host != self.member.host:
+            raise UsageError(f"--host {host}: this daemon is host '{self.member.host}'; "
+                             f"send the command to {host}'s daemon")
+
+    def held(self, model: str, host: str, actor: str, action: Callable[[], T]) -> T:
+        """Run a single-host action on this host, then hold the host for `model`."""
+        self.check_host(host)
+        result = action()
+        self._hold(model, actor, True)
+        return result
+
+    def _hold(self, model: str, actor: str, held: bool) -> None:
+        local = self.member.plane.registry
+        local.ensure_model(model)
+        local.update_model(model, pinned=held)
+        message = (f"host {self.member.host} held by {actor}: the fleet leaves it alone until unpin --host"
+                   if held else f"host {self.member.host} released: it converges to the fleet's target")
+        self.member.registry.audit(AuditEntry(actor, "hold" if held else "release", model, None, "ok", message))
+        self.member.report_now()
+
+    # -- the fleet --------------------------------------------------------------------------------
+
+    def previous_target(self, model: str) -> str:
+        """The last digest the fleet served before its target (valid, not quarantined, not collected)."""
+        shared = self.member.registry
+        current = shared.find_model(model)
+        if current is None:
+            raise NotFoundError(f"model '{model}' is unknown to the fleet")
+        for entry in shared.serving_history(model, limit=500):
+            if entry.digest is None or entry.digest == current.active_digest:
+                continue
+            try:
+                snap = shared.get_snapshot(model, entry.digest)
+            except TritonctlError:
+                continue
+            if snap.valid and not snap.quarantined and not snap.collected:
+                return snap.digest
+        raise NotFoundError(f"model '{model}' has no previous good version in the fleet to roll back to")
+
+    def rollback(self, model: str, actor: str, to: str | None, progress: ProgressFn | None, host: str) -> Outcome:
+        if host:
+            deployer = self.member.plane.deployer
+            return self.held(model, host, actor, lambda: deployer.rollback(model, actor, to, progress))
+        target = self.member.registry.get_snapshot(model, to).digest if to else self.previous_target(model)
+        return self.member.rollout(model, self.member.registry.get_snapshot(model, target), actor,
+                                   force=to is not None, progress=progress, kind="rollback")
+
+    def unload(self, model: str, actor: str, dependents: bool, progress: ProgressFn | None, host: str) -> Outcome:
+        if host:
+            return self.held(model, host, actor,
+                             lambda: self.member.plane.deployer.unload(model, actor, dependents, progress))
+        return self.member.rollout(model, None, actor, force=False, progress=progress, kind="unload")
+
+    def set_pin(self, model: str, pinned: bool, actor: str, host: str) -> dict[str, Any]:
+        if host:
+            self.check_host(host)
+            local = self.member.plane.registry.find_model(model)
+            if local is None:
+                raise NotFoundError(f"model '{model}' is unknown on host {host}")
+            self._hold(model, actor, pinned)
+            return {"model": model, "host": host, "held": pinned, "digest": local.active_digest}
+        shared = self.member.registry
+        existing = shared.find_model(model)
+        if existing is None:
+            raise NotFoundError(f"model '{model}' is unknown to the fleet")
+        if pinned and not existing.active_digest:
+            raise UsageError(f"model '{model}' serves nothing in the fleet to pin")
+        record = shared.update_model(model, pinned=pinned)
+        action = "pin" if pinned else "unpin"
+        shared.audit(AuditEntry(actor, action, model, record.active_digest, "ok",
+                                f"{action}ned on the fleet (through {self.member.host})"))
+        return {"model": model, "pinned": pinned, "digest": record.active_digest, "fleet": True}
+
+    def set_policy(self, model: str, policy: str, actor: str, host: str) -> dict[str, Any]:
+        value = None if policy == "inherit" else policy
+        if host:
+            self.check_host(host)
+            record = self.member.plane.registry.update_model(model, policy=value)
+            self.member.plane.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok",
+                                                        f"policy {policy} on host {host}"))
+            self._hold(model, actor, True)
+            return {"model": model, "host": host, "policy": value or self.member.settings.policy,
+                    "inherited": value is None, "held": True}
+        shared = self.member.registry
+        record = shared.update_model(model, policy=value)
+        shared.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok",
+                                f"policy {policy} on the fleet (through {self.member.host})"))
+        return {"model": model, "policy": record.policy or self.member.settings.policy,
+                "inherited": record.policy is None, "fleet": True}
