@@ -58,6 +58,8 @@ class Settings:
     log_level: str = "info"
     log_format: str = "plain"
     reconcile_interval_s: float = 10.0
+    startup_parallelism: int = 4  # initial deploys at once (members first, then ensembles)
+    ready_waits_for_deploys: bool = True  # READY=1 after the initial deploys (False: after the scan)
     load_timeout_s: float = 120.0
     shutdown_timeout_s: float = 30.0
     db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
@@ -186,6 +188,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "reconcile_interval_s": _positive_float(0.5),
+    "startup_parallelism": _positive_int,
+    "ready_waits_for_deploys": _bool,
     "load_timeout_s": _positive_float(1.0),
     "shutdown_timeout_s": _positive_float(1.0),
     "db_busy_timeout_s": _positive_float(0.1),

@@ -28,6 +28,7 @@ from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.deploy import Outcome
 from controlplane.errors import TritonctlError
+from controlplane.modelconfig import is_ensemble_dir
 from controlplane.publish import ServingRepository
 from controlplane.service import ControlPlane
 from controlplane.snapshot import ContentStore
@@ -149,7 +150,10 @@ class Daemon:
                 self.metrics.backlog = self.watcher.backlog
             self.watcher.start()
             if self.fleet is None:
-                self._initial_scan()
+                if settings.ready_waits_for_deploys:
+                    self._initial_scan()
+                else:  # READY now; the deploys go on behind it (`status` shows them pending)
+                    self._track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "initial scan"))
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
@@ -157,25 +161,34 @@ class Daemon:
         log.info("ready: control socket %s, triton %s", settings.socket_path, url)
 
     def _initial_scan(self) -> None:
-        """Record (and, under auto policy, deploy) what the source holds now; ensembles last."""
-        assert self.watcher is not None and self.plane is not None
+        """Record (and, under auto policy, deploy) what the source holds now: step models first, up to
+        `startup_parallelism` at once, then the ensembles over them. Progress goes to systemd's STATUS=."""
+        assert self.watcher is not None and self.plane is not None and self.settings.repository is not None
         names = self.watcher.initial_scan()
-        ordered = sorted(names, key=lambda n: (self._is_ensemble(n), n))
-        for name in ordered:
-            if self.stop_requested.is_set():
-                break  # SIGTERM during start-up: the rest waits for the next start
-            try:
-                self.plane.handle_settled(name)
-            except TritonctlError as exc:
-                log.error("%s: %s", name, exc)
+        repository = self.settings.repository
+        ensembles = sorted(n for n in names if is_ensemble_dir(repository / n))
+        members = sorted(set(names) - set(ensembles))
+        total, done = len(names), 0
+        with ThreadPoolExecutor(max_workers=max(1, self.settings.startup_parallelism),
+                                thread_name_prefix="startup") as pool:
+            for group in (members, ensembles):  # an ensemble loads only once its steps serve
+                futures = [pool.submit(self._startup_one, name) for name in group]
+                for future in futures:
+                    future.result()
+                    done += 1
+                    if done % 50 == 0 or done == total:
+                        systemd.status(f"initial scan: {done}/{total} models recorded or deployed")
 
-    def _is_ensemble(self, name: str) -> bool:
-        assert self.settings.repository is not None
+    def _startup_one(self, name: str) -> None:
+        assert self.plane is not None
+        if self.stop_requested.is_set():
+            return  # SIGTERM during start-up: the rest waits for the next start
         try:
-            text = (self.settings.repository / name / "config.pbtxt").read_text(errors="replace")
-        except OSError:
-            return False
-        return 'platform: "ensemble"' in text or "platform:\"ensemble\"" in text
+            self.plane.handle_settled(name)
+        except TritonctlError as exc:
+            log.error("%s: %s", name, exc)
+        except Exception:  # noqa: BLE001 - one model's bug must not stop the others' start-up
+            log.exception("unexpected error handling %s at start-up", name)
 
     # -- main loop ------------------------------------------------------------------------------
 
