@@ -183,6 +183,7 @@ class Deployer:
             fault_point("after_publish")
         emit(Progress(model, "publish", "ok", str(tree), digest))
         emit(Progress(model, "load", "start", digest=digest))
+
         def load() -> None:
             self.triton.load(model, load_timeout_s or self.load_timeout_s)
 

