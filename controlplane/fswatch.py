@@ -9,6 +9,8 @@ the repository's real path (the longest mount-point prefix in /proc/self/mountin
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,3 +89,21 @@ def choose_mode(root: Path, setting: str = "auto", mountinfo: str = MOUNTINFO) -
     if is_polled_type(fstype):
         return WatchMode("poll", f"{fstype} filesystem at {point} delivers no inotify events for writes made elsewhere")
     return WatchMode("inotify", f"local {fstype} filesystem at {point}")
+
+
+def watches_exhausted(path: Path) -> bool:
+    """Whether this user is out of inotify watches (`fs.inotify.max_user_watches`): a probe watch on
+    `path` in an inotify instance of its own fails with ENOSPC. watchdog skips a sub-directory it
+    cannot watch without a word, so this is how the daemon learns that new directories go unwatched."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        return False
+    if fd < 0:
+        return False  # out of instances (EMFILE) is a different limit; the daemon's own still works
+    try:
+        wd = libc.inotify_add_watch(fd, os.fsencode(path), 0x00000100)  # IN_CREATE
+        return wd < 0 and ctypes.get_errno() == errno.ENOSPC
+    finally:
+        os.close(fd)

@@ -353,3 +353,29 @@ def test_signature_sees_edits_flips_and_dangling_entries(tmp_path: Path) -> None
     os.replace(os.symlink(tmp_path / "missing", tmp_path / ".m.new") or tmp_path / ".m.new", tmp_path / "m")
     assert source.signature("m") == (("dangling", str(tmp_path / "missing")), 0)
     assert source.signature("notes.txt") is None and source.signature("gone") is None
+
+
+def test_running_out_of_watches_later_switches_to_polling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """watchdog skips a new directory it cannot watch without a word: the watcher probes the limit."""
+    from controlplane import fswatch
+
+    exhausted = threading.Event()
+    monkeypatch.setattr(fswatch, "watches_exhausted", lambda path: exhausted.is_set())
+    calls = Calls()
+    watcher = RepositoryWatcher(tmp_path, calls, 0.1, poll_interval_s=0.2, rescan_interval_s=3600)
+    with caplog.at_level(logging.WARNING, logger="tritonctl.watcher"):
+        watcher.start()
+        try:
+            assert watcher.watch_info()["mode"] == "inotify"
+            exhausted.set()  # the user's watches are used up by now
+            (tmp_path / "late" / "1").mkdir(parents=True)
+            wait_for(lambda: watcher.watch_info()["mode"] == "poll", 5, 0.05, "switch to polling")
+            assert "fs.inotify.max_user_watches" in watcher.watch_info()["reason"]
+            (tmp_path / "late" / "config.pbtxt").write_text("x")
+            assert calls.wait("late", 5.0)
+        finally:
+            watcher.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "fs.inotify.max_user_watches" in warnings[0], warnings
