@@ -237,6 +237,11 @@ class RepositoryWatcher:
         symlinks (a dangling one is reported by the consumer)."""
         return sorted(self._entries())
 
+    def capture_margin_s(self) -> float:
+        """Seconds a capture must wait beyond the settle window: how long stat facts read through
+        this mount may lag writes made elsewhere (0 on a local filesystem)."""
+        return self.mode.cache_s
+
     def watch_info(self) -> dict[str, str]:
         """{"mode": "inotify" | "poll", "reason": ...}: what `status` shows."""
         return self.mode.as_dict()
@@ -265,7 +270,7 @@ class RepositoryWatcher:
         with self._cond:
             if self.mode.mode == "poll" or self._stopping:
                 return
-            self.mode = WatchMode("poll", reason)
+            self.mode = WatchMode("poll", reason, self.mode.cache_s)
         log.warning("cannot watch %s by inotify: %s; polling every %g s instead", self.root, reason,
                     self.poll_interval_s)
         self._poller.set_intervals(self.poll_interval_s, None)

@@ -258,6 +258,7 @@ def test_mode_follows_the_filesystem_type_of_the_longest_mount_prefix(tmp_path: 
         "40 22 0:50 / /srv/models rw,relatime - nfs4 fs:/export rw,vers=4.2\n"
         "41 40 0:51 / /srv/models/local rw - tmpfs tmpfs rw\n"
         "42 22 0:52 / /mnt/with\\040space rw - fuse.sshfs host:/x rw\n"
+        "43 22 0:53 / /srv/fast rw - nfs fs:/fast rw,vers=3,actimeo=1\n"
     )
     assert choose_mode(Path("/srv/models/x"), "auto", str(info)).mode == "poll"
     assert "nfs4" in choose_mode(Path("/srv/models/x"), "auto", str(info)).reason
@@ -266,6 +267,11 @@ def test_mode_follows_the_filesystem_type_of_the_longest_mount_prefix(tmp_path: 
     assert choose_mode(Path("/mnt/with space/m"), "auto", str(info)).mode == "poll"
     assert choose_mode(Path("/srv/models/x"), "inotify", str(info)).mode == "inotify"
     assert choose_mode(Path("/home"), "poll", str(info)).mode == "poll"
+    # how long stat facts may lag writes made elsewhere: captures wait that much beyond the settle window
+    assert choose_mode(Path("/srv/models/x"), "auto", str(info)).cache_s == 3.0
+    assert choose_mode(Path("/srv/fast/x"), "auto", str(info)).cache_s == 1.0
+    assert choose_mode(Path("/mnt/with space/m"), "auto", str(info)).cache_s == 1.0
+    assert choose_mode(Path("/home"), "poll", str(info)).cache_s == 0.0
 
 
 class Calls:
