@@ -146,6 +146,7 @@ class Daemon:
             )
             self.plane.reschedule = self.watcher.reschedule
             self.plane.watch_info = self.watcher.watch_info
+            self.plane.capture_margin_s = self.watcher.capture_margin_s
             if self.metrics is not None:
                 self.metrics.backlog = self.watcher.backlog
             self.watcher.start()

@@ -71,6 +71,7 @@ class ControlPlane:
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
         self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
+        self.capture_margin_s: Callable[[], float] | None = None  # set by the daemon (watcher)
         # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
         self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
         # The FleetMember with --fleet: rollback, unload, pin, unpin and policy act on the fleet, or with
@@ -104,8 +105,9 @@ class ControlPlane:
             raise UsageError("the daemon has no source repository (--repository)")
         source = self.settings.repository / model
         with self._capture_lock(model):
+            margin = self.capture_margin_s() if self.capture_margin_s else 0.0  # a network mount's caches
             snapshot = self.store.capture(source, model, commit_marker=self.settings.commit_marker,
-                                          quiet_s=self.settings.settle_s if settled else 0.0)
+                                          quiet_s=self.settings.settle_s + margin if settled else 0.0)
             tree = self.store.tree_path(snapshot.digest)
             result = validate_model_dir(tree, name=model)
             prefix = f"{tree.name}/"

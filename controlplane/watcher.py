@@ -42,6 +42,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
+from controlplane import fswatch
 from controlplane.errors import ConfigError
 from controlplane.fswatch import WatchMode, choose_mode
 from controlplane.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller
@@ -155,6 +156,7 @@ class RepositoryWatcher:
         self._log_hook: _WatchdogLog | None = None
         self._drop_prefix = os.environ.get(DROP_EVENTS_ENV) or None
         self._stretch_logged = False
+        self._next_watch_check = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -235,6 +237,11 @@ class RepositoryWatcher:
         symlinks (a dangling one is reported by the consumer)."""
         return sorted(self._entries())
 
+    def capture_margin_s(self) -> float:
+        """Seconds a capture must wait beyond the settle window: how long stat facts read through
+        this mount may lag writes made elsewhere (0 on a local filesystem)."""
+        return self.mode.cache_s
+
     def watch_info(self) -> dict[str, str]:
         """{"mode": "inotify" | "poll", "reason": ...}: what `status` shows."""
         return self.mode.as_dict()
@@ -263,14 +270,20 @@ class RepositoryWatcher:
         with self._cond:
             if self.mode.mode == "poll" or self._stopping:
                 return
-            self.mode = WatchMode("poll", reason)
+            self.mode = WatchMode("poll", reason, self.mode.cache_s)
         log.warning("cannot watch %s by inotify: %s; polling every %g s instead", self.root, reason,
                     self.poll_interval_s)
         self._poller.set_intervals(self.poll_interval_s, None)
         self._poller.request_full()
 
+    def _check_watches(self) -> None:
+        """Out of inotify watches: new directories go unwatched (watchdog skips them silently)."""
+        if self.mode.mode == "inotify" and not self._stopping and fswatch.watches_exhausted(self.root):
+            self._switch_to_poll(f"out of inotify watches (raise {WATCHES_SYSCTL})")
+
     def _on_full_round(self, elapsed_s: float, models: int, changes: dict[str, str]) -> None:
         observer = self._observer
+        self._check_watches()
         if self.mode.mode == "inotify" and observer is not None and not self._stopping:
             if not observer.is_alive() or not all(e.is_alive() for e in observer.emitters):
                 self._switch_to_poll(f"inotify stopped (out of watches? raise {WATCHES_SYSCTL})")
@@ -328,6 +341,9 @@ class RepositoryWatcher:
 
     def _on_event(self, event: FileSystemEvent) -> None:
         kind = event.event_type
+        if event.is_directory and kind in ("created", "moved") and time.monotonic() >= self._next_watch_check:
+            self._next_watch_check = time.monotonic() + 1.0  # a new directory needs a watch of its own
+            self._check_watches()
         if event.is_synthetic or kind in _NOT_CHANGES or (kind == "modified" and event.is_directory):
             # contents listed after a directory move (the move itself counts); reads (our own
             # captures); the "parent modified" echo (the entry's own event counts: it may be debris)

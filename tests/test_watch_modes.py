@@ -258,6 +258,7 @@ def test_mode_follows_the_filesystem_type_of_the_longest_mount_prefix(tmp_path: 
         "40 22 0:50 / /srv/models rw,relatime - nfs4 fs:/export rw,vers=4.2\n"
         "41 40 0:51 / /srv/models/local rw - tmpfs tmpfs rw\n"
         "42 22 0:52 / /mnt/with\\040space rw - fuse.sshfs host:/x rw\n"
+        "43 22 0:53 / /srv/fast rw - nfs fs:/fast rw,vers=3,actimeo=1\n"
     )
     assert choose_mode(Path("/srv/models/x"), "auto", str(info)).mode == "poll"
     assert "nfs4" in choose_mode(Path("/srv/models/x"), "auto", str(info)).reason
@@ -266,6 +267,11 @@ def test_mode_follows_the_filesystem_type_of_the_longest_mount_prefix(tmp_path: 
     assert choose_mode(Path("/mnt/with space/m"), "auto", str(info)).mode == "poll"
     assert choose_mode(Path("/srv/models/x"), "inotify", str(info)).mode == "inotify"
     assert choose_mode(Path("/home"), "poll", str(info)).mode == "poll"
+    # how long stat facts may lag writes made elsewhere: captures wait that much beyond the settle window
+    assert choose_mode(Path("/srv/models/x"), "auto", str(info)).cache_s == 3.0
+    assert choose_mode(Path("/srv/fast/x"), "auto", str(info)).cache_s == 1.0
+    assert choose_mode(Path("/mnt/with space/m"), "auto", str(info)).cache_s == 1.0
+    assert choose_mode(Path("/home"), "poll", str(info)).cache_s == 0.0
 
 
 class Calls:
@@ -353,3 +359,29 @@ def test_signature_sees_edits_flips_and_dangling_entries(tmp_path: Path) -> None
     os.replace(os.symlink(tmp_path / "missing", tmp_path / ".m.new") or tmp_path / ".m.new", tmp_path / "m")
     assert source.signature("m") == (("dangling", str(tmp_path / "missing")), 0)
     assert source.signature("notes.txt") is None and source.signature("gone") is None
+
+
+def test_running_out_of_watches_later_switches_to_polling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """watchdog skips a new directory it cannot watch without a word: the watcher probes the limit."""
+    from controlplane import fswatch
+
+    exhausted = threading.Event()
+    monkeypatch.setattr(fswatch, "watches_exhausted", lambda path: exhausted.is_set())
+    calls = Calls()
+    watcher = RepositoryWatcher(tmp_path, calls, 0.1, poll_interval_s=0.2, rescan_interval_s=3600)
+    with caplog.at_level(logging.WARNING, logger="tritonctl.watcher"):
+        watcher.start()
+        try:
+            assert watcher.watch_info()["mode"] == "inotify"
+            exhausted.set()  # the user's watches are used up by now
+            (tmp_path / "late" / "1").mkdir(parents=True)
+            wait_for(lambda: watcher.watch_info()["mode"] == "poll", 5, 0.05, "switch to polling")
+            assert "fs.inotify.max_user_watches" in watcher.watch_info()["reason"]
+            (tmp_path / "late" / "config.pbtxt").write_text("x")
+            assert calls.wait("late", 5.0)
+        finally:
+            watcher.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "fs.inotify.max_user_watches" in warnings[0], warnings
