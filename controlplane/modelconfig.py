@@ -553,7 +553,8 @@ def check_ensembles(results: list[ValidationResult]) -> None:
             member = find(ensemble, name)
             if member is None:
                 return None
-            return Member(as_config(member.config) if member.config is not None else None, member.served_versions)
+            usable = member.config is not None and member.ok  # an invalid step is reported as such, below
+            return Member(as_config(member.config) if usable else None, member.served_versions)
 
         problems = ensemble_problems(result, lookup)
         for step in as_config(result.config).ensemble_scheduling.step:
