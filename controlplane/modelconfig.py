@@ -527,23 +527,28 @@ def ensemble_problems(result: ValidationResult, lookup: Callable[[str], Member |
 
 
 def check_ensembles(results: list[ValidationResult]) -> None:
-    """Check every ensemble among `results` against its step models: those validated with it, else
-    a sibling directory of the ensemble (the same repository), validated on demand."""
-    by_name = {r.model: r for r in results}
-    siblings: dict[str, ValidationResult | None] = {}
+    """Check every ensemble among `results` against its step models: the one in the ensemble's own
+    repository (its parent directory: validated with it, or on disk), else one of that name among
+    `results` (given on the command line)."""
+    by_path = {os.path.abspath(r.path): r for r in results}
+    by_name: dict[str, ValidationResult] = {}
+    for r in results:
+        by_name.setdefault(r.model, r)
+    siblings: dict[str, ValidationResult] = {}
 
     def find(ensemble: ValidationResult, name: str) -> ValidationResult | None:
-        if name in by_name:
-            return by_name[name]
         try:
             validate_model_name(name)
         except UsageError:
             return None
-        sibling = Path(os.path.abspath(ensemble.path)).parent / name
-        key = str(sibling)
-        if key not in siblings:
-            siblings[key] = validate_model_dir(sibling) if os.path.isdir(sibling) else None
-        return siblings[key]
+        sibling = os.path.join(os.path.dirname(os.path.abspath(ensemble.path)), name)
+        if sibling in by_path:
+            return by_path[sibling]
+        if os.path.isdir(sibling):
+            if sibling not in siblings:
+                siblings[sibling] = validate_model_dir(Path(sibling))
+            return siblings[sibling]
+        return by_name.get(name)
 
     for result in results:
         if result.config is None or not is_ensemble(as_config(result.config)):
@@ -553,7 +558,8 @@ def check_ensembles(results: list[ValidationResult]) -> None:
             member = find(ensemble, name)
             if member is None:
                 return None
-            return Member(as_config(member.config) if member.config is not None else None, member.served_versions)
+            usable = member.config is not None and member.ok  # an invalid step is reported as such, below
+            return Member(as_config(member.config) if usable else None, member.served_versions)
 
         problems = ensemble_problems(result, lookup)
         for step in as_config(result.config).ensemble_scheduling.step:

@@ -101,8 +101,12 @@ def test_every_corpus_case_is_refused_and_linear_keeps_serving(daemon: DaemonPro
                     and ".." not in target_name and not target_name.startswith(("-", "."))
                 audit_model = target_name if valid_name else None
                 try:
-                    events = wait_for(lambda m=audit_model, b=before: _new_events(registry, m, b), 30, 0.05,
-                                      f"an audit event for case {name}")
+                    # a stored case's own events (the previous case of the same model name may still
+                    # be recording its removal)
+                    generated = bool(case.get("generated"))
+                    events = wait_for(lambda m=audit_model, b=before, g=generated: [
+                        e for e in _new_events(registry, m, b) if g or e.action != "remove"], 30, 0.05,
+                        f"an audit event for case {name}")
                 except AssertionError as exc:
                     failures.append(f"{name}: {exc}")
                     continue
@@ -133,6 +137,13 @@ def _check_case(case: dict[str, Any], events: list[Any], registry: Registry, mod
             last = deploys[0]
         if last.outcome != "rolled_back":
             return [f"{name}: expected rolled_back, got {last.outcome}: {last.message}"]
+        return []
+    if last.action == "snapshot" and last.outcome == "ok":  # valid content, refused at deploy (environment)
+        deploys = wait_for(lambda: [e for e in _new_events(registry, model, events[-1].id - 1)
+                                    if e.action == "deploy"], 60, 0.1, f"{name} deploy outcome")
+        last = deploys[0]
+        if last.outcome != "failed" or not case.get("environment"):
+            return [f"{name}: expected an environment fault at deploy, got {last.outcome}: {last.message}"]
         return []
     if last.action == "remove" and case.get("generated"):
         return []  # the model directory became a dangling link: recorded as removed, still serving

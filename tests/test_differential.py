@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.triton.launcher import TritonServer
 from tests.differential.cases import all_cases, categories
-from tests.differential.runner import ALLOWED_FALSE_ACCEPTS, STRICTER, confusion, run, sample, unexpected
+from tests.differential.runner import ALLOWED_FALSE_ACCEPTS, SAMPLE, STRICTER, confusion, run, sample, unexpected
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,7 @@ def test_generator_covers_every_category_with_150_cases() -> None:
                                       "instance_group", "batch_input", "label_filename", "execution_env",
                                       "datatypes", "reshape", "version_policy"}
     assert {c.category for c in sample()} == set(categories(cases))
+    assert len(sample()) == len(SAMPLE)
 
 
 @pytest.mark.timeout(240)

@@ -176,3 +176,15 @@ def test_ensemble_step_models_given_on_the_command_line(tmp_path: Path) -> None:
     config.write_text(config.read_text().replace("max_batch_size: 4", "max_batch_size: 2"))
     code, out, _ = run(str(pipe), str(step))
     assert code == 1 and "max_batch_size: 4 is above step model \"step\"'s max_batch_size 2" in out
+
+
+def test_ensemble_prefers_the_step_model_of_its_own_repository(tmp_path: Path) -> None:
+    pipe = _pipe(tmp_path / "repo")
+    own = write_model(tmp_path / "repo" / "step")
+    config = own / "config.pbtxt"
+    config.write_text(config.read_text().replace("TYPE_FP32 dims: [ 3 ]", "TYPE_INT32 dims: [ 3 ]"))
+    other = write_model(tmp_path / "elsewhere" / "step")  # fits, but Triton would load repo/step
+    code, out, _ = run(str(pipe), str(other))
+    assert code == 1
+    assert ('error pipe/config.pbtxt: ensemble_scheduling.step[0].input_map: ensemble tensor "x": data type '
+            'TYPE_FP32 from ensemble "pipe" but TYPE_INT32 from model "step"') in out.splitlines()
