@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
+import common as c  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
 from tests.harness import DaemonProcess, infer_gen, wait_for, write_gen_model  # noqa: E402
@@ -107,6 +108,7 @@ def main() -> int:
     if reason:
         print(f"cannot run: {reason}")
         return 2
+    machine = c.machine_info()  # commit, uname, load average at the start, tritonserver and Python versions
     pg = PostgresServer().start()
     results = []
     try:
@@ -121,12 +123,10 @@ def main() -> int:
         waves = 1 + -(-(r["hosts"] - 1) // args.wave_size)
         print(f"{r['hosts']:>5} {waves:>5} {r['rollout_median_s']:>17.2f} {r['rollout_max_s']:>7.2f} "
               f"{r['broken_stopped_s']:>17.2f}")
-    report = {"machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform()},
+    report = {"benchmark": "fleet_rollout", "command": "python bench/fleet_rollout.py " + " ".join(sys.argv[1:]),
+              "when": c.now_iso(), "machine": machine,
               "wave_size": args.wave_size, "canary_count": 1, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"results: {args.out}")
+    c.write_report(args.out, report, c.make_console())  # adds the commit and the load average at the end
     return 0
 
 

@@ -16,11 +16,6 @@ from typing import Any
 
 from controlplane.errors import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
 ENV_PREFIX = "TRITONCTL_"
 POLICIES = ("auto", "manual")
@@ -218,6 +213,12 @@ def _parse(key: str, value: Any, source: str) -> Any:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
+    # Imported here: every CLI command imports this module, only the daemon reads a config file.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.names import validate_digest, validate_model_name
-from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store.records import OUTCOMES, AuditQuery, ModelRecord, iso, utcnow
 
 if TYPE_CHECKING:  # the read commands pass a SqliteReader, which answers the same methods: no SQLAlchemy
     from controlplane.reconcile import Drift
+    from controlplane.snapshot import ContentStore
     from controlplane.store.registry import Registry
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -82,6 +82,8 @@ def versions(registry: Registry, model: str) -> list[dict[str, Any]]:
 
 
 def _entries(registry: Registry, model: str, digest: str) -> tuple[str, dict[str, Any]]:
+    from controlplane.snapshot import Snapshot  # only diff reads manifests: versions and audit skip the import
+
     snap = registry.get_snapshot(model, digest)
     parsed = Snapshot.from_manifest_json(model, snap.manifest)
     if snap.collected:

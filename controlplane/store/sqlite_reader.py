@@ -111,9 +111,13 @@ class SqliteReader:
             raise StoreError(f"registry {self.path}: {exc}") from exc
 
     def schema_revision(self) -> str | None:
-        if not self._rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"):
-            return None
-        rows = self._rows("SELECT version_num FROM alembic_version")
+        """The Alembic revision the registry is at (None: no schema yet), in one query."""
+        try:
+            rows = self._conn.execute("SELECT version_num FROM alembic_version").fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise StoreError(f"registry {self.path}: {exc}") from exc
         return str(rows[0][0]) if rows else None
 
     def find_model(self, name: str) -> ModelRecord | None:
