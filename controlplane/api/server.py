@@ -97,7 +97,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
-            return self.plane.load(request.model, actor, request.digest, request.force, progress, host=request.host)
+            return self.plane.load(request.model, actor, request.digest, request.force, progress, **_host(request))
 
         if not request.wait:
             try:
@@ -121,13 +121,13 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.rollback(request.model, actor,
                                                                                request.to_digest, progress,
-                                                                               host=request.host))
+                                                                               **_host(request)))
 
     def Unload(self, request: pb.UnloadRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.unload(request.model, actor,
                                                                              request.dependents, progress,
-                                                                             host=request.host))
+                                                                             **_host(request)))
 
     def _reply(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> pb.JsonReply:
         try:
@@ -141,17 +141,22 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     def SetPolicy(self, request: pb.PolicyRequest, context: grpc.ServicerContext) -> pb.JsonReply:
         return self._reply(context, lambda: self.plane.set_policy(request.model, request.policy, _actor(context),
-                                                                        host=request.host))
+                                                                        **_host(request)))
 
     def SetPin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.JsonReply:
         return self._reply(context, lambda: self.plane.set_pin(request.model, request.pinned, _actor(context),
-                                                                     host=request.host))
+                                                                     **_host(request)))
 
     def Gc(self, request: pb.GcRequest, context: grpc.ServicerContext) -> pb.JsonReply:
         return self._reply(context, lambda: self.plane.gc(request.keep, _actor(context)))
 
     def Ping(self, request: pb.PingRequest, context: grpc.ServicerContext) -> pb.JsonReply:
         return self._reply(context, lambda: {"pid": os.getpid(), "triton_url": self.plane.triton.url})
+
+
+def _host(request: Any) -> dict[str, str]:
+    """`host=` for the plane only when the caller named one (fleet: act on that host alone)."""
+    return {"host": request.host} if request.host else {}
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
