@@ -9,7 +9,7 @@ import click
 
 from cli import render
 from cli.options import daemon_options, json_option
-from controlplane.errors import DeployError
+from controlplane.errors import DeployError, TritonUnavailableError, UsageError
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
@@ -21,17 +21,31 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
     """Print the outcome; exit 1 when the operation failed or was rolled back."""
     render.outcome(result, as_json)
     if result.get("outcome") in OUTCOMES_THAT_FAIL:
+        if result.get("cause") == "triton_unreachable":  # README "Exit codes": 4
+            raise TritonUnavailableError(str(result.get("message", "")))
         raise DeployError(str(result.get("message", "")), str(result.get("outcome")))
 
 
+def failed_models(status: dict[str, Any]) -> list[str]:
+    """Models whose last deploy failed: nothing or a degraded version serves, a retry is scheduled, or the
+    source's newest content is held by a failed deploy."""
+    return [
+        row["model"] for row in status.get("models", [])
+        if row.get("state") in ("failed", "degraded") or row.get("next_retry_s") is not None
+        or str(row.get("sync_reason") or "").startswith("last deploy failed")
+    ]
+
+
 @click.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("--digest", default="", help="Deploy this recorded snapshot (full digest or unique prefix).")
 @click.option("--force", is_flag=True, help="Retry a quarantined digest, or reload the active one.")
+@click.option("--failed", "failed", is_flag=True, help="Retry every model whose last deploy failed.")
 @click.option("--no-wait", is_flag=True, help="Return once the daemon accepted the request.")
 @json_option
 @daemon_options
-def load(client: ControlClient, model: str, digest: str, force: bool, no_wait: bool, as_json: bool) -> None:
+def load(client: ControlClient, model: str | None, digest: str, force: bool, failed: bool, no_wait: bool,
+         as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
     \b
@@ -39,10 +53,37 @@ def load(client: ControlClient, model: str, digest: str, force: bool, no_wait: b
       tritonctl load linear
       tritonctl load linear --digest 3f2a9c1b
       tritonctl load linear --force      # retry a quarantined digest
+      tritonctl load --failed            # retry every model whose last deploy failed
     """
+    if failed:
+        if model or digest:
+            raise UsageError("--failed takes no MODEL or --digest: it retries every model whose last deploy failed")
+        _load_failed(client, force, as_json)
+        return
+    if not model:
+        raise UsageError("load needs MODEL (or --failed); `tritonctl status` lists the models")
     with render.progress_display(as_json) as show:
         result = client.load(model, digest, force, wait=not no_wait, on_progress=show)
     _finish(result, as_json)
+
+
+def _load_failed(client: ControlClient, force: bool, as_json: bool) -> None:
+    models = failed_models(client.status())
+    results = []
+    with render.progress_display(as_json) as show:
+        for name in models:
+            result = client.load(name, "", force, wait=True, on_progress=show)
+            results.append(result)
+            if not as_json:
+                render.outcome(result, False)
+    if as_json:
+        render.outcome(results, True)  # type: ignore[arg-type]
+    elif not models:
+        click.echo("no model's last deploy failed")
+    bad = [r for r in results if r.get("outcome") in OUTCOMES_THAT_FAIL]
+    if bad:
+        raise DeployError(f"{len(bad)} of {len(results)} retried model(s) still fail: "
+                          + ", ".join(str(r.get("model")) for r in bad), "failed")
 
 
 @click.command()
@@ -65,10 +106,13 @@ def unload(client: ControlClient, model: str, dependents: bool, as_json: bool) -
 @click.command()
 @click.argument("model")
 @click.option("--to", "to_digest", default="", help="Digest to return to (default: the previous good one).")
+@click.option("--force", is_flag=True, help="Roll back a pinned model anyway.")
 @json_option
 @daemon_options
-def rollback(client: ControlClient, model: str, to_digest: str, as_json: bool) -> None:
+def rollback(client: ControlClient, model: str, to_digest: str, force: bool, as_json: bool) -> None:
     """Serve MODEL's previous good version again (or the one given by --to).
+
+    The model then stays there (sync `held`) until its source changes again or `tritonctl load`.
 
     \b
     Examples:
@@ -76,7 +120,7 @@ def rollback(client: ControlClient, model: str, to_digest: str, as_json: bool) -
       tritonctl rollback linear --to 3f2a9c1b
     """
     with render.progress_display(as_json) as show:
-        result = client.rollback(model, to_digest, on_progress=show)
+        result = client.rollback(model, to_digest, on_progress=show, force=force)
     _finish(result, as_json)
 
 

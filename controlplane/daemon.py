@@ -258,6 +258,9 @@ class Daemon:
             self.plane.reconcile()
         except TritonctlError as exc:
             log.error("reconcile: %s", exc)
+        if self.plane.counters.triton_reachable and not self.stop_requested.is_set():
+            for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.faults)
+                self._track(self.executor.submit(self._guarded, self.plane.retry, model))
         if self.fleet is not None and self.plane.counters.triton_reachable and not was_reachable:
             self.fleet.initial_scan()
         elif self.plane.counters.triton_reachable and not was_reachable and self.watcher is not None:

@@ -296,13 +296,13 @@ def test_versions_notes_quarantine_and_gc(own_history: History) -> None:
 
 
 def test_versions_of_unknown_or_bad_model(history: History) -> None:
-    assert_one_line_error(invoke(["versions", "nobody", *sd(history)]), EXIT_FAILED, "'nobody' is unknown")
+    assert_one_line_error(invoke(["versions", "nobody", *sd(history)]), EXIT_USAGE, "'nobody' is unknown")
     assert_one_line_error(invoke(["versions", "../x", *sd(history)]), EXIT_USAGE, "path separator")
 
 
 def test_read_commands_without_a_registry(tmp_path: Path) -> None:
     for args in (["versions", "linear"], ["audit"], ["audit", "--at", "1h"], ["diff", "linear", "aaaaaa", "bbbbbb"]):
-        assert_one_line_error(invoke([*args, "--state-dir", str(tmp_path)]), EXIT_FAILED, "db upgrade")
+        assert_one_line_error(invoke([*args, "--state-dir", str(tmp_path)]), EXIT_USAGE, "db upgrade")
 
 
 # --- diff --------------------------------------------------------------------------------------------
@@ -334,8 +334,8 @@ def test_diff_json(history: History) -> None:
 def test_diff_same_snapshot_and_errors(history: History) -> None:
     a = history.digests["linear1"]
     assert "no differences" in invoke(["diff", "linear", a[:8], a, *sd(history)]).output
-    assert_one_line_error(invoke(["diff", "linear", "deadbeef", a, *sd(history)]), EXIT_FAILED, "no snapshot")
-    assert_one_line_error(invoke(["diff", "reshape", a, a, *sd(history)]), EXIT_FAILED)
+    assert_one_line_error(invoke(["diff", "linear", "deadbeef", a, *sd(history)]), EXIT_USAGE, "no snapshot")
+    assert_one_line_error(invoke(["diff", "reshape", a, a, *sd(history)]), EXIT_USAGE)
     assert_one_line_error(invoke(["diff", "a/b", a, a, *sd(history)]), EXIT_USAGE)
 
 
@@ -480,7 +480,7 @@ def test_db_upgrade_creates_then_reports_nothing_to_do(tmp_path: Path) -> None:
     assert (state / "registry.db").exists()
     again = invoke(["db", "upgrade", "--state-dir", str(state), "--json"])
     assert json.loads(again.output) == {"from": head, "to": head}
-    assert_one_line_error(invoke(["versions", "linear", "--state-dir", str(state)]), EXIT_FAILED, "unknown")
+    assert_one_line_error(invoke(["versions", "linear", "--state-dir", str(state)]), EXIT_USAGE, "unknown")
     assert invoke(["audit", "--json", "--state-dir", str(state)]).output.strip() == "[]"
 
 
@@ -501,7 +501,7 @@ def test_read_commands_need_no_state_directory(tmp_path: Path) -> None:
         result = invoke([*args, "--json", "--db-url", url, "--state-dir", str(nowhere)])
         assert result.exit_code == 0, result.output
     assert_one_line_error(invoke(["versions", "linear", "--db-url", url, "--state-dir", str(nowhere)]),
-                          EXIT_FAILED, "unknown")
+                          EXIT_USAGE, "unknown")
     assert not nowhere.exists()
 
 
@@ -524,7 +524,7 @@ def test_read_commands_refuse_an_old_schema(tmp_path: Path) -> None:
         (errors.TritonUnavailableError, 4),
         (errors.UsageError, 2),
         (errors.ConfigError, 2),
-        (errors.NotFoundError, 1),
+        (errors.NotFoundError, 2),
         (errors.DeployError, 1),
         (errors.StoreError, 1),
         (errors.PermissionDeniedError, 1),
@@ -565,8 +565,8 @@ DAEMON_COMMANDS = [["load", "linear"], ["unload", "linear"], ["rollback", "linea
 @pytest.mark.parametrize("args", DAEMON_COMMANDS, ids=lambda a: a[0])
 def test_daemon_commands_without_a_daemon_exit_3(tmp_path: Path, args: list[str]) -> None:
     result = invoke([*args, "--state-dir", str(tmp_path)])
-    assert_one_line_error(result, EXIT_DAEMON_UNREACHABLE, f"daemon not reachable at {tmp_path / 'tritonctl.sock'}",
-                          "tritonctl daemon")
+    assert_one_line_error(result, EXIT_DAEMON_UNREACHABLE, f"no daemon at {tmp_path / 'tritonctl.sock'}",
+                          "start one", "TRITONCTL_STATE_DIR")
 
 
 def test_address_without_token_is_a_usage_error(tmp_path: Path) -> None:
@@ -620,7 +620,8 @@ class StandInPlane:
         self.calls.append(("load", model, actor, digest, force))
         return self._operate("deploy", model, digest or "9" * 64, progress)
 
-    def rollback(self, model: str, actor: str, to: str, progress: Callable[[Progress], None]) -> Outcome:
+    def rollback(self, model: str, actor: str, to: str, progress: Callable[[Progress], None],
+                 force: bool = False) -> Outcome:
         self.calls.append(("rollback", model, actor, to))
         return self._operate("rollback", model, to or "1" * 64, progress)
 
@@ -745,11 +746,11 @@ def test_load_failed_exits_1(daemon: Daemon) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["load", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["rollback", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["unload", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["status", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["pin", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
+        (["load", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["rollback", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["unload", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["status", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["pin", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
         (["load", "../x"], EXIT_USAGE, "error: model name '../x' contains a path separator\n"),
         (["policy", "a b", "auto"], EXIT_USAGE,
          "error: model name 'a b' contains a space: use only A-Z a-z 0-9 _ . -\n"),

@@ -60,7 +60,11 @@ class ControlClient:
         code = exc.code()  # type: ignore[attr-defined]
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             where = self._socket if self._socket else self.target
-            return errors.DaemonUnavailableError(f"daemon not reachable at {where}: is `tritonctl daemon` running?")
+            if self._socket:
+                return errors.DaemonUnavailableError(
+                    f"no daemon at {where}; start one (`tritonctl daemon`) or set TRITONCTL_STATE_DIR / --state-dir")
+            return errors.DaemonUnavailableError(f"no daemon at {where}; start one (`tritonctl daemon --listen`) "
+                                                 "or fix TRITONCTL_ADDRESS / --address")
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return errors.PermissionDeniedError(details)
         return errors.TritonctlError(f"control API: {details}")
@@ -93,8 +97,9 @@ class ControlClient:
         return self._stream(self._stub.Load, request, on_progress)
 
     def rollback(self, model: str, to_digest: str = "",
-                 on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:
-        return self._stream(self._stub.Rollback, pb.RollbackRequest(model=model, to_digest=to_digest), on_progress)
+                 on_progress: Callable[[pb.Progress], None] | None = None, force: bool = False) -> dict[str, Any]:
+        request = pb.RollbackRequest(model=model, to_digest=to_digest, force=force)
+        return self._stream(self._stub.Rollback, request, on_progress)
 
     def unload(self, model: str, dependents: bool = False,
                on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:

@@ -19,12 +19,14 @@ class LoadRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
-    __slots__ = ("model", "to_digest")
+    __slots__ = ("model", "to_digest", "force")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TO_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     to_digest: str
-    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class UnloadRequest(_message.Message):
     __slots__ = ("model", "dependents")

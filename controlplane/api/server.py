@@ -136,7 +136,8 @@ class ControlServicer(pb_grpc.ControlServicer):
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.rollback(request.model, actor,
-                                                                               request.to_digest, progress))
+                                                                               request.to_digest, progress,
+                                                                               request.force))
 
     def Unload(self, request: pb.UnloadRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)

@@ -71,6 +71,20 @@ class SnapshotRecord:
 
 
 @dataclass(frozen=True)
+class SourceHead:
+    """The newest recorded content of a model's source (by when it was last seen there)."""
+
+    model: str
+    digest: str
+    valid: bool
+    first_error: str | None
+    quarantined: bool
+    quarantine_reason: str | None
+    first_seen: datetime
+    last_seen: datetime
+
+
+@dataclass(frozen=True)
 class DeploymentRecord:
     id: int
     model: str

@@ -27,6 +27,7 @@ from controlplane.store.records import (
     ModelRecord,
     ServingRecord,
     SnapshotRecord,
+    SourceHead,
 )
 
 BUSY_TIMEOUT_S = 10.0
@@ -104,6 +105,13 @@ def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
         quarantine_reason=row.quarantine_reason,
         collected=bool(row.collected),
     )
+
+
+def _first_error(problems_json: str) -> str | None:
+    for problem in json.loads(problems_json or "[]"):
+        if problem.get("severity") == "error":
+            return f"{problem['file']}: {problem['field']}: {problem['message']}"
+    return None
 
 
 def _deployment_record(row: schema.Deployment) -> DeploymentRecord:
@@ -313,6 +321,30 @@ class Registry:
                 .order_by(schema.Snapshot.first_seen.desc(), schema.Snapshot.id.desc())
             )
             return [_snapshot_record(row) for row in rows]
+
+    def source_heads(self, models: Sequence[str] | None = None) -> dict[str, SourceHead]:
+        """Each model's newest recorded content (the one last seen in the source), in one query."""
+        columns = (schema.Snapshot.model, schema.Snapshot.digest, schema.Snapshot.valid, schema.Snapshot.problems,
+                   schema.Snapshot.quarantined, schema.Snapshot.quarantine_reason, schema.Snapshot.first_seen,
+                   schema.Snapshot.last_seen)
+        query = select(*columns).order_by(schema.Snapshot.model, schema.Snapshot.last_seen, schema.Snapshot.id)
+        if models is not None:
+            query = query.where(schema.Snapshot.model.in_(list(models)))
+        heads: dict[str, SourceHead] = {}
+        with self._session() as session:
+            for model, digest, valid, problems, quarantined, reason, first_seen, last_seen in session.execute(query):
+                heads[model] = SourceHead(model, digest, bool(valid), None if valid else _first_error(problems),
+                                          bool(quarantined), reason, first_seen, last_seen)
+        return heads
+
+    def last_deployments(self, models: Sequence[str] | None = None) -> dict[str, DeploymentRecord]:
+        """Each model's newest deployment (finished or not), in one query."""
+        newest = select(func.max(schema.Deployment.id)).group_by(schema.Deployment.model)
+        if models is not None:
+            newest = newest.where(schema.Deployment.model.in_(list(models)))
+        with self._session() as session:
+            rows = session.scalars(select(schema.Deployment).where(schema.Deployment.id.in_(newest.scalar_subquery())))
+            return {row.model: _deployment_record(row) for row in rows}
 
     def set_quarantine(self, model: str, digest: str, reason: str | None) -> None:
         with self._session() as session:
