@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -126,23 +127,31 @@ def rollback(client: ControlClient, model: str, to_digest: str, force: bool, as_
 
 @click.command()
 @click.argument("models", nargs=-1)
-@click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds (Ctrl-C to stop).")
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds (Ctrl-C to stop); off a terminal, "
+              "print one table (with --json one JSON line) per interval.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: also since, policy, pin, drift, the "
+              "source's digest, why it is (not) in sync, the last error.")
 @click.option("--fleet", is_flag=True, help="The fleet's model x host matrix (digest, state, drift), from --db-url.")
 @click.option("--db-url", envvar="TRITONCTL_DB_URL", help="With --fleet: the fleet's PostgreSQL registry.")
 @json_option
 @daemon_options
-def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval: float, fleet: bool,
-           db_url: str | None, as_json: bool) -> None:
-    """Show each model: Triton versions and state, active digest, since when, policy, pin, drift, last error.
+def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval: float, output: str | None,
+           fleet: bool, db_url: str | None, as_json: bool) -> None:
+    """Show each model: state, whether it serves the source's newest content (sync), digest, versions, age.
+
+    SYNC is synced, pending (settling, capturing, deploying or retrying), held (manual policy, pinned,
+    unloaded or rolled back), invalid (the source's newest content is invalid or quarantined) or removed.
 
     \b
     Examples:
       tritonctl status
+      tritonctl status -o wide
       tritonctl status linear sentiment --json
       tritonctl status --watch
       tritonctl status --fleet --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
+    wide = output == "wide"
     if fleet:
         data = _with_fleet_registry(db_url, lambda reg: _fleet_queries().matrix(reg))
         if models:
@@ -150,15 +159,25 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
         render.fleet_matrix(data, as_json)
         return
     if not watch:
-        render.status(client.status(list(models)), as_json)
+        render.status(client.status(list(models)), as_json, wide)
         return
-    with render.live_status() as update:
-        try:
+    try:
+        if as_json or not render.status_is_live():
+            while True:  # a pipe or a file: one block (or one JSON line) per interval
+                data = client.status(list(models))
+                if as_json:
+                    render.status_line_json(data)
+                else:
+                    render.status(data, False, wide)
+                    click.echo()
+                sys.stdout.flush()
+                time.sleep(interval)
+        with render.live_status(wide) as update:
             while True:
                 update(client.status(list(models)))
                 time.sleep(interval)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass
 
 
 @click.command()

@@ -14,6 +14,7 @@ import os
 import queue
 import secrets
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typing import Any
 from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.deploy import Outcome
-from controlplane.errors import TritonctlError
+from controlplane.errors import LauncherError, TritonctlError
 from controlplane.publish import ServingRepository
 from controlplane.service import ControlPlane
 from controlplane.snapshot import ContentStore
@@ -77,11 +78,15 @@ class Daemon:
     def _start_triton(self) -> tuple[str, str | None]:
         if self.settings.launch_triton:
             key = secrets.token_hex(16)  # only this process knows it: nobody else can load code
+            grpc_port, http_port, metrics_port = launch_ports(self.settings)
             self.triton_server = TritonServer(
                 model_repository=self.settings.state_dir / "serving",
                 workdir=self.settings.state_dir / "triton",
                 tritonserver=str(self.settings.tritonserver) if self.settings.tritonserver else None,
                 restricted_key=key,
+                grpc_port=grpc_port,
+                http_port=http_port,
+                metrics_port=metrics_port,
             )
             self.triton_server.start()
             log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
@@ -109,6 +114,8 @@ class Daemon:
         store = ContentStore(settings.state_dir / "store")
         serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
         self.plane = ControlPlane(settings, self.registry, store, serving, triton, on_outcome=self._on_outcome)
+        if self.triton_server is not None:
+            self.plane.http_url = f"http://{self.triton_server.http_url}"
         if settings.metrics_port:
             from controlplane.metrics import Metrics
 
@@ -137,7 +144,13 @@ class Daemon:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
-        log.info("ready: control socket %s, triton %s", settings.socket_path, url)
+        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, self._inference_urls())
+
+    def _inference_urls(self) -> str:
+        server = self.triton_server
+        if server is None:
+            return ""
+        return f"; inference: gRPC {server.grpc_url}, HTTP http://{server.http_url}"
 
     def _initial_scan(self) -> None:
         """Record (and, under auto policy, deploy) what the source holds now; ensembles last."""
@@ -392,6 +405,29 @@ class Daemon:
             except Exception:  # noqa: BLE001 - the start-up error is the one to report
                 log.debug("cleanup after failed start", exc_info=True)
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def launch_ports(settings: Settings) -> tuple[int, int, int]:
+    """The launched tritonserver's (gRPC, HTTP, metrics) ports: 0 becomes a free one; a port that is
+    taken is refused here, by name, instead of as a tritonserver that never comes up."""
+    from controlplane.triton.launcher import free_port
+
+    chosen = []
+    for flag, port in (("--triton-grpc-port", settings.triton_grpc_port),
+                       ("--triton-http-port", settings.triton_http_port),
+                       ("--triton-metrics-port", settings.triton_metrics_port)):
+        if port == 0:
+            chosen.append(free_port())
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                raise LauncherError(f"port {port} ({flag}) is taken on 127.0.0.1: stop what uses it, choose "
+                                    "another port, or 0 for a free one") from None
+        chosen.append(port)
+    return chosen[0], chosen[1], chosen[2]
 
 
 def socket_path_ok(path: Path) -> bool:

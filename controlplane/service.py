@@ -71,6 +71,7 @@ class ControlPlane:
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
+        self.http_url: str | None = None  # the launched tritonserver's HTTP inference URL (set by the daemon)
         # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
         self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
 
@@ -247,6 +248,10 @@ class ControlPlane:
                                  f"{self._collected_when(snap)}; load the source again with `tritonctl load {model}`")
             target = snap.digest
         else:
+            repository = self.settings.repository
+            if repository is not None and not (repository / model).is_dir():
+                raise NotFoundError(f"model '{model}' is unknown: no directory {repository / model}; "
+                                    "`tritonctl status` lists the models")
             target = self.capture(model, actor, settled=False).digest
         current = self.registry.find_model(model)
         if current is not None and current.pinned and target != current.active_digest and not force:
@@ -357,7 +362,8 @@ class ControlPlane:
             row["sync_reason"] = reason
             row["next_retry_s"] = retry.seconds_left() if retry is not None else None
             rows.append(row)
-        return {"triton_reachable": reachable, "triton_url": self.triton.url, "models": rows}
+        return {"triton_reachable": reachable, "triton_url": self.triton.url, "triton_grpc_url": self.triton.url,
+                "triton_http_url": self.http_url, "models": rows}
 
     def reconcile(self) -> list[Drift]:
         """Compare desired and actual; restore what should serve; finish interrupted deployments."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +33,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
+from cli import render
 from cli.main import EXIT_DAEMON_UNREACHABLE, EXIT_FAILED, EXIT_TRITON_UNREACHABLE, EXIT_USAGE, cli, exit_code_for
 from controlplane import errors, queries
 from controlplane.api.server import ApiServer
@@ -786,13 +788,16 @@ def test_status_table(daemon: Daemon) -> None:
     assert result.exit_code == 0
     lines = result.output.splitlines()
     assert lines[0] == "triton 127.0.0.1:8001"
-    assert all(h in lines[2] for h in ("Model", "Version", "Status", "Digest", "Since", "Policy", "Pinned", "Drift",
-                                       "Last error"))
-    linear = [line for line in lines if "READY" in line]
-    assert len(linear) == 2 and "linear" in linear[0] and "999999999999" in linear[0] and "yes" in linear[0]
-    assert "linear" not in linear[1]  # a model's second version row leaves the model columns empty
-    broken = next(line for line in lines if "broken" in line)
-    assert "UNAVAILABLE: timeout" in broken and "manual" in broken and "load timed out" in broken
+    assert lines[1].split() == ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
+    assert max(len(line) for line in lines) <= 100  # readable at 100 columns by default
+    linear = next(line for line in lines if line.startswith("linear"))
+    assert linear.split()[:2] == ["linear", "serving"] and "999999999999" in linear and " 1,2 " in linear
+    assert re.fullmatch(r"\d+[smhdy]|\d+h\d+m", linear.split()[-1]), linear  # kubectl-style age of `since`
+    broken = next(line for line in lines if line.startswith("broken"))
+    assert "1:UNAVAILABLE" in broken and broken.split()[1] == "failed"
+    wide = daemon.run("status", "-o", "wide").output.splitlines()
+    assert all(h in wide[1] for h in ("SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "SYNC REASON", "LAST ERROR"))
+    assert "load timed out" in next(line for line in wide if line.startswith("broken")) and "\x1b" not in "".join(wide)
 
 
 def test_status_json_shape(daemon: Daemon) -> None:
@@ -834,3 +839,10 @@ def test_click_rejects_bad_policy_and_keep_with_exit_2(daemon: Daemon) -> None:
     assert daemon.run("policy", "linear", "sometimes").exit_code == EXIT_USAGE
     assert daemon.run("gc", "--keep", "-1").exit_code == EXIT_USAGE
     assert daemon.plane.calls == []  # refused before anything reached the daemon
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [(5, "5s"), (119, "119s"), (600, "10m"), (3 * 3600 + 300, "3h5m"),
+                                                (20 * 3600, "20h"), (5 * 86400, "5d"), (800 * 86400, "2y")])
+def test_ages_are_kubectl_style(seconds: int, shown: str) -> None:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert render.age(iso((now - timedelta(seconds=seconds)).replace(tzinfo=None)), now) == shown

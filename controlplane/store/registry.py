@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from controlplane.errors import NotFoundError, StoreError, UsageError
+from controlplane.errors import ConfigError, NotFoundError, StoreError, UsageError
 from controlplane.store import schema
 from controlplane.store.records import (
     AuditRecord,
@@ -60,7 +60,12 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except ModuleNotFoundError as exc:  # the URL's driver is an optional dependency
+        extra = "postgres" if parsed.get_backend_name() == "postgresql" else None
+        fix = f"pip install 'tritonctl[{extra}]'" if extra else f"install the Python package {exc.name}"
+        raise ConfigError(f"{_redact(url)} needs the {exc.name} driver, which is not installed; {fix}") from None
 
 
 @dataclass(frozen=True)
