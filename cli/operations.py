@@ -89,18 +89,22 @@ def _load_failed(client: ControlClient, force: bool, as_json: bool) -> None:
 
 @click.command()
 @click.argument("model")
-@click.option("--dependents", is_flag=True, help="Also unload models that only this one needs (ensembles).")
+@click.option("--dependents", is_flag=True, help="Also unload the ensemble's members no other loaded ensemble uses.")
+@click.option("--force", is_flag=True, help="Unload a member that a serving ensemble needs.")
 @json_option
 @daemon_options
-def unload(client: ControlClient, model: str, dependents: bool, as_json: bool) -> None:
+def unload(client: ControlClient, model: str, dependents: bool, force: bool, as_json: bool) -> None:
     """Unload MODEL from Triton; it stays unloaded until `tritonctl load`.
 
+    A member that a serving ensemble needs is refused (exit 2) without --force.
+
     \b
-    Example:
+    Examples:
       tritonctl unload sentiment_pipeline --dependents
+      tritonctl unload sentiment_tokenizer --force
     """
     with render.progress_display(as_json) as show:
-        result = client.unload(model, dependents, on_progress=show)
+        result = client.unload(model, dependents, on_progress=show, force=force)
     _finish(result, as_json)
 
 

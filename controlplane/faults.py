@@ -20,6 +20,7 @@ _ENVIRONMENT_PATTERNS: tuple[tuple[str, str], ...] = (
     ("unable to find backend library", "a backend is missing on this tritonserver"),
     ("unable to find backend", "a backend is missing on this tritonserver"),
     ("has no loaded version", "an ensemble member is not loaded"),
+    ("contains models that are not available", "an ensemble member is not loaded"),
     ("which is not loaded", "an ensemble member is not loaded"),
     ("unknown snapshot", "the content was collected by gc"),
     ("is missing from the store", "the content was collected by gc"),

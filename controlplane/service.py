@@ -17,7 +17,8 @@ from typing import Any
 
 from controlplane import queries
 from controlplane.config import Settings
-from controlplane.deploy import Deployer, Outcome, ProgressFn
+from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
+from controlplane.ensembles import members as ensemble_members
 from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
 from controlplane.modelconfig import validate_model_dir
@@ -258,16 +259,67 @@ class ControlPlane:
             raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; unpin it or use --force")
         if self.fleet_load is not None:
             return self.fleet_load(model, target, actor, force, progress)
+        failed = self._load_members(model, target, actor, progress, (model,))
+        if failed is not None:
+            return failed
         return self.deployer.deploy(model, target, actor, force=force, progress=progress)
+
+    def _load_members(self, model: str, digest: str, actor: str, progress: ProgressFn | None,
+                      chain: tuple[str, ...]) -> Outcome | None:
+        """An ensemble's members that do not serve are loaded first, in step order (recursively).
+        Returns the failed outcome of a member that could not be loaded (the ensemble is then not tried)."""
+        for member in ensemble_members(self.registry.get_snapshot(model, digest).config):
+            if member in chain:
+                continue  # a cycle: Triton refuses it at load, with its own message
+            record = self.registry.find_model(member)
+            if record is not None and record.state in SERVING_STATES and record.active_digest:
+                continue
+            if progress:
+                progress(Progress(member, "member", "start", f"needed by ensemble {model}"))
+            outcome = self.load(member, actor, progress=progress) if len(chain) < 8 else None
+            if outcome is None or not outcome.succeeded:
+                message = f"member {member} could not be loaded: {outcome.message if outcome else 'too deep'}"
+                self.registry.audit(AuditEntry(actor, "deploy", model, digest, "failed", message))
+                return Outcome(model, "deploy", "failed", digest, None, message,
+                               cause=outcome.cause if outcome else "")
+        return None
 
     def _collected_when(self, snap: SnapshotRecord) -> str:
         for event in self.registry.query_audit(AuditQuery(action="gc", since=snap.last_seen, limit=1000))[::-1]:
             return f" at {iso(event.time)}"
         return ""
 
-    def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
+    def _serving_ensembles(self) -> dict[str, list[str]]:
+        """Each serving ensemble and the members its active config names."""
+        out: dict[str, list[str]] = {}
+        for record in self.registry.list_models(states=SERVING_STATES):
+            if record.active_digest:
+                names = ensemble_members(self.registry.get_snapshot(record.name, record.active_digest).config)
+                if names:
+                    out[record.name] = names
+        return out
+
+    def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None,
+               force: bool = False) -> Outcome:
         validate_model_name(model)
-        return self.deployer.unload(model, actor, dependents, progress)
+        ensembles = self._serving_ensembles()
+        needed_by = sorted(e for e, names in ensembles.items() if model in names and e != model)
+        if needed_by and not force:
+            raise UsageError(f"'{model}' is a member of serving ensemble(s) {', '.join(needed_by)}: unload "
+                             f"{needed_by[0]} first (--dependents unloads its members too) or use --force")
+        outcome = self.deployer.unload(model, actor, dependents, progress)
+        if not dependents or not outcome.succeeded or model not in ensembles:
+            return outcome
+        others = {name for e, names in ensembles.items() if e != model for name in names}
+        for member in ensembles[model]:
+            record = self.registry.find_model(member)
+            if member in others or record is None or record.state not in SERVING_STATES:
+                continue
+            result = self.deployer.unload(member, actor, False, None)
+            text = f"member of {model}: {result.message}"
+            if progress:
+                progress(Progress(member, "unload", "ok" if result.succeeded else "failed", text))
+        return outcome
 
     def rollback(self, model: str, actor: str, to: str = "", progress: ProgressFn | None = None,
                  force: bool = False) -> Outcome:

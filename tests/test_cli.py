@@ -627,7 +627,8 @@ class StandInPlane:
         self.calls.append(("rollback", model, actor, to))
         return self._operate("rollback", model, to or "1" * 64, progress)
 
-    def unload(self, model: str, actor: str, dependents: bool, progress: Callable[[Progress], None]) -> Outcome:
+    def unload(self, model: str, actor: str, dependents: bool, progress: Callable[[Progress], None],
+               force: bool = False) -> Outcome:
         self.calls.append(("unload", model, actor, dependents))
         self._check(model)
         progress(Progress(model, "unload", "ok", "", ""))

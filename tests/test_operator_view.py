@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.harness import DaemonProcess, answers, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, copy_example, wait_for, write_gen_model
 
 EXIT_USAGE = 2
 
@@ -132,3 +132,38 @@ def test_missing_backend_is_not_quarantined_and_is_retried(daemon: DaemonProcess
     assert result.exit_code == 1 and "torchy" in result.output, result.output
     assert not [v for v in daemon.json("versions", "torchy") if v["quarantined"]]
 
+
+
+ENSEMBLE = ("sentiment_tokenizer", "sentiment_classifier", "sentiment_pipeline")
+
+
+def test_ensemble_members_load_first_and_unload_with_dependents(
+    daemon: DaemonProcess, client: grpcclient.InferenceServerClient
+) -> None:
+    for name in ENSEMBLE:
+        copy_example(name, daemon.repository)
+    for name in ENSEMBLE:
+        row_when(daemon, name, lambda r: r["state"] == "serving", f"{name} serving")
+    # If the ensemble settled before its members served, Triton refused it ("contains models that are not
+    # available"): an environment fault, retried, never quarantined.
+    assert not [v for v in daemon.json("versions", "sentiment_pipeline") if v["quarantined"]]
+    refused = daemon.run("unload", "sentiment_tokenizer")
+    assert refused.exit_code == EXIT_USAGE and "member of serving ensemble(s) sentiment_pipeline" in refused.output
+    assert client.is_model_ready("sentiment_tokenizer")
+
+    result = daemon.run("unload", "sentiment_pipeline", "--dependents")
+    assert result.exit_code == 0, result.output
+    printed = [line.split()[2] for line in result.output.splitlines() if line.split()[:2] == ["ok", "unload"]]
+    assert sorted(printed) == sorted(ENSEMBLE), result.output
+    for name in ENSEMBLE:
+        assert not client.is_model_ready(name), name
+        assert daemon.model_status(name)["state"] == "unloaded"
+        assert daemon.audit("--model", name, "--action", "unload")[0]["outcome"] == "ok"
+
+    loaded = daemon.run("load", "sentiment_pipeline")
+    assert loaded.exit_code == 0, loaded.output
+    for name in ENSEMBLE:
+        assert client.is_model_ready(name), name
+        assert daemon.model_status(name)["state"] == "serving"
+    members_first = [line for line in loaded.output.splitlines() if line.split()[:2] == ["ok", "commit"]]
+    assert [line.split()[2] for line in members_first][-1] == "sentiment_pipeline", loaded.output

@@ -102,8 +102,9 @@ class ControlClient:
         return self._stream(self._stub.Rollback, request, on_progress)
 
     def unload(self, model: str, dependents: bool = False,
-               on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:
-        return self._stream(self._stub.Unload, pb.UnloadRequest(model=model, dependents=dependents), on_progress)
+               on_progress: Callable[[pb.Progress], None] | None = None, force: bool = False) -> dict[str, Any]:
+        request = pb.UnloadRequest(model=model, dependents=dependents, force=force)
+        return self._stream(self._stub.Unload, request, on_progress)
 
     def status(self, models: list[str] | None = None) -> dict[str, Any]:
         return dict(self._unary(self._stub.Status, pb.StatusRequest(models=models or [])))

@@ -29,12 +29,14 @@ class RollbackRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class UnloadRequest(_message.Message):
-    __slots__ = ("model", "dependents")
+    __slots__ = ("model", "dependents", "force")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEPENDENTS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     dependents: bool
-    def __init__(self, model: _Optional[str] = ..., dependents: _Optional[bool] = ...) -> None: ...
+    force: bool
+    def __init__(self, model: _Optional[str] = ..., dependents: _Optional[bool] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("models",)

@@ -142,7 +142,8 @@ class ControlServicer(pb_grpc.ControlServicer):
     def Unload(self, request: pb.UnloadRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.unload(request.model, actor,
-                                                                             request.dependents, progress))
+                                                                             request.dependents, progress,
+                                                                             request.force))
 
     def _reply(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> pb.JsonReply:
         try:
