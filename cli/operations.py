@@ -252,8 +252,13 @@ def _with_fleet_registry(db_url: str | None, fn: Any) -> Any:
     from controlplane.errors import UsageError
     from controlplane.store.migrate import open_existing
 
+    if not db_url:  # a fleet host's config file names it (TRITONCTL_CONFIG or /etc/tritonctl/tritonctl.toml)
+        from controlplane.config import load_settings
+
+        db_url = load_settings({}).db_url
     if not db_url:
-        raise UsageError("--fleet needs --db-url (or TRITONCTL_DB_URL): the fleet's PostgreSQL registry")
+        raise UsageError("no fleet registry: give --db-url, set TRITONCTL_DB_URL, or set db_url in the config file "
+                         "(TRITONCTL_CONFIG, default /etc/tritonctl/tritonctl.toml)")
     registry = open_existing(db_url)
     try:
         return fn(registry)
@@ -262,10 +267,11 @@ def _with_fleet_registry(db_url: str | None, fn: Any) -> Any:
 
 
 @click.command()
-@click.option("--db-url", envvar="TRITONCTL_DB_URL", required=True, help="The fleet's PostgreSQL registry.")
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="The fleet's PostgreSQL registry [default: the config "
+              "file's db_url].")
 @click.option("--state-dir", hidden=True)
 @json_option
-def hosts(db_url: str, state_dir: str | None, as_json: bool) -> None:
+def hosts(db_url: str | None, state_dir: str | None, as_json: bool) -> None:
     """List the fleet's hosts: last heartbeat, alive, leader.
 
     \b
@@ -276,16 +282,19 @@ def hosts(db_url: str, state_dir: str | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--db-url", envvar="TRITONCTL_DB_URL", required=True, help="The fleet's PostgreSQL registry.")
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="The fleet's PostgreSQL registry [default: the config "
+              "file's db_url].")
 @click.option("--open", "only_open", is_flag=True, help="Only rollouts still in progress.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until no rollout is open.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--state-dir", hidden=True)
 @json_option
-def rollouts(db_url: str, only_open: bool, watch: bool, interval: float, limit: int, state_dir: str | None,
+def rollouts(db_url: str | None, only_open: bool, watch: bool, interval: float, limit: int, state_dir: str | None,
              as_json: bool) -> None:
     """Fleet rollouts, newest first, with each host's step (wave 0 is the canary set).
+
+    The registry is --db-url, TRITONCTL_DB_URL, or the db_url of the daemon's config file.
 
     \b
     Examples:
