@@ -10,12 +10,14 @@ quarantined digest that comes back to the source is audited once and shown `inva
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.harness import DaemonProcess, answers, copy_example, wait_for, write_gen_model
+from tests.harness import TRITONCTL, DaemonProcess, answers, copy_example, wait_for, write_gen_model
 
 EXIT_USAGE = 2
 
@@ -167,3 +169,22 @@ def test_ensemble_members_load_first_and_unload_with_dependents(
         assert daemon.model_status(name)["state"] == "serving"
     members_first = [line for line in loaded.output.splitlines() if line.split()[:2] == ["ok", "commit"]]
     assert [line.split()[2] for line in members_first][-1] == "sentiment_pipeline", loaded.output
+
+
+def test_status_watch_off_a_terminal_prints_every_interval(daemon: DaemonProcess) -> None:
+    for args, count in ((["--json"], lambda out: len(out.splitlines())), ([], lambda out: out.count("MODEL"))):
+        proc = subprocess.Popen([TRITONCTL, "status", "--watch", "--interval", "0.5", "--state-dir",
+                                 str(daemon.state_dir), *args], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            out = ""
+            while count(out) < 2:
+                line = proc.stdout.readline()
+                assert line, "status --watch stopped printing"
+                out += line
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        if args:
+            documents = [json.loads(line) for line in out.splitlines()]  # one JSON document per line
+            assert all("models" in d and "triton_grpc_url" in d for d in documents)
