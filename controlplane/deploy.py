@@ -164,7 +164,7 @@ class Deployer:
         path = tree / SMOKE_FILE
         if not path.exists():
             return
-        requests = load_smoke_file(path)
+        requests = load_smoke_file(path, label=f"{model}/{SMOKE_FILE}")  # not the store path
 
         def infer(
             name: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]

@@ -24,6 +24,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from controlplane.contentchecks import content_problems
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
@@ -65,7 +66,7 @@ class Problem:
             object.__setattr__(self, name, _one_line(getattr(self, name)))
 
     def line(self) -> str:
-        return f"{self.file}: {self.field}: {self.message}"
+        return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
 
 
 @dataclass
@@ -433,6 +434,7 @@ def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
             checker.python_files(config, versions, result.served_versions)
     result.versions = versions
     checker.walk()
+    result.problems.extend(content_problems(root, result.model, result.config))  # .py compiles, smoke.json
     result.problems[:] = list(dict.fromkeys(result.problems))  # one line per problem, first kept
     return result
 

@@ -188,3 +188,13 @@ def test_status_watch_off_a_terminal_prints_every_interval(daemon: DaemonProcess
         if args:
             documents = [json.loads(line) for line in out.splitlines()]  # one JSON document per line
             assert all("models" in d and "triton_grpc_url" in d for d in documents)
+
+
+def test_the_daemon_refuses_what_validate_refuses_with_source_paths(daemon: DaemonProcess) -> None:
+    model = write_gen_model(daemon.repository, "typo", 1)
+    (model / "1" / "model.py").write_text("import numpy\nx = = 1\n")
+    event = wait_for(lambda: daemon.audit("--model", "typo", "--action", "snapshot"), 60, 0.2, "snapshot")[0]
+    assert event["outcome"] == "invalid" and "typo/1/model.py:2: invalid syntax" in event["message"], event
+    assert not daemon.audit("--model", "typo", "--action", "deploy")
+    row = daemon.model_status("typo")
+    assert row["sync"] == "invalid" and "typo/1/model.py:2" in str(row["sync_reason"])
