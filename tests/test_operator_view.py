@@ -191,8 +191,10 @@ def test_status_watch_off_a_terminal_prints_every_interval(daemon: DaemonProcess
 
 
 def test_the_daemon_refuses_what_validate_refuses_with_source_paths(daemon: DaemonProcess) -> None:
-    model = write_gen_model(daemon.repository, "typo", 1)
+    staging = daemon.repository.parent / "staging"
+    model = write_gen_model(staging, "typo", 1)
     (model / "1" / "model.py").write_text("import numpy\nx = = 1\n")
+    model.rename(daemon.repository / "typo")  # published whole, as a rename
     event = wait_for(lambda: daemon.audit("--model", "typo", "--action", "snapshot"), 60, 0.2, "snapshot")[0]
     assert event["outcome"] == "invalid" and "typo/1/model.py:2: invalid syntax" in event["message"], event
     assert not daemon.audit("--model", "typo", "--action", "deploy")

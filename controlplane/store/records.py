@@ -61,7 +61,7 @@ class SnapshotRecord:
     def first_error(self) -> str | None:
         for problem in self.problems:
             if problem.get("severity") == "error":
-                return f"{problem['file']}: {problem['field']}: {problem['message']}"
+                return ": ".join(str(problem[k]) for k in ("file", "field", "message") if problem.get(k))
         return None
 
     def to_json(self) -> dict[str, Any]:

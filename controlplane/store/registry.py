@@ -115,7 +115,7 @@ def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
 def _first_error(problems_json: str) -> str | None:
     for problem in json.loads(problems_json or "[]"):
         if problem.get("severity") == "error":
-            return f"{problem['file']}: {problem['field']}: {problem['message']}"
+            return ": ".join(str(problem[k]) for k in ("file", "field", "message") if problem.get(k))
     return None
 
 
