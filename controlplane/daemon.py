@@ -39,6 +39,10 @@ from controlplane.watcher import RepositoryWatcher
 log = logging.getLogger("tritonctl.daemon")
 
 TICK_S = 0.1
+# How often the loop checks that tritonserver is alive (a launched one's process, an external one's
+# liveness), apart from the full reconcile every reconcile_interval_s: a dead or restarted server is
+# noticed within about this long and reconciled at once.
+SUPERVISE_INTERVAL_S = 1.0
 
 
 class Daemon:
@@ -204,6 +208,7 @@ class Daemon:
         interval = systemd.watchdog_interval_s()
         next_ping = time.monotonic()
         next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+        next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
         while not self.stop_requested.is_set():
             now = time.monotonic()
             if interval is not None and now >= next_ping:
@@ -219,6 +224,10 @@ class Daemon:
                 self._reconciling = self.executor.submit(self._guarded, self._supervise_and_reconcile)
                 self._track(self._reconciling)
                 next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+            elif now >= next_supervise and (self._reconciling is None or self._reconciling.done()):
+                self._reconciling = self.executor.submit(self._guarded, self._supervise)
+                self._track(self._reconciling)
+                next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
             with self._inflight_lock:
                 self._inflight = {f for f in self._inflight if not f.done()}
             self.stop_requested.wait(TICK_S)
@@ -253,6 +262,17 @@ class Daemon:
         except Exception:  # noqa: BLE001 - a bug in one model's pipeline must not stop the daemon
             log.exception("unexpected error handling %s", args)
         return None
+
+    def _supervise(self) -> None:
+        """The quick check between reconciles: reconcile now if tritonserver died, went away or came back."""
+        assert self.plane is not None
+        server = self.triton_server
+        if server is not None:
+            changed = not server.is_running()
+        else:
+            changed = self.plane.triton.server_live() != self.plane.counters.triton_reachable
+        if changed and not self.stop_requested.is_set():
+            self._supervise_and_reconcile()
 
     def _supervise_and_reconcile(self) -> None:
         assert self.plane is not None
