@@ -209,8 +209,13 @@ class Daemon:
         next_ping = time.monotonic()
         next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
         next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
+        hang_fault = os.environ.get("TRITONCTL_FAULT") == "hang_loop"  # test-only (tests/test_systemd.py)
         while not self.stop_requested.is_set():
             now = time.monotonic()
+            if hang_fault and (self.settings.state_dir / "hang-loop").exists():
+                log.error("fault injection: the main loop blocks until a stop signal")
+                self.stop_requested.wait()  # the API threads keep answering; the watchdog pings stop
+                continue
             if interval is not None and now >= next_ping:
                 systemd.watchdog_ping()  # from the loop that does the work: a hung loop stops pinging
                 next_ping = now + interval
