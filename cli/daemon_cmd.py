@@ -22,6 +22,9 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
               help="On SIGTERM leave the launched tritonserver serving; the next start adopts it.")
 @click.option("--tritonserver", type=click.Path(path_type=Path, dir_okay=False),
               help="tritonserver binary for --launch-triton.")
+@click.option("--triton-grpc-port", type=int, help="--launch-triton: gRPC inference port [default: 8001; 0: free].")
+@click.option("--triton-http-port", type=int, help="--launch-triton: HTTP inference port [default: 8000; 0: free].")
+@click.option("--triton-metrics-port", type=int, help="--launch-triton: metrics port [default: 8002; 0: free].")
 @click.option("--settle", "settle_s", type=float, help="Settle window in seconds [default: 1.0, min 0.05].")
 @click.option("--policy", type=click.Choice(POLICIES), help="Global deploy policy [default: auto].")
 @click.option("--commit-marker", help="File name writers create last to mark a model complete.")

@@ -25,6 +25,7 @@ _EXIT_CODES: list[tuple[type[errors.TritonctlError], int]] = [
     (errors.DaemonUnavailableError, EXIT_DAEMON_UNREACHABLE),
     (errors.TritonUnavailableError, EXIT_TRITON_UNREACHABLE),
     (errors.UsageError, EXIT_USAGE),
+    (errors.NotFoundError, EXIT_USAGE),  # an unknown model or digest
     (errors.ConfigError, EXIT_USAGE),
 ]
 

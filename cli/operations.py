@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -9,7 +10,7 @@ import click
 
 from cli import render
 from cli.options import daemon_options, json_option
-from controlplane.errors import DeployError
+from controlplane.errors import DeployError, TritonUnavailableError, UsageError
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
@@ -21,19 +22,32 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
     """Print the outcome; exit 1 when the operation failed or was rolled back."""
     render.outcome(result, as_json)
     if result.get("outcome") in OUTCOMES_THAT_FAIL:
+        if result.get("cause") == "triton_unreachable":  # README "Exit codes": 4
+            raise TritonUnavailableError(str(result.get("message", "")))
         raise DeployError(str(result.get("message", "")), str(result.get("outcome")))
 
 
+def failed_models(status: dict[str, Any]) -> list[str]:
+    """Models whose last deploy failed: nothing or a degraded version serves, a retry is scheduled, or the
+    source's newest content is held by a failed deploy."""
+    return [
+        row["model"] for row in status.get("models", [])
+        if row.get("state") in ("failed", "degraded") or row.get("next_retry_s") is not None
+        or str(row.get("sync_reason") or "").startswith("last deploy failed")
+    ]
+
+
 @click.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("--digest", default="", help="Deploy this recorded snapshot (full digest or unique prefix).")
 @click.option("--force", is_flag=True, help="Retry a quarantined digest, or reload the active one.")
+@click.option("--failed", "failed", is_flag=True, help="Retry every model whose last deploy failed.")
 @click.option("--no-wait", is_flag=True, help="Return once the daemon accepted the request.")
 @click.option("--host", "host", default="", metavar="H",
               help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def load(client: ControlClient, model: str, digest: str, force: bool, no_wait: bool, host: str,
+def load(client: ControlClient, model: str | None, digest: str, force: bool, failed: bool, no_wait: bool, host: str,
          as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
@@ -42,40 +56,74 @@ def load(client: ControlClient, model: str, digest: str, force: bool, no_wait: b
       tritonctl load linear
       tritonctl load linear --digest 3f2a9c1b
       tritonctl load linear --force      # retry a quarantined digest
+      tritonctl load --failed            # retry every model whose last deploy failed
     """
+    if failed:
+        if model or digest:
+            raise UsageError("--failed takes no MODEL or --digest: it retries every model whose last deploy failed")
+        _load_failed(client, force, as_json)
+        return
+    if not model:
+        raise UsageError("load needs MODEL (or --failed); `tritonctl status` lists the models")
     with render.progress_display(as_json) as show:
         result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host)
     _finish(result, as_json)
 
 
+def _load_failed(client: ControlClient, force: bool, as_json: bool) -> None:
+    models = failed_models(client.status())
+    results = []
+    with render.progress_display(as_json) as show:
+        for name in models:
+            result = client.load(name, "", force, wait=True, on_progress=show)
+            results.append(result)
+            if not as_json:
+                render.outcome(result, False)
+    if as_json:
+        render.outcome(results, True)  # type: ignore[arg-type]
+    elif not models:
+        click.echo("no model's last deploy failed")
+    bad = [r for r in results if r.get("outcome") in OUTCOMES_THAT_FAIL]
+    if bad:
+        raise DeployError(f"{len(bad)} of {len(results)} retried model(s) still fail: "
+                          + ", ".join(str(r.get("model")) for r in bad), "failed")
+
+
 @click.command()
 @click.argument("model")
-@click.option("--dependents", is_flag=True, help="Also unload models that only this one needs (ensembles).")
+@click.option("--dependents", is_flag=True, help="Also unload the ensemble's members no other loaded ensemble uses.")
+@click.option("--force", is_flag=True, help="Unload a member that a serving ensemble needs.")
 @click.option("--host", "host", default="", metavar="H",
               help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def unload(client: ControlClient, model: str, dependents: bool, host: str, as_json: bool) -> None:
+def unload(client: ControlClient, model: str, dependents: bool, force: bool, host: str, as_json: bool) -> None:
     """Unload MODEL from Triton; it stays unloaded until `tritonctl load`.
 
+    A member that a serving ensemble needs is refused (exit 2) without --force.
+
     \b
-    Example:
+    Examples:
       tritonctl unload sentiment_pipeline --dependents
+      tritonctl unload sentiment_tokenizer --force
     """
     with render.progress_display(as_json) as show:
-        result = client.unload(model, dependents, on_progress=show, host=host)
+        result = client.unload(model, dependents, on_progress=show, force=force, host=host)
     _finish(result, as_json)
 
 
 @click.command()
 @click.argument("model")
 @click.option("--to", "to_digest", default="", help="Digest to return to (default: the previous good one).")
+@click.option("--force", is_flag=True, help="Roll back a pinned model anyway.")
 @click.option("--host", "host", default="", metavar="H",
               help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def rollback(client: ControlClient, model: str, to_digest: str, host: str, as_json: bool) -> None:
+def rollback(client: ControlClient, model: str, to_digest: str, force: bool, host: str, as_json: bool) -> None:
     """Serve MODEL's previous good version again (or the one given by --to).
+
+    The model then stays there (sync `held`) until its source changes again or `tritonctl load`.
 
     \b
     Examples:
@@ -83,29 +131,37 @@ def rollback(client: ControlClient, model: str, to_digest: str, host: str, as_js
       tritonctl rollback linear --to 3f2a9c1b
     """
     with render.progress_display(as_json) as show:
-        result = client.rollback(model, to_digest, on_progress=show, host=host)
+        result = client.rollback(model, to_digest, on_progress=show, force=force, host=host)
     _finish(result, as_json)
 
 
 @click.command()
 @click.argument("models", nargs=-1)
-@click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds (Ctrl-C to stop).")
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds (Ctrl-C to stop); off a terminal, "
+              "print one table (with --json one JSON line) per interval.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: also since, policy, pin, drift, the "
+              "source's digest, why it is (not) in sync, the last error.")
 @click.option("--fleet", is_flag=True, help="The fleet's model x host matrix (digest, state, drift), from --db-url.")
 @click.option("--db-url", envvar="TRITONCTL_DB_URL", help="With --fleet: the fleet's PostgreSQL registry.")
 @json_option
 @daemon_options
-def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval: float, fleet: bool,
-           db_url: str | None, as_json: bool) -> None:
-    """Show each model: Triton versions and state, active digest, since when, policy, pin, drift, last error.
+def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval: float, output: str | None,
+           fleet: bool, db_url: str | None, as_json: bool) -> None:
+    """Show each model: state, whether it serves the source's newest content (sync), digest, versions, age.
+
+    SYNC is synced, pending (settling, capturing, deploying or retrying), held (manual policy, pinned,
+    unloaded or rolled back), invalid (the source's newest content is invalid or quarantined) or removed.
 
     \b
     Examples:
       tritonctl status
+      tritonctl status -o wide
       tritonctl status linear sentiment --json
       tritonctl status --watch
       tritonctl status --fleet --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
+    wide = output == "wide"
     if fleet:
         data = _with_fleet_registry(db_url, lambda reg: _fleet_queries().matrix(reg))
         if models:
@@ -113,15 +169,25 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
         render.fleet_matrix(data, as_json)
         return
     if not watch:
-        render.status(client.status(list(models)), as_json)
+        render.status(client.status(list(models)), as_json, wide)
         return
-    with render.live_status() as update:
-        try:
+    try:
+        if as_json or not render.status_is_live():
+            while True:  # a pipe or a file: one block (or one JSON line) per interval
+                data = client.status(list(models))
+                if as_json:
+                    render.status_line_json(data)
+                else:
+                    render.status(data, False, wide)
+                    click.echo()
+                sys.stdout.flush()
+                time.sleep(interval)
+        with render.live_status(wide) as update:
             while True:
                 update(client.status(list(models)))
                 time.sleep(interval)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass
 
 
 @click.command()
@@ -198,8 +264,13 @@ def _with_fleet_registry(db_url: str | None, fn: Any) -> Any:
     from controlplane.errors import UsageError
     from controlplane.store.migrate import open_existing
 
+    if not db_url:  # a fleet host's config file names it (TRITONCTL_CONFIG or /etc/tritonctl/tritonctl.toml)
+        from controlplane.config import load_settings
+
+        db_url = load_settings({}).db_url
     if not db_url:
-        raise UsageError("--fleet needs --db-url (or TRITONCTL_DB_URL): the fleet's PostgreSQL registry")
+        raise UsageError("no fleet registry: give --db-url, set TRITONCTL_DB_URL, or set db_url in the config file "
+                         "(TRITONCTL_CONFIG, default /etc/tritonctl/tritonctl.toml)")
     registry = open_existing(db_url)
     try:
         return fn(registry)
@@ -208,10 +279,11 @@ def _with_fleet_registry(db_url: str | None, fn: Any) -> Any:
 
 
 @click.command()
-@click.option("--db-url", envvar="TRITONCTL_DB_URL", required=True, help="The fleet's PostgreSQL registry.")
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="The fleet's PostgreSQL registry [default: the config "
+              "file's db_url].")
 @click.option("--state-dir", hidden=True)
 @json_option
-def hosts(db_url: str, state_dir: str | None, as_json: bool) -> None:
+def hosts(db_url: str | None, state_dir: str | None, as_json: bool) -> None:
     """List the fleet's hosts: last heartbeat, alive, leader.
 
     \b
@@ -222,16 +294,19 @@ def hosts(db_url: str, state_dir: str | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--db-url", envvar="TRITONCTL_DB_URL", required=True, help="The fleet's PostgreSQL registry.")
+@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="The fleet's PostgreSQL registry [default: the config "
+              "file's db_url].")
 @click.option("--open", "only_open", is_flag=True, help="Only rollouts still in progress.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until no rollout is open.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--state-dir", hidden=True)
 @json_option
-def rollouts(db_url: str, only_open: bool, watch: bool, interval: float, limit: int, state_dir: str | None,
+def rollouts(db_url: str | None, only_open: bool, watch: bool, interval: float, limit: int, state_dir: str | None,
              as_json: bool) -> None:
     """Fleet rollouts, newest first, with each host's step (wave 0 is the canary set).
+
+    The registry is --db-url, TRITONCTL_DB_URL, or the db_url of the daemon's config file.
 
     \b
     Examples:

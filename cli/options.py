@@ -15,12 +15,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_STATE_DIR = Settings().state_dir
 
 
+LOCAL_STATE_DIR = Path(".state")  # where README's "Using it" starts a daemon
+
+
+def default_state_dir() -> Path:
+    """./.state when a daemon (or its registry) lives there, as README's "Using it" starts one; else the
+    system default. --state-dir and TRITONCTL_STATE_DIR always win."""
+    if (LOCAL_STATE_DIR / "tritonctl.sock").exists() or (LOCAL_STATE_DIR / "registry.db").exists():
+        return LOCAL_STATE_DIR
+    return DEFAULT_STATE_DIR
+
+
 def state_option(fn: F) -> F:
     return click.option(
         "--state-dir",
         type=click.Path(path_type=Path, file_okay=False),
-        default=DEFAULT_STATE_DIR,
-        show_default=True,
+        default=default_state_dir,
+        show_default=f"./.state if it holds a daemon, else {DEFAULT_STATE_DIR}",
         envvar="TRITONCTL_STATE_DIR",
         help="The daemon's state directory (registry, store, socket). Env: TRITONCTL_STATE_DIR.",
     )(fn)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -162,56 +163,126 @@ def kv(data: dict[str, Any], as_json: bool) -> None:
         click.echo(f"{key}: {value}")
 
 
-def _status_table(data: dict[str, Any]) -> Any:
-    from rich.table import Table
+_MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
+_SYNC_STYLE = {"synced": "green", "pending": "cyan", "held": "yellow", "invalid": "bold red", "removed": "dim"}
+STATUS_WIDTH = 100  # the default table fits here (README "Using it"); `-o wide` shows the rest
 
-    title = f"triton {data.get('triton_url', '')}" + ("" if data.get("triton_reachable") else " (UNREACHABLE)")
-    table = Table(title=title, title_justify="left")
-    for column in ("Model", "Version", "Status", "Digest", "Since", "Policy", "Pinned", "Drift", "Last error"):
-        table.add_column(column, overflow="fold")
+
+def age(value: Any, now: datetime | None = None) -> str:
+    """kubectl-style age of an ISO 8601 'Z' time: 45s, 12m, 3h5m, 4d, 2y; '-' when unknown."""
+    if not value:
+        return "-"
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return "-"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    seconds = int(((now or datetime.now(timezone.utc)) - moment).total_seconds())
+    if seconds < 0:
+        return "0s"
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    return f"{days}d" if days < 730 else f"{days // 365}y"
+
+
+def _versions_cell(row: dict[str, Any]) -> str:
+    """'1,2' when every version is READY, else each one with its state ('1:READY 2:UNAVAILABLE')."""
+    versions = row.get("versions") or []
+    if not versions:
+        return "-"
+    if all(v.get("state") == "READY" for v in versions):
+        return ",".join(str(v.get("version", "")) for v in versions)
+    return " ".join(f"{v.get('version', '')}:{v.get('state', '')}" for v in versions)
+
+
+def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    reachable = data.get("triton_reachable")
+    urls = " ".join(f"{k.split('_')[1]} {data[k]}" for k in ("triton_grpc_url", "triton_http_url") if data.get(k))
+    title = f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)")
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
+    columns = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
+    if wide:
+        columns += ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "SYNC REASON", "LAST ERROR"]
+    for column in columns:
+        table.add_column(column, overflow="fold", no_wrap=column in ("MODEL", "DIGEST", "SINCE"))
     for row in data.get("models", []):
-        versions = row.get("versions") or [{"version": "-", "state": row.get("state", ""), "reason": ""}]
-        for i, version in enumerate(versions):
-            first = i == 0
-            status = version.get("state", "")
-            if version.get("reason"):
-                status = f"{status}: {version['reason']}"
-            table.add_row(
-                row["model"] if first else "",
-                str(version.get("version", "")),
-                status if row.get("versions") else row.get("state", ""),
-                _short(row.get("digest")) if first else "",
-                _when(row.get("since")) if first else "",
-                (row.get("policy", "") + ("" if first else "")) if first else "",
-                ("yes" if row.get("pinned") else "no") if first else "",
-                (row.get("drift") or "-") if first else "",
-                (row.get("last_error") or "") if first else "",
-            )
+        state, sync = str(row.get("state", "")), str(row.get("sync") or "-")
+        cells: list[Any] = [
+            row["model"], Text(state, _MODEL_STATE_STYLE.get(state, "")), Text(sync, _SYNC_STYLE.get(sync, "")),
+            _short(row.get("digest")), _versions_cell(row), age(row.get("since")),
+        ]
+        if wide:
+            cells += [
+                row.get("since") or "-", row.get("policy", ""), "yes" if row.get("pinned") else "no",
+                row.get("drift") or "-", _short(row.get("source_digest")), row.get("sync_reason") or "",
+                row.get("last_error") or "",
+            ]
+        table.add_row(*cells)
     return table
 
 
-def status(data: dict[str, Any], as_json: bool) -> None:
+def status(data: dict[str, Any], as_json: bool, wide: bool = False) -> None:
     if as_json:
         _print_json(data)
         return
-    _console().print(_status_table(data))
+    console = _status_console(wide)
+    with console.capture() as captured:
+        console.print(_status_table(data, wide))
+    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
     watch = data.get("watch") or {}
     if watch.get("mode"):
         click.echo(f"watch: {watch['mode']} ({watch.get('reason', '')})")
 
 
+def _status_console(wide: bool) -> Console:
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a file or a pipe: no colour, and no folding of the wide table
+        return Console(highlight=False, width=200 if wide else STATUS_WIDTH, no_color=True)
+    return console
+
+
+def status_line_json(data: dict[str, Any]) -> None:
+    """`status --watch --json` off a terminal: one JSON document per line per interval."""
+    click.echo(json.dumps(data, ensure_ascii=False))
+
+
 class live_status:  # noqa: N801 - a context manager named for how it reads at the call site
-    """`status --watch`: refresh the table in place."""
+    """`status --watch` on a terminal: refresh the table in place."""
+
+    def __init__(self, wide: bool = False) -> None:
+        self.wide = wide
 
     def __enter__(self) -> Any:
         from rich.live import Live
 
-        self.live = Live(console=_console(), auto_refresh=False)
+        self.live = Live(console=_status_console(self.wide), auto_refresh=False)
         self.live.__enter__()
-        return lambda data: self.live.update(_status_table(data), refresh=True)
+        return lambda data: self.live.update(_status_table(data, self.wide), refresh=True)
 
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(None, None, None)
+
+
+def status_is_live() -> bool:
+    """Whether `status --watch` can redraw in place (stdout is a terminal)."""
+    from rich.console import Console
+
+    return Console().is_terminal
 
 
 # --- history: versions, diff, audit ---------------------------------------------------------------

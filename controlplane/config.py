@@ -43,6 +43,10 @@ class Settings:
     triton_key: str | None = None  # restricted-protocol key of an external server
     triton_log_path: Path | None = None  # an external server's log file: Triton's reasons for failed loads
     triton_metrics_url: str | None = None  # an external server's metrics endpoint: its GPU count
+    # The launched tritonserver's ports (Triton's own defaults; 0 = a free port chosen at start).
+    triton_grpc_port: int = 8001
+    triton_http_port: int = 8000
+    triton_metrics_port: int = 8002
     settle_s: float = 1.0
     policy: str = "auto"
     commit_marker: str | None = None
@@ -148,6 +152,15 @@ def _port(value: Any) -> int:
     return port
 
 
+def _port_or_zero(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ValueError("expected a port number 0-65535 (0: a free port)")
+    port = int(value)
+    if not 0 <= port < 65536:
+        raise ValueError("expected a port number 0-65535 (0: a free port)")
+    return port
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("expected a string")
@@ -173,6 +186,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "triton_key": _text,
     "triton_log_path": _path,
     "triton_metrics_url": _text,
+    "triton_grpc_port": _port_or_zero,
+    "triton_http_port": _port_or_zero,
+    "triton_metrics_port": _port_or_zero,
     "settle_s": _positive_float(0.05),
     "policy": _choice(POLICIES),
     "commit_marker": _text,

@@ -16,6 +16,7 @@ import os
 import queue
 import secrets
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from typing import Any
 from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.deploy import Outcome
-from controlplane.errors import TritonctlError
+from controlplane.errors import LauncherError, TritonctlError
 from controlplane.modelconfig import is_ensemble_dir
 from controlplane.publish import ServingRepository
 from controlplane.service import ControlPlane
@@ -42,6 +43,10 @@ from controlplane.watcher import RepositoryWatcher
 log = logging.getLogger("tritonctl.daemon")
 
 TICK_S = 0.1
+# How often the loop checks that tritonserver is alive (a launched one's process, an external one's
+# liveness), apart from the full reconcile every reconcile_interval_s: a dead or restarted server is
+# noticed within about this long and reconciled at once.
+SUPERVISE_INTERVAL_S = 1.0
 
 
 class Daemon:
@@ -81,6 +86,7 @@ class Daemon:
     def _start_triton(self) -> tuple[str, str | None]:
         if self.settings.launch_triton:
             workdir = self.settings.state_dir / "triton"
+            grpc_port, http_port, metrics_port = launch_ports(self.settings)
             self.triton_server = TritonServer(
                 model_repository=self.settings.state_dir / "serving",
                 workdir=workdir,
@@ -88,6 +94,9 @@ class Daemon:
                 restricted_key=secrets.token_hex(16),  # only this daemon knows it: nobody else can load code
                 die_with_parent=False,  # the data plane outlives a crash of the control plane
                 record_path=workdir / RECORD_FILE,
+                grpc_port=grpc_port,
+                http_port=http_port,
+                metrics_port=metrics_port,
             )
             if self.triton_server.adopt():
                 log.info("adopted the running tritonserver pid %s on %s", self.triton_server.pid,
@@ -121,6 +130,8 @@ class Daemon:
         self.plane = ControlPlane(settings, self.registry, store, serving, triton, on_outcome=self._on_outcome)
         self.plane.deployer.host = host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                                             log_path=settings.triton_log_path)
+        if self.triton_server is not None:
+            self.plane.http_url = f"http://{self.triton_server.http_url}"
         if settings.metrics_port:
             from controlplane.metrics import Metrics
 
@@ -159,7 +170,13 @@ class Daemon:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
-        log.info("ready: control socket %s, triton %s", settings.socket_path, url)
+        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, self._inference_urls())
+
+    def _inference_urls(self) -> str:
+        server = self.triton_server
+        if server is None:
+            return ""
+        return f"; inference: gRPC {server.grpc_url}, HTTP http://{server.http_url}"
 
     def _initial_scan(self) -> None:
         """Record (and, under auto policy, deploy) what the source holds now: step models first, up to
@@ -222,8 +239,14 @@ class Daemon:
         interval = systemd.watchdog_interval_s()
         next_ping = time.monotonic()
         next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+        next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
+        hang_fault = os.environ.get("TRITONCTL_FAULT") == "hang_loop"  # test-only (tests/test_systemd.py)
         while not self.stop_requested.is_set():
             now = time.monotonic()
+            if hang_fault and (self.settings.state_dir / "hang-loop").exists():
+                log.error("fault injection: the main loop blocks until a stop signal")
+                self.stop_requested.wait()  # the API threads keep answering; the watchdog pings stop
+                continue
             if interval is not None and now >= next_ping:
                 systemd.watchdog_ping()  # from the loop that does the work: a hung loop stops pinging
                 next_ping = now + interval
@@ -237,6 +260,10 @@ class Daemon:
                 self._reconciling = self.executor.submit(self._guarded, self._supervise_and_reconcile)
                 self._track(self._reconciling)
                 next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+            elif now >= next_supervise and (self._reconciling is None or self._reconciling.done()):
+                self._reconciling = self.executor.submit(self._guarded, self._supervise)
+                self._track(self._reconciling)
+                next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
             with self._inflight_lock:
                 self._inflight = {f for f in self._inflight if not f.done()}
             self.stop_requested.wait(TICK_S)
@@ -272,6 +299,17 @@ class Daemon:
             log.exception("unexpected error handling %s", args)
         return None
 
+    def _supervise(self) -> None:
+        """The quick check between reconciles: reconcile now if tritonserver died, went away or came back."""
+        assert self.plane is not None
+        server = self.triton_server
+        if server is not None:
+            changed = not server.is_running()
+        else:
+            changed = self.plane.triton.server_live() != self.plane.counters.triton_reachable
+        if changed and not self.stop_requested.is_set():
+            self._supervise_and_reconcile()
+
     def _supervise_and_reconcile(self) -> None:
         assert self.plane is not None
         server = self.triton_server
@@ -289,6 +327,9 @@ class Daemon:
             self.plane.reconcile()
         except TritonctlError as exc:
             log.error("reconcile: %s", exc)
+        if self.plane.counters.triton_reachable and not self.stop_requested.is_set():
+            for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.faults)
+                self._track(self.executor.submit(self._guarded, self.plane.retry, model))
         if self.fleet is not None and self.plane.counters.triton_reachable and not was_reachable:
             self.fleet.initial_scan()
         elif self.plane.counters.triton_reachable and not was_reachable and self.watcher is not None:
@@ -433,6 +474,29 @@ class Daemon:
             except Exception:  # noqa: BLE001 - the start-up error is the one to report
                 log.debug("cleanup after failed start", exc_info=True)
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def launch_ports(settings: Settings) -> tuple[int, int, int]:
+    """The launched tritonserver's (gRPC, HTTP, metrics) ports: 0 becomes a free one; a port that is
+    taken is refused here, by name, instead of as a tritonserver that never comes up."""
+    from controlplane.triton.launcher import free_port
+
+    chosen = []
+    for flag, port in (("--triton-grpc-port", settings.triton_grpc_port),
+                       ("--triton-http-port", settings.triton_http_port),
+                       ("--triton-metrics-port", settings.triton_metrics_port)):
+        if port == 0:
+            chosen.append(free_port())
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                raise LauncherError(f"port {port} ({flag}) is taken on 127.0.0.1: stop what uses it, choose "
+                                    "another port, or 0 for a free one") from None
+        chosen.append(port)
+    return chosen[0], chosen[1], chosen[2]
 
 
 def socket_path_ok(path: Path) -> bool:

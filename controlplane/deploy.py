@@ -5,7 +5,9 @@ the registry before it is taken, so a crash leaves a deployment that `recover` c
 back. A deploy is: publish a fresh tree → load → verify every served version READY and the served
 config carrying the new digest → smoke requests → commit. On any failure the last good snapshot is
 published as a fresh tree and loaded again (Triton ignores a re-point to an old tree; see
-shared/TRITON_NOTES.md), the failing digest is quarantined and the outcome is `rolled_back`.
+shared/TRITON_NOTES.md). When the content is at fault (controlplane.faults) the failing digest is
+quarantined and the outcome is `rolled_back`; an environment fault ends `failed`, unquarantined, and
+the control plane retries it later.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from controlplane.errors import (
     TritonTimeoutError,
     TritonUnavailableError,
 )
+from controlplane.faults import environment_cause
 from controlplane.modelconfig import stamp_parameter
 from controlplane.publish import ServingRepository
 from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
@@ -83,6 +86,9 @@ class Outcome:
     message: str = ""
     duration_ms: int = 0
     steps: list[Progress] = field(default_factory=list)
+    # Why a failed outcome failed: "content" (quarantined), "environment" (retried with backoff),
+    # "triton_unreachable" (an environment fault the CLI exits 4 for), "" otherwise.
+    cause: str = ""
 
     @property
     def succeeded(self) -> bool:
@@ -97,6 +103,7 @@ class Outcome:
             "active_digest": self.active_digest,
             "message": self.message,
             "duration_ms": self.duration_ms,
+            "cause": self.cause,
         }
 
 
@@ -162,7 +169,7 @@ class Deployer:
         path = tree / SMOKE_FILE
         if not path.exists():
             return
-        requests = load_smoke_file(path)
+        requests = load_smoke_file(path, label=f"{model}/{SMOKE_FILE}")  # not the store path
 
         def infer(
             name: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]
@@ -297,15 +304,21 @@ class Deployer:
         emit(Progress(model, deployment.step if deployment.step != "intent" else "deploy", "failed", error, digest))
         self.registry.advance(deployment.id, "rolling_back")
         fault_point("mid_rollback")
-        if isinstance(exc, (TritonUnavailableError, EnvironmentFault)):
+        environment = environment_cause(exc)
+        if isinstance(exc, TritonUnavailableError):
             # Not the content's fault: no quarantine. Put the serving repository back to what the
             # registry says serves; reconcile loads it when Triton is back.
             if previous:
                 self._publish(model, previous)
             message = f"tritonserver unreachable: {error}" if isinstance(exc, TritonUnavailableError) else error
             return self._end(deployment, "failed", message, message, "serving" if previous else "failed",
-                             previous, started, steps)
-        self.registry.set_quarantine(model, digest, error)
+                             previous, started, steps, cause="triton_unreachable")
+        if environment is None:
+            self.registry.set_quarantine(model, digest, error)
+        else:
+            # Not the content's fault (docs/operations.md "Failed deploys"): never quarantined, retried.
+            error = f"{environment}: {error}"
+        cause = "environment" if environment else "content"
         if previous:
             emit(Progress(model, "rollback", "start", f"restoring {previous[:12]}", previous))
             try:
@@ -317,14 +330,16 @@ class Deployer:
             except TritonctlError as rollback_exc:
                 message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
                 emit(Progress(model, "rollback", "failed", str(rollback_exc), previous))
-                return self._end(deployment, "failed", message, message, "degraded", previous, started, steps)
+                return self._end(deployment, "failed", message, message, "degraded", previous, started, steps,
+                                 cause=cause)
             message = f"rolled back to {previous[:12]}: {error}"
             self.serving.prune(model)
             emit(Progress(model, "rollback", "ok", message, previous))
-            return self._end(deployment, "rolled_back", message, error, "serving", previous, started, steps)
+            return self._end(deployment, "failed" if environment else "rolled_back", message, error, "serving",
+                             previous, started, steps, cause=cause)
         self._take_out(model)
         return self._end(deployment, "failed", f"failed, nothing to roll back to: {error}", error, "failed", None,
-                         started, steps, serving=ServingRecord(model, None, []))
+                         started, steps, serving=ServingRecord(model, None, []), cause=cause)
 
     def _take_out(self, model: str) -> None:
         """Nothing good to return to: take the broken model out of Triton and the serving repository."""
@@ -345,6 +360,7 @@ class Deployer:
         started: float,
         steps: list[Progress],
         serving: ServingRecord | None = None,
+        cause: str = "",
     ) -> Outcome:
         """Finish a deployment (its end, what serves, the audit event: one transaction) and report it."""
         audit = AuditEntry(deployment.actor, deployment.kind, deployment.model,
@@ -352,7 +368,7 @@ class Deployer:
         self.registry.finish_deployment(deployment.id, outcome=outcome, error=error, audit=audit, serving=serving,
                                         model_state=state)
         return self._outcome(deployment.model, deployment.kind, outcome, deployment.digest, active, message,
-                             started, steps)
+                             started, steps, cause)
 
     def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
         with self.lock(model):
@@ -362,8 +378,9 @@ class Deployer:
             try:
                 self.triton.unload(model, dependents)
             except TritonctlError as exc:
+                cause = "triton_unreachable" if isinstance(exc, TritonUnavailableError) else ""
                 return self._end(deployment, "failed", str(exc), str(exc), current.state, current.active_digest,
-                                 started, [])
+                                 started, [], cause=cause)
             self.serving.unpublish(model)
             if progress:
                 progress(Progress(model, "unload", "ok", "unloaded"))
@@ -494,8 +511,8 @@ class Deployer:
                              started, [], serving=ServingRecord(model, None, []))
 
     def _outcome(self, model: str, action: str, outcome: str, digest: str | None, active: str | None,
-                 message: str, started: float, steps: list[Progress]) -> Outcome:
-        result = Outcome(model, action, outcome, digest, active, message, _ms(started), list(steps))
+                 message: str, started: float, steps: list[Progress], cause: str = "") -> Outcome:
+        result = Outcome(model, action, outcome, digest, active, message, _ms(started), list(steps), cause)
         if self.on_outcome:
             self.on_outcome(result)
         return result

@@ -23,6 +23,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 
+from controlplane.contentchecks import content_problems
 from controlplane.ensemblecheck import Member, as_config, check_ensemble_members, is_ensemble
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
@@ -69,7 +70,7 @@ class Problem:
             object.__setattr__(self, name, _one_line(getattr(self, name)))
 
     def line(self) -> str:
-        return f"{self.file}: {self.field}: {self.message}"
+        return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
 
 
 @dataclass
@@ -467,6 +468,7 @@ def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
         checker.referenced_files(config)
     result.versions = versions
     checker.walk()
+    result.problems.extend(content_problems(root, result.model, result.config))  # .py compiles, smoke.json
     result.problems[:] = list(dict.fromkeys(result.problems))  # one line per problem, first kept
     return result
 

@@ -18,16 +18,19 @@ from typing import Any
 
 from controlplane import queries
 from controlplane.config import Settings
-from controlplane.deploy import Deployer, Outcome, ProgressFn
+from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
 from controlplane.ensemblemembers import content_problems
+from controlplane.ensembles import members as ensemble_members
 from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.faults import RetryBook
 from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import SERVING_STATES, Drift, plan
 from controlplane.snapshot import ContentStore
-from controlplane.store.records import ModelRecord, SnapshotRecord
-from controlplane.store.registry import AuditEntry, Registry
+from controlplane.store.records import ModelRecord, SnapshotRecord, iso
+from controlplane.store.registry import AuditEntry, AuditQuery, Registry
+from controlplane.sync import rollback_holds, sync_state
 from controlplane.triton.client import IndexEntry, TritonClient
 
 log = logging.getLogger("tritonctl.service")
@@ -63,6 +66,7 @@ class ControlPlane:
         self.serving = serving
         self.triton = triton
         self.counters = Counters()
+        self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.faults)
         self._extra_on_outcome = on_outcome
         self.deployer = Deployer(
             registry, store, serving, triton, load_timeout_s=settings.load_timeout_s, on_outcome=self._note_outcome
@@ -72,6 +76,7 @@ class ControlPlane:
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
         self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
         self.capture_margin_s: Callable[[], float] | None = None  # set by the daemon (watcher)
+        self.http_url: str | None = None  # the launched tritonserver's HTTP inference URL (set by the daemon)
         # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
         self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
         # The FleetMember with --fleet: rollback, unload, pin, unpin and policy act on the fleet, or with
@@ -80,6 +85,13 @@ class ControlPlane:
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
+        if outcome.action in ("deploy", "rollback"):
+            if outcome.cause in ("environment", "triton_unreachable") and outcome.digest:
+                retry = self.retries.failed(outcome.model, outcome.digest, outcome.message)
+                log.warning("%s: not the content's fault; retry %d in %d s", outcome.model, retry.attempt,
+                            retry.seconds_left())
+            elif outcome.outcome != "failed" or outcome.cause == "content":
+                self.retries.clear(outcome.model)
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
 
@@ -197,6 +209,8 @@ class ControlPlane:
         current = self.registry.ensure_model(model)
         if current.removed_at is not None:
             self.registry.update_model(model, removed_at=None)
+        if record.quarantined and record.digest != current.active_digest:
+            self._note_quarantined(record)
         if (
             self.effective_policy(current) != "auto"
             or current.pinned
@@ -204,9 +218,48 @@ class ControlPlane:
             or not record.valid
             or record.quarantined
             or record.digest == current.active_digest
+            or rollback_holds(self.registry.last_deployment(model), record.first_seen)
         ):
             return None
         return self.deployer.deploy(model, record.digest, WATCHER_ACTOR)
+
+    def _note_quarantined(self, record: SnapshotRecord) -> None:
+        """A quarantined digest is in the source (again): say so once, in the log and the audit."""
+        model, digest = record.model, record.digest
+        earlier = self.registry.query_audit(AuditQuery(model=model, action="skip", limit=200))
+        if any(e.digest == digest for e in earlier):
+            return
+        since = next((e.time for e in self.registry.query_audit(AuditQuery(model=model, limit=200))
+                      if e.digest == digest and e.outcome in ("rolled_back", "failed")), None)
+        when = iso(since) if since else "?"
+        message = f"skipped: quarantined since {when}: {record.quarantine_reason}"
+        log.warning("%s %s %s", model, digest[:12], message)
+        self.registry.audit(AuditEntry(WATCHER_ACTOR, "skip", model, digest, "invalid", message))
+
+    def converge(self, model: str) -> None:
+        """Nothing may hold `model` any more: look at its source again (the watcher's path, so the
+        usual rules decide), soon and without blocking the caller."""
+        if self.reschedule is not None and self.settings.repository is not None:
+            self.reschedule(model, 0.0)
+
+    def due_retries(self) -> list[str]:
+        return [retry.model for retry in self.retries.due()]
+
+    def retry(self, model: str) -> Outcome | None:
+        """Deploy again what failed for an environment fault, unless something now holds the model."""
+        retry = self.retries.get(model)
+        if retry is None:
+            return None
+        current = self.registry.find_model(model)
+        if current is None or current.pinned or current.state == "unloaded" or current.removed_at is not None:
+            self.retries.clear(model)
+            return None
+        if current.active_digest == retry.digest and current.state == "serving" and \
+                self.deployer._serves(model, retry.digest):
+            self.retries.clear(model)
+            return None
+        log.info("%s: retry %d of %s (%s)", model, retry.attempt, retry.digest[:12], retry.reason)
+        return self.deployer.deploy(model, retry.digest, SYSTEM_ACTOR)
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -217,8 +270,16 @@ class ControlPlane:
         validate_model_name(model)
         if digest:
             digest = validate_digest(digest)
-            target = self.registry.get_snapshot(model, digest).digest
+            snap = self.registry.get_snapshot(model, digest)
+            if snap.collected:
+                raise UsageError(f"snapshot {snap.digest[:12]} of '{model}' was collected by gc"
+                                 f"{self._collected_when(snap)}; load the source again with `tritonctl load {model}`")
+            target = snap.digest
         else:
+            repository = self.settings.repository
+            if repository is not None and not (repository / model).is_dir():
+                raise NotFoundError(f"model '{model}' is unknown: no directory {repository / model}; "
+                                    "`tritonctl status` lists the models")
             target = self.capture(model, actor, settled=False).digest
         current = self.registry.find_model(model)
         fleet_wide = self.fleet is not None and not host  # the fleet's pin is checked by the rollout
@@ -229,22 +290,83 @@ class ControlPlane:
                 model, target, actor, force=force, progress=progress))
         if self.fleet_load is not None:
             return self.fleet_load(model, target, actor, force, progress)
+        failed = self._load_members(model, target, actor, progress, (model,))
+        if failed is not None:
+            return failed
         return self.deployer.deploy(model, target, actor, force=force, progress=progress)
 
+    def _load_members(self, model: str, digest: str, actor: str, progress: ProgressFn | None,
+                      chain: tuple[str, ...]) -> Outcome | None:
+        """An ensemble's members that do not serve are loaded first, in step order (recursively).
+        Returns the failed outcome of a member that could not be loaded (the ensemble is then not tried)."""
+        for member in ensemble_members(self.registry.get_snapshot(model, digest).config):
+            if member in chain:
+                continue  # a cycle: Triton refuses it at load, with its own message
+            record = self.registry.find_model(member)
+            if record is not None and record.state in SERVING_STATES and record.active_digest:
+                continue
+            if progress:
+                progress(Progress(member, "member", "start", f"needed by ensemble {model}"))
+            outcome = self.load(member, actor, progress=progress) if len(chain) < 8 else None
+            if outcome is None or not outcome.succeeded:
+                message = f"member {member} could not be loaded: {outcome.message if outcome else 'too deep'}"
+                self.registry.audit(AuditEntry(actor, "deploy", model, digest, "failed", message))
+                return Outcome(model, "deploy", "failed", digest, None, message,
+                               cause=outcome.cause if outcome else "")
+        return None
+
+    def _collected_when(self, snap: SnapshotRecord) -> str:
+        for event in self.registry.query_audit(AuditQuery(action="gc", since=snap.last_seen, limit=1000))[::-1]:
+            return f" at {iso(event.time)}"
+        return ""
+
+    def _serving_ensembles(self) -> dict[str, list[str]]:
+        """Each serving ensemble and the members its active config names."""
+        out: dict[str, list[str]] = {}
+        for record in self.registry.list_models(states=SERVING_STATES):
+            if record.active_digest:
+                names = ensemble_members(self.registry.get_snapshot(record.name, record.active_digest).config)
+                if names:
+                    out[record.name] = names
+        return out
+
     def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None,
-               host: str = "") -> Outcome:
+               force: bool = False, host: str = "") -> Outcome:
         validate_model_name(model)
         if self.fleet is not None:
             return self.fleet.verbs.unload(model, actor, dependents, progress, host)
-        return self.deployer.unload(model, actor, dependents, progress)
+        ensembles = self._serving_ensembles()
+        needed_by = sorted(e for e, names in ensembles.items() if model in names and e != model)
+        if needed_by and not force:
+            raise UsageError(f"'{model}' is a member of serving ensemble(s) {', '.join(needed_by)}: unload "
+                             f"{needed_by[0]} first (--dependents unloads its members too) or use --force")
+        outcome = self.deployer.unload(model, actor, dependents, progress)
+        if not dependents or not outcome.succeeded or model not in ensembles:
+            return outcome
+        others = {name for e, names in ensembles.items() if e != model for name in names}
+        for member in ensembles[model]:
+            record = self.registry.find_model(member)
+            if member in others or record is None or record.state not in SERVING_STATES:
+                continue
+            result = self.deployer.unload(member, actor, False, None)
+            text = f"member of {model}: {result.message}"
+            if progress:
+                progress(Progress(member, "unload", "ok" if result.succeeded else "failed", text))
+        return outcome
 
     def rollback(self, model: str, actor: str, to: str = "", progress: ProgressFn | None = None,
-                 host: str = "") -> Outcome:
+                 force: bool = False, host: str = "") -> Outcome:
         validate_model_name(model)
         if to:
             to = validate_digest(to)
         if self.fleet is not None:
             return self.fleet.verbs.rollback(model, actor, to or None, progress, host)
+        current = self.registry.find_model(model)
+        if current is None:
+            raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
+        if current.pinned and not force:
+            raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; "
+                             "unpin it or use --force")
         return self.deployer.rollback(model, actor, to or None, progress)
 
     def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> dict[str, Any]:
@@ -255,6 +377,8 @@ class ControlPlane:
             return dict(self.fleet.verbs.set_policy(model, policy, actor, host))
         record = self.registry.update_model(model, policy=None if policy == "inherit" else policy)
         self.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok", f"policy {policy}"))
+        if self.effective_policy(record) == "auto":
+            self.converge(model)
         return {"model": model, "policy": self.effective_policy(record), "inherited": record.policy is None}
 
     def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> dict[str, Any]:
@@ -269,6 +393,8 @@ class ControlPlane:
         record = self.registry.update_model(model, pinned=pinned)
         action = "pin" if pinned else "unpin"
         self.registry.audit(AuditEntry(actor, action, model, record.active_digest, "ok", f"{action}ned"))
+        if not pinned:
+            self.converge(model)
         return {"model": model, "pinned": pinned, "digest": record.active_digest}
 
     def gc(self, keep: int, actor: str) -> dict[str, Any]:
@@ -307,16 +433,29 @@ class ControlPlane:
         except TritonctlError:
             index, served, reachable = [], {}, False
         drift = {d.model: d for d in plan(everything, index, served).drift} if reachable else {}
+        names = [m.name for m in records] if models else None
+        heads = self.registry.source_heads(names)
+        lasts = self.registry.last_deployments(names)
+        busy = set(self.deployer.busy_models())
         rows = []
         for model in records:
             versions = [
                 {"version": e.version, "state": e.state, "reason": e.reason} for e in index if e.name == model.name
             ]
-            rows.append(
-                queries.status_row(model, self.effective_policy(model), versions, drift.get(model.name), reachable)
-            )
+            policy = self.effective_policy(model)
+            retry = self.retries.get(model.name)
+            head = heads.get(model.name)
+            sync, reason = sync_state(model, policy, head, lasts.get(model.name), busy=model.name in busy,
+                                      retry=retry)
+            row = queries.status_row(model, policy, versions, drift.get(model.name), reachable)
+            row["source_digest"] = head.digest if head is not None and model.removed_at is None else None
+            row["sync"] = sync
+            row["sync_reason"] = reason
+            row["next_retry_s"] = retry.seconds_left() if retry is not None else None
+            rows.append(row)
         watch = self.watch_info() if self.watch_info else {"mode": None, "reason": "no source repository"}
-        return {"triton_reachable": reachable, "triton_url": self.triton.url, "watch": watch, "models": rows}
+        return {"triton_reachable": reachable, "triton_url": self.triton.url, "triton_grpc_url": self.triton.url,
+                "triton_http_url": self.http_url, "watch": watch, "models": rows}
 
     def reconcile(self) -> list[Drift]:
         """Compare desired and actual; restore what should serve; finish interrupted deployments."""

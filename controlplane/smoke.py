@@ -94,10 +94,11 @@ class _Bad(Exception):
 # ---------------------------------------------------------------- parsing
 
 
-def load_smoke_file(path: Path) -> list[SmokeRequest]:
-    """Parse and check `path`; raise ModelConfigError naming the file and the field at fault."""
+def load_smoke_file(path: Path, label: str | None = None) -> list[SmokeRequest]:
+    """Parse and check `path`; raise ModelConfigError naming the file (`label`, e.g. linear/smoke.json)
+    and the field at fault."""
     path = Path(path)
-    label = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+    label = label or (f"{path.parent.name}/{path.name}" if path.parent.name else path.name)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

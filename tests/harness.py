@@ -21,6 +21,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 BIN = Path(sys.executable).parent
+# Tests run in parallel: a launched tritonserver never takes Triton's default ports 8000-8002.
+FREE_PORTS = ["--triton-grpc-port", "0", "--triton-http-port", "0", "--triton-metrics-port", "0"]
 TRITONCTL = str(BIN / "tritonctl")
 
 GEN_CONFIG = """name: "{name}"
@@ -109,7 +111,8 @@ class DaemonProcess:
         env.setdefault("TRITONCTL_RECONCILE_INTERVAL_S", "1")
         env.update(self.env)
         args = [TRITONCTL, "daemon", "--repository", str(self.repository), "--state-dir", str(self.state_dir),
-                "--settle", str(self.settle_s), *(["--launch-triton"] if self.launch else []), *self.extra_args]
+                "--settle", str(self.settle_s), *(["--launch-triton", *FREE_PORTS] if self.launch else []),
+                *self.extra_args]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()

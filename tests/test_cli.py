@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +33,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
+from cli import render
 from cli.main import EXIT_DAEMON_UNREACHABLE, EXIT_FAILED, EXIT_TRITON_UNREACHABLE, EXIT_USAGE, cli, exit_code_for
 from controlplane import errors, queries
 from controlplane.api.server import ApiServer
@@ -298,13 +300,13 @@ def test_versions_notes_quarantine_and_gc(own_history: History) -> None:
 
 
 def test_versions_of_unknown_or_bad_model(history: History) -> None:
-    assert_one_line_error(invoke(["versions", "nobody", *sd(history)]), EXIT_FAILED, "'nobody' is unknown")
+    assert_one_line_error(invoke(["versions", "nobody", *sd(history)]), EXIT_USAGE, "'nobody' is unknown")
     assert_one_line_error(invoke(["versions", "../x", *sd(history)]), EXIT_USAGE, "path separator")
 
 
 def test_read_commands_without_a_registry(tmp_path: Path) -> None:
     for args in (["versions", "linear"], ["audit"], ["audit", "--at", "1h"], ["diff", "linear", "aaaaaa", "bbbbbb"]):
-        assert_one_line_error(invoke([*args, "--state-dir", str(tmp_path)]), EXIT_FAILED, "db upgrade")
+        assert_one_line_error(invoke([*args, "--state-dir", str(tmp_path)]), EXIT_USAGE, "db upgrade")
 
 
 # --- diff --------------------------------------------------------------------------------------------
@@ -336,8 +338,8 @@ def test_diff_json(history: History) -> None:
 def test_diff_same_snapshot_and_errors(history: History) -> None:
     a = history.digests["linear1"]
     assert "no differences" in invoke(["diff", "linear", a[:8], a, *sd(history)]).output
-    assert_one_line_error(invoke(["diff", "linear", "deadbeef", a, *sd(history)]), EXIT_FAILED, "no snapshot")
-    assert_one_line_error(invoke(["diff", "reshape", a, a, *sd(history)]), EXIT_FAILED)
+    assert_one_line_error(invoke(["diff", "linear", "deadbeef", a, *sd(history)]), EXIT_USAGE, "no snapshot")
+    assert_one_line_error(invoke(["diff", "reshape", a, a, *sd(history)]), EXIT_USAGE)
     assert_one_line_error(invoke(["diff", "a/b", a, a, *sd(history)]), EXIT_USAGE)
 
 
@@ -482,7 +484,7 @@ def test_db_upgrade_creates_then_reports_nothing_to_do(tmp_path: Path) -> None:
     assert (state / "registry.db").exists()
     again = invoke(["db", "upgrade", "--state-dir", str(state), "--json"])
     assert json.loads(again.output) == {"from": head, "to": head}
-    assert_one_line_error(invoke(["versions", "linear", "--state-dir", str(state)]), EXIT_FAILED, "unknown")
+    assert_one_line_error(invoke(["versions", "linear", "--state-dir", str(state)]), EXIT_USAGE, "unknown")
     assert invoke(["audit", "--json", "--state-dir", str(state)]).output.strip() == "[]"
 
 
@@ -503,7 +505,7 @@ def test_read_commands_need_no_state_directory(tmp_path: Path) -> None:
         result = invoke([*args, "--json", "--db-url", url, "--state-dir", str(nowhere)])
         assert result.exit_code == 0, result.output
     assert_one_line_error(invoke(["versions", "linear", "--db-url", url, "--state-dir", str(nowhere)]),
-                          EXIT_FAILED, "unknown")
+                          EXIT_USAGE, "unknown")
     assert not nowhere.exists()
 
 
@@ -526,7 +528,7 @@ def test_read_commands_refuse_an_old_schema(tmp_path: Path) -> None:
         (errors.TritonUnavailableError, 4),
         (errors.UsageError, 2),
         (errors.ConfigError, 2),
-        (errors.NotFoundError, 1),
+        (errors.NotFoundError, 2),
         (errors.DeployError, 1),
         (errors.StoreError, 1),
         (errors.PermissionDeniedError, 1),
@@ -567,8 +569,8 @@ DAEMON_COMMANDS = [["load", "linear"], ["unload", "linear"], ["rollback", "linea
 @pytest.mark.parametrize("args", DAEMON_COMMANDS, ids=lambda a: a[0])
 def test_daemon_commands_without_a_daemon_exit_3(tmp_path: Path, args: list[str]) -> None:
     result = invoke([*args, "--state-dir", str(tmp_path)])
-    assert_one_line_error(result, EXIT_DAEMON_UNREACHABLE, f"daemon not reachable at {tmp_path / 'tritonctl.sock'}",
-                          "tritonctl daemon")
+    assert_one_line_error(result, EXIT_DAEMON_UNREACHABLE, f"no daemon at {tmp_path / 'tritonctl.sock'}",
+                          "start one", "TRITONCTL_STATE_DIR")
 
 
 def test_address_without_token_is_a_usage_error(tmp_path: Path) -> None:
@@ -622,11 +624,13 @@ class StandInPlane:
         self.calls.append(("load", model, actor, digest, force))
         return self._operate("deploy", model, digest or "9" * 64, progress)
 
-    def rollback(self, model: str, actor: str, to: str, progress: Callable[[Progress], None]) -> Outcome:
+    def rollback(self, model: str, actor: str, to: str, progress: Callable[[Progress], None],
+                 force: bool = False) -> Outcome:
         self.calls.append(("rollback", model, actor, to))
         return self._operate("rollback", model, to or "1" * 64, progress)
 
-    def unload(self, model: str, actor: str, dependents: bool, progress: Callable[[Progress], None]) -> Outcome:
+    def unload(self, model: str, actor: str, dependents: bool, progress: Callable[[Progress], None],
+               force: bool = False) -> Outcome:
         self.calls.append(("unload", model, actor, dependents))
         self._check(model)
         progress(Progress(model, "unload", "ok", "", ""))
@@ -747,11 +751,11 @@ def test_load_failed_exits_1(daemon: Daemon) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["load", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["rollback", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["unload", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["status", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
-        (["pin", "ghost"], EXIT_FAILED, "error: model 'ghost' is unknown to the registry\n"),
+        (["load", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["rollback", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["unload", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["status", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
+        (["pin", "ghost"], EXIT_USAGE, "error: model 'ghost' is unknown to the registry\n"),
         (["load", "../x"], EXIT_USAGE, "error: model name '../x' contains a path separator\n"),
         (["policy", "a b", "auto"], EXIT_USAGE,
          "error: model name 'a b' contains a space: use only A-Z a-z 0-9 _ . -\n"),
@@ -787,13 +791,16 @@ def test_status_table(daemon: Daemon) -> None:
     assert result.exit_code == 0
     lines = result.output.splitlines()
     assert lines[0] == "triton 127.0.0.1:8001"
-    assert all(h in lines[2] for h in ("Model", "Version", "Status", "Digest", "Since", "Policy", "Pinned", "Drift",
-                                       "Last error"))
-    linear = [line for line in lines if "READY" in line]
-    assert len(linear) == 2 and "linear" in linear[0] and "999999999999" in linear[0] and "yes" in linear[0]
-    assert "linear" not in linear[1]  # a model's second version row leaves the model columns empty
-    broken = next(line for line in lines if "broken" in line)
-    assert "UNAVAILABLE: timeout" in broken and "manual" in broken and "load timed out" in broken
+    assert lines[1].split() == ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
+    assert max(len(line) for line in lines) <= 100  # readable at 100 columns by default
+    linear = next(line for line in lines if line.startswith("linear"))
+    assert linear.split()[:2] == ["linear", "serving"] and "999999999999" in linear and " 1,2 " in linear
+    assert re.fullmatch(r"\d+[smhdy]|\d+h\d+m", linear.split()[-1]), linear  # kubectl-style age of `since`
+    broken = next(line for line in lines if line.startswith("broken"))
+    assert "1:UNAVAILABLE" in broken and broken.split()[1] == "failed"
+    wide = daemon.run("status", "-o", "wide").output.splitlines()
+    assert all(h in wide[1] for h in ("SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "SYNC REASON", "LAST ERROR"))
+    assert "load timed out" in next(line for line in wide if line.startswith("broken")) and "\x1b" not in "".join(wide)
 
 
 def test_status_json_shape(daemon: Daemon) -> None:
@@ -835,3 +842,10 @@ def test_click_rejects_bad_policy_and_keep_with_exit_2(daemon: Daemon) -> None:
     assert daemon.run("policy", "linear", "sometimes").exit_code == EXIT_USAGE
     assert daemon.run("gc", "--keep", "-1").exit_code == EXIT_USAGE
     assert daemon.plane.calls == []  # refused before anything reached the daemon
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [(5, "5s"), (119, "119s"), (600, "10m"), (3 * 3600 + 300, "3h5m"),
+                                                (20 * 3600, "20h"), (5 * 86400, "5d"), (800 * 86400, "2y")])
+def test_ages_are_kubectl_style(seconds: int, shown: str) -> None:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert render.age(iso((now - timedelta(seconds=seconds)).replace(tzinfo=None)), now) == shown

@@ -174,7 +174,7 @@ def test_cli_load_digest_rollback_and_at(daemon: DaemonProcess, client: grpcclie
     unloaded = daemon.json("unload", "manual_model")
     assert unloaded["outcome"] == "ok"
     assert not client.is_model_ready("manual_model")
-    assert daemon.cli("rollback", "nope_model", check=False).returncode == 1
+    assert daemon.cli("rollback", "nope_model", check=False).returncode == 2  # unknown model: usage
     assert daemon.cli("load", "../etc", check=False).returncode == 2
 
 

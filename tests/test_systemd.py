@@ -394,3 +394,34 @@ def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     result = _verify(broken)
     assert result.returncode == 1
     assert "WatchdogSec" in result.stderr or "sec value" in result.stderr, result.stderr
+
+
+def test_a_blocked_main_loop_stops_the_watchdog_while_the_process_lives(tmp_path: Path) -> None:
+    """The pings come from the loop that does the work: block it (test-only fault) and WATCHDOG=1 stops
+    while the process still answers on its control socket, so systemd's watchdog would restart it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    short = Path(tempfile.mkdtemp(prefix="notify-", dir="/tmp"))
+    state = tmp_path / "state"
+    notify = NotifyListener(short / "notify.sock", state / "tritonctl.sock")
+    daemon = DaemonProcess(repo, state, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC),
+                                             "TRITONCTL_FAULT": "hang_loop"})
+    daemon.start(wait=False)
+    try:
+        ready = notify.wait("READY", timeout_s=90)
+        wait_for(lambda: len([m for m in notify.snapshot() if m.at > ready.at and "WATCHDOG" in m.fields]) >= 3,
+                 30, 0.05, "pings before the loop blocks")
+        (state / "hang-loop").touch()
+        blocked = wait_for(lambda: "the main loop blocks" in daemon.log_tail() and time.monotonic(), 30, 0.02,
+                           "the loop blocked")
+        quiet = 5 * WATCHDOG_USEC / 1e6  # five watchdog intervals
+        deadline = blocked + quiet
+        wait_for(lambda: time.monotonic() >= deadline, quiet + 5, 0.05, "five watchdog intervals")
+        late = [m for m in notify.snapshot() if "WATCHDOG" in m.fields and m.at > blocked + WATCHDOG_USEC / 2e6]
+        assert late == [], "WATCHDOG=1 kept coming from a blocked loop"
+        assert daemon.proc is not None and daemon.proc.poll() is None
+        assert daemon.run("status", "--json").exit_code == 0  # alive and answering: only the loop is stuck
+    finally:
+        daemon.stop(timeout_s=STOP_BOUND_S)
+        notify.close()
+        shutil.rmtree(short, ignore_errors=True)

@@ -57,7 +57,11 @@ class ControlClient:
         code = exc.code()  # type: ignore[attr-defined]
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             where = self._socket if self._socket else self.target
-            return errors.DaemonUnavailableError(f"daemon not reachable at {where}: is `tritonctl daemon` running?")
+            if self._socket:
+                return errors.DaemonUnavailableError(
+                    f"no daemon at {where}; start one (`tritonctl daemon`) or set TRITONCTL_STATE_DIR / --state-dir")
+            return errors.DaemonUnavailableError(f"no daemon at {where}; start one (`tritonctl daemon --listen`) "
+                                                 "or fix TRITONCTL_ADDRESS / --address")
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return errors.PermissionDeniedError(details)
         return errors.TritonctlError(f"control API: {details}")
@@ -90,14 +94,16 @@ class ControlClient:
         return self._stream(self._stub.Load, request, on_progress)
 
     def rollback(self, model: str, to_digest: str = "",
-                 on_progress: Callable[[pb.Progress], None] | None = None, host: str = "") -> dict[str, Any]:
-        return self._stream(self._stub.Rollback, pb.RollbackRequest(model=model, to_digest=to_digest, host=host),
-                            on_progress)
+                 on_progress: Callable[[pb.Progress], None] | None = None, force: bool = False,
+                 host: str = "") -> dict[str, Any]:
+        request = pb.RollbackRequest(model=model, to_digest=to_digest, force=force, host=host)
+        return self._stream(self._stub.Rollback, request, on_progress)
 
     def unload(self, model: str, dependents: bool = False,
-               on_progress: Callable[[pb.Progress], None] | None = None, host: str = "") -> dict[str, Any]:
-        return self._stream(self._stub.Unload, pb.UnloadRequest(model=model, dependents=dependents, host=host),
-                            on_progress)
+               on_progress: Callable[[pb.Progress], None] | None = None, force: bool = False,
+               host: str = "") -> dict[str, Any]:
+        request = pb.UnloadRequest(model=model, dependents=dependents, force=force, host=host)
+        return self._stream(self._stub.Unload, request, on_progress)
 
     def status(self, models: list[str] | None = None) -> dict[str, Any]:
         return dict(self._unary(self._stub.Status, pb.StatusRequest(models=models or [])))

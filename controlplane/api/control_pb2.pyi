@@ -21,24 +21,28 @@ class LoadRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ..., host: _Optional[str] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
-    __slots__ = ("model", "to_digest", "host")
+    __slots__ = ("model", "to_digest", "host", "force")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TO_DIGEST_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     to_digest: str
     host: str
-    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ..., host: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class UnloadRequest(_message.Message):
-    __slots__ = ("model", "dependents", "host")
+    __slots__ = ("model", "dependents", "host", "force")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEPENDENTS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     dependents: bool
     host: str
-    def __init__(self, model: _Optional[str] = ..., dependents: _Optional[bool] = ..., host: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, model: _Optional[str] = ..., dependents: _Optional[bool] = ..., host: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("models",)

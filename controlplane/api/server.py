@@ -121,13 +121,13 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.rollback(request.model, actor,
                                                                                request.to_digest, progress,
-                                                                               **_host(request)))
+                                                                               request.force, **_host(request)))
 
     def Unload(self, request: pb.UnloadRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.unload(request.model, actor,
                                                                              request.dependents, progress,
-                                                                             **_host(request)))
+                                                                             request.force, **_host(request)))
 
     def _reply(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> pb.JsonReply:
         try:

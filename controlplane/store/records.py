@@ -66,13 +66,27 @@ class SnapshotRecord:
     def first_error(self) -> str | None:
         for problem in self.problems:
             if problem.get("severity") == "error":
-                return f"{problem['file']}: {problem['field']}: {problem['message']}"
+                return ": ".join(str(problem[k]) for k in ("file", "field", "message") if problem.get(k))
         return None
 
     def to_json(self) -> dict[str, Any]:
         data = _jsonable(self)
         data.pop("manifest")
         return data
+
+
+@dataclass(frozen=True)
+class SourceHead:
+    """The newest recorded content of a model's source (by when it was last seen there)."""
+
+    model: str
+    digest: str
+    valid: bool
+    first_error: str | None
+    quarantined: bool
+    quarantine_reason: str | None
+    first_seen: datetime
+    last_seen: datetime
 
 
 @dataclass(frozen=True)

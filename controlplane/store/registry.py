@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from controlplane.errors import NotFoundError, StoreError, UsageError
+from controlplane.errors import ConfigError, NotFoundError, StoreError, UsageError
 from controlplane.store import schema
 from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, they live in records
     AuditQuery,
@@ -28,6 +28,7 @@ from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, the
     ModelRecord,
     ServingRecord,
     SnapshotRecord,
+    SourceHead,
     utcnow,
 )
 
@@ -57,7 +58,12 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except ModuleNotFoundError as exc:  # the URL's driver is an optional dependency
+        extra = "postgres" if parsed.get_backend_name() == "postgresql" else None
+        fix = f"pip install 'tritonctl[{extra}]'" if extra else f"install the Python package {exc.name}"
+        raise ConfigError(f"{_redact(url)} needs the {exc.name} driver, which is not installed; {fix}") from None
 
 
 def _model_record(row: schema.Model) -> ModelRecord:
@@ -91,6 +97,13 @@ def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
         quarantine_reason=row.quarantine_reason,
         collected=bool(row.collected),
     )
+
+
+def _first_error(problems_json: str) -> str | None:
+    for problem in json.loads(problems_json or "[]"):
+        if problem.get("severity") == "error":
+            return ": ".join(str(problem[k]) for k in ("file", "field", "message") if problem.get(k))
+    return None
 
 
 def _deployment_record(row: schema.Deployment) -> DeploymentRecord:
@@ -300,6 +313,30 @@ class Registry:
                 .order_by(schema.Snapshot.first_seen.desc(), schema.Snapshot.id.desc())
             )
             return [_snapshot_record(row) for row in rows]
+
+    def source_heads(self, models: Sequence[str] | None = None) -> dict[str, SourceHead]:
+        """Each model's newest recorded content (the one last seen in the source), in one query."""
+        columns = (schema.Snapshot.model, schema.Snapshot.digest, schema.Snapshot.valid, schema.Snapshot.problems,
+                   schema.Snapshot.quarantined, schema.Snapshot.quarantine_reason, schema.Snapshot.first_seen,
+                   schema.Snapshot.last_seen)
+        query = select(*columns).order_by(schema.Snapshot.model, schema.Snapshot.last_seen, schema.Snapshot.id)
+        if models is not None:
+            query = query.where(schema.Snapshot.model.in_(list(models)))
+        heads: dict[str, SourceHead] = {}
+        with self._session() as session:
+            for model, digest, valid, problems, quarantined, reason, first_seen, last_seen in session.execute(query):
+                heads[model] = SourceHead(model, digest, bool(valid), None if valid else _first_error(problems),
+                                          bool(quarantined), reason, first_seen, last_seen)
+        return heads
+
+    def last_deployments(self, models: Sequence[str] | None = None) -> dict[str, DeploymentRecord]:
+        """Each model's newest deployment (finished or not), in one query."""
+        newest = select(func.max(schema.Deployment.id)).group_by(schema.Deployment.model)
+        if models is not None:
+            newest = newest.where(schema.Deployment.model.in_(list(models)))
+        with self._session() as session:
+            rows = session.scalars(select(schema.Deployment).where(schema.Deployment.id.in_(newest.scalar_subquery())))
+            return {row.model: _deployment_record(row) for row in rows}
 
     def set_quarantine(self, model: str, digest: str, reason: str | None) -> None:
         with self._session() as session:

@@ -1,0 +1,102 @@
+"""Whose fault a failed deploy is: the content's (quarantine it) or the environment's (retry later).
+
+Quarantine is for content Triton refused: initialize raised, the config was rejected, READY never
+came, the smoke check failed. Everything else that can end a deploy (tritonserver unreachable or
+restarting, a backend missing on that server, an ensemble member not loaded, content collected by
+gc, the state filesystem full, or any `EnvironmentFault` raised by other code) says nothing about the
+content: the deploy ends `failed` and is retried with a capped exponential backoff (`RetryBook`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from controlplane.errors import EnvironmentFault, TritonUnavailableError
+
+# Substrings of Triton's (or the OS's) messages that name an environment fault, with a short cause.
+_ENVIRONMENT_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("unable to find backend library", "a backend is missing on this tritonserver"),
+    ("unable to find backend", "a backend is missing on this tritonserver"),
+    ("has no loaded version", "an ensemble member is not loaded"),
+    ("contains models that are not available", "an ensemble member is not loaded"),
+    ("which is not loaded", "an ensemble member is not loaded"),
+    ("unknown snapshot", "the content was collected by gc"),
+    ("is missing from the store", "the content was collected by gc"),
+    ("no space left on device", "the state filesystem is full"),
+    ("database or disk is full", "the state filesystem is full"),
+    ("server is shutting down", "tritonserver is restarting"),
+    ("connection refused", "tritonserver is unreachable"),
+    ("failed to connect", "tritonserver is unreachable"),
+)
+
+RETRY_BASE_S = 5.0
+RETRY_CAP_S = 300.0
+
+
+def environment_cause(exc: BaseException) -> str | None:
+    """A short cause when `exc` is not the content's fault; None when it is (quarantine it)."""
+    if isinstance(exc, TritonUnavailableError):
+        return "tritonserver is unreachable"
+    if isinstance(exc, EnvironmentFault):
+        return "environment fault"
+    text = str(exc).lower()
+    for pattern, cause in _ENVIRONMENT_PATTERNS:
+        if pattern in text:
+            return cause
+    return None
+
+
+def backoff_s(attempt: int, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> float:
+    """Delay before retry number `attempt` (1, 2, ...): base, 2·base, 4·base ... capped."""
+    return float(min(cap_s, base_s * (2 ** max(0, attempt - 1))))
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A model whose last deploy failed for an environment fault, and when it is tried again."""
+
+    model: str
+    digest: str
+    reason: str
+    attempt: int
+    due_at: float  # time.time()
+
+    def seconds_left(self, now: float | None = None) -> int:
+        return max(0, int(round(self.due_at - (now if now is not None else time.time()))))
+
+
+class RetryBook:
+    """The retries the daemon owes (in memory: a restart re-checks every model anyway)."""
+
+    def __init__(self, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self._retries: dict[str, Retry] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, model: str, digest: str, reason: str) -> Retry:
+        with self._lock:
+            previous = self._retries.get(model)
+            attempt = previous.attempt + 1 if previous is not None and previous.digest == digest else 1
+            retry = Retry(model, digest, reason, attempt, time.time() + backoff_s(attempt, self.base_s, self.cap_s))
+            self._retries[model] = retry
+            return retry
+
+    def clear(self, model: str) -> None:
+        with self._lock:
+            self._retries.pop(model, None)
+
+    def get(self, model: str) -> Retry | None:
+        with self._lock:
+            return self._retries.get(model)
+
+    def all(self) -> dict[str, Retry]:
+        with self._lock:
+            return dict(self._retries)
+
+    def due(self, now: float | None = None) -> list[Retry]:
+        moment = now if now is not None else time.time()
+        with self._lock:
+            return sorted((r for r in self._retries.values() if r.due_at <= moment), key=lambda r: r.model)

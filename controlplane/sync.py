@@ -1,0 +1,80 @@
+"""Is what serves the source's newest content, and if not, why: `status`'s sync and sync_reason.
+
+Pure functions over registry records (no I/O), so `status` and the deploy decision agree on what
+holds a model: manual policy, a pin, an unload, or an operator's rollback (which holds until the
+source changes again or an operator loads).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from controlplane.faults import Retry
+from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead
+
+SYNC_STATES = ("synced", "pending", "held", "invalid", "removed")
+
+
+def _short(digest: str | None) -> str:
+    return (digest or "none")[:12]
+
+
+def _clock(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M}Z" if moment is not None else "?"
+
+
+def rollback_holds(last: DeploymentRecord | None, first_seen: datetime | None) -> bool:
+    """An operator's rollback holds the model until content first seen after it (or an operator's load)."""
+    return (
+        last is not None
+        and last.kind == "rollback"
+        and last.outcome == "ok"
+        and last.finished_at is not None
+        and first_seen is not None
+        and first_seen <= last.finished_at
+    )
+
+
+def sync_state(
+    model: ModelRecord,
+    policy: str,
+    head: SourceHead | None,
+    last: DeploymentRecord | None,
+    *,
+    busy: bool = False,
+    retry: Retry | None = None,
+) -> tuple[str, str]:
+    """(sync, sync_reason) for one model; the reason is one line an operator can act on."""
+    name = model.name
+    serves = f"{_short(model.active_digest)} serves" if model.active_digest else "nothing serves"
+    if model.removed_at is not None:
+        return "removed", f"removed from the source at {_clock(model.removed_at)}; {serves}"
+    if busy:
+        return "pending", "a deploy or capture is in progress"
+    if retry is not None:
+        return "pending", (f"last deploy of {_short(retry.digest)} failed ({retry.reason}); "
+                           f"next retry in {retry.seconds_left()} s")
+    if head is None:
+        return "pending", "the source's content is not recorded yet"
+    if head.digest == model.active_digest and model.state in ("serving", "degraded"):
+        note = "; degraded: " + (model.last_error or "") if model.state == "degraded" else ""
+        return "synced", f"serving the source's newest content {_short(head.digest)}{note}"
+    if not head.valid:
+        return "invalid", f"source content {_short(head.digest)} is invalid: {head.first_error}; {serves}"
+    if head.quarantined:
+        return "invalid", f"source content {_short(head.digest)} is quarantined: {head.quarantine_reason}; {serves}"
+    if model.state == "unloaded":
+        by = f" by {last.actor}" if last is not None and last.kind == "unload" else ""
+        return "held", f"unloaded{by}; `tritonctl load {name}` serves {_short(head.digest)}"
+    if rollback_holds(last, head.first_seen):
+        assert last is not None
+        return "held", (f"rolled back by {last.actor} at {_clock(last.finished_at)}; deploys on the next change "
+                        f"or `tritonctl load {name}`")
+    if model.pinned:
+        return "held", (f"pinned to {_short(model.active_digest)}; `tritonctl unpin {name}` deploys "
+                        f"{_short(head.digest)}")
+    if policy != "auto":
+        return "held", f"policy {policy}; `tritonctl load {name}` deploys {_short(head.digest)}"
+    if last is not None and last.outcome == "failed" and last.digest == head.digest:
+        return "held", f"last deploy failed: {last.error}; `tritonctl load {name}` retries"
+    return "pending", f"{_short(head.digest)} is waiting to be deployed"
