@@ -38,6 +38,8 @@ class Settings:
     """Everything the daemon needs, with units in the names."""
 
     repository: Path | None = None  # source repository people edit (watched)
+    repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX (docs/object-storage.md)
+    poll_interval_s: float = 2.0  # how often an object-storage source is listed
     state_dir: Path = Path("/var/lib/tritonctl")
     db_url: str | None = None  # default: sqlite:///<state_dir>/registry.db
     triton_url: str | None = None  # an external tritonserver (gRPC host:port)
@@ -76,6 +78,21 @@ def _path(value: Any) -> Path:
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise ValueError("expected a path")
     return Path(value).expanduser()
+
+
+def _repository(value: Any) -> Path | str:
+    """A local directory, or an s3://BUCKET/PREFIX URL (load_settings moves it to `repository_url`)."""
+    if isinstance(value, str) and value.startswith("s3://"):
+        from controlplane.objectstore import S3Location
+
+        return S3Location.parse(value).url
+    return _path(value)
+
+
+def _s3_url(value: Any) -> str:
+    if not (isinstance(value, str) and value.startswith("s3://")):
+        raise ValueError("expected s3://BUCKET/PREFIX")
+    return str(_repository(value))
 
 
 def _bool(value: Any) -> bool:
@@ -141,7 +158,8 @@ def _listen(value: Any) -> str:
 
 
 PARSERS: dict[str, Callable[[Any], Any]] = {
-    "repository": _path,
+    "repository": _repository,
+    "repository_url": _s3_url,
     "state_dir": _path,
     "db_url": _text,
     "triton_url": _text,
@@ -162,6 +180,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "shutdown_timeout_s": _positive_float(1.0),
     "db_busy_timeout_s": _positive_float(0.1),
     "host": _text,
+    "poll_interval_s": _positive_float(0.05),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
@@ -225,7 +244,11 @@ def load_settings(
         if key not in PARSERS:
             raise ConfigError(f"flag: {key}: unknown setting")
         merged[key] = _parse(key, value, "flag")
+    if isinstance(merged.get("repository"), str):  # s3://...: the same setting, typed apart from a Path
+        merged["repository_url"] = merged.pop("repository")
     settings = Settings(**merged)
+    if settings.repository is not None and settings.repository_url:
+        raise ConfigError("repository: give either a directory or an s3:// URL (repository_url), not both")
     if settings.listen and not settings.token_file:
         raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
     if settings.triton_url and settings.launch_triton:

@@ -59,7 +59,7 @@ class Daemon:
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
-        self.watcher: RepositoryWatcher | None = None
+        self.watcher: Any = None  # RepositoryWatcher, or S3Source for an s3:// repository
         self.api: Any = None
         self.metrics: Any = None
         self.plane: ControlPlane | None = None
@@ -125,8 +125,16 @@ class Daemon:
 
         self.api = ApiServer(self.plane, self.executor, settings)
         self.api.start()
-        if settings.repository is not None:
+        if settings.repository_url:
+            from controlplane.s3source import S3Source  # docs/object-storage.md
+
+            source = S3Source(settings.repository_url, self._settled.put, settle_s=settings.settle_s,
+                              poll_interval_s=settings.poll_interval_s, commit_marker=settings.commit_marker)
+            source.check()  # wrong credentials or bucket: one line, before anything changes
+            self.watcher, self.plane.source = source, source
+        elif settings.repository is not None:
             self.watcher = RepositoryWatcher(settings.repository, self._settled.put, settle_s=settings.settle_s)
+        if self.watcher is not None:
             self.plane.reschedule = self.watcher.reschedule
             if self.metrics is not None:
                 self.metrics.backlog = self.watcher.backlog
@@ -153,6 +161,9 @@ class Daemon:
                 log.error("%s: %s", name, exc)
 
     def _is_ensemble(self, name: str) -> bool:
+        if self.plane is not None and self.plane.source is not None:
+            text = self.plane.source.read_text(name, "config.pbtxt") or ""
+            return 'platform: "ensemble"' in text or "platform:\"ensemble\"" in text
         assert self.settings.repository is not None
         try:
             text = (self.settings.repository / name / "config.pbtxt").read_text(errors="replace")

@@ -18,7 +18,7 @@ from typing import Any
 from controlplane import queries
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, ProgressFn
-from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
@@ -68,6 +68,7 @@ class ControlPlane:
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
+        self.source: Any = None  # an S3Source when the repository is s3:// (set by the daemon)
         # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
         self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
 
@@ -94,12 +95,16 @@ class ControlPlane:
         the settle window, measured now, not when the watcher fired (the capture may run later, when
         the writer has begun its next edit). `tritonctl load` asks for what is there now."""
         validate_model_name(model)
-        if self.settings.repository is None:
+        if self.settings.repository is None and self.source is None:
             raise UsageError("the daemon has no source repository (--repository)")
-        source = self.settings.repository / model
         with self._capture_lock(model):
-            snapshot = self.store.capture(source, model, commit_marker=self.settings.commit_marker,
-                                          quiet_s=self.settings.settle_s if settled else 0.0)
+            if self.source is not None:  # object storage: same rules, listed instead of stat'ed
+                snapshot = self.source.capture(model, self.store, settled=settled)
+            else:
+                assert self.settings.repository is not None
+                snapshot = self.store.capture(self.settings.repository / model, model,
+                                              commit_marker=self.settings.commit_marker,
+                                              quiet_s=self.settings.settle_s if settled else 0.0)
             tree = self.store.tree_path(snapshot.digest)
             result = validate_model_dir(tree, name=model)
             prefix = f"{tree.name}/"
@@ -138,8 +143,7 @@ class ControlPlane:
         except UsageError as exc:
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", None, None, "invalid", str(exc)))
             return None
-        assert self.settings.repository is not None
-        if not (self.settings.repository / model).is_dir():
+        if not self.source_has(model):
             existing = self.registry.find_model(model)
             if existing is not None and existing.removed_at is None:
                 self.registry.update_model(model, removed_at=queries.now())
@@ -151,11 +155,18 @@ class ControlPlane:
         with self._capture_lock(model):
             return self._capture_and_decide(model)
 
+    def source_has(self, model: str) -> bool:
+        """Whether the source repository (a directory or object storage) holds `model` now."""
+        if self.source is not None:
+            return bool(self.source.exists(model))
+        assert self.settings.repository is not None
+        return (self.settings.repository / model).is_dir()
+
     def _capture_and_decide(self, model: str) -> Outcome | None:
         try:
             record = self.capture(model)
-        except StoreError as exc:
-            # The registry is busy or unreachable: nothing was recorded; try again later.
+        except (StoreError, ObjectStoreError) as exc:
+            # The registry or object storage is busy or unreachable: nothing was recorded; try again later.
             log.error("%s: %s; retrying after the settle window", model, exc)
             if self.reschedule:
                 self.reschedule(model, max(self.settings.settle_s, 1.0))

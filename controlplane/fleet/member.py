@@ -24,7 +24,7 @@ from controlplane.deploy import Outcome, Progress, ProgressFn
 from controlplane.errors import SnapshotError, StoreError, TritonctlError
 from controlplane.fleet.election import LeaderElection, connect
 from controlplane.fleet.settings import FleetSettings
-from controlplane.fleet.sharedstore import SharedStore
+from controlplane.fleet.sharedstore import open_shared_store
 from controlplane.fleet.store import CHANNEL, FleetStore, Step, audit_event
 from controlplane.modelconfig import validate_model_dir
 from controlplane.snapshot import is_ignored_name
@@ -54,7 +54,7 @@ class FleetMember:
         self.host = settings.host
         self.registry = shared_registry
         self.store = FleetStore(shared_registry)
-        self.shared = SharedStore(fleet.shared_store)
+        self.shared = open_shared_store(fleet.shared_store)
         self.started_at = utcnow()
         self._stop = threading.Event()
         self._wake_agent = threading.Event()

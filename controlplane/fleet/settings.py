@@ -10,7 +10,7 @@ from controlplane.errors import ConfigError
 
 @dataclass(frozen=True)
 class FleetSettings:
-    shared_store: Path  # object store directory every host can read; the leader writes it
+    shared_store: Path | str  # a directory or s3://BUCKET/PREFIX every host can read; the leader writes it
     canary_hosts: tuple[str, ...] = ()  # explicit canary set; default: the first `canary_count` by name
     canary_count: int = 1
     wave_size: int = 2  # hosts per wave after the canaries
@@ -19,7 +19,7 @@ class FleetSettings:
     poll_s: float = 1.0  # LISTEN/NOTIFY wakes hosts at once; this is the fallback poll
 
 
-def fleet_settings(db_url: str | None, host: str, shared_store: Path | None, canary_hosts: str | None,
+def fleet_settings(db_url: str | None, host: str, shared_store: Path | str | None, canary_hosts: str | None,
                    canary_count: int | None, wave_size: int | None) -> FleetSettings:
     """Validate the fleet flags against the daemon's settings (one-line ConfigErrors)."""
     if not db_url or not db_url.startswith("postgresql"):
@@ -33,5 +33,6 @@ def fleet_settings(db_url: str | None, host: str, shared_store: Path | None, can
     if wave_size is not None and wave_size < 1:
         raise ConfigError("fleet: --wave-size must be at least 1")
     canaries = tuple(h.strip() for h in (canary_hosts or "").split(",") if h.strip())
-    return FleetSettings(shared_store=Path(shared_store), canary_hosts=canaries, canary_count=canary_count or 1,
+    store: Path | str = str(shared_store) if str(shared_store).startswith("s3://") else Path(shared_store)
+    return FleetSettings(shared_store=store, canary_hosts=canaries, canary_count=canary_count or 1,
                          wave_size=wave_size or 2)
