@@ -126,12 +126,7 @@ class Daemon:
         self.api = ApiServer(self.plane, self.executor, settings)
         self.api.start()
         if settings.repository_url:
-            from controlplane.s3source import S3Source  # docs/object-storage.md
-
-            source = S3Source(settings.repository_url, self._settled.put, settle_s=settings.settle_s,
-                              poll_interval_s=settings.poll_interval_s, commit_marker=settings.commit_marker)
-            source.check()  # wrong credentials or bucket: one line, before anything changes
-            self.watcher, self.plane.source = source, source
+            self.watcher = self.plane.source = self._object_source()
         elif settings.repository is not None:
             self.watcher = RepositoryWatcher(settings.repository, self._settled.put, settle_s=settings.settle_s)
         if self.watcher is not None:
@@ -146,6 +141,22 @@ class Daemon:
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
         log.info("ready: control socket %s, triton %s", settings.socket_path, url)
+
+    def _object_source(self) -> Any:
+        """The s3:// source (docs/object-storage.md). Wrong credentials or bucket are one logged line:
+        what serves keeps serving, and the poller keeps trying (the credentials may be fixed)."""
+        from controlplane.errors import ConfigError
+        from controlplane.s3source import S3Source
+
+        s = self.settings
+        assert s.repository_url is not None
+        source = S3Source(s.repository_url, self._settled.put, settle_s=s.settle_s,
+                          poll_interval_s=s.poll_interval_s, commit_marker=s.commit_marker)
+        try:
+            source.check()
+        except ConfigError as exc:
+            log.error("%s; serving is unchanged", exc)
+        return source
 
     def _initial_scan(self) -> None:
         """Record (and, under auto policy, deploy) what the source holds now; ensembles last."""

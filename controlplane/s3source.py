@@ -271,7 +271,8 @@ class S3Source:
             for i in range(1, len(parts)):
                 path = "/".join(parts[:i])
                 entries.setdefault(path, ManifestEntry(path, "dir", 0, DIR_MODE, ""))
-            if rel.endswith("/"):
+            if rel.endswith("/"):  # a folder object (or the folder of debris): a directory
+                entries.setdefault(rel[:-1], ManifestEntry(rel[:-1], "dir", 0, DIR_MODE, ""))
                 continue
             entries[rel] = ManifestEntry(rel, "file", int(row["Size"]), FILE_MODE, shas[rel])
         snapshot = Snapshot.from_entries(model, list(entries.values()))
@@ -313,6 +314,11 @@ class S3Source:
             if any(p in ("", ".", "..") for p in parts) or "\\" in rel or "\0" in rel:
                 raise SnapshotError(f"{model}: object key {rel!r} is not a safe path; refusing to capture it")
             if any(is_ignored_name(p) for p in parts):
+                # debris is left out, but the folders above it exist, as on a disk: an ensemble's empty
+                # version folder is often kept in a bucket by a `1/.gitkeep` or a `1/` folder object
+                first = next(i for i, p in enumerate(parts) if is_ignored_name(p))
+                if first:
+                    wanted.setdefault("/".join(parts[:first]) + "/", {"Size": 0})
                 continue
             if rel.endswith("/") and int(row["Size"]):
                 raise SnapshotError(f"{model}: object key {rel!r} ends with '/' but has content")
@@ -320,7 +326,7 @@ class S3Source:
                 raise SnapshotError(f"{model}: {CONFIG_FILE} is {row['Size']} bytes, over the {MAX_CONFIG_BYTES}-byte"
                                     " limit; refusing to capture it")
             wanted[rel] = row
-        files = {rel.rstrip("/") for rel in wanted if not rel.endswith("/")}
+        files = {rel for rel in wanted if not rel.endswith("/")}
         clash = next((rel for rel in files if any(f.startswith(rel + "/") for f in files)), None)
         if clash:
             raise SnapshotError(f"{model}: {clash} is both an object and a folder; refusing to capture it")

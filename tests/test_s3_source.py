@@ -288,3 +288,13 @@ def test_concurrent_captures_share_downloads(s3env: MotoServer, bucket: str, tmp
     assert len(set(results.values())) == 2
     weights = hashlib.sha256(b"a" * 1000).hexdigest()
     assert store.object_path(weights).stat().st_nlink >= 3  # the object and both trees link it
+
+
+def test_empty_version_folders_survive_as_on_a_disk(s3env: MotoServer, bucket: str, tmp_path: Path) -> None:
+    """An ensemble's empty version folder: kept by a `1/.gitkeep` (debris, left out) or a `2/` folder object."""
+    client = s3env.client()
+    store = ContentStore(tmp_path / "store", fsync=False)
+    put(client, bucket, "ens", {"config.pbtxt": CONFIG, "1/.gitkeep": b"", "2/": b""})
+    snap = S3Source(f"s3://{bucket}/models", lambda _m: None).capture("ens", store, settled=False)
+    assert [(e.path, e.kind) for e in snap.entries] == [("1", "dir"), ("2", "dir"), ("config.pbtxt", "file")]
+    assert (store.tree_path(snap.digest) / "1").is_dir()
