@@ -1,12 +1,14 @@
 """End to end with the source repository in a bucket: the real daemon (`tritonctl daemon --repository
 s3://BUCKET/models`, its launched tritonserver) against moto_server on loopback, driven by uploads.
 
-- the example repository uploaded to the bucket is served, as `tritonctl status` shows;
+- an example model uploaded to the bucket is served, as `tritonctl status` shows (the whole example
+  repository behind `-m slow`);
 - object-storage edit torture: a probe model whose answer shows the generation of its config and of
   its code, rewritten object by object (`aws s3 sync` order, pauses longer than the poll interval)
   under a request loop: 0 mixed answers and every edit served (20 edits behind `-m slow`);
 - the endpoint down for a while: what serves keeps serving, the edit made meanwhile is served after;
-- the daemon restarted with wrong credentials: one error line, every model still serving.
+- (slow) the daemon restarted with wrong credentials: one error line, every model still serving;
+- the fleet with its shared store on S3: two hosts, an edit served on both (every object verified).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class S3Daemon:
 @pytest.fixture(scope="module")
 def s3d(s3server: MotoServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Daemon]:
     d = S3Daemon(s3server, tmp_path_factory.mktemp("s3e2e"))
-    upload_tree(d.client, d.bucket, "models/", EXAMPLES)
+    upload_tree(d.client, d.bucket, "models/linear/", EXAMPLES / "linear")
     d.upload_probe(1, 0.0, True)
     d.daemon.start()
     yield d
@@ -113,21 +115,30 @@ def answers(client: grpcclient.InferenceServerClient, value: float) -> bool:
         return False
 
 
-def test_example_repository_served_from_the_bucket(s3d: S3Daemon) -> None:
-    names = sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
-
+def serving(s3d: S3Daemon, names: list[str], timeout_s: float) -> dict[str, Any]:
     def all_serving() -> Any:
         rows = {r["model"]: r for r in s3d.daemon.status()["models"]}
         return all(rows.get(n, {}).get("state") == "serving" for n in names) and rows
 
     try:
-        rows = wait_for(all_serving, 120, 0.5, "every example model serving from the bucket")
+        rows = wait_for(all_serving, timeout_s, 0.5, f"{names} serving from the bucket")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{s3d.daemon.status()}\n{s3d.daemon.log_tail()}") from None
     assert all(rows[n]["versions"] and rows[n]["versions"][0]["state"] == "READY" for n in names)
     result = s3d.daemon.cli("status", "--json")  # the installed `tritonctl`, as an operator runs it
     assert {r["model"]: r["state"] for r in json.loads(result.stdout)["models"]}.items() >= \
         {n: "serving" for n in names}.items()
+    return dict(rows)
+
+
+def test_example_model_served_from_the_bucket(s3d: S3Daemon) -> None:
+    serving(s3d, ["linear", PROBE], 60)
+
+
+@pytest.mark.slow
+def test_example_repository_served_from_the_bucket(s3d: S3Daemon) -> None:
+    upload_tree(s3d.client, s3d.bucket, "models/", EXAMPLES)  # `aws s3 sync examples/model_repository ...`
+    serving(s3d, sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()), 180)
 
 
 def torture(s3d: S3Daemon, client: grpcclient.InferenceServerClient, edits: int) -> dict[str, Any]:
@@ -149,7 +160,7 @@ def torture(s3d: S3Daemon, client: grpcclient.InferenceServerClient, edits: int)
 
 
 def test_object_storage_edit_torture_short(s3d: S3Daemon, client: grpcclient.InferenceServerClient) -> None:
-    torture(s3d, client, 3)
+    torture(s3d, client, 2)
 
 
 @pytest.mark.slow
@@ -173,6 +184,7 @@ def test_endpoint_down_serving_unchanged_then_resumes(s3d: S3Daemon,
     assert "object storage unreachable" in s3d.daemon.log_tail(20000)
 
 
+@pytest.mark.slow
 def test_restart_with_wrong_credentials_changes_nothing(s3d: S3Daemon) -> None:
     before = {r["model"]: r["digest"] for r in s3d.daemon.status()["models"] if r["state"] == "serving"}
     assert s3d.daemon.stop() == 0
