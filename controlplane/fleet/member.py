@@ -21,7 +21,7 @@ from typing import Any
 
 from controlplane.config import Settings
 from controlplane.deploy import Outcome, Progress, ProgressFn
-from controlplane.errors import SnapshotError, StoreError, TritonctlError
+from controlplane.errors import ObjectStoreError, SnapshotError, StoreError, TritonctlError
 from controlplane.fleet.election import LeaderElection, connect
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedstore import open_shared_store
@@ -162,22 +162,26 @@ class FleetMember:
 
     def _scan(self) -> None:
         repo = self.settings.repository
-        if repo is None or not repo.is_dir():
+        if self.plane.source is not None:  # an s3:// source (docs/object-storage.md)
+            names = self.plane.source.initial_scan()
+        elif repo is None or not repo.is_dir():
             return
-        names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
+        else:
+            names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
         with self._settled_lock:
             self._settled.extend(n for n in names if n not in self._settled)
 
     def record(self, model: str) -> SnapshotRecord | None:
         """Capture locally, export to the shared store, record in the shared registry (once per content)."""
-        assert self.settings.repository is not None
-        if not (self.settings.repository / model).is_dir():
+        if not self.plane.source_has(model):
             return None
         try:
             local = self.plane.capture(model)
         except SnapshotError as exc:
             text = str(exc)
-            if ("still changing" in text or "on hold" in text or "awaiting" in text) and self.plane.reschedule:
+            retry = isinstance(exc, ObjectStoreError) or any(w in text for w in ("still changing", "on hold",
+                                                                                 "awaiting"))
+            if retry and self.plane.reschedule:
                 self.plane.reschedule(model, self.settings.settle_s)
             else:
                 self.registry.audit(AuditEntry("watcher", "snapshot", model, None, "failed", text))
