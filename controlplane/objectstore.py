@@ -77,21 +77,20 @@ def new_client() -> Any:
 def describe(exc: BaseException, what: str) -> ObjectStoreError:
     """One line for a boto3/botocore failure; `auth` set when retrying cannot help."""
     name = type(exc).__name__
-    code = ""
     response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = str(response.get("Error", {}).get("Code", ""))
+    error = response.get("Error", {}) if isinstance(response, dict) else {}
+    code, message = str(error.get("Code", "")), str(error.get("Message", ""))
     if name in ("NoCredentialsError", "PartialCredentialsError"):
         text, auth = "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)", True
     elif code in AUTH_CODES:
-        text, auth = f"refused: {code} ({response.get('Error', {}).get('Message', '')})".replace(" ()", ""), True  # type: ignore[union-attr]
+        text, auth = f"refused: {code}" + (f" ({message})" if message else ""), True
     elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"):
         text, auth = f"unreachable ({exc})", False
     else:
         text, auth = f"{code or name}: {exc}", False
-    error = ObjectStoreError(f"{what}: object storage {text}")
-    error.auth = auth
-    return error
+    failure = ObjectStoreError(f"{what}: object storage {text}")
+    failure.auth = auth
+    return failure
 
 
 def list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:

@@ -84,7 +84,10 @@ def test_object_by_object_upload_is_captured_only_whole(s3env: MotoServer, bucke
     assert src.lists > 0
 
 
-def test_multipart_upload_in_progress_is_never_taken(s3env: MotoServer, bucket: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parts", [pytest.param(8, marks=pytest.mark.slow, id="64MiB"), pytest.param(2, id="16MiB")])
+def test_multipart_upload_in_progress_is_never_taken(s3env: MotoServer, bucket: str, tmp_path: Path,
+                                                     parts: int) -> None:
+    """A weights file uploaded in 8 MiB parts (64 MiB behind -m slow), pauses between parts."""
     client = s3env.client()
     store = ContentStore(tmp_path / "store", fsync=False)
     put(client, bucket, "big", {"config.pbtxt": CONFIG, "1/model.py": b"GEN = 1\n"})
@@ -93,23 +96,23 @@ def test_multipart_upload_in_progress_is_never_taken(s3env: MotoServer, bucket: 
     part = os.urandom(8 << 20)
     key = "models/big/1/weights.bin"
     upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-    parts = []
-    for n in range(1, 9):  # 8 x 8 MiB = 64 MiB, a pause between parts longer than the settle window
+    done = []
+    for n in range(1, parts + 1):  # a pause after the first and the last part, longer than the settle window
         etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=part)["ETag"]
-        parts.append({"ETag": etag, "PartNumber": n})
-        if n in (1, 8):
+        done.append({"ETag": etag, "PartNumber": n})
+        if n in (1, parts):
             time.sleep(0.3)
             assert src.poll() == [] and settled == []
             with pytest.raises(SnapshotError, match="multipart upload of 1/weights.bin in progress"):
                 src.capture("big", store, settled=False)
-    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": done})
     src.poll()
     time.sleep(0.3)
     assert src.poll() == ["big"]
     snap = src.capture("big", store)
     weights = next(e for e in snap.entries if e.path == "1/weights.bin")
-    assert weights.size == 64 << 20
-    assert weights.sha256 == hashlib.sha256(part * 8).hexdigest()
+    assert weights.size == parts * (8 << 20)
+    assert weights.sha256 == hashlib.sha256(part * parts).hexdigest()
     assert src.downloads == 3
     # captured again: nothing changed in the listing, nothing is downloaded again
     again = src.capture("big", store, settled=False)
