@@ -85,7 +85,10 @@ def _repository(value: Any) -> Path | str:
     if isinstance(value, str) and value.startswith("s3://"):
         from controlplane.objectstore import S3Location
 
-        return S3Location.parse(value).url
+        try:
+            return S3Location.parse(value).url
+        except ConfigError:
+            raise ValueError("expected s3://BUCKET/PREFIX") from None
     return _path(value)
 
 

@@ -301,3 +301,31 @@ def test_empty_version_folders_survive_as_on_a_disk(s3env: MotoServer, bucket: s
     snap = S3Source(f"s3://{bucket}/models", lambda _m: None).capture("ens", store, settled=False)
     assert [(e.path, e.kind) for e in snap.entries] == [("1", "dir"), ("2", "dir"), ("config.pbtxt", "file")]
     assert (store.tree_path(snap.digest) / "1").is_dir()
+
+
+def test_repository_setting_takes_an_s3_url(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    from controlplane.config import load_settings
+
+    s = load_settings({"repository": "s3://bkt/team/models/"}, env={})
+    assert (s.repository, s.repository_url, s.poll_interval_s) == (None, "s3://bkt/team/models/", 2.0)
+    assert load_settings({}, env={"TRITONCTL_REPOSITORY_URL": "s3://bkt"}).repository_url == "s3://bkt/"
+    assert load_settings({"repository": str(tmp_path)}, env={}).repository == tmp_path
+    with pytest.raises(ConfigError, match="either a directory or an s3:// URL"):
+        load_settings({"repository": str(tmp_path), "repository_url": "s3://bkt/p"}, env={})
+    with pytest.raises(ConfigError, match=r"repository: invalid value 's3://' \(.*expected s3://BUCKET/PREFIX"):
+        load_settings({"repository": "s3://"}, env={})
+    # the flag keeps both slashes of the URL, and a bad one is one line, exit code 2
+    result = CliRunner().invoke(cli, ["daemon", "--repository", "s3://"], env={"TRITONCTL_CONFIG": None})
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_missing_boto3_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` meets when it is not installed
+    with pytest.raises(ConfigError) as info:
+        S3Source("s3://bkt/models", lambda _m: None)
+    assert str(info.value) == "object storage needs boto3: pip install 'tritonctl[s3]'"
