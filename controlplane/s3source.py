@@ -220,7 +220,8 @@ class S3Source:
                     state.signature, state.changed_at = signature, now
                 if state.handed == signature or now < state.not_before or self._held(listing):
                     continue
-                if now - state.changed_at >= self._settle or self._marked(listing):
+                # with a commit marker only the marker publishes (a capture without it would be refused)
+                if self._marked(listing) if self.commit_marker else now - state.changed_at >= self._settle:
                     state.handed = signature
                     due.append(name)
             for name in [n for n in self._models if n not in listings]:
