@@ -85,6 +85,8 @@ def s3fleet(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer,
         fleet.stop_all()
 
 
+@pytest.mark.slow  # ~20-30 s (PostgreSQL, two daemons, two tritonservers); the default suite has the
+# shared store's S3 round trip and corruption check in tests/test_s3_source.py
 def test_edits_reach_every_host_through_the_bucket(s3fleet: S3Fleet) -> None:
     write_gen_model(s3fleet.repo, MODEL, 1)
     s3fleet.wait_gen(1)
