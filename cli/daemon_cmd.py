@@ -12,7 +12,7 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 
 
 @click.command()
-@click.option("--repository", type=click.Path(path_type=Path, file_okay=False), help="Source repository to watch.")
+@click.option("--repository", help="Source repository to watch: a directory or s3://BUCKET/PREFIX.")
 @click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
               help="State directory [default: /var/lib/tritonctl].")
 @click.option("--db-url", help="SQLAlchemy URL of the registry [default: sqlite:///<state-dir>/registry.db].")
@@ -28,6 +28,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--settle", "settle_s", type=float, help="Settle window in seconds [default: 1.0, min 0.05].")
 @click.option("--policy", type=click.Choice(POLICIES), help="Global deploy policy [default: auto].")
 @click.option("--commit-marker", help="File name writers create last to mark a model complete.")
+@click.option("--poll-interval", "poll_interval_s", type=float,
+              help="Seconds between listings of an s3:// repository [default: 2.0].")
 @click.option("--socket", type=click.Path(path_type=Path), help="Control socket [default: <state-dir>/tritonctl.sock].")
 @click.option("--listen", help="Also listen on TCP HOST:PORT (requires --token-file).")
 @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), help="Token for --listen.")
@@ -37,8 +39,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--host", help="This host's name in the registry (fleet use).")
 @click.option("--fleet", is_flag=True, default=None,
               help="Join a fleet: --db-url is a PostgreSQL registry shared by every host (docs/fleet.md).")
-@click.option("--shared-store", type=click.Path(path_type=Path, file_okay=False),
-              help="Fleet: snapshot content directory every host reads and the leader writes.")
+@click.option("--shared-store",
+              help="Fleet: snapshot content every host reads and the leader writes: a directory or s3://BUCKET/PREFIX.")
 @click.option("--canary-hosts", help="Fleet: comma-separated hosts that take a new digest first.")
 @click.option("--canary-count", type=int, help="Fleet: without --canary-hosts, the first N hosts by name [1].")
 @click.option("--wave-size", type=int, help="Fleet: hosts per wave after the canaries [2].")

@@ -35,6 +35,7 @@ class Settings:
     """Everything the daemon needs, with units in the names."""
 
     repository: Path | None = None  # source repository people edit (watched)
+    repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX (docs/object-storage.md)
     state_dir: Path = Path("/var/lib/tritonctl")
     db_url: str | None = None  # default: sqlite:///<state_dir>/registry.db
     triton_url: str | None = None  # an external tritonserver (gRPC host:port)
@@ -64,12 +65,12 @@ class Settings:
     db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
     host: str = ""
     watch: str = "auto"  # how the repository is watched: auto (by filesystem type), inotify, poll
-    poll_interval_s: float = 2.0  # poll mode (and symlinked models): stat signatures this often
+    poll_interval_s: float = 2.0  # poll mode, symlinked models, s3:// listings: this often
     rescan_interval_s: float = 30.0  # inotify mode: every model's stat signature, the safety net
     keep_triton: bool = False  # SIGTERM leaves a launched tritonserver serving; the next start adopts it
     # Fleet (docs/fleet.md): with `fleet`, `db_url` is the PostgreSQL registry every host shares.
     fleet: bool = False
-    shared_store: Path | None = None  # snapshot content every host reads, the leader writes
+    shared_store: Path | str | None = None  # fleet content every host reads, the leader writes: a directory or s3://
     canary_hosts: str | None = None  # comma-separated; default: the first `canary_count` hosts by name
     canary_count: int = 1
     wave_size: int = 2
@@ -94,6 +95,24 @@ def _path(value: Any) -> Path:
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise ValueError("expected a path")
     return Path(value).expanduser()
+
+
+def _repository(value: Any) -> Path | str:
+    """A local directory, or an s3://BUCKET/PREFIX URL (load_settings moves it to `repository_url`)."""
+    if isinstance(value, str) and value.startswith("s3://"):
+        from controlplane.objectstore import S3Location
+
+        try:
+            return S3Location.parse(value).url
+        except ConfigError:
+            raise ValueError("expected s3://BUCKET/PREFIX") from None
+    return _path(value)
+
+
+def _s3_url(value: Any) -> str:
+    if not (isinstance(value, str) and value.startswith("s3://")):
+        raise ValueError("expected s3://BUCKET/PREFIX")
+    return str(_repository(value))
 
 
 def _bool(value: Any) -> bool:
@@ -177,7 +196,8 @@ def _listen(value: Any) -> str:
 
 
 PARSERS: dict[str, Callable[[Any], Any]] = {
-    "repository": _path,
+    "repository": _repository,
+    "repository_url": _s3_url,
     "state_dir": _path,
     "db_url": _text,
     "triton_url": _text,
@@ -206,11 +226,11 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "db_busy_timeout_s": _positive_float(0.1),
     "host": _text,
     "watch": _choice(WATCH_MODES),
-    "poll_interval_s": _positive_float(0.1),
+    "poll_interval_s": _positive_float(0.05),
     "rescan_interval_s": _positive_float(0.5),
     "keep_triton": _bool,
     "fleet": _bool,
-    "shared_store": _path,
+    "shared_store": _repository,  # a directory or s3://BUCKET/PREFIX
     "canary_hosts": _text,
     "canary_count": _positive_int,
     "wave_size": _positive_int,
@@ -286,7 +306,11 @@ def load_settings(
         if key not in PARSERS:
             raise ConfigError(f"flag: {key}: unknown setting")
         merged[key] = _parse(key, value, "flag")
+    if isinstance(merged.get("repository"), str):  # s3://...: the same setting, typed apart from a Path
+        merged["repository_url"] = merged.pop("repository")
     settings = Settings(**merged)
+    if settings.repository is not None and settings.repository_url:
+        raise ConfigError("repository: give either a directory or an s3:// URL (repository_url), not both")
     if settings.listen and not settings.token_file:
         raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
     if settings.triton_url and settings.launch_triton:

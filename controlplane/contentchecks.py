@@ -63,11 +63,11 @@ def smoke_problems(root: str, label: str, config: dict[str, Any] | None) -> list
     path = Path(root) / SMOKE_FILE
     if not path.is_file():
         return []
-    from controlplane.smoke import load_smoke_file  # numpy: only when there is a smoke file
+    from controlplane.smoke import load_smoke_file
 
     shown = f"{label}/{SMOKE_FILE}"
     try:
-        requests = load_smoke_file(path, label=shown)
+        requests = load_smoke_file(path, label=shown, build=False)  # every check, no arrays: no numpy
     except ModelConfigError as exc:
         return [(shown, str(exc).removeprefix(f"{shown}: "))]
     if config is None:

@@ -68,7 +68,7 @@ class Daemon:
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
-        self.watcher: RepositoryWatcher | None = None
+        self.watcher: Any = None  # RepositoryWatcher, or S3Source for an s3:// repository
         self.api: Any = None
         self.metrics: Any = None
         self.plane: ControlPlane | None = None
@@ -149,15 +149,18 @@ class Daemon:
 
         self.api = ApiServer(self.plane, self.executor, settings)
         self.api.start()
-        if settings.repository is not None:
+        if settings.repository_url:
+            self.watcher = self.plane.source = self._object_source()
+        elif settings.repository is not None:
             self.watcher = RepositoryWatcher(
                 settings.repository, self._settled.put, settle_s=settings.settle_s,
                 commit_marker=settings.commit_marker, watch=settings.watch,
                 poll_interval_s=settings.poll_interval_s, rescan_interval_s=settings.rescan_interval_s,
             )
+        if self.watcher is not None:
             self.plane.reschedule = self.watcher.reschedule
-            self.plane.watch_info = self.watcher.watch_info
-            self.plane.capture_margin_s = self.watcher.capture_margin_s
+            self.plane.watch_info = getattr(self.watcher, "watch_info", None)
+            self.plane.capture_margin_s = getattr(self.watcher, "capture_margin_s", None)
             if self.metrics is not None:
                 self.metrics.backlog = self.watcher.backlog
             self.watcher.start()
@@ -178,13 +181,28 @@ class Daemon:
             return ""
         return f"; inference: gRPC {server.grpc_url}, HTTP http://{server.http_url}"
 
+    def _object_source(self) -> Any:
+        """The s3:// source (docs/object-storage.md). Wrong credentials or bucket are one logged line:
+        what serves keeps serving, and the poller keeps trying (the credentials may be fixed)."""
+        from controlplane.errors import ConfigError
+        from controlplane.s3source import S3Source
+
+        s = self.settings
+        assert s.repository_url is not None
+        source = S3Source(s.repository_url, self._settled.put, settle_s=s.settle_s,
+                          poll_interval_s=s.poll_interval_s, commit_marker=s.commit_marker)
+        try:
+            source.check()
+        except ConfigError as exc:
+            log.error("%s; serving is unchanged", exc)
+        return source
+
     def _initial_scan(self) -> None:
         """Record (and, under auto policy, deploy) what the source holds now: step models first, up to
         `startup_parallelism` at once, then the ensembles over them. Progress goes to systemd's STATUS=."""
-        assert self.watcher is not None and self.plane is not None and self.settings.repository is not None
+        assert self.watcher is not None and self.plane is not None
         names = self.watcher.initial_scan()
-        repository = self.settings.repository
-        ensembles = sorted(n for n in names if is_ensemble_dir(repository / n))
+        ensembles = sorted(n for n in names if self._is_ensemble(n))
         members = sorted(set(names) - set(ensembles))
         total, done = len(names), 0
         with ThreadPoolExecutor(max_workers=max(1, self.settings.startup_parallelism),
@@ -196,6 +214,13 @@ class Daemon:
                     done += 1
                     if done % 50 == 0 or done == total:
                         systemd.status(f"initial scan: {done}/{total} models recorded or deployed")
+
+    def _is_ensemble(self, name: str) -> bool:
+        if self.plane is not None and self.plane.source is not None:  # s3://
+            text = self.plane.source.read_text(name, "config.pbtxt") or ""
+            return 'platform: "ensemble"' in text or 'platform:"ensemble"' in text
+        assert self.settings.repository is not None
+        return is_ensemble_dir(self.settings.repository / name)
 
     def _startup_one(self, name: str) -> None:
         assert self.plane is not None

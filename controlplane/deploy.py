@@ -174,7 +174,8 @@ class Deployer:
         def infer(
             name: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]
         ) -> dict[str, np.ndarray]:
-            return self.triton.infer(name, version, [(i.name, i.datatype, i.array) for i in inputs], outputs)
+            tensors = [(i.name, i.datatype, i.array) for i in inputs if i.array is not None]  # built: never None
+            return self.triton.infer(name, version, tensors, outputs)
 
         failures = run_smoke(model, requests, infer)
         if failures:

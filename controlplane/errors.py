@@ -39,6 +39,13 @@ class SnapshotError(TritonctlError):
     """A model's content could not be captured (still changing, unreadable, on hold)."""
 
 
+class ObjectStoreError(SnapshotError):
+    """S3-compatible object storage (a source repository or the fleet's shared store) refused or did
+    not answer a request; `auth` when retrying cannot help (credentials, permissions, no such bucket)."""
+
+    auth: bool = False
+
+
 class StoreError(TritonctlError):
     """The registry database failed (locked, unreachable, out of space)."""
 

@@ -21,7 +21,7 @@ from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
 from controlplane.ensemblemembers import content_problems
 from controlplane.ensembles import members as ensemble_members
-from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
 from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
@@ -77,6 +77,7 @@ class ControlPlane:
         self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
         self.capture_margin_s: Callable[[], float] | None = None  # set by the daemon (watcher)
         self.http_url: str | None = None  # the launched tritonserver's HTTP inference URL (set by the daemon)
+        self.source: Any = None  # an S3Source when the repository is s3:// (set by the daemon)
         # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
         self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
         # The FleetMember with --fleet: rollback, unload, pin, unpin and policy act on the fleet, or with
@@ -113,13 +114,17 @@ class ControlPlane:
         the settle window, measured now, not when the watcher fired (the capture may run later, when
         the writer has begun its next edit). `tritonctl load` asks for what is there now."""
         validate_model_name(model)
-        if self.settings.repository is None:
+        if self.settings.repository is None and self.source is None:
             raise UsageError("the daemon has no source repository (--repository)")
-        source = self.settings.repository / model
         with self._capture_lock(model):
-            margin = self.capture_margin_s() if self.capture_margin_s else 0.0  # a network mount's caches
-            snapshot = self.store.capture(source, model, commit_marker=self.settings.commit_marker,
-                                          quiet_s=self.settings.settle_s + margin if settled else 0.0)
+            if self.source is not None:  # object storage: same rules, listed instead of stat'ed
+                snapshot = self.source.capture(model, self.store, settled=settled)
+            else:
+                assert self.settings.repository is not None
+                margin = self.capture_margin_s() if self.capture_margin_s else 0.0  # a network mount's caches
+                snapshot = self.store.capture(self.settings.repository / model, model,
+                                              commit_marker=self.settings.commit_marker,
+                                              quiet_s=self.settings.settle_s + margin if settled else 0.0)
             tree = self.store.tree_path(snapshot.digest)
             result = validate_model_dir(tree, name=model)
             prefix = f"{tree.name}/"
@@ -160,12 +165,13 @@ class ControlPlane:
         except UsageError as exc:
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", None, None, "invalid", str(exc)))
             return None
-        assert self.settings.repository is not None
-        entry = self.settings.repository / model
-        if entry.is_symlink() and not entry.is_dir():
-            self._report_dangling(model, entry)
-            return None
-        if not entry.is_dir():
+        if self.source is None:
+            assert self.settings.repository is not None
+            entry = self.settings.repository / model
+            if entry.is_symlink() and not entry.is_dir():
+                self._report_dangling(model, entry)
+                return None
+        if not self.source_has(model):
             existing = self.registry.find_model(model)
             if existing is not None and existing.removed_at is None:
                 self.registry.update_model(model, removed_at=queries.now())
@@ -189,11 +195,18 @@ class ControlPlane:
         log.warning("%s: %s", model, message)
         self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", message))
 
+    def source_has(self, model: str) -> bool:
+        """Whether the source repository (a directory or object storage) holds `model` now."""
+        if self.source is not None:
+            return bool(self.source.exists(model))
+        assert self.settings.repository is not None
+        return (self.settings.repository / model).is_dir()
+
     def _capture_and_decide(self, model: str) -> Outcome | None:
         try:
             record = self.capture(model)
-        except StoreError as exc:
-            # The registry is busy or unreachable: nothing was recorded; try again later.
+        except (StoreError, ObjectStoreError) as exc:
+            # The registry or object storage is busy or unreachable: nothing was recorded; try again later.
             log.error("%s: %s; retrying after the settle window", model, exc)
             if self.reschedule:
                 self.reschedule(model, max(self.settings.settle_s, 1.0))

@@ -27,30 +27,35 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where arrays are built: `validate` checks a smoke file without it
+    import numpy as np
 
 from controlplane.errors import ModelConfigError, TritonError, TritonTimeoutError
 
 SMOKE_FILE = "smoke.json"
 DEFAULT_TOLERANCE = 1e-6
 
-# Triton's wire datatypes that numpy can hold (BF16 has no numpy type).
-DATATYPES: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
+# Triton's wire datatypes that numpy can hold (BF16 has no numpy type), with numpy's name for each.
+DATATYPES: dict[str, str] = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+    "BYTES": "object",
+}
+_INT_RANGES = {
+    f"{'U' if unsigned else ''}INT{bits}": ((0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1))
+    for bits in (8, 16, 32, 64) for unsigned in (True, False)
 }
 
 _REQUEST_KEYS = {"version", "inputs", "outputs"}
@@ -62,13 +67,13 @@ _OUTPUT_KEYS = {"name", "data", "shape", "tolerance"}
 class SmokeInput:
     name: str
     datatype: str
-    array: np.ndarray  # BYTES: object array of bytes (UTF-8)
+    array: np.ndarray | None  # BYTES: object array of bytes (UTF-8); None when only checked
 
 
 @dataclass(frozen=True)
 class SmokeOutput:
     name: str
-    expected: np.ndarray  # object array of str for BYTES outputs, float64/bool otherwise
+    expected: np.ndarray | None  # object array of str for BYTES outputs, float64/bool otherwise; None when only checked
     tolerance: float
     shape: tuple[int, ...] | None
 
@@ -81,7 +86,7 @@ class SmokeRequest:
 
 
 # (model, version, inputs, output_names) -> {output name: array}; BYTES outputs may be bytes or str.
-InferFn = Callable[[str, str, Sequence[SmokeInput], Sequence[str]], dict[str, np.ndarray]]
+InferFn = Callable[[str, str, Sequence[SmokeInput], Sequence[str]], "dict[str, np.ndarray]"]
 
 
 class _Bad(Exception):
@@ -94,9 +99,10 @@ class _Bad(Exception):
 # ---------------------------------------------------------------- parsing
 
 
-def load_smoke_file(path: Path, label: str | None = None) -> list[SmokeRequest]:
+def load_smoke_file(path: Path, label: str | None = None, build: bool = True) -> list[SmokeRequest]:
     """Parse and check `path`; raise ModelConfigError naming the file (`label`, e.g. linear/smoke.json)
-    and the field at fault."""
+    and the field at fault. `build=False` runs every check but builds no arrays (no numpy import):
+    what `validate` needs."""
     path = Path(path)
     label = label or (f"{path.parent.name}/{path.name}" if path.parent.name else path.name)
     try:
@@ -109,22 +115,22 @@ def load_smoke_file(path: Path, label: str | None = None) -> list[SmokeRequest]:
         where = f"line {exc.lineno} col {exc.colno}"
         raise ModelConfigError(f"{label}: invalid JSON at {where}: {exc.msg}") from exc
     try:
-        return _parse_document(document)
+        return _parse_document(document, build)
     except _Bad as exc:
         raise ModelConfigError(f"{label}: {exc}") from exc
 
 
-def _parse_document(document: object) -> list[SmokeRequest]:
+def _parse_document(document: object, build: bool) -> list[SmokeRequest]:
     if not isinstance(document, dict):
         raise _Bad("(top level)", "expected an object with a 'requests' list")
     _no_unknown_keys("(top level)", document, {"requests"})
     requests = document.get("requests")
     if not isinstance(requests, list) or not requests:
         raise _Bad("requests", "expected a non-empty list")
-    return [_parse_request(f"requests[{i}]", item) for i, item in enumerate(requests)]
+    return [_parse_request(f"requests[{i}]", item, build) for i, item in enumerate(requests)]
 
 
-def _parse_request(field: str, item: object) -> SmokeRequest:
+def _parse_request(field: str, item: object, build: bool) -> SmokeRequest:
     if not isinstance(item, dict):
         raise _Bad(field, "expected an object")
     _no_unknown_keys(field, item, _REQUEST_KEYS)
@@ -132,12 +138,12 @@ def _parse_request(field: str, item: object) -> SmokeRequest:
     raw_inputs = item.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _Bad(f"{field}.inputs", "expected a non-empty list")
-    inputs = tuple(_parse_input(f"{field}.inputs[{i}]", x) for i, x in enumerate(raw_inputs))
+    inputs = tuple(_parse_input(f"{field}.inputs[{i}]", x, build) for i, x in enumerate(raw_inputs))
     _unique_names(f"{field}.inputs", [x.name for x in inputs])
     raw_outputs = item.get("outputs", [])
     if not isinstance(raw_outputs, list):
         raise _Bad(f"{field}.outputs", "expected a list")
-    outputs = tuple(_parse_output(f"{field}.outputs[{i}]", x) for i, x in enumerate(raw_outputs))
+    outputs = tuple(_parse_output(f"{field}.outputs[{i}]", x, build) for i, x in enumerate(raw_outputs))
     _unique_names(f"{field}.outputs", [x.name for x in outputs])
     return SmokeRequest(inputs=inputs, outputs=outputs, version=version)
 
@@ -152,7 +158,7 @@ def _parse_version(field: str, value: object) -> str:
     raise _Bad(field, f'expected a version number such as "1", got {value!r}')
 
 
-def _parse_input(field: str, item: object) -> SmokeInput:
+def _parse_input(field: str, item: object, build: bool) -> SmokeInput:
     if not isinstance(item, dict):
         raise _Bad(field, "expected an object")
     _no_unknown_keys(field, item, _INPUT_KEYS)
@@ -166,11 +172,11 @@ def _parse_input(field: str, item: object) -> SmokeInput:
     shape = _parse_shape(f"{field}.shape", item["shape"])
     if "data" not in item:
         raise _Bad(f"{field}.data", "missing")
-    array = _parse_data(f"{field}.data", item["data"], datatype, shape)
+    array = _parse_data(f"{field}.data", item["data"], datatype, shape, build)
     return SmokeInput(name=name, datatype=datatype, array=array)
 
 
-def _parse_output(field: str, item: object) -> SmokeOutput:
+def _parse_output(field: str, item: object, build: bool) -> SmokeOutput:
     if not isinstance(item, dict):
         raise _Bad(field, "expected an object")
     _no_unknown_keys(field, item, _OUTPUT_KEYS)
@@ -181,7 +187,7 @@ def _parse_output(field: str, item: object) -> SmokeOutput:
         raise _Bad(f"{field}.tolerance", f"expected a number >= 0, got {tolerance!r}")
     if "data" not in item:
         raise _Bad(f"{field}.data", "missing")
-    expected = _parse_expected(f"{field}.data", item["data"], shape)
+    expected = _parse_expected(f"{field}.data", item["data"], shape, build)
     return SmokeOutput(name=name, expected=expected, tolerance=float(tolerance), shape=shape)
 
 
@@ -233,7 +239,7 @@ def _check_layout(field: str, layout: tuple[int, ...], count: int, shape: tuple[
         raise _Bad(field, f"{count} values do not fill shape {list(shape)} ({wanted} values)")
 
 
-def _parse_data(field: str, data: object, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+def _parse_data(field: str, data: object, datatype: str, shape: tuple[int, ...], build: bool) -> np.ndarray | None:
     layout, leaves = _layout(field, data)
     _check_layout(field, layout, len(leaves), shape)
     if datatype == "BYTES":
@@ -242,36 +248,49 @@ def _parse_data(field: str, data: object, datatype: str, shape: tuple[int, ...])
             if not isinstance(leaf, str):
                 raise _Bad(field, f"value {i}: BYTES data must be strings, got {leaf!r}")
             encoded.append(leaf.encode("utf-8"))
+        if not build:
+            return None
+        import numpy as np
+
         array = np.empty(len(encoded), dtype=np.object_)
         array[:] = encoded
         return array.reshape(shape)
-    dtype = DATATYPES[datatype]
     for i, leaf in enumerate(leaves):
         if datatype == "BOOL":
             if not isinstance(leaf, bool):
                 raise _Bad(field, f"value {i}: BOOL data must be true/false, got {leaf!r}")
         elif isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
             raise _Bad(field, f"value {i}: {datatype} data must be numbers, got {leaf!r}")
-        elif np.issubdtype(dtype, np.integer):
-            info = np.iinfo(dtype)
-            if not (isinstance(leaf, int) or float(leaf).is_integer()) or not info.min <= leaf <= info.max:
+        elif datatype in _INT_RANGES:
+            low, high = _INT_RANGES[datatype]
+            if not (isinstance(leaf, int) or float(leaf).is_integer()) or not low <= leaf <= high:
                 raise _Bad(field, f"value {i}: {leaf!r} is not a {datatype}")
-    return np.array(leaves, dtype=dtype).reshape(shape)
+    if not build:
+        return None
+    import numpy as np
+
+    return np.array(leaves, dtype=DATATYPES[datatype]).reshape(shape)
 
 
-def _parse_expected(field: str, data: object, shape: tuple[int, ...] | None) -> np.ndarray:
+def _parse_expected(field: str, data: object, shape: tuple[int, ...] | None, build: bool) -> np.ndarray | None:
     layout, leaves = _layout(field, data)
     if shape is not None:
         _check_layout(field, layout, len(leaves), shape)
     target = shape if shape is not None else layout
     if leaves and all(isinstance(leaf, str) for leaf in leaves):
-        return np.array(leaves, dtype=np.object_).reshape(target)
-    if all(isinstance(leaf, bool) for leaf in leaves):
-        return np.array(leaves, dtype=np.bool_).reshape(target)
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
-            raise _Bad(field, f"value {i}: expected all numbers, all booleans or all strings, got {leaf!r}")
-    return np.array(leaves, dtype=np.float64).reshape(target)
+        kind = "object"
+    elif all(isinstance(leaf, bool) for leaf in leaves):
+        kind = "bool"
+    else:
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
+                raise _Bad(field, f"value {i}: expected all numbers, all booleans or all strings, got {leaf!r}")
+        kind = "float64"
+    if not build:
+        return None
+    import numpy as np
+
+    return np.array(leaves, dtype=kind).reshape(target)
 
 
 def _no_unknown_keys(field: str, item: dict[str, object], allowed: set[str]) -> None:
@@ -311,12 +330,15 @@ def run_smoke(model: str, requests: Sequence[SmokeRequest], infer: InferFn) -> l
 
 
 def _compare(output: SmokeOutput, got: np.ndarray | None) -> str | None:
+    import numpy as np
+
     if got is None:
         return "missing from the response"
     got = np.asarray(got)
     if output.shape is not None and tuple(got.shape) != output.shape:
         return f"has shape {list(got.shape)}, expected {list(output.shape)}"
     expected = output.expected
+    assert expected is not None, "a smoke file checked with build=False cannot be run"
     if got.size != expected.size:
         return f"has {got.size} values (shape {list(got.shape)}), expected {expected.size}"
     flat_got, flat_expected = got.reshape(-1), expected.reshape(-1)
@@ -345,6 +367,8 @@ def _compare(output: SmokeOutput, got: np.ndarray | None) -> str | None:
 
 
 def _as_text(value: object) -> str:
+    import numpy as np
+
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", errors="replace")
     if isinstance(value, np.bytes_):
@@ -355,6 +379,8 @@ def _as_text(value: object) -> str:
 def _index(flat: int, shape: tuple[int, ...]) -> str:
     if len(shape) <= 1:
         return f"index {flat}"
+    import numpy as np
+
     return f"index {list(int(i) for i in np.unravel_index(flat, shape))}"
 
 
@@ -379,6 +405,7 @@ def grpc_infer_fn(client: Any, headers: dict[str, str] | None = None, timeout_s:
     ) -> dict[str, np.ndarray]:
         tensors = []
         for item in inputs:
+            assert item.array is not None, "a smoke file checked with build=False cannot be run"
             tensor = grpcclient.InferInput(item.name, list(item.array.shape), item.datatype)
             tensor.set_data_from_numpy(item.array)
             tensors.append(tensor)

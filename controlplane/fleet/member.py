@@ -21,10 +21,10 @@ from typing import Any
 
 from controlplane.config import Settings
 from controlplane.deploy import Outcome, Progress, ProgressFn
-from controlplane.errors import SnapshotError, StoreError, TritonctlError
+from controlplane.errors import ObjectStoreError, SnapshotError, StoreError, TritonctlError
 from controlplane.fleet.election import LeaderElection, connect
 from controlplane.fleet.settings import FleetSettings
-from controlplane.fleet.sharedstore import SharedStore
+from controlplane.fleet.sharedstore import open_shared_store
 from controlplane.fleet.store import CHANNEL, FleetStore, Step, audit_event
 from controlplane.fleet.verbs import FleetVerbs
 from controlplane.modelconfig import is_ensemble_dir, validate_model_dir
@@ -54,7 +54,7 @@ class FleetMember:
         self.host = settings.host
         self.registry = shared_registry
         self.store = FleetStore(shared_registry)
-        self.shared = SharedStore(fleet.shared_store)
+        self.shared = open_shared_store(fleet.shared_store)
         self.started_at = utcnow()
         self._stop = threading.Event()
         self._wake_agent = threading.Event()
@@ -163,23 +163,27 @@ class FleetMember:
 
     def _scan(self) -> None:
         repo = self.settings.repository
-        if repo is None or not repo.is_dir():
+        if self.plane.source is not None:  # an s3:// source (docs/object-storage.md)
+            names = self.plane.source.initial_scan()
+        elif repo is None or not repo.is_dir():
             return
-        names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
-        names.sort(key=lambda n: is_ensemble_dir(repo / n))  # ensembles after their members (stable)
+        else:
+            names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
+            names.sort(key=lambda n: is_ensemble_dir(repo / n))  # ensembles after their members (stable)
         with self._settled_lock:
             self._settled.extend(n for n in names if n not in self._settled)
 
     def record(self, model: str) -> SnapshotRecord | None:
         """Capture locally, export to the shared store, record in the shared registry (once per content)."""
-        assert self.settings.repository is not None
-        if not (self.settings.repository / model).is_dir():
+        if not self.plane.source_has(model):
             return None
         try:
             local = self.plane.capture(model)
         except SnapshotError as exc:
             text = str(exc)
-            if ("still changing" in text or "on hold" in text or "awaiting" in text) and self.plane.reschedule:
+            retry = isinstance(exc, ObjectStoreError) or any(w in text for w in ("still changing", "on hold",
+                                                                                 "awaiting"))
+            if retry and self.plane.reschedule:
                 self.plane.reschedule(model, self.settings.settle_s)
             else:
                 self.registry.audit(AuditEntry("watcher", "snapshot", model, None, "failed", text))

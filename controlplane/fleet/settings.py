@@ -12,7 +12,7 @@ from controlplane.errors import ConfigError
 
 @dataclass(frozen=True)
 class FleetSettings:
-    shared_store: Path  # object store directory every host can read; the leader writes it
+    shared_store: Path | str  # a directory or s3://BUCKET/PREFIX every host can read; the leader writes it
     canary_hosts: tuple[str, ...] = ()  # explicit canary set; default: the first `canary_count` by name
     canary_count: int = 1
     wave_size: int = 2  # hosts per wave after the canaries
@@ -29,7 +29,7 @@ def from_settings(settings: Settings) -> FleetSettings:
                           host_timeout_s=settings.liveness_s, converge_s=settings.converge_s)
 
 
-def fleet_settings(db_url: str | None, host: str, shared_store: Path | None, canary_hosts: str | None,
+def fleet_settings(db_url: str | None, host: str, shared_store: Path | str | None, canary_hosts: str | None,
                    canary_count: int | None, wave_size: int | None, *, heartbeat_s: float = 1.0,
                    host_timeout_s: float = 10.0, converge_s: float = 2.0) -> FleetSettings:
     """Validate the fleet flags against the daemon's settings (one-line ConfigErrors)."""
@@ -46,6 +46,7 @@ def fleet_settings(db_url: str | None, host: str, shared_store: Path | None, can
     canaries = tuple(h.strip() for h in (canary_hosts or "").split(",") if h.strip())
     if host_timeout_s <= heartbeat_s:
         raise ConfigError(f"fleet: liveness_s ({host_timeout_s:g}) must be longer than heartbeat_s ({heartbeat_s:g})")
-    return FleetSettings(shared_store=Path(shared_store), canary_hosts=canaries, canary_count=canary_count or 1,
+    store: Path | str = str(shared_store) if str(shared_store).startswith("s3://") else Path(shared_store)
+    return FleetSettings(shared_store=store, canary_hosts=canaries, canary_count=canary_count or 1,
                          wave_size=wave_size or 2, heartbeat_s=heartbeat_s, host_timeout_s=host_timeout_s,
                          converge_s=converge_s)

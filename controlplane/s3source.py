@@ -1,0 +1,428 @@
+"""A source repository on S3-compatible object storage, with the same atomic-snapshot guarantee as a
+local one (docs/object-storage.md).
+
+Object storage has no inotify and no rename: writers (`aws s3 sync`, CI jobs) put a model object by
+object, pause between objects, delete and re-put, and upload big files in parts. `S3Source` stands in
+for the local watcher: every `poll_interval_s` it lists the prefix once (keys, sizes, ETags,
+last-modified; one LIST per 1000 keys, plus one ListMultipartUploads), groups the objects per model
+(`PREFIX/MODEL/...`) and hands a model on when its listing held still for the settle window, or at once
+when its commit marker appeared with nothing newer than it. A `.tritonctl-hold` object or a multipart
+upload in progress under the model holds it back.
+
+`capture` lists the model again, refuses what the listing says is not ready (hold, upload in progress,
+missing or stale marker, changed within the settle window), downloads every object straight into the
+content store (conditional GETs: the ETag and size must be the listing's; an object whose key, size
+and ETag were captured before is not downloaded again), lists once more and refuses the snapshot as
+"still changing" if anything differs. The snapshot is then an ordinary content-store tree: validation,
+the registry and deploys do not know where it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane import objectstore
+from controlplane.errors import ConfigError, ObjectStoreError, SnapshotError
+from controlplane.objectstore import S3Location
+from controlplane.snapshot import (
+    CONFIG_FILE,
+    HOLD_FILE,
+    MAX_CONFIG_BYTES,
+    ContentStore,
+    ManifestEntry,
+    Snapshot,
+    is_ignored_name,
+    write_atomic,
+)
+
+log = logging.getLogger("tritonctl.s3source")
+
+FILE_MODE, DIR_MODE = 0o644, 0o755  # object storage has no modes: every S3 snapshot gets these
+_CACHE_MAX = 50_000
+Signature = frozenset[tuple[str, int, str, float]]  # (key below the model, size, ETag, last-modified)
+
+
+@dataclass
+class _ModelState:
+    signature: Signature
+    changed_at: float  # monotonic time the listing last changed
+    handed: Signature | None = None  # the listing last handed on (None: hand on when due)
+    not_before: float = 0.0  # reschedule(): not before this monotonic time
+
+
+@dataclass
+class Listing:
+    """What one LIST says about one model."""
+
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # key below the model -> row
+    uploading: list[str] = field(default_factory=list)  # keys with a multipart upload in progress
+
+    @property
+    def signature(self) -> Signature:
+        return frozenset((rel, int(r["Size"]), str(r["ETag"]), r["LastModified"].timestamp())
+                         for rel, r in self.objects.items())
+
+
+class S3Source:
+    """Poll `s3://BUCKET/PREFIX` and call `on_settled(model)`; capture a model into a ContentStore.
+
+    Offers what the daemon asks of the local `RepositoryWatcher` (start, stop, reschedule, backlog,
+    initial_scan, set_settle, settle_s) plus `exists`, `read_text` and `capture`.
+    """
+
+    def __init__(self, url: str, on_settled: Callable[[str], None], *, settle_s: float = 1.0,
+                 poll_interval_s: float = 2.0, commit_marker: str | None = None, client: Any = None) -> None:
+        self.location = S3Location.parse(url)
+        self._client = client or objectstore.new_client()
+        self._on_settled = on_settled
+        self._settle = float(settle_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self.commit_marker = commit_marker
+        self._models: dict[str, _ModelState] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing: str | None = None  # the last poll's error, logged once per outage
+        self._cache_lock = threading.RLock()
+        self.lists = self.downloads = self.bytes_downloaded = 0  # counters for tests and docs
+
+    # -- listing -----------------------------------------------------------------------------------
+    def _list(self, model: str | None = None) -> dict[str, Listing]:
+        prefix = self.location.prefix + (f"{model}/" if model else "")
+        try:
+            rows = objectstore.list_objects(self._client, self.location.bucket, prefix)
+            uploads = objectstore.list_uploads(self._client, self.location.bucket, prefix)
+        except Exception as exc:
+            raise objectstore.describe(exc, f"listing {self.location.url}{model or ''}") from None
+        finally:
+            self.lists += 2
+        listings: dict[str, Listing] = {}
+        base = len(self.location.prefix)
+        for row in rows:
+            name, sep, rel = row["Key"][base:].partition("/")
+            if sep and name and not is_ignored_name(name):
+                listings.setdefault(name, Listing()).objects[rel] = row
+        for key in uploads:
+            name, sep, rel = key[base:].partition("/")
+            if sep and name and not is_ignored_name(name):
+                listings.setdefault(name, Listing()).uploading.append(rel)
+        return listings
+
+    def check(self) -> None:
+        """One LIST now; a one-line ConfigError when the credentials or the bucket are wrong."""
+        try:
+            self._list()
+        except ObjectStoreError as exc:
+            if exc.auth:
+                raise ConfigError(str(exc)) from None
+            log.warning("%s; serving is unchanged, retrying every %.1f s", exc, self.poll_interval_s)
+
+    # -- what the daemon asks of a watcher -----------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="tritonctl-s3poll", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(30)
+        self._thread = None
+
+    def reschedule(self, model: str, delay_s: float) -> None:
+        with self._lock:
+            state = self._models.get(model)
+            if state is not None:
+                state.handed = None
+                state.not_before = time.monotonic() + max(0.0, delay_s)
+
+    def backlog(self) -> int:
+        with self._lock:
+            return sum(1 for s in self._models.values() if s.handed != s.signature)
+
+    def set_settle(self, settle_s: float) -> None:
+        self._settle = float(settle_s)
+
+    @property
+    def settle_s(self) -> float:
+        return self._settle
+
+    def initial_scan(self) -> list[str]:
+        """Models under the prefix now; each counts as settled since its newest object's last-modified."""
+        try:
+            listings = self._list()
+        except ObjectStoreError as exc:
+            log.warning("%s; the start-up scan waits for the next poll", exc)
+            return []
+        now, wall = time.monotonic(), time.time()
+        with self._lock:
+            for name, listing in listings.items():
+                newest = max((r["LastModified"].timestamp() for r in listing.objects.values()), default=wall)
+                self._models[name] = _ModelState(listing.signature, now - max(0.0, wall - newest),
+                                                 handed=listing.signature)
+        return sorted(listings)
+
+    def exists(self, model: str) -> bool:
+        """Whether the model has objects under the prefix now (a LIST of at most one key)."""
+        try:
+            answer = self._client.list_objects_v2(Bucket=self.location.bucket,
+                                                  Prefix=self.location.key(model, ""), MaxKeys=1)
+        except Exception as exc:
+            raise objectstore.describe(exc, f"listing {self.location.url}{model}") from None
+        return bool(answer.get("KeyCount", len(answer.get("Contents", ()))))
+
+    def read_text(self, model: str, name: str) -> str | None:
+        try:
+            body = self._client.get_object(Bucket=self.location.bucket, Key=self.location.key(model, name))["Body"]
+            return str(body.read(MAX_CONFIG_BYTES).decode(errors="replace"))
+        except Exception:  # noqa: BLE001 - absent or unreadable: the caller treats it as absent
+            return None
+
+    # -- polling -----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - one bad poll must not stop the poller
+                log.exception("s3 poll failed")
+
+    def poll(self) -> list[str]:
+        """List once, update every model's state, hand on the models that are due; their names."""
+        try:
+            listings = self._list()
+        except ObjectStoreError as exc:
+            if str(exc) != self._failing:
+                log.warning("%s; serving is unchanged, retrying every %.1f s", exc, self.poll_interval_s)
+            self._failing = str(exc)
+            return []
+        if self._failing:
+            log.info("object storage %s answers again", self.location.url)
+            self._failing = None
+        now = time.monotonic()
+        due: list[str] = []
+        with self._lock:
+            for name, listing in listings.items():
+                signature = listing.signature
+                state = self._models.get(name)
+                if state is None:
+                    state = self._models[name] = _ModelState(signature, now)
+                elif state.signature != signature:
+                    state.signature, state.changed_at = signature, now
+                if state.handed == signature or now < state.not_before or self._held(listing):
+                    continue
+                # with a commit marker only the marker publishes (a capture without it would be refused)
+                if self._marked(listing) if self.commit_marker else now - state.changed_at >= self._settle:
+                    state.handed = signature
+                    due.append(name)
+            for name in [n for n in self._models if n not in listings]:
+                del self._models[name]  # removed from the source: the consumer decides what that means
+                due.append(name)
+        for name in due:
+            try:
+                self._on_settled(name)
+            except Exception:  # noqa: BLE001
+                log.exception("s3 source: on_settled(%r) failed", name)
+        return due
+
+    @staticmethod
+    def _held(listing: Listing) -> bool:
+        return HOLD_FILE in listing.objects or bool(listing.uploading)
+
+    def _marked(self, listing: Listing) -> bool:
+        """The commit marker is there and no object is newer than it."""
+        marker = listing.objects.get(self.commit_marker) if self.commit_marker else None
+        if marker is None:
+            return False
+        return all(r["LastModified"] <= marker["LastModified"] for r in listing.objects.values())
+
+    def _quiet(self, model: str, signature: Signature) -> bool:
+        """The poller saw this very listing hold still for the settle window (True when not polling)."""
+        if self._thread is None:
+            return True
+        with self._lock:
+            state = self._models.get(model)
+            return state is not None and state.signature == signature and \
+                time.monotonic() - state.changed_at >= self._settle
+
+    # -- capture -----------------------------------------------------------------------------------
+    def capture(self, model: str, store: ContentStore, *, settled: bool = True) -> Snapshot:
+        """Snapshot the model's objects if complete and holding still; SnapshotError otherwise."""
+        before = self._list(model).get(model)
+        if before is None or not before.objects:
+            raise SnapshotError(f"{model}: no objects under {self.location.url}{model}/")
+        self._check_ready(model, before, settled)
+        wanted = self._content(model, before)
+        shas = self._fetch(model, store, wanted)
+        after = self._list(model).get(model) or Listing()
+        if after.signature != before.signature or after.uploading:
+            raise SnapshotError(f"{model}: still changing ({_first_difference(before, after)})")
+        entries: dict[str, ManifestEntry] = {}
+        for rel, row in wanted.items():
+            parts = rel.split("/")
+            for i in range(1, len(parts)):
+                path = "/".join(parts[:i])
+                entries.setdefault(path, ManifestEntry(path, "dir", 0, DIR_MODE, ""))
+            if rel.endswith("/"):  # a folder object (or the folder of debris): a directory
+                entries.setdefault(rel[:-1], ManifestEntry(rel[:-1], "dir", 0, DIR_MODE, ""))
+                continue
+            entries[rel] = ManifestEntry(rel, "file", int(row["Size"]), FILE_MODE, shas[rel])
+        snapshot = Snapshot.from_entries(model, list(entries.values()))
+        try:
+            with store.reading():
+                store._materialize(snapshot)  # noqa: SLF001 - the store's own tree builder, from stored objects
+        except OSError as exc:
+            raise SnapshotError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
+        return snapshot
+
+    def _check_ready(self, model: str, listing: Listing, settled: bool) -> None:
+        if HOLD_FILE in listing.objects:
+            raise SnapshotError(f"{model}: on hold ({HOLD_FILE} present)")
+        if listing.uploading:
+            raise SnapshotError(f"{model}: still changing (multipart upload of {listing.uploading[0]} in progress)")
+        marker_ok = False
+        if self.commit_marker:
+            marker = listing.objects.get(self.commit_marker)
+            if marker is None:
+                raise SnapshotError(f"{model}: awaiting commit marker {self.commit_marker}")
+            newer = sorted(rel for rel, r in listing.objects.items() if r["LastModified"] > marker["LastModified"])
+            if newer:
+                raise SnapshotError(f"{model}: awaiting commit marker {self.commit_marker} (older than {newer[0]})")
+            marker_ok = True
+        if settled and not marker_ok:
+            newest = max(r["LastModified"].timestamp() for r in listing.objects.values())
+            age_s = time.time() - newest
+            if -1.0 <= age_s < self._settle or not self._quiet(model, listing.signature):
+                raise SnapshotError(f"{model}: still changing (last change {max(age_s, 0.0):.2f} s ago,"
+                                    f" settle window {self._settle:g} s)")
+
+    def _content(self, model: str, listing: Listing) -> dict[str, dict[str, Any]]:
+        """The objects that make the snapshot: no debris, no marker; keys that are safe paths."""
+        wanted: dict[str, dict[str, Any]] = {}
+        for rel, row in sorted(listing.objects.items()):
+            if rel == self.commit_marker or not rel:
+                continue
+            parts = rel.rstrip("/").split("/")
+            if any(p in ("", ".", "..") for p in parts) or "\\" in rel or "\0" in rel:
+                raise SnapshotError(f"{model}: object key {rel!r} is not a safe path; refusing to capture it")
+            if any(is_ignored_name(p) for p in parts):
+                # debris is left out, but the folders above it exist, as on a disk: an ensemble's empty
+                # version folder is often kept in a bucket by a `1/.gitkeep` or a `1/` folder object
+                first = next(i for i, p in enumerate(parts) if is_ignored_name(p))
+                if first:
+                    wanted.setdefault("/".join(parts[:first]) + "/", {"Size": 0})
+                continue
+            if rel.endswith("/") and int(row["Size"]):
+                raise SnapshotError(f"{model}: object key {rel!r} ends with '/' but has content")
+            if rel == CONFIG_FILE and int(row["Size"]) > MAX_CONFIG_BYTES:
+                raise SnapshotError(f"{model}: {CONFIG_FILE} is {row['Size']} bytes, over the {MAX_CONFIG_BYTES}-byte"
+                                    " limit; refusing to capture it")
+            wanted[rel] = row
+        files = {rel for rel in wanted if not rel.endswith("/")}
+        clash = next((rel for rel in files if any(f.startswith(rel + "/") for f in files)), None)
+        if clash:
+            raise SnapshotError(f"{model}: {clash} is both an object and a folder; refusing to capture it")
+        return wanted
+
+    def _fetch(self, model: str, store: ContentStore, wanted: dict[str, dict[str, Any]]) -> dict[str, str]:
+        """sha256 of every wanted object, each stored as a content-store object (downloaded at most once)."""
+        cache = self._load_cache(store)
+        shas: dict[str, str] = {}
+        todo: list[tuple[str, dict[str, Any]]] = []
+        for rel, row in wanted.items():
+            if rel.endswith("/"):
+                continue
+            sha = cache.get(_cache_key(self.location.key(model, rel), row))
+            if sha is not None and _stored(store, sha, int(row["Size"])):
+                shas[rel] = sha
+            else:
+                todo.append((rel, row))
+
+        def fetch(item: tuple[str, dict[str, Any]]) -> tuple[str, str]:
+            rel, row = item
+            key = self.location.key(model, rel)
+            try:
+                tmp, sha = objectstore.download_verified(
+                    self._client, self.location.bucket, key, store.root / "tmp", size=int(row["Size"]),
+                    etag=str(row["ETag"]), on_mismatch=lambda why: SnapshotError(f"{model}: still changing ({why})"))
+            except SnapshotError:
+                raise
+            except Exception as exc:
+                raise objectstore.describe(exc, f"{model}: downloading {rel}") from None
+            try:
+                final = store.object_path(sha)
+                if _stored(store, sha, int(row["Size"])):
+                    tmp.unlink()
+                else:
+                    os.chmod(tmp, 0o444)
+                    if store.fsync:
+                        with open(tmp, "rb") as fh:
+                            os.fsync(fh.fileno())
+                    final.parent.mkdir(exist_ok=True)
+                    os.replace(tmp, final)
+            finally:
+                tmp.unlink(missing_ok=True)
+            self.downloads += 1
+            self.bytes_downloaded += int(row["Size"])
+            return rel, sha
+
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(8, len(todo)), thread_name_prefix="s3get") as pool:
+                for rel, sha in pool.map(fetch, todo):
+                    shas[rel] = sha
+                    cache[_cache_key(self.location.key(model, rel), wanted[rel])] = sha
+            self._save_cache(store, cache)
+        return shas
+
+    # the (key, size, ETag) -> sha256 cache: S3's stat cache, kept beside the content store
+    @staticmethod
+    def _cache_path(store: ContentStore) -> Path:
+        return store.root / "s3cache.json"
+
+    def _load_cache(self, store: ContentStore) -> dict[str, str]:
+        with self._cache_lock:
+            try:
+                data = json.loads(self._cache_path(store).read_text())
+                return {str(k): str(v) for k, v in data.items()}
+            except (OSError, ValueError, AttributeError):
+                return {}
+
+    def _save_cache(self, store: ContentStore, cache: dict[str, str]) -> None:
+        with self._cache_lock:
+            current = self._load_cache(store)  # another capture may have added entries meanwhile
+            current.update(cache)
+            items = list(current.items())[-_CACHE_MAX:]
+            with contextlib.suppress(OSError):
+                write_atomic(self._cache_path(store), json.dumps(dict(items)).encode())
+
+
+def _cache_key(key: str, row: dict[str, Any]) -> str:
+    return f"{key}\0{int(row['Size'])}\0{row['ETag']}"
+
+
+def _stored(store: ContentStore, sha: str, size: int) -> bool:
+    try:
+        return os.stat(store.object_path(sha)).st_size == size
+    except OSError:
+        return False
+
+
+def _first_difference(before: Listing, after: Listing) -> str:
+    if after.uploading:
+        return f"multipart upload of {after.uploading[0]} in progress"
+    old = {rel: (r["Size"], r["ETag"]) for rel, r in before.objects.items()}
+    new = {rel: (r["Size"], r["ETag"]) for rel, r in after.objects.items()}
+    changed = sorted(r for r in old.keys() | new.keys() if old.get(r) != new.get(r))
+    if not changed:
+        return "re-uploaded during the download"
+    rel = changed[0]
+    return f"{rel} {'removed' if rel not in new else 'added' if rel not in old else 'modified'} during the download"
