@@ -84,6 +84,20 @@ def load_case(client: grpcclient.InferenceServerClient, case: Case) -> tuple[boo
 crashes: list[str] = []  # server exits seen (and survived by a restart) in this process
 
 
+def _server_gone(server: TritonServer, message: str, wait_s: float = 10.0) -> bool:
+    """Whether the server died (rather than refused): it exited, or stops answering and then exits."""
+    if not server.is_running():
+        return True
+    if "failed to connect" not in message and "Connection reset" not in message:
+        return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not server.is_running():
+            return True
+        time.sleep(0.1)
+    return True  # alive but not answering: as good as dead for the next case
+
+
 def run(cases: Iterable[Case], server: TritonServer) -> list[Outcome]:
     """Write every case into the server's repository, validate it, load it, compare."""
     outcomes = []
@@ -92,16 +106,16 @@ def run(cases: Iterable[Case], server: TritonServer) -> list[Outcome]:
         for case in cases:
             case.write(server.model_repository)
             offline_ok, offline = validate_case(case, server.model_repository)
-            for attempt in range(2):
+            for attempt in range(3):
                 triton_ok, triton, elapsed = load_case(client, case)
-                if server.is_running():
+                if triton_ok or not _server_gone(server, triton):
                     break
-                # Measured: tritonserver 2.51 can exit (a native backtrace in its log) while it fails a
-                # model's warmup. It did not load the case: a refusal, noted; then start it again.
+                # Measured: tritonserver 2.51 sometimes dies (SIGSEGV, a native backtrace in its log)
+                # shortly after it failed a model's warmup, during this case or the next one. Note it,
+                # start the server again, and ask again.
                 log = server.log_tail(20000).splitlines()
                 signal = next((line.strip() for line in log if "Signal (" in line), "no signal line")
-                crashes.append(f"{case.name} (attempt {attempt + 1}): {signal}")
-                triton_ok, triton = False, f"tritonserver crashed: {signal}"
+                crashes.append(f"during or just before {case.name} (attempt {attempt + 1}): {signal}")
                 server.stop()
                 server.start()
                 client.close()
