@@ -22,11 +22,12 @@ def linear(tmp_path: Path) -> Path:
 def test_syntax_error_is_named_by_file_and_line(tmp_path: Path) -> None:
     model = linear(tmp_path)
     lines = (model / "1" / "model.py").read_text().splitlines()
-    lines[11] = "        responses = = []"
+    at = next(i for i, line in enumerate(lines) if line.strip() == "responses = []")
+    lines[at] = lines[at].replace("responses = []", "responses = = []")
     (model / "1" / "model.py").write_text("\n".join(lines) + "\n")
     result = CliRunner().invoke(cli, ["validate", str(model)])
     assert result.exit_code == 1
-    assert "error linear/1/model.py:12: invalid syntax" in result.output.splitlines()
+    assert f"error linear/1/model.py:{at + 1}: invalid syntax" in result.output.splitlines()
 
 
 def test_smoke_datatype_and_tensor_names_are_checked(tmp_path: Path) -> None:
