@@ -149,7 +149,7 @@ class RepositoryWatcher:
         self._watch_setting = watch
         self.poll_interval_s = poll_interval_s
         self.rescan_interval_s = rescan_interval_s
-        self.mode = WatchMode("inotify", "not started")
+        self.mode: WatchMode = choose_mode(self.root, watch)  # known before start: status may ask
         self._links: set[str] = set()  # model entries that are symlinks: polled, inotify cannot follow
         self._poller = SignaturePoller(DirectorySource(self._prefix[:-1]), self._on_poll_change)
         self._poller.on_full_round = self._on_full_round

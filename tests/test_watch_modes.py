@@ -385,3 +385,20 @@ def test_running_out_of_watches_later_switches_to_polling(
             watcher.stop()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "fs.inotify.max_user_watches" in warnings[0], warnings
+
+
+def test_symlinked_model_is_captured_through_its_target_and_may_not_lead_out(tmp_path: Path) -> None:
+    from controlplane.errors import SnapshotError
+    from controlplane.snapshot import ContentStore
+
+    store = ContentStore(tmp_path / "store", fsync=False)
+    release = write_pair(tmp_path / "releases" / "v1" / "m", "m", 1)
+    (tmp_path / "repo").mkdir()
+    os.symlink(release, tmp_path / "repo" / "m")
+    snap = store.capture(tmp_path / "repo" / "m", "m")
+    assert {e.path for e in snap.entries} == {"config.pbtxt", "1", "1/model.py"}
+    assert snap.digest == store.capture(release, "m").digest  # the content, wherever it is reached from
+    (tmp_path / "secret").write_text("not the model's")
+    os.symlink(tmp_path / "secret", release / "leak")
+    with pytest.raises(SnapshotError, match="points outside the model directory"):
+        store.capture(tmp_path / "repo" / "m", "m")
