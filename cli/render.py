@@ -33,10 +33,10 @@ def _console() -> Console:
 
 
 def _when(value: Any) -> str:
-    """ISO 8601 'Z' times shown as 'YYYY-MM-DD HH:MM:SS' (UTC) in tables; JSON keeps ISO."""
+    """The one time format of tables: ISO 8601 UTC to the second with a Z (JSON keeps the fraction)."""
     if not value:
         return "-"
-    return str(value).replace("T", " ").split(".")[0].rstrip("Z")
+    return str(value).split(".")[0].rstrip("Z") + "Z"
 
 
 def _plural(count: int, word: str) -> str:
@@ -226,7 +226,7 @@ def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
         ]
         if wide:
             cells += [
-                row.get("since") or "-", row.get("policy", ""), "yes" if row.get("pinned") else "no",
+                _when(row.get("since")), row.get("policy", ""), "yes" if row.get("pinned") else "no",
                 row.get("drift") or "-", _short(row.get("source_digest")), row.get("sync_reason") or "",
                 row.get("last_error") or "",
             ]
@@ -306,8 +306,8 @@ def versions(model: str, rows: list[dict[str, Any]], as_json: bool) -> None:
         table.add_row(
             "*" if row.get("active") else "",
             _short(row["digest"]),
-            row["first_seen"],
-            row["last_seen"],
+            _when(row["first_seen"]),
+            _when(row["last_seen"]),
             ", ".join(str(v) for v in row.get("versions", [])),
             "yes" if row["valid"] else "no",
             note,
@@ -346,7 +346,7 @@ def audit(rows: list[dict[str, Any]], as_json: bool) -> None:
     for row in rows:
         duration = f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else ""
         table.add_row(
-            row["time"], row["actor"], row["action"], row.get("model") or "", _short(row.get("digest")),
+            _when(row["time"]), row["actor"], row["action"], row.get("model") or "", _short(row.get("digest")),
             Text(row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")), duration, row.get("message", ""),
         )
     _console().print(table)

@@ -54,6 +54,7 @@ def test_killed_tritonserver_answers_again_within_5_s(tmp_path: Path) -> None:
     assert elapsed < 5, f"{elapsed:.1f} s"
 
 
+@pytest.mark.slow
 def test_restarted_external_tritonserver_is_noticed_and_reconciled(tmp_path: Path) -> None:
     from controlplane.triton.launcher import TritonServer
 

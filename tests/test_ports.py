@@ -1,0 +1,38 @@
+"""The launched tritonserver's ports: Triton's defaults, 0 for a free one, a taken one named."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from controlplane.config import Settings, load_settings
+from controlplane.daemon import launch_ports
+from controlplane.errors import ConfigError, LauncherError
+
+
+def test_defaults_are_tritons_own() -> None:
+    settings = Settings()
+    assert (settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port) == (8001, 8000, 8002)
+
+
+def test_zero_picks_free_ports() -> None:
+    grpc, http, metrics = launch_ports(Settings(triton_grpc_port=0, triton_http_port=0, triton_metrics_port=0))
+    assert len({grpc, http, metrics}) == 3 and all(p > 0 for p in (grpc, http, metrics))
+
+
+def test_a_taken_port_is_named_with_its_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LauncherError) as err:
+            launch_ports(Settings(triton_grpc_port=0, triton_http_port=port, triton_metrics_port=0))
+    assert str(err.value).startswith(f"port {port} (--triton-http-port) is taken on 127.0.0.1")
+
+
+def test_config_keys_and_flags() -> None:
+    settings = load_settings({"triton_grpc_port": "9001"}, env={"TRITONCTL_TRITON_HTTP_PORT": "0"})
+    assert (settings.triton_grpc_port, settings.triton_http_port) == (9001, 0)
+    with pytest.raises(ConfigError, match="triton_metrics_port"):
+        load_settings({"triton_metrics_port": "70000"}, env={})
