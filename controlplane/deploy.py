@@ -241,11 +241,11 @@ class Deployer:
         current = self.registry.ensure_model(model)
         previous = current.active_digest if current.state in ("serving", "degraded") else None
 
-        def finish_without_triton(outcome: str, message: str) -> Outcome:
+        def finish_without_triton(outcome: str, message: str, cause: str = "") -> Outcome:
             self.registry.audit(AuditEntry(actor, kind, model, digest, outcome, message, _ms(started)))
             emit(Progress(model, "validate" if outcome == "failed" else "deploy", "failed" if outcome == "failed"
                           else "skipped", message, digest))
-            return self._outcome(model, kind, outcome, digest, previous, message, started, steps)
+            return self._outcome(model, kind, outcome, digest, previous, message, started, steps, cause)
 
         emit(Progress(model, "validate", "start", digest=digest))
         if not snap.valid:
@@ -256,8 +256,10 @@ class Deployer:
             )
         try:
             require_members(self.registry, snap)
-        except (EnvironmentFault, ModelConfigError) as exc:  # an ensemble whose steps this daemon lacks
-            return finish_without_triton("failed", str(exc))
+        except EnvironmentFault as exc:  # an ensemble whose steps this daemon lacks yet: retried
+            return finish_without_triton("failed", str(exc), "environment")
+        except ModelConfigError as exc:  # an ensemble that does not fit the steps this daemon serves
+            return finish_without_triton("failed", str(exc), "content")
         emit(Progress(model, "validate", "ok", digest=digest))
         if previous == digest and not force and self._serves(model, digest):
             return finish_without_triton("noop", f"already serving {digest[:12]}")

@@ -20,7 +20,10 @@ def _examples() -> list[str]:
     lines: list[str] = []
 
     def walk(group: click.Group, path: tuple[str, ...]) -> None:
-        for name, command in sorted(group.commands.items()):
+        context = click.Context(group)
+        for name in sorted(group.list_commands(context)):  # commands load lazily (cli/main.py)
+            command = group.get_command(context, name)
+            assert command is not None, name
             help_text = CliRunner().invoke(cli, [*path, name, "--help"]).output
             for line in help_text.split("Example", 1)[-1].splitlines():
                 text = line.split("#", 1)[0].strip()
