@@ -38,7 +38,7 @@ TITLES = {
     "snapshot_cost": "Snapshot cost: a big model against cp and sha256sum",
     "scale": "Scale: many tiny models (cold start, idle CPU, memory), tritonctl vs Triton poll",
     "cli_latency": "CLI latency: each command as a new process, beside `python -c pass`",
-    "audit_query": "Audit query (bench/audit_query.py, another engineer's; latest results)",
+    "audit_query": "Audit query (bench/audit_query.py, run with --with-audit; latest results)",
 }
 DOCS = c.ROOT / "docs" / "benchmarks.md"
 
@@ -66,7 +66,7 @@ def audit_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in report.get("results", []):
         target = r.get("target_median_ms")
-        out.append({"measurement": r["name"], "system": "tritonctl (registry)",
+        out.append({"measurement": r["name"], "system": "tritonctl",
                     "target": "-" if target is None else f"median <= {target:g} ms",
                     "measured": f"{r['median_ms']:.1f} ms median, p95 {r['p95_ms']:.1f} ms", "met": r.get("met"),
                     "note": f"{r['repetitions']} repetitions"})

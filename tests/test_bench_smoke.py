@@ -28,12 +28,15 @@ def test_audit_query_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
     assert report["dataset"]["serving_changes"] == 500
     assert {"nproc", "python", "sqlite"} <= set(report["machine"])
     names = [r["name"] for r in report["results"]]
-    assert names[:2] == ["audit: model + 24 h window", "audit --at T: every model"]
+    assert names[:4] == ["audit: model + 24 h window (CLI reader)", "audit --at T: every model (CLI reader)",
+                         "audit: model + 24 h window (registry)", "audit --at T: every model (registry)"]
     assert any(name.startswith("CLI: ") for name in names)
     for result in report["results"]:
         assert result["median_ms"] > 0 and result["p95_ms"] >= result["median_ms"]
         assert result["repetitions"] >= 2
-    assert [r["target_median_ms"] for r in report["results"][:2]] == [50.0, 200.0]
+    assert [r["target_median_ms"] for r in report["results"][:4]] == [20.0] * 4
+    assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
     at = report["results"][1]
     assert at["rows_returned"] <= 20
     assert any("ix_audit_model_time" in line for line in report["query_plans"]["audit: model + window"])
+    assert any("ix_serving_model_host_time" in line for line in report["query_plans"]["CLI reader: audit --at T"])
