@@ -205,7 +205,7 @@ class Leader:
         from controlplane.fleet.settings import FleetSettings
 
         settings = Settings(db_url=shared.url, host="h1", state_dir=tmp)
-        plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"))
+        plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=None)  # a local source
         self.member = FleetMember(settings, FleetSettings(shared_store=tmp / "shared", wave_size=2), plane, shared)
         self.member.election._leader.set()
         self.store = self.member.store
@@ -406,7 +406,7 @@ def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: 
     for name in ("b_step", "c_step"):
         (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n')
     settings = Settings(db_url=shared.url, host="h1", state_dir=tmp_path, repository=repo)
-    plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"))
+    plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=None)  # a local source
     member = FleetMember(settings, FleetSettings(shared_store=tmp_path / "shared"), plane, shared)
     member._scan()
     assert member._settled == ["b_step", "c_step", "a_pipe"]
