@@ -1,15 +1,17 @@
 """Run every side-by-side benchmark and write the combined tables into docs/benchmarks.md.
 
-    python bench/run_all.py                # full sizes (about 35 minutes on 2 shared cores)
-    python bench/run_all.py --quick        # CI sizes (about 4 minutes)
+    python bench/run_all.py                # full sizes (about 40 minutes on 2 shared cores)
+    python bench/run_all.py --quick        # CI sizes (about 4.5 minutes)
     python bench/run_all.py --from-results # no run: rebuild the docs section from bench/results/*.json
     python bench/run_all.py --only scale,snapshot_cost
     python bench/run_all.py --from-results --plots   # also draw docs/*.png from the JSON (matplotlib)
 
 Each benchmark runs as its own process (`python bench/<name>.py [--quick]`), one after the other (they
 would disturb each other's numbers on a 2-core machine), and writes bench/results/<name>[-quick].json.
-The audit benchmark (bench/audit_query.py, a 1,000,000-event registry) runs only with `--with-audit`;
-its latest results (bench/results/audit_query.json) join the summary when present.
+bench/fleet_rollout.py starts its own throwaway PostgreSQL server (tests/pg.py: needs the postgresql
+server binaries and psycopg, as CI installs them). The audit benchmark (bench/audit_query.py, a
+1,000,000-event registry) runs only with `--with-audit`; its latest results
+(bench/results/audit_query.json) join the summary when present.
 
 docs/benchmarks.md keeps other sections as they are: this script only replaces the text between its
 own markers (one block for full runs, one for quick runs), appending the block the first time.
@@ -30,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-BENCHMARKS = ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency")
+BENCHMARKS = ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency",
+              "fleet_rollout")
 TITLES = {
     "edit_torture": "Edit torture: slow randomized writers, tritonctl vs Triton poll",
     "swap_availability": "Swap availability: requests during swaps, tritonctl vs Triton explicit vs Triton poll",
@@ -38,6 +41,7 @@ TITLES = {
     "snapshot_cost": "Snapshot cost: a big model against cp and sha256sum",
     "scale": "Scale: many tiny models (cold start, idle CPU, memory), tritonctl vs Triton poll",
     "cli_latency": "CLI latency: each command as a new process, beside `python -c pass`",
+    "fleet_rollout": "Fleet rollout: edit → every host serving, by fleet size (daemons and tritonservers on loopback)",
     "audit_query": "Audit query (bench/audit_query.py, run with --with-audit; latest results)",
 }
 DOCS = c.ROOT / "docs" / "benchmarks.md"
@@ -150,6 +154,8 @@ def markdown(quick: bool, reports: dict[str, dict[str, Any]], runtimes: dict[str
                      + f"; load average (1 min) at start {load_start[0]}, at end {load_end[0]}.")
         if name == "cli_latency" and report.get("plot"):
             lines += ["", f"![CLI latency per command]({report['plot']})"]
+        if name == "fleet_rollout":
+            lines += fleet_waves(report)
         lines.append("")
         lines.append("| Measurement | System | Target | Measured | Result | Note |")
         lines.append("|---|---|---|---:|---|---|")
@@ -159,6 +165,27 @@ def markdown(quick: bool, reports: dict[str, dict[str, Any]], runtimes: dict[str
                          f"{cell(r['measured'])} | {result_word(r.get('met'))} | {cell(r.get('note', ''))} |")
     lines += ["", end]
     return "\n".join(lines) + "\n"
+
+
+def fleet_waves(report: dict[str, Any]) -> list[str]:
+    """bench/fleet_rollout.py's waves per fleet size: the hosts share this machine's cores, so the
+    per-wave time is what carries over to a real fleet, not the total."""
+    results = [r for r in report.get("results", []) if "waves" in r]
+    if not results:
+        return []
+
+    def s(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f} s"
+
+    lines = ["", "| Hosts | Waves | Edit → every host serving, median (max) | Per wave | Canary wave | Later waves "
+             "| Edit → rollout | Broken → rolled back | Load (1 min) at start |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['hosts']} | {r['waves']} | {s(r['rollout_median_s'])} ({s(r['rollout_max_s'])}) | "
+                     f"{s(r['wave_median_s'])} | {s(r['canary_wave_median_s'])} | {s(r['later_wave_median_s'])} | "
+                     f"{s(r['edit_to_rollout_median_s'])} | {s(r.get('broken_stopped_s'))} | "
+                     f"{(r.get('load_average_start') or ['?'])[0]} |")
+    return lines
 
 
 def plot_cli_latency(report: dict[str, Any], path: Path) -> None:

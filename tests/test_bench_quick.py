@@ -102,6 +102,31 @@ def test_cli_latency_quick(tmp_path: Path) -> None:
     assert report["machine"]["uname"] and report["machine"]["load_average_start"]
 
 
+def test_fleet_rollout_quick(tmp_path: Path) -> None:
+    """Two daemons and two tritonservers on one throwaway PostgreSQL: every edit reaches both hosts as a
+    canary wave then one more, the waves are read back from the shared registry's step times, and a
+    broken version stops at the canary with the last good version served everywhere."""
+    from tests.pg import skip_reason
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    report = run_bench("fleet_rollout", tmp_path, timeout_s=180)  # --quick: 2 hosts, 2 edits
+    assert report["settings"]["sizes"] == [2] and report["settings"]["edits"] == 2
+    (res,) = report["results"]
+    assert res["hosts"] == 2 and res["waves"] == 2 and res["waves_seen"] == [2]  # canary, then 1 wave of 1
+    for edit in res["per_edit"]:
+        assert edit["hosts"] == 2 and edit["step_states"] == ["ok"]
+        assert len(edit["wave_s"]) == 2 and all(w > 0 for w in edit["wave_s"])
+        assert sum(edit["wave_s"]) <= edit["total_s"] + 1.0  # the waves lie within the edit's rollout
+        assert edit["edit_to_rollout_s"] >= 0.2  # at least the settle window
+    assert res["wave_median_s"] > 0 and res["canary_wave_median_s"] > 0
+    assert res["broken_hosts_tried"] == ["h01"] and res["broken_last_good_everywhere"]
+    assert [r["met"] for r in report["rows"] if r["met"] is not None] == [True]
+    assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
+    assert report["machine"]["load_average_start"] and len(res["load_average_start"]) == 3
+
+
 def test_run_all_renders_docs_from_results(tmp_path: Path) -> None:
     """run_all --from-results rebuilds its block of the docs and leaves everything else in the file."""
     docs = tmp_path / "benchmarks.md"
@@ -127,7 +152,8 @@ def test_run_all_quick(tmp_path: Path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = docs.read_text()
-    for name in ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency"):
+    for name in ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency",
+                 "fleet_rollout"):
         assert f"python bench/{name}.py --quick" in text
 
 
