@@ -75,6 +75,9 @@ class ControlPlane:
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
         self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
+        # set by the daemon: models settling or being captured now, each with a one-line reason (sync: pending)
+        self.settling: Callable[[], dict[str, str]] | None = None
+        self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.capture_margin_s: Callable[[], float] | None = None  # set by the daemon (watcher)
         self.http_url: str | None = None  # the launched tritonserver's HTTP inference URL (set by the daemon)
         self.source: Any = None  # an S3Source when the repository is s3:// (set by the daemon)
@@ -215,10 +218,13 @@ class ControlPlane:
             text = str(exc)
             if ("still changing" in text or "on hold" in text or "awaiting" in text) and self.reschedule:
                 log.info("%s: %s; retrying after the settle window", model, text)
+                self.capture_waits[model] = text.removeprefix(f"{model}: ")
                 self.reschedule(model, self.settings.settle_s)
             else:
+                self.capture_waits.pop(model, None)
                 self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", text))
             return None
+        self.capture_waits.pop(model, None)
         current = self.registry.ensure_model(model)
         if current.removed_at is not None:
             self.registry.update_model(model, removed_at=None)
@@ -450,6 +456,7 @@ class ControlPlane:
         heads = self.registry.source_heads(names)
         lasts = self.registry.last_deployments(names)
         busy = set(self.deployer.busy_models())
+        settling = self.settling() if self.settling else {}
         rows = []
         for model in records:
             versions = [
@@ -459,7 +466,7 @@ class ControlPlane:
             retry = self.retries.get(model.name)
             head = heads.get(model.name)
             sync, reason = sync_state(model, policy, head, lasts.get(model.name), busy=model.name in busy,
-                                      retry=retry)
+                                      retry=retry, settling=settling.get(model.name))
             row = queries.status_row(model, policy, versions, drift.get(model.name), reachable)
             row["source_digest"] = head.digest if head is not None and model.removed_at is None else None
             row["sync"] = sync
