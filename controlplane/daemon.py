@@ -366,7 +366,15 @@ class Daemon:
         if server is not None:
             changed = not server.is_running()
         else:
-            changed = self.plane.triton.server_live() != self.plane.counters.triton_reachable
+            live = self.plane.triton.server_live()
+            changed = live != self.plane.counters.triton_reachable
+            if changed:
+                log.warning("tritonserver at %s %s; reconciling now", self.plane.triton.url,
+                            "answers again (restarted?)" if live else "stopped answering")
+            elif live and self.plane.restart_suspected():
+                changed = True
+                log.warning("tritonserver at %s no longer serves %s (restarted?); reconciling now",
+                            self.plane.triton.url, self.plane.sentinel)
         if changed and not self.stop_requested.is_set():
             self._supervise_and_reconcile()
 
