@@ -35,6 +35,7 @@ from controlplane.service import ControlPlane
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
+from controlplane.sync import settling_reason
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, TritonServer
@@ -63,6 +64,8 @@ class Daemon:
         self.reload_requested = threading.Event()
         self._sigint_count = 0
         self._settled: queue.Queue[str] = queue.Queue()
+        self._handed: dict[str, int] = {}  # models handed on by the watcher and not handled yet: "capturing"
+        self._handed_lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
         self._inflight_lock = threading.Lock()  # reconcile runs in a worker and may submit work too
         self._reconciling: Future[Any] | None = None
@@ -153,13 +156,14 @@ class Daemon:
             self.watcher = self.plane.source = self._object_source()
         elif settings.repository is not None:
             self.watcher = RepositoryWatcher(
-                settings.repository, self._settled.put, settle_s=settings.settle_s,
+                settings.repository, self._hand_on, settle_s=settings.settle_s,
                 commit_marker=settings.commit_marker, watch=settings.watch,
                 poll_interval_s=settings.poll_interval_s, rescan_interval_s=settings.rescan_interval_s,
             )
         if self.watcher is not None:
             self.plane.reschedule = self.watcher.reschedule
             self.plane.watch_info = getattr(self.watcher, "watch_info", None)
+            self.plane.settling = self._settling
             self.plane.capture_margin_s = getattr(self.watcher, "capture_margin_s", None)
             if self.metrics is not None:
                 self.metrics.backlog = self.watcher.backlog
@@ -189,7 +193,7 @@ class Daemon:
 
         s = self.settings
         assert s.repository_url is not None
-        source = S3Source(s.repository_url, self._settled.put, settle_s=s.settle_s,
+        source = S3Source(s.repository_url, self._hand_on, settle_s=s.settle_s,
                           poll_interval_s=s.poll_interval_s, commit_marker=s.commit_marker)
         try:
             source.check()
@@ -313,7 +317,38 @@ class Daemon:
             except queue.Empty:
                 return
             handler = self.fleet.handle_settled if self.fleet is not None else self.plane.handle_settled
-            self._track(self.executor.submit(self._guarded, handler, model))
+            self._track(self.executor.submit(self._guarded, self._handle_handed, model, handler))
+
+    def _hand_on(self, model: str) -> None:
+        """The watcher's callback (its own thread): queue `model` for capture; until its handler
+        returns, `status` shows it `sync: pending` ("capturing")."""
+        with self._handed_lock:
+            self._handed[model] = self._handed.get(model, 0) + 1
+        self._settled.put(model)
+
+    def _handle_handed(self, model: str, handler: Callable[[str], Any]) -> Any:
+        try:
+            return handler(model)
+        finally:
+            with self._handed_lock:
+                left = self._handed.get(model, 0) - 1
+                if left > 0:
+                    self._handed[model] = left
+                else:
+                    self._handed.pop(model, None)
+
+    def _settling(self) -> dict[str, str]:
+        """`status`'s pending reasons: what the watcher is settling (or looks at again) and what it
+        handed on that is not captured yet (plane.settling; controlplane/sync.py)."""
+        settling = getattr(self.watcher, "settling", None)
+        pending = settling() if settling is not None else {}
+        waits = dict(self.plane.capture_waits) if self.plane is not None else {}
+        reasons = {model: settling_reason(since, waits.get(model)) for model, since in pending.items()}
+        with self._handed_lock:
+            handed = list(self._handed)
+        for model in handed:
+            reasons.setdefault(model, "capturing")
+        return reasons
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -331,7 +366,15 @@ class Daemon:
         if server is not None:
             changed = not server.is_running()
         else:
-            changed = self.plane.triton.server_live() != self.plane.counters.triton_reachable
+            live = self.plane.triton.server_live()
+            changed = live != self.plane.counters.triton_reachable
+            if changed:
+                log.warning("tritonserver at %s %s; reconciling now", self.plane.triton.url,
+                            "answers again (restarted?)" if live else "stopped answering")
+            elif live and self.plane.restart_suspected():
+                changed = True
+                log.warning("tritonserver at %s no longer serves %s (restarted?); reconciling now",
+                            self.plane.triton.url, self.plane.sentinel)
         if changed and not self.stop_requested.is_set():
             self._supervise_and_reconcile()
 

@@ -89,6 +89,7 @@ class S3Source:
         self.poll_interval_s = float(poll_interval_s)
         self.commit_marker = commit_marker
         self._models: dict[str, _ModelState] = {}
+        self._handing: set[str] = set()  # due and being handed on now (still "settling" to status)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,6 +150,15 @@ class S3Source:
     def backlog(self) -> int:
         with self._lock:
             return sum(1 for s in self._models.values() if s.handed != s.signature)
+
+    def settling(self) -> dict[str, float | None]:
+        """The models whose listing changed and is not handed on yet (settling, on hold, or looked at
+        again after a refused capture), each with the seconds since its listing last changed: what
+        `status` reports as `sync: pending` (the local watcher's `settling`)."""
+        now = time.monotonic()
+        with self._lock:
+            return {name: max(0.0, now - s.changed_at) for name, s in self._models.items()
+                    if s.handed != s.signature or name in self._handing}
 
     def set_settle(self, settle_s: float) -> None:
         self._settle = float(settle_s)
@@ -227,11 +237,15 @@ class S3Source:
             for name in [n for n in self._models if n not in listings]:
                 del self._models[name]  # removed from the source: the consumer decides what that means
                 due.append(name)
+            self._handing.update(due)
         for name in due:
             try:
                 self._on_settled(name)
             except Exception:  # noqa: BLE001
                 log.exception("s3 source: on_settled(%r) failed", name)
+            finally:
+                with self._lock:
+                    self._handing.discard(name)
         return due
 
     @staticmethod

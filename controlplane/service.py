@@ -75,6 +75,10 @@ class ControlPlane:
         self._guard = threading.Lock()
         self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
         self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
+        # set by the daemon: models settling or being captured now, each with a one-line reason (sync: pending)
+        self.settling: Callable[[], dict[str, str]] | None = None
+        self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
+        self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.capture_margin_s: Callable[[], float] | None = None  # set by the daemon (watcher)
         self.http_url: str | None = None  # the launched tritonserver's HTTP inference URL (set by the daemon)
         self.source: Any = None  # an S3Source when the repository is s3:// (set by the daemon)
@@ -86,6 +90,8 @@ class ControlPlane:
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
+        if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
+            self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):
             if outcome.cause in ("environment", "triton_unreachable") and outcome.digest:
                 retry = self.retries.failed(outcome.model, outcome.digest, outcome.message)
@@ -215,10 +221,13 @@ class ControlPlane:
             text = str(exc)
             if ("still changing" in text or "on hold" in text or "awaiting" in text) and self.reschedule:
                 log.info("%s: %s; retrying after the settle window", model, text)
+                self.capture_waits[model] = text.removeprefix(f"{model}: ")
                 self.reschedule(model, self.settings.settle_s)
             else:
+                self.capture_waits.pop(model, None)
                 self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", text))
             return None
+        self.capture_waits.pop(model, None)
         current = self.registry.ensure_model(model)
         if current.removed_at is not None:
             self.registry.update_model(model, removed_at=None)
@@ -450,6 +459,7 @@ class ControlPlane:
         heads = self.registry.source_heads(names)
         lasts = self.registry.last_deployments(names)
         busy = set(self.deployer.busy_models())
+        settling = self.settling() if self.settling else {}
         rows = []
         for model in records:
             versions = [
@@ -459,7 +469,7 @@ class ControlPlane:
             retry = self.retries.get(model.name)
             head = heads.get(model.name)
             sync, reason = sync_state(model, policy, head, lasts.get(model.name), busy=model.name in busy,
-                                      retry=retry)
+                                      retry=retry, settling=settling.get(model.name))
             row = queries.status_row(model, policy, versions, drift.get(model.name), reachable)
             row["source_digest"] = head.digest if head is not None and model.removed_at is None else None
             row["sync"] = sync
@@ -488,12 +498,29 @@ class ControlPlane:
         busy = [*self.deployer.busy_models(), *waiting]
         index, served = self._triton_view()
         # plan() looks only at models meant to serve: do not list every model of the repository
-        result = plan(self.registry.list_models(states=SERVING_STATES), index, served, busy)
+        desired = self.registry.list_models(states=SERVING_STATES)
+        result = plan(desired, index, served, busy)
+        ready = {e.name for e in index if e.state == "READY"}
+        self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
         for model, digest in result.restore:
             outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
             log.warning("%s: %s", model, outcome.message)
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift
+
+    def restart_suspected(self) -> bool:
+        """Between reconciles: the model last seen READY is not READY now and no operation of ours
+        holds it. An external tritonserver restarted faster than a supervision round could see it
+        down answers live but serves nothing (explicit mode); this is one readiness call."""
+        name = self.sentinel
+        if name is None or self.deployer.lock(name).locked():
+            return False
+        try:
+            if self.triton.version_ready(name):
+                return False
+            return self.registry.get_model(name).state in SERVING_STATES  # not an operator's unload
+        except TritonctlError:
+            return False
 
     def snapshot_path(self, model: str, digest: str) -> Path:
         return self.store.tree_path(self.registry.get_snapshot(model, digest).digest)

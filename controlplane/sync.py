@@ -43,14 +43,20 @@ def sync_state(
     *,
     busy: bool = False,
     retry: Retry | None = None,
+    settling: str | None = None,
 ) -> tuple[str, str]:
-    """(sync, sync_reason) for one model; the reason is one line an operator can act on."""
+    """(sync, sync_reason) for one model; the reason is one line an operator can act on.
+
+    `busy`: a deploy runs now; `retry`: an environment fault's backoff; `settling`: the source is
+    changing or its content is being captured (the watcher's reason, `settling_reason`)."""
     name = model.name
     serves = f"{_short(model.active_digest)} serves" if model.active_digest else "nothing serves"
     if model.removed_at is not None:
         return "removed", f"removed from the source at {_clock(model.removed_at)}; {serves}"
     if busy:
         return "pending", "a deploy or capture is in progress"
+    if settling:  # the source is changing, or its new content is being captured
+        return "pending", settling
     if retry is not None:
         return "pending", (f"last deploy of {_short(retry.digest)} failed ({retry.reason}); "
                            f"next retry in {retry.seconds_left()} s")
@@ -78,3 +84,11 @@ def sync_state(
     if last is not None and last.outcome == "failed" and last.digest == head.digest:
         return "held", f"last deploy failed: {last.error}; `tritonctl load {name}` retries"
     return "pending", f"{_short(head.digest)} is waiting to be deployed"
+
+
+def settling_reason(since_s: float | None, waits: str | None = None) -> str:
+    """`sync_reason` of a model the watcher has a check pending for: the seconds since its last change
+    seen (None: none since the watcher was asked to look again) and why its last capture was put off."""
+    if since_s is None:
+        return f"settling: {waits}" if waits else "settling: the source is looked at again shortly"
+    return f"settling: last change {since_s:.1f} s ago" + (f" (last look: {waits})" if waits else "")

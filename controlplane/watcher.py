@@ -89,6 +89,7 @@ def _new_observer() -> BaseObserver:
 class _Pending:
     deadline: float
     removal: bool = False  # handed on at once because the model dir went away
+    changed: float | None = None  # monotonic time of the last change seen (None: the consumer's reschedule)
 
 
 class _Handler(FileSystemEventHandler):
@@ -142,6 +143,7 @@ class RepositoryWatcher:
         self._settle = self._checked(settle_s)
         self._signals = frozenset({HOLD_FILE} | ({commit_marker} if commit_marker else set()))
         self._pending: dict[str, _Pending] = {}
+        self._handing: dict[str, _Pending] = {}  # due and being handed on now (still "settling" to status)
         self._cond = threading.Condition()
         self._stopping = False
         self._observer: BaseObserver | None = None
@@ -217,13 +219,24 @@ class RepositoryWatcher:
     def reschedule(self, model: str, delay_s: float) -> None:
         """Check `model` again after `delay_s` (capture said "still changing" or "on hold")."""
         with self._cond:
-            self._pending[model] = _Pending(time.monotonic() + max(0.0, delay_s))
+            earlier = self._pending.get(model)  # an event since the hand-on: keep when it was
+            changed = earlier.changed if earlier is not None and not earlier.removal else None
+            self._pending[model] = _Pending(time.monotonic() + max(0.0, delay_s), changed=changed)
             self._cond.notify_all()
 
     def backlog(self) -> int:
         """How many models wait for their check."""
         with self._cond:
             return len(self._pending)
+
+    def settling(self) -> dict[str, float | None]:
+        """The models with a check pending now (settling, or waiting to be looked at again), each with
+        the seconds since its last change seen (None: the consumer asked to look again, e.g. on hold).
+        What `status` reports as `sync: pending`; safe from any thread."""
+        now = time.monotonic()
+        with self._cond:
+            return {m: None if p.changed is None else max(0.0, now - p.changed)
+                    for m, p in (self._handing | self._pending).items()}
 
     def set_settle(self, settle_s: float) -> None:
         self._settle = self._checked(settle_s)
@@ -311,13 +324,14 @@ class RepositoryWatcher:
             pending = self._pending.get(model)
             if kind == REMOVED:
                 # the debounce loop looks again when due: a flip by unlink + symlink is back by then
-                self._pending[model] = _Pending(now + self._settle, removal=True)
+                self._pending[model] = _Pending(now + self._settle, removal=True, changed=now)
             elif kind in (ADDED, REPLACED):
-                self._pending[model] = _Pending(now)
+                self._pending[model] = _Pending(now, changed=now)
             elif pending is None or pending.removal:
-                self._pending[model] = _Pending(now + self._settle)
+                self._pending[model] = _Pending(now + self._settle, changed=now)
             else:
                 pending.deadline = max(pending.deadline, now + self._settle)
+                pending.changed = now
             self._cond.notify_all()
 
     @staticmethod
@@ -371,10 +385,10 @@ class RepositoryWatcher:
             with self._cond:
                 if linked and not gone:  # created, or renamed over the entry: a flip
                     self._links.add(model)
-                    self._pending[model] = _Pending(now)
+                    self._pending[model] = _Pending(now, changed=now)
                 elif gone and model in self._links and not linked:
                     self._links.discard(model)
-                    self._pending[model] = _Pending(now + self._settle, removal=True)
+                    self._pending[model] = _Pending(now + self._settle, removal=True, changed=now)
                 else:
                     return
                 self._cond.notify_all()
@@ -384,13 +398,14 @@ class RepositoryWatcher:
             if debris:
                 if pending is not None and not pending.removal:
                     pending.deadline = max(pending.deadline, now + self._settle)
+                    pending.changed = now
                 return
             if top and gone:
-                self._pending[model] = _Pending(now, removal=True)
+                self._pending[model] = _Pending(now, removal=True, changed=now)
             elif top and arrived:
-                self._pending[model] = _Pending(now)
+                self._pending[model] = _Pending(now, changed=now)
             else:
-                self._pending[model] = _Pending(now + self._settle)
+                self._pending[model] = _Pending(now + self._settle, changed=now)
             self._cond.notify_all()
 
     # -- debounce thread -----------------------------------------------------------------------
@@ -405,6 +420,7 @@ class RepositoryWatcher:
                 wait = pending.deadline - time.monotonic()
                 if wait <= 0:
                     del self._pending[model]
+                    self._handing[model] = pending
                     return model, pending
                 self._cond.wait(wait)
             return None
@@ -415,10 +431,14 @@ class RepositoryWatcher:
             if pending.removal and os.path.lexists(self.root / model):
                 # deleted and already being recreated: wait for the new content to settle
                 with self._cond:
-                    self._pending.setdefault(model, _Pending(time.monotonic() + self._settle))
+                    self._pending.setdefault(model, _Pending(time.monotonic() + self._settle, changed=pending.changed))
+                    self._handing.pop(model, None)
                 continue
             try:
                 self._poller.refresh(model)  # handed on now: the rescan reports only later changes
                 self._on_settled(model)
             except Exception:
                 log.exception("watcher: on_settled(%r) failed", model)
+            finally:
+                with self._cond:
+                    self._handing.pop(model, None)

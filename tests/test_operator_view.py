@@ -5,13 +5,15 @@ newest content (`sync`, `source_digest`, `sync_reason`) and the daemon converges
 holds a model (unpin, policy auto); a rollback holds until the source changes; pins hold for rollback;
 `load --digest` of collected content is refused before any deploy; an environment fault (a backend
 this tritonserver lacks) ends `failed`, is never quarantined and is retried with backoff; a
-quarantined digest that comes back to the source is audited once and shown `invalid`.
+quarantined digest that comes back to the source is audited once and shown `invalid`; a model whose
+source is on hold (or settling, or being captured) is `pending`, never `synced`.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -83,6 +85,34 @@ def test_pin_holds_unpin_converges_and_rollback_holds(
 
     write_gen_model(daemon.repository, "held", 3)  # the source changes again: the hold ends
     serving(daemon, client, "held", 3)
+
+
+def test_sync_is_pending_while_the_source_is_on_hold_then_synced(
+    daemon: DaemonProcess, client: grpcclient.InferenceServerClient
+) -> None:
+    write_gen_model(daemon.repository, "slow", 1)
+    serving(daemon, client, "slow", 1)
+    row_when(daemon, "slow", lambda r: r["sync"] == "synced", "synced")
+    hold = daemon.repository / "slow" / ".tritonctl-hold"
+    hold.write_text("")
+    write_gen_model(daemon.repository, "slow", 2)  # written under the hold: nothing may deploy it yet
+    row_when(daemon, "slow", lambda r: "on hold" in str(r["sync_reason"]), "the capture put off")
+    # The settle window is 0.2 s: for ten windows every look says pending (settling or capturing,
+    # never "synced", though gen 1's digest is still what the registry records as the source's newest).
+    deadline = time.monotonic() + 2.0
+    reasons = set()
+    while time.monotonic() < deadline:
+        row = daemon.model_status("slow")
+        assert row["sync"] == "pending", row
+        reasons.add(str(row["sync_reason"]).split(" (")[0])
+        time.sleep(0.05)
+    assert all(r.startswith("settling: ") or r == "capturing" for r in reasons), reasons
+    assert "settling: on hold" in reasons, reasons
+    assert answers(client, "slow", 1)
+    hold.unlink()
+    serving(daemon, client, "slow", 2)
+    row = row_when(daemon, "slow", lambda r: r["sync"] == "synced", "synced after the hold")
+    assert row["source_digest"] == row["digest"]
 
 
 def test_policy_auto_converges(daemon: DaemonProcess, client: grpcclient.InferenceServerClient) -> None:

@@ -193,12 +193,14 @@ def test_hold_object_holds_the_model(s3env: MotoServer, bucket: str, tmp_path: P
     src.poll()
     time.sleep(0.3)
     assert src.poll() == []
+    assert set(src.settling()) == {"m"}  # `status`: sync pending while held
     with pytest.raises(SnapshotError, match="on hold"):
         src.capture("m", store, settled=False)
     client.delete_object(Bucket=bucket, Key="models/m/.tritonctl-hold")
     src.poll()
     time.sleep(0.3)
     assert src.poll() == ["m"]
+    assert src.settling() == {}  # handed on: the capture and the deploy say what comes next
     assert set(tree_files(store, src.capture("m", store).digest)) == set(MODEL_V1)
 
 

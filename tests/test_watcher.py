@@ -227,3 +227,35 @@ def test_missing_root_is_a_config_error(tmp_path: Path) -> None:
         RepositoryWatcher(tmp_path / "nope", print).start()
     with pytest.raises(ConfigError):
         RepositoryWatcher(tmp_path, print, settle_s=0)
+
+
+def test_settling_lists_a_model_from_its_first_change_until_handed_on(repo: Path) -> None:
+    """What `status` shows as `sync: pending` (settling): the seconds since the last change, the
+    model still listed while it is being handed on, None for a look the consumer asked for again."""
+    make_model(repo, "m", 1)
+    during: list[dict[str, float | None]] = []
+    handed = threading.Event()
+
+    def on_settled(_model: str) -> None:
+        during.append(w.settling())
+        handed.set()
+
+    w = RepositoryWatcher(repo, on_settled, SETTLE)
+    w.start()
+    try:
+        time.sleep(0.05)
+        assert w.settling() == {}
+        (repo / "m" / "1" / "model.py").write_text("# changed\n")
+        deadline = time.monotonic() + 5
+        while "m" not in (now := w.settling()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        since = now.get("m")
+        assert since is not None and 0 <= since < SETTLE, now
+        assert handed.wait(5) and "m" in during[0], during
+        while w.settling() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.settling() == {}
+        w.reschedule("m", 30)  # the consumer's "on hold": no change seen since
+        assert w.settling() == {"m": None}
+    finally:
+        w.stop()
