@@ -29,7 +29,7 @@ from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.deploy import Outcome
 from controlplane.errors import LauncherError, TritonctlError
-from controlplane.modelconfig import is_ensemble_dir
+from controlplane.modelconfig import is_ensemble_dir, is_ensemble_text
 from controlplane.publish import ServingRepository
 from controlplane.service import ControlPlane
 from controlplane.snapshot import ContentStore
@@ -221,8 +221,7 @@ class Daemon:
 
     def _is_ensemble(self, name: str) -> bool:
         if self.plane is not None and self.plane.source is not None:  # s3://
-            text = self.plane.source.read_text(name, "config.pbtxt") or ""
-            return 'platform: "ensemble"' in text or 'platform:"ensemble"' in text
+            return is_ensemble_text(self.plane.source.read_text(name, "config.pbtxt") or "")
         assert self.settings.repository is not None
         return is_ensemble_dir(self.settings.repository / name)
 

@@ -5,7 +5,8 @@ their config is the one of their active snapshot (what Triton serves), else of t
 snapshot (what they will serve). A map key or a type that does not fit that config is the
 ensemble's content fault (`content_problems`, recorded with the snapshot); a step model that the
 daemon does not serve is an environment fault (`require_members` raises EnvironmentFault: deploying
-the step first fixes it, and the ensemble's digest must not be quarantined for it).
+the step first fixes it, and the ensemble's digest must not be quarantined for it). `step_models`
+lists the models an ensemble needs, for `load` (members first) and `unload --dependents`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
 
 SERVING_STATES = ("serving", "degraded")
+
+
+def step_models(config: dict[str, Any] | None) -> list[str]:
+    """The ensemble's composing models in step order, each once; [] for a model that is no ensemble."""
+    if not config or config.get("platform") != "ensemble":
+        return []
+    names: list[str] = []
+    for step in (config.get("ensemble_scheduling") or {}).get("step", []):
+        name = step.get("model_name")
+        if name and name not in names:
+            names.append(name)
+    return names
 
 
 def _member(registry: Registry, name: str, *, served_only: bool) -> Member | None:

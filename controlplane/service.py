@@ -19,8 +19,7 @@ from typing import Any
 from controlplane import queries
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
-from controlplane.ensemblemembers import content_problems
-from controlplane.ensembles import members as ensemble_members
+from controlplane.ensemblemembers import content_problems, step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
 from controlplane.modelconfig import validate_model_dir
@@ -321,7 +320,7 @@ class ControlPlane:
                       chain: tuple[str, ...]) -> Outcome | None:
         """An ensemble's members that do not serve are loaded first, in step order (recursively).
         Returns the failed outcome of a member that could not be loaded (the ensemble is then not tried)."""
-        for member in ensemble_members(self.registry.get_snapshot(model, digest).config):
+        for member in step_models(self.registry.get_snapshot(model, digest).config):
             if member in chain:
                 continue  # a cycle: Triton refuses it at load, with its own message
             record = self.registry.find_model(member)
@@ -347,7 +346,7 @@ class ControlPlane:
         out: dict[str, list[str]] = {}
         for record in self.registry.list_models(states=SERVING_STATES):
             if record.active_digest:
-                names = ensemble_members(self.registry.get_snapshot(record.name, record.active_digest).config)
+                names = step_models(self.registry.get_snapshot(record.name, record.active_digest).config)
                 if names:
                     out[record.name] = names
         return out
