@@ -36,7 +36,64 @@ class NotFoundError(TritonctlError):
 
 
 class SnapshotError(TritonctlError):
-    """A model's content could not be captured (still changing, unreadable, on hold)."""
+    """A model's content could not be captured (still changing, unreadable, on hold).
+
+    Each refusal is a subclass; `retryable` says whether capturing again later can succeed without
+    anyone fixing anything (the writer is not done yet), so callers reschedule instead of auditing a
+    failure. Code that only needs "capture failed" keeps catching SnapshotError."""
+
+    retryable: bool = False
+
+
+class SnapshotChangingError(SnapshotError):
+    """The content moved during the capture or the settle window (a writer is still at work)."""
+
+    retryable = True
+
+
+class SnapshotOnHoldError(SnapshotError):
+    """The hold file is present: the writer asked tritonctl to wait."""
+
+    retryable = True
+
+
+class SnapshotAwaitingMarkerError(SnapshotError):
+    """The commit marker is missing or older than the content: the writer has not committed yet."""
+
+    retryable = True
+
+
+class SnapshotSourceGoneError(SnapshotError):
+    """The model directory (or its objects) is gone or is not a directory."""
+
+
+class SnapshotUnreadableError(SnapshotError):
+    """A file or directory of the model cannot be read (permissions, I/O error)."""
+
+
+class SnapshotTooLargeError(SnapshotError):
+    """config.pbtxt is over the size limit: refused before copying it."""
+
+
+class SnapshotUnsupportedError(SnapshotError):
+    """Content tritonctl refuses to capture: a symlink leaving the model or dangling, a directory
+    loop, a fifo or device, an unsafe or clashing object key."""
+
+
+class SnapshotStoreWriteError(SnapshotError):
+    """The content store cannot be created or written (the state filesystem)."""
+
+
+class SnapshotCorruptError(SnapshotError):
+    """A stored manifest is malformed or does not hold the snapshot its name says."""
+
+
+class SnapshotDigestError(SnapshotError):
+    """A digest that is not 64 lowercase hex digits was asked of the store."""
+
+
+class SnapshotCollectedError(SnapshotError):
+    """The snapshot (or an object it needs) is no longer in the content store: gc collected it."""
 
 
 class ObjectStoreError(SnapshotError):

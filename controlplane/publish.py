@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controlplane.errors import SnapshotError
+from controlplane.errors import SnapshotCollectedError, SnapshotError
 from controlplane.snapshot import ContentStore, Snapshot, force_rmtree, is_ignored_name, link_or_copy
 
 CONFIG_FILE = "config.pbtxt"
@@ -122,7 +122,7 @@ class ServingRepository:
                 continue
             obj = store.object_path(entry.sha256)
             if not obj.exists():
-                raise SnapshotError(f"{model}: {entry.path} ({entry.sha256[:12]}) is missing from the store")
+                raise SnapshotCollectedError(f"{model}: {entry.path} ({entry.sha256[:12]}) is missing from the store")
             if entry.path == CONFIG_FILE:
                 text = obj.read_bytes().decode("utf-8", errors="surrogateescape")
                 if config_transform is not None:

@@ -32,7 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import objectstore
-from controlplane.errors import ConfigError, ObjectStoreError, SnapshotError
+from controlplane.errors import (
+    ConfigError,
+    ObjectStoreError,
+    SnapshotAwaitingMarkerError,
+    SnapshotChangingError,
+    SnapshotError,
+    SnapshotOnHoldError,
+    SnapshotSourceGoneError,
+    SnapshotStoreWriteError,
+    SnapshotTooLargeError,
+    SnapshotUnsupportedError,
+)
 from controlplane.objectstore import S3Location
 from controlplane.snapshot import (
     CONFIG_FILE,
@@ -273,13 +284,13 @@ class S3Source:
         """Snapshot the model's objects if complete and holding still; SnapshotError otherwise."""
         before = self._list(model).get(model)
         if before is None or not before.objects:
-            raise SnapshotError(f"{model}: no objects under {self.location.url}{model}/")
+            raise SnapshotSourceGoneError(f"{model}: no objects under {self.location.url}{model}/")
         self._check_ready(model, before, settled)
         wanted = self._content(model, before)
         shas = self._fetch(model, store, wanted)
         after = self._list(model).get(model) or Listing()
         if after.signature != before.signature or after.uploading:
-            raise SnapshotError(f"{model}: still changing ({_first_difference(before, after)})")
+            raise SnapshotChangingError(f"{model}: still changing ({_first_difference(before, after)})")
         entries: dict[str, ManifestEntry] = {}
         for rel, row in wanted.items():
             parts = rel.split("/")
@@ -295,28 +306,30 @@ class S3Source:
             with store.reading():
                 store._materialize(snapshot)  # noqa: SLF001 - the store's own tree builder, from stored objects
         except OSError as exc:
-            raise SnapshotError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
+            raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
         return snapshot
 
     def _check_ready(self, model: str, listing: Listing, settled: bool) -> None:
         if HOLD_FILE in listing.objects:
-            raise SnapshotError(f"{model}: on hold ({HOLD_FILE} present)")
+            raise SnapshotOnHoldError(f"{model}: on hold ({HOLD_FILE} present)")
         if listing.uploading:
-            raise SnapshotError(f"{model}: still changing (multipart upload of {listing.uploading[0]} in progress)")
+            raise SnapshotChangingError(
+                f"{model}: still changing (multipart upload of {listing.uploading[0]} in progress)")
         marker_ok = False
         if self.commit_marker:
             marker = listing.objects.get(self.commit_marker)
             if marker is None:
-                raise SnapshotError(f"{model}: awaiting commit marker {self.commit_marker}")
+                raise SnapshotAwaitingMarkerError(f"{model}: awaiting commit marker {self.commit_marker}")
             newer = sorted(rel for rel, r in listing.objects.items() if r["LastModified"] > marker["LastModified"])
             if newer:
-                raise SnapshotError(f"{model}: awaiting commit marker {self.commit_marker} (older than {newer[0]})")
+                raise SnapshotAwaitingMarkerError(
+                    f"{model}: awaiting commit marker {self.commit_marker} (older than {newer[0]})")
             marker_ok = True
         if settled and not marker_ok:
             newest = max(r["LastModified"].timestamp() for r in listing.objects.values())
             age_s = time.time() - newest
             if -1.0 <= age_s < self._settle or not self._quiet(model, listing.signature):
-                raise SnapshotError(f"{model}: still changing (last change {max(age_s, 0.0):.2f} s ago,"
+                raise SnapshotChangingError(f"{model}: still changing (last change {max(age_s, 0.0):.2f} s ago,"
                                     f" settle window {self._settle:g} s)")
 
     def _content(self, model: str, listing: Listing) -> dict[str, dict[str, Any]]:
@@ -327,7 +340,8 @@ class S3Source:
                 continue
             parts = rel.rstrip("/").split("/")
             if any(p in ("", ".", "..") for p in parts) or "\\" in rel or "\0" in rel:
-                raise SnapshotError(f"{model}: object key {rel!r} is not a safe path; refusing to capture it")
+                raise SnapshotUnsupportedError(
+                    f"{model}: object key {rel!r} is not a safe path; refusing to capture it")
             if any(is_ignored_name(p) for p in parts):
                 # debris is left out, but the folders above it exist, as on a disk: an ensemble's empty
                 # version folder is often kept in a bucket by a `1/.gitkeep` or a `1/` folder object
@@ -336,15 +350,16 @@ class S3Source:
                     wanted.setdefault("/".join(parts[:first]) + "/", {"Size": 0})
                 continue
             if rel.endswith("/") and int(row["Size"]):
-                raise SnapshotError(f"{model}: object key {rel!r} ends with '/' but has content")
+                raise SnapshotUnsupportedError(f"{model}: object key {rel!r} ends with '/' but has content")
             if rel == CONFIG_FILE and int(row["Size"]) > MAX_CONFIG_BYTES:
-                raise SnapshotError(f"{model}: {CONFIG_FILE} is {row['Size']} bytes, over the {MAX_CONFIG_BYTES}-byte"
-                                    " limit; refusing to capture it")
+                raise SnapshotTooLargeError(
+                    f"{model}: {CONFIG_FILE} is {row['Size']} bytes, over the {MAX_CONFIG_BYTES}-byte"
+                    " limit; refusing to capture it")
             wanted[rel] = row
         files = {rel for rel in wanted if not rel.endswith("/")}
         clash = next((rel for rel in files if any(f.startswith(rel + "/") for f in files)), None)
         if clash:
-            raise SnapshotError(f"{model}: {clash} is both an object and a folder; refusing to capture it")
+            raise SnapshotUnsupportedError(f"{model}: {clash} is both an object and a folder; refusing to capture it")
         return wanted
 
     def _fetch(self, model: str, store: ContentStore, wanted: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -367,7 +382,8 @@ class S3Source:
             try:
                 tmp, sha = objectstore.download_verified(
                     self._client, self.location.bucket, key, store.root / "tmp", size=int(row["Size"]),
-                    etag=str(row["ETag"]), on_mismatch=lambda why: SnapshotError(f"{model}: still changing ({why})"))
+                    etag=str(row["ETag"]),
+                    on_mismatch=lambda why: SnapshotChangingError(f"{model}: still changing ({why})"))
             except SnapshotError:
                 raise
             except Exception as exc:

@@ -218,7 +218,7 @@ class ControlPlane:
             return None
         except SnapshotError as exc:
             text = str(exc)
-            if ("still changing" in text or "on hold" in text or "awaiting" in text) and self.reschedule:
+            if exc.retryable and self.reschedule:
                 log.info("%s: %s; retrying after the settle window", model, text)
                 self.capture_waits[model] = text.removeprefix(f"{model}: ")
                 self.reschedule(model, self.settings.settle_s)

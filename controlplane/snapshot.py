@@ -29,7 +29,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.errors import SnapshotError
+from controlplane.errors import (
+    SnapshotAwaitingMarkerError,
+    SnapshotChangingError,
+    SnapshotCollectedError,
+    SnapshotCorruptError,
+    SnapshotDigestError,
+    SnapshotOnHoldError,
+    SnapshotSourceGoneError,
+    SnapshotStoreWriteError,
+    SnapshotTooLargeError,
+    SnapshotUnreadableError,
+    SnapshotUnsupportedError,
+)
 
 HOLD_FILE = ".tritonctl-hold"
 CONFIG_FILE = "config.pbtxt"
@@ -129,10 +141,10 @@ class Snapshot:
             body = json.loads(text)
             entries = [ManifestEntry(**row) for row in body["entries"]]
         except (ValueError, KeyError, TypeError) as exc:
-            raise SnapshotError(f"{model}: malformed snapshot manifest ({exc})") from exc
+            raise SnapshotCorruptError(f"{model}: malformed snapshot manifest ({exc})") from exc
         snap = cls.from_entries(model, entries)
         if body.get("digest", snap.digest) != snap.digest:
-            raise SnapshotError(f"{model}: manifest digest {body['digest']} does not match its entries")
+            raise SnapshotCorruptError(f"{model}: manifest digest {body['digest']} does not match its entries")
         return snap
 
     def file(self, path: str) -> ManifestEntry | None:
@@ -170,9 +182,9 @@ def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset()) -> lis
             with os.scandir(real_dir) as it:
                 children = sorted(it, key=lambda d: d.name)
         except FileNotFoundError:
-            raise SnapshotError(f"{model}: still changing ({rel_dir or '.'} vanished)") from None
+            raise SnapshotChangingError(f"{model}: still changing ({rel_dir or '.'} vanished)") from None
         except OSError as exc:
-            raise SnapshotError(f"{model}: cannot read directory {rel_dir or '.'} ({exc.strerror})") from None
+            raise SnapshotUnreadableError(f"{model}: cannot read directory {rel_dir or '.'} ({exc.strerror})") from None
         for child in children:
             name = child.name
             if is_ignored_name(name) or (not rel_dir and name in skip):
@@ -183,26 +195,27 @@ def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset()) -> lis
                 if child.is_symlink():
                     real = os.path.realpath(path)
                     if real != base and not real.startswith(base.rstrip("/") + "/"):
-                        raise SnapshotError(f"{model}: symlink {rel} points outside the model directory")
+                        raise SnapshotUnsupportedError(f"{model}: symlink {rel} points outside the model directory")
                     st = os.stat(real)
                 else:
                     real, st = path, os.lstat(path)
             except FileNotFoundError:
                 if os.path.islink(path):
-                    raise SnapshotError(f"{model}: symlink {rel} is dangling") from None
-                raise SnapshotError(f"{model}: still changing ({rel} vanished during the scan)") from None
+                    raise SnapshotUnsupportedError(f"{model}: symlink {rel} is dangling") from None
+                raise SnapshotChangingError(f"{model}: still changing ({rel} vanished during the scan)") from None
             except OSError as exc:
-                raise SnapshotError(f"{model}: cannot read {rel} ({exc.strerror})") from None
+                raise SnapshotUnreadableError(f"{model}: cannot read {rel} ({exc.strerror})") from None
             if stat.S_ISDIR(st.st_mode):
                 if real in ancestors:
-                    raise SnapshotError(f"{model}: symlink {rel} makes a directory loop")
+                    raise SnapshotUnsupportedError(f"{model}: symlink {rel} makes a directory loop")
                 items.append(_Item(rel, "dir", real, st))
                 walk(real, rel, ancestors | {real})
             elif stat.S_ISREG(st.st_mode):
                 items.append(_Item(rel, "file", real, st))
             else:
                 kind = "fifo" if stat.S_ISFIFO(st.st_mode) else "socket or device"
-                raise SnapshotError(f"{model}: {rel} is a {kind}, not a regular file; refusing to capture it")
+                raise SnapshotUnsupportedError(
+                    f"{model}: {rel} is a {kind}, not a regular file; refusing to capture it")
 
     walk(base, "", frozenset({base}))
     return items
@@ -283,7 +296,7 @@ class ContentStore:
             for sub in ("objects", "trees", "tmp"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise SnapshotError(f"content store {self.root}: {exc.strerror}") from exc
+            raise SnapshotStoreWriteError(f"content store {self.root}: {exc.strerror}") from exc
         self._statcache_path = self.root / "statcache.json"
         # new entries are appended to a journal, folded into statcache.json only once the journal
         # outgrows the cache: rewriting the whole cache after every capture made an initial scan of
@@ -345,7 +358,7 @@ class ContentStore:
             self._save_statcache()
         if quiet_s > 0 and last_change_ns(model_dir) != changed:
             # the stored objects and tree stay unreferenced (gc takes them) unless captured again whole
-            raise SnapshotError(f"{model}: still changing (written to during the capture)")
+            raise SnapshotChangingError(f"{model}: still changing (written to during the capture)")
         return snapshot
 
     @staticmethod
@@ -353,7 +366,7 @@ class ContentStore:
         age_s = time.time() - changed_ns / 1e9
         # more than a second in the future: a clock step or a skewed file server, not a writer
         if -1.0 <= age_s < quiet_s:
-            raise SnapshotError(
+            raise SnapshotChangingError(
                 f"{model}: still changing (last change {max(age_s, 0.0):.2f} s ago, settle window {quiet_s:g} s)"
             )
 
@@ -361,7 +374,7 @@ class ContentStore:
     def _check_config_size(model: str, items: list[_Item]) -> None:
         for item in items:
             if item.rel == CONFIG_FILE and item.kind != "dir" and item.st.st_size > MAX_CONFIG_BYTES:
-                raise SnapshotError(
+                raise SnapshotTooLargeError(
                     f"{model}: {CONFIG_FILE} is {item.st.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit;"
                     " refusing to capture it"
                 )
@@ -377,33 +390,33 @@ class ContentStore:
                 entries.append(ManifestEntry(item.rel, "file", item.st.st_size, mode, sha))
         after = scan(model_dir, model, skip)
         if [i.signature for i in after] != [i.signature for i in before]:
-            raise SnapshotError(f"{model}: still changing ({_first_difference(before, after)})")
+            raise SnapshotChangingError(f"{model}: still changing ({_first_difference(before, after)})")
         self._check_present(model_dir, model)
         snapshot = Snapshot.from_entries(model, entries)
         try:
             self._materialize(snapshot)
         except OSError as exc:
-            raise SnapshotError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
+            raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
         return snapshot
 
     @staticmethod
     def _check_present(model_dir: Path, model: str) -> None:
         if not model_dir.exists():
-            raise SnapshotError(f"{model}: model directory {model_dir} is gone")
+            raise SnapshotSourceGoneError(f"{model}: model directory {model_dir} is gone")
         if not model_dir.is_dir():
-            raise SnapshotError(f"{model}: {model_dir} is not a directory")
+            raise SnapshotSourceGoneError(f"{model}: {model_dir} is not a directory")
         if os.path.lexists(model_dir / HOLD_FILE):
-            raise SnapshotError(f"{model}: on hold ({HOLD_FILE} present)")
+            raise SnapshotOnHoldError(f"{model}: on hold ({HOLD_FILE} present)")
 
     @staticmethod
     def _check_marker(model_dir: Path, model: str, marker: str, items: list[_Item]) -> None:
         try:
             marked = os.stat(model_dir / marker).st_mtime_ns
         except FileNotFoundError:
-            raise SnapshotError(f"{model}: awaiting commit marker {marker}") from None
+            raise SnapshotAwaitingMarkerError(f"{model}: awaiting commit marker {marker}") from None
         newer = [i.rel for i in items if i.kind == "file" and i.st.st_mtime_ns > marked]
         if newer:
-            raise SnapshotError(f"{model}: awaiting commit marker {marker} (older than {newer[0]})")
+            raise SnapshotAwaitingMarkerError(f"{model}: awaiting commit marker {marker} (older than {newer[0]})")
 
     def _ingest(self, item: _Item, model: str) -> str:
         """The sha256 of one source file, its content stored as an object (read at most once)."""
@@ -423,12 +436,12 @@ class ContentStore:
             src = _open_source(item.real)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ELOOP):
-                raise SnapshotError(f"{model}: still changing ({item.rel} replaced during capture)") from None
-            raise SnapshotError(f"{model}: cannot read {item.rel} ({exc.strerror})") from None
+                raise SnapshotChangingError(f"{model}: still changing ({item.rel} replaced during capture)") from None
+            raise SnapshotUnreadableError(f"{model}: cannot read {item.rel} ({exc.strerror})") from None
         try:
             sha = self._copy_in(src, item, model)
         except OSError as exc:  # the source failing mid-read, or the store (disk full)
-            raise SnapshotError(f"{model}: cannot capture {item.rel} ({exc.strerror})") from exc
+            raise SnapshotUnreadableError(f"{model}: cannot capture {item.rel} ({exc.strerror})") from exc
         finally:
             os.close(src)
         with self._lock:
@@ -441,7 +454,7 @@ class ContentStore:
         return sha
 
     def _copy_in(self, src: int, item: _Item, model: str) -> str:
-        changing = SnapshotError(f"{model}: still changing ({item.rel} modified during capture)")
+        changing = SnapshotChangingError(f"{model}: still changing ({item.rel} modified during capture)")
         if not _same_file(os.fstat(src), item.st):
             raise changing
         fd, tmp = tempfile.mkstemp(dir=self.root / "tmp", prefix="obj-")
@@ -506,14 +519,14 @@ class ContentStore:
     # -- lookup and collection -----------------------------------------------------------------
     def load(self, model: str, digest: str) -> Snapshot:
         if not is_digest(digest):
-            raise SnapshotError(f"{model}: {digest!r} is not a snapshot digest")
+            raise SnapshotDigestError(f"{model}: {digest!r} is not a snapshot digest")
         try:
             text = self.manifest_path(digest).read_text()
         except FileNotFoundError:
-            raise SnapshotError(f"{model}: unknown snapshot {digest[:12]}") from None
+            raise SnapshotCollectedError(f"{model}: unknown snapshot {digest[:12]}") from None
         snap = Snapshot.from_manifest_json(model, text)
         if snap.digest != digest:
-            raise SnapshotError(f"{model}: manifest {digest[:12]} holds snapshot {snap.digest[:12]}")
+            raise SnapshotCorruptError(f"{model}: manifest {digest[:12]} holds snapshot {snap.digest[:12]}")
         return snap
 
     def digests(self) -> set[str]:

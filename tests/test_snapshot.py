@@ -16,7 +16,19 @@ from pathlib import Path
 import pytest
 
 from controlplane import snapshot as snapmod
-from controlplane.errors import SnapshotError
+from controlplane.errors import (
+    SnapshotAwaitingMarkerError,
+    SnapshotChangingError,
+    SnapshotCollectedError,
+    SnapshotCorruptError,
+    SnapshotDigestError,
+    SnapshotError,
+    SnapshotOnHoldError,
+    SnapshotSourceGoneError,
+    SnapshotTooLargeError,
+    SnapshotUnreadableError,
+    SnapshotUnsupportedError,
+)
 from controlplane.snapshot import HOLD_FILE, ContentStore, ManifestEntry, Snapshot
 
 GEN_CONFIG = re.compile(r'key: "gen"\s*value \{ string_value: "(\d+)" \}')
@@ -168,7 +180,7 @@ def test_change_during_capture_is_refused_and_leaves_nothing(
         return sha
 
     monkeypatch.setattr(ContentStore, "_copy_in", copy_then_edit)
-    with pytest.raises(SnapshotError, match=r"m: still changing \(config.pbtxt"):
+    with pytest.raises(SnapshotChangingError, match=r"m: still changing \(config.pbtxt"):
         store.capture(d, "m")
     assert not leftovers(store) and not store.digests()
 
@@ -189,7 +201,7 @@ def test_append_during_read_is_refused(store: ContentStore, src: Path) -> None:
     t = threading.Thread(target=appender)
     t.start()
     try:
-        with pytest.raises(SnapshotError, match="still changing"):
+        with pytest.raises(SnapshotChangingError, match="still changing"):
             store.capture(d, "m")
     finally:
         stop.set()
@@ -222,10 +234,20 @@ def test_stat_cache_is_not_trusted_without_the_object(store: ContentStore, src: 
     assert len(objects(store)) == 2
 
 
+def test_only_a_writer_not_done_yet_is_retryable() -> None:
+    """The daemon reschedules a retryable refusal and audits any other as a failed snapshot."""
+    waits = {SnapshotChangingError, SnapshotOnHoldError, SnapshotAwaitingMarkerError}
+    kinds = {SnapshotCollectedError, SnapshotCorruptError, SnapshotDigestError, SnapshotSourceGoneError,
+             SnapshotTooLargeError, SnapshotUnreadableError, SnapshotUnsupportedError} | waits
+    assert all(issubclass(k, SnapshotError) for k in kinds)
+    assert {k for k in kinds if k.retryable} == waits
+    assert SnapshotError("m: x").retryable is False
+
+
 def test_hold_file(store: ContentStore, src: Path) -> None:
     d = make_model(src, "m", 1)
     (d / HOLD_FILE).touch()
-    with pytest.raises(SnapshotError, match=r"^m: on hold"):
+    with pytest.raises(SnapshotOnHoldError, match=r"^m: on hold"):
         store.capture(d, "m")
     (d / HOLD_FILE).unlink()
     store.capture(d, "m")
@@ -233,14 +255,14 @@ def test_hold_file(store: ContentStore, src: Path) -> None:
 
 def test_commit_marker(store: ContentStore, src: Path) -> None:
     d = make_model(src, "m", 1)
-    with pytest.raises(SnapshotError, match="awaiting commit marker COMMIT$"):
+    with pytest.raises(SnapshotAwaitingMarkerError, match="awaiting commit marker COMMIT$"):
         store.capture(d, "m", commit_marker="COMMIT")
     (d / "COMMIT").touch()
     snap = store.capture(d, "m", commit_marker="COMMIT")
     assert "COMMIT" not in {e.path for e in snap.entries}
     later = time.time_ns() + 5_000_000_000
     os.utime(d / "1" / "model.py", ns=(later, later))
-    with pytest.raises(SnapshotError, match=r"awaiting commit marker COMMIT \(older than 1/model.py\)"):
+    with pytest.raises(SnapshotAwaitingMarkerError, match=r"awaiting commit marker COMMIT \(older than 1/model.py\)"):
         store.capture(d, "m", commit_marker="COMMIT")
 
 
@@ -255,22 +277,22 @@ def test_symlinks(store: ContentStore, src: Path, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("not yours")
     (d / "1" / "leak.txt").symlink_to(secret)
-    with pytest.raises(SnapshotError, match="symlink 1/leak.txt points outside the model directory"):
+    with pytest.raises(SnapshotUnsupportedError, match="symlink 1/leak.txt points outside the model directory"):
         store.capture(d, "m")
     (d / "1" / "leak.txt").unlink()
     (d / "1" / "up").symlink_to("../..")
-    with pytest.raises(SnapshotError, match="outside the model directory"):
+    with pytest.raises(SnapshotUnsupportedError, match="outside the model directory"):
         store.capture(d, "m")
     (d / "1" / "up").unlink()
     (d / "1" / "dangling").symlink_to("nowhere")
-    with pytest.raises(SnapshotError, match="dangling"):
+    with pytest.raises(SnapshotUnsupportedError, match="dangling"):
         store.capture(d, "m")
 
 
 def test_fifo_refused(store: ContentStore, src: Path) -> None:
     d = make_model(src, "m", 1)
     os.mkfifo(d / "1" / "pipe")
-    with pytest.raises(SnapshotError, match="m: 1/pipe is a fifo"):
+    with pytest.raises(SnapshotUnsupportedError, match="m: 1/pipe is a fifo"):
         store.capture(d, "m")
 
 
@@ -284,25 +306,25 @@ def test_unreadable_file_is_named(store: ContentStore, src: Path, monkeypatch: p
         return real_open(path)
 
     monkeypatch.setattr(snapmod, "_open_source", deny)
-    with pytest.raises(SnapshotError, match=r"m: cannot read 1/model.py \(Permission denied\)"):
+    with pytest.raises(SnapshotUnreadableError, match=r"m: cannot read 1/model.py \(Permission denied\)"):
         store.capture(d, "m")
     assert not leftovers(store)
 
 
 def test_gone_and_not_a_directory(store: ContentStore, src: Path) -> None:
-    with pytest.raises(SnapshotError, match="m: model directory .* is gone"):
+    with pytest.raises(SnapshotSourceGoneError, match="m: model directory .* is gone"):
         store.capture(src / "m", "m")
     (src / "f").write_text("x")
-    with pytest.raises(SnapshotError, match="not a directory"):
+    with pytest.raises(SnapshotSourceGoneError, match="not a directory"):
         store.capture(src / "f", "f")
 
 
 def test_load_unknown_or_malformed(store: ContentStore) -> None:
-    with pytest.raises(SnapshotError, match="unknown snapshot"):
+    with pytest.raises(SnapshotCollectedError, match="unknown snapshot"):
         store.load("m", "0" * 64)
-    with pytest.raises(SnapshotError, match="not a snapshot digest"):
+    with pytest.raises(SnapshotDigestError, match="not a snapshot digest"):
         store.load("m", "../../etc/passwd")
-    with pytest.raises(SnapshotError, match="malformed"):
+    with pytest.raises(SnapshotCorruptError, match="malformed"):
         Snapshot.from_manifest_json("m", "{}")
 
 

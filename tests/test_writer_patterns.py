@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.errors import SnapshotError
+from controlplane.errors import SnapshotError, SnapshotSourceGoneError
 from controlplane.snapshot import HOLD_FILE, ContentStore
 from controlplane.watcher import RepositoryWatcher
 from tests.test_snapshot import config_text, make_model, markers, model_text
@@ -74,9 +74,9 @@ class Harness:
             snap = self.store.capture(self.repo / model, model, commit_marker=self.commit_marker)
         except SnapshotError as exc:
             reason = str(exc)
-            if "is gone" in reason:
+            if isinstance(exc, SnapshotSourceGoneError):
                 record = Record(model, "removed", (None, None), ())
-            elif any(s in reason for s in ("still changing", "on hold", "awaiting commit marker")):
+            elif exc.retryable:
                 self.refusals.append(reason)
                 self.watcher.reschedule(model, SETTLE)
                 return

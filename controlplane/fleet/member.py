@@ -181,8 +181,7 @@ class FleetMember:
             local = self.plane.capture(model)
         except SnapshotError as exc:
             text = str(exc)
-            retry = isinstance(exc, ObjectStoreError) or any(w in text for w in ("still changing", "on hold",
-                                                                                 "awaiting"))
+            retry = isinstance(exc, ObjectStoreError) or exc.retryable
             if retry and self.plane.reschedule:
                 self.plane.reschedule(model, self.settings.settle_s)
             else:
