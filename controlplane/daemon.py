@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from controlplane import systemd
@@ -565,6 +564,3 @@ def launch_ports(settings: Settings) -> tuple[int, int, int]:
         chosen.append(port)
     return chosen[0], chosen[1], chosen[2]
 
-
-def socket_path_ok(path: Path) -> bool:
-    return path.exists() and path.is_socket()

@@ -210,13 +210,3 @@ class ServingRepository:
     def models(self) -> list[str]:
         """Models with a link in the serving root."""
         return sorted(p.name for p in self.serving_root.iterdir() if p.is_symlink() and not p.name.startswith("."))
-
-    def remove_dangling(self) -> list[str]:
-        """Drop links whose tree is gone (made by hand or a crash); returns the models dropped."""
-        dropped = []
-        with self._lock:
-            for p in self.serving_root.iterdir():
-                if p.is_symlink() and not p.exists():
-                    p.unlink()
-                    dropped.append(p.name)
-        return sorted(dropped)

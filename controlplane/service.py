@@ -520,6 +520,3 @@ class ControlPlane:
             return self.registry.get_model(name).state in SERVING_STATES  # not an operator's unload
         except TritonctlError:
             return False
-
-    def snapshot_path(self, model: str, digest: str) -> Path:
-        return self.store.tree_path(self.registry.get_snapshot(model, digest).digest)

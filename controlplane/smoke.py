@@ -27,12 +27,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # numpy is imported where arrays are built: `validate` checks a smoke file without it
     import numpy as np
 
-from controlplane.errors import ModelConfigError, TritonError, TritonTimeoutError
+from controlplane.errors import ModelConfigError
 
 SMOKE_FILE = "smoke.json"
 DEFAULT_TOLERANCE = 1e-6
@@ -386,51 +386,3 @@ def _index(flat: int, shape: tuple[int, ...]) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-# ---------------------------------------------------------------- gRPC transport
-
-
-def grpc_infer_fn(client: Any, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> InferFn:
-    """An InferFn over a `tritonclient.grpc.InferenceServerClient`.
-
-    Errors become TritonError (TritonTimeoutError past `timeout_s`) carrying Triton's own message;
-    BYTES outputs come back as object arrays of bytes, which run_smoke decodes as UTF-8.
-    """
-    import tritonclient.grpc as grpcclient  # deferred: heavy import
-    from tritonclient.utils import InferenceServerException
-
-    def infer(
-        model: str, version: str, inputs: Sequence[SmokeInput], output_names: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        tensors = []
-        for item in inputs:
-            assert item.array is not None, "a smoke file checked with build=False cannot be run"
-            tensor = grpcclient.InferInput(item.name, list(item.array.shape), item.datatype)
-            tensor.set_data_from_numpy(item.array)
-            tensors.append(tensor)
-        wanted = [grpcclient.InferRequestedOutput(name) for name in output_names] or None
-        try:
-            result = client.infer(
-                model,
-                tensors,
-                model_version=version,
-                outputs=wanted,
-                headers=headers,
-                client_timeout=timeout_s,
-            )
-        except InferenceServerException as exc:
-            status = str(exc.status() or "")
-            message = exc.message() or str(exc)
-            if "DEADLINE" in status.upper():
-                raise TritonTimeoutError(f"no answer within {timeout_s:g}s: {message}", status) from exc
-            raise TritonError(message, status) from exc
-        names = list(output_names) or [o["name"] for o in result.get_response(as_json=True)["outputs"]]
-        outputs: dict[str, np.ndarray] = {}
-        for name in names:
-            array = result.as_numpy(name)
-            if array is not None:
-                outputs[name] = array
-        return outputs
-
-    return infer

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from controlplane.errors import ModelConfigError, TritonError
+from controlplane.errors import ModelConfigError
 from controlplane.smoke import (
+    InferFn,
     SmokeInput,
     SmokeOutput,
     SmokeRequest,
-    grpc_infer_fn,
     load_smoke_file,
     run_smoke,
 )
+from controlplane.triton.client import TritonClient
 from controlplane.triton.launcher import TritonServer
 from tests.conftest import EXAMPLES, install_model
 
@@ -219,21 +220,36 @@ def test_run_smoke_reports_missing_outputs_and_keeps_infer_errors() -> None:
 # ------------------------------------------------------------------ against the real server
 
 
+@pytest.fixture
+def infer(triton: TritonServer) -> Iterator[InferFn]:
+    """The transport a deploy gives run_smoke: the daemon's Triton client."""
+    client = TritonClient(triton.grpc_url)
+
+    def fn(model: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        return client.infer(model, version, [(i.name, i.datatype, i.array) for i in inputs if i.array is not None],
+                            outputs)
+
+    yield fn
+    client.close()
+
+
 @pytest.mark.parametrize("model", sorted(p.parent.name for p in EXAMPLES.glob("*/smoke.json")))
-def test_every_example_passes_its_own_smoke_file(triton: TritonServer, triton_client, model: str) -> None:
+def test_every_example_passes_its_own_smoke_file(
+    triton: TritonServer, triton_client, infer: InferFn, model: str
+) -> None:
     parts = ("sentiment_tokenizer", "sentiment_classifier") if model == "sentiment_pipeline" else ()
     for part in (model, *parts):
         install_model(triton, EXAMPLES / part)
     triton_client.load_model(model, client_timeout=LOAD_TIMEOUT_S)
     try:
         requests = load_smoke_file(EXAMPLES / model / "smoke.json")
-        assert run_smoke(model, requests, grpc_infer_fn(triton_client)) == []
+        assert run_smoke(model, requests, infer) == []
     finally:
         triton_client.unload_model(model, unload_dependents=True)
 
 
 def test_a_wrong_expectation_fails_with_a_clear_message(
-    triton: TritonServer, triton_client, tmp_path: Path
+    triton: TritonServer, triton_client, infer: InferFn, tmp_path: Path
 ) -> None:
     wrong = json.loads((EXAMPLES / "linear" / "smoke.json").read_text())
     wrong["requests"][1]["outputs"][0]["data"] = [[15], [0.5]]  # the model answers -0.5
@@ -242,37 +258,19 @@ def test_a_wrong_expectation_fails_with_a_clear_message(
     install_model(triton, EXAMPLES / "linear")
     triton_client.load_model("linear", client_timeout=LOAD_TIMEOUT_S)
     try:
-        failures = run_smoke("linear", requests, grpc_infer_fn(triton_client))
+        failures = run_smoke("linear", requests, infer)
     finally:
         triton_client.unload_model("linear")
     assert failures == [
         "linear request 1: output 'y' differs at index [1, 0]: expected 0.5, got -0.5 (tolerance 1e-06)",
-        "linear version 7 request 2: infer failed: "
+        "linear version 7 request 2: infer failed: infer 'linear': "
         "Request for unknown model: 'linear' version 7 is not found",
     ]
 
 
-def test_grpc_infer_fn_maps_errors_to_triton_error(triton: TritonServer, triton_client) -> None:
-    infer = grpc_infer_fn(triton_client, timeout_s=5.0)
-    x = SmokeInput("x", "FP32", np.zeros((1, 3), np.float32))
-    with pytest.raises(TritonError) as caught:
-        infer("no_such_model", "", [x], ["y"])
-    assert "no_such_model" in str(caught.value)
-    assert "NOT_FOUND" in caught.value.status or "UNAVAILABLE" in caught.value.status
-
-
-def test_grpc_infer_fn_returns_every_output_when_none_are_named(triton: TritonServer, triton_client) -> None:
-    install_model(triton, EXAMPLES / "reshape_test")
-    triton_client.load_model("reshape_test", client_timeout=LOAD_TIMEOUT_S)
-    try:
-        x = SmokeInput("x", "FP32", np.array([2.0, 3.0, 4.0], np.float32))
-        got = grpc_infer_fn(triton_client)("reshape_test", "", [x], [])
-    finally:
-        triton_client.unload_model("reshape_test")
-    assert sorted(got) == ["received_shape", "y"]
-
-
-def test_the_readme_example_is_valid_and_passes(triton: TritonServer, triton_client, tmp_path: Path) -> None:
+def test_the_readme_example_is_valid_and_passes(
+    triton: TritonServer, triton_client, infer: InferFn, tmp_path: Path
+) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Smoke requests", 1)[1]
     example = section.split("```json\n", 1)[1].split("```", 1)[0]
@@ -280,6 +278,6 @@ def test_the_readme_example_is_valid_and_passes(triton: TritonServer, triton_cli
     install_model(triton, EXAMPLES / "linear")
     triton_client.load_model("linear", client_timeout=LOAD_TIMEOUT_S)
     try:
-        assert run_smoke("linear", requests, grpc_infer_fn(triton_client)) == []
+        assert run_smoke("linear", requests, infer) == []
     finally:
         triton_client.unload_model("linear")

@@ -8,7 +8,6 @@ failure. Triton's own message is kept in every error.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,7 +196,3 @@ class TritonClient:
         )
         return {name: result.as_numpy(name) for name in output_names}
 
-
-def index_summary(entries: Sequence[IndexEntry]) -> str:
-    """Compact JSON of index entries, for logs and error messages."""
-    return json.dumps([e.__dict__ for e in entries])
