@@ -28,7 +28,7 @@ from controlplane.ensemblecheck import Member, as_config, check_ensemble_members
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
-from controlplane.snapshot import CONFIG_FILE, MAX_CONFIG_BYTES
+from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.warmupcheck import check_warmup
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
-from controlplane.snapshot import is_ignored_name
+from controlplane.snapshot.debris import is_ignored_name
 
 log = logging.getLogger("tritonctl.poller")
 

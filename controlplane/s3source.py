@@ -45,16 +45,11 @@ from controlplane.errors import (
     SnapshotUnsupportedError,
 )
 from controlplane.objectstore import S3Location
-from controlplane.snapshot import (
-    CONFIG_FILE,
-    HOLD_FILE,
-    MAX_CONFIG_BYTES,
-    ContentStore,
-    ManifestEntry,
-    Snapshot,
-    is_ignored_name,
-    write_atomic,
-)
+from controlplane.snapshot.debris import is_ignored_name
+from controlplane.snapshot.fsutil import write_atomic
+from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
+from controlplane.snapshot.manifest import ManifestEntry, Snapshot
+from controlplane.snapshot.store import ContentStore
 
 log = logging.getLogger("tritonctl.s3source")
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from controlplane import snapshot as snapmod
 from controlplane.errors import (
     SnapshotAwaitingMarkerError,
     SnapshotChangingError,
@@ -30,6 +29,8 @@ from controlplane.errors import (
     SnapshotUnsupportedError,
 )
 from controlplane.snapshot import HOLD_FILE, ContentStore, ManifestEntry, Snapshot
+from controlplane.snapshot import store as storemod
+from controlplane.snapshot.scan import ScanItem
 
 GEN_CONFIG = re.compile(r'key: "gen"\s*value \{ string_value: "(\d+)" \}')
 GEN_PY = re.compile(r"^GEN = (\d+)$", re.M)
@@ -173,7 +174,7 @@ def test_change_during_capture_is_refused_and_leaves_nothing(
     (d / "1" / "weights.bin").write_bytes(b"w" * 5000)
     real_copy = ContentStore._copy_in
 
-    def copy_then_edit(self: ContentStore, fd: int, item: snapmod._Item, model: str) -> str:
+    def copy_then_edit(self: ContentStore, fd: int, item: ScanItem, model: str) -> str:
         sha = real_copy(self, fd, item, model)
         if item.rel == "1/model.py":  # the writer strikes between two files
             (d / "config.pbtxt").write_text(config_text("m", 2))
@@ -298,14 +299,14 @@ def test_fifo_refused(store: ContentStore, src: Path) -> None:
 
 def test_unreadable_file_is_named(store: ContentStore, src: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = make_model(src, "m", 1)
-    real_open = snapmod._open_source
+    real_open = storemod._open_source
 
     def deny(path: str) -> int:
         if path.endswith("model.py"):
             raise PermissionError(13, "Permission denied", path)
         return real_open(path)
 
-    monkeypatch.setattr(snapmod, "_open_source", deny)
+    monkeypatch.setattr(storemod, "_open_source", deny)
     with pytest.raises(SnapshotUnreadableError, match=r"m: cannot read 1/model.py \(Permission denied\)"):
         store.capture(d, "m")
     assert not leftovers(store)
@@ -334,7 +335,7 @@ def test_reflink_is_used_where_supported(store: ContentStore, src: Path, monkeyp
         os.copy_file_range(src_fd, dst_fd, size, 0, 0)
         return True
 
-    monkeypatch.setattr(snapmod, "_reflink", fake_clone)
+    monkeypatch.setattr(storemod, "_reflink", fake_clone)
     d = make_model(src, "m", 1)
     snap = store.capture(d, "m")
     assert store.reflinks == 2 and markers(store.tree_path(snap.digest)) == ("1", "1")

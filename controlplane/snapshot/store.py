@@ -1,4 +1,4 @@
-"""Capture a model directory only once it is complete, into an immutable content-addressed store.
+"""The content store: a model directory captured only once complete, as immutable content-addressed objects.
 
 People and CI edit the source repository in place, so at any instant a model directory may be half
 written: Triton's poll mode serves such fragments (shared/TRITON_NOTES.md). A snapshot is taken only
@@ -8,6 +8,9 @@ stale commit marker says the writer is not done. Captured files become read-only
 their sha256 (deduplicated across models and versions); each snapshot gets a manifest whose digest
 is defined by content alone, and a read-only tree of hard links to its objects. Nothing here knows
 about the registry, gRPC or Triton; `controlplane.publish` turns a snapshot into what Triton serves.
+
+Also here: gc (drop what no kept manifest references) and the stat cache (dev:ino:size:mtime:ctime →
+sha256, kept in statcache.json plus an append-only journal) that spares re-reading unchanged files.
 """
 
 from __future__ import annotations
@@ -18,16 +21,13 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import stat
 import tempfile
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from controlplane.errors import (
     SnapshotAwaitingMarkerError,
@@ -40,222 +40,17 @@ from controlplane.errors import (
     SnapshotStoreWriteError,
     SnapshotTooLargeError,
     SnapshotUnreadableError,
-    SnapshotUnsupportedError,
 )
+from controlplane.snapshot.fsutil import force_rmtree, link_or_copy, write_atomic
+from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, is_digest
+from controlplane.snapshot.manifest import ManifestEntry, Snapshot
+from controlplane.snapshot.scan import ScanItem, first_difference, last_change_ns, scan
 
-HOLD_FILE = ".tritonctl-hold"
-CONFIG_FILE = "config.pbtxt"
-MAX_CONFIG_BYTES = 1 << 20  # a real config.pbtxt is a few KiB: refuse before copying gigabytes of one
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 _CHUNK = 1 << 20
 _STATCACHE_MAX = 50_000
-_HEX = frozenset("0123456789abcdef")
 _NO_REFLINK = {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
 _SAME_FIELDS = ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
-
-
-def is_ignored_name(name: str) -> bool:
-    """Editor and tool debris that never belongs to a model: dotfiles (.git, .x.swp, .#x, rsync temps,
-    the hold file), backups (x~), temp files (x.tmp) and __pycache__."""
-    return name.startswith(".") or name.endswith("~") or name.endswith(".tmp") or name == "__pycache__"
-
-
-def is_digest(text: str) -> bool:  # 64 lowercase hex digits: a digest or object name, safe in a path
-    return len(text) == 64 and set(text) <= _HEX
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` in one step (temp file in the same directory, then rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def link_or_copy(src: Path, dest: Path) -> None:
-    """Hard-link a store object (no data copied); copy when the inode is out of links."""
-    try:
-        os.link(src, dest)
-    except OSError as exc:
-        if exc.errno != errno.EMLINK:
-            raise
-        shutil.copy2(src, dest)
-
-
-def force_rmtree(path: Path) -> None:
-    """Remove a tree even where read-only directories (store trees are 0555) would refuse it."""
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-        return
-    for dirpath, _, _ in os.walk(path):  # r-x is enough to walk; removing entries needs w
-        os.chmod(dirpath, 0o755)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One file or directory of a snapshot; `path` is posix and relative to the model directory."""
-
-    path: str
-    kind: str  # "file" | "dir"
-    size: int
-    mode: int  # permission bits
-    sha256: str  # "" for directories
-
-
-def _canonical(entries: tuple[ManifestEntry, ...]) -> bytes:
-    rows = [asdict(e) for e in entries]
-    return json.dumps(rows, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A model's content at one instant: sorted entries and the digest that names them."""
-
-    model: str
-    digest: str
-    entries: tuple[ManifestEntry, ...]
-    total_bytes: int
-
-    @classmethod
-    def from_entries(cls, model: str, entries: list[ManifestEntry] | tuple[ManifestEntry, ...]) -> Snapshot:
-        ordered = tuple(sorted(entries, key=lambda e: e.path))
-        digest = hashlib.sha256(_canonical(ordered)).hexdigest()
-        total = sum(e.size for e in ordered if e.kind == "file")
-        return cls(model=model, digest=digest, entries=ordered, total_bytes=total)
-
-    def manifest_json(self) -> str:
-        rows = [asdict(e) for e in self.entries]
-        body = {"format": 1, "digest": self.digest, "total_bytes": self.total_bytes, "entries": rows}
-        return json.dumps(body, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
-
-    @classmethod
-    def from_manifest_json(cls, model: str, text: str) -> Snapshot:
-        try:
-            body = json.loads(text)
-            entries = [ManifestEntry(**row) for row in body["entries"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SnapshotCorruptError(f"{model}: malformed snapshot manifest ({exc})") from exc
-        snap = cls.from_entries(model, entries)
-        if body.get("digest", snap.digest) != snap.digest:
-            raise SnapshotCorruptError(f"{model}: manifest digest {body['digest']} does not match its entries")
-        return snap
-
-    def file(self, path: str) -> ManifestEntry | None:
-        return next((e for e in self.entries if e.path == path), None)
-
-
-@dataclass(frozen=True)
-class _Item:
-    """A scanned entry: where to read it and the stat facts that must hold still."""
-
-    rel: str
-    kind: str
-    real: str  # the path to read (a symlink's resolved target)
-    st: os.stat_result
-
-    @property
-    def signature(self) -> tuple[Any, ...]:
-        s = self.st
-        if self.kind == "dir":  # its entries are items of their own; its times also move for debris
-            return (self.rel, self.kind, self.real, s.st_ino, s.st_mode)
-        return (self.rel, self.kind, self.real, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_mode)
-
-
-def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset()) -> list[_Item]:
-    """Every entry of a model directory worth capturing, sorted by path; refuses what it cannot take.
-
-    `skip` names entries at the model root to leave out (the commit marker). Symlinks are resolved
-    and must stay inside the model directory; their target is captured as a regular file or dir.
-    """
-    base = os.path.realpath(model_dir)
-    items: list[_Item] = []
-
-    def walk(real_dir: str, rel_dir: str, ancestors: frozenset[str]) -> None:
-        try:
-            with os.scandir(real_dir) as it:
-                children = sorted(it, key=lambda d: d.name)
-        except FileNotFoundError:
-            raise SnapshotChangingError(f"{model}: still changing ({rel_dir or '.'} vanished)") from None
-        except OSError as exc:
-            raise SnapshotUnreadableError(f"{model}: cannot read directory {rel_dir or '.'} ({exc.strerror})") from None
-        for child in children:
-            name = child.name
-            if is_ignored_name(name) or (not rel_dir and name in skip):
-                continue
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            path = os.path.join(real_dir, name)
-            try:
-                if child.is_symlink():
-                    real = os.path.realpath(path)
-                    if real != base and not real.startswith(base.rstrip("/") + "/"):
-                        raise SnapshotUnsupportedError(f"{model}: symlink {rel} points outside the model directory")
-                    st = os.stat(real)
-                else:
-                    real, st = path, os.lstat(path)
-            except FileNotFoundError:
-                if os.path.islink(path):
-                    raise SnapshotUnsupportedError(f"{model}: symlink {rel} is dangling") from None
-                raise SnapshotChangingError(f"{model}: still changing ({rel} vanished during the scan)") from None
-            except OSError as exc:
-                raise SnapshotUnreadableError(f"{model}: cannot read {rel} ({exc.strerror})") from None
-            if stat.S_ISDIR(st.st_mode):
-                if real in ancestors:
-                    raise SnapshotUnsupportedError(f"{model}: symlink {rel} makes a directory loop")
-                items.append(_Item(rel, "dir", real, st))
-                walk(real, rel, ancestors | {real})
-            elif stat.S_ISREG(st.st_mode):
-                items.append(_Item(rel, "file", real, st))
-            else:
-                kind = "fifo" if stat.S_ISFIFO(st.st_mode) else "socket or device"
-                raise SnapshotUnsupportedError(
-                    f"{model}: {rel} is a {kind}, not a regular file; refusing to capture it")
-
-    walk(base, "", frozenset({base}))
-    return items
-
-
-def last_change_ns(model_dir: Path) -> int:
-    """The newest ctime (ns) in a model directory: the directory, every entry below it, and the debris
-    the scan leaves out (a temp file a writer fills before renaming it, an editor's swap file), without
-    descending into debris directories. ctime, because no writer can set it back or forward (mtime can:
-    `touch -d`, `cp -p`, rsync)."""
-    newest = 0
-
-    def walk(path: str) -> None:
-        nonlocal newest
-        try:
-            with os.scandir(path) as it:
-                for entry in it:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue  # vanished: the scan decides what that means
-                    newest = max(newest, st.st_ctime_ns)
-                    if entry.is_dir(follow_symlinks=False) and not is_ignored_name(entry.name):
-                        walk(entry.path)
-        except OSError:
-            pass
-
-    try:
-        # a symlinked model root (a publish by symlink flip): the link's own ctime and its target's
-        newest = max(os.lstat(model_dir).st_ctime_ns, os.stat(model_dir).st_ctime_ns)
-    except OSError:
-        return 0
-    walk(os.fspath(model_dir))
-    return newest
-
-
-def _first_difference(before: list[_Item], after: list[_Item]) -> str:
-    old, new = ({i.rel: i.signature for i in items} for items in (before, after))
-    rel = min(r for r in old.keys() | new.keys() if old.get(r) != new.get(r))
-    return f"{rel} {'removed' if rel not in new else 'added' if rel not in old else 'modified'}"
 
 
 def _open_source(path: str) -> int:
@@ -371,7 +166,7 @@ class ContentStore:
             )
 
     @staticmethod
-    def _check_config_size(model: str, items: list[_Item]) -> None:
+    def _check_config_size(model: str, items: list[ScanItem]) -> None:
         for item in items:
             if item.rel == CONFIG_FILE and item.kind != "dir" and item.st.st_size > MAX_CONFIG_BYTES:
                 raise SnapshotTooLargeError(
@@ -379,7 +174,7 @@ class ContentStore:
                     " refusing to capture it"
                 )
 
-    def _record(self, model_dir: Path, model: str, skip: frozenset[str], before: list[_Item]) -> Snapshot:
+    def _record(self, model_dir: Path, model: str, skip: frozenset[str], before: list[ScanItem]) -> Snapshot:
         entries: list[ManifestEntry] = []
         for item in before:
             mode = stat.S_IMODE(item.st.st_mode)
@@ -390,7 +185,7 @@ class ContentStore:
                 entries.append(ManifestEntry(item.rel, "file", item.st.st_size, mode, sha))
         after = scan(model_dir, model, skip)
         if [i.signature for i in after] != [i.signature for i in before]:
-            raise SnapshotChangingError(f"{model}: still changing ({_first_difference(before, after)})")
+            raise SnapshotChangingError(f"{model}: still changing ({first_difference(before, after)})")
         self._check_present(model_dir, model)
         snapshot = Snapshot.from_entries(model, entries)
         try:
@@ -409,7 +204,7 @@ class ContentStore:
             raise SnapshotOnHoldError(f"{model}: on hold ({HOLD_FILE} present)")
 
     @staticmethod
-    def _check_marker(model_dir: Path, model: str, marker: str, items: list[_Item]) -> None:
+    def _check_marker(model_dir: Path, model: str, marker: str, items: list[ScanItem]) -> None:
         try:
             marked = os.stat(model_dir / marker).st_mtime_ns
         except FileNotFoundError:
@@ -418,7 +213,7 @@ class ContentStore:
         if newer:
             raise SnapshotAwaitingMarkerError(f"{model}: awaiting commit marker {marker} (older than {newer[0]})")
 
-    def _ingest(self, item: _Item, model: str) -> str:
+    def _ingest(self, item: ScanItem, model: str) -> str:
         """The sha256 of one source file, its content stored as an object (read at most once)."""
         st = item.st
         key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
@@ -453,7 +248,7 @@ class ContentStore:
             self._statcache_dirty = True
         return sha
 
-    def _copy_in(self, src: int, item: _Item, model: str) -> str:
+    def _copy_in(self, src: int, item: ScanItem, model: str) -> str:
         changing = SnapshotChangingError(f"{model}: still changing ({item.rel} modified during capture)")
         if not _same_file(os.fstat(src), item.st):
             raise changing

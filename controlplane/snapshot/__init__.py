@@ -1,0 +1,34 @@
+"""Capture a model directory only once it is complete, into an immutable content-addressed store.
+
+A package by concern: `layout` (on-disk names and limits), `debris` (which names are never content),
+`fsutil` (atomic replace, link-or-copy, forced removal), `scan` (reading a directory that may be
+changing), `manifest` (snapshots and their content-defined digest) and `store` (the content store:
+capture, lookup, gc and the stat-cache journal). Refusals are typed SnapshotError subclasses in
+controlplane.errors, each with `retryable`.
+
+`from controlplane.snapshot import X` keeps working for every name the single module exported.
+"""
+
+from controlplane.snapshot.debris import is_ignored_name
+from controlplane.snapshot.fsutil import force_rmtree, link_or_copy, write_atomic
+from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, is_digest
+from controlplane.snapshot.manifest import ManifestEntry, Snapshot
+from controlplane.snapshot.scan import last_change_ns, scan
+from controlplane.snapshot.store import FICLONE, ContentStore
+
+__all__ = [
+    "CONFIG_FILE",
+    "FICLONE",
+    "HOLD_FILE",
+    "MAX_CONFIG_BYTES",
+    "ContentStore",
+    "ManifestEntry",
+    "Snapshot",
+    "force_rmtree",
+    "is_digest",
+    "is_ignored_name",
+    "last_change_ns",
+    "link_or_copy",
+    "scan",
+    "write_atomic",
+]
