@@ -3,13 +3,22 @@
 `triton` is one server for the whole session (its repository is a temp dir tests copy models into);
 `fresh_triton` starts a server of its own for a test that needs isolation (kills, restarts, restricted
 protocol). Nothing here fakes Triton.
+
+Tiers (markers registered in pyproject.toml, applied here at collection): a test that uses a
+tritonserver fixture, or is marked `triton` because it starts a daemon or server itself, is `triton`;
+one that uses the PostgreSQL fixtures is `postgres`; one that uses the S3 server fixtures is `s3`; every
+other test is `unit`. `pytest -m unit` needs no server, and a `unit` test that starts one anyway fails
+(`_refuse_servers`), so a missing marker cannot hide in the fast tier.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +27,105 @@ from tests.pg import pg_url, postgres  # noqa: F401 - fixtures: a throwaway Post
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
+
+# The fixtures that start a server, by tier (their dependents inherit the tier: fixturenames is transitive).
+TIER_FIXTURES = {
+    "triton": frozenset({"triton", "fresh_triton", "triton_client"}),
+    "postgres": frozenset({"postgres", "pg_url"}),
+    "s3": frozenset({"s3server", "s3env"}),
+}
+SERVER_TIERS = frozenset(TIER_FIXTURES)
+# Modules whose every test starts a tritonctl daemon (and so a tritonserver), a tritonserver, or a
+# benchmark that does, in the test body or a module fixture; a module that mixes tiers marks its
+# server tests one by one with @pytest.mark.triton.
+SERVER_MODULES = {
+    "test_bench_quick": ("triton",),
+    "test_concurrency": ("triton",),
+    "test_corpus_e2e": ("triton",),
+    "test_crash": ("triton",),
+    "test_daemon_e2e": ("triton",),
+    "test_differential": ("triton",),
+    "test_ensemble_daemon": ("triton",),
+    "test_exit_codes": ("triton",),
+    "test_faults": ("triton",),
+    "test_fleet_e2e": ("triton", "postgres"),
+    "test_help_examples": ("triton",),
+    "test_operator_view": ("triton",),
+    "test_readme_using_it": ("triton",),
+    "test_s3_e2e": ("triton", "s3"),
+    "test_s3_fleet_e2e": ("triton", "postgres", "s3"),
+    "test_security": ("triton",),
+    "test_storage_faults": ("triton",),
+    "test_supervision": ("triton",),
+    "test_systemd": ("triton",),
+    "test_watch_modes": ("triton",),
+    "test_writer_patterns_daemon": ("triton",),
+}
+# Programs a unit test must not start, with the tier that would own the test.
+SERVER_PROGRAMS = {"tritonserver": "triton", "initdb": "postgres", "pg_ctl": "postgres", "moto_server": "s3"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        tiers = {tier for tier, names in TIER_FIXTURES.items() if used & names}
+        tiers |= {m.name for m in item.iter_markers() if m.name in SERVER_TIERS}
+        tiers |= set(SERVER_MODULES.get(Path(str(item.fspath)).stem, ()))
+        for tier in sorted(tiers):
+            item.add_marker(tier)
+        if not tiers and item.get_closest_marker("slow") is None:
+            item.add_marker("unit")
+
+
+def _server_started_by(args: Any) -> str | None:
+    """The tier of the server `args` would start (a tritonserver, `tritonctl daemon`, PostgreSQL, S3)."""
+    argv = [os.fspath(a) for a in ([args] if isinstance(args, (str, bytes, os.PathLike)) else args)]
+    argv = [a.decode() if isinstance(a, bytes) else a for a in argv]
+    words = [w for a in argv for w in a.split()]
+    for word in words:
+        tier = SERVER_PROGRAMS.get(os.path.basename(word))
+        if tier:
+            return tier
+    runs_cli = any(os.path.basename(w) == "tritonctl" or w == "cli.main" for w in words)
+    return "triton" if runs_cli and "daemon" in words else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    with _refuse_servers(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    with _refuse_servers(item):
+        yield
+
+
+class _refuse_servers:
+    """While a `unit` test sets up and runs, starting a server fails the test and names its tier."""
+
+    def __init__(self, item: pytest.Item) -> None:
+        self.active = item.get_closest_marker("unit") is not None
+        self.real = subprocess.Popen.__init__
+
+    def __enter__(self) -> None:
+        if not self.active:
+            return
+        real = self.real
+
+        def guarded(popen: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+            tier = _server_started_by(args)
+            if tier:
+                raise AssertionError(f"a unit-tier test started a server ({args!r}): mark it "
+                                     f"@pytest.mark.{tier} or use a {tier} fixture")
+            real(popen, args, *rest, **kwargs)
+
+        subprocess.Popen.__init__ = guarded  # type: ignore[method-assign]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            subprocess.Popen.__init__ = self.real  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

@@ -365,6 +365,7 @@ def test_string_batch_runs_two_cpu_instances(triton: TritonServer, triton_client
         assert decoded(result.as_numpy("upper")) == ["OK"]
 
 
+@pytest.mark.triton
 def test_gpu_example_is_refused_in_one_line_on_a_cpu_only_server_and_not_quarantined(tmp_path: Path) -> None:
     """Through the daemon and the CLI, against a real CPU-only tritonserver run as an external one:
     its GPUs come from its metrics endpoint, and a bare load failure gets its reason from its log."""

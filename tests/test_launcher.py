@@ -69,6 +69,7 @@ def test_server_serves_a_python_model_in_explicit_mode(triton: TritonServer) -> 
     client.unload_model("summer")
 
 
+@pytest.mark.triton
 def test_restricted_key_refuses_model_repository_calls_without_it(tmp_path: Path) -> None:
     server = TritonServer(tmp_path / "repo", tmp_path / "work", restricted_key="s3cret")
     write_model(server.model_repository, SUM_MODEL)
@@ -81,6 +82,7 @@ def test_restricted_key_refuses_model_repository_calls_without_it(tmp_path: Path
         assert client.is_model_ready("summer")  # inference-side protocols stay open
 
 
+@pytest.mark.triton
 def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     server = TritonServer(tmp_path / "repo", tmp_path / "work")
     server.start()
@@ -92,6 +94,7 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     assert not server.is_running()
 
 
+@pytest.mark.triton
 def test_start_failure_reports_the_log_tail(tmp_path: Path) -> None:
     server = TritonServer(tmp_path / "repo", tmp_path / "work", extra_args=["--no-such-flag"])
     with pytest.raises(LauncherError, match="exited with code"):

@@ -146,6 +146,7 @@ BROKEN_INIT = """
 """
 
 
+@pytest.mark.triton
 def test_daemon_metrics_show_a_deploy_and_a_rollback(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -185,6 +186,7 @@ def test_daemon_metrics_show_a_deploy_and_a_rollback(tmp_path: Path) -> None:
         scrape(port)
 
 
+@pytest.mark.triton
 def test_daemon_with_metrics_port_in_use_fails_cleanly(tmp_path: Path) -> None:
     """The port is checked after tritonserver was launched: the daemon must stop it before exiting."""
     with socket.socket() as busy:
