@@ -2,7 +2,7 @@
 served when, and migrations that build exactly the ORM's schema.
 
 Real SQLite files in a temp dir, migrated with the project's Alembic migrations (as the daemon does).
-Time is a controllable clock patched into the registry, so "when" questions have exact answers.
+Time is a settable clock (tests/clock.py) passed to the registry, so "when" questions have exact answers.
 """
 
 from __future__ import annotations
@@ -23,40 +23,20 @@ from controlplane.store import migrate
 from controlplane.store.records import ServingRecord
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.store.schema import Base
+from tests.clock import Clock
 
 T0 = datetime(2026, 11, 1, 12, 0, 0)
 D1, D2, D3 = "a" * 64, "b" * 64, "c" * 64
 
 
-class Clock:
-    """A settable stand-in for `registry.utcnow` (naive UTC)."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def at(self, when: datetime) -> Clock:
-        self.now = when
-        return self
-
-    def advance(self, **delta: float) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock(T0)
-    monkeypatch.setattr("controlplane.store.registry.utcnow", fake)
-    monkeypatch.setattr("controlplane.queries.utcnow", fake)
-    return fake
+def clock() -> Clock:
+    return Clock(T0)
 
 
 @pytest.fixture
 def registry(tmp_path: Path, clock: Clock) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}", clock=clock)
     migrate.upgrade(reg)
     yield reg
     reg.close()
