@@ -8,7 +8,7 @@ serving log and the audit event in the same transaction, so a crash never leaves
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -153,9 +153,11 @@ class AuditEntry:
 class Registry:
     """The registry database behind any SQLAlchemy URL."""
 
-    def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S,
+                 clock: Callable[[], datetime] = utcnow) -> None:
         self.url = url
         self.host = host
+        self.clock = clock  # naive UTC "now" of every row this registry writes (tests pass a settable one)
         self.engine = make_engine(url, busy_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -192,7 +194,7 @@ class Registry:
         if row is None:
             if not create:
                 raise NotFoundError(f"model '{name}' is unknown to the registry")
-            now = utcnow()
+            now = self.clock()
             row = schema.Model(name=name, pinned=False, state="new", created_at=now, updated_at=now)
             session.add(row)
             session.flush()
@@ -242,7 +244,7 @@ class Registry:
             row = self._model_row(session, name)
             for key, value in fields.items():
                 setattr(row, key, value)
-            row.updated_at = utcnow()
+            row.updated_at = self.clock()
             return _model_record(row)
 
     # -- snapshots ------------------------------------------------------------------------------
@@ -266,7 +268,7 @@ class Registry:
             row = session.scalar(
                 select(schema.Snapshot).where(schema.Snapshot.model == model, schema.Snapshot.digest == digest)
             )
-            now = utcnow()
+            now = self.clock()
             if row is not None:
                 row.last_seen = now
                 row.collected = False
@@ -370,7 +372,7 @@ class Registry:
         """Record the intent before anything is done (crash recovery reads it back)."""
         with self._session() as session:
             self._model_row(session, model)
-            now = utcnow()
+            now = self.clock()
             row = schema.Deployment(
                 model=model,
                 kind=kind,
@@ -391,7 +393,7 @@ class Registry:
             result = session.execute(
                 update(schema.Deployment)
                 .where(schema.Deployment.id == deployment_id)
-                .values(step=step, updated_at=utcnow())
+                .values(step=step, updated_at=self.clock())
                 .execution_options(synchronize_session=False)
             )
             if not getattr(result, "rowcount", 1):
@@ -412,7 +414,7 @@ class Registry:
             row = session.get(schema.Deployment, deployment_id)
             if row is None:
                 raise NotFoundError(f"deployment {deployment_id} is unknown")
-            now = utcnow()
+            now = self.clock()
             row.step = "done"
             row.outcome = outcome
             row.error = error
@@ -476,7 +478,7 @@ class Registry:
 
     def audit(self, entry: AuditEntry) -> None:
         with self._session() as session:
-            self._add_audit(session, entry, utcnow())
+            self._add_audit(session, entry, self.clock())
 
     def query_audit(self, query: AuditQuery) -> list[AuditRecord]:
         """Newest first, filtered; uses the (model, time) and (time) indexes."""
