@@ -1,8 +1,10 @@
-"""The registry on a real PostgreSQL server: migrations, the registry's semantics, and the daemon end
-to end with `--db-url postgresql+psycopg://...`.
+"""What only PostgreSQL shows: upgrading a 0001 registry widens 32-bit sizes in place, concurrent first
+sight of a model from several hosts, and the daemon end to end with `--db-url postgresql+psycopg://...`.
 
-The server is the session's throwaway cluster (tests/pg.py); every test gets a database of its own.
-Where PostgreSQL is not installed these tests skip with the reason; CI (.ci/run) installs it.
+The registry's semantics and migrations run on PostgreSQL as well as SQLite in tests/test_registry.py
+(one suite, parametrized over both). The server is the session's throwaway cluster (tests/pg.py); every
+test gets a database of its own. Where PostgreSQL is not installed these tests skip with the reason;
+CI (.ci/run) installs it.
 """
 
 from __future__ import annotations
@@ -10,46 +12,19 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
 
 from controlplane.errors import StoreError
 from controlplane.store import migrate
-from controlplane.store.records import ServingRecord
-from controlplane.store.registry import AuditEntry, AuditQuery, Registry
-from controlplane.store.schema import Base
+from controlplane.store.registry import Registry
 from tests.harness import DaemonProcess, infer_gen, wait_for, write_gen_model
-
-T0 = datetime(2026, 11, 1, 12, 0, 0)
-D1, D2, D3 = "a" * 64, "b" * 64, "c" * 64
-
-
-class Clock:
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
+from tests.test_registry import D1, D2
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock(T0)
-    monkeypatch.setattr("controlplane.store.registry.utcnow", fake)
-    return fake
-
-
-@pytest.fixture
-def registry(pg_url: str, clock: Clock) -> Iterator[Registry]:
+def registry(pg_url: str) -> Iterator[Registry]:
     reg = Registry(pg_url, host="h1")
     migrate.upgrade(reg)
     yield reg
@@ -61,36 +36,7 @@ def record(reg: Registry, model: str, digest: str, total_bytes: int = 10) -> tup
                                problems=[], total_bytes=total_bytes)
 
 
-def deploy(reg: Registry, model: str, digest: str, outcome: str = "ok", serve: bool = True) -> int:
-    current = reg.find_model(model)
-    dep = reg.begin_deployment(model, "deploy", digest, current.active_digest if current else None, "alice")
-    reg.advance(dep.id, "publish")
-    reg.finish_deployment(dep.id, outcome=outcome, error=None if outcome == "ok" else "boom",
-                          audit=AuditEntry("alice", "deploy", model, digest, outcome, "deployed"),
-                          serving=ServingRecord(model, digest, [1]) if serve else None, model_state="serving")
-    return dep.id
-
-
-def rows(reg: Registry, table: str) -> list[tuple[object, ...]]:
-    with reg.engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY id"))]
-
-
 # --- migrations ------------------------------------------------------------------------------------
-
-
-def test_upgrade_creates_the_orm_schema_exactly_and_is_idempotent(pg_url: str) -> None:
-    reg = Registry(pg_url)
-    try:
-        assert migrate.current_revision(reg) is None
-        assert migrate.upgrade(reg) == (None, migrate.head_revision())
-        assert set(sa.inspect(reg.engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
-        with reg.engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={"compare_type": True})
-            assert compare_metadata(context, Base.metadata) == []
-        assert migrate.upgrade(reg) == (migrate.head_revision(), migrate.head_revision())
-    finally:
-        reg.close()
 
 
 def test_upgrade_from_0001_keeps_rows_and_widens_sizes(pg_url: str) -> None:
@@ -109,40 +55,7 @@ def test_upgrade_from_0001_keeps_rows_and_widens_sizes(pg_url: str) -> None:
         reg.close()
 
 
-def test_downgrade_to_base_and_back(pg_url: str) -> None:
-    from alembic import command
-
-    reg = Registry(pg_url)
-    try:
-        migrate.upgrade(reg)
-        config = migrate._config()
-        with reg.engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.downgrade(config, "base")
-        assert set(sa.inspect(reg.engine).get_table_names()) <= {"alembic_version"}
-        migrate.upgrade(reg)
-        assert migrate.current_revision(reg) == migrate.head_revision()
-    finally:
-        reg.close()
-
-
-def test_open_existing_refuses_an_unmigrated_database(pg_url: str) -> None:
-    with pytest.raises(StoreError, match="no schema"):
-        migrate.open_existing(pg_url)
-
-
-# --- registry semantics ----------------------------------------------------------------------------
-
-
-def test_same_content_twice_is_one_snapshot(registry: Registry, clock: Clock) -> None:
-    first, new = record(registry, "linear", D1)
-    assert new
-    clock.advance(minutes=5)
-    again, new_again = record(registry, "linear", D1)
-    assert not new_again
-    assert again.first_seen == T0 and again.last_seen == clock.now  # type: ignore[attr-defined]
-    assert len(registry.list_snapshots("linear")) == 1
-    assert registry.get_snapshot("linear", D1[:8]).digest == D1
+# --- several hosts at once -------------------------------------------------------------------------
 
 
 def test_concurrent_first_sight_of_a_model_creates_it_once(registry: Registry) -> None:
@@ -164,84 +77,10 @@ def test_concurrent_first_sight_of_a_model_creates_it_once(registry: Registry) -
     assert [m.name for m in registry.list_models()] == ["raced"]
 
 
-def test_finish_deployment_writes_everything_in_one_transaction(registry: Registry, clock: Clock) -> None:
-    record(registry, "linear", D1)
-    dep = registry.begin_deployment("linear", "deploy", D1, None, "alice")
-    end = clock.advance(seconds=5)
-    done = registry.finish_deployment(
-        dep.id, outcome="ok", error=None, audit=AuditEntry("alice", "deploy", "linear", D1, "ok", "x", 5000),
-        serving=ServingRecord("linear", D1, [1, 2]), model_state="serving")
-    assert (done.outcome, done.finished_at) == ("ok", end)
-    model = registry.get_model("linear")
-    assert (model.active_digest, model.active_since, model.state) == (D1, end, "serving")
-    [serving] = registry.serving_history("linear")
-    assert (serving.digest, serving.versions, serving.host) == (D1, [1, 2], "h1")
-    [event] = registry.query_audit(AuditQuery(model="linear"))
-    assert (event.time, event.host, event.duration_ms) == (end, "h1", 5000)
-
-
-def test_finish_deployment_is_all_or_nothing(registry: Registry, clock: Clock) -> None:
-    record(registry, "linear", D1)
-    deploy(registry, "linear", D1)
-    record(registry, "linear", D2)
-    dep = registry.begin_deployment("linear", "deploy", D2, D1, "alice")
-    before = {t: rows(registry, t) for t in ("models", "serving_log", "audit_events")}
-    clock.advance(minutes=1)
-    broken = AuditEntry("alice", "deploy", "linear", D2, None, "x")  # type: ignore[arg-type]
-    with pytest.raises(StoreError, match="null value"):
-        registry.finish_deployment(dep.id, outcome="ok", error=None, audit=broken,
-                                   serving=ServingRecord("linear", D2, [1]), model_state="serving")
-    assert {t: rows(registry, t) for t in before} == before
-    assert [d.id for d in registry.open_deployments()] == [dep.id]
-    assert registry.get_model("linear").active_digest == D1
-
-
-def test_audit_query_filters_and_orders_newest_first(registry: Registry, clock: Clock) -> None:
-    for i, (model, outcome) in enumerate([("a", "ok"), ("b", "failed"), ("a", "rolled_back"), ("b", "ok")]):
-        clock.advance(minutes=1)
-        registry.audit(AuditEntry("bob" if i % 2 else "alice", "deploy", model, D1, outcome, f"event {i}\nline"))
-    events = registry.query_audit(AuditQuery())
-    assert [e.message for e in events] == ["event 3 line", "event 2 line", "event 1 line", "event 0 line"]
-    assert [e.message for e in registry.query_audit(AuditQuery(model="a"))] == ["event 2 line", "event 0 line"]
-    assert [e.outcome for e in registry.query_audit(AuditQuery(actor="bob"))] == ["ok", "failed"]
-    window = registry.query_audit(AuditQuery(since=T0 + timedelta(minutes=2), until=T0 + timedelta(minutes=3)))
-    assert [e.message for e in window] == ["event 2 line", "event 1 line"]
-    assert len(registry.query_audit(AuditQuery(limit=1))) == 1
-
-
-def test_serving_at_answers_each_moment(registry: Registry, clock: Clock) -> None:
-    for digest in (D1, D2, D3):
-        record(registry, "linear", digest)
-    record(registry, "other", D1)
-    deploy(registry, "linear", D1)
-    t1 = clock.advance(minutes=10)
-    deploy(registry, "linear", D2)
-    deploy(registry, "other", D1)
-    t2 = clock.advance(minutes=10)
-    deploy(registry, "linear", D3)
-
-    def at(when: datetime, models: list[str] | None = None) -> dict[str, str]:
-        return {s.model: s.digest for s in registry.serving_at(when, models)}
-
-    assert at(T0 - timedelta(seconds=1)) == {}
-    assert at(T0) == {"linear": D1}
-    assert at(t1) == {"linear": D2, "other": D1}
-    assert at(t2) == {"linear": D3, "other": D1}
-    assert at(t2, ["other"]) == {"other": D1}
-
-
-def test_quarantine_and_gc_marks(registry: Registry) -> None:
-    record(registry, "linear", D1)
-    registry.set_quarantine("linear", D1, "weights missing")
-    assert registry.count_quarantined() == 1
-    assert registry.get_snapshot("linear", D1).quarantine_reason == "weights missing"
-    registry.mark_collected("linear", [D1])
-    assert registry.get_snapshot("linear", D1).collected
-
-
 # --- the daemon end to end -------------------------------------------------------------------------
 
 
+@pytest.mark.triton
 def test_daemon_deploys_and_rolls_back_with_the_registry_on_postgres(tmp_path: Path, pg_url: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITONCTL_DB_URL", pg_url)  # the harness's in-process CLI reads PostgreSQL too

@@ -1,7 +1,10 @@
 """Registry semantics: one row per content, atomic deployment ends, an append-only audit log, what
 served when, and migrations that build exactly the ORM's schema.
 
-Real SQLite files in a temp dir, migrated with the project's Alembic migrations (as the daemon does).
+One suite, run on both registry backends: a real SQLite file in a temp dir and a fresh database on the
+session's real PostgreSQL server (tests/pg.py; that parameter skips, with the reason, only where
+PostgreSQL or psycopg is not installed; CI installs both), migrated with the project's Alembic
+migrations as the daemon does.
 Time is a settable clock (tests/clock.py) passed to the registry, so "when" questions have exact answers.
 """
 
@@ -34,9 +37,17 @@ def clock() -> Clock:
     return Clock(T0)
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty registry database: a SQLite file, or a fresh database on the real PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
 @pytest.fixture
-def registry(tmp_path: Path, clock: Clock) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}", clock=clock)
+def registry(db_url: str, clock: Clock) -> Iterator[Registry]:
+    reg = Registry(db_url, host="h1", clock=clock)
     migrate.upgrade(reg)
     yield reg
     reg.close()
@@ -127,10 +138,10 @@ def test_finish_deployment_writes_end_active_digest_serving_log_and_audit(regist
     model = registry.get_model("linear")
     assert (model.active_digest, model.active_since, model.state, model.last_error) == (D1, end, "serving", None)
     [serving] = registry.serving_history("linear")
-    assert (serving.digest, serving.versions, serving.since) == (D1, [1, 2], end)
+    assert (serving.digest, serving.versions, serving.since, serving.host) == (D1, [1, 2], end, "h1")
     [event] = registry.query_audit(AuditQuery(model="linear"))
-    assert (event.time, event.actor, event.action, event.digest, event.outcome, event.duration_ms) == (
-        end, "alice", "deploy", D1, "ok", 5000)
+    assert (event.time, event.actor, event.action, event.digest, event.outcome, event.duration_ms, event.host) == (
+        end, "alice", "deploy", D1, "ok", 5000, "h1")
 
 
 def test_finish_deployment_is_all_or_nothing(registry: Registry, clock: Clock) -> None:
@@ -142,7 +153,7 @@ def test_finish_deployment_is_all_or_nothing(registry: Registry, clock: Clock) -
     before = {t: rows(registry, t) for t in ("models", "serving_log", "audit_events")}
     clock.advance(minutes=1)
     broken_audit = AuditEntry("alice", "deploy", "linear", D2, None, "x")  # type: ignore[arg-type]
-    with pytest.raises(StoreError, match="NOT NULL"):
+    with pytest.raises(StoreError, match="NOT NULL|null value"):  # SQLite's words, PostgreSQL's
         registry.finish_deployment(dep.id, outcome="ok", error=None, audit=broken_audit,
                                    serving=ServingRecord("linear", D2, [1]), model_state="serving")
     assert {t: rows(registry, t) for t in before} == before
@@ -169,6 +180,26 @@ def test_redeploying_the_active_digest_keeps_its_since(registry: Registry, clock
     deploy(registry, "linear", D1)
     assert registry.get_model("linear").active_since == since
     assert len(registry.serving_history("linear")) == 2  # the reload is still logged
+
+
+def test_audit_query_filters_and_orders_newest_first(registry: Registry, clock: Clock) -> None:
+    for i, (model, outcome) in enumerate([("a", "ok"), ("b", "failed"), ("a", "rolled_back"), ("b", "ok")]):
+        clock.advance(minutes=1)
+        registry.audit(AuditEntry("bob" if i % 2 else "alice", "deploy", model, D1, outcome, f"event {i}"))
+    events = registry.query_audit(AuditQuery())
+    assert [e.message for e in events] == ["event 3", "event 2", "event 1", "event 0"]
+    assert [e.message for e in registry.query_audit(AuditQuery(model="a"))] == ["event 2", "event 0"]
+    assert [e.outcome for e in registry.query_audit(AuditQuery(actor="bob"))] == ["ok", "failed"]
+    window = registry.query_audit(AuditQuery(since=T0 + timedelta(minutes=2), until=T0 + timedelta(minutes=3)))
+    assert [e.message for e in window] == ["event 2", "event 1"]
+    assert len(registry.query_audit(AuditQuery(limit=1))) == 1
+
+
+def test_quarantine_is_recorded_and_counted(registry: Registry) -> None:
+    record(registry, "linear", D1)
+    registry.set_quarantine("linear", D1, "weights missing")
+    assert registry.count_quarantined() == 1
+    assert registry.get_snapshot("linear", D1).quarantine_reason == "weights missing"
 
 
 def test_audit_messages_are_stored_on_one_line(registry: Registry) -> None:
@@ -297,8 +328,8 @@ def test_serving_at_agrees_with_a_plain_reading_of_the_log(registry: Registry, c
 # --- migrations --------------------------------------------------------------------------------------
 
 
-def test_upgrade_on_an_empty_database_creates_every_table(tmp_path: Path) -> None:
-    reg = Registry(f"sqlite:///{tmp_path / 'fresh.db'}")
+def test_upgrade_on_an_empty_database_creates_every_table(db_url: str) -> None:
+    reg = Registry(db_url)
     try:
         assert migrate.current_revision(reg) is None
         before, after = migrate.upgrade(reg)
@@ -310,10 +341,10 @@ def test_upgrade_on_an_empty_database_creates_every_table(tmp_path: Path) -> Non
         reg.close()
 
 
-def test_migrated_schema_matches_the_orm_exactly(tmp_path: Path) -> None:
+def test_migrated_schema_matches_the_orm_exactly(db_url: str) -> None:
     """Alembic's autogenerate comparison finds nothing to add, drop or alter: the migrations and
     `schema.py` describe the same tables, columns, types, nullability and indexes."""
-    reg = Registry(f"sqlite:///{tmp_path / 'fresh.db'}")
+    reg = Registry(db_url)
     try:
         migrate.upgrade(reg)
         with reg.engine.connect() as conn:
@@ -324,10 +355,10 @@ def test_migrated_schema_matches_the_orm_exactly(tmp_path: Path) -> None:
         reg.close()
 
 
-def test_downgrade_to_base_and_back(tmp_path: Path) -> None:
+def test_downgrade_to_base_and_back(db_url: str) -> None:
     from alembic import command
 
-    reg = Registry(f"sqlite:///{tmp_path / 'fresh.db'}")
+    reg = Registry(db_url)
     try:
         migrate.upgrade(reg)
         config = migrate._config()
@@ -341,9 +372,14 @@ def test_downgrade_to_base_and_back(tmp_path: Path) -> None:
         reg.close()
 
 
-def test_open_existing_refuses_missing_or_unmigrated_registries(tmp_path: Path) -> None:
+def test_open_existing_refuses_a_missing_sqlite_file(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError, match="db upgrade"):
         migrate.open_existing(f"sqlite:///{tmp_path / 'missing.db'}")
-    Registry(f"sqlite:///{tmp_path / 'empty.db'}").engine.connect().close()  # creates the file
+
+
+def test_open_existing_refuses_an_unmigrated_registry(db_url: str) -> None:
+    empty = Registry(db_url)
+    empty.engine.connect().close()  # creates the SQLite file; the PostgreSQL database exists already
+    empty.close()
     with pytest.raises(StoreError, match="no schema"):
-        migrate.open_existing(f"sqlite:///{tmp_path / 'empty.db'}")
+        migrate.open_existing(db_url)
