@@ -154,10 +154,11 @@ class Registry:
     """The registry database behind any SQLAlchemy URL."""
 
     def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S,
-                 clock: Callable[[], datetime] = utcnow) -> None:
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.url = url
         self.host = host
-        self.clock = clock  # naive UTC "now" of every row this registry writes (tests pass a settable one)
+        # naive UTC "now" of every row this registry writes; tests pass a settable one (tests/clock.py)
+        self.clock: Callable[[], datetime] = clock or (lambda: utcnow())
         self.engine = make_engine(url, busy_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
