@@ -109,7 +109,8 @@ def test_serving_at_checks_time_and_names(registry: Registry) -> None:
         queries.serving_at(registry, "when it broke")
     with pytest.raises(UsageError):
         queries.serving_at(registry, "2h", ["a/b"])
-    assert queries.serving_at(registry, "2026-11-29T03:00:00Z").to_json() == {"at": "2026-11-29T03:00:00Z", "models": []}
+    at = queries.serving_at(registry, "2026-11-29T03:00:00Z")
+    assert at.to_json() == {"at": "2026-11-29T03:00:00Z", "models": []}
 
 
 def test_versions_of_an_unknown_model(registry: Registry) -> None:
@@ -197,7 +198,8 @@ def test_diff_of_text_too_large_or_undecodable_shows_sizes_only(two_versions: tu
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     registry, store, first, second = two_versions
     monkeypatch.setattr(queries, "MAX_TEXT_DIFF_BYTES", 10)
-    changed = {c["path"]: c for c in queries.diff(registry, store, "linear", first.digest, second.digest).to_json()["changed"]}
+    result = queries.diff(registry, store, "linear", first.digest, second.digest).to_json()
+    changed = {c["path"]: c for c in result["changed"]}
     assert changed["config.pbtxt"]["diff"] is None
 
 
