@@ -233,3 +233,46 @@ def test_a_removed_or_retyped_key_breaks_and_an_added_key_asks_for_regeneration(
     assert breaking == ["$.model: removed", "$.rows[].n: <int> became <str>"]
     _, added = differences(golden, shape({"model": "m", "digest": None, "rows": [], "new": 1}))
     assert added == ["$.new: added"]
+
+
+# --- every --json has a golden file, and README "JSON output" names its keys ---------------------------------
+
+
+def _json_commands() -> list[str]:
+    import click
+
+    found = []
+
+    def walk(group: click.Group, path: tuple[str, ...]) -> None:
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if isinstance(command, click.Group):
+                walk(command, (*path, name))
+            elif command is not None and any(p.name == "as_json" for p in command.params):
+                found.append("-".join((*path, name)))
+
+    walk(cli, ())
+    return found
+
+
+def _keys(golden: Any) -> set[str]:
+    if isinstance(golden, dict):
+        return {k for k in golden if k != "HOST"} | {k for v in golden.values() for k in _keys(v)}
+    if isinstance(golden, list):
+        return {k for v in golden for k in _keys(v)}
+    return set()
+
+
+def test_every_json_command_has_a_golden_file_and_its_keys_are_in_the_readme() -> None:
+    readme = (GOLDEN.parent.parent / "README.md").read_text()
+    section = readme.split("### JSON output", 1)[1].split("\n### ", 1)[0]
+    goldens = {p.stem for p in GOLDEN.glob("*.json")}
+    for command in _json_commands():
+        assert command in goldens, f"`{command} --json` has no golden file (tests/golden/{command}.json)"
+        assert f"`{command.replace('-', ' ')}" in section or f"|{command}" in section or f"{command}|" in section, \
+            f"README \"JSON output\" does not list `{command} --json`"
+    for name in goldens:
+        missing = sorted(k for k in _keys(json.loads((GOLDEN / f"{name}.json").read_text()))
+                         if f'"{k}"' not in section)
+        assert not missing, f"README \"JSON output\" does not name {missing} of `{name} --json`"
