@@ -37,7 +37,7 @@ class Progress:
     digest: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
     """How an operation ended: ok, failed, rolled_back or noop (`load`, `rollback`, `unload --json`);
     `accepted` for `load --no-wait`."""
