@@ -182,8 +182,9 @@ def test_validate_document_keeps_its_shape() -> None:
 
 
 def test_db_upgrade_document_keeps_its_shape(tmp_path: Path) -> None:
-    run_json("db", "upgrade", "--state-dir", str(tmp_path))  # the first one reports from: null
-    check("db-upgrade", run_json("db", "upgrade", "--state-dir", str(tmp_path)))
+    document = run_json("db", "upgrade", "--state-dir", str(tmp_path))
+    assert document["from"] is None and document["to"], document  # a new registry: from null
+    check("db-upgrade", document)
 
 
 # --- the fleet views, from a real PostgreSQL registry -----------------------------------------------------
