@@ -110,7 +110,7 @@ class StatusRow:
     source_digest: str | None = None
     sync: str = ""
     sync_reason: str = ""
-    next_retry_s: float | None = None
+    next_retry_s: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -129,9 +129,18 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 @pytest.fixture(scope="module")
 def documents(daemon: DaemonProcess) -> dict[str, Any]:
-    """One scenario, every daemon and history command's --json: two generations of `gen`, a rollback,
-    policy, pin/unpin, an unload, gc."""
+    """One scenario, every daemon and history command's --json: two generations of `gen`, a model whose
+    backend this tritonserver lacks (its deploy fails: `load --failed`), a rollback, policy, pin/unpin,
+    an unload, gc."""
     sd = ("--state-dir", str(daemon.state_dir))
+    torchy = daemon.repository / "torchy"
+    (torchy / "1").mkdir(parents=True)
+    (torchy / "1" / "model.pt").write_bytes(b"not a model")
+    (torchy / "config.pbtxt").write_text(
+        'name: "torchy"\nbackend: "pytorch"\nmax_batch_size: 0\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
     client = grpcclient.InferenceServerClient(daemon.triton_url())
     try:
         write_gen_model(daemon.repository, "gen", 1)
@@ -141,7 +150,9 @@ def documents(daemon: DaemonProcess) -> dict[str, Any]:
     finally:
         client.close()
     docs: dict[str, Any] = {}
+    wait_for(lambda: daemon.model_status("torchy").get("next_retry_s") is not None, 60, 0.2, "torchy failed")
     docs["status"] = run_json("status", *sd)
+    docs["load-failed"] = run_json("load", "--failed", *sd)
     versions = run_json("versions", "gen", *sd)
     docs["versions"] = versions
     docs["diff"] = run_json("diff", "gen", versions[1]["digest"], versions[0]["digest"], *sd)
@@ -158,7 +169,8 @@ def documents(daemon: DaemonProcess) -> dict[str, Any]:
     return docs
 
 
-@pytest.mark.parametrize("command", ["status", "versions", "diff", "load", "load-no-wait", "rollback", "unload",
+@pytest.mark.parametrize("command", ["status", "versions", "diff", "load", "load-no-wait", "load-failed", "rollback",
+                                     "unload",
                                      "policy", "pin", "unpin", "gc", "audit", "audit-at"])
 def test_daemon_and_history_documents_keep_their_shape(documents: dict[str, Any], command: str) -> None:
     check(command, documents[command])
@@ -166,7 +178,8 @@ def test_daemon_and_history_documents_keep_their_shape(documents: dict[str, Any]
 
 def test_the_scenario_produced_what_the_contract_describes(documents: dict[str, Any]) -> None:
     """The documents above are the interesting ones (not empty lists, not errors)."""
-    assert {row["model"] for row in documents["status"]["models"]} == {"linear", "gen"}
+    assert {row["model"] for row in documents["status"]["models"]} == {"linear", "gen", "torchy"}
+    assert [(o["model"], o["outcome"]) for o in documents["load-failed"]] == [("torchy", "failed")]
     assert documents["rollback"]["outcome"] == "ok" and documents["unload"]["outcome"] == "ok"
     assert documents["diff"]["changed"] and documents["audit"] and documents["audit-at"]["models"]
     assert documents["load-no-wait"]["outcome"] == "accepted"
