@@ -2,10 +2,11 @@
 output"; the dataclasses of controlplane/results.py). Fields may be added, never removed or retyped.
 
 Each document comes from a real run: the daemon commands against one real daemon with its launched
-tritonserver, the fleet views against a real PostgreSQL registry filled through the fleet store, and
-validate / db upgrade offline. Each document's shape (keys and value types; values replaced by their
-type, a list by the union of its elements' shapes, a model's `config` (Triton's own schema) by
-"<dict>") is compared with tests/golden/<command>.json:
+tritonserver, the fleet views against a real PostgreSQL registry filled through the fleet store (and
+the fleet's pin / policy documents from `FleetVerbs` over it), and validate / db upgrade offline.
+Each document's shape (keys and value types; values replaced by their type, a list by the union of
+its elements' shapes, a model's `config` (Triton's own schema) by "<dict>") is compared with
+tests/golden/<command>.json:
 
 - a key missing, or a value of another type: the test fails (a script that reads it would break);
 - a key added: the test fails and asks to regenerate the golden files (review the diff, then commit):
@@ -203,13 +204,17 @@ def test_db_upgrade_document_keeps_its_shape(tmp_path: Path) -> None:
 # --- the fleet views, from a real PostgreSQL registry -----------------------------------------------------
 
 
-def test_fleet_documents_keep_their_shape(pg_url: str) -> None:
+def test_fleet_documents_keep_their_shape(pg_url: str, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
     from controlplane.fleet.store import FleetStore, audit_event
+    from controlplane.fleet.verbs import FleetVerbs
     from controlplane.store import migrate
     from controlplane.store.records import utcnow
     from controlplane.store.registry import Registry
 
     registry = Registry(pg_url, host="h1")
+    local = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
     try:
         migrate.upgrade(registry)
         store = FleetStore(registry)
@@ -222,8 +227,20 @@ def test_fleet_documents_keep_their_shape(pg_url: str) -> None:
         store.finish_step(step, "ok", "serving", host="h1", serving=D2,
                           audit=audit_event("fleet", "deploy", "m", D2, "ok", "serving"))
         store.report("h2", {"m": (D1, "serving")})
+        # pin / unpin / policy on a fleet (`fleet: true`) and on one host (`--host h1`: held), as the
+        # control API returns them; the member is a stand-in holding the real shared and local registries.
+        migrate.upgrade(local)
+        local.ensure_model("m")
+        member = SimpleNamespace(host="h1", registry=registry, plane=SimpleNamespace(registry=local),
+                                 settings=SimpleNamespace(policy="auto"), report_now=lambda: None)
+        verbs = FleetVerbs(member)  # type: ignore[arg-type]
+        check("pin-fleet", verbs.set_pin("m", True, "alice", "").to_json())
+        check("policy-fleet", verbs.set_policy("m", "manual", "alice", "").to_json())
+        check("pin-host", verbs.set_pin("m", True, "alice", "h1").to_json())
+        check("policy-host", verbs.set_policy("m", "inherit", "alice", "h1").to_json())
     finally:
         registry.close()
+        local.close()
     db = ("--db-url", pg_url)
     check("hosts", run_json("hosts", *db))
     rollouts = run_json("rollouts", *db)
