@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-if TYPE_CHECKING:  # importing modelconfig loads tritonclient: only `validate` should pay for that
+if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
     from controlplane.results import ValidationReport
