@@ -104,6 +104,7 @@ def db_upgrade(db_url: str | None, state_dir: Path, as_json: bool) -> None:
     Example:
       tritonctl db upgrade --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
+    from controlplane.results import DbUpgradeResult
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
 
@@ -115,7 +116,7 @@ def db_upgrade(db_url: str | None, state_dir: Path, as_json: bool) -> None:
         before, after = migrate.upgrade(registry)
     finally:
         registry.close()
-    render.kv({"from": before, "to": after}, as_json)
+    render.kv(DbUpgradeResult(before, after), as_json)
 
 
 COMMANDS = [versions, diff, audit, db]

@@ -127,7 +127,7 @@ def validate_cmd(ctx: click.Context, paths: tuple[str, ...], as_json: bool) -> N
 
     results = validate_paths(paths)
     render.render_validation(results, as_json=as_json)
-    ctx.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILED)
+    ctx.exit(EXIT_OK if results.ok else EXIT_FAILED)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -165,7 +165,7 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
     if fleet:
         data = _with_fleet_registry(db_url, lambda reg: _fleet_queries().matrix(reg))
         if models:
-            data["models"] = [m for m in data["models"] if m["model"] in models]
+            data.models = [m for m in data.models if m.model in models]
         render.fleet_matrix(data, as_json)
         return
     if not watch:
@@ -322,7 +322,7 @@ def rollouts(db_url: str | None, only_open: bool, watch: bool, interval: float, 
     while True:
         data = read()
         render.fleet_rollouts(data, as_json)
-        if not any(r["state"] in ("queued", "running", "rolling_back") for r in data):
+        if not any(r.state in ("queued", "running", "rolling_back") for r in data):
             return
         time.sleep(interval)
 

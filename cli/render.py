@@ -1,22 +1,24 @@
 """The only place that formats output: rich text for people, JSON (a stable contract) for scripts.
 
-Commands pass results (plain dataclasses from `controlplane`) here. Colour appears only on a
-terminal; `--json` output never changes shape without a note in the README.
+Commands pass results here: the dataclasses of `controlplane.results` (read commands, validate) or
+the JSON document the API client received (daemon commands). `--json` prints `to_json()` of the
+former and the latter as is, so each shape is defined once, in controlplane/results.py; tables are
+drawn from that same document. Colour appears only on a terminal; `--json` output never changes
+shape without a note in the README.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import click
 
-if TYPE_CHECKING:  # importing modelconfig loads tritonclient: only `validate` should pay for that
+if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
-    from controlplane.modelconfig import Problem, ValidationResult
+    from controlplane.results import ValidationReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
@@ -46,35 +48,11 @@ def _plural(count: int, word: str) -> str:
 # --- tritonctl validate ---------------------------------------------------------------------------
 
 
-def validation_json(results: Sequence[ValidationResult]) -> list[dict[str, Any]]:
-    """The `validate --json` contract: one object per model, keys in this order."""
-    return [
-        {
-            "model": r.model,
-            "path": str(r.path),
-            "ok": r.ok,
-            "versions": list(r.versions),
-            "served_versions": list(r.served_versions),
-            "problems": [_problem_json(p) for p in r.problems],
-        }
-        for r in results
-    ]
-
-
-def _problem_json(problem: Problem) -> dict[str, str]:
-    return {
-        "file": problem.file,
-        "field": problem.field,
-        "message": problem.message,
-        "severity": problem.severity,
-    }
-
-
-def render_validation(results: Sequence[ValidationResult], as_json: bool = False) -> None:
+def render_validation(results: ValidationReport, as_json: bool = False) -> None:
     """One line per problem (`severity file: field: message`), an `ok` line per clean model, then a
     summary line."""
     if as_json:
-        click.echo(json.dumps(validation_json(results), indent=2))
+        click.echo(json.dumps(results.to_json(), indent=2))
         return
     from rich.text import Text
 
@@ -106,8 +84,18 @@ def _short(digest: Any) -> str:
     return str(digest)[:12] if digest else "-"
 
 
+def document(result: Any) -> Any:
+    """The `--json` document of a result: a `controlplane.results` dataclass's `to_json()` (lists of them
+    element by element), or the document the API client received, as is."""
+    if hasattr(result, "to_json"):
+        return result.to_json()
+    if isinstance(result, list):
+        return [document(item) for item in result]
+    return result
+
+
 def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    click.echo(json.dumps(document(data), indent=2, ensure_ascii=False))
 
 
 class _ProgressDisplay:
@@ -141,7 +129,8 @@ class progress_display:  # noqa: N801 - used as `with render.progress_display(..
         return None
 
 
-def outcome(result: dict[str, Any], as_json: bool) -> None:
+def outcome(result: Any, as_json: bool) -> None:
+    result = document(result)
     if as_json:
         _print_json(result)
         return
@@ -155,7 +144,8 @@ def outcome(result: dict[str, Any], as_json: bool) -> None:
     _console().print(text)
 
 
-def kv(data: dict[str, Any], as_json: bool) -> None:
+def kv(data: Any, as_json: bool) -> None:
+    data = document(data)
     if as_json:
         _print_json(data)
         return
@@ -234,7 +224,8 @@ def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
     return table
 
 
-def status(data: dict[str, Any], as_json: bool, wide: bool = False) -> None:
+def status(data: Any, as_json: bool, wide: bool = False) -> None:
+    data = document(data)
     if as_json:
         _print_json(data)
         return
@@ -288,7 +279,8 @@ def status_is_live() -> bool:
 # --- history: versions, diff, audit ---------------------------------------------------------------
 
 
-def versions(model: str, rows: list[dict[str, Any]], as_json: bool) -> None:
+def versions(model: str, rows: Any, as_json: bool) -> None:
+    rows = document(rows)
     if as_json:
         _print_json(rows)
         return
@@ -315,7 +307,8 @@ def versions(model: str, rows: list[dict[str, Any]], as_json: bool) -> None:
     _console().print(table)
 
 
-def diff(data: dict[str, Any], as_json: bool) -> None:
+def diff(data: Any, as_json: bool) -> None:
+    data = document(data)
     if as_json:
         _print_json(data)
         return
@@ -333,7 +326,8 @@ def diff(data: dict[str, Any], as_json: bool) -> None:
         click.echo("  no differences")
 
 
-def audit(rows: list[dict[str, Any]], as_json: bool) -> None:
+def audit(rows: Any, as_json: bool) -> None:
+    rows = document(rows)
     if as_json:
         _print_json(rows)
         return
@@ -352,7 +346,8 @@ def audit(rows: list[dict[str, Any]], as_json: bool) -> None:
     _console().print(table)
 
 
-def serving_at(data: dict[str, Any], as_json: bool) -> None:
+def serving_at(data: Any, as_json: bool) -> None:
+    data = document(data)
     if as_json:
         _print_json(data)
         return
@@ -371,7 +366,8 @@ def serving_at(data: dict[str, Any], as_json: bool) -> None:
 # --- fleet: hosts, rollouts, model x host matrix ---------------------------------------------------
 
 
-def fleet_hosts(rows: list[dict[str, Any]], as_json: bool) -> None:
+def fleet_hosts(rows: Any, as_json: bool) -> None:
+    rows = document(rows)
     if as_json:
         _print_json(rows)
         return
@@ -386,7 +382,8 @@ def fleet_hosts(rows: list[dict[str, Any]], as_json: bool) -> None:
     _console().print(table)
 
 
-def fleet_rollouts(rows: list[dict[str, Any]], as_json: bool) -> None:
+def fleet_rollouts(rows: Any, as_json: bool) -> None:
+    rows = document(rows)
     if as_json:
         _print_json(rows)
         return
@@ -400,7 +397,8 @@ def fleet_rollouts(rows: list[dict[str, Any]], as_json: bool) -> None:
                        f"{step['state']:<8} {step['message']}")
 
 
-def fleet_matrix(data: dict[str, Any], as_json: bool) -> None:
+def fleet_matrix(data: Any, as_json: bool) -> None:
+    data = document(data)
     if as_json:
         _print_json(data)
         return

@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,7 @@ from controlplane.errors import (
 from controlplane.faults import environment_cause
 from controlplane.modelconfig import stamp_parameter
 from controlplane.publish import ServingRepository
+from controlplane.results import Outcome, Progress  # the operation's result: one definition, in results
 from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
@@ -60,51 +60,7 @@ def fault_point(step: str) -> None:
         os._exit(97)
 
 
-@dataclass(frozen=True)
-class Progress:
-    """One step of an operation, streamed to the CLI as it happens."""
-
-    model: str
-    step: str
-    state: str  # start | ok | failed | skipped
-    message: str = ""
-    digest: str = ""
-
-
 ProgressFn = Callable[[Progress], None]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an operation ended: ok, failed, rolled_back or noop."""
-
-    model: str
-    action: str
-    outcome: str
-    digest: str | None
-    active_digest: str | None
-    message: str = ""
-    duration_ms: int = 0
-    steps: list[Progress] = field(default_factory=list)
-    # Why a failed outcome failed: "content" (quarantined), "environment" (retried with backoff),
-    # "triton_unreachable" (an environment fault the CLI exits 4 for), "" otherwise.
-    cause: str = ""
-
-    @property
-    def succeeded(self) -> bool:
-        return self.outcome in ("ok", "noop")
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "model": self.model,
-            "action": self.action,
-            "outcome": self.outcome,
-            "digest": self.digest,
-            "active_digest": self.active_digest,
-            "message": self.message,
-            "duration_ms": self.duration_ms,
-            "cause": self.cause,
-        }
 
 
 class VerifyError(TritonctlError):

@@ -28,6 +28,7 @@ from controlplane.ensemblecheck import Member, as_config, check_ensemble_members
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
+from controlplane.results import ValidationReport
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.warmupcheck import check_warmup
@@ -494,7 +495,7 @@ def _entries(path: Path) -> list[Path]:
         return []
 
 
-def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> list[ValidationResult]:
+def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> ValidationReport:
     """Validate each PATH: a model directory, a repository of them, or a config.pbtxt. A plain file
     gets only a warning (Triton ignores files in a repository), so `validate repo/*` works."""
     results: list[ValidationResult] = []
@@ -512,7 +513,7 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> list[ValidationRe
             result.problems.append(Problem(result.model, ".", reason, WARNING))
             results.append(result)
     check_ensembles(results)
-    return results
+    return ValidationReport(results)
 
 
 def ensemble_problems(result: ValidationResult, lookup: Callable[[str], Member | None]) -> list[Problem]:

@@ -1,7 +1,7 @@
 """Read-only questions to the registry and the store, answerable while the daemon is down.
 
 versions, diff, audit (with relative times), "what served at T", status rows and gc's selection.
-Results are plain dicts in the shape of the CLI's `--json` contract (README "JSON output").
+Results are the dataclasses of `controlplane.results` (README "JSON output" is their `to_json()`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.names import validate_digest, validate_model_name
-from controlplane.store.records import OUTCOMES, AuditQuery, ModelRecord, iso, utcnow
+from controlplane.results import (
+    AuditResult,
+    DiffResult,
+    FileChange,
+    FileSize,
+    GcResult,
+    ServingAtResult,
+    StatusRow,
+    VersionRow,
+    VersionsResult,
+    VersionState,
+)
+from controlplane.store.records import OUTCOMES, AuditQuery, ModelRecord, utcnow
 
 if TYPE_CHECKING:  # the read commands pass a SqliteReader, which answers the same methods: no SQLAlchemy
     from controlplane.reconcile import Drift
@@ -50,35 +62,30 @@ def parse_time(text: str, field: str = "time", reference: datetime | None = None
 
 
 def status_row(
-    model: ModelRecord, policy: str, versions: list[dict[str, str]], drift: Drift | None, reachable: bool
-) -> dict[str, Any]:
-    return {
-        "model": model.name,
-        "state": model.state,
-        "versions": versions,
-        "digest": model.active_digest,
-        "since": iso(model.active_since),
-        "policy": policy,
-        "pinned": model.pinned,
-        "drift": drift.kind if drift else (None if reachable else "unknown"),
-        "drift_detail": drift.detail if drift else None,
-        "last_error": model.last_error,
-        "removed": model.removed_at is not None,
-    }
+    model: ModelRecord, policy: str, versions: list[VersionState], drift: Drift | None, reachable: bool
+) -> StatusRow:
+    return StatusRow(
+        model=model.name,
+        state=model.state,
+        versions=versions,
+        digest=model.active_digest,
+        since=model.active_since,
+        policy=policy,
+        pinned=model.pinned,
+        drift=drift.kind if drift else (None if reachable else "unknown"),
+        drift_detail=drift.detail if drift else None,
+        last_error=model.last_error,
+        removed=model.removed_at is not None,
+    )
 
 
-def versions(registry: Registry, model: str) -> list[dict[str, Any]]:
+def versions(registry: Registry, model: str) -> VersionsResult:
     validate_model_name(model)
     record = registry.find_model(model)
     if record is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
-    out = []
-    for snap in registry.list_snapshots(model):
-        data = snap.to_json()
-        data["active"] = snap.digest == record.active_digest
-        data["first_error"] = snap.first_error
-        out.append(data)
-    return out
+    return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest)
+                                  for snap in registry.list_snapshots(model)])
 
 
 def _entries(registry: Registry, model: str, digest: str) -> tuple[str, dict[str, Any]]:
@@ -101,27 +108,27 @@ def _text(store: ContentStore, sha256: str) -> list[str] | None:
         return None
 
 
-def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str) -> dict[str, Any]:
+def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str) -> DiffResult:
     """Files added / removed / changed between two snapshots, with unified diffs of text files."""
     validate_model_name(model)
     digest_a, digest_b = validate_digest(digest_a), validate_digest(digest_b)
     full_a, a = _entries(registry, model, digest_a)
     full_b, b = _entries(registry, model, digest_b)
-    added = [{"path": p, "size": b[p].size} for p in sorted(set(b) - set(a))]
-    removed = [{"path": p, "size": a[p].size} for p in sorted(set(a) - set(b))]
+    added = [FileSize(p, b[p].size) for p in sorted(set(b) - set(a))]
+    removed = [FileSize(p, a[p].size) for p in sorted(set(a) - set(b))]
     changed = []
     for path in sorted(set(a) & set(b)):
         if a[path].sha256 == b[path].sha256 and a[path].mode == b[path].mode:
             continue
-        item: dict[str, Any] = {"path": path, "size_a": a[path].size, "size_b": b[path].size, "diff": None}
+        text_diff = None
         if path.endswith(TEXT_SUFFIXES):
             old, new = _text(store, a[path].sha256), _text(store, b[path].sha256)
             if old is not None and new is not None:
-                item["diff"] = "".join(
+                text_diff = "".join(
                     difflib.unified_diff(old, new, f"{full_a[:12]}/{path}", f"{full_b[:12]}/{path}")
                 )
-        changed.append(item)
-    return {"model": model, "a": full_a, "b": full_b, "added": added, "removed": removed, "changed": changed}
+        changed.append(FileChange(path, a[path].size, b[path].size, text_diff))
+    return DiffResult(model, full_a, full_b, added, removed, changed)
 
 
 def audit(
@@ -134,7 +141,7 @@ def audit(
     since: str | None = None,
     until: str | None = None,
     limit: int = 100,
-) -> list[dict[str, Any]]:
+) -> AuditResult:
     if model is not None:
         validate_model_name(model)
     if outcome is not None and outcome not in OUTCOMES:
@@ -150,18 +157,18 @@ def audit(
         until=parse_time(until, "--until") if until else None,
         limit=limit,
     )
-    return [record.to_json() for record in registry.query_audit(query)]
+    return AuditResult(list(registry.query_audit(query)))
 
 
-def serving_at(registry: Registry, when: str, models: list[str] | None = None) -> dict[str, Any]:
+def serving_at(registry: Registry, when: str, models: list[str] | None = None) -> ServingAtResult:
     moment = parse_time(when, "--at")
     for name in models or []:
         validate_model_name(name)
     rows = registry.serving_at(moment, models or None)
-    return {"at": iso(moment), "models": [row.to_json() for row in rows]}
+    return ServingAtResult(moment, list(rows))
 
 
-def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> dict[str, Any]:
+def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> GcResult:
     """Keep each model's active snapshot and its `keep` newest; drop the rest's content (not their rows)."""
     if keep < 0:
         raise UsageError("--keep: must be 0 or more")
@@ -178,4 +185,4 @@ def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> dict[
     for model_name, digests in dropped.items():
         registry.mark_collected(model_name, [d for d in digests if d not in kept])
     count = sum(len([d for d in ds if d not in kept]) for ds in dropped.values())
-    return {"snapshots_removed": count, "snapshots_kept": len(kept), "bytes_freed": freed}
+    return GcResult(snapshots_removed=count, snapshots_kept=len(kept), bytes_freed=freed)

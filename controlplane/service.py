@@ -26,6 +26,7 @@ from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import SERVING_STATES, Drift, plan
+from controlplane.results import GcResult, HoldResult, PinResult, PolicyResult, StatusResult, VersionState
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
@@ -390,22 +391,22 @@ class ControlPlane:
                              "unpin it or use --force")
         return self.deployer.rollback(model, actor, to or None, progress)
 
-    def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> dict[str, Any]:
+    def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> PolicyResult:
         validate_model_name(model)
         if policy not in ("auto", "manual", "inherit"):
             raise UsageError(f"policy '{policy}': expected auto, manual or inherit")
         if self.fleet is not None:
-            return dict(self.fleet.verbs.set_policy(model, policy, actor, host))
+            return self.fleet.verbs.set_policy(model, policy, actor, host)
         record = self.registry.update_model(model, policy=None if policy == "inherit" else policy)
         self.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok", f"policy {policy}"))
         if self.effective_policy(record) == "auto":
             self.converge(model)
-        return {"model": model, "policy": self.effective_policy(record), "inherited": record.policy is None}
+        return PolicyResult(model, self.effective_policy(record), inherited=record.policy is None)
 
-    def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> dict[str, Any]:
+    def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> PinResult | HoldResult:
         validate_model_name(model)
         if self.fleet is not None:
-            return dict(self.fleet.verbs.set_pin(model, pinned, actor, host))
+            return self.fleet.verbs.set_pin(model, pinned, actor, host)
         existing = self.registry.find_model(model)
         if existing is None:
             raise NotFoundError(f"model '{model}' is unknown to the registry")
@@ -416,13 +417,13 @@ class ControlPlane:
         self.registry.audit(AuditEntry(actor, action, model, record.active_digest, "ok", f"{action}ned"))
         if not pinned:
             self.converge(model)
-        return {"model": model, "pinned": pinned, "digest": record.active_digest}
+        return PinResult(model, pinned, record.active_digest)
 
-    def gc(self, keep: int, actor: str) -> dict[str, Any]:
+    def gc(self, keep: int, actor: str) -> GcResult:
         result = queries.collect_garbage(self.registry, self.store, keep)
         self.registry.audit(
             AuditEntry(actor, "gc", None, None, "ok",
-                       f"removed {result['snapshots_removed']} snapshots, freed {result['bytes_freed']} bytes")
+                       f"removed {result.snapshots_removed} snapshots, freed {result.bytes_freed} bytes")
         )
         return result
 
@@ -438,7 +439,7 @@ class ControlPlane:
                 served[name] = None
         return index, served
 
-    def status(self, models: list[str] | None = None) -> dict[str, Any]:
+    def status(self, models: list[str] | None = None) -> StatusResult:
         for name in models or []:
             validate_model_name(name)
         everything = records = self.registry.list_models()
@@ -461,23 +462,20 @@ class ControlPlane:
         settling = self.settling() if self.settling else {}
         rows = []
         for model in records:
-            versions = [
-                {"version": e.version, "state": e.state, "reason": e.reason} for e in index if e.name == model.name
-            ]
+            versions = [VersionState(e.version, e.state, e.reason) for e in index if e.name == model.name]
             policy = self.effective_policy(model)
             retry = self.retries.get(model.name)
             head = heads.get(model.name)
             sync, reason = sync_state(model, policy, head, lasts.get(model.name), busy=model.name in busy,
                                       retry=retry, settling=settling.get(model.name))
             row = queries.status_row(model, policy, versions, drift.get(model.name), reachable)
-            row["source_digest"] = head.digest if head is not None and model.removed_at is None else None
-            row["sync"] = sync
-            row["sync_reason"] = reason
-            row["next_retry_s"] = retry.seconds_left() if retry is not None else None
+            row.source_digest = head.digest if head is not None and model.removed_at is None else None
+            row.sync = sync
+            row.sync_reason = reason
+            row.next_retry_s = retry.seconds_left() if retry is not None else None
             rows.append(row)
         watch = self.watch_info() if self.watch_info else {"mode": None, "reason": "no source repository"}
-        return {"triton_reachable": reachable, "triton_url": self.triton.url, "triton_grpc_url": self.triton.url,
-                "triton_http_url": self.http_url, "watch": watch, "models": rows}
+        return StatusResult(reachable, self.triton.url, self.http_url, watch, rows)
 
     def reconcile(self) -> list[Drift]:
         """Compare desired and actual; restore what should serve; finish interrupted deployments."""

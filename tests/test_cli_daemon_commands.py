@@ -30,6 +30,7 @@ from controlplane.api.server import ApiServer
 from controlplane.config import Settings
 from controlplane.deploy import Outcome, Progress
 from controlplane.names import validate_model_name
+from controlplane.results import GcResult, PinResult, PolicyResult, StatusResult, VersionState
 from controlplane.store.records import ModelRecord, iso
 from tests.cli_helpers import NOW, assert_one_line_error, invoke
 
@@ -88,7 +89,7 @@ class StandInPlane:
         progress(Progress(model, "unload", "ok", "", ""))
         return Outcome(model, "unload", "ok", None, None, "unloaded", 7)
 
-    def status(self, models: list[str] | None) -> dict[str, Any]:
+    def status(self, models: list[str] | None) -> StatusResult:
         self.calls.append(("status", models))
         for name in models or []:
             self._check(name)
@@ -96,27 +97,26 @@ class StandInPlane:
         linear = ModelRecord("linear", None, True, "9" * 64, "serving", None, since, since, None)
         broken = ModelRecord("broken", "manual", False, None, "failed", "load timed out", None, since, None)
         rows = [
-            queries.status_row(linear, "auto", [{"version": "1", "state": "READY", "reason": ""},
-                                                {"version": "2", "state": "READY", "reason": ""}], None, True),
-            queries.status_row(broken, "manual", [{"version": "1", "state": "UNAVAILABLE", "reason": "timeout"}],
+            queries.status_row(linear, "auto", [VersionState("1", "READY", ""), VersionState("2", "READY", "")],
                                None, True),
+            queries.status_row(broken, "manual", [VersionState("1", "UNAVAILABLE", "timeout")], None, True),
         ]
-        rows = [r for r in rows if not models or r["model"] in models]
-        return {"triton_reachable": True, "triton_url": self.triton.url, "models": rows}
+        rows = [r for r in rows if not models or r.model in models]
+        return StatusResult(True, self.triton.url, None, {"mode": None, "reason": "stand-in"}, rows)
 
-    def set_policy(self, model: str, policy: str, actor: str) -> dict[str, Any]:
+    def set_policy(self, model: str, policy: str, actor: str) -> PolicyResult:
         self.calls.append(("policy", model, policy, actor))
         self._check(model)
-        return {"model": model, "policy": "auto" if policy == "inherit" else policy, "inherited": policy == "inherit"}
+        return PolicyResult(model, "auto" if policy == "inherit" else policy, inherited=policy == "inherit")
 
-    def set_pin(self, model: str, pinned: bool, actor: str) -> dict[str, Any]:
+    def set_pin(self, model: str, pinned: bool, actor: str) -> PinResult:
         self.calls.append(("pin", model, pinned, actor))
         self._check(model)
-        return {"model": model, "pinned": pinned, "digest": "9" * 64}
+        return PinResult(model, pinned, "9" * 64)
 
-    def gc(self, keep: int, actor: str) -> dict[str, Any]:
+    def gc(self, keep: int, actor: str) -> GcResult:
         self.calls.append(("gc", keep, actor))
-        return {"snapshots_removed": 3, "snapshots_kept": 5, "bytes_freed": 123456}
+        return GcResult(snapshots_removed=3, snapshots_kept=5, bytes_freed=123456)
 
 
 @dataclass
@@ -242,7 +242,7 @@ def test_status_table(daemon: Daemon) -> None:
     result = daemon.run("status")
     assert result.exit_code == 0
     lines = result.output.splitlines()
-    assert lines[0] == "triton 127.0.0.1:8001"
+    assert lines[0] == "triton grpc 127.0.0.1:8001"
     assert lines[1].split() == ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
     assert max(len(line) for line in lines) <= 100  # readable at 100 columns by default
     linear = next(line for line in lines if line.startswith("linear"))

@@ -113,9 +113,9 @@ def test_read_commands_skip_sqlalchemy_and_answer_as_the_registry_does(
     registry = migrate.open_existing(url)
     try:
         expected = {
-            "versions": queries.versions(registry, "linear"),
-            "audit": queries.audit(registry, model="linear", since="1d"),
-            "at": queries.serving_at(registry, moment),
+            "versions": queries.versions(registry, "linear").to_json(),
+            "audit": queries.audit(registry, model="linear", since="1d").to_json(),
+            "at": queries.serving_at(registry, moment).to_json(),
         }
     finally:
         registry.close()

@@ -109,7 +109,8 @@ def test_serving_at_checks_time_and_names(registry: Registry) -> None:
         queries.serving_at(registry, "when it broke")
     with pytest.raises(UsageError):
         queries.serving_at(registry, "2h", ["a/b"])
-    assert queries.serving_at(registry, "2026-11-29T03:00:00Z") == {"at": "2026-11-29T03:00:00Z", "models": []}
+    at = queries.serving_at(registry, "2026-11-29T03:00:00Z")
+    assert at.to_json() == {"at": "2026-11-29T03:00:00Z", "models": []}
 
 
 def test_versions_of_an_unknown_model(registry: Registry) -> None:
@@ -152,7 +153,7 @@ def two_versions(tmp_path: Path, registry: Registry) -> tuple[Registry, ContentS
 
 def test_diff_lists_added_removed_and_changed_files(two_versions: tuple) -> None:
     registry, store, first, second = two_versions
-    result = queries.diff(registry, store, "linear", first.digest[:8], second.digest[:10])
+    result = queries.diff(registry, store, "linear", first.digest[:8], second.digest[:10]).to_json()
     assert (result["model"], result["a"], result["b"]) == ("linear", first.digest, second.digest)
     assert result["added"] == [{"path": "2/model.py", "size": 8}]
     assert result["removed"] == [{"path": "1/notes.txt", "size": 10}]
@@ -170,7 +171,7 @@ def test_diff_lists_added_removed_and_changed_files(two_versions: tuple) -> None
 
 def test_diff_is_directional(two_versions: tuple) -> None:
     registry, store, first, second = two_versions
-    back = queries.diff(registry, store, "linear", second.digest, first.digest)
+    back = queries.diff(registry, store, "linear", second.digest, first.digest).to_json()
     assert back["added"] == [{"path": "1/notes.txt", "size": 10}]
     assert back["removed"] == [{"path": "2/model.py", "size": 8}]
     assert "-max_batch_size: 16\n+max_batch_size: 8" in {c["path"]: c for c in back["changed"]}["config.pbtxt"]["diff"]
@@ -178,7 +179,7 @@ def test_diff_is_directional(two_versions: tuple) -> None:
 
 def test_diff_of_a_snapshot_with_itself_is_empty(two_versions: tuple) -> None:
     registry, store, first, _ = two_versions
-    result = queries.diff(registry, store, "linear", first.digest, first.digest)
+    result = queries.diff(registry, store, "linear", first.digest, first.digest).to_json()
     assert (result["added"], result["removed"], result["changed"]) == ([], [], [])
 
 
@@ -197,7 +198,8 @@ def test_diff_of_text_too_large_or_undecodable_shows_sizes_only(two_versions: tu
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     registry, store, first, second = two_versions
     monkeypatch.setattr(queries, "MAX_TEXT_DIFF_BYTES", 10)
-    changed = {c["path"]: c for c in queries.diff(registry, store, "linear", first.digest, second.digest)["changed"]}
+    result = queries.diff(registry, store, "linear", first.digest, second.digest).to_json()
+    changed = {c["path"]: c for c in result["changed"]}
     assert changed["config.pbtxt"]["diff"] is None
 
 

@@ -230,7 +230,7 @@ def test_no_operation_updates_or_deletes_audit_or_serving_rows(registry: Registr
     deploy(registry, "linear", None, kind="unload", versions=[])
     store = ContentStore(tmp_path / "store", fsync=False)
     result = queries.collect_garbage(registry, store, keep=0)
-    assert result["snapshots_removed"] == 3
+    assert result.snapshots_removed == 3
 
     for table in ("audit_events", "serving_log"):
         touching = [s for s in statements if table in s and not s.lstrip().upper().startswith(("SELECT", "INSERT"))]
@@ -255,7 +255,7 @@ def test_gc_keeps_the_active_and_newest_snapshots(registry: Registry, clock: Clo
     deploy(registry, "linear", D1)  # the oldest one serves
     store = ContentStore(tmp_path / "store", fsync=False)
     result = queries.collect_garbage(registry, store, keep=1)
-    assert (result["snapshots_removed"], result["snapshots_kept"]) == (1, 2)
+    assert (result.snapshots_removed, result.snapshots_kept) == (1, 2)
     collected = {s.digest: s.collected for s in registry.list_snapshots("linear")}
     assert collected == {D3: False, D2: True, D1: False}
     with pytest.raises(UsageError):

@@ -25,8 +25,8 @@ from controlplane.api import control_pb2 as pb
 from controlplane.api import control_pb2_grpc as pb_grpc
 from controlplane.api.protocol import ACTOR_KEY, ERROR_CLASS_KEY, TOKEN_KEY, read_token, status_for
 from controlplane.config import Settings
-from controlplane.deploy import Outcome, Progress
 from controlplane.names import validate_model_name
+from controlplane.results import Outcome, Progress, accepted
 from controlplane.service import ControlPlane
 
 log = logging.getLogger("tritonctl.api")
@@ -54,7 +54,7 @@ def _final(outcome: Outcome) -> pb.Progress:
     return pb.Progress(
         model=outcome.model,
         step="done",
-        state="ok" if outcome.succeeded else "failed",
+        state="ok" if outcome.succeeded or outcome.outcome == "accepted" else "failed",
         message=outcome.message,
         digest=outcome.digest or "",
         final=True,
@@ -111,9 +111,7 @@ class ControlServicer(pb_grpc.ControlServicer):
                     log.error("%s: load (--no-wait) failed: %s", request.model, exc)
 
             self.executor.submit(run_logged)
-            yield pb.Progress(model=request.model, step="done", state="ok", final=True, outcome="accepted",
-                              message="accepted; follow with `tritonctl status` or `tritonctl audit`",
-                              result_json=json.dumps({"model": request.model, "outcome": "accepted"}))
+            yield _final(accepted(request.model))
             return
         yield from self._stream(context, run)
 
@@ -131,7 +129,8 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     def _reply(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> pb.JsonReply:
         try:
-            return pb.JsonReply(json=json.dumps(fn()))
+            result = fn()  # a controlplane.results dataclass (Ping: a plain dict)
+            return pb.JsonReply(json=json.dumps(result.to_json() if hasattr(result, "to_json") else result))
         except errors.TritonctlError as exc:
             _abort(context, exc)
             raise AssertionError("unreachable") from exc

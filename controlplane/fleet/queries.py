@@ -1,35 +1,24 @@
-"""Read-only fleet views for the CLI (`hosts`, `rollouts`, `status --fleet`): plain JSON-able dicts."""
+"""Read-only fleet views for the CLI (`hosts`, `rollouts`, `status --fleet`): the dataclasses of
+`controlplane.results`, built from the fleet store's rows."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from datetime import datetime
-from typing import Any
-
 from controlplane.fleet.store import OPEN_ROLLOUT, FleetStore
-from controlplane.store.records import iso
+from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, RolloutRow, RolloutStepRow
 from controlplane.store.registry import Registry
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return iso(value)
-    if isinstance(value, dict):
-        return {k: _json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json(v) for v in value]
-    return value
+def hosts(registry: Registry, timeout_s: float = 10.0) -> list[HostRow]:
+    return [HostRow(**row) for row in FleetStore(registry).hosts(timeout_s)]
 
 
-def hosts(registry: Registry, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    return [_json(row) for row in FleetStore(registry).hosts(timeout_s)]
-
-
-def rollouts(registry: Registry, all_states: bool = True, limit: int = 20) -> list[dict[str, Any]]:
+def rollouts(registry: Registry, all_states: bool = True, limit: int = 20) -> list[RolloutRow]:
     states = OPEN_ROLLOUT + ("done", "rolled_back") if all_states else OPEN_ROLLOUT
-    return [_json({**r, "steps": [asdict(s) for s in r["steps"]]})
+    return [RolloutRow(**{**r, "steps": [RolloutStepRow(**vars(s)) for s in r["steps"]]})
             for r in FleetStore(registry).rollouts(states, limit)]
 
 
-def matrix(registry: Registry) -> dict[str, Any]:
-    return dict(_json(FleetStore(registry).matrix()))
+def matrix(registry: Registry) -> FleetMatrix:
+    return FleetMatrix([MatrixRow(row["model"], row["target"], {host: MatrixCell(**cell) for host, cell in
+                                                                 row["hosts"].items()})
+                        for row in FleetStore(registry).matrix()["models"]])

@@ -14,10 +14,11 @@ it alone, `status --fleet` shows it `held`, until `tritonctl unpin MODEL --host 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from controlplane.deploy import Outcome, ProgressFn
 from controlplane.errors import NotFoundError, TritonctlError, UsageError
+from controlplane.results import HoldResult, PinResult, PolicyResult
 from controlplane.store.registry import AuditEntry
 
 if TYPE_CHECKING:
@@ -86,14 +87,14 @@ class FleetVerbs:
                              lambda: self.member.plane.deployer.unload(model, actor, dependents, progress))
         return self.member.rollout(model, None, actor, force=False, progress=progress, kind="unload")
 
-    def set_pin(self, model: str, pinned: bool, actor: str, host: str) -> dict[str, Any]:
+    def set_pin(self, model: str, pinned: bool, actor: str, host: str) -> PinResult | HoldResult:
         if host:
             self.check_host(host)
             local = self.member.plane.registry.find_model(model)
             if local is None:
                 raise NotFoundError(f"model '{model}' is unknown on host {host}")
             self._hold(model, actor, pinned)
-            return {"model": model, "host": host, "held": pinned, "digest": local.active_digest}
+            return HoldResult(model, host, pinned, local.active_digest)
         shared = self.member.registry
         existing = shared.find_model(model)
         if existing is None:
@@ -104,9 +105,9 @@ class FleetVerbs:
         action = "pin" if pinned else "unpin"
         shared.audit(AuditEntry(actor, action, model, record.active_digest, "ok",
                                 f"{action}ned on the fleet (through {self.member.host})"))
-        return {"model": model, "pinned": pinned, "digest": record.active_digest, "fleet": True}
+        return PinResult(model, pinned, record.active_digest, fleet=True)
 
-    def set_policy(self, model: str, policy: str, actor: str, host: str) -> dict[str, Any]:
+    def set_policy(self, model: str, policy: str, actor: str, host: str) -> PolicyResult:
         value = None if policy == "inherit" else policy
         if host:
             self.check_host(host)
@@ -114,11 +115,10 @@ class FleetVerbs:
             self.member.plane.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok",
                                                         f"policy {policy} on host {host}"))
             self._hold(model, actor, True)
-            return {"model": model, "host": host, "policy": value or self.member.settings.policy,
-                    "inherited": value is None, "held": True}
+            return PolicyResult(model, value or self.member.settings.policy, inherited=value is None, host=host)
         shared = self.member.registry
         record = shared.update_model(model, policy=value)
         shared.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok",
                                 f"policy {policy} on the fleet (through {self.member.host})"))
-        return {"model": model, "policy": record.policy or self.member.settings.policy,
-                "inherited": record.policy is None, "fleet": True}
+        return PolicyResult(model, record.policy or self.member.settings.policy, inherited=record.policy is None,
+                            fleet=True)

@@ -1,0 +1,468 @@
+"""Every `--json` document the CLI prints, as data: one dataclass per shape, each with `to_json()`.
+
+Why a module of its own: the core returns these (queries, the control plane's status / policy / pin /
+gc, the fleet's verbs and views, `validate`), the API server serializes them with `to_json()`, and
+cli/render.py prints the same documents (from the dataclass, or from the dict the API client
+received). The shape of each document is written here once; README "JSON output" lists them and
+tests/golden/*.json pins them (keys and value types: fields may be added, never removed or retyped).
+
+Imports only the standard library and `controlplane.store.records` (stdlib-only row views), so the
+CLI's client path can import it without SQLAlchemy, tritonclient or numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from controlplane.store.records import AuditRecord, ServingRecord, SnapshotRecord, iso
+
+if TYPE_CHECKING:  # modelconfig loads protobuf and the model-config schema: only `validate` pays for it
+    from controlplane.modelconfig import ValidationResult
+
+
+# --- load / rollback / unload ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One step of an operation, streamed to the CLI as it happens."""
+
+    model: str
+    step: str
+    state: str  # start | ok | failed | skipped
+    message: str = ""
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an operation ended: ok, failed, rolled_back or noop (`load`, `rollback`, `unload --json`);
+    `accepted` for `load --no-wait`."""
+
+    model: str
+    action: str
+    outcome: str
+    digest: str | None
+    active_digest: str | None
+    message: str = ""
+    duration_ms: int = 0
+    steps: list[Progress] = field(default_factory=list)
+    # Why a failed outcome failed: "content" (quarantined), "environment" (retried with backoff),
+    # "triton_unreachable" (an environment fault the CLI exits 4 for), "" otherwise.
+    cause: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome in ("ok", "noop")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "action": self.action,
+            "outcome": self.outcome,
+            "digest": self.digest,
+            "active_digest": self.active_digest,
+            "message": self.message,
+            "duration_ms": self.duration_ms,
+            "cause": self.cause,
+        }
+
+
+def accepted(model: str) -> Outcome:
+    """`load --no-wait`: the daemon took the request; the outcome comes later (status, audit)."""
+    return Outcome(model, "load", "accepted", None, None,
+                   "accepted; follow with `tritonctl status` or `tritonctl audit`")
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VersionState:
+    """One version of a model as Triton's repository index reports it."""
+
+    version: str
+    state: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"version": self.version, "state": self.state, "reason": self.reason}
+
+
+@dataclass
+class StatusRow:
+    """One model of `status --json`."""
+
+    model: str
+    state: str
+    versions: list[VersionState]
+    digest: str | None
+    since: datetime | None
+    policy: str
+    pinned: bool
+    drift: str | None
+    drift_detail: str | None
+    last_error: str | None
+    removed: bool
+    source_digest: str | None = None
+    sync: str = ""
+    sync_reason: str = ""
+    next_retry_s: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "state": self.state,
+            "versions": [v.to_json() for v in self.versions],
+            "digest": self.digest,
+            "since": iso(self.since),
+            "policy": self.policy,
+            "pinned": self.pinned,
+            "drift": self.drift,
+            "drift_detail": self.drift_detail,
+            "last_error": self.last_error,
+            "removed": self.removed,
+            "source_digest": self.source_digest,
+            "sync": self.sync,
+            "sync_reason": self.sync_reason,
+            "next_retry_s": self.next_retry_s,
+        }
+
+
+@dataclass
+class StatusResult:
+    """`status --json`: Triton's endpoints and reachability, how the source is watched, one row per model."""
+
+    triton_reachable: bool
+    triton_url: str
+    triton_http_url: str | None
+    watch: dict[str, Any]  # {"mode": "inotify" | "poll" | null, "reason": str}
+    models: list[StatusRow]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "triton_reachable": self.triton_reachable,
+            "triton_url": self.triton_url,
+            "triton_grpc_url": self.triton_url,
+            "triton_http_url": self.triton_http_url,
+            "watch": dict(self.watch),
+            "models": [row.to_json() for row in self.models],
+        }
+
+
+# --- policy, pin / unpin, gc, db upgrade --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """`policy --json`. On a fleet `fleet` is true; with `--host H`, `host` and `held` are set."""
+
+    model: str
+    policy: str
+    inherited: bool
+    fleet: bool = False
+    host: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"model": self.model}
+        if self.host:
+            data["host"] = self.host
+        data.update(policy=self.policy, inherited=self.inherited)
+        if self.host:
+            data["held"] = True
+        if self.fleet:
+            data["fleet"] = True
+        return data
+
+
+@dataclass(frozen=True)
+class PinResult:
+    """`pin --json` / `unpin --json`. On a fleet `fleet` is true."""
+
+    model: str
+    pinned: bool
+    digest: str | None
+    fleet: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"model": self.model, "pinned": self.pinned, "digest": self.digest}
+        if self.fleet:
+            data["fleet"] = True
+        return data
+
+
+@dataclass(frozen=True)
+class HoldResult:
+    """`pin --host H --json` / `unpin --host H --json`: host H held (or released) for the model."""
+
+    model: str
+    host: str
+    held: bool
+    digest: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "host": self.host, "held": self.held, "digest": self.digest}
+
+
+@dataclass(frozen=True)
+class GcResult:
+    """`gc --json`: snapshots whose content was removed, snapshots kept, bytes freed."""
+
+    snapshots_removed: int
+    snapshots_kept: int
+    bytes_freed: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"snapshots_removed": self.snapshots_removed, "snapshots_kept": self.snapshots_kept,
+                "bytes_freed": self.bytes_freed}
+
+
+@dataclass(frozen=True)
+class DbUpgradeResult:
+    """`db upgrade --json`: the schema revision before (null: a new registry) and after."""
+
+    before: str | None
+    after: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from": self.before, "to": self.after}
+
+
+# --- history: versions, diff, audit, audit --at ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One distinct content of a model (`versions --json` prints a list of these)."""
+
+    snapshot: SnapshotRecord
+    active: bool
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.snapshot.to_json()
+        data["active"] = self.active
+        data["first_error"] = self.snapshot.first_error
+        return data
+
+
+@dataclass
+class VersionsResult:
+    """`versions --json`: a list, newest first."""
+
+    model: str
+    versions: list[VersionRow]
+
+    def __iter__(self) -> Iterator[VersionRow]:
+        return iter(self.versions)
+
+    def __len__(self) -> int:
+        return len(self.versions)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [row.to_json() for row in self.versions]
+
+
+@dataclass(frozen=True)
+class FileSize:
+    path: str
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size}
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    size_a: int
+    size_b: int
+    diff: str | None  # a unified diff of a text file; null for binary or large files
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size_a": self.size_a, "size_b": self.size_b, "diff": self.diff}
+
+
+@dataclass
+class DiffResult:
+    """`diff --json`: files added, removed and changed between snapshots `a` and `b` (full digests)."""
+
+    model: str
+    a: str
+    b: str
+    added: list[FileSize]
+    removed: list[FileSize]
+    changed: list[FileChange]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "a": self.a, "b": self.b, "added": [f.to_json() for f in self.added],
+                "removed": [f.to_json() for f in self.removed], "changed": [f.to_json() for f in self.changed]}
+
+
+@dataclass
+class AuditResult:
+    """`audit --json`: a list of events, newest first."""
+
+    events: list[AuditRecord]
+
+    def __iter__(self) -> Iterator[AuditRecord]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [event.to_json() for event in self.events]
+
+
+@dataclass
+class ServingAtResult:
+    """`audit --at T --json`: what each model (on a fleet: each model and host) served at `at`."""
+
+    at: datetime
+    models: list[ServingRecord]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": iso(self.at), "models": [row.to_json() for row in self.models]}
+
+
+# --- validate --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ValidationReport:
+    """`validate --json`: one object per model checked, keys in this order. Iterates as its results."""
+
+    results: list[ValidationResult]
+
+    def __iter__(self) -> Iterator[ValidationResult]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, index: int) -> ValidationResult:
+        return self.results[index]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "model": r.model,
+                "path": str(r.path),
+                "ok": r.ok,
+                "versions": list(r.versions),
+                "served_versions": list(r.served_versions),
+                "problems": [{"file": p.file, "field": p.field, "message": p.message, "severity": p.severity}
+                             for p in r.problems],
+            }
+            for r in self.results
+        ]
+
+
+# --- fleet: hosts, rollouts, status --fleet ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """One fleet host (`hosts --json` prints a list of these)."""
+
+    host: str
+    triton_url: str
+    version: str
+    started_at: datetime | None
+    last_heartbeat: datetime | None
+    age_s: float
+    alive: bool
+    session: bool | None  # PostgreSQL: whether the daemon's database session is open; null elsewhere
+    leader: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "triton_url": self.triton_url, "version": self.version,
+                "started_at": iso(self.started_at), "last_heartbeat": iso(self.last_heartbeat),
+                "age_s": self.age_s, "alive": self.alive, "session": self.session, "leader": self.leader}
+
+
+@dataclass(frozen=True)
+class RolloutStepRow:
+    """One host's step of a rollout (wave 0 is the canary set)."""
+
+    id: int
+    rollout_id: int
+    host: str
+    wave: int
+    action: str
+    digest: str | None
+    state: str
+    message: str
+    model: str
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "rollout_id": self.rollout_id, "host": self.host, "wave": self.wave,
+                "action": self.action, "digest": self.digest, "state": self.state, "message": self.message,
+                "model": self.model, "started_at": iso(self.started_at), "finished_at": iso(self.finished_at)}
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    """One fleet rollout (`rollouts --json` prints a list of these, newest first)."""
+
+    id: int
+    model: str
+    digest: str | None
+    previous_digest: str | None
+    state: str
+    actor: str
+    created_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    steps: Sequence[RolloutStepRow]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "digest": self.digest, "previous_digest": self.previous_digest,
+                "state": self.state, "actor": self.actor, "created_at": iso(self.created_at),
+                "finished_at": iso(self.finished_at), "error": self.error,
+                "steps": [step.to_json() for step in self.steps]}
+
+
+@dataclass(frozen=True)
+class MatrixCell:
+    """One model on one host in `status --fleet`."""
+
+    digest: str | None
+    state: str
+    updated_at: datetime | None
+    drift: bool  # the host serves something other than the fleet's target
+    held: bool  # the host is held for the model (`--host H`): the fleet leaves it alone
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "state": self.state, "updated_at": iso(self.updated_at),
+                "drift": self.drift, "held": self.held}
+
+
+@dataclass
+class MatrixRow:
+    model: str
+    target: str | None
+    hosts: dict[str, MatrixCell]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "target": self.target,
+                "hosts": {host: cell.to_json() for host, cell in self.hosts.items()}}
+
+
+@dataclass
+class FleetMatrix:
+    """`status --fleet --json`: model x host, with the fleet's target digest per model."""
+
+    models: list[MatrixRow]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"models": [row.to_json() for row in self.models]}
