@@ -1,0 +1,111 @@
+"""Tags (issue 18): the name rule, where each tag points now and at any past time, on SQLite (through the
+Registry and through the CLI's sqlite3 reader) and PostgreSQL, and the `tags --json` contract."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from controlplane import tags
+from controlplane.errors import NotFoundError, TagError, UsageError
+from controlplane.store import migrate
+from controlplane.store.registry import AuditQuery, Registry
+from controlplane.store.sqlite_reader import SqliteReader
+
+T0 = datetime(2026, 11, 1, 12, 0, 0)
+D1, D2, D3 = "a1" * 32, "b2" * 32, "c3" * 32
+
+
+@pytest.mark.parametrize("name", ["stable", "canary", "v1.2", "prod_eu-1", "x" * 63, "abc", "beef", "release-3f2a9c"])
+def test_good_tag_names(name: str) -> None:
+    assert tags.validate_tag_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "Stable", "a b", "-x", ".x", "a/b", "a:b", "a" * 64, "3f2a9c", "deadbeef",
+                                  "0123456789", "é"])
+def test_bad_tag_names_are_a_one_line_usage_error(name: str) -> None:
+    with pytest.raises(TagError) as caught:
+        tags.validate_tag_name(name)
+    assert isinstance(caught.value, UsageError)  # exit 2
+    assert "\n" not in str(caught.value)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr("controlplane.store.registry.utcnow", fake)
+    return fake
+
+
+def _migrated(url: str) -> Registry:
+    registry = Registry(url)
+    migrate.upgrade(registry)
+    for digest in (D1, D2, D3):
+        registry.record_snapshot("linear", digest, "[]", config=None, versions=[1], served_versions=[1], valid=True,
+                                 problems=[], total_bytes=1)
+    return registry
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Registry]:
+    url = f"sqlite:///{tmp_path / 'registry.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    reg = _migrated(url)
+    yield reg
+    reg.close()
+
+
+def test_moves_are_recorded_with_history_and_audit(registry: Registry, clock: Clock) -> None:
+    assert registry.move_tag("linear", "stable", D1, actor="ann", message="m1") is None
+    clock.now = T0 + timedelta(minutes=10)
+    assert registry.move_tag("linear", "stable", D2, actor="bob", message="m2") == D1
+    registry.move_tag("linear", "canary", D3, actor="bob")
+    clock.now = T0 + timedelta(minutes=20)
+    registry.move_tag("linear", "stable", D2, actor="ci", outcome="failed", attempted=D3, message="failed")
+    registry.move_tag("linear", "canary", None, actor="ann", message="deleted")
+
+    now = registry.list_tags("linear")
+    assert [(t.name, t.digest) for t in now] == [("stable", D2)]
+    assert now[0].moved_by == "bob"  # a failed move that leaves the tag where it is does not re-stamp it
+    at = {t.name: t.digest for t in registry.tags_at(T0 + timedelta(minutes=5), "linear")}
+    assert at == {"stable": D1}
+    at = {t.name: t.digest for t in registry.tags_at(T0 + timedelta(minutes=15))}
+    assert at == {"stable": D2, "canary": D3}
+    assert registry.tags_at(T0 - timedelta(seconds=1)) == []
+    events = registry.query_audit(AuditQuery(model="linear", action="tag"))
+    assert [(e.outcome, e.digest) for e in events] == [("ok", None), ("failed", D3), ("ok", D3), ("ok", D2),
+                                                       ("ok", D1)]
+
+
+def test_the_cli_reader_answers_like_the_registry(tmp_path: Path, clock: Clock) -> None:
+    registry = _migrated(f"sqlite:///{tmp_path / 'registry.db'}")
+    registry.move_tag("linear", "stable", D1, actor="ann")
+    clock.now = T0 + timedelta(minutes=10)
+    registry.move_tag("linear", "stable", D2, actor="ann")
+    registry.set_track("linear", "stable", "ann")
+    reader = SqliteReader(tmp_path / "registry.db")
+    try:
+        for when in (T0, T0 + timedelta(minutes=5), T0 + timedelta(minutes=10)):
+            assert reader.tags_at(when, "linear") == registry.tags_at(when, "linear")
+        assert reader.list_tags() == registry.list_tags()
+        assert reader.tracks() == registry.tracks() == {"linear": "stable"}
+        assert reader.find_model("linear").policy == "track"  # type: ignore[union-attr]
+        assert tags.resolve_ref(reader, "linear", "stable") == D2
+        assert tags.resolve_ref(reader, "linear", D1[:8]) == D1[:8]
+        with pytest.raises(NotFoundError):
+            tags.resolve_ref(reader, "linear", "canary")
+        listing = tags.listing(reader, "linear", at=(T0 + timedelta(minutes=5)).isoformat())
+        assert [(t["name"], t["digest"]) for t in listing["tags"]] == [("stable", D1)]
+    finally:
+        reader.close()
+        registry.close()
