@@ -209,22 +209,22 @@ def _move_tracked(plane: Any, registry: Any, model: str, name: str, digest: str,
     """Deploy first (what serves keeps serving meanwhile), then record the move: ok, or failed with the tag
     back on the digest that still serves."""
     with _lock(model):
+        active: str | None = None
         try:
             outcome = _deploy(plane, model, digest, actor, progress)
+            state, detail, active = outcome.outcome, outcome.message, outcome.active_digest
         except TritonctlError as exc:
-            from controlplane.deploy import Outcome
-
-            outcome = Outcome(model, "deploy", "failed", digest, None, str(exc))
-        if outcome.succeeded:
-            text = f"{message}; deployed ({outcome.message})"
+            state, detail = "failed", str(exc)
+        if state in ("ok", "noop"):
+            text = f"{message}; deployed ({detail})"
             registry.move_tag(model, name, digest, actor=actor, message=text)
             return _result(model, name, "ok", digest, old, text, True, digest)
         serving = registry.find_model(model)
-        still = outcome.active_digest or (serving.active_digest if serving else None) or old
-        text = (f"tag {name}: move to {_short(digest)} failed ({outcome.outcome}: {outcome.message}); "
+        still = active or (serving.active_digest if serving else None) or old
+        text = (f"tag {name}: move to {_short(digest)} failed ({state}: {detail}); "
                 f"{name} stays at {_short(still)}, which serves")
         registry.move_tag(model, name, still, actor=actor, outcome="failed", message=text, attempted=digest)
-        return _result(model, name, outcome.outcome, still, old, text, True, still)
+        return _result(model, name, state, still, old, text, True, still)
 
 
 _LOCKS: dict[str, threading.Lock] = {}
@@ -255,18 +255,14 @@ def follow(plane: Any, model: str, actor: str) -> dict[str, Any] | None:
 def set_track(plane: Any, model: str, policy: str, actor: str) -> dict[str, Any]:
     """`policy MODEL track:NAME`: the model serves whatever NAME points to (deployed in the background
     when it serves something else now)."""
-    from controlplane.store.registry import AuditEntry
-
     validate_model_name(model)
     name = validate_tag_name(policy[len(TRACK_PREFIX):])
     registry = tag_registry(plane)
     if registry.find_model(model) is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
     digest = tag_digest(registry, model, name)
-    registry.set_track(model, name, actor)
+    registry.set_track(model, name, actor, message=f"policy track:{name} (tag {name} is at {_short(digest)})")
     record = registry.get_model(model)
-    registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok",
-                              f"policy track:{name} (tag {name} is at {_short(digest)})"))
     if digest != record.active_digest and not record.pinned:
         threading.Thread(target=_follow_logged, args=(plane, model, actor), name=f"track-{model}",
                          daemon=True).start()

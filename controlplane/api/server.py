@@ -16,11 +16,11 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
-from controlplane import errors
+from controlplane import errors, tags
 from controlplane.api import control_pb2 as pb
 from controlplane.api import control_pb2_grpc as pb_grpc
 from controlplane.api.protocol import ACTOR_KEY, ERROR_CLASS_KEY, TOKEN_KEY, read_token, status_for
@@ -97,7 +97,10 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
-            return self.plane.load(request.model, actor, request.digest, request.force, progress, **_host(request))
+            digest = request.digest
+            if request.tag:  # `load MODEL --tag NAME` (controlplane/tags.py)
+                digest = tags.tag_digest(tags.tag_registry(self.plane), request.model, request.tag)
+            return self.plane.load(request.model, actor, digest, request.force, progress, **_host(request))
 
         if not request.wait:
             try:
@@ -119,15 +122,30 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
-        yield from self._stream(context, lambda progress: self.plane.rollback(request.model, actor,
-                                                                               request.to_digest, progress,
-                                                                               request.force, **_host(request)))
+
+        def run(progress: Callable[[Progress], None]) -> Outcome:
+            to = request.to_digest
+            if request.to_tag:  # `rollback MODEL --to-tag NAME` (controlplane/tags.py)
+                to = tags.tag_digest(tags.tag_registry(self.plane), request.model, request.to_tag)
+            return self.plane.rollback(request.model, actor, to, progress, request.force, **_host(request))
+
+        yield from self._stream(context, run)
 
     def Unload(self, request: pb.UnloadRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.unload(request.model, actor,
                                                                              request.dependents, progress,
                                                                              request.force, **_host(request)))
+
+    def Tag(self, request: pb.TagRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
+        actor = _actor(context)
+
+        def run(progress: Callable[[Progress], None]) -> Outcome:
+            result = tags.move(self.plane, request.model, request.name, request.digest, actor, progress,
+                               delete=request.delete)
+            return cast(Outcome, _TagOutcome(result))
+
+        yield from self._stream(context, run)
 
     def _reply(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> pb.JsonReply:
         try:
@@ -154,6 +172,19 @@ class ControlServicer(pb_grpc.ControlServicer):
         return self._reply(context, lambda: {"pid": os.getpid(), "triton_url": self.plane.triton.url})
 
 
+class _TagOutcome:
+    """A tag move's result (controlplane/tags.py), streamed as the final message like an Outcome."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.result = result
+        self.model, self.outcome, self.message = result["model"], result["outcome"], result["message"]
+        self.digest = result["digest"]
+        self.succeeded = self.outcome in ("ok", "noop")
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.result)
+
+
 def _host(request: Any) -> dict[str, str]:
     """`host=` for the plane only when the caller named one (fleet: act on that host alone)."""
     return {"host": request.host} if request.host else {}
@@ -177,7 +208,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
         given = str(metadata.get(TOKEN_KEY, "")).encode()
         if hmac.compare_digest(given, self._expected):
             return continuation(handler_call_details)
-        streaming = handler_call_details.method.rsplit("/", 1)[-1] in ("Load", "Rollback", "Unload")
+        streaming = handler_call_details.method.rsplit("/", 1)[-1] in ("Load", "Rollback", "Unload", "Tag")
         return self._deny_stream if streaming else self._deny_unary
 
 

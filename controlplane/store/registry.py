@@ -604,8 +604,9 @@ class Registry:
         with self._session() as session:
             return {row.model: row.tag for row in session.scalars(select(schema.TagTrack))}
 
-    def set_track(self, model: str, tag: str | None, actor: str) -> None:
-        """Make `model` track `tag` (None: stop tracking); its policy column reads `track` meanwhile."""
+    def set_track(self, model: str, tag: str | None, actor: str, message: str = "") -> None:
+        """Make `model` track `tag` (None: stop tracking); its policy column reads `track` meanwhile.
+        With a `message`, audited (action `policy`) in the same transaction."""
         with self._session() as session:
             model_row = self._model_row(session, model)
             row = session.get(schema.TagTrack, model)
@@ -621,3 +622,6 @@ class Registry:
                 row.tag, row.set_by, row.set_at = tag, actor, utcnow()
             model_row.policy = "track"
             model_row.updated_at = utcnow()
+            if message:
+                self._add_audit(session, AuditEntry(actor, "policy", model, model_row.active_digest, "ok", message),
+                                utcnow())
