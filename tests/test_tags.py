@@ -109,3 +109,54 @@ def test_the_cli_reader_answers_like_the_registry(tmp_path: Path, clock: Clock) 
     finally:
         reader.close()
         registry.close()
+
+
+# -- the fleet: a tracked tag's move is a rollout (stand-in fleet: tests/test_tags_fleet_e2e.py runs real hosts) --
+
+
+class StandInFleet:
+    """The one entry point tags.py calls on a fleet: `rollout(model, record, actor, force, progress)`."""
+
+    def __init__(self, registry: Registry, outcome: str) -> None:
+        self.registry = registry
+        self.outcome = outcome
+        self.calls: list[tuple[str, str]] = []
+
+    def rollout(self, model: str, record: object, actor: str, *, force: bool, progress: object) -> object:
+        from controlplane.deploy import Outcome
+
+        digest = record.digest  # type: ignore[attr-defined]
+        self.calls.append((model, digest))
+        active = digest if self.outcome == "ok" else self.registry.get_model(model).active_digest
+        return Outcome(model, "rollout", self.outcome, digest, active, f"rollout 1: {self.outcome}")
+
+
+class StandInPlane:
+    def __init__(self, local: Registry, fleet: StandInFleet) -> None:
+        self.registry = local
+        self.fleet = fleet
+
+
+@pytest.mark.parametrize("outcome", ["ok", "rolled_back"])
+def test_a_tracked_tag_on_a_fleet_moves_by_rollout_in_the_shared_registry(tmp_path: Path, clock: Clock,
+                                                                          outcome: str) -> None:
+    shared = _migrated(f"sqlite:///{tmp_path / 'shared.db'}")
+    local = Registry(f"sqlite:///{tmp_path / 'local.db'}")  # a host's own registry: never holds the tags
+    migrate.upgrade(local)
+    fleet = StandInFleet(shared, outcome)
+    plane = StandInPlane(local, fleet)
+    try:
+        shared.move_tag("linear", "stable", D1, actor="ann")
+        assert tags.move(plane, "linear", "canary", D2[:8], "ann")["deployed"] is False  # not tracked: no rollout
+        shared.set_track("linear", "stable", "ann")
+        result = tags.move(plane, "linear", "stable", "canary", "ci")
+        assert fleet.calls == [("linear", D2)]
+        assert result["outcome"] == outcome
+        expected = D2 if outcome == "ok" else D1
+        assert {t.name: t.digest for t in shared.list_tags("linear")} == {"stable": expected, "canary": D2}
+        assert local.list_tags() == []
+        event = shared.query_audit(AuditQuery(model="linear", action="tag", limit=1))[0]
+        assert (event.outcome, event.digest) == ("ok" if outcome == "ok" else "failed", D2)
+    finally:
+        shared.close()
+        local.close()
