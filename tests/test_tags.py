@@ -160,3 +160,41 @@ def test_a_tracked_tag_on_a_fleet_moves_by_rollout_in_the_shared_registry(tmp_pa
     finally:
         shared.close()
         local.close()
+
+
+# -- the `tags --json` contract (README "JSON output") -------------------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden" / "tags.json"
+
+
+def _shape(value: object) -> object:
+    """Keys and JSON types, not values."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+def test_tags_json_matches_the_golden_shape(tmp_path: Path, clock: Clock) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    registry = _migrated(f"sqlite:///{tmp_path / 'registry.db'}")
+    registry.move_tag("linear", "stable", D1, actor="ann")
+    clock.now = T0 + timedelta(minutes=10)
+    registry.move_tag("linear", "stable", D2, actor="bob")
+    registry.close()
+    golden = json.loads(GOLDEN.read_text())
+    args = ["tags", "linear", "--json", "--state-dir", str(tmp_path)]
+    at = CliRunner().invoke(cli, [*args, "--at", "2026-11-01T12:05:00Z"])
+    assert at.exit_code == 0, at.output
+    assert json.loads(at.stdout) == golden  # the golden document is exactly this registry at 12:05
+    now = CliRunner().invoke(cli, args)
+    assert now.exit_code == 0, now.output
+    data = json.loads(now.stdout)
+    assert data["at"] is None and _shape(data["tags"]) == _shape(golden["tags"])
+    assert data["tags"][0]["digest"] == D2 and data["tags"][0]["moved_by"] == "bob"
