@@ -1,8 +1,8 @@
 """Tags end to end (issue 18) against the real daemon and its launched tritonserver: a model tracking `stable`
 serves each digest the tag is moved to; a move to content that fails to load is rolled back with 0 failed
 requests and the tag stays on what serves; `tags --at T` and `audit --at T` answer for a moment between two
-moves; bad names, invalid and collected content are refused with exit 2; load --tag, rollback --to-tag,
-diff by tags, versions and status show tags."""
+moves; a pinned tracking model is held until unpin; bad names, invalid and collected content are refused
+with exit 2; load --tag, rollback --to-tag, diff by tags, versions and status show tags."""
 
 from __future__ import annotations
 
@@ -90,6 +90,15 @@ def test_tracking_stable_serves_each_move_and_a_failed_move_stays(daemon: Daemon
         assert _tags(daemon, "--at", between) == {"stable": g2}
         served = daemon.json("audit", "--at", between, "--model", MODEL)["models"]
         assert [(m["digest"], m["tags"]) for m in served] == [(g2, ["stable"])]
+
+        # Pinned: the tag moves, the model is held on what serves; unpin deploys the tag's digest.
+        daemon.cli("pin", MODEL)
+        assert daemon.json("tag", MODEL, "stable", g2[:10])["deployed"] is False
+        row = daemon.model_status(MODEL)
+        assert (row["sync"], row["digest"], row["tags"]) == ("held", g4, []) and answers(client, MODEL, 4)
+        daemon.cli("unpin", MODEL)
+        _serving(daemon, client, 2)
+        wait_for(lambda: daemon.model_status(MODEL)["sync"] == "synced", 10, what="synced on the tag again")
     finally:
         client.close()
 
