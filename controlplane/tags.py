@@ -219,6 +219,9 @@ def _move_tracked(plane: Any, registry: Any, model: str, name: str, digest: str,
             text = f"{message}; deployed ({detail})"
             registry.move_tag(model, name, digest, actor=actor, message=text)
             return _result(model, name, "ok", digest, old, text, True, digest)
+        retries = getattr(plane, "retries", None)
+        if retries is not None:  # the move failed: no later retry may deploy what the tag does not name
+            retries.clear(model)
         serving = registry.find_model(model)
         still = active or (serving.active_digest if serving else None) or old
         text = (f"tag {name}: move to {_short(digest)} failed ({state}: {detail}); "
