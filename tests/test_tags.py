@@ -198,3 +198,20 @@ def test_tags_json_matches_the_golden_shape(tmp_path: Path, clock: Clock) -> Non
     data = json.loads(now.stdout)
     assert data["at"] is None and _shape(data["tags"]) == _shape(golden["tags"])
     assert data["tags"][0]["digest"] == D2 and data["tags"][0]["moved_by"] == "bob"
+
+
+def test_tags_at_seeks_the_moves_index(tmp_path: Path, clock: Clock) -> None:
+    """`tags --at T` is one index seek per tag, not a scan of every move (SQLite's plan for the reader's SQL)."""
+    import sqlite3
+
+    from controlplane.store.sqlite_reader import TAGS_AT_SQL, to_db_time
+
+    _migrated(f"sqlite:///{tmp_path / 'registry.db'}").close()
+    conn = sqlite3.connect(tmp_path / "registry.db")
+    try:
+        plan = " | ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + TAGS_AT_SQL.format(where=""),
+                                                          (to_db_time(T0),)))
+    finally:
+        conn.close()
+    assert "SEARCH latest USING COVERING INDEX ix_tag_moves_model_name_time (model=? AND name=? AND time<?)" in plan
+    assert "SCAN tag_moves USING COVERING INDEX ix_tag_moves_model_name_time" in plan, plan  # the distinct names
