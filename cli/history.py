@@ -28,9 +28,9 @@ def versions(registry: Registry, model: str, as_json: bool) -> None:
     Example:
       tritonctl versions linear --json
     """
-    from controlplane import queries
+    from controlplane import queries, tags
 
-    render.versions(model, queries.versions(registry, model), as_json)
+    render.versions(model, tags.annotate_versions(registry, model, queries.versions(registry, model)), as_json)
 
 
 @click.command()
@@ -40,14 +40,16 @@ def versions(registry: Registry, model: str, as_json: bool) -> None:
 @json_option
 @registry_options(store=True)
 def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str, as_json: bool) -> None:
-    """Show files added, removed and changed between two snapshots of MODEL, with text diffs.
+    """Show files added, removed and changed between two snapshots of MODEL (digests or tags), with text diffs.
 
     \b
-    Example:
+    Examples:
       tritonctl diff linear 3f2a9c1b 9e01d4aa
+      tritonctl diff linear stable canary
     """
-    from controlplane import queries
+    from controlplane import queries, tags
 
+    digest_a, digest_b = (tags.resolve_ref(registry, model, ref) for ref in (digest_a, digest_b))
     render.diff(queries.diff(registry, store, model, digest_a, digest_b), as_json)
 
 
@@ -73,10 +75,11 @@ def audit(registry: Registry, model: str | None, action: str | None, outcome: st
       tritonctl audit --outcome rolled_back --since 7d --json
       tritonctl audit --at 2026-11-29T03:00:00Z
     """
-    from controlplane import queries
+    from controlplane import queries, tags
 
     if at:
-        render.serving_at(queries.serving_at(registry, at, [model] if model else None), as_json)
+        data = queries.serving_at(registry, at, [model] if model else None)
+        render.serving_at(tags.annotate_serving_at(registry, data, model), as_json)
         return
     rows = queries.audit(registry, model=model, action=action, outcome=outcome, actor=actor, since=since,
                          until=until, limit=limit)

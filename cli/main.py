@@ -45,8 +45,10 @@ LAZY_COMMANDS: dict[str, str] = {
        ("load", "unload", "rollback", "status", "policy", "pin", "unpin", "gc", "hosts", "rollouts")},
     **{name: "cli.history" for name in ("versions", "diff", "audit", "db")},
     "daemon": "cli.daemon_cmd",
+    "tag": "cli.tags_cmd",
+    "tags": "cli.tags_cmd",
 }
-COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd")
+COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd", "cli.tags_cmd")
 
 
 def _module_commands(module_name: str) -> dict[str, click.Command]:

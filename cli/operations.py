@@ -40,6 +40,7 @@ def failed_models(status: dict[str, Any]) -> list[str]:
 @click.command()
 @click.argument("model", required=False)
 @click.option("--digest", default="", help="Deploy this recorded snapshot (full digest or unique prefix).")
+@click.option("--tag", "tag", default="", metavar="NAME", help="Deploy what tag NAME points to (`tritonctl tags`).")
 @click.option("--force", is_flag=True, help="Retry a quarantined digest, or reload the active one.")
 @click.option("--failed", "failed", is_flag=True, help="Retry every model whose last deploy failed.")
 @click.option("--no-wait", is_flag=True, help="Return once the daemon accepted the request.")
@@ -47,26 +48,30 @@ def failed_models(status: dict[str, Any]) -> list[str]:
               help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def load(client: ControlClient, model: str | None, digest: str, force: bool, failed: bool, no_wait: bool, host: str,
-         as_json: bool) -> None:
+def load(client: ControlClient, model: str | None, digest: str, tag: str, force: bool, failed: bool, no_wait: bool,
+         host: str, as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
     \b
     Examples:
       tritonctl load linear
       tritonctl load linear --digest 3f2a9c1b
+      tritonctl load linear --tag stable
       tritonctl load linear --force      # retry a quarantined digest
       tritonctl load --failed            # retry every model whose last deploy failed
     """
     if failed:
-        if model or digest:
-            raise UsageError("--failed takes no MODEL or --digest: it retries every model whose last deploy failed")
+        if model or digest or tag:
+            raise UsageError("--failed takes no MODEL, --digest or --tag: it retries every model whose last deploy "
+                             "failed")
         _load_failed(client, force, as_json)
         return
     if not model:
         raise UsageError("load needs MODEL (or --failed); `tritonctl status` lists the models")
+    if digest and tag:
+        raise UsageError("give --digest or --tag, not both")
     with render.progress_display(as_json) as show:
-        result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host)
+        result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host, tag=tag)
     _finish(result, as_json)
 
 
@@ -115,12 +120,14 @@ def unload(client: ControlClient, model: str, dependents: bool, force: bool, hos
 @click.command()
 @click.argument("model")
 @click.option("--to", "to_digest", default="", help="Digest to return to (default: the previous good one).")
+@click.option("--to-tag", "to_tag", default="", metavar="NAME", help="Return to what tag NAME points to.")
 @click.option("--force", is_flag=True, help="Roll back a pinned model anyway.")
 @click.option("--host", "host", default="", metavar="H",
               help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def rollback(client: ControlClient, model: str, to_digest: str, force: bool, host: str, as_json: bool) -> None:
+def rollback(client: ControlClient, model: str, to_digest: str, to_tag: str, force: bool, host: str,
+             as_json: bool) -> None:
     """Serve MODEL's previous good version again (or the one given by --to).
 
     The model then stays there (sync `held`) until its source changes again or `tritonctl load`.
@@ -129,9 +136,12 @@ def rollback(client: ControlClient, model: str, to_digest: str, force: bool, hos
     Examples:
       tritonctl rollback linear
       tritonctl rollback linear --to 3f2a9c1b
+      tritonctl rollback linear --to-tag stable
     """
+    if to_digest and to_tag:
+        raise UsageError("give --to or --to-tag, not both")
     with render.progress_display(as_json) as show:
-        result = client.rollback(model, to_digest, on_progress=show, force=force, host=host)
+        result = client.rollback(model, to_digest, on_progress=show, force=force, host=host, to_tag=to_tag)
     _finish(result, as_json)
 
 
@@ -192,18 +202,22 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
 
 @click.command()
 @click.argument("model")
-@click.argument("policy", type=click.Choice(["auto", "manual", "inherit"]))
+@click.argument("policy", metavar="{auto|manual|inherit|track:TAG}")
 @click.option("--host", "host", default="", metavar="H",
               help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
 def policy(client: ControlClient, model: str, policy: str, host: str, as_json: bool) -> None:
-    """Set MODEL's deploy policy: auto (every settled valid change deploys), manual, or inherit the global one.
+    """Set MODEL's deploy policy: auto (every settled valid change deploys), manual, inherit the global one,
+    or track:TAG (serve whatever tag TAG points to; moving the tag deploys).
 
     \b
-    Example:
+    Examples:
       tritonctl policy linear manual
+      tritonctl policy linear track:stable
     """
+    if policy not in ("auto", "manual", "inherit") and not policy.startswith("track:"):
+        raise UsageError(f"policy '{policy}': expected auto, manual, inherit or track:TAG")
     render.kv(client.set_policy(model, policy, host), as_json)
 
 

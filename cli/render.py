@@ -185,6 +185,12 @@ def age(value: Any, now: datetime | None = None) -> str:
     return f"{days}d" if days < 730 else f"{days // 365}y"
 
 
+def _tagged(row: dict[str, Any], digest: Any) -> str:
+    """A short digest followed by the tags on it (controlplane/tags.py), e.g. '3f2a9c1b2c3d stable,canary'."""
+    names = row.get("tags") or []
+    return _short(digest) + (f" {','.join(names)}" if names else "")
+
+
 def _versions_cell(row: dict[str, Any]) -> str:
     """'1,2' when every version is READY, else each one with its state ('1:READY 2:UNAVAILABLE')."""
     versions = row.get("versions") or []
@@ -212,7 +218,7 @@ def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
         state, sync = str(row.get("state", "")), str(row.get("sync") or "-")
         cells: list[Any] = [
             row["model"], Text(state, _MODEL_STATE_STYLE.get(state, "")), Text(sync, _SYNC_STYLE.get(sync, "")),
-            _short(row.get("digest")), _versions_cell(row), age(row.get("since")),
+            _tagged(row, row.get("digest")), _versions_cell(row), age(row.get("since")),
         ]
         if wide:
             cells += [
@@ -297,7 +303,7 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
             note = (note + "; " if note else "") + "content removed by gc"
         table.add_row(
             "*" if row.get("active") else "",
-            _short(row["digest"]),
+            _tagged(row, row["digest"]),
             _when(row["first_seen"]),
             _when(row["last_seen"]),
             ", ".join(str(v) for v in row.get("versions", [])),
@@ -358,7 +364,7 @@ def serving_at(data: Any, as_json: bool) -> None:
     for column in ("Model", *(("Host",) if hosts else ()), "Digest", "Triton versions", "Since"):
         table.add_column(column)
     for row in data["models"]:
-        table.add_row(row["model"], *((row.get("host") or "",) if hosts else ()), _short(row["digest"]),
+        table.add_row(row["model"], *((row.get("host") or "",) if hosts else ()), _tagged(row, row["digest"]),
                       ", ".join(str(v) for v in row["versions"]), row["since"] or "")
     _console().print(table)
 

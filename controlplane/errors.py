@@ -152,3 +152,8 @@ class EnvironmentFault(TritonctlError):
 
 class HostCapabilityError(EnvironmentFault):
     """The target tritonserver lacks what the model needs (a backend, a GPU): found before the load."""
+
+
+class TagError(UsageError):
+    """A tag request is refused: a bad tag name, a tag on invalid or collected content, an unknown tag
+    (exit 2, like every UsageError)."""

@@ -169,15 +169,17 @@ def serving_at(registry: Registry, when: str, models: list[str] | None = None) -
 
 
 def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> GcResult:
-    """Keep each model's active snapshot and its `keep` newest; drop the rest's content (not their rows)."""
+    """Keep each model's active snapshot, its tagged ones and its `keep` newest; drop the rest's content (not
+    their rows)."""
     if keep < 0:
         raise UsageError("--keep: must be 0 or more")
     kept: set[str] = set()
     dropped: dict[str, list[str]] = {}
+    tagged = {(t.model, t.digest) for t in registry.list_tags()}  # a tag never names collected content
     for model in registry.list_models():
         snaps = [s for s in registry.list_snapshots(model.name) if not s.collected]
         for index, snap in enumerate(snaps):
-            if index < keep or snap.digest == model.active_digest:
+            if index < keep or snap.digest == model.active_digest or (model.name, snap.digest) in tagged:
                 kept.add(snap.digest)
             else:
                 dropped.setdefault(model.name, []).append(snap.digest)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from controlplane.store.records import AuditRecord, ServingRecord, SnapshotRecord, iso
+from controlplane.store.records import AuditRecord, ServingRecord, SnapshotRecord, TagRecord, iso
 
 if TYPE_CHECKING:  # modelconfig loads protobuf and the model-config schema: only `validate` pays for it
     from controlplane.modelconfig import ValidationResult
@@ -111,6 +111,7 @@ class StatusRow:
     sync: str = ""
     sync_reason: str = ""
     next_retry_s: int | None = None
+    tags: list[str] = field(default_factory=list)  # the tags on the digest that serves (controlplane/tags.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +130,7 @@ class StatusRow:
             "sync": self.sync,
             "sync_reason": self.sync_reason,
             "next_retry_s": self.next_retry_s,
+            "tags": list(self.tags),
         }
 
 
@@ -165,6 +167,8 @@ class PolicyResult:
     inherited: bool
     fleet: bool = False
     host: str = ""
+    tag: str = ""  # `track:NAME`: the tag followed, and the digest it names
+    digest: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"model": self.model}
@@ -175,6 +179,8 @@ class PolicyResult:
             data["held"] = True
         if self.fleet:
             data["fleet"] = True
+        if self.tag:
+            data.update(tag=self.tag, digest=self.digest)
         return data
 
 
@@ -240,11 +246,13 @@ class VersionRow:
 
     snapshot: SnapshotRecord
     active: bool
+    tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/tags.py)
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
         data["active"] = self.active
         data["first_error"] = self.snapshot.first_error
+        data["tags"] = list(self.tags)
         return data
 
 
@@ -323,9 +331,49 @@ class ServingAtResult:
 
     at: datetime
     models: list[ServingRecord]
+    tags: dict[tuple[str, str | None], list[str]] = field(default_factory=dict)  # (model, digest) -> tags at `at`
 
     def to_json(self) -> dict[str, Any]:
-        return {"at": iso(self.at), "models": [row.to_json() for row in self.models]}
+        return {"at": iso(self.at), "models": [{**row.to_json(), "tags": self.tags.get((row.model, row.digest), [])}
+                                               for row in self.models]}
+
+
+# --- tags (controlplane/tags.py) -------------------------------------------------------------------------
+
+
+@dataclass
+class TagsResult:
+    """`tags [MODEL] [--at T] --json`: where each tag points (at T, when asked), who moved it there and when."""
+
+    at: datetime | None
+    tags: list[TagRecord]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": iso(self.at), "tags": [row.to_json() for row in self.tags]}
+
+
+@dataclass
+class TagResult:
+    """`tag MODEL NAME [DIGEST] --json`: one tag move or deletion (`digest`: where the tag points now; after a
+    failed move of a tracked tag, what still serves)."""
+
+    model: str
+    tag: str
+    outcome: str
+    digest: str | None
+    old_digest: str | None
+    active_digest: str | None
+    deployed: bool
+    message: str
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome in ("ok", "noop")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "tag": self.tag, "outcome": self.outcome, "digest": self.digest,
+                "old_digest": self.old_digest, "active_digest": self.active_digest, "deployed": self.deployed,
+                "message": self.message}
 
 
 # --- validate --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane import queries
+from controlplane import queries, tags
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
 from controlplane.ensemblemembers import content_problems, step_models
@@ -30,7 +30,7 @@ from controlplane.results import GcResult, HoldResult, PinResult, PolicyResult, 
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
-from controlplane.sync import rollback_holds, sync_state
+from controlplane.sync import rollback_holds, sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
 
 log = logging.getLogger("tritonctl.service")
@@ -231,6 +231,9 @@ class ControlPlane:
         current = self.registry.ensure_model(model)
         if current.removed_at is not None:
             self.registry.update_model(model, removed_at=None)
+        if current.policy == tags.TRACK_POLICY:  # it serves what its tag names, not the source (controlplane/tags.py)
+            tags.follow(self, model, WATCHER_ACTOR)
+            return None
         if record.quarantined and record.digest != current.active_digest:
             self._note_quarantined(record)
         if (
@@ -393,8 +396,12 @@ class ControlPlane:
 
     def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> PolicyResult:
         validate_model_name(model)
+        if policy.startswith(tags.TRACK_PREFIX) and not host:
+            return tags.set_track(self, model, policy, actor)
         if policy not in ("auto", "manual", "inherit"):
-            raise UsageError(f"policy '{policy}': expected auto, manual or inherit")
+            raise UsageError(f"policy '{policy}': expected auto, manual, inherit or track:TAG")
+        if not host:
+            tags.untrack(self, model)
         if self.fleet is not None:
             return self.fleet.verbs.set_policy(model, policy, actor, host)
         record = self.registry.update_model(model, policy=None if policy == "inherit" else policy)
@@ -460,6 +467,8 @@ class ControlPlane:
         lasts = self.registry.last_deployments(names)
         busy = set(self.deployer.busy_models())
         settling = self.settling() if self.settling else {}
+        tag_registry = tags.tag_registry(self)
+        tagged, tracks = tags.by_digest(tag_registry.list_tags()), tag_registry.tracks()
         rows = []
         for model in records:
             versions = [VersionState(e.version, e.state, e.reason) for e in index if e.name == model.name]
@@ -473,6 +482,12 @@ class ControlPlane:
             row.sync = sync
             row.sync_reason = reason
             row.next_retry_s = retry.seconds_left() if retry is not None else None
+            row.tags = tagged.get((model.name, model.active_digest or ""), [])
+            track = tracks.get(model.name)
+            if track:
+                tag_digest = next((d for (m, d), names in tagged.items() if m == model.name and track in names), None)
+                row.policy = f"{tags.TRACK_PREFIX}{track}"
+                row.sync, row.sync_reason = track_sync(model, track, tag_digest, busy=model.name in busy)
             rows.append(row)
         watch = self.watch_info() if self.watch_info else {"mode": None, "reason": "no source repository"}
         return StatusResult(reachable, self.triton.url, self.http_url, watch, rows)

@@ -92,3 +92,22 @@ def settling_reason(since_s: float | None, waits: str | None = None) -> str:
     if since_s is None:
         return f"settling: {waits}" if waits else "settling: the source is looked at again shortly"
     return f"settling: last change {since_s:.1f} s ago" + (f" (last look: {waits})" if waits else "")
+
+
+def track_sync(model: ModelRecord, tag: str, tag_digest: str | None, *, busy: bool = False) -> tuple[str, str]:
+    """(sync, sync_reason) of a model that tracks a tag (controlplane/tags.py): synced when it serves the
+    tag's digest, held when pinned (or unloaded), pending while the tag's digest is being deployed."""
+    name = model.name
+    if model.removed_at is not None:
+        return "removed", f"removed from the source at {_clock(model.removed_at)}"
+    if busy:
+        return "pending", "a deploy or capture is in progress"
+    if tag_digest is None:
+        return "held", f"tracks tag {tag}, which does not exist; `tritonctl tag {name} {tag} DIGEST` sets it"
+    if tag_digest == model.active_digest and model.state in ("serving", "degraded"):
+        return "synced", f"serving tag {tag} ({_short(tag_digest)})"
+    if model.pinned:
+        return "held", f"pinned to {_short(model.active_digest)}; tag {tag} is at {_short(tag_digest)}"
+    if model.state == "unloaded":
+        return "held", f"unloaded; `tritonctl load {name} --tag {tag}` serves {_short(tag_digest)}"
+    return "pending", f"tag {tag} is at {_short(tag_digest)}, waiting to be deployed"

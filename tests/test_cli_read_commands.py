@@ -386,7 +386,7 @@ def test_audit_at_json_and_table(history: History) -> None:
     data = json.loads(invoke(["audit", "--at", "2026-11-29T11:55:00Z", "--json", *sd(history)]).output)
     assert data["at"] == "2026-11-29T11:55:00Z"
     assert data["models"][0] == {"model": "linear", "digest": history.digests["linear2"], "versions": [1, 2],
-                                 "since": iso(NOW - timedelta(minutes=10)), "host": ""}
+                                 "since": iso(NOW - timedelta(minutes=10)), "host": "", "tags": []}
     table = invoke(["audit", "--at", "2026-11-29T11:54:59Z", *sd(history)]).output
     assert table.splitlines()[0] == "serving at 2026-11-29T11:54:59Z"
     assert history.digests["linear2"][:12] in table and history.digests["reshape1"][:12] in table

@@ -100,11 +100,22 @@ SCRIPT = [
     "tritonctl unpin linear",
     # -- here the test edits linear's source: two recorded digests, A (old) and B (new, serving) --
     "tritonctl diff linear 3f2a9c1b 9e01d4aa",
+    "tritonctl tags linear --at 2026-11-29T03:00:00Z",
+    "tritonctl tag linear stable",
+    "tritonctl tag linear canary 3f2a9c1b",
+    "tritonctl tags",
+    "tritonctl tags linear --json",
+    "tritonctl diff linear stable canary",
     "tritonctl rollback linear",
     "tritonctl load linear",
     "tritonctl load linear --digest 3f2a9c1b",
     "tritonctl load linear --force",
     "tritonctl rollback linear --to 3f2a9c1b",
+    "tritonctl rollback linear --to-tag stable",
+    "tritonctl load linear --tag stable",
+    "tritonctl policy linear track:stable",
+    "tritonctl tag linear stable canary",
+    "tritonctl tag linear canary --delete",
     "tritonctl policy linear manual",
     "tritonctl load --failed",
     "tritonctl unload sentiment_tokenizer --force",
@@ -200,7 +211,7 @@ def test_help_examples_run_as_written(served: Served, tmp_path: Path) -> None:
                             "postgresql+psycopg://tritonctl@db/tritonctl": fleet_url})
     started = time.monotonic()
     for line in SCRIPT:
-        if line.startswith("tritonctl diff"):
+        if line == "tritonctl diff linear 3f2a9c1b 9e01d4aa":
             a = str(daemon.model_status("linear")["digest"])
             config = served.clone / "examples" / "model_repository" / "linear" / "config.pbtxt"
             config.write_text(config.read_text() + "\n# edited by tests/test_help_examples.py\n")
@@ -233,6 +244,17 @@ def _check(served: Served, line: str, result: Result) -> None:
         assert b is not None and str(row("linear")["digest"]).startswith(b)
     elif line in ("tritonctl load linear --digest 3f2a9c1b", "tritonctl rollback linear --to 3f2a9c1b"):
         assert a is not None and str(row("linear")["digest"]).startswith(a)
+    elif line in ("tritonctl rollback linear --to-tag stable", "tritonctl load linear --tag stable"):
+        assert b is not None and str(row("linear")["digest"]).startswith(b)
+    elif line == "tritonctl tags linear --json":
+        assert {t["name"]: t["digest"][:8] for t in json.loads(result.stdout)["tags"]} == {"stable": b, "canary": a}
+    elif line == "tritonctl diff linear stable canary":
+        assert "linear: " + str(b) in result.stdout and "-> " + str(a) in result.stdout
+    elif line == "tritonctl policy linear track:stable":
+        assert (row("linear")["policy"], row("linear")["sync"]) == ("track:stable", "synced")
+    elif line == "tritonctl tag linear stable canary":  # linear tracks stable: the move deployed A
+        assert a is not None and str(row("linear")["digest"]).startswith(a)
+        assert row("linear")["tags"] == ["canary", "stable"]
     elif line == "tritonctl policy linear manual":
         assert row("linear")["policy"] == "manual"
     elif line == "tritonctl unload sentiment_tokenizer --force":

@@ -107,15 +107,15 @@ def history_registry(tmp_path: Path) -> tuple[str, str]:
 
 def test_read_commands_skip_sqlalchemy_and_answer_as_the_registry_does(
         tmp_path: Path, history_registry: tuple[str, str]) -> None:
-    from controlplane import queries
+    from controlplane import queries, tags
 
     url, moment = history_registry
     registry = migrate.open_existing(url)
     try:
         expected = {
-            "versions": queries.versions(registry, "linear").to_json(),
+            "versions": tags.annotate_versions(registry, "linear", queries.versions(registry, "linear")).to_json(),
             "audit": queries.audit(registry, model="linear", since="1d").to_json(),
-            "at": queries.serving_at(registry, moment).to_json(),
+            "at": tags.annotate_serving_at(registry, queries.serving_at(registry, moment), None).to_json(),
         }
     finally:
         registry.close()

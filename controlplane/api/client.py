@@ -89,14 +89,14 @@ class ControlClient:
         return dict(self._unary(self._stub.Ping, pb.PingRequest(), timeout_s=5.0))
 
     def load(self, model: str, digest: str = "", force: bool = False, wait: bool = True,
-             on_progress: Callable[[pb.Progress], None] | None = None, host: str = "") -> dict[str, Any]:
-        request = pb.LoadRequest(model=model, digest=digest, force=force, wait=wait, host=host)
+             on_progress: Callable[[pb.Progress], None] | None = None, host: str = "", tag: str = "") -> dict[str, Any]:
+        request = pb.LoadRequest(model=model, digest=digest, force=force, wait=wait, host=host, tag=tag)
         return self._stream(self._stub.Load, request, on_progress)
 
     def rollback(self, model: str, to_digest: str = "",
                  on_progress: Callable[[pb.Progress], None] | None = None, force: bool = False,
-                 host: str = "") -> dict[str, Any]:
-        request = pb.RollbackRequest(model=model, to_digest=to_digest, force=force, host=host)
+                 host: str = "", to_tag: str = "") -> dict[str, Any]:
+        request = pb.RollbackRequest(model=model, to_digest=to_digest, force=force, host=host, to_tag=to_tag)
         return self._stream(self._stub.Rollback, request, on_progress)
 
     def unload(self, model: str, dependents: bool = False,
@@ -116,3 +116,8 @@ class ControlClient:
 
     def gc(self, keep: int) -> dict[str, Any]:
         return dict(self._unary(self._stub.Gc, pb.GcRequest(keep=keep), timeout_s=600.0))
+
+    def tag(self, model: str, name: str, digest: str = "", delete: bool = False,
+            on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:
+        request = pb.TagRequest(model=model, name=name, digest=digest, delete=delete)
+        return self._stream(self._stub.Tag, request, on_progress)

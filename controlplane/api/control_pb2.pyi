@@ -7,30 +7,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LoadRequest(_message.Message):
-    __slots__ = ("model", "digest", "force", "wait", "host")
+    __slots__ = ("model", "digest", "force", "wait", "host", "tag")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
     model: str
     digest: str
     force: bool
     wait: bool
     host: str
-    def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ..., host: _Optional[str] = ...) -> None: ...
+    tag: str
+    def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ..., host: _Optional[str] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
-    __slots__ = ("model", "to_digest", "host", "force")
+    __slots__ = ("model", "to_digest", "host", "force", "to_tag")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TO_DIGEST_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
+    TO_TAG_FIELD_NUMBER: _ClassVar[int]
     model: str
     to_digest: str
     host: str
     force: bool
-    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ..., host: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+    to_tag: str
+    def __init__(self, model: _Optional[str] = ..., to_digest: _Optional[str] = ..., host: _Optional[str] = ..., force: _Optional[bool] = ..., to_tag: _Optional[str] = ...) -> None: ...
 
 class UnloadRequest(_message.Message):
     __slots__ = ("model", "dependents", "host", "force")
@@ -79,6 +83,18 @@ class GcRequest(_message.Message):
 class PingRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class TagRequest(_message.Message):
+    __slots__ = ("model", "name", "digest", "delete")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    name: str
+    digest: str
+    delete: bool
+    def __init__(self, model: _Optional[str] = ..., name: _Optional[str] = ..., digest: _Optional[str] = ..., delete: _Optional[bool] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("model", "step", "state", "message", "digest", "final", "outcome", "result_json")

@@ -74,6 +74,11 @@ class ControlStub:
                 request_serializer=controlplane_dot_api_dot_control__pb2.PingRequest.SerializeToString,
                 response_deserializer=controlplane_dot_api_dot_control__pb2.JsonReply.FromString,
                 _registered_method=True)
+        self.Tag = channel.unary_stream(
+                '/tritonctl.v1.Control/Tag',
+                request_serializer=controlplane_dot_api_dot_control__pb2.TagRequest.SerializeToString,
+                response_deserializer=controlplane_dot_api_dot_control__pb2.Progress.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -130,6 +135,13 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tag(self, request, context):
+        """Point a model's tag at a digest (or delete it); a tracked tag's move deploys, so it streams each step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +184,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=controlplane_dot_api_dot_control__pb2.PingRequest.FromString,
                     response_serializer=controlplane_dot_api_dot_control__pb2.JsonReply.SerializeToString,
+            ),
+            'Tag': grpc.unary_stream_rpc_method_handler(
+                    servicer.Tag,
+                    request_deserializer=controlplane_dot_api_dot_control__pb2.TagRequest.FromString,
+                    response_serializer=controlplane_dot_api_dot_control__pb2.Progress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,6 +407,33 @@ class Control:
             '/tritonctl.v1.Control/Ping',
             controlplane_dot_api_dot_control__pb2.PingRequest.SerializeToString,
             controlplane_dot_api_dot_control__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tritonctl.v1.Control/Tag',
+            controlplane_dot_api_dot_control__pb2.TagRequest.SerializeToString,
+            controlplane_dot_api_dot_control__pb2.Progress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,11 +16,11 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
-from controlplane import errors
+from controlplane import errors, tags
 from controlplane.api import control_pb2 as pb
 from controlplane.api import control_pb2_grpc as pb_grpc
 from controlplane.api.protocol import ACTOR_KEY, ERROR_CLASS_KEY, TOKEN_KEY, read_token, status_for
@@ -97,7 +97,10 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
-            return self.plane.load(request.model, actor, request.digest, request.force, progress, **_host(request))
+            digest = request.digest
+            if request.tag:  # `load MODEL --tag NAME` (controlplane/tags.py)
+                digest = tags.tag_digest(tags.tag_registry(self.plane), request.model, request.tag)
+            return self.plane.load(request.model, actor, digest, request.force, progress, **_host(request))
 
         if not request.wait:
             try:
@@ -117,15 +120,30 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
-        yield from self._stream(context, lambda progress: self.plane.rollback(request.model, actor,
-                                                                               request.to_digest, progress,
-                                                                               request.force, **_host(request)))
+
+        def run(progress: Callable[[Progress], None]) -> Outcome:
+            to = request.to_digest
+            if request.to_tag:  # `rollback MODEL --to-tag NAME` (controlplane/tags.py)
+                to = tags.tag_digest(tags.tag_registry(self.plane), request.model, request.to_tag)
+            return self.plane.rollback(request.model, actor, to, progress, request.force, **_host(request))
+
+        yield from self._stream(context, run)
 
     def Unload(self, request: pb.UnloadRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
         actor = _actor(context)
         yield from self._stream(context, lambda progress: self.plane.unload(request.model, actor,
                                                                              request.dependents, progress,
                                                                              request.force, **_host(request)))
+
+    def Tag(self, request: pb.TagRequest, context: grpc.ServicerContext) -> Iterator[pb.Progress]:
+        actor = _actor(context)
+
+        def run(progress: Callable[[Progress], None]) -> Outcome:
+            result = tags.move(self.plane, request.model, request.name, request.digest, actor, progress,
+                               delete=request.delete)
+            return cast(Outcome, result)  # a TagResult: succeeded, model, outcome, message, digest, to_json
+
+        yield from self._stream(context, run)
 
     def _reply(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> pb.JsonReply:
         try:
@@ -176,7 +194,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
         given = str(metadata.get(TOKEN_KEY, "")).encode()
         if hmac.compare_digest(given, self._expected):
             return continuation(handler_call_details)
-        streaming = handler_call_details.method.rsplit("/", 1)[-1] in ("Load", "Rollback", "Unload")
+        streaming = handler_call_details.method.rsplit("/", 1)[-1] in ("Load", "Rollback", "Unload", "Tag")
         return self._deny_stream if streaming else self._deny_unary
 
 

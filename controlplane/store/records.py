@@ -147,3 +147,17 @@ class AuditQuery:
     since: datetime | None = None
     until: datetime | None = None
     limit: int = 100
+
+
+@dataclass(frozen=True)
+class TagRecord:
+    """Where a model's tag points (now, or at a time `tags --at T` asked about)."""
+
+    model: str
+    name: str
+    digest: str
+    moved_by: str
+    moved_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)

@@ -29,6 +29,7 @@ from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, the
     ServingRecord,
     SnapshotRecord,
     SourceHead,
+    TagRecord,
     utcnow,
 )
 
@@ -545,3 +546,85 @@ class Registry:
             return [
                 ServingRecord(row.model, row.digest, json.loads(row.versions), row.time, row.host) for row in rows
             ]
+
+    # -- tags (controlplane/tags.py decides; these only record and read) ------------------------
+
+    def list_tags(self, model: str | None = None) -> list[TagRecord]:
+        """Every tag (of one model), by model then name."""
+        stmt = select(schema.Tag).order_by(schema.Tag.model, schema.Tag.name)
+        if model is not None:
+            stmt = stmt.where(schema.Tag.model == model)
+        with self._session() as session:
+            return [TagRecord(r.model, r.name, r.digest, r.moved_by, r.moved_at) for r in session.scalars(stmt)]
+
+    def tags_at(self, when: datetime, model: str | None = None) -> list[TagRecord]:
+        """Where each tag pointed at `when`: per (model, name), its last move at or before `when`
+        (one index seek each on ix_tag_moves_model_name_time); deleted tags are left out."""
+        moves = schema.TagMove
+        names = select(moves.model, moves.name).distinct()
+        if model is not None:
+            names = names.where(moves.model == model)
+        named = names.subquery("names")
+        latest = aliased(moves, name="latest")
+        last_move = (
+            select(latest.id)
+            .where(latest.model == named.c.model, latest.name == named.c.name, latest.time <= when)
+            .order_by(latest.time.desc(), latest.id.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        stmt = select(moves).where(moves.id.in_(select(last_move).select_from(named)))
+        with self._session() as session:
+            records = [TagRecord(r.model, r.name, r.new_digest, r.actor, r.time)
+                       for r in session.scalars(stmt) if r.new_digest is not None]
+        return sorted(records, key=lambda r: (r.model, r.name))
+
+    def move_tag(self, model: str, name: str, digest: str | None, *, actor: str, outcome: str = "ok",
+                 message: str = "", attempted: str | None = None) -> str | None:
+        """Point `name` at `digest` (None: delete it); in the same transaction append the move to
+        `tag_moves` and an audit event (action `tag`). `attempted`: a failed move's target (the tag
+        then points at `digest`, what still serves). Returns the digest the tag pointed at before."""
+        with self._session() as session:
+            self._model_row(session, model)
+            row = session.scalar(select(schema.Tag).where(schema.Tag.model == model, schema.Tag.name == name))
+            old = row.digest if row is not None else None
+            now = utcnow()
+            if digest is None:
+                if row is not None:
+                    session.delete(row)
+            elif row is None:
+                session.add(schema.Tag(model=model, name=name, digest=digest, moved_by=actor, moved_at=now))
+            elif row.digest != digest or outcome == "ok":
+                row.digest, row.moved_by, row.moved_at = digest, actor, now
+            session.add(schema.TagMove(time=now, model=model, name=name, old_digest=old, new_digest=digest,
+                                       attempted_digest=attempted, actor=actor, outcome=outcome,
+                                       message=message, host=self.host))
+            self._add_audit(session, AuditEntry(actor, "tag", model, attempted or digest, outcome, message), now)
+            return old
+
+    def tracks(self) -> dict[str, str]:
+        """model → the tag it tracks (`policy MODEL track:NAME`)."""
+        with self._session() as session:
+            return {row.model: row.tag for row in session.scalars(select(schema.TagTrack))}
+
+    def set_track(self, model: str, tag: str | None, actor: str, message: str = "") -> None:
+        """Make `model` track `tag` (None: stop tracking); its policy column reads `track` meanwhile.
+        With a `message`, audited (action `policy`) in the same transaction."""
+        with self._session() as session:
+            model_row = self._model_row(session, model)
+            row = session.get(schema.TagTrack, model)
+            if tag is None:
+                if row is not None:
+                    session.delete(row)
+                    if model_row.policy == "track":
+                        model_row.policy = None
+                return
+            if row is None:
+                session.add(schema.TagTrack(model=model, tag=tag, set_by=actor, set_at=utcnow()))
+            else:
+                row.tag, row.set_by, row.set_at = tag, actor, utcnow()
+            model_row.policy = "track"
+            model_row.updated_at = utcnow()
+            if message:
+                self._add_audit(session, AuditEntry(actor, "policy", model, model_row.active_digest, "ok", message),
+                                utcnow())

@@ -110,6 +110,50 @@ class ServingLog(Base):
     host: Mapped[str] = mapped_column(String(128), default="")
 
 
+class Tag(Base):
+    """Where a model's tag (`stable`, `canary`) points now (controlplane/tags.py; migration 0005)."""
+
+    __tablename__ = "tags"
+    __table_args__ = (UniqueConstraint("model", "name", name="uq_tag_model_name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(63))
+    digest: Mapped[str] = mapped_column(String(64))
+    moved_by: Mapped[str] = mapped_column(String(64))
+    moved_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class TagMove(Base):
+    """Append-only: every tag move, deletion (new_digest None) and failed move; answers `tags --at T`."""
+
+    __tablename__ = "tag_moves"
+    __table_args__ = (
+        Index("ix_tag_moves_model_name_time", "model", "name", "time"),
+        Index("ix_tag_moves_time", "time"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[datetime] = mapped_column(DateTime)
+    model: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(63))
+    old_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    new_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # where the tag points after
+    attempted_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a failed move's target
+    actor: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(16))  # ok | failed
+    message: Mapped[str] = mapped_column(Text, default="")
+    host: Mapped[str] = mapped_column(String(128), default="")
+
+
+class TagTrack(Base):
+    """A model that serves whatever one of its tags names (`policy MODEL track:NAME`; models.policy: track)."""
+
+    __tablename__ = "tag_tracks"
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(63))
+    set_by: Mapped[str] = mapped_column(String(64))
+    set_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 # -- fleet (tables used only when daemons share a PostgreSQL registry; see docs/fleet.md) ---------
 
 

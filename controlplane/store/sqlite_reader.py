@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import NotFoundError, StoreError, UsageError
-from controlplane.store.records import AuditQuery, AuditRecord, ModelRecord, ServingRecord, SnapshotRecord
+from controlplane.store.records import AuditQuery, AuditRecord, ModelRecord, ServingRecord, SnapshotRecord, TagRecord
 
 BUSY_TIMEOUT_S = 10.0
 
@@ -36,6 +36,16 @@ SERVING_AT_SQL = (
     "WHERE latest.model = names.model AND latest.host = names.host AND latest.time <= ? "
     "ORDER BY latest.time DESC, latest.id DESC LIMIT 1) "
     "FROM (SELECT DISTINCT model, host FROM serving_log{where}) AS names)"
+)
+
+# tags MODEL --at T: for each (model, name) in tag_moves, its last move at or before T (one index seek each on
+# ix_tag_moves_model_name_time); a move whose new_digest is NULL deleted the tag.
+TAGS_AT_SQL = (
+    "SELECT model, name, new_digest, actor, time FROM tag_moves WHERE id IN ("
+    "SELECT (SELECT latest.id FROM tag_moves AS latest "
+    "WHERE latest.model = names.model AND latest.name = names.name AND latest.time <= ? "
+    "ORDER BY latest.time DESC, latest.id DESC LIMIT 1) "
+    "FROM (SELECT DISTINCT model, name FROM tag_moves{where}) AS names)"
 )
 
 
@@ -170,3 +180,21 @@ class SqliteReader:
                                  host=host)
                    for t, model, digest, versions, host in rows if digest is not None]
         return sorted(records, key=lambda r: (r.model, r.host))
+
+    def list_tags(self, model: str | None = None) -> list[TagRecord]:
+        """Every tag (of one model), by model then name; as `Registry.list_tags`."""
+        where, params = (" WHERE model = ?", (model,)) if model is not None else ("", ())
+        rows = self._rows(f"SELECT model, name, digest, moved_by, moved_at FROM tags{where} ORDER BY model, name",
+                          params)
+        return [TagRecord(m, n, d, by, _time(at)) for m, n, d, by, at in rows]  # type: ignore[arg-type]
+
+    def tags_at(self, when: datetime, model: str | None = None) -> list[TagRecord]:
+        """Where each tag pointed at `when`; as `Registry.tags_at`."""
+        where, params = (" WHERE model = ?", (model,)) if model is not None else ("", ())
+        rows = self._rows(TAGS_AT_SQL.format(where=where), (to_db_time(when), *params))
+        records = [TagRecord(m, n, d, by, _time(at)) for m, n, d, by, at in rows if d is not None]  # type: ignore[arg-type]
+        return sorted(records, key=lambda r: (r.model, r.name))
+
+    def tracks(self) -> dict[str, str]:
+        """model → the tag it tracks; as `Registry.tracks`."""
+        return dict(self._rows("SELECT model, tag FROM tag_tracks"))  # type: ignore[arg-type]

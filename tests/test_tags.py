@@ -1,0 +1,217 @@
+"""Tags (issue 18): the name rule, where each tag points now and at any past time, on SQLite (through the
+Registry and through the CLI's sqlite3 reader) and PostgreSQL, and the `tags --json` contract."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from controlplane import tags
+from controlplane.errors import NotFoundError, TagError, UsageError
+from controlplane.store import migrate
+from controlplane.store.registry import AuditQuery, Registry
+from controlplane.store.sqlite_reader import SqliteReader
+
+T0 = datetime(2026, 11, 1, 12, 0, 0)
+D1, D2, D3 = "a1" * 32, "b2" * 32, "c3" * 32
+
+
+@pytest.mark.parametrize("name", ["stable", "canary", "v1.2", "prod_eu-1", "x" * 63, "abc", "beef", "release-3f2a9c"])
+def test_good_tag_names(name: str) -> None:
+    assert tags.validate_tag_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "Stable", "a b", "-x", ".x", "a/b", "a:b", "a" * 64, "3f2a9c", "deadbeef",
+                                  "0123456789", "é"])
+def test_bad_tag_names_are_a_one_line_usage_error(name: str) -> None:
+    with pytest.raises(TagError) as caught:
+        tags.validate_tag_name(name)
+    assert isinstance(caught.value, UsageError)  # exit 2
+    assert "\n" not in str(caught.value)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr("controlplane.store.registry.utcnow", fake)
+    return fake
+
+
+def _migrated(url: str) -> Registry:
+    registry = Registry(url)
+    migrate.upgrade(registry)
+    for digest in (D1, D2, D3):
+        registry.record_snapshot("linear", digest, "[]", config=None, versions=[1], served_versions=[1], valid=True,
+                                 problems=[], total_bytes=1)
+    return registry
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Registry]:
+    url = f"sqlite:///{tmp_path / 'registry.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    reg = _migrated(url)
+    yield reg
+    reg.close()
+
+
+def test_moves_are_recorded_with_history_and_audit(registry: Registry, clock: Clock) -> None:
+    assert registry.move_tag("linear", "stable", D1, actor="ann", message="m1") is None
+    clock.now = T0 + timedelta(minutes=10)
+    assert registry.move_tag("linear", "stable", D2, actor="bob", message="m2") == D1
+    registry.move_tag("linear", "canary", D3, actor="bob")
+    clock.now = T0 + timedelta(minutes=20)
+    registry.move_tag("linear", "stable", D2, actor="ci", outcome="failed", attempted=D3, message="failed")
+    registry.move_tag("linear", "canary", None, actor="ann", message="deleted")
+
+    now = registry.list_tags("linear")
+    assert [(t.name, t.digest) for t in now] == [("stable", D2)]
+    assert now[0].moved_by == "bob"  # a failed move that leaves the tag where it is does not re-stamp it
+    at = {t.name: t.digest for t in registry.tags_at(T0 + timedelta(minutes=5), "linear")}
+    assert at == {"stable": D1}
+    at = {t.name: t.digest for t in registry.tags_at(T0 + timedelta(minutes=15))}
+    assert at == {"stable": D2, "canary": D3}
+    assert registry.tags_at(T0 - timedelta(seconds=1)) == []
+    events = registry.query_audit(AuditQuery(model="linear", action="tag"))
+    assert [(e.outcome, e.digest) for e in events] == [("ok", None), ("failed", D3), ("ok", D3), ("ok", D2),
+                                                       ("ok", D1)]
+
+
+def test_the_cli_reader_answers_like_the_registry(tmp_path: Path, clock: Clock) -> None:
+    registry = _migrated(f"sqlite:///{tmp_path / 'registry.db'}")
+    registry.move_tag("linear", "stable", D1, actor="ann")
+    clock.now = T0 + timedelta(minutes=10)
+    registry.move_tag("linear", "stable", D2, actor="ann")
+    registry.set_track("linear", "stable", "ann")
+    reader = SqliteReader(tmp_path / "registry.db")
+    try:
+        for when in (T0, T0 + timedelta(minutes=5), T0 + timedelta(minutes=10)):
+            assert reader.tags_at(when, "linear") == registry.tags_at(when, "linear")
+        assert reader.list_tags() == registry.list_tags()
+        assert reader.tracks() == registry.tracks() == {"linear": "stable"}
+        assert reader.find_model("linear").policy == "track"  # type: ignore[union-attr]
+        assert tags.resolve_ref(reader, "linear", "stable") == D2
+        assert tags.resolve_ref(reader, "linear", D1[:8]) == D1[:8]
+        with pytest.raises(NotFoundError):
+            tags.resolve_ref(reader, "linear", "canary")
+        listing = tags.listing(reader, "linear", at=(T0 + timedelta(minutes=5)).isoformat())
+        assert [(t["name"], t["digest"]) for t in listing["tags"]] == [("stable", D1)]
+    finally:
+        reader.close()
+        registry.close()
+
+
+# -- the fleet: a tracked tag's move is a rollout (stand-in fleet: tests/test_tags_fleet_e2e.py runs real hosts) --
+
+
+class StandInFleet:
+    """The one entry point tags.py calls on a fleet: `rollout(model, record, actor, force, progress)`."""
+
+    def __init__(self, registry: Registry, outcome: str) -> None:
+        self.registry = registry
+        self.outcome = outcome
+        self.calls: list[tuple[str, str]] = []
+
+    def rollout(self, model: str, record: object, actor: str, *, force: bool, progress: object) -> object:
+        from controlplane.deploy import Outcome
+
+        digest = record.digest  # type: ignore[attr-defined]
+        self.calls.append((model, digest))
+        active = digest if self.outcome == "ok" else self.registry.get_model(model).active_digest
+        return Outcome(model, "rollout", self.outcome, digest, active, f"rollout 1: {self.outcome}")
+
+
+class StandInPlane:
+    def __init__(self, local: Registry, fleet: StandInFleet) -> None:
+        self.registry = local
+        self.fleet = fleet
+
+
+@pytest.mark.parametrize("outcome", ["ok", "rolled_back"])
+def test_a_tracked_tag_on_a_fleet_moves_by_rollout_in_the_shared_registry(tmp_path: Path, clock: Clock,
+                                                                          outcome: str) -> None:
+    shared = _migrated(f"sqlite:///{tmp_path / 'shared.db'}")
+    local = Registry(f"sqlite:///{tmp_path / 'local.db'}")  # a host's own registry: never holds the tags
+    migrate.upgrade(local)
+    fleet = StandInFleet(shared, outcome)
+    plane = StandInPlane(local, fleet)
+    try:
+        shared.move_tag("linear", "stable", D1, actor="ann")
+        assert tags.move(plane, "linear", "canary", D2[:8], "ann")["deployed"] is False  # not tracked: no rollout
+        shared.set_track("linear", "stable", "ann")
+        result = tags.move(plane, "linear", "stable", "canary", "ci")
+        assert fleet.calls == [("linear", D2)]
+        assert result["outcome"] == outcome
+        expected = D2 if outcome == "ok" else D1
+        assert {t.name: t.digest for t in shared.list_tags("linear")} == {"stable": expected, "canary": D2}
+        assert local.list_tags() == []
+        event = shared.query_audit(AuditQuery(model="linear", action="tag", limit=1))[0]
+        assert (event.outcome, event.digest) == ("ok" if outcome == "ok" else "failed", D2)
+    finally:
+        shared.close()
+        local.close()
+
+
+# -- the `tags --json` contract (README "JSON output") -------------------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden" / "tags.json"
+
+
+def _shape(value: object) -> object:
+    """Keys and JSON types, not values."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+def test_tags_json_matches_the_golden_shape(tmp_path: Path, clock: Clock) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    registry = _migrated(f"sqlite:///{tmp_path / 'registry.db'}")
+    registry.move_tag("linear", "stable", D1, actor="ann")
+    clock.now = T0 + timedelta(minutes=10)
+    registry.move_tag("linear", "stable", D2, actor="bob")
+    registry.close()
+    golden = json.loads(GOLDEN.read_text())
+    args = ["tags", "linear", "--json", "--state-dir", str(tmp_path)]
+    at = CliRunner().invoke(cli, [*args, "--at", "2026-11-01T12:05:00Z"])
+    assert at.exit_code == 0, at.output
+    assert json.loads(at.stdout) == golden  # the golden document is exactly this registry at 12:05
+    now = CliRunner().invoke(cli, args)
+    assert now.exit_code == 0, now.output
+    data = json.loads(now.stdout)
+    assert data["at"] is None and _shape(data["tags"]) == _shape(golden["tags"])
+    assert data["tags"][0]["digest"] == D2 and data["tags"][0]["moved_by"] == "bob"
+
+
+def test_tags_at_seeks_the_moves_index(tmp_path: Path, clock: Clock) -> None:
+    """`tags --at T` is one index seek per tag, not a scan of every move (SQLite's plan for the reader's SQL)."""
+    import sqlite3
+
+    from controlplane.store.sqlite_reader import TAGS_AT_SQL, to_db_time
+
+    _migrated(f"sqlite:///{tmp_path / 'registry.db'}").close()
+    conn = sqlite3.connect(tmp_path / "registry.db")
+    try:
+        plan = " | ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + TAGS_AT_SQL.format(where=""),
+                                                          (to_db_time(T0),)))
+    finally:
+        conn.close()
+    assert "SEARCH latest USING COVERING INDEX ix_tag_moves_model_name_time (model=? AND name=? AND time<?)" in plan
+    assert "SCAN tag_moves USING COVERING INDEX ix_tag_moves_model_name_time" in plan, plan  # the distinct names
