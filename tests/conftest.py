@@ -51,6 +51,7 @@ SERVER_MODULES = {
     "test_faults": ("triton",),
     "test_fleet_e2e": ("triton", "postgres"),
     "test_help_examples": ("triton",),
+    "test_json_contract": ("triton", "postgres"),
     "test_operator_view": ("triton",),
     "test_readme_using_it": ("triton",),
     "test_s3_e2e": ("triton", "s3"),
@@ -59,6 +60,8 @@ SERVER_MODULES = {
     "test_storage_faults": ("triton",),
     "test_supervision": ("triton",),
     "test_systemd": ("triton",),
+    "test_tags_e2e": ("triton",),
+    "test_tags_fleet_e2e": ("triton", "postgres"),
     "test_watch_modes": ("triton",),
     "test_writer_patterns_daemon": ("triton",),
 }

@@ -158,6 +158,7 @@ def documents(daemon: DaemonProcess) -> dict[str, Any]:
     docs["versions"] = versions
     docs["diff"] = run_json("diff", "gen", versions[1]["digest"], versions[0]["digest"], *sd)
     docs["load"] = run_json("load", "linear", *sd)
+    docs["tag"] = run_json("tag", "linear", "stable", *sd)
     docs["rollback"] = run_json("rollback", "gen", *sd)
     docs["policy"] = run_json("policy", "gen", "manual", *sd)
     docs["pin"] = run_json("pin", "gen", *sd)
@@ -171,7 +172,7 @@ def documents(daemon: DaemonProcess) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("command", ["status", "versions", "diff", "load", "load-no-wait", "load-failed", "rollback",
-                                     "unload",
+                                     "unload", "tag",
                                      "policy", "pin", "unpin", "gc", "audit", "audit-at"])
 def test_daemon_and_history_documents_keep_their_shape(documents: dict[str, Any], command: str) -> None:
     check(command, documents[command])

@@ -57,7 +57,7 @@ def _migrated(url: str) -> Registry:
     return registry
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def registry(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Registry]:
     url = f"sqlite:///{tmp_path / 'registry.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
     reg = _migrated(url)
@@ -105,7 +105,7 @@ def test_the_cli_reader_answers_like_the_registry(tmp_path: Path, clock: Clock) 
         with pytest.raises(NotFoundError):
             tags.resolve_ref(reader, "linear", "canary")
         listing = tags.listing(reader, "linear", at=(T0 + timedelta(minutes=5)).isoformat())
-        assert [(t["name"], t["digest"]) for t in listing["tags"]] == [("stable", D1)]
+        assert [(t.name, t.digest) for t in listing.tags] == [("stable", D1)]
     finally:
         reader.close()
         registry.close()
@@ -147,11 +147,11 @@ def test_a_tracked_tag_on_a_fleet_moves_by_rollout_in_the_shared_registry(tmp_pa
     plane = StandInPlane(local, fleet)
     try:
         shared.move_tag("linear", "stable", D1, actor="ann")
-        assert tags.move(plane, "linear", "canary", D2[:8], "ann")["deployed"] is False  # not tracked: no rollout
+        assert tags.move(plane, "linear", "canary", D2[:8], "ann").deployed is False  # not tracked: no rollout
         shared.set_track("linear", "stable", "ann")
         result = tags.move(plane, "linear", "stable", "canary", "ci")
         assert fleet.calls == [("linear", D2)]
-        assert result["outcome"] == outcome
+        assert result.outcome == outcome
         expected = D2 if outcome == "ok" else D1
         assert {t.name: t.digest for t in shared.list_tags("linear")} == {"stable": expected, "canary": D2}
         assert local.list_tags() == []
