@@ -206,6 +206,30 @@ def test_broken_step_leaves_the_old_pipeline_serving(pipe_daemon: DaemonProcess)
     wait_for(lambda: not pipe_daemon.model_status("b").get("sync") == "pending", 30, 0.2, "settled")
 
 
+def test_load_of_several_models_is_one_change_set(pipe_daemon: DaemonProcess) -> None:
+    for name in ("a", "b", "pipe"):
+        pipe_daemon.json("policy", name, "manual")
+    try:
+        since = last_event_id(pipe_daemon)
+        with request_every(pipe_daemon.triton_url(), pipe_answer) as stats:
+            write_pipe(pipe_daemon.repository, "t5", 50)
+            time.sleep(1.0)  # settled and recorded, not deployed: manual policy
+            assert not changesets(pipe_daemon, since)
+            result = pipe_daemon.run("load", "a", "b", "pipe", "--json")
+            time.sleep(0.3)
+        assert result.exit_code == 0, result.output
+        outcome = json.loads(result.stdout)
+        assert outcome["outcome"] == "ok" and outcome["action"] == "changeset", outcome
+        assert stats["failed"] == 0, stats["errors"]
+        assert stats["answers"][-1] == 100.0
+        [event] = changesets(pipe_daemon, since)
+        assert event["actor"] != "watcher" and event["outcome"] == "deployed"
+        assert {m["model"] for m in json.loads(event["message"])["members"]} == {"a", "b", "pipe"}
+    finally:
+        for name in ("a", "b", "pipe"):
+            pipe_daemon.json("policy", name, "inherit")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_repeated_coordinated_edits_never_fail_a_request(pipe_daemon: DaemonProcess) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontrolplane/api/control.proto\x12\x0ctritonctl.v1\"W\n\x0bLoadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x0c\n\x04host\x18\x05 \x01(\t\"P\n\x0fRollbackRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tto_digest\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"O\n\rUnloadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\ndependents\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"\x1f\n\rStatusRequest\x12\x0e\n\x06models\x18\x01 \x03(\t\"<\n\rPolicyRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\"9\n\nPinRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\"\x19\n\tGcRequest\x12\x0c\n\x04keep\x18\x01 \x01(\x05\"\r\n\x0bPingRequest\"\x8c\x01\n\x08Progress\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x13\n\x0bresult_json\x18\x08 \x01(\t\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\x80\x04\n\x07\x43ontrol\x12;\n\x04Load\x12\x19.tritonctl.v1.LoadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12\x43\n\x08Rollback\x12\x1d.tritonctl.v1.RollbackRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12?\n\x06Unload\x12\x1b.tritonctl.v1.UnloadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12>\n\x06Status\x12\x1b.tritonctl.v1.StatusRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x41\n\tSetPolicy\x12\x1b.tritonctl.v1.PolicyRequest\x1a\x17.tritonctl.v1.JsonReply\x12;\n\x06SetPin\x12\x18.tritonctl.v1.PinRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x36\n\x02Gc\x12\x17.tritonctl.v1.GcRequest\x1a\x17.tritonctl.v1.JsonReply\x12:\n\x04Ping\x12\x19.tritonctl.v1.PingRequest\x1a\x17.tritonctl.v1.JsonReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontrolplane/api/control.proto\x12\x0ctritonctl.v1\"g\n\x0bLoadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0e\n\x06models\x18< \x03(\t\"P\n\x0fRollbackRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tto_digest\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"O\n\rUnloadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\ndependents\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"\x1f\n\rStatusRequest\x12\x0e\n\x06models\x18\x01 \x03(\t\"<\n\rPolicyRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\"9\n\nPinRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\"\x19\n\tGcRequest\x12\x0c\n\x04keep\x18\x01 \x01(\x05\"\r\n\x0bPingRequest\"\x8c\x01\n\x08Progress\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x13\n\x0bresult_json\x18\x08 \x01(\t\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\x80\x04\n\x07\x43ontrol\x12;\n\x04Load\x12\x19.tritonctl.v1.LoadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12\x43\n\x08Rollback\x12\x1d.tritonctl.v1.RollbackRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12?\n\x06Unload\x12\x1b.tritonctl.v1.UnloadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12>\n\x06Status\x12\x1b.tritonctl.v1.StatusRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x41\n\tSetPolicy\x12\x1b.tritonctl.v1.PolicyRequest\x1a\x17.tritonctl.v1.JsonReply\x12;\n\x06SetPin\x12\x18.tritonctl.v1.PinRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x36\n\x02Gc\x12\x17.tritonctl.v1.GcRequest\x1a\x17.tritonctl.v1.JsonReply\x12:\n\x04Ping\x12\x19.tritonctl.v1.PingRequest\x1a\x17.tritonctl.v1.JsonReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,25 +32,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'controlplane.api.control_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LOADREQUEST']._serialized_start=48
-  _globals['_LOADREQUEST']._serialized_end=135
-  _globals['_ROLLBACKREQUEST']._serialized_start=137
-  _globals['_ROLLBACKREQUEST']._serialized_end=217
-  _globals['_UNLOADREQUEST']._serialized_start=219
-  _globals['_UNLOADREQUEST']._serialized_end=298
-  _globals['_STATUSREQUEST']._serialized_start=300
-  _globals['_STATUSREQUEST']._serialized_end=331
-  _globals['_POLICYREQUEST']._serialized_start=333
-  _globals['_POLICYREQUEST']._serialized_end=393
-  _globals['_PINREQUEST']._serialized_start=395
-  _globals['_PINREQUEST']._serialized_end=452
-  _globals['_GCREQUEST']._serialized_start=454
-  _globals['_GCREQUEST']._serialized_end=479
-  _globals['_PINGREQUEST']._serialized_start=481
-  _globals['_PINGREQUEST']._serialized_end=494
-  _globals['_PROGRESS']._serialized_start=497
-  _globals['_PROGRESS']._serialized_end=637
-  _globals['_JSONREPLY']._serialized_start=639
-  _globals['_JSONREPLY']._serialized_end=664
-  _globals['_CONTROL']._serialized_start=667
-  _globals['_CONTROL']._serialized_end=1179
+  _globals['_LOADREQUEST']._serialized_end=151
+  _globals['_ROLLBACKREQUEST']._serialized_start=153
+  _globals['_ROLLBACKREQUEST']._serialized_end=233
+  _globals['_UNLOADREQUEST']._serialized_start=235
+  _globals['_UNLOADREQUEST']._serialized_end=314
+  _globals['_STATUSREQUEST']._serialized_start=316
+  _globals['_STATUSREQUEST']._serialized_end=347
+  _globals['_POLICYREQUEST']._serialized_start=349
+  _globals['_POLICYREQUEST']._serialized_end=409
+  _globals['_PINREQUEST']._serialized_start=411
+  _globals['_PINREQUEST']._serialized_end=468
+  _globals['_GCREQUEST']._serialized_start=470
+  _globals['_GCREQUEST']._serialized_end=495
+  _globals['_PINGREQUEST']._serialized_start=497
+  _globals['_PINGREQUEST']._serialized_end=510
+  _globals['_PROGRESS']._serialized_start=513
+  _globals['_PROGRESS']._serialized_end=653
+  _globals['_JSONREPLY']._serialized_start=655
+  _globals['_JSONREPLY']._serialized_end=680
+  _globals['_CONTROL']._serialized_start=683
+  _globals['_CONTROL']._serialized_end=1195
 # @@protoc_insertion_point(module_scope)

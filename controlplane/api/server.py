@@ -97,11 +97,16 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
+            if len(request.models) > 1:  # one change set (controlplane/changeset.py)
+                if request.digest or request.host:
+                    raise errors.UsageError("--digest and --host take one MODEL, not a change set of several")
+                return self.plane.load_set(list(request.models), actor, request.force, progress)
             return self.plane.load(request.model, actor, request.digest, request.force, progress, **_host(request))
 
         if not request.wait:
             try:
-                validate_model_name(request.model)
+                for name in request.models or [request.model]:
+                    validate_model_name(name)
             except errors.TritonctlError as exc:
                 _abort(context, exc)
             def run_logged() -> None:
