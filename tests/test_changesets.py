@@ -230,6 +230,28 @@ def test_load_of_several_models_is_one_change_set(pipe_daemon: DaemonProcess) ->
             pipe_daemon.json("policy", name, "inherit")
 
 
+def test_repository_hold_releases_everything_as_one_set(pipe_daemon: DaemonProcess) -> None:
+    hold = pipe_daemon.repository / ".tritonctl-hold"
+    hold.touch()
+    try:
+        since = last_event_id(pipe_daemon)
+        with request_every(pipe_daemon.triton_url(), pipe_answer) as stats:
+            before = stats["answers"][-1] if stats["answers"] else None
+            write_pipe(pipe_daemon.repository, "t6", 70)
+            wait_for(lambda: "hold" in str(pipe_daemon.model_status("pipe").get("sync_reason")), 20, 0.2,
+                     "pipe pending on the repository hold")
+            assert not changesets(pipe_daemon, since)
+            hold.unlink()
+            [event] = wait_for(lambda: changesets(pipe_daemon, since), 60, 0.2, "the released change set")
+            time.sleep(0.3)
+        assert event["outcome"] == "deployed", event
+        assert {m["model"] for m in json.loads(event["message"])["members"]} == {"a", "b", "pipe"}
+        assert stats["failed"] == 0, stats["errors"]
+        assert before in (None, 100.0) and stats["answers"][-1] == 140.0
+    finally:
+        hold.unlink(missing_ok=True)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_repeated_coordinated_edits_never_fail_a_request(pipe_daemon: DaemonProcess) -> None:
