@@ -148,6 +148,7 @@ class ChangeSets:
         self._held: set[str] = set()  # settled while the repository-level hold was there
         self._steps_cache: dict[tuple[str, str], list[str]] = {}
         self._skipped: set[frozenset[tuple[str, str]]] = set()
+        self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
         # set by the daemon: the watcher's pending checks (model -> seconds since its last change, None
         # for a check the consumer asked for)
         self.pending: Callable[[], dict[str, float | None]] | None = None
@@ -217,6 +218,38 @@ class ChangeSets:
             out.append(Member(model, record.digest, current.active_digest if serving and current else None,
                               bool(steps) or (record.config or {}).get("platform") == "ensemble", steps))
         return order(out)
+
+    # -- ordering elsewhere: reconcile, restore after a Triton restart, crash recovery -------------------
+
+    def steps_first(self, models: Sequence[str]) -> list[str]:
+        """`models` with every ensemble after the models it names (stable otherwise): what reconcile
+        restores and recovers in, so an ensemble never loads over steps that do not serve yet."""
+        registry = self.plane.registry
+        members = []
+        for model in dict.fromkeys(models):
+            record = registry.find_model(model)
+            steps: list[str] = []
+            if record is not None and record.active_digest:
+                try:
+                    steps = step_models(registry.get_snapshot(model, record.active_digest).config)
+                except TritonctlError:
+                    steps = []
+            members.append(Member(model, "", None, bool(steps), steps))
+        return [m.model for m in order(members)]
+
+    def sweep(self) -> list[str]:
+        """Unload and unpublish private step names a stopped daemon left behind (none while a set runs)."""
+        if self._swept or not self._lock.acquire(blocking=False):
+            return []
+        try:
+            self._swept = True
+            names = [n for n in self.plane.serving.models() if is_private_name(n)]
+            if names:
+                log.warning("removing private step names left by an interrupted change set: %s", ", ".join(names))
+                self._drop_privates({n: n for n in names})
+            return names
+        finally:
+            self._lock.release()
 
     # -- the watcher's path ------------------------------------------------------------------------
 

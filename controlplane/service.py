@@ -504,7 +504,10 @@ class ControlPlane:
             return []
         self.counters.triton_reachable = True
         waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
-        for deployment in self.registry.open_deployments():
+        self.changesets.sweep()
+        opened = self.registry.open_deployments()
+        rank = {m: i for i, m in enumerate(self.changesets.steps_first([d.model for d in opened]))}
+        for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
             if self.deployer.lock(deployment.model).locked():
                 continue  # in flight in this process, not interrupted
             outcome = self.deployer.recover(deployment)
@@ -519,7 +522,8 @@ class ControlPlane:
         result = plan(desired, index, served, busy)
         ready = {e.name for e in index if e.state == "READY"}
         self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
-        for model, digest in result.restore:
+        digests = dict(result.restore)
+        for model, digest in ((m, digests[m]) for m in self.changesets.steps_first(list(digests))):  # steps first
             outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
             log.warning("%s: %s", model, outcome.message)
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")

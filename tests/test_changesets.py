@@ -347,3 +347,53 @@ def test_sentiment_pipeline_tensor_rename_and_broken_step(sentiment_daemon: Daem
     assert event["outcome"] == "rolled_back", event
     assert set(stats["answers"]) == {expected}
     shutil.rmtree(repo / "sentiment_pipeline" / "1" / "__pycache__", ignore_errors=True)
+
+
+# -- without a server: names, config rewrites, ordering ---------------------------------------------------
+
+
+def test_private_step_names_are_reserved_and_never_user_models() -> None:
+    from controlplane.changeset import private_name
+    from controlplane.errors import UsageError
+    from controlplane.names import is_private_name, validate_model_name
+
+    name = private_name("a", "3f2a9c1b" + "0" * 56)
+    assert name == "a__3f2a9c1b" and is_private_name(name)
+    with pytest.raises(UsageError, match="reserves"):
+        validate_model_name(name)
+    for ok in ("a", "a__b", "bert__large", "x__3f2a9c1", "x__3F2A9C1B"):
+        assert validate_model_name(ok) == ok and not is_private_name(ok)
+
+
+def test_configs_rewritten_for_the_staged_switch() -> None:
+    from controlplane.changeset import point_steps, rename_config
+    from controlplane.modelconfig import parse_config_text
+
+    step = parse_config_text(rename_config(STEP_A.replace("TENSOR", "t2"), "a__3f2a9c1b"), "config.pbtxt")
+    assert step.name == "a__3f2a9c1b" and step.output[0].name == "t2"  # only the model's own name changes
+    pipe = parse_config_text(point_steps(PIPE.replace("TENSOR", "t2"), {"a": "a__3f2a9c1b"}), "config.pbtxt")
+    assert [s.model_name for s in pipe.ensemble_scheduling.step] == ["a__3f2a9c1b", "b"]
+    assert pipe.name == "pipe" and dict(pipe.ensemble_scheduling.step[0].output_map) == {"t2": "m"}
+
+
+def test_reconcile_order_puts_steps_before_ensembles() -> None:
+    from types import SimpleNamespace
+
+    from controlplane.changeset import ChangeSets
+
+    configs = {
+        "outer": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "pipe"},
+                                                                           {"model_name": "c"}]}},
+        "pipe": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "a"},
+                                                                          {"model_name": "b"}]}},
+        "a": {"backend": "python"}, "b": {"backend": "python"}, "c": {"backend": "python"},
+    }
+    registry = SimpleNamespace(
+        find_model=lambda name: SimpleNamespace(active_digest="d" * 64),
+        get_snapshot=lambda name, digest: SimpleNamespace(config=configs[name]),
+    )
+    sets = ChangeSets(SimpleNamespace(registry=registry))  # type: ignore[arg-type]
+    ordered = sets.steps_first(["outer", "pipe", "a", "c", "b"])
+    assert ordered.index("pipe") > max(ordered.index("a"), ordered.index("b"))
+    assert ordered.index("outer") > max(ordered.index("pipe"), ordered.index("c"))
+    assert sorted(ordered) == ["a", "b", "c", "outer", "pipe"]
