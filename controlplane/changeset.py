@@ -125,16 +125,15 @@ class SetFailed(TritonctlError):
 def order(members: Sequence[Member]) -> list[Member]:
     """Steps before the ensembles over them (nested ensembles after their inner ones)."""
     left = list(members)
-    done: set[str] = set()
     out: list[Member] = []
     while left:
-        ready = [m for m in left if not m.ensemble or not (set(m.steps) & {x.model for x in left if x is not m})]
+        waiting = {m.model for m in left}
+        ready = [m for m in left if not m.ensemble or not any(s in waiting and s != m.model for s in m.steps)]
         if not ready:  # a cycle: Triton refuses it at load; keep a stable order
             ready = left[:1]
-        for m in ready:
-            out.append(m)
-            done.add(m.model)
-            left.remove(m)
+        taken = {id(m) for m in ready}
+        out.extend(ready)
+        left = [m for m in left if id(m) not in taken]
     return out
 
 
@@ -146,7 +145,7 @@ class ChangeSets:
         self._lock = threading.Lock()  # one change set at a time
         self._guard = threading.Lock()
         self._held: set[str] = set()  # settled while the repository-level hold was there
-        self._steps_cache: dict[tuple[str, str], list[str]] = {}
+        self._serving: dict[str, list[str]] | None = None  # serving ensemble -> steps (None: not read yet)
         self._skipped: set[frozenset[tuple[str, str]]] = set()
         self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
         # set by the daemon: the watcher's pending checks (model -> seconds since its last change, None
@@ -182,17 +181,41 @@ class ChangeSets:
         return names
 
     def _serving_ensembles(self) -> dict[str, list[str]]:
+        """Each serving ensemble and its steps: read from the registry once, then kept up to date from
+        every outcome (`note`), so a settle costs no registry scan (10,000 models at start-up)."""
+        with self._guard:
+            if self._serving is not None:
+                return dict(self._serving)
         out: dict[str, list[str]] = {}
         registry = self.plane.registry
         for record in registry.list_models(states=SERVING_STATES):
-            if not record.active_digest:
-                continue
-            key = (record.name, record.active_digest)
-            if key not in self._steps_cache:
-                self._steps_cache[key] = step_models(registry.get_snapshot(*key).config)
-            if self._steps_cache[key]:
-                out[record.name] = self._steps_cache[key]
-        return out
+            if record.active_digest:
+                steps = step_models(registry.get_snapshot(record.name, record.active_digest).config)
+                if steps:
+                    out[record.name] = steps
+        with self._guard:
+            self._serving = out
+        return dict(out)
+
+    def note(self, outcome: Outcome) -> None:
+        """A deploy, rollback, restore or unload ended: what its model serves now is `active_digest`."""
+        if outcome.action == ACTION:
+            return
+        with self._guard:
+            if self._serving is None:
+                return
+        try:
+            steps = step_models(self.plane.registry.get_snapshot(outcome.model, outcome.active_digest).config) \
+                if outcome.active_digest else []
+        except TritonctlError:
+            steps = []
+        with self._guard:
+            if self._serving is None:
+                return
+            if steps:
+                self._serving[outcome.model] = steps
+            else:
+                self._serving.pop(outcome.model, None)
 
     def group(self, models: Sequence[str]) -> list[str]:
         """`models` and every model connected to them through ensembles (source or serving), sorted."""
@@ -224,17 +247,10 @@ class ChangeSets:
     def steps_first(self, models: Sequence[str]) -> list[str]:
         """`models` with every ensemble after the models it names (stable otherwise): what reconcile
         restores and recovers in, so an ensemble never loads over steps that do not serve yet."""
-        registry = self.plane.registry
-        members = []
-        for model in dict.fromkeys(models):
-            record = registry.find_model(model)
-            steps: list[str] = []
-            if record is not None and record.active_digest:
-                try:
-                    steps = step_models(registry.get_snapshot(model, record.active_digest).config)
-                except TritonctlError:
-                    steps = []
-            members.append(Member(model, "", None, bool(steps), steps))
+        if not models:
+            return []
+        serving = self._serving_ensembles()
+        members = [Member(m, "", None, m in serving, serving.get(m, [])) for m in dict.fromkeys(models)]
         return [m.model for m in order(members)]
 
     def sweep(self) -> list[str]:
@@ -487,6 +503,7 @@ class ChangeSets:
                 self._drop_privates(privates)
                 return "rolled_back", f"rolled back: {failure}"
             for ensemble in staged:
+                self.note(Outcome(ensemble.model, "deploy", "ok", ensemble.digest, ensemble.digest, ""))
                 if ensemble.model in deployments:
                     self._finish(ensemble, deployments[ensemble.model], "ok", f"serving {ensemble.digest[:12]} "
                                  f"(change set {set_id})", actor, serving=True)

@@ -91,6 +91,7 @@ class ControlPlane:
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
+        self.changesets.note(outcome)  # its map of serving ensembles
         if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
             self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):

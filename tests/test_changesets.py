@@ -389,7 +389,7 @@ def test_reconcile_order_puts_steps_before_ensembles() -> None:
         "a": {"backend": "python"}, "b": {"backend": "python"}, "c": {"backend": "python"},
     }
     registry = SimpleNamespace(
-        find_model=lambda name: SimpleNamespace(active_digest="d" * 64),
+        list_models=lambda states: [SimpleNamespace(name=n, active_digest="d" * 64) for n in configs],
         get_snapshot=lambda name, digest: SimpleNamespace(config=configs[name]),
     )
     sets = ChangeSets(SimpleNamespace(registry=registry))  # type: ignore[arg-type]
