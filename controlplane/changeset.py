@@ -43,6 +43,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -464,7 +465,7 @@ class ChangeSets:
             try:
                 for step in changed_steps:
                     privates[step.model] = private_name(step.model, step.digest)
-                    self._load_private(step, privates[step.model], emit)
+                self._each(changed_steps, lambda step: self._load_private(step, privates[step.model], emit))
                 for ensemble in staged:
                     if ensemble.changed:
                         deployments[ensemble.model] = plane.registry.begin_deployment(
@@ -476,15 +477,15 @@ class ChangeSets:
                 self._drop_privates(privates)
                 return "rolled_back", message
             # The new pipeline answers through the private names: the public steps may change now.
-            public_done: list[Member] = []
+            results = self._each(changed_steps, lambda step: plane.deployer.deploy(
+                step.model, step.digest, actor, force=force, progress=emit), raise_first=False)
+            public_done = [step for step, result in zip(changed_steps, results, strict=True)
+                           if result is not None and result.succeeded]
             failure: str | None = None
-            for step in changed_steps:
-                result = plane.deployer.deploy(step.model, step.digest, actor, force=force,
-                                               progress=lambda p: emit(p))
-                if not result.succeeded:
-                    failure = f"{step.model}: {result.message}"
+            for step, result in zip(changed_steps, results, strict=True):
+                if result is None or not result.succeeded:
+                    failure = f"{step.model}: {result.message if result is not None else 'deploy raised'}"
                     break
-                public_done.append(step)
             if failure is None:
                 switched: list[Member] = []
                 try:
@@ -656,11 +657,33 @@ class ChangeSets:
                 log.warning("%s: unpublish of a private step name: %s", name, exc)
 
     @staticmethod
+    def _each(members: list[Member], fn: Callable[[Member], Any], raise_first: bool = True) -> list[Any]:
+        """`fn` on every member at once (Triton loads different models concurrently); results in order.
+        `raise_first`: re-raise the first member's exception after all finished; else None for it."""
+        if len(members) <= 1:
+            return [fn(m) for m in members] if raise_first else [_or_none(fn, m) for m in members]
+        with ThreadPoolExecutor(max_workers=min(4, len(members)), thread_name_prefix="changeset") as pool:
+            futures = [pool.submit(fn, m) for m in members]
+            wait(futures)
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None and raise_first:
+            raise failed
+        return [None if f.exception() is not None else f.result() for f in futures]
+
+    @staticmethod
     def _quietly(fn: Callable[..., None], model: str, *args: Any) -> None:
         try:
             fn(*args)
         except TritonctlError as exc:
             log.error("%s: putting it back failed: %s", model, exc)
+
+
+def _or_none(fn: Callable[[Member], Any], member: Member) -> Any:
+    try:
+        return fn(member)
+    except TritonctlError as exc:
+        log.error("%s: %s", member.model, exc)
+        return None
 
 
 def _ms(started: float) -> int:
