@@ -53,14 +53,14 @@ import numpy as np
 from google.protobuf import text_format
 
 from controlplane.deploy import SMOKE_FILE, Outcome, Progress, ProgressFn, VerifyError
-from controlplane.ensemblemembers import SERVING_STATES, step_models
+from controlplane.ensemblemembers import SERVING_STATES, require_members, step_models
 from controlplane.errors import ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import environment_cause
 from controlplane.modelconfig import is_ensemble_text, parse_config_text, stamp_parameter
 from controlplane.names import is_private_name, validate_model_name
 from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.snapshot import CONFIG_FILE, HOLD_FILE
-from controlplane.store.records import ServingRecord, SnapshotRecord
+from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry
 from controlplane.sync import rollback_holds
 from controlplane.triton.client import DIGEST_PARAMETER
@@ -255,18 +255,68 @@ class ChangeSets:
         return [m.model for m in order(members)]
 
     def sweep(self) -> list[str]:
-        """Unload and unpublish private step names a stopped daemon left behind (none while a set runs)."""
+        """Unload and unpublish private step names a stopped daemon left behind (none while a set runs),
+        except those a loaded ensemble still uses (unloading a step unloads its ensemble): looked at
+        again at the next reconcile."""
         if self._swept or not self._lock.acquire(blocking=False):
             return []
         try:
-            self._swept = True
             names = [n for n in self.plane.serving.models() if is_private_name(n)]
-            if names:
-                log.warning("removing private step names left by an interrupted change set: %s", ", ".join(names))
-                self._drop_privates({n: n for n in names})
-            return names
+            used: set[str] = set()
+            for ensemble in self._serving_ensembles():
+                try:
+                    steps = self.plane.triton.served_config(ensemble).get("ensemble_scheduling", {}).get("step", [])
+                except TritonctlError:
+                    continue
+                used |= {str(step.get("model_name")) for step in steps}
+            drop = [n for n in names if n not in used]
+            if drop:
+                log.warning("removing private step names left by an interrupted change set: %s", ", ".join(drop))
+                self._drop_privates({n: n for n in drop})
+            self._swept = len(drop) == len(names)
+            return drop
         finally:
             self._lock.release()
+
+    def recover(self, deployment: DeploymentRecord) -> bool:
+        """A daemon stopped mid change set, with the ensemble of `deployment` serving its interim content
+        (steps pointed at private names): when the public steps already serve content the new ensemble
+        fits, point it at them (roll forward, the interim pipeline answering until then) and finish the
+        deployment. False: not such a case, or it did not work; the deployer's recovery decides."""
+        model, digest = deployment.model, deployment.digest
+        if not digest or deployment.kind != "deploy" or deployment.step != "intent":
+            return False
+        registry = self.plane.registry
+        try:
+            served = self.plane.triton.served_digest(model) or ""
+            if not served.startswith(f"{digest}+changeset-"):
+                return False
+            snap = registry.get_snapshot(model, digest)
+            steps = self.plane.triton.served_config(model).get("ensemble_scheduling", {}).get("step", [])
+            for name in {str(step.get("model_name")) for step in steps if is_private_name(str(step.get("model_name")))}:
+                public, prefix = name.rsplit("__", 1)
+                target = registry.get_snapshot(public, prefix).digest
+                current = registry.find_model(public)
+                if current is None or current.active_digest != target:  # the set's public step, forward too
+                    result = self.plane.deployer.deploy(public, target, "tritonctl", kind="deploy")
+                    if not result.succeeded:
+                        return False
+            require_members(registry, snap)
+        except TritonctlError:
+            return False  # the steps do not fit the new ensemble: the deployer puts the previous content back
+        member = Member(model, digest, deployment.previous_digest, True, step_models(snap.config))
+        with self.plane.deployer.lock(model):
+            try:
+                self._switch(member, {}, digest, "recover", lambda p: None)
+            except TritonctlError as exc:
+                log.warning("%s: rolling the interrupted change set forward failed: %s", model, exc)
+                return False
+            self._finish(member, deployment.id, "ok", f"rolled forward: serving {digest[:12]}; interrupted change "
+                         "set finished after restart", "tritonctl", serving=True)
+        self.note(Outcome(model, "deploy", "ok", digest, digest, ""))
+        self.plane.serving.prune(model)
+        log.warning("%s: rolled an interrupted change set forward to %s", model, digest[:12])
+        return True
 
     # -- the watcher's path ------------------------------------------------------------------------
 

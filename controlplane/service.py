@@ -505,12 +505,13 @@ class ControlPlane:
             return []
         self.counters.triton_reachable = True
         waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
-        self.changesets.sweep()
         opened = self.registry.open_deployments()
         rank = {m: i for i, m in enumerate(self.changesets.steps_first([d.model for d in opened]))}
         for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
             if self.deployer.lock(deployment.model).locked():
                 continue  # in flight in this process, not interrupted
+            if self.changesets.recover(deployment):  # an ensemble a change set left pointed at private steps
+                continue
             outcome = self.deployer.recover(deployment)
             if outcome is None:
                 waiting.append(deployment.model)
@@ -527,6 +528,7 @@ class ControlPlane:
         for model, digest in ((m, digests[m]) for m in self.changesets.steps_first(list(digests))):  # steps first
             outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
             log.warning("%s: %s", model, outcome.message)
+        self.changesets.sweep()  # after the ensembles stopped using them
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift
 

@@ -264,6 +264,50 @@ def test_repeated_coordinated_edits_never_fail_a_request(pipe_daemon: DaemonProc
     assert all(failed == 0 for failed, _, _ in runs), runs
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_daemon_killed_mid_set_rolls_the_whole_set_forward(tmp_path: Path) -> None:
+    """The daemon dies (TRITONCTL_FAULT=after_load) while the public steps deploy, the ensemble serving
+    through the private names: its tritonserver keeps answering, and the restarted daemon deploys the
+    rest of the set and points the ensemble back at the public steps; 0 failed requests throughout."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_pipe(repo, "t1", 10)
+    state = tmp_path / "state"
+    first = DaemonProcess(repo, state, settle_s=0.3, env={"TRITONCTL_FAULT": "after_load"})
+    plain = DaemonProcess(repo, state, settle_s=0.3)
+    try:
+        plain.start()
+        wait_for(lambda: plain.model_status("pipe").get("state") == "serving", 90, 0.3, "pipe serving")
+        url = plain.triton_url()
+        plain.proc.send_signal(9)  # type: ignore[union-attr] - its tritonserver keeps serving (adopted next)
+        plain.proc.wait()  # type: ignore[union-attr]
+        first.start()
+        with request_every(url, pipe_answer) as stats:
+            time.sleep(0.3)
+            write_pipe(repo, "t2", 30)
+            wait_for(lambda: first.proc is not None and first.proc.poll() is not None, 60, 0.1, "the fault's exit")
+            assert first.proc is not None and first.proc.returncode == 97, first.log_tail()
+            assert [p.name for p in (state / "serving").iterdir() if "__" in p.name]  # killed mid set
+            plain.start()
+            wait_for(lambda: stats["answers"] and stats["answers"][-1] == 60.0, 60, 0.1, "the new pipeline")
+            wait_for(lambda: not [p for p in (state / "serving").iterdir() if "__" in p.name], 30, 0.2,
+                     "private step names removed")
+            time.sleep(0.5)
+        assert stats["failed"] == 0, stats["errors"]
+        for name in ("a", "b", "pipe"):
+            assert plain.model_status(name)["state"] == "serving", plain.model_status(name)
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            steps = client.get_model_config("pipe", as_json=True)["config"]["ensemble_scheduling"]["step"]
+            assert [s["model_name"] for s in steps] == ["a", "b"]
+        finally:
+            client.close()
+    finally:
+        first.stop()
+        plain.stop()
+
+
 # -- the example repository's sentiment_pipeline ------------------------------------------------------
 
 
