@@ -262,6 +262,9 @@ class ChangeSets:
             return []
         try:
             names = [n for n in self.plane.serving.models() if is_private_name(n)]
+            if not names:
+                self._swept = True
+                return []
             used: set[str] = set()
             for ensemble in self._serving_ensembles():
                 try:
