@@ -253,6 +253,39 @@ def test_repository_hold_releases_everything_as_one_set(pipe_daemon: DaemonProce
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ensemble_failing_its_own_smoke_is_the_only_one_quarantined(pipe_daemon: DaemonProcess) -> None:
+    """Over verified private steps, the new ensemble's own smoke.json fails: its fault alone."""
+    client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
+    try:
+        before = pipe_answer(client)
+    finally:
+        client.close()
+    since = last_event_id(pipe_daemon)
+    wrong = {"requests": [{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1]}],
+                           "outputs": [{"name": "y", "data": [[-1]]}]}]}
+    with request_every(pipe_daemon.triton_url(), pipe_answer) as stats:
+        time.sleep(0.3)
+        write_pipe(pipe_daemon.repository, "t8", 80)
+        (pipe_daemon.repository / "pipe" / "smoke.json").write_text(json.dumps(wrong))
+        [event] = wait_for(lambda: changesets(pipe_daemon, since), 120, 0.2, "the change set's audit event")
+        time.sleep(0.5)
+    (pipe_daemon.repository / "pipe" / "smoke.json").unlink()  # then the set without it deploys
+    wait_for(lambda: len(changesets(pipe_daemon, since)) == 2, 120, 0.2, "the set without the bad smoke.json")
+    assert stats["failed"] == 0, stats["errors"]
+    # smoke runs once the new pipeline is READY (as for one model): it may answer until the rollback
+    assert set(stats["answers"]) <= {before, 160.0} and stats["answers"][-1] == before
+    assert event["outcome"] == "rolled_back" and "smoke" in event["message"], event
+    members = {m["model"]: m for m in json.loads(event["message"])["members"]}
+    registry = Registry(f"sqlite:///{pipe_daemon.state_dir / 'registry.db'}")
+    try:
+        quarantined = {name for name, m in members.items() if registry.get_snapshot(name, m["digest"]).quarantined}
+    finally:
+        registry.close()
+    assert quarantined == {"pipe"}
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_repeated_coordinated_edits_never_fail_a_request(pipe_daemon: DaemonProcess) -> None:
     runs = []
