@@ -190,10 +190,17 @@ class ChangeSets:
         out: dict[str, list[str]] = {}
         registry = self.plane.registry
         for record in registry.list_models(states=SERVING_STATES):
-            if record.active_digest:
-                steps = step_models(registry.get_snapshot(record.name, record.active_digest).config)
-                if steps:
-                    out[record.name] = steps
+            if not record.active_digest:
+                continue
+            tree = self.plane.serving.current(record.name)
+            try:  # the published config says cheaply which ones are ensembles; only those are looked up
+                if tree is not None and not is_ensemble_text((tree / CONFIG_FILE).read_text(errors="replace")):
+                    continue
+            except OSError:
+                pass
+            steps = step_models(registry.get_snapshot(record.name, record.active_digest).config)
+            if steps:
+                out[record.name] = steps
         with self._guard:
             self._serving = out
         return dict(out)

@@ -469,7 +469,8 @@ def test_reconcile_order_puts_steps_before_ensembles() -> None:
         list_models=lambda states: [SimpleNamespace(name=n, active_digest="d" * 64) for n in configs],
         get_snapshot=lambda name, digest: SimpleNamespace(config=configs[name]),
     )
-    sets = ChangeSets(SimpleNamespace(registry=registry))  # type: ignore[arg-type]
+    serving = SimpleNamespace(current=lambda name: None)  # no published tree: every config is looked up
+    sets = ChangeSets(SimpleNamespace(registry=registry, serving=serving))  # type: ignore[arg-type]
     ordered = sets.steps_first(["outer", "pipe", "a", "c", "b"])
     assert ordered.index("pipe") > max(ordered.index("a"), ordered.index("b"))
     assert ordered.index("outer") > max(ordered.index("pipe"), ordered.index("c"))
