@@ -38,7 +38,7 @@ def failed_models(status: dict[str, Any]) -> list[str]:
 
 
 @click.command()
-@click.argument("model", required=False)
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
 @click.option("--digest", default="", help="Deploy this recorded snapshot (full digest or unique prefix).")
 @click.option("--tag", "tag", default="", metavar="NAME", help="Deploy what tag NAME points to (`tritonctl tags`).")
 @click.option("--force", is_flag=True, help="Retry a quarantined digest, or reload the active one.")
@@ -48,9 +48,12 @@ def failed_models(status: dict[str, Any]) -> list[str]:
               help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
 @json_option
 @daemon_options
-def load(client: ControlClient, model: str | None, digest: str, tag: str, force: bool, failed: bool, no_wait: bool,
-         host: str, as_json: bool) -> None:
+def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, force: bool, failed: bool,
+         no_wait: bool, host: str, as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
+
+    Several MODELs (an ensemble and its steps) deploy as one change set: the old pipeline answers
+    until the new one does, and any failure rolls the whole set back.
 
     \b
     Examples:
@@ -60,6 +63,14 @@ def load(client: ControlClient, model: str | None, digest: str, tag: str, force:
       tritonctl load linear --force      # retry a quarantined digest
       tritonctl load --failed            # retry every model whose last deploy failed
     """
+    model = models[0] if models else None
+    if len(models) > 1:
+        if digest or tag or host or failed:
+            raise UsageError("--digest, --tag, --host and --failed take one MODEL, not a change set of several")
+        with render.progress_display(as_json) as show:
+            result = client.load(models[0], "", force, wait=not no_wait, on_progress=show, models=list(models))
+        _finish(result, as_json)
+        return
     if failed:
         if model or digest or tag:
             raise UsageError("--failed takes no MODEL, --digest or --tag: it retries every model whose last deploy "

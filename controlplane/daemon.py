@@ -164,6 +164,7 @@ class Daemon:
             self.plane.watch_info = getattr(self.watcher, "watch_info", None)
             self.plane.settling = self._settling
             self.plane.capture_margin_s = getattr(self.watcher, "capture_margin_s", None)
+            self.plane.changesets.pending = getattr(self.watcher, "settling", None)  # the last to settle deploys a set
             if self.metrics is not None:
                 self.metrics.backlog = self.watcher.backlog
             self.watcher.start()

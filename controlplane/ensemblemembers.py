@@ -11,6 +11,7 @@ lists the models an ensemble needs, for `load` (members first) and `unload --dep
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from controlplane.ensemblecheck import EnsembleFinding, Member, as_config, check_ensemble_members, is_ensemble
@@ -33,7 +34,11 @@ def step_models(config: dict[str, Any] | None) -> list[str]:
     return names
 
 
-def _member(registry: Registry, name: str, *, served_only: bool) -> Member | None:
+def _member(registry: Registry, name: str, *, served_only: bool,
+            overrides: Mapping[str, SnapshotRecord] | None = None) -> Member | None:
+    override = (overrides or {}).get(name)
+    if override is not None and override.config is not None:  # a change set's member: its new content
+        return Member(as_config(override.config), override.served_versions)
     record = registry.find_model(name)
     if record is None or record.removed_at is not None:
         return None
@@ -50,26 +55,31 @@ def _member(registry: Registry, name: str, *, served_only: bool) -> Member | Non
 
 
 def _findings(registry: Registry, model: str, config: dict[str, Any] | None, *,
-              served_only: bool) -> list[EnsembleFinding]:
+              served_only: bool, overrides: Mapping[str, SnapshotRecord] | None = None) -> list[EnsembleFinding]:
     if config is None:
         return []
     parsed = as_config(config)
     if not is_ensemble(parsed):
         return []
-    return check_ensemble_members(parsed, model, lambda name: _member(registry, name, served_only=served_only))
+    return check_ensemble_members(parsed, model, lambda name: _member(registry, name, served_only=served_only,
+                                                                           overrides=overrides))
 
 
-def content_problems(registry: Registry, model: str, config: dict[str, Any] | None) -> list[dict[str, str]]:
+def content_problems(registry: Registry, model: str, config: dict[str, Any] | None,
+                     overrides: Mapping[str, SnapshotRecord] | None = None) -> list[dict[str, str]]:
     """The ensemble's problems against its step models' recorded configs, as snapshot problems;
-    steps that are not in the registry yet are not the content's fault and are left out."""
+    steps that are not in the registry yet are not the content's fault and are left out. `overrides`:
+    the new snapshots of the steps that change with the ensemble in one change set."""
     return [{"file": f"{model}/config.pbtxt", "field": f.field, "message": f.message, "severity": f.severity}
-            for f in _findings(registry, model, config, served_only=False) if not f.environment]
+            for f in _findings(registry, model, config, served_only=False, overrides=overrides)
+            if not f.environment]
 
 
-def require_members(registry: Registry, snap: SnapshotRecord) -> None:
+def require_members(registry: Registry, snap: SnapshotRecord,
+                    overrides: Mapping[str, SnapshotRecord] | None = None) -> None:
     """Before deploying an ensemble: every step model served by this daemon, in the version the
     step asks for (EnvironmentFault otherwise), and fitting the ensemble (ModelConfigError)."""
-    findings = _findings(registry, snap.model, snap.config, served_only=True)
+    findings = _findings(registry, snap.model, snap.config, served_only=True, overrides=overrides)
     environment = [f for f in findings if f.environment]
     if environment:
         f = environment[0]

@@ -22,6 +22,14 @@ DIGEST_LENGTH = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
 _NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.-]", re.ASCII)
 _HEX_RE = re.compile(r"[0-9a-f]+", re.ASCII)
+# A change set's private step names (controlplane/changeset.py): `<model>__<8 hex>`. Reserved, so that a
+# user's model can never be taken for (or collide with) one.
+PRIVATE_NAME_RE = re.compile(r".+__[0-9a-f]{8}", re.ASCII)
+
+
+def is_private_name(name: str) -> bool:
+    """Whether `name` is a change set's private step name (never a model of its own)."""
+    return bool(PRIVATE_NAME_RE.fullmatch(name))
 
 
 def _shown(value: str, limit: int = 60) -> str:
@@ -49,6 +57,9 @@ def validate_model_name(name: str) -> str:
     if bad is not None:
         what = "a space" if bad == " " else f"the character {ascii(bad)}"
         raise UsageError(f"model name {_shown(name)} contains {what}: use only A-Z a-z 0-9 _ . -")
+    if is_private_name(name):
+        raise UsageError(f"model name {_shown(name)} ends in '__' and 8 hex digits, which tritonctl reserves "
+                         "for change sets' private step names")
     if not _NAME_RE.fullmatch(name):  # pragma: no cover - the checks above cover every way to fail
         raise UsageError(f"model name {_shown(name)} is not valid")
     return name

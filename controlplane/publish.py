@@ -86,13 +86,16 @@ class ServingRepository:
         snapshot: Snapshot,
         store: ContentStore,
         config_transform: Callable[[str], str] | None = None,
+        name: str | None = None,
     ) -> Path:
         """Build a fresh tree for `snapshot` and make `serving/<model>` point at it; returns the tree.
 
         `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`);
         a snapshot without one is published as it is. On any failure the link is left unchanged.
+        `name` publishes it under another model name (a change set's private step name,
+        controlplane/changeset.py; the transform then renames the config to match).
         """
-        model = snapshot.model
+        model = name or snapshot.model
         check_model_name(model)
         base = self.published_root / model
         base.mkdir(parents=True, exist_ok=True)

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import queries, tags
+from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
 from controlplane.ensemblemembers import content_problems, step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
 from controlplane.modelconfig import validate_model_dir
-from controlplane.names import validate_digest, validate_model_name
+from controlplane.names import is_private_name, validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import SERVING_STATES, Drift, plan
 from controlplane.results import GcResult, HoldResult, PinResult, PolicyResult, StatusResult, VersionState
@@ -87,9 +88,11 @@ class ControlPlane:
         # The FleetMember with --fleet: rollback, unload, pin, unpin and policy act on the fleet, or with
         # `host` on this host only, which the fleet then holds (controlplane/fleet/verbs.py).
         self.fleet: Any = None
+        self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
+        self.changesets.note(outcome)  # its map of serving ensembles
         if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
             self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):
@@ -113,7 +116,8 @@ class ControlPlane:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def capture(self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True) -> SnapshotRecord:
+    def capture(self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True,
+                members: dict[str, SnapshotRecord] | None = None) -> SnapshotRecord:
         """Snapshot the model's source now, validate the immutable tree, record it (once per content).
 
         `settled` (the watcher's captures): refuse, as "still changing", a source that changed within
@@ -143,7 +147,8 @@ class ControlPlane:
                 }
                 for p in result.problems
             ]
-            ensemble = content_problems(self.registry, model, result.config) if result.ok else []
+            # `members`: a change set's new step snapshots (controlplane/changeset.py), checked instead
+            ensemble = content_problems(self.registry, model, result.config, members) if result.ok else []
             problems += ensemble
             record, new = self.registry.record_snapshot(
                 model,
@@ -186,6 +191,9 @@ class ControlPlane:
                                "removed from the source repository; what serves keeps serving")
                 )
             return None
+        taken, outcome = self.changesets.settled(model)  # connected through ensembles: one change set
+        if taken:
+            return outcome
         with self._capture_lock(model):
             return self._capture_and_decide(model)
 
@@ -320,6 +328,16 @@ class ControlPlane:
             return failed
         return self.deployer.deploy(model, target, actor, force=force, progress=progress)
 
+    def load_set(self, models: list[str], actor: str, force: bool = False,
+                 progress: ProgressFn | None = None) -> Outcome:
+        """`tritonctl load a b pipe`: the named models as one change set (controlplane/changeset.py)."""
+        if len(models) == 1:
+            return self.load(models[0], actor, force=force, progress=progress)
+        if self.fleet is not None or self.settings.repository is None:
+            raise UsageError("loading several models as one change set needs a local source repository "
+                             "and no --fleet")
+        return self.changesets.load(models, actor, force, progress)
+
     def _load_members(self, model: str, digest: str, actor: str, progress: ProgressFn | None,
                       chain: tuple[str, ...]) -> Outcome | None:
         """An ensemble's members that do not serve are loaded first, in step order (recursively).
@@ -437,7 +455,8 @@ class ControlPlane:
     # -- state ----------------------------------------------------------------------------------
 
     def _triton_view(self) -> tuple[list[IndexEntry], dict[str, str | None]]:
-        index = self.triton.index()
+        # a change set's private step names are no models of their own (controlplane/changeset.py)
+        index = [e for e in self.triton.index() if not is_private_name(e.name)]
         served: dict[str, str | None] = {}
         for name in sorted({e.name for e in index if e.state == "READY"}):
             try:
@@ -499,9 +518,13 @@ class ControlPlane:
             return []
         self.counters.triton_reachable = True
         waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
-        for deployment in self.registry.open_deployments():
+        opened = self.registry.open_deployments()
+        rank = {m: i for i, m in enumerate(self.changesets.steps_first([d.model for d in opened]))}
+        for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
             if self.deployer.lock(deployment.model).locked():
                 continue  # in flight in this process, not interrupted
+            if self.changesets.recover(deployment):  # an ensemble a change set left pointed at private steps
+                continue
             outcome = self.deployer.recover(deployment)
             if outcome is None:
                 waiting.append(deployment.model)
@@ -514,9 +537,11 @@ class ControlPlane:
         result = plan(desired, index, served, busy)
         ready = {e.name for e in index if e.state == "READY"}
         self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
-        for model, digest in result.restore:
+        digests = dict(result.restore)
+        for model, digest in ((m, digests[m]) for m in self.changesets.steps_first(list(digests))):  # steps first
             outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
             log.warning("%s: %s", model, outcome.message)
+        self.changesets.sweep()  # after the ensembles stopped using them
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift
 

@@ -41,6 +41,7 @@ SERVER_TIERS = frozenset(TIER_FIXTURES)
 SERVER_MODULES = {
     "test_bench_quick": ("triton",),
     "test_bench_smoke": ("triton",),  # the bench records the tritonserver version: it starts one briefly
+    "test_changesets": ("triton",),
     "test_concurrency": ("triton",),
     "test_corpus_e2e": ("triton",),
     "test_crash": ("triton",),

@@ -89,8 +89,10 @@ class ControlClient:
         return dict(self._unary(self._stub.Ping, pb.PingRequest(), timeout_s=5.0))
 
     def load(self, model: str, digest: str = "", force: bool = False, wait: bool = True,
-             on_progress: Callable[[pb.Progress], None] | None = None, host: str = "", tag: str = "") -> dict[str, Any]:
-        request = pb.LoadRequest(model=model, digest=digest, force=force, wait=wait, host=host, tag=tag)
+             on_progress: Callable[[pb.Progress], None] | None = None, host: str = "", tag: str = "",
+             models: list[str] | None = None) -> dict[str, Any]:
+        request = pb.LoadRequest(model=model, digest=digest, force=force, wait=wait, host=host, tag=tag,
+                                 models=models or [])
         return self._stream(self._stub.Load, request, on_progress)
 
     def rollback(self, model: str, to_digest: str = "",

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontrolplane/api/control.proto\x12\x0ctritonctl.v1\"d\n\x0bLoadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03tag\x18( \x01(\t\"`\n\x0fRollbackRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tto_digest\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x0e\n\x06to_tag\x18( \x01(\t\"O\n\rUnloadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\ndependents\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"\x1f\n\rStatusRequest\x12\x0e\n\x06models\x18\x01 \x03(\t\"<\n\rPolicyRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\"9\n\nPinRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\"\x19\n\tGcRequest\x12\x0c\n\x04keep\x18\x01 \x01(\x05\"\r\n\x0bPingRequest\"I\n\nTagRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65lete\x18\x04 \x01(\x08\"\x8c\x01\n\x08Progress\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x13\n\x0bresult_json\x18\x08 \x01(\t\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\xbb\x04\n\x07\x43ontrol\x12;\n\x04Load\x12\x19.tritonctl.v1.LoadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12\x43\n\x08Rollback\x12\x1d.tritonctl.v1.RollbackRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12?\n\x06Unload\x12\x1b.tritonctl.v1.UnloadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12>\n\x06Status\x12\x1b.tritonctl.v1.StatusRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x41\n\tSetPolicy\x12\x1b.tritonctl.v1.PolicyRequest\x1a\x17.tritonctl.v1.JsonReply\x12;\n\x06SetPin\x12\x18.tritonctl.v1.PinRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x36\n\x02Gc\x12\x17.tritonctl.v1.GcRequest\x1a\x17.tritonctl.v1.JsonReply\x12:\n\x04Ping\x12\x19.tritonctl.v1.PingRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x39\n\x03Tag\x12\x18.tritonctl.v1.TagRequest\x1a\x16.tritonctl.v1.Progress0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontrolplane/api/control.proto\x12\x0ctritonctl.v1\"t\n\x0bLoadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03tag\x18( \x01(\t\x12\x0e\n\x06models\x18< \x03(\t\"`\n\x0fRollbackRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tto_digest\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x0e\n\x06to_tag\x18( \x01(\t\"O\n\rUnloadRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\ndependents\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"\x1f\n\rStatusRequest\x12\x0e\n\x06models\x18\x01 \x03(\t\"<\n\rPolicyRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\"9\n\nPinRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x0c\n\x04host\x18\x03 \x01(\t\"\x19\n\tGcRequest\x12\x0c\n\x04keep\x18\x01 \x01(\x05\"\r\n\x0bPingRequest\"I\n\nTagRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65lete\x18\x04 \x01(\x08\"\x8c\x01\n\x08Progress\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x13\n\x0bresult_json\x18\x08 \x01(\t\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\xbb\x04\n\x07\x43ontrol\x12;\n\x04Load\x12\x19.tritonctl.v1.LoadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12\x43\n\x08Rollback\x12\x1d.tritonctl.v1.RollbackRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12?\n\x06Unload\x12\x1b.tritonctl.v1.UnloadRequest\x1a\x16.tritonctl.v1.Progress0\x01\x12>\n\x06Status\x12\x1b.tritonctl.v1.StatusRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x41\n\tSetPolicy\x12\x1b.tritonctl.v1.PolicyRequest\x1a\x17.tritonctl.v1.JsonReply\x12;\n\x06SetPin\x12\x18.tritonctl.v1.PinRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x36\n\x02Gc\x12\x17.tritonctl.v1.GcRequest\x1a\x17.tritonctl.v1.JsonReply\x12:\n\x04Ping\x12\x19.tritonctl.v1.PingRequest\x1a\x17.tritonctl.v1.JsonReply\x12\x39\n\x03Tag\x12\x18.tritonctl.v1.TagRequest\x1a\x16.tritonctl.v1.Progress0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,27 +32,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'controlplane.api.control_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LOADREQUEST']._serialized_start=48
-  _globals['_LOADREQUEST']._serialized_end=148
-  _globals['_ROLLBACKREQUEST']._serialized_start=150
-  _globals['_ROLLBACKREQUEST']._serialized_end=246
-  _globals['_UNLOADREQUEST']._serialized_start=248
-  _globals['_UNLOADREQUEST']._serialized_end=327
-  _globals['_STATUSREQUEST']._serialized_start=329
-  _globals['_STATUSREQUEST']._serialized_end=360
-  _globals['_POLICYREQUEST']._serialized_start=362
-  _globals['_POLICYREQUEST']._serialized_end=422
-  _globals['_PINREQUEST']._serialized_start=424
-  _globals['_PINREQUEST']._serialized_end=481
-  _globals['_GCREQUEST']._serialized_start=483
-  _globals['_GCREQUEST']._serialized_end=508
-  _globals['_PINGREQUEST']._serialized_start=510
-  _globals['_PINGREQUEST']._serialized_end=523
-  _globals['_TAGREQUEST']._serialized_start=525
-  _globals['_TAGREQUEST']._serialized_end=598
-  _globals['_PROGRESS']._serialized_start=601
-  _globals['_PROGRESS']._serialized_end=741
-  _globals['_JSONREPLY']._serialized_start=743
-  _globals['_JSONREPLY']._serialized_end=768
-  _globals['_CONTROL']._serialized_start=771
-  _globals['_CONTROL']._serialized_end=1342
+  _globals['_LOADREQUEST']._serialized_end=164
+  _globals['_ROLLBACKREQUEST']._serialized_start=166
+  _globals['_ROLLBACKREQUEST']._serialized_end=262
+  _globals['_UNLOADREQUEST']._serialized_start=264
+  _globals['_UNLOADREQUEST']._serialized_end=343
+  _globals['_STATUSREQUEST']._serialized_start=345
+  _globals['_STATUSREQUEST']._serialized_end=376
+  _globals['_POLICYREQUEST']._serialized_start=378
+  _globals['_POLICYREQUEST']._serialized_end=438
+  _globals['_PINREQUEST']._serialized_start=440
+  _globals['_PINREQUEST']._serialized_end=497
+  _globals['_GCREQUEST']._serialized_start=499
+  _globals['_GCREQUEST']._serialized_end=524
+  _globals['_PINGREQUEST']._serialized_start=526
+  _globals['_PINGREQUEST']._serialized_end=539
+  _globals['_TAGREQUEST']._serialized_start=541
+  _globals['_TAGREQUEST']._serialized_end=614
+  _globals['_PROGRESS']._serialized_start=617
+  _globals['_PROGRESS']._serialized_end=757
+  _globals['_JSONREPLY']._serialized_start=759
+  _globals['_JSONREPLY']._serialized_end=784
+  _globals['_CONTROL']._serialized_start=787
+  _globals['_CONTROL']._serialized_end=1358
 # @@protoc_insertion_point(module_scope)

@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LoadRequest(_message.Message):
-    __slots__ = ("model", "digest", "force", "wait", "host", "tag")
+    __slots__ = ("model", "digest", "force", "wait", "host", "tag", "models")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     digest: str
     force: bool
     wait: bool
     host: str
     tag: str
-    def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ..., host: _Optional[str] = ..., tag: _Optional[str] = ...) -> None: ...
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., digest: _Optional[str] = ..., force: _Optional[bool] = ..., wait: _Optional[bool] = ..., host: _Optional[str] = ..., tag: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
     __slots__ = ("model", "to_digest", "host", "force", "to_tag")

@@ -97,6 +97,10 @@ class ControlServicer(pb_grpc.ControlServicer):
         actor = _actor(context)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
+            if len(request.models) > 1:  # one change set (controlplane/changeset.py)
+                if request.digest or request.host or request.tag:
+                    raise errors.UsageError("--digest, --tag and --host take one MODEL, not a change set of several")
+                return self.plane.load_set(list(request.models), actor, request.force, progress)
             digest = request.digest
             if request.tag:  # `load MODEL --tag NAME` (controlplane/tags.py)
                 digest = tags.tag_digest(tags.tag_registry(self.plane), request.model, request.tag)
@@ -104,7 +108,8 @@ class ControlServicer(pb_grpc.ControlServicer):
 
         if not request.wait:
             try:
-                validate_model_name(request.model)
+                for name in request.models or [request.model]:
+                    validate_model_name(name)
             except errors.TritonctlError as exc:
                 _abort(context, exc)
             def run_logged() -> None:
