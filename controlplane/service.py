@@ -31,6 +31,7 @@ from controlplane.store.records import ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.sync import rollback_holds, sync_state
 from controlplane.triton.client import IndexEntry, TritonClient
+from controlplane.vocab import Cause, Result
 
 log = logging.getLogger("tritonctl.service")
 
@@ -92,11 +93,11 @@ class ControlPlane:
         if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
             self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):
-            if outcome.cause in ("environment", "triton_unreachable") and outcome.digest:
+            if outcome.retried and outcome.digest:
                 retry = self.retries.failed(outcome.model, outcome.digest, outcome.message)
                 log.warning("%s: not the content's fault; retry %d in %d s", outcome.model, retry.attempt,
                             retry.seconds_left())
-            elif outcome.outcome != "failed" or outcome.cause == "content":
+            elif outcome.outcome != Result.FAILED or outcome.cause == Cause.CONTENT:
                 self.retries.clear(outcome.model)
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
@@ -333,7 +334,7 @@ class ControlPlane:
                 message = f"member {member} could not be loaded: {outcome.message if outcome else 'too deep'}"
                 self.registry.audit(AuditEntry(actor, "deploy", model, digest, "failed", message))
                 return Outcome(model, "deploy", "failed", digest, None, message,
-                               cause=outcome.cause if outcome else "")
+                               cause=Cause(outcome.cause) if outcome else Cause.NONE)
         return None
 
     def _collected_when(self, snap: SnapshotRecord) -> str:
