@@ -126,26 +126,24 @@ class Outcome:
         }
 
 
+@dataclass
 class DeployOperation:
     """One operation on one model, from its first step to its outcome: what it deploys (`digest`),
     what served before (`previous`), its registry deployment once begun, when it started, the steps
     streamed so far. Its methods finish it (`refuse`, `skip`, `commit`, `end`, `audited`), each
     recording the ending in the registry and reporting the Outcome (`report`: metrics, retries)."""
 
-    def __init__(self, registry: Registry, report: Callable[[Outcome], None], model: str, digest: str | None,
-                 previous: str | None, actor: str, kind: str, *, progress: ProgressFn | None = None,
-                 deployment: DeploymentRecord | None = None) -> None:
-        self.registry = registry
-        self.report = report
-        self.model = model
-        self.digest = digest
-        self.previous = previous
-        self.actor = actor
-        self.kind = kind
-        self.progress = progress
-        self.deployment = deployment
-        self.started = time.monotonic()
-        self.steps: list[Progress] = []
+    registry: Registry
+    report: Callable[[Outcome], None]
+    model: str
+    digest: str | None
+    previous: str | None
+    actor: str
+    kind: str
+    progress: ProgressFn | None = None
+    deployment: DeploymentRecord | None = None
+    started: float = field(default_factory=time.monotonic)
+    steps: list[Progress] = field(default_factory=list)
 
     @classmethod
     def resume(cls, registry: Registry, report: Callable[[Outcome], None],
@@ -243,6 +241,16 @@ class TritonPort(Protocol):
 
 class VerifyError(TritonctlError):
     """Triton answered OK but does not serve what was published."""
+
+
+def admission(snap: SnapshotRecord, *, force: bool, where: str) -> str | None:
+    """Why a recorded content is not sent on (to Triton; the fleet: to its hosts), or None: invalid
+    content never, quarantined content only with force."""
+    if not snap.valid:
+        return f"invalid, not sent to {where}: {snap.first_error}"
+    if snap.quarantined and not force:
+        return f"digest {snap.digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry"
+    return None
 
 
 def stamp_digest(digest: str) -> Callable[[str], str]:
@@ -367,8 +375,9 @@ class Deployer:
             return self._deploy_locked(model, digest, actor, force=force, kind=kind, progress=progress)
 
     def _operation(self, model: str, digest: str | None, previous: str | None, actor: str, kind: str,
-                   progress: ProgressFn | None = None) -> DeployOperation:
-        return DeployOperation(self.registry, self._report, model, digest, previous, actor, kind, progress=progress)
+                   progress: ProgressFn | None = None, started: float | None = None) -> DeployOperation:
+        return DeployOperation(self.registry, self._report, model, digest, previous, actor, kind, progress=progress,
+                               started=time.monotonic() if started is None else started)
 
     def _deploy_locked(
         self, model: str, digest: str, actor: str, *, force: bool, kind: str, progress: ProgressFn | None
@@ -378,8 +387,7 @@ class Deployer:
         current = self.registry.ensure_model(model)
         previous = current.active_digest if current.state in SERVING_STATES else None
         digest = snap.digest
-        op = self._operation(model, digest, previous, actor, kind, progress)
-        op.started = started
+        op = self._operation(model, digest, previous, actor, kind, progress, started)
         op.emit(DeployStep.VALIDATE, StepState.START)
         refusal = self._refusal(snap, force)
         if refusal is not None:
@@ -410,11 +418,9 @@ class Deployer:
 
     def _refusal(self, snap: SnapshotRecord, force: bool) -> tuple[str, Cause] | None:
         """Why a recorded snapshot is not sent to Triton (message, whose fault), or None."""
-        if not snap.valid:
-            return f"invalid, not sent to Triton: {snap.first_error}", Cause.NONE
-        if snap.quarantined and not force:
-            return (f"digest {snap.digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry",
-                    Cause.NONE)
+        refused = admission(snap, force=force, where="Triton")
+        if refused is not None:
+            return refused, Cause.NONE
         try:
             require_members(self.registry, snap)
         except EnvironmentFault as exc:  # an ensemble whose steps this daemon lacks yet: retried

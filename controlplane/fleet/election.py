@@ -23,11 +23,11 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from controlplane.store.fleet import APPLICATION_PREFIX, HOST_LOCK_CLASS, LEADER_LOCK
+
 log = logging.getLogger("tritonctl.fleet.election")
 
-LEADER_LOCK = 0x7472_6974  # "trit": classid 0, objid this, in pg_locks
-APPLICATION_PREFIX = "tritonctl-leader:"
-HOST_LOCK_CLASS = 0x7472_6968  # "trih": pg_locks classid of every live daemon's host lock (objsubid 2)
+# The lock keys live with the fleet's tables (controlplane.store.fleet reads pg_locks for them).
 
 
 def host_lock_key(host: str) -> int:
@@ -116,14 +116,3 @@ class LeaderElection:
                 log.warning("leader election: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 self._drop()
             self._stop.wait(self.interval_s)
-
-
-HOST_SESSIONS_QUERY = """
-SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :cls AND l.objsubid = 2
-"""
-
-LEADER_QUERY = """
-SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = :key
-"""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -27,8 +26,7 @@ def hosts(registry: Registry, timeout_s: float = 10.0) -> list[dict[str, Any]]:
 
 def rollouts(registry: Registry, all_states: bool = True, limit: int = 20) -> list[dict[str, Any]]:
     states = OPEN_ROLLOUT + ("done", "rolled_back") if all_states else OPEN_ROLLOUT
-    return [_json({**r, "steps": [asdict(s) for s in r["steps"]]})
-            for r in FleetStore(registry).rollouts(states, limit)]
+    return [_json(r.to_json()) for r in FleetStore(registry).rollouts(states, limit)]
 
 
 def matrix(registry: Registry) -> dict[str, Any]:

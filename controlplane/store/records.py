@@ -46,9 +46,12 @@ class ModelRecord:
 
 
 @dataclass(frozen=True)
-class SnapshotRecord:
-    model: str
-    digest: str
+class SnapshotContent:
+    """What is recorded about one captured content: its manifest and what validation found.
+
+    Built from a validation (controlplane.pipeline); a SnapshotRecord is one too, so the fleet records
+    a host's record into the shared registry, and the shared record into a host's, as it is."""
+
     manifest: str
     config: dict[str, Any] | None
     versions: list[int]
@@ -56,6 +59,14 @@ class SnapshotRecord:
     valid: bool
     problems: list[dict[str, str]]
     total_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotRecord(SnapshotContent):
+    """A recorded content of a model, with what the registry knows about it since."""
+
+    model: str
+    digest: str
     first_seen: datetime
     last_seen: datetime
     quarantined: bool
@@ -72,7 +83,7 @@ class SnapshotRecord:
     def to_json(self) -> dict[str, Any]:
         data = _jsonable(self)
         data.pop("manifest")
-        return data
+        return {"model": data.pop("model"), "digest": data.pop("digest"), **data}
 
 
 @dataclass(frozen=True)

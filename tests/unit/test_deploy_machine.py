@@ -273,8 +273,9 @@ def test_a_host_capability_check_fails_before_anything_is_published(bench: Bench
         def load(self, model: str, load: object) -> None:  # pragma: no cover - never reached
             raise AssertionError
 
-    bench.deployer.host = NoBackend()  # type: ignore[assignment]
-    outcome = bench.deployer.deploy("m", bench.record(1), "alice")
+    deployer = Deployer(bench.registry, bench.store, bench.serving, bench.triton,
+                        host=NoBackend())  # type: ignore[arg-type]
+    outcome = deployer.deploy("m", bench.record(1), "alice")
     assert (outcome.outcome, outcome.cause) == (Result.FAILED, Cause.ENVIRONMENT)
     assert bench.triton.calls == [("unload", "m", None)]  # nothing to roll back to: taken out
 
