@@ -26,7 +26,7 @@ from controlplane.fleet.rollouts import FLEET_ACTOR, RolloutMachine, plan_waves
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedstore import open_shared_store
 from controlplane.fleet.verbs import FleetVerbs
-from controlplane.store.fleet import CHANNEL, FleetStore, Rollout
+from controlplane.store.fleet import FleetStore, Rollout, listen
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry, utcnow
 
@@ -118,7 +118,7 @@ class FleetMember:
                 self._stop.wait(self.fleet.poll_s)
                 continue
             try:
-                conn.execute(f"LISTEN {CHANNEL}")
+                listen(conn)
                 while not self._stop.is_set():
                     for _ in conn.notifies(timeout=self.fleet.poll_s, stop_after=1):
                         self._wake_agent.set()

@@ -7,6 +7,7 @@ a step twice even if it is woken twice. `notify` wakes every host listening on `
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -14,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, text, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from controlplane.errors import StoreError
@@ -37,6 +39,45 @@ LEADER_QUERY = """
 SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = :key
 """
+
+
+# -- the dedicated session (psycopg, autocommit) that holds the fleet's locks and LISTENs ----------
+
+def host_lock_key(host: str) -> int:
+    return zlib.crc32(host.encode()) & 0x7FFF_FFFF
+
+
+def take_host_lock(conn: Any, host: str) -> bool:
+    """Hold `host`'s session lock on `conn` until the session ends; False if another session holds it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (HOST_LOCK_CLASS, host_lock_key(host))).fetchone()
+    return bool(row and row[0])
+
+
+def libpq_url(url: str) -> str:
+    """A SQLAlchemy URL (postgresql+psycopg://...) as a libpq connection URI."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def connect(url: str, application_name: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(libpq_url(url), autocommit=True, connect_timeout=5, application_name=application_name,
+                           keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+
+
+def try_leader_lock(conn: Any) -> bool:
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,)).fetchone()
+    return bool(row and row[0])
+
+
+def check_session(conn: Any) -> None:
+    """Raises when the session (and with it every lock it held) is gone."""
+    conn.execute("SELECT 1")
+
+
+def listen(conn: Any) -> None:
+    """Receive `notify`'s wake-ups on `conn` (read them with `conn.notifies(...)`)."""
+    conn.execute(f"LISTEN {CHANNEL}")
 
 
 @dataclass(frozen=True)
