@@ -23,6 +23,7 @@ from controlplane.modelconfig import validate_model_dir
 from controlplane.publish import ServingRepository
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
+from controlplane.store.records import DeploymentRecord
 from controlplane.store.registry import AuditQuery, Registry
 from controlplane.vocab import Cause, ModelState, Result
 from tests.harness import write_gen_model
@@ -337,9 +338,19 @@ def test_a_failed_restore_is_recorded_as_the_models_last_error(bench: Bench) -> 
 # -- recover: a deployment a crash interrupted ---------------------------------------------------
 
 
-def interrupted(bench: Bench, kind: str, digest: str | None, previous: str | None, step: str = "loaded") -> None:
-    deployment = bench.registry.begin_deployment("m", kind, digest, previous, "alice")
-    bench.registry.advance(deployment.id, step)
+def interrupted(bench: Bench, kind: str, digest: str | None, previous: str | None,
+                step: str = "loaded") -> DeploymentRecord:
+    """A deployment a crash left open at `step`, as reconcile finds it."""
+    begun = bench.registry.begin_deployment("m", kind, digest, previous, "alice")
+    bench.registry.advance(begun.id, step)
+    [deployment] = bench.registry.open_deployments()
+    return deployment
+
+
+def recovered(bench: Bench, deployment: DeploymentRecord) -> Outcome:
+    outcome = bench.deployer.recover(deployment)
+    assert outcome is not None, "recovery waited"
+    return outcome
 
 
 def test_recover_rolls_forward_what_triton_serves_as_recorded(bench: Bench) -> None:
@@ -347,10 +358,9 @@ def test_recover_rolls_forward_what_triton_serves_as_recorded(bench: Bench) -> N
     new = bench.record(2)
     bench.deployer._publish("m", new)
     bench.triton.load("m")  # the crash came after the load
-    interrupted(bench, "deploy", new, old)
-    [deployment] = bench.registry.open_deployments()
-    outcome = bench.deployer.recover(deployment)
-    assert outcome is not None and outcome.outcome == Result.OK and outcome.message.startswith("rolled forward")
+    deployment = interrupted(bench, "deploy", new, old)
+    outcome = recovered(bench, deployment)
+    assert outcome.outcome == Result.OK and outcome.message.startswith("rolled forward")
     assert bench.registry.get_model("m").active_digest == new
 
 
@@ -358,12 +368,11 @@ def test_recover_rolls_back_to_the_previous_digest_reloading_it_when_needed(benc
     old = bench.serving_now(1)
     new = bench.record(2)
     bench.deployer._publish("m", new)  # published, never loaded: Triton still serves old
-    interrupted(bench, "deploy", new, old, step="published")
-    [deployment] = bench.registry.open_deployments()
+    deployment = interrupted(bench, "deploy", new, old, step="published")
     bench.triton.load_script = ["ignore"]  # drain's load of the interrupted tree: Triton keeps old
     loads = len(bench.triton.calls)
-    outcome = bench.deployer.recover(deployment)
-    assert outcome is not None and outcome.outcome == Result.ROLLED_BACK
+    outcome = recovered(bench, deployment)
+    assert outcome.outcome == Result.ROLLED_BACK
     assert served(bench) == old and bench.registry.get_model("m").active_digest == old
     assert len([c for c in bench.triton.calls[loads:] if c[0] == "load"]) == 2  # drain's, then old's again
     tree = bench.serving.current("m")
@@ -375,10 +384,9 @@ def test_recover_of_a_rollback_in_progress_never_rolls_forward(bench: Bench) -> 
     new = bench.record(2)
     bench.deployer._publish("m", new)
     bench.triton.load("m")
-    interrupted(bench, "deploy", new, old, step="rolling_back")
-    [deployment] = bench.registry.open_deployments()
-    outcome = bench.deployer.recover(deployment)
-    assert outcome is not None and outcome.outcome == Result.ROLLED_BACK and served(bench) == old
+    deployment = interrupted(bench, "deploy", new, old, step="rolling_back")
+    outcome = recovered(bench, deployment)
+    assert outcome.outcome == Result.ROLLED_BACK and served(bench) == old
 
 
 def test_recover_that_cannot_restore_the_previous_digest_leaves_it_degraded(bench: Bench) -> None:
@@ -386,37 +394,35 @@ def test_recover_that_cannot_restore_the_previous_digest_leaves_it_degraded(benc
     new = bench.record(2)
     bench.deployer._publish("m", new)
     bench.triton.models.clear()
-    interrupted(bench, "deploy", new, old, step="published")
-    [deployment] = bench.registry.open_deployments()
+    deployment = interrupted(bench, "deploy", new, old, step="published")
     bench.triton.load_script = ["ignore", CONTENT_FAILURE]  # drain's load of the tree, then the restore
-    outcome = bench.deployer.recover(deployment)
-    assert outcome is not None and outcome.outcome == Result.FAILED
+    outcome = recovered(bench, deployment)
+    assert outcome.outcome == Result.FAILED
     assert bench.registry.get_model("m").state == ModelState.DEGRADED
 
 
 def test_recover_with_no_previous_digest_takes_the_model_out(bench: Bench) -> None:
     new = bench.record(1)
-    interrupted(bench, "deploy", new, None, step="intent")
-    [deployment] = bench.registry.open_deployments()
-    outcome = bench.deployer.recover(deployment)
-    assert outcome is not None and outcome.outcome == Result.FAILED and "no previous version" in outcome.message
+    deployment = interrupted(bench, "deploy", new, None, step="intent")
+    outcome = recovered(bench, deployment)
+    assert outcome.outcome == Result.FAILED and "no previous version" in outcome.message
     assert bench.registry.get_model("m").state == ModelState.FAILED
 
 
 def test_recover_finishes_an_interrupted_unload(bench: Bench) -> None:
     old = bench.serving_now(1)
-    interrupted(bench, "unload", None, old, step="intent")
-    [deployment] = bench.registry.open_deployments()
-    outcome = bench.deployer.recover(deployment)
-    assert outcome is not None and outcome.outcome == Result.OK and served(bench) is None
+    deployment = interrupted(bench, "unload", None, old, step="intent")
+    outcome = recovered(bench, deployment)
+    assert outcome.outcome == Result.OK and served(bench) is None
     assert bench.registry.get_model("m").state == ModelState.UNLOADED
 
 
 def test_recover_waits_while_triton_still_loads_the_model(bench: Bench) -> None:
     old = bench.serving_now(1)
     bench.triton.models["m"].state = "LOADING"
-    interrupted(bench, "deploy", bench.record(2), old)
-    [deployment] = bench.registry.open_deployments()
-    bench.deployer.load_timeout_s = -60.0 + 0.2  # drain's bound: the load deadline plus the grace
+    deployment = interrupted(bench, "deploy", bench.record(2), old)
+    from controlplane.deploy import ROLLBACK_GRACE_S
+
+    bench.deployer.load_timeout_s = 0.2 - ROLLBACK_GRACE_S  # drain's bound (deadline + grace) is then 0.2 s
     assert bench.deployer.recover(deployment) is None
     assert len(bench.registry.open_deployments()) == 1  # the next reconcile tries again
