@@ -158,7 +158,7 @@ class StepTimer:
 
 
 def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, Any]:
-    import controlplane.service as service_module
+    import controlplane.pipeline as service_module  # validation runs in the shared pipeline
     from controlplane.config import Settings
     from controlplane.publish import ServingRepository
     from controlplane.service import ControlPlane

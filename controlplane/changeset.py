@@ -58,12 +58,14 @@ from controlplane.errors import ObjectStoreError, SnapshotError, StoreError, Tri
 from controlplane.faults import environment_cause
 from controlplane.modelconfig import is_ensemble_text, parse_config_text, stamp_parameter
 from controlplane.names import is_private_name, validate_model_name
+from controlplane.pipeline import capture_passes
 from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.snapshot import CONFIG_FILE, HOLD_FILE
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry
 from controlplane.sync import rollback_holds
 from controlplane.triton.client import DIGEST_PARAMETER
+from controlplane.vocab import Cause, Result
 
 if TYPE_CHECKING:
     from controlplane.service import ControlPlane
@@ -149,9 +151,6 @@ class ChangeSets:
         self._serving: dict[str, list[str]] | None = None  # serving ensemble -> steps (None: not read yet)
         self._skipped: set[frozenset[tuple[str, str]]] = set()
         self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
-        # set by the daemon: the watcher's pending checks (model -> seconds since its last change, None
-        # for a check the consumer asked for)
-        self.pending: Callable[[], dict[str, float | None]] | None = None
 
     # -- grouping --------------------------------------------------------------------------------
 
@@ -342,8 +341,8 @@ class ChangeSets:
             with self._guard:
                 self._held.add(model)
             plane.capture_waits[model] = f"on hold ({HOLD_FILE} present at the repository root)"
-            if plane.reschedule:
-                plane.reschedule(model, max(plane.settings.settle_s, 0.5))
+            if plane.watch:
+                plane.watch.reschedule(model, max(plane.settings.settle_s, 0.5))
             return True, None
         with self._guard:
             held, self._held = self._held, set()
@@ -354,7 +353,8 @@ class ChangeSets:
             group = [model]
         if len(group) == 1 and not held:
             return False, None
-        pending = self.pending() if self.pending else {}
+        hooks = self.plane.watch  # the watcher's pending checks (WatchHooks.pending)
+        pending = hooks.pending() if hooks and hooks.pending else {}
         waiting = [m for m in group if m != model and pending.get(m) is not None]
         if waiting:  # one of them still settles: the last one to settle deploys the set
             with self._guard:
@@ -386,15 +386,15 @@ class ChangeSets:
                 records[model] = plane.capture(model, actor, settled=settled, members=dict(records))
             except (StoreError, ObjectStoreError) as exc:
                 log.error("%s: %s; retrying after the settle window", model, exc)
-                if plane.reschedule and settled:
-                    plane.reschedule(model, max(plane.settings.settle_s, 1.0))
+                if plane.watch and settled:
+                    plane.watch.reschedule(model, max(plane.settings.settle_s, 1.0))
                     return None
                 raise
             except SnapshotError as exc:
                 text = str(exc)
-                if settled and plane.reschedule and any(w in text for w in ("still changing", "on hold", "awaiting")):
+                if settled and plane.watch and capture_passes(exc):
                     plane.capture_waits[model] = text.removeprefix(f"{model}: ")
-                    plane.reschedule(model, plane.settings.settle_s)
+                    plane.watch.reschedule(model, plane.settings.settle_s)
                     return None
                 if not settled:
                     raise
@@ -479,7 +479,7 @@ class ChangeSets:
             why = f"invalid: {bad.first_error}" if not bad.valid else "quarantined; use --force to retry"
             message = f"{bad.model} {bad.digest[:12]} is {why}"
             self._audit(actor, set_id, members, "failed", message, started)
-            return Outcome(label, ACTION, "failed", None, None, message, _ms(started), steps, "content")
+            return Outcome(label, ACTION, Result.FAILED, None, None, message, _ms(started), steps, Cause.CONTENT)
         changed_steps = [m for m in changed if not m.ensemble]
         staged = [m for m in members if m.ensemble and m.previous
                   and set(m.steps) & {s.model for s in changed_steps}]
@@ -489,7 +489,7 @@ class ChangeSets:
             outcome, message = self._in_order(changed, actor, progress, force)
         self._audit(actor, set_id, members, outcome, message, started)
         result = "ok" if outcome == "deployed" else outcome
-        cause = "" if result == "ok" else "content"
+        cause = Cause.NONE if result == "ok" else Cause.CONTENT
         return Outcome(label, ACTION, result, None, None, f"change set {set_id}: {message}", _ms(started), steps,
                        cause)
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controlplane import systemd
 from controlplane.config import Settings
@@ -30,7 +30,7 @@ from controlplane.deploy import Outcome
 from controlplane.errors import LauncherError, TritonctlError
 from controlplane.modelconfig import is_ensemble_dir, is_ensemble_text
 from controlplane.publish import ServingRepository
-from controlplane.service import ControlPlane
+from controlplane.service import ControlPlane, WatchHooks
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
@@ -39,6 +39,13 @@ from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, TritonServer
 from controlplane.watcher import RepositoryWatcher
+
+if TYPE_CHECKING:
+    from controlplane.api.server import ApiServer
+    from controlplane.fleet.member import FleetMember
+    from controlplane.fleet.settings import FleetSettings
+    from controlplane.metrics import Metrics
+    from controlplane.s3source import S3Source
 
 log = logging.getLogger("tritonctl.daemon")
 
@@ -53,10 +60,10 @@ class Daemon:
     """One tritonctl daemon process."""
 
     def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None = None,
-                 fleet: Any = None) -> None:
+                 fleet: FleetSettings | None = None) -> None:
         self.settings = settings
-        self.fleet_settings = fleet  # FleetSettings with --fleet (docs/fleet.md); None: a single host
-        self.fleet: Any = None
+        self.fleet_settings = fleet  # with --fleet (docs/fleet.md); None: a single host
+        self.fleet: FleetMember | None = None
         self.shared_registry: Registry | None = None
         self.reload_settings = reload_settings
         self.stop_requested = threading.Event()
@@ -70,9 +77,9 @@ class Daemon:
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
-        self.watcher: Any = None  # RepositoryWatcher, or S3Source for an s3:// repository
-        self.api: Any = None
-        self.metrics: Any = None
+        self.watcher: RepositoryWatcher | S3Source | None = None  # S3Source for an s3:// repository
+        self.api: ApiServer | None = None
+        self.metrics: Metrics | None = None
         self.plane: ControlPlane | None = None
         self.registry: Registry | None = None
 
@@ -121,52 +128,49 @@ class Daemon:
         if before != after:
             log.info("registry schema upgraded %s -> %s", before or "empty", after)
         if self.fleet_settings is not None:
-            from controlplane.fleet.member import upgrade_shared
-
             self.shared_registry = Registry(settings.registry_url, host=settings.host)
-            upgrade_shared(self.shared_registry)
+            migrate.upgrade_shared(self.shared_registry)
         url, key = self._start_triton()
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         store = ContentStore(settings.state_dir / "store")
         serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
-        self.plane = ControlPlane(settings, self.registry, store, serving, triton, on_outcome=self._on_outcome)
-        self.plane.deployer.host = host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
-                                            log_path=settings.triton_log_path)
-        if self.triton_server is not None:
-            self.plane.http_url = f"http://{self.triton_server.http_url}"
-        if settings.metrics_port:
-            from controlplane.metrics import Metrics
-
-            self.metrics = Metrics(self.plane, settings.metrics_port)
-            self.metrics.start()
-        self.plane.reconcile()
-        if self.fleet_settings is not None:
-            from controlplane.fleet.member import FleetMember
-
-            assert self.shared_registry is not None
-            self.fleet = FleetMember(settings, self.fleet_settings, self.plane, self.shared_registry)
-            self.plane.fleet_load = self.fleet.load
-            self.plane.fleet = self.fleet
-        from controlplane.api.server import ApiServer
-
-        self.api = ApiServer(self.plane, self.executor, settings)
-        self.api.start()
-        if settings.repository_url:
-            self.watcher = self.plane.source = self._object_source()
+        # The watcher is built (not started) before the plane: the plane's constructor takes its hooks.
+        source = self._object_source() if settings.repository_url else None
+        if source is not None:
+            self.watcher = source
         elif settings.repository is not None:
             self.watcher = RepositoryWatcher(
                 settings.repository, self._hand_on, settle_s=settings.settle_s,
                 commit_marker=settings.commit_marker, watch=settings.watch,
                 poll_interval_s=settings.poll_interval_s, rescan_interval_s=settings.rescan_interval_s,
             )
+        watch = None
         if self.watcher is not None:
-            self.plane.reschedule = self.watcher.reschedule
-            self.plane.watch_info = getattr(self.watcher, "watch_info", None)
-            self.plane.settling = self._settling
-            self.plane.capture_margin_s = getattr(self.watcher, "capture_margin_s", None)
-            self.plane.changesets.pending = getattr(self.watcher, "settling", None)  # the last to settle deploys a set
-            if self.metrics is not None:
-                self.metrics.backlog = self.watcher.backlog
+            watch = WatchHooks(reschedule=self.watcher.reschedule,
+                               watch_info=getattr(self.watcher, "watch_info", None),
+                               capture_margin_s=getattr(self.watcher, "capture_margin_s", None),
+                               settling=self._settling,
+                               pending=getattr(self.watcher, "settling", None))
+        self.plane = ControlPlane(
+            settings, self.registry, store, serving, triton, on_outcome=self._on_outcome,
+            host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
+                          log_path=settings.triton_log_path),
+            source=source, watch=watch,
+            http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
+            fleet=self._fleet_member if self.fleet_settings is not None else None,
+        )
+        if settings.metrics_port:
+            from controlplane.metrics import Metrics
+
+            self.metrics = Metrics(self.plane, settings.metrics_port,
+                                   backlog=self.watcher.backlog if self.watcher is not None else None)
+            self.metrics.start()
+        self.plane.reconcile()
+        from controlplane.api.server import ApiServer
+
+        self.api = ApiServer(self.plane, self.executor, settings)
+        self.api.start()
+        if self.watcher is not None:
             self.watcher.start()
             if self.fleet is None:
                 if settings.ready_waits_for_deploys:
@@ -179,13 +183,21 @@ class Daemon:
         systemd.ready(self.status_line())
         log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, self._inference_urls())
 
+    def _fleet_member(self, plane: ControlPlane) -> FleetMember:
+        """The fleet strategy the plane is built with (--fleet): this daemon's part in the fleet."""
+        from controlplane.fleet.member import FleetMember
+
+        assert self.fleet_settings is not None and self.shared_registry is not None
+        self.fleet = FleetMember(self.settings, self.fleet_settings, plane, self.shared_registry)
+        return self.fleet
+
     def _inference_urls(self) -> str:
         server = self.triton_server
         if server is None:
             return ""
         return f"; inference: gRPC {server.grpc_url}, HTTP http://{server.http_url}"
 
-    def _object_source(self) -> Any:
+    def _object_source(self) -> S3Source:
         """The s3:// source (docs/object-storage.md). Wrong credentials or bucket are one logged line:
         what serves keeps serving, and the poller keeps trying (the credentials may be fixed)."""
         from controlplane.errors import ConfigError
@@ -420,14 +432,14 @@ class Daemon:
                 log.warning("reload: %s changed but take effect only after a restart", ", ".join(pending))
             self.settings = new
             if self.plane is not None:
-                self.plane.settings = new
+                self.plane.reconfigure(new)
             if self.watcher is not None:
                 self.watcher.set_settle(new.settle_s)
             if self.fleet is not None:
                 from controlplane.fleet.settings import from_settings
 
                 try:  # canaries, wave size, liveness window and converge period apply from the next use
-                    self.fleet.fleet = from_settings(new)
+                    self.fleet.reconfigure(from_settings(new))
                 except TritonctlError as exc:
                     log.error("reload: fleet settings refused, keeping the running ones: %s", exc)
             logging.getLogger("tritonctl").setLevel(new.log_level.upper())

@@ -17,7 +17,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -33,7 +35,7 @@ from controlplane.errors import (
     TritonTimeoutError,
     TritonUnavailableError,
 )
-from controlplane.faults import environment_cause
+from controlplane.faults import classify
 from controlplane.modelconfig import stamp_parameter
 from controlplane.publish import ServingRepository
 from controlplane.results import Outcome, Progress  # the operation's result: one definition, in results
@@ -41,8 +43,17 @@ from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.triton.client import DIGEST_PARAMETER, TritonClient
+from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
 from controlplane.triton.host import TritonHost
+from controlplane.vocab import (
+    SERVING_STATES,
+    Cause,
+    DeployStep,
+    ModelState,
+    RecordedStep,
+    Result,
+    StepState,
+)
 
 log = logging.getLogger("tritonctl.deploy")
 
@@ -50,7 +61,10 @@ SMOKE_FILE = "smoke.json"
 FAULT_ENV = "TRITONCTL_FAULT"
 # After a load outlived its deadline, the rollback's load queues behind it in Triton: give it this long
 # on top of the usual deadline before calling the rollback failed (reconcile retries it later anyway).
-ROLLBACK_GRACE_S = 60.0  # test-only: names a step at which the daemon exits abruptly
+ROLLBACK_GRACE_S = 60.0
+# test-only (TRITONCTL_FAULT): the step after which the daemon exits abruptly
+FAULT_POINTS = {RecordedStep.PUBLISHED: "after_publish", RecordedStep.LOADED: "after_load",
+                RecordedStep.VERIFIED: "after_verify"}
 
 
 def fault_point(step: str) -> None:
@@ -63,8 +77,131 @@ def fault_point(step: str) -> None:
 ProgressFn = Callable[[Progress], None]
 
 
+@dataclass
+class DeployOperation:
+    """One operation on one model, from its first step to its outcome: what it deploys (`digest`),
+    what served before (`previous`), its registry deployment once begun, when it started, the steps
+    streamed so far. Its methods finish it (`refuse`, `skip`, `commit`, `end`, `audited`), each
+    recording the ending in the registry and reporting the Outcome (`report`: metrics, retries)."""
+
+    registry: Registry
+    report: Callable[[Outcome], None]
+    model: str
+    digest: str | None
+    previous: str | None
+    actor: str
+    kind: str
+    progress: ProgressFn | None = None
+    deployment: DeploymentRecord | None = None
+    started: float = field(default_factory=time.monotonic)
+    steps: list[Progress] = field(default_factory=list)
+
+    @classmethod
+    def resume(cls, registry: Registry, report: Callable[[Outcome], None],
+               deployment: DeploymentRecord) -> DeployOperation:
+        """The operation of a deployment a crash interrupted (crash recovery finishes it)."""
+        return cls(registry, report, deployment.model, deployment.digest, deployment.previous_digest,
+                   deployment.actor, deployment.kind, deployment=deployment)
+
+    def require_digest(self) -> str:
+        assert self.digest is not None, "an unload has no digest"
+        return self.digest
+
+    def emit(self, step: str, state: str, message: str = "", digest: str | None = None) -> None:
+        p = Progress(self.model, str(step), str(state), message, (self.digest or "") if digest is None else digest)
+        self.steps.append(p)
+        log.info("%s %s %s %s %s", p.model, p.step, p.state, p.digest[:12], p.message)
+        if self.progress:
+            self.progress(p)
+
+    def begin(self) -> DeploymentRecord:
+        """Record the intent in the registry before Triton is touched (crash recovery reads it)."""
+        self.deployment = self.registry.begin_deployment(self.model, self.kind, self.digest, self.previous,
+                                                         self.actor)
+        fault_point("after_intent")
+        return self.deployment
+
+    def advance(self, step: RecordedStep) -> None:
+        assert self.deployment is not None
+        self.registry.advance(self.deployment.id, step.value)
+
+    # -- endings --------------------------------------------------------------------------------
+
+    def refuse(self, message: str, cause: Cause = Cause.NONE) -> Outcome:
+        """Not sent to Triton: invalid, quarantined, or an ensemble's steps missing."""
+        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, Result.FAILED.value, message,
+                                       _ms(self.started)))
+        self.emit(DeployStep.VALIDATE, StepState.FAILED, message)
+        return self.outcome(Result.FAILED, message, self.previous, cause)
+
+    def skip(self, message: str) -> Outcome:
+        """Nothing to do: Triton already serves the digest."""
+        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, Result.NOOP.value, message,
+                                       _ms(self.started)))
+        self.emit(DeployStep.DEPLOY, StepState.SKIPPED, message)
+        return self.outcome(Result.NOOP, message, self.previous)
+
+    def commit(self, ready: Sequence[str], message: str) -> Outcome:
+        """The digest serves, verified: it becomes the active one."""
+        digest = self.require_digest()
+        serving = ServingRecord(self.model, digest, [int(v) for v in ready if v.isdigit()])
+        return self.end(Result.OK, message, state=ModelState.SERVING, active=digest, serving=serving)
+
+    def end(self, result: Result, message: str, *, state: str, active: str | None, error: str | None = None,
+            serving: ServingRecord | None = None, cause: Cause = Cause.NONE) -> Outcome:
+        """Finish the deployment (its end, what serves, the audit event: one transaction) and report it."""
+        assert self.deployment is not None, "end() of an operation that never began"
+        d = self.deployment
+        audit = AuditEntry(d.actor, d.kind, d.model, d.digest or d.previous_digest, result.value, message,
+                           _ms(self.started))
+        self.registry.finish_deployment(d.id, outcome=result.value, error=error, audit=audit, serving=serving,
+                                        model_state=str(state))
+        return self.outcome(result, message, active, cause)
+
+    def audited(self, result: Result, message: str, *, active: str | None) -> Outcome:
+        """An operation with no deployment record (a restore): its audit event and outcome."""
+        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, result.value, message,
+                                       _ms(self.started)))
+        return self.outcome(result, message, active)
+
+    def outcome(self, result: Result, message: str, active: str | None, cause: Cause = Cause.NONE) -> Outcome:
+        done = Outcome(self.model, self.kind, result, self.digest, active, message, _ms(self.started),
+                       list(self.steps), cause)
+        self.report(done)
+        return done
+
+
+class TritonPort(Protocol):
+    """What the state machine asks of Triton (TritonClient; a stand-in in unit tests)."""
+
+    url: str
+
+    def load(self, model: str, timeout_s: float | None = None) -> None: ...
+
+    def unload(self, model: str, dependents: bool = False) -> None: ...
+
+    def index(self) -> list[IndexEntry]: ...
+
+    def ready_versions(self, model: str) -> list[str]: ...
+
+    def served_digest(self, model: str) -> str | None: ...
+
+    def infer(self, model: str, version: str, inputs: Sequence[tuple[str, str, np.ndarray]],
+              output_names: Sequence[str], timeout_s: float | None = None) -> dict[str, np.ndarray]: ...
+
+
 class VerifyError(TritonctlError):
     """Triton answered OK but does not serve what was published."""
+
+
+def admission(snap: SnapshotRecord, *, force: bool, where: str) -> str | None:
+    """Why a recorded content is not sent on (to Triton; the fleet: to its hosts), or None: invalid
+    content never, quarantined content only with force."""
+    if not snap.valid:
+        return f"invalid, not sent to {where}: {snap.first_error}"
+    if snap.quarantined and not force:
+        return f"digest {snap.digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry"
+    return None
 
 
 def stamp_digest(digest: str) -> Callable[[str], str]:
@@ -79,10 +216,11 @@ class Deployer:
         registry: Registry,
         store: ContentStore,
         serving: ServingRepository,
-        triton: TritonClient,
+        triton: TritonPort,
         *,
         load_timeout_s: float = 120.0,
         on_outcome: Callable[[Outcome], None] | None = None,
+        host: TritonHost | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -90,7 +228,7 @@ class Deployer:
         self.triton = triton
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
-        self.host: TritonHost | None = None  # set by the daemon: capability checks, Triton's real reasons
+        self.host = host  # capability checks and Triton's real reasons (None: a plain client)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -137,31 +275,38 @@ class Deployer:
         if failures:
             raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
 
-    def _load_verified(self, model: str, digest: str, served_versions: Sequence[int], emit: ProgressFn,
-                       deployment: DeploymentRecord | None, load_timeout_s: float | None = None
+    def _load_verified(self, op: DeployOperation, digest: str, served_versions: Sequence[int],
+                       load_timeout_s: float | None = None, *, record: bool = True, quiet: bool = False
                        ) -> tuple[Path, list[str]]:
-        emit(Progress(model, "publish", "start", digest=digest))
+        """Publish → load → verify `digest` (the operation's target, or the one a rollback restores).
+        `record`: advance the operation's deployment at each step; `quiet`: stream no progress."""
+        model = op.model
+
+        def emit(step: DeployStep, state: StepState, message: str = "") -> None:
+            if not quiet:
+                op.emit(step, state, message, digest)
+
+        def reached(step: RecordedStep) -> None:
+            if record:
+                op.advance(step)
+                fault_point(FAULT_POINTS[step])
+
+        emit(DeployStep.PUBLISH, StepState.START)
         tree = self._publish(model, digest)
-        if deployment:
-            self.registry.advance(deployment.id, "published")
-            fault_point("after_publish")
-        emit(Progress(model, "publish", "ok", str(tree), digest))
-        emit(Progress(model, "load", "start", digest=digest))
+        reached(RecordedStep.PUBLISHED)
+        emit(DeployStep.PUBLISH, StepState.OK, str(tree))
+        emit(DeployStep.LOAD, StepState.START)
 
         def load() -> None:
             self.triton.load(model, load_timeout_s or self.load_timeout_s)
 
         self.host.load(model, load) if self.host else load()
-        if deployment:
-            self.registry.advance(deployment.id, "loaded")
-            fault_point("after_load")
-        emit(Progress(model, "load", "ok", digest=digest))
-        emit(Progress(model, "verify", "start", digest=digest))
+        reached(RecordedStep.LOADED)
+        emit(DeployStep.LOAD, StepState.OK)
+        emit(DeployStep.VERIFY, StepState.START)
         ready = self._verify(model, digest, served_versions)
-        if deployment:
-            self.registry.advance(deployment.id, "verified")
-            fault_point("after_verify")
-        emit(Progress(model, "verify", "ok", f"READY versions {', '.join(ready)}", digest))
+        reached(RecordedStep.VERIFIED)
+        emit(DeployStep.VERIFY, StepState.OK, f"READY versions {', '.join(ready)}")
         return tree, ready
 
     # -- operations -----------------------------------------------------------------------------
@@ -180,67 +325,60 @@ class Deployer:
         with self.lock(model):
             return self._deploy_locked(model, digest, actor, force=force, kind=kind, progress=progress)
 
+    def _operation(self, model: str, digest: str | None, previous: str | None, actor: str, kind: str,
+                   progress: ProgressFn | None = None, started: float | None = None) -> DeployOperation:
+        return DeployOperation(self.registry, self._report, model, digest, previous, actor, kind, progress=progress,
+                               started=time.monotonic() if started is None else started)
+
     def _deploy_locked(
         self, model: str, digest: str, actor: str, *, force: bool, kind: str, progress: ProgressFn | None
     ) -> Outcome:
         started = time.monotonic()
-        steps: list[Progress] = []
-
-        def emit(p: Progress) -> None:
-            steps.append(p)
-            log.info("%s %s %s %s %s", p.model, p.step, p.state, p.digest[:12], p.message)
-            if progress:
-                progress(p)
-
         snap = self.registry.get_snapshot(model, digest)
-        digest = snap.digest
         current = self.registry.ensure_model(model)
-        previous = current.active_digest if current.state in ("serving", "degraded") else None
-
-        def finish_without_triton(outcome: str, message: str, cause: str = "") -> Outcome:
-            self.registry.audit(AuditEntry(actor, kind, model, digest, outcome, message, _ms(started)))
-            emit(Progress(model, "validate" if outcome == "failed" else "deploy", "failed" if outcome == "failed"
-                          else "skipped", message, digest))
-            return self._outcome(model, kind, outcome, digest, previous, message, started, steps, cause)
-
-        emit(Progress(model, "validate", "start", digest=digest))
-        if not snap.valid:
-            return finish_without_triton("failed", f"invalid, not sent to Triton: {snap.first_error}")
-        if snap.quarantined and not force:
-            return finish_without_triton(
-                "failed", f"digest {digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry"
-            )
-        try:
-            require_members(self.registry, snap)
-        except EnvironmentFault as exc:  # an ensemble whose steps this daemon lacks yet: retried
-            return finish_without_triton("failed", str(exc), "environment")
-        except ModelConfigError as exc:  # an ensemble that does not fit the steps this daemon serves
-            return finish_without_triton("failed", str(exc), "content")
-        emit(Progress(model, "validate", "ok", digest=digest))
+        previous = current.active_digest if current.state in SERVING_STATES else None
+        digest = snap.digest
+        op = self._operation(model, digest, previous, actor, kind, progress, started)
+        op.emit(DeployStep.VALIDATE, StepState.START)
+        refusal = self._refusal(snap, force)
+        if refusal is not None:
+            return op.refuse(*refusal)
+        op.emit(DeployStep.VALIDATE, StepState.OK)
         if previous == digest and not force and self._serves(model, digest):
-            return finish_without_triton("noop", f"already serving {digest[:12]}")
+            return op.skip(f"already serving {digest[:12]}")
 
-        deployment = self.registry.begin_deployment(model, kind, digest, previous, actor)
-        fault_point("after_intent")
+        op.begin()
         try:
             if self.host:  # a backend or GPU the server lacks: found before anything is published
                 self.host.check(snap.config, self.store.tree_path(digest))
-            tree, ready = self._load_verified(model, digest, snap.served_versions, emit, deployment)
-            emit(Progress(model, "smoke", "start", digest=digest))
+            tree, ready = self._load_verified(op, digest, snap.served_versions)
+            op.emit(DeployStep.SMOKE, StepState.START)
             self._smoke(model, tree)
-            emit(Progress(model, "smoke", "ok", digest=digest))
+            op.emit(DeployStep.SMOKE, StepState.OK)
         except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
-            return self._recover_from_failure(deployment, snap, previous, exc, emit, started, steps)
+            return self._recover_from_failure(op, exc)
         fault_point("before_commit")
         message = f"serving {digest[:12]} (versions {', '.join(ready)})"
-        emit(Progress(model, "commit", "start", message, digest))
-        outcome = self._end(deployment, "ok", message, None, "serving", digest, started, steps,
-                            serving=ServingRecord(model, digest, [int(v) for v in ready if v.isdigit()]))
+        op.emit(DeployStep.COMMIT, StepState.START, message)
+        outcome = op.commit(ready, message)
         if snap.quarantined:
             self.registry.set_quarantine(model, digest, None)
         self.serving.prune(model)
-        emit(Progress(model, "commit", "ok", message, digest))
+        op.emit(DeployStep.COMMIT, StepState.OK, message)
         return outcome
+
+    def _refusal(self, snap: SnapshotRecord, force: bool) -> tuple[str, Cause] | None:
+        """Why a recorded snapshot is not sent to Triton (message, whose fault), or None."""
+        refused = admission(snap, force=force, where="Triton")
+        if refused is not None:
+            return refused, Cause.NONE
+        try:
+            require_members(self.registry, snap)
+        except EnvironmentFault as exc:  # an ensemble whose steps this daemon lacks yet: retried
+            return str(exc), Cause.ENVIRONMENT
+        except ModelConfigError as exc:  # an ensemble that does not fit the steps this daemon serves
+            return str(exc), Cause.CONTENT
+        return None
 
     def _serves(self, model: str, digest: str) -> bool:
         try:
@@ -248,57 +386,48 @@ class Deployer:
         except TritonctlError:
             return False
 
-    def _recover_from_failure(
-        self,
-        deployment: DeploymentRecord,
-        snap: SnapshotRecord,
-        previous: str | None,
-        exc: Exception,
-        emit: ProgressFn,
-        started: float,
-        steps: list[Progress],
-    ) -> Outcome:
-        model, digest = snap.model, snap.digest
+    def _recover_from_failure(self, op: DeployOperation, exc: Exception) -> Outcome:
+        model, digest, previous = op.model, op.require_digest(), op.previous
         error = str(exc)
-        emit(Progress(model, deployment.step if deployment.step != "intent" else "deploy", "failed", error, digest))
-        self.registry.advance(deployment.id, "rolling_back")
+        op.emit(DeployStep.DEPLOY, StepState.FAILED, error)
+        op.advance(RecordedStep.ROLLING_BACK)
         fault_point("mid_rollback")
-        environment = environment_cause(exc)
-        if isinstance(exc, TritonUnavailableError):
+        fault = classify(exc)
+        if fault.cause is Cause.TRITON_UNREACHABLE:
             # Not the content's fault: no quarantine. Put the serving repository back to what the
             # registry says serves; reconcile loads it when Triton is back.
             if previous:
                 self._publish(model, previous)
-            message = f"tritonserver unreachable: {error}" if isinstance(exc, TritonUnavailableError) else error
-            return self._end(deployment, "failed", message, message, "serving" if previous else "failed",
-                             previous, started, steps, cause="triton_unreachable")
-        if environment is None:
+            message = f"tritonserver unreachable: {error}"
+            return op.end(Result.FAILED, message, error=message,
+                          state=ModelState.SERVING if previous else ModelState.FAILED, active=previous,
+                          cause=fault.cause)
+        if fault.cause is Cause.CONTENT:
             self.registry.set_quarantine(model, digest, error)
         else:
             # Not the content's fault (docs/operations.md "Failed deploys"): never quarantined, retried.
-            error = f"{environment}: {error}"
-        cause = "environment" if environment else "content"
+            error = f"{fault.reason}: {error}"
         if previous:
-            emit(Progress(model, "rollback", "start", f"restoring {previous[:12]}", previous))
+            op.emit(DeployStep.ROLLBACK, StepState.START, f"restoring {previous[:12]}", previous)
             try:
                 prev_snap = self.registry.get_snapshot(model, previous)
                 # Triton cannot cancel a load that outlived our deadline; it finishes it before it
                 # takes ours, so the rollback's load gets room for both.
                 timeout = self.load_timeout_s + ROLLBACK_GRACE_S if isinstance(exc, TritonTimeoutError) else None
-                self._load_verified(model, previous, prev_snap.served_versions, emit, None, timeout)
+                self._load_verified(op, previous, prev_snap.served_versions, timeout, record=False)
             except TritonctlError as rollback_exc:
                 message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
-                emit(Progress(model, "rollback", "failed", str(rollback_exc), previous))
-                return self._end(deployment, "failed", message, message, "degraded", previous, started, steps,
-                                 cause=cause)
+                op.emit(DeployStep.ROLLBACK, StepState.FAILED, str(rollback_exc), previous)
+                return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED, active=previous,
+                              cause=fault.cause)
             message = f"rolled back to {previous[:12]}: {error}"
             self.serving.prune(model)
-            emit(Progress(model, "rollback", "ok", message, previous))
-            return self._end(deployment, "failed" if environment else "rolled_back", message, error, "serving",
-                             previous, started, steps, cause=cause)
+            op.emit(DeployStep.ROLLBACK, StepState.OK, message, previous)
+            return op.end(Result.FAILED if fault.cause is Cause.ENVIRONMENT else Result.ROLLED_BACK, message,
+                          error=error, state=ModelState.SERVING, active=previous, cause=fault.cause)
         self._take_out(model)
-        return self._end(deployment, "failed", f"failed, nothing to roll back to: {error}", error, "failed", None,
-                         started, steps, serving=ServingRecord(model, None, []), cause=cause)
+        return op.end(Result.FAILED, f"failed, nothing to roll back to: {error}", error=error,
+                      state=ModelState.FAILED, active=None, serving=ServingRecord(model, None, []), cause=fault.cause)
 
     def _take_out(self, model: str) -> None:
         """Nothing good to return to: take the broken model out of Triton and the serving repository."""
@@ -308,43 +437,22 @@ class Deployer:
             log.warning("%s: unload of a model with no good version: %s", model, exc)
         self.serving.unpublish(model)
 
-    def _end(
-        self,
-        deployment: DeploymentRecord,
-        outcome: str,
-        message: str,
-        error: str | None,
-        state: str,
-        active: str | None,
-        started: float,
-        steps: list[Progress],
-        serving: ServingRecord | None = None,
-        cause: str = "",
-    ) -> Outcome:
-        """Finish a deployment (its end, what serves, the audit event: one transaction) and report it."""
-        audit = AuditEntry(deployment.actor, deployment.kind, deployment.model,
-                           deployment.digest or deployment.previous_digest, outcome, message, _ms(started))
-        self.registry.finish_deployment(deployment.id, outcome=outcome, error=error, audit=audit, serving=serving,
-                                        model_state=state)
-        return self._outcome(deployment.model, deployment.kind, outcome, deployment.digest, active, message,
-                             started, steps, cause)
-
     def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
         with self.lock(model):
-            started = time.monotonic()
             current = self.registry.get_model(model)
-            deployment = self.registry.begin_deployment(model, "unload", None, current.active_digest, actor)
+            op = self._operation(model, None, current.active_digest, actor, "unload")
+            op.begin()
             try:
                 self.triton.unload(model, dependents)
             except TritonctlError as exc:
-                cause = "triton_unreachable" if isinstance(exc, TritonUnavailableError) else ""
-                return self._end(deployment, "failed", str(exc), str(exc), current.state, current.active_digest,
-                                 started, [], cause=cause)
+                cause = Cause.TRITON_UNREACHABLE if isinstance(exc, TritonUnavailableError) else Cause.NONE
+                return op.end(Result.FAILED, str(exc), error=str(exc), state=current.state,
+                              active=current.active_digest, cause=cause)
             self.serving.unpublish(model)
             if progress:
-                progress(Progress(model, "unload", "ok", "unloaded"))
-            return self._end(deployment, "ok", "unloaded", None, "unloaded", None, started, [],
-                             serving=ServingRecord(model, None, []))
+                progress(Progress(model, DeployStep.UNLOAD, StepState.OK, "unloaded"))
+            return op.end(Result.OK, "unloaded", state=ModelState.UNLOADED, active=None,
+                          serving=ServingRecord(model, None, []))
 
     def previous_good(self, model: str) -> str:
         """The last digest that served before the active one (valid, not quarantined, not collected)."""
@@ -364,21 +472,19 @@ class Deployer:
     def restore(self, model: str, digest: str, reason: str) -> Outcome:
         """Make Triton serve the registry's active digest again (reconcile, crash recovery)."""
         with self.lock(model):
-            started = time.monotonic()
             snap = self.registry.get_snapshot(model, digest)
+            op = self._operation(model, digest, digest, "tritonctl", "restore")
             try:
-                self._load_verified(model, digest, snap.served_versions, lambda p: None, None)
+                self._load_verified(op, digest, snap.served_versions, record=False, quiet=True)
             except TritonctlError as exc:
                 message = f"restore of {digest[:12]} failed ({reason}): {exc}"
-                self.registry.audit(AuditEntry("tritonctl", "restore", model, digest, "failed", message, _ms(started)))
                 self.registry.update_model(model, last_error=message)
-                return self._outcome(model, "restore", "failed", digest, digest, message, started, [])
+                return op.audited(Result.FAILED, message, active=digest)
             message = f"restored {digest[:12]} ({reason})"
-            self.registry.audit(AuditEntry("tritonctl", "restore", model, digest, "ok", message, _ms(started)))
-            if self.registry.get_model(model).state == "degraded":
-                self.registry.update_model(model, state="serving")
+            if self.registry.get_model(model).state == ModelState.DEGRADED:
+                self.registry.update_model(model, state=ModelState.SERVING.value)
             self.serving.prune(model)
-            return self._outcome(model, "restore", "ok", digest, digest, message, started, [])
+            return op.audited(Result.OK, message, active=digest)
 
     def drain(self, model: str, bound_s: float | None = None) -> bool:
         """Wait until Triton runs no load or unload of `model` (one a killed daemon may have left).
@@ -436,7 +542,7 @@ class Deployer:
         ran a load at the bound; the deployment stays open and the next reconcile tries again.
         """
         with self.lock(deployment.model):
-            started = time.monotonic()
+            op = DeployOperation.resume(self.registry, self._report, deployment)
             model, previous, digest = deployment.model, deployment.previous_digest, deployment.digest
             reason = f"interrupted at step '{deployment.step}' by a daemon stop"
             if not self.drain(model):
@@ -444,37 +550,34 @@ class Deployer:
                 return None
             if deployment.kind == "unload":
                 self._take_out(model)
-                return self._end(deployment, "ok", f"finished after restart; {reason}", None, "unloaded", None,
-                                 started, [], serving=ServingRecord(model, None, []))
-            if digest and deployment.step != "rolling_back":
+                return op.end(Result.OK, f"finished after restart; {reason}", state=ModelState.UNLOADED,
+                              active=None, serving=ServingRecord(model, None, []))
+            if digest and deployment.step != RecordedStep.ROLLING_BACK:
                 ready = self._serves_verified(model, digest, smoke=True)
                 if ready is not None:
                     message = f"rolled forward: serving {digest[:12]} (versions {', '.join(ready)}); {reason}"
-                    outcome = self._end(deployment, "ok", message, None, "serving", digest, started, [],
-                                        serving=ServingRecord(model, digest, [int(v) for v in ready if v.isdigit()]))
+                    outcome = op.commit(ready, message)
                     self.serving.prune(model)
                     return outcome
             if previous:
                 if self._serves_verified(model, previous, smoke=False) is None:
                     snap = self.registry.get_snapshot(model, previous)
                     try:
-                        self._load_verified(model, previous, snap.served_versions, lambda p: None, None)
+                        self._load_verified(op, previous, snap.served_versions, record=False, quiet=True)
                     except TritonctlError as exc:
                         message = f"{reason}; restoring {previous[:12]} failed: {exc}"
-                        return self._end(deployment, "failed", message, message, "degraded", previous, started, [])
+                        return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED,
+                                      active=previous)
                 self.serving.prune(model)
-                return self._end(deployment, "rolled_back", f"rolled back to {previous[:12]}: {reason}", reason,
-                                 "serving", previous, started, [])
+                return op.end(Result.ROLLED_BACK, f"rolled back to {previous[:12]}: {reason}", error=reason,
+                              state=ModelState.SERVING, active=previous)
             self._take_out(model)
-            return self._end(deployment, "failed", f"failed: {reason} (no previous version)", reason, "failed", None,
-                             started, [], serving=ServingRecord(model, None, []))
+            return op.end(Result.FAILED, f"failed: {reason} (no previous version)", error=reason,
+                          state=ModelState.FAILED, active=None, serving=ServingRecord(model, None, []))
 
-    def _outcome(self, model: str, action: str, outcome: str, digest: str | None, active: str | None,
-                 message: str, started: float, steps: list[Progress], cause: str = "") -> Outcome:
-        result = Outcome(model, action, outcome, digest, active, message, _ms(started), list(steps), cause)
+    def _report(self, outcome: Outcome) -> None:
         if self.on_outcome:
-            self.on_outcome(result)
-        return result
+            self.on_outcome(outcome)
 
 
 def _ms(started: float) -> int:

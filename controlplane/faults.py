@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from controlplane.errors import EnvironmentFault, TritonUnavailableError
+from controlplane.vocab import Cause
 
 # Substrings of Triton's (or the OS's) messages that name an environment fault, with a short cause.
 _ENVIRONMENT_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -46,6 +47,22 @@ def environment_cause(exc: BaseException) -> str | None:
         if pattern in text:
             return cause
     return None
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Whose fault one failure is, decided once where it is caught (it travels on the Outcome)."""
+
+    cause: Cause  # CONTENT, ENVIRONMENT or TRITON_UNREACHABLE
+    reason: str | None  # the environment's short cause; None for the content's fault
+
+
+def classify(exc: BaseException) -> Fault:
+    """The rule above as a value: an unreachable tritonserver, another environment fault, or the content."""
+    reason = environment_cause(exc)
+    if isinstance(exc, TritonUnavailableError):
+        return Fault(Cause.TRITON_UNREACHABLE, reason)
+    return Fault(Cause.CONTENT, None) if reason is None else Fault(Cause.ENVIRONMENT, reason)
 
 
 def backoff_s(attempt: int, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> float:

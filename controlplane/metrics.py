@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from sqlalchemy import func, select
 
 from controlplane.deploy import Outcome
 from controlplane.errors import ConfigError
-from controlplane.store import schema
+from controlplane.vocab import ModelState, Result
 
 if TYPE_CHECKING:
     from controlplane.service import ControlPlane
@@ -43,8 +42,8 @@ log = logging.getLogger("tritonctl.metrics")
 
 LISTEN_HOST = "127.0.0.1"
 DEPLOY_ACTIONS = ("deploy", "rollback")  # operations that put a snapshot into Triton
-OUTCOMES = ("ok", "noop", "failed", "rolled_back")
-MODEL_STATES = ("new", "serving", "degraded", "failed", "unloaded")
+OUTCOMES = tuple(r.value for r in (Result.OK, Result.NOOP, Result.FAILED, Result.ROLLED_BACK))
+MODEL_STATES = tuple(s.value for s in ModelState)
 DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 STORE_SIZE_TTL_S = 15.0  # walking the object store on every scrape would cost I/O for nothing
 HELP = {
@@ -114,9 +113,8 @@ class StateCollector:
         yield GaugeMetricFamily("tritonctl_quarantined_digests", HELP["quarantined"], value=count)
 
     def _snapshots(self) -> Iterable[Metric]:
-        with self.plane.registry.engine.connect() as conn:
-            count = conn.execute(select(func.count()).select_from(schema.Snapshot)).scalar_one()
-        yield CounterMetricFamily("tritonctl_snapshots", HELP["snapshots"], value=int(count or 0))
+        count = self.plane.registry.count_snapshots()
+        yield CounterMetricFamily("tritonctl_snapshots", HELP["snapshots"], value=count)
 
     def _store_bytes(self) -> Iterable[Metric]:
         yield GaugeMetricFamily("tritonctl_store_bytes", HELP["store_bytes"], value=self.store_size())
@@ -132,12 +130,13 @@ class StateCollector:
 class Metrics:
     """The daemon's metrics and their HTTP endpoint (`start` / `stop`)."""
 
-    def __init__(self, plane: ControlPlane, port: int, host: str = LISTEN_HOST) -> None:
+    def __init__(self, plane: ControlPlane, port: int, host: str = LISTEN_HOST, *,
+                 backlog: Callable[[], int] | None = None) -> None:
+        """`backlog`: the watcher's count of models waiting for their settle check (None: no watcher)."""
         self.port = port
         self.host = host
         self.registry = CollectorRegistry()
-        # Set by the daemon once its watcher exists; None means no watcher (no --repository).
-        self.backlog: Callable[[], int] | None = None
+        self.backlog = backlog
         self.deploys = Counter("tritonctl_deploys", HELP["deploys"], ["outcome"], registry=self.registry)
         for outcome in OUTCOMES:
             self.deploys.labels(outcome)  # present at 0 from the first scrape
@@ -150,12 +149,12 @@ class Metrics:
 
     def observe(self, outcome: Outcome) -> None:
         """Count one finished operation (called from the deployer's thread)."""
-        if outcome.outcome == "rolled_back":
+        if outcome.outcome == Result.ROLLED_BACK:
             self.rollbacks.inc()
         if outcome.action not in DEPLOY_ACTIONS:
             return
-        self.deploys.labels(outcome.outcome).inc()
-        if outcome.outcome != "noop":
+        self.deploys.labels(str(outcome.outcome)).inc()
+        if outcome.outcome != Result.NOOP:
             self.duration.observe(outcome.duration_ms / 1000.0)
 
     def start(self) -> None:

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 from controlplane.store.records import ModelRecord
 from controlplane.triton.client import IndexEntry
-
-# Registry states in which a model is meant to be loaded in Triton.
-SERVING_STATES = ("serving", "degraded")
+from controlplane.vocab import SERVING_STATES
 
 
 @dataclass(frozen=True)

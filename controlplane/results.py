@@ -6,18 +6,20 @@ cli/render.py prints the same documents (from the dataclass, or from the dict th
 received). The shape of each document is written here once; README "JSON output" lists them and
 tests/golden/*.json pins them (keys and value types: fields may be added, never removed or retyped).
 
-Imports only the standard library and `controlplane.store.records` (stdlib-only row views), so the
+Imports only the standard library, `controlplane.store.records` (stdlib-only row views) and
+`controlplane.vocab` (enums), so the
 CLI's client path can import it without SQLAlchemy, tritonclient or numpy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from controlplane.store.records import AuditRecord, ServingRecord, SnapshotRecord, TagRecord, iso
+from controlplane.store.records import AuditRecord, Rollout, ServingRecord, SnapshotRecord, Step, TagRecord, iso
+from controlplane.vocab import SUCCEEDED, Cause
 
 if TYPE_CHECKING:  # modelconfig loads protobuf and the model-config schema: only `validate` pays for it
     from controlplane.modelconfig import ValidationResult
@@ -31,43 +33,48 @@ class Progress:
     """One step of an operation, streamed to the CLI as it happens."""
 
     model: str
-    step: str
-    state: str  # start | ok | failed | skipped
+    step: str  # a DeployStep (the fleet streams "canary HOST" / "wave N HOST" too)
+    state: str  # a StepState
     message: str = ""
     digest: str = ""
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How an operation ended: ok, failed, rolled_back or noop (`load`, `rollback`, `unload --json`);
-    `accepted` for `load --no-wait`."""
+    """How an operation ended (a `Result`: ok, failed, rolled_back or noop for `load`, `rollback`,
+    `unload --json`; `accepted` for `load --no-wait`), and when it failed, whose fault it was (a `Cause`)."""
 
     model: str
     action: str
-    outcome: str
+    outcome: str  # a Result
     digest: str | None
     active_digest: str | None
     message: str = ""
     duration_ms: int = 0
     steps: list[Progress] = field(default_factory=list)
-    # Why a failed outcome failed: "content" (quarantined), "environment" (retried with backoff),
-    # "triton_unreachable" (an environment fault the CLI exits 4 for), "" otherwise.
-    cause: str = ""
+    # Why a failed outcome failed: content (quarantined), environment (retried with backoff),
+    # triton_unreachable (an environment fault the CLI exits 4 for), "" otherwise.
+    cause: Cause = Cause.NONE
 
     @property
     def succeeded(self) -> bool:
-        return self.outcome in ("ok", "noop")
+        return self.outcome in SUCCEEDED
+
+    @property
+    def retried(self) -> bool:
+        """Failed for the environment's fault: the control plane deploys it again later."""
+        return Cause(self.cause).retried
 
     def to_json(self) -> dict[str, object]:
         return {
             "model": self.model,
             "action": self.action,
-            "outcome": self.outcome,
+            "outcome": str(self.outcome),
             "digest": self.digest,
             "active_digest": self.active_digest,
             "message": self.message,
             "duration_ms": self.duration_ms,
-            "cause": self.cause,
+            "cause": str(self.cause),
         }
 
 
@@ -376,6 +383,11 @@ class TagResult:
                 "message": self.message}
 
 
+# `rollouts --json`: the fleet store's own rows (controlplane/store/records.py), one definition.
+RolloutRow = Rollout
+RolloutStepRow = Step
+
+
 # --- validate --------------------------------------------------------------------------------------------
 
 
@@ -434,50 +446,6 @@ class HostRow:
         return {"host": self.host, "triton_url": self.triton_url, "version": self.version,
                 "started_at": iso(self.started_at), "last_heartbeat": iso(self.last_heartbeat),
                 "age_s": self.age_s, "alive": self.alive, "session": self.session, "leader": self.leader}
-
-
-@dataclass(frozen=True)
-class RolloutStepRow:
-    """One host's step of a rollout (wave 0 is the canary set)."""
-
-    id: int
-    rollout_id: int
-    host: str
-    wave: int
-    action: str
-    digest: str | None
-    state: str
-    message: str
-    model: str
-    started_at: datetime | None
-    finished_at: datetime | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "rollout_id": self.rollout_id, "host": self.host, "wave": self.wave,
-                "action": self.action, "digest": self.digest, "state": self.state, "message": self.message,
-                "model": self.model, "started_at": iso(self.started_at), "finished_at": iso(self.finished_at)}
-
-
-@dataclass(frozen=True)
-class RolloutRow:
-    """One fleet rollout (`rollouts --json` prints a list of these, newest first)."""
-
-    id: int
-    model: str
-    digest: str | None
-    previous_digest: str | None
-    state: str
-    actor: str
-    created_at: datetime | None
-    finished_at: datetime | None
-    error: str | None
-    steps: Sequence[RolloutStepRow]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "model": self.model, "digest": self.digest, "previous_digest": self.previous_digest,
-                "state": self.state, "actor": self.actor, "created_at": iso(self.created_at),
-                "finished_at": iso(self.finished_at), "error": self.error,
-                "steps": [step.to_json() for step in self.steps]}
 
 
 @dataclass(frozen=True)

@@ -14,25 +14,29 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-from controlplane import queries, tags
+from controlplane import pipeline, queries, tags
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
-from controlplane.ensemblemembers import content_problems, step_models
+from controlplane.ensemblemembers import step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
-from controlplane.modelconfig import validate_model_dir
 from controlplane.names import is_private_name, validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
-from controlplane.reconcile import SERVING_STATES, Drift, plan
+from controlplane.reconcile import Drift, plan
 from controlplane.results import GcResult, HoldResult, PinResult, PolicyResult, StatusResult, VersionState
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
-from controlplane.sync import rollback_holds, sync_state, track_sync
+from controlplane.sync import sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
+from controlplane.triton.host import TritonHost
+from controlplane.vocab import SERVING_STATES, Cause, Result
+
+if TYPE_CHECKING:
+    from controlplane.s3source import S3Source
 
 log = logging.getLogger("tritonctl.service")
 
@@ -49,6 +53,39 @@ class Counters:
     drift: tuple[Drift, ...] = ()
 
 
+@dataclass(frozen=True)
+class WatchHooks:
+    """What the plane asks of the source watcher (a RepositoryWatcher or the s3:// poller)."""
+
+    reschedule: Callable[[str, float], None]  # look at a model again after this many seconds
+    watch_info: Callable[[], dict[str, str]] | None = None  # `status`'s watch mode and why
+    capture_margin_s: Callable[[], float] | None = None  # a network mount's cache margin on the settle window
+    settling: Callable[[], dict[str, str]] | None = None  # models settling or being captured, with a reason
+    # the watcher's own pending checks: model -> seconds since its last change (None: a check asked for);
+    # a change set waits until the last of its members settled (controlplane/changeset.py)
+    pending: Callable[[], dict[str, float | None]] | None = None
+
+
+class FleetStrategy(Protocol):
+    """Where a decided change goes in a fleet (controlplane.fleet.member.FleetMember): a rollout over
+    every host, or with `host` this host alone, which the fleet then holds. Passed to ControlPlane
+    as a factory, so the fleet gets the plane it serves and the plane its strategy at construction."""
+
+    def load(self, model: str, digest: str, actor: str, force: bool, progress: ProgressFn | None) -> Outcome: ...
+
+    def held(self, model: str, host: str, actor: str, action: Callable[[], Outcome]) -> Outcome: ...
+
+    def rollback(self, model: str, actor: str, to: str | None, progress: ProgressFn | None,
+                 host: str) -> Outcome: ...
+
+    def unload(self, model: str, actor: str, dependents: bool, progress: ProgressFn | None,
+               host: str) -> Outcome: ...
+
+    def set_pin(self, model: str, pinned: bool, actor: str, host: str) -> PinResult | HoldResult: ...
+
+    def set_policy(self, model: str, policy: str, actor: str, host: str) -> PolicyResult: ...
+
+
 class ControlPlane:
     """The running control plane: every operation the daemon offers."""
 
@@ -60,7 +97,16 @@ class ControlPlane:
         serving: ServingRepository,
         triton: TritonClient,
         on_outcome: Callable[[Outcome], None] | None = None,
+        *,
+        host: TritonHost | None = None,
+        source: S3Source | None = None,
+        watch: WatchHooks | None = None,
+        http_url: str | None = None,
+        fleet: Callable[[ControlPlane], FleetStrategy] | None = None,
     ) -> None:
+        """`host`: capability checks and Triton's real reasons; `source`: an s3:// repository;
+        `watch`: the source watcher's hooks; `http_url`: a launched tritonserver's HTTP URL; `fleet`:
+        with --fleet, builds the strategy that takes load, rollback, unload, pin and policy (docs/fleet.md)."""
         self.settings = settings
         self.registry = registry
         self.store = store
@@ -69,26 +115,21 @@ class ControlPlane:
         self.counters = Counters()
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.faults)
         self._extra_on_outcome = on_outcome
-        self.deployer = Deployer(
-            registry, store, serving, triton, load_timeout_s=settings.load_timeout_s, on_outcome=self._note_outcome
-        )
+        self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
+                                 on_outcome=self._note_outcome, host=host)
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
-        self.reschedule: Callable[[str, float], None] | None = None  # set by the daemon (watcher)
-        self.watch_info: Callable[[], dict[str, str]] | None = None  # set by the daemon (watcher)
-        # set by the daemon: models settling or being captured now, each with a one-line reason (sync: pending)
-        self.settling: Callable[[], dict[str, str]] | None = None
+        self.source = source
+        self.watch = watch
+        self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
-        self.capture_margin_s: Callable[[], float] | None = None  # set by the daemon (watcher)
-        self.http_url: str | None = None  # the launched tritonserver's HTTP inference URL (set by the daemon)
-        self.source: Any = None  # an S3Source when the repository is s3:// (set by the daemon)
-        # Set by the daemon with --fleet: `load` rolls the digest out to every host (docs/fleet.md).
-        self.fleet_load: Callable[[str, str, str, bool, ProgressFn | None], Outcome] | None = None
-        # The FleetMember with --fleet: rollback, unload, pin, unpin and policy act on the fleet, or with
-        # `host` on this host only, which the fleet then holds (controlplane/fleet/verbs.py).
-        self.fleet: Any = None
+        self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
+
+    def reconfigure(self, settings: Settings) -> None:
+        """SIGHUP: the settings that change without a restart (policy, settle window, ...) apply from now."""
+        self.settings = settings
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
@@ -96,11 +137,11 @@ class ControlPlane:
         if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
             self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):
-            if outcome.cause in ("environment", "triton_unreachable") and outcome.digest:
+            if outcome.retried and outcome.digest:
                 retry = self.retries.failed(outcome.model, outcome.digest, outcome.message)
                 log.warning("%s: not the content's fault; retry %d in %d s", outcome.model, retry.attempt,
                             retry.seconds_left())
-            elif outcome.outcome != "failed" or outcome.cause == "content":
+            elif outcome.outcome != Result.FAILED or outcome.cause == Cause.CONTENT:
                 self.retries.clear(outcome.model)
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
@@ -131,43 +172,13 @@ class ControlPlane:
                 snapshot = self.source.capture(model, self.store, settled=settled)
             else:
                 assert self.settings.repository is not None
-                margin = self.capture_margin_s() if self.capture_margin_s else 0.0  # a network mount's caches
+                hooks = self.watch
+                margin = hooks.capture_margin_s() if hooks and hooks.capture_margin_s else 0.0  # network mounts
                 snapshot = self.store.capture(self.settings.repository / model, model,
                                               commit_marker=self.settings.commit_marker,
                                               quiet_s=self.settings.settle_s + margin if settled else 0.0)
-            tree = self.store.tree_path(snapshot.digest)
-            result = validate_model_dir(tree, name=model)
-            prefix = f"{tree.name}/"
-            problems = [
-                {
-                    "file": p.file.replace(prefix, f"{model}/", 1) if p.file.startswith(prefix) else p.file,
-                    "field": p.field,
-                    "message": p.message,
-                    "severity": p.severity,
-                }
-                for p in result.problems
-            ]
-            # `members`: a change set's new step snapshots (controlplane/changeset.py), checked instead
-            ensemble = content_problems(self.registry, model, result.config, members) if result.ok else []
-            problems += ensemble
-            record, new = self.registry.record_snapshot(
-                model,
-                snapshot.digest,
-                snapshot.manifest_json(),
-                config=result.config,
-                versions=result.versions,
-                served_versions=result.served_versions,
-                valid=result.ok and not ensemble,
-                problems=problems,
-                total_bytes=snapshot.total_bytes,
-            )
-        if new:
-            message = "recorded" if record.valid else f"invalid: {record.first_error}"
-            self.registry.audit(
-                AuditEntry(actor, "snapshot", model, record.digest, "ok" if record.valid else "invalid", message)
-            )
-            log.info("%s snapshot %s %s", model, record.digest[:12], message)
-        return record
+            content = pipeline.validate(self.registry, self.store, snapshot, members)
+            return pipeline.record(self.registry, model, snapshot.digest, content, actor)
 
     def handle_settled(self, model: str) -> Outcome | None:
         """The watcher saw `model` settle: record what it now holds; deploy it if policy says so."""
@@ -222,15 +233,14 @@ class ControlPlane:
         except (StoreError, ObjectStoreError) as exc:
             # The registry or object storage is busy or unreachable: nothing was recorded; try again later.
             log.error("%s: %s; retrying after the settle window", model, exc)
-            if self.reschedule:
-                self.reschedule(model, max(self.settings.settle_s, 1.0))
+            self.look_again(model, max(self.settings.settle_s, 1.0))
             return None
         except SnapshotError as exc:
             text = str(exc)
-            if exc.retryable and self.reschedule:
+            if pipeline.capture_passes(exc) and self.watch:
                 log.info("%s: %s; retrying after the settle window", model, text)
                 self.capture_waits[model] = text.removeprefix(f"{model}: ")
-                self.reschedule(model, self.settings.settle_s)
+                self.look_again(model, self.settings.settle_s)
             else:
                 self.capture_waits.pop(model, None)
                 self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", text))
@@ -244,15 +254,7 @@ class ControlPlane:
             return None
         if record.quarantined and record.digest != current.active_digest:
             self._note_quarantined(record)
-        if (
-            self.effective_policy(current) != "auto"
-            or current.pinned
-            or current.state == "unloaded"
-            or not record.valid
-            or record.quarantined
-            or record.digest == current.active_digest
-            or rollback_holds(self.registry.last_deployment(model), record.first_seen)
-        ):
+        if pipeline.gate(self.registry, current, record, self.effective_policy(current)) is not None:
             return None
         return self.deployer.deploy(model, record.digest, WATCHER_ACTOR)
 
@@ -269,11 +271,16 @@ class ControlPlane:
         log.warning("%s %s %s", model, digest[:12], message)
         self.registry.audit(AuditEntry(WATCHER_ACTOR, "skip", model, digest, "invalid", message))
 
+    def look_again(self, model: str, delay_s: float) -> None:
+        """Have the watcher hand `model` on again after `delay_s` (nothing without a watcher)."""
+        if self.watch is not None:
+            self.watch.reschedule(model, delay_s)
+
     def converge(self, model: str) -> None:
         """Nothing may hold `model` any more: look at its source again (the watcher's path, so the
         usual rules decide), soon and without blocking the caller."""
-        if self.reschedule is not None and self.settings.repository is not None:
-            self.reschedule(model, 0.0)
+        if self.settings.repository is not None:
+            self.look_again(model, 0.0)
 
     def due_retries(self) -> list[str]:
         return [retry.model for retry in self.retries.due()]
@@ -319,10 +326,10 @@ class ControlPlane:
         if current is not None and current.pinned and target != current.active_digest and not force and not fleet_wide:
             raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; unpin it or use --force")
         if self.fleet is not None and host:
-            return self.fleet.verbs.held(model, host, actor, lambda: self.deployer.deploy(
+            return self.fleet.held(model, host, actor, lambda: self.deployer.deploy(
                 model, target, actor, force=force, progress=progress))
-        if self.fleet_load is not None:
-            return self.fleet_load(model, target, actor, force, progress)
+        if self.fleet is not None:
+            return self.fleet.load(model, target, actor, force, progress)
         failed = self._load_members(model, target, actor, progress, (model,))
         if failed is not None:
             return failed
@@ -355,7 +362,7 @@ class ControlPlane:
                 message = f"member {member} could not be loaded: {outcome.message if outcome else 'too deep'}"
                 self.registry.audit(AuditEntry(actor, "deploy", model, digest, "failed", message))
                 return Outcome(model, "deploy", "failed", digest, None, message,
-                               cause=outcome.cause if outcome else "")
+                               cause=Cause(outcome.cause) if outcome else Cause.NONE)
         return None
 
     def _collected_when(self, snap: SnapshotRecord) -> str:
@@ -377,7 +384,7 @@ class ControlPlane:
                force: bool = False, host: str = "") -> Outcome:
         validate_model_name(model)
         if self.fleet is not None:
-            return self.fleet.verbs.unload(model, actor, dependents, progress, host)
+            return self.fleet.unload(model, actor, dependents, progress, host)
         ensembles = self._serving_ensembles()
         needed_by = sorted(e for e, names in ensembles.items() if model in names and e != model)
         if needed_by and not force:
@@ -403,7 +410,7 @@ class ControlPlane:
         if to:
             to = validate_digest(to)
         if self.fleet is not None:
-            return self.fleet.verbs.rollback(model, actor, to or None, progress, host)
+            return self.fleet.rollback(model, actor, to or None, progress, host)
         current = self.registry.find_model(model)
         if current is None:
             raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
@@ -421,7 +428,7 @@ class ControlPlane:
         if not host:
             tags.untrack(self, model)
         if self.fleet is not None:
-            return self.fleet.verbs.set_policy(model, policy, actor, host)
+            return self.fleet.set_policy(model, policy, actor, host)
         record = self.registry.update_model(model, policy=None if policy == "inherit" else policy)
         self.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok", f"policy {policy}"))
         if self.effective_policy(record) == "auto":
@@ -431,7 +438,7 @@ class ControlPlane:
     def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> PinResult | HoldResult:
         validate_model_name(model)
         if self.fleet is not None:
-            return self.fleet.verbs.set_pin(model, pinned, actor, host)
+            return self.fleet.set_pin(model, pinned, actor, host)
         existing = self.registry.find_model(model)
         if existing is None:
             raise NotFoundError(f"model '{model}' is unknown to the registry")
@@ -485,7 +492,7 @@ class ControlPlane:
         heads = self.registry.source_heads(names)
         lasts = self.registry.last_deployments(names)
         busy = set(self.deployer.busy_models())
-        settling = self.settling() if self.settling else {}
+        settling = self.watch.settling() if self.watch and self.watch.settling else {}
         tag_registry = tags.tag_registry(self)
         tagged, tracks = tags.by_digest(tag_registry.list_tags()), tag_registry.tracks()
         rows = []
@@ -508,7 +515,8 @@ class ControlPlane:
                 row.policy = f"{tags.TRACK_PREFIX}{track}"
                 row.sync, row.sync_reason = track_sync(model, track, tag_digest, busy=model.name in busy)
             rows.append(row)
-        watch = self.watch_info() if self.watch_info else {"mode": None, "reason": "no source repository"}
+        hooks = self.watch
+        watch = hooks.watch_info() if hooks and hooks.watch_info else {"mode": None, "reason": "no source repository"}
         return StatusResult(reachable, self.triton.url, self.http_url, watch, rows)
 
     def reconcile(self) -> list[Drift]:

@@ -11,8 +11,9 @@ from datetime import datetime
 
 from controlplane.faults import Retry
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead
+from controlplane.vocab import SyncState
 
-SYNC_STATES = ("synced", "pending", "held", "invalid", "removed")
+SYNC_STATES = tuple(state.value for state in SyncState)
 
 
 def _short(digest: str | None) -> str:

@@ -220,7 +220,7 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
 
     from controlplane.config import Settings
     from controlplane.publish import ServingRepository
-    from controlplane.service import ControlPlane
+    from controlplane.service import ControlPlane, WatchHooks
     from controlplane.snapshot import ContentStore
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
@@ -233,11 +233,11 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     registry = Registry(f"sqlite:///{state / 'registry.db'}")
     migrate.upgrade(registry)
     triton = TritonClient("127.0.0.1:1")  # never reached: policy manual, nothing deploys
+    rescheduled: list[tuple[str, float]] = []
     plane = ControlPlane(Settings(repository=repo, state_dir=state, settle_s=0.5, policy="manual"), registry,
                          ContentStore(state / "store", fsync=False),
-                         ServingRepository(state / "serving", state / "published"), triton)
-    rescheduled: list[tuple[str, float]] = []
-    plane.reschedule = lambda name, delay: rescheduled.append((name, delay))
+                         ServingRepository(state / "serving", state / "published"), triton,
+                         watch=WatchHooks(reschedule=lambda name, delay: rescheduled.append((name, delay))))
     try:
         time.sleep(0.6)
         plane.handle_settled("m")  # on time: generation 1 recorded

@@ -408,5 +408,5 @@ def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: 
     settings = Settings(db_url=shared.url, host="h1", state_dir=tmp_path, repository=repo)
     plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=None)  # a local source
     member = FleetMember(settings, FleetSettings(shared_store=tmp_path / "shared"), plane, shared)
-    member._scan()
-    assert member._settled == ["b_step", "c_step", "a_pipe"]
+    member.leader._scan()
+    assert member.leader._settled == ["b_step", "c_step", "a_pipe"]

@@ -17,39 +17,22 @@ from __future__ import annotations
 
 import logging
 import threading
-import zlib
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy.engine import make_url
+from controlplane.store.fleet import (  # connect, take_host_lock: imported from here by tests
+    APPLICATION_PREFIX,
+    check_session,
+    connect,
+    take_host_lock,
+    try_leader_lock,
+)
+
+__all__ = ["APPLICATION_PREFIX", "LeaderElection", "connect", "take_host_lock"]
 
 log = logging.getLogger("tritonctl.fleet.election")
 
-LEADER_LOCK = 0x7472_6974  # "trit": classid 0, objid this, in pg_locks
-APPLICATION_PREFIX = "tritonctl-leader:"
-HOST_LOCK_CLASS = 0x7472_6968  # "trih": pg_locks classid of every live daemon's host lock (objsubid 2)
-
-
-def host_lock_key(host: str) -> int:
-    return zlib.crc32(host.encode()) & 0x7FFF_FFFF
-
-
-def take_host_lock(conn: Any, host: str) -> bool:
-    """Hold `host`'s session lock on `conn` until the session ends; False if another session holds it."""
-    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (HOST_LOCK_CLASS, host_lock_key(host))).fetchone()
-    return bool(row and row[0])
-
-
-def libpq_url(url: str) -> str:
-    """A SQLAlchemy URL (postgresql+psycopg://...) as a libpq connection URI."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def connect(url: str, application_name: str) -> Any:
-    import psycopg
-
-    return psycopg.connect(libpq_url(url), autocommit=True, connect_timeout=5, application_name=application_name,
-                           keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+# The lock keys live with the fleet's tables (controlplane.store.fleet reads pg_locks for them).
 
 
 class LeaderElection:
@@ -100,10 +83,9 @@ class LeaderElection:
                 log.error("host %s: another live daemon holds this host name; liveness goes by heartbeat only",
                           self.host)
         if self._leader.is_set():
-            self._conn.execute("SELECT 1")  # raises when the session (and so the lock) is gone
+            check_session(self._conn)  # raises when the session (and so the lock) is gone
             return
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,)).fetchone()
-        if row and row[0]:
+        if try_leader_lock(self._conn):
             self._leader.set()
             log.info("%s is now the fleet leader", self.host)
             self.on_change(True)
@@ -116,14 +98,3 @@ class LeaderElection:
                 log.warning("leader election: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 self._drop()
             self._stop.wait(self.interval_s)
-
-
-HOST_SESSIONS_QUERY = """
-SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :cls AND l.objsubid = 2
-"""
-
-LEADER_QUERY = """
-SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = :key
-"""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from controlplane.fleet.store import OPEN_ROLLOUT, FleetStore
-from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, RolloutRow, RolloutStepRow
+from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, RolloutRow
 from controlplane.store.registry import Registry
 
 
@@ -14,8 +14,7 @@ def hosts(registry: Registry, timeout_s: float = 10.0) -> list[HostRow]:
 
 def rollouts(registry: Registry, all_states: bool = True, limit: int = 20) -> list[RolloutRow]:
     states = OPEN_ROLLOUT + ("done", "rolled_back") if all_states else OPEN_ROLLOUT
-    return [RolloutRow(**{**r, "steps": [RolloutStepRow(**vars(s)) for s in r["steps"]]})
-            for r in FleetStore(registry).rollouts(states, limit)]
+    return list(FleetStore(registry).rollouts(states, limit))
 
 
 def matrix(registry: Registry) -> FleetMatrix:

@@ -111,3 +111,30 @@ def open_reader(url: str) -> Registry | SqliteReader:
     reader = sqlite_reader.SqliteReader(path)
     check_revision(reader.schema_revision(), reader.close)
     return reader
+
+
+# The PostgreSQL advisory lock daemons of a fleet take in turn to upgrade the shared registry.
+SHARED_MIGRATION_LOCK = 0x7472_6975
+
+
+def upgrade_shared(registry: Registry) -> tuple[str | None, str]:
+    """Upgrade a fleet's shared registry; daemons starting together take turns (an advisory lock).
+    Anything but PostgreSQL (a test's SQLite) is upgraded as it is."""
+    import logging
+
+    from sqlalchemy import text
+
+    if registry.engine.dialect.name != "postgresql":
+        return upgrade(registry)
+    with registry.engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": SHARED_MIGRATION_LOCK})
+        conn.commit()
+        try:
+            before, after = upgrade(registry)
+            if before != after:
+                logging.getLogger("tritonctl.store").info("shared registry schema upgraded %s -> %s",
+                                                          before or "empty", after)
+            return before, after
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": SHARED_MIGRATION_LOCK})
+            conn.commit()

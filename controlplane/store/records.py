@@ -46,9 +46,12 @@ class ModelRecord:
 
 
 @dataclass(frozen=True)
-class SnapshotRecord:
-    model: str
-    digest: str
+class SnapshotContent:
+    """What is recorded about one captured content: its manifest and what validation found.
+
+    Built from a validation (controlplane.pipeline); a SnapshotRecord is one too, so the fleet records
+    a host's record into the shared registry, and the shared record into a host's, as it is."""
+
     manifest: str
     config: dict[str, Any] | None
     versions: list[int]
@@ -56,6 +59,14 @@ class SnapshotRecord:
     valid: bool
     problems: list[dict[str, str]]
     total_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotRecord(SnapshotContent):
+    """A recorded content of a model, with what the registry knows about it since."""
+
+    model: str
+    digest: str
     first_seen: datetime
     last_seen: datetime
     quarantined: bool
@@ -72,7 +83,7 @@ class SnapshotRecord:
     def to_json(self) -> dict[str, Any]:
         data = _jsonable(self)
         data.pop("manifest")
-        return data
+        return {"model": data.pop("model"), "digest": data.pop("digest"), **data}
 
 
 @dataclass(frozen=True)
@@ -161,3 +172,50 @@ class TagRecord:
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(self)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One host's step of a fleet rollout (wave 0 is the canary set)."""
+
+    id: int
+    rollout_id: int
+    host: str
+    wave: int
+    action: str
+    digest: str | None
+    state: str
+    message: str
+    model: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout of a digest ("" : an unload) over the fleet, with its per-host steps (`rollouts --json`
+    prints a list of these, newest first)."""
+
+    id: int
+    model: str
+    digest: str
+    previous_digest: str | None
+    state: str  # queued | running | rolling_back | done | rolled_back
+    actor: str
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None
+    steps: list[Step]
+
+    def __getitem__(self, key: str) -> Any:
+        """Read like the `rollouts --json` document (`rollout["state"]`), as callers did when this was a dict."""
+        return getattr(self, key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "digest": self.digest, "previous_digest": self.previous_digest,
+                "state": self.state, "actor": self.actor, "created_at": iso(self.created_at),
+                "finished_at": iso(self.finished_at), "error": self.error,
+                "steps": [step.to_json() for step in self.steps]}

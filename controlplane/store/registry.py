@@ -27,6 +27,7 @@ from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, the
     DeploymentRecord,
     ModelRecord,
     ServingRecord,
+    SnapshotContent,
     SnapshotRecord,
     SourceHead,
     TagRecord,
@@ -293,6 +294,19 @@ class Registry:
             session.flush()
             return _snapshot_record(row), True
 
+    def record_content(self, model: str, digest: str, content: SnapshotContent) -> tuple[SnapshotRecord, bool]:
+        """`record_snapshot` of a content; another writer recording the same content at the same moment
+        (two fleet hosts) is not an error: its record is returned, not new."""
+        try:
+            return self.record_snapshot(
+                model, digest, content.manifest, config=content.config, versions=content.versions,
+                served_versions=content.served_versions, valid=content.valid, problems=content.problems,
+                total_bytes=content.total_bytes)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                return self.get_snapshot(model, digest), False
+            raise
+
     def get_snapshot(self, model: str, digest: str) -> SnapshotRecord:
         """A model's snapshot by full digest or unique prefix."""
         with self._session() as session:
@@ -361,6 +375,11 @@ class Registry:
             )
             for row in rows:
                 row.collected = True
+
+    def count_snapshots(self) -> int:
+        """Snapshots (distinct model contents) recorded (the metrics' tritonctl_snapshots_total)."""
+        with self._session() as session:
+            return int(session.scalar(select(func.count()).select_from(schema.Snapshot)) or 0)
 
     def count_quarantined(self) -> int:
         with self._session() as session:

@@ -1,0 +1,136 @@
+"""A host's duties in the fleet (every daemon, the leader included): run this host's rollout steps and
+converge to the fleet's target.
+
+A step is claimed (pending → running, by this host only), its snapshot imported from the shared
+store (every object verified) into this host's store and registry, and deployed with the single-host
+state machine (controlplane.deploy, which already rolls itself back on a failure); the outcome is
+reported to the fleet tables. Converge: a model whose fleet target differs from what this host
+serves, with no rollout open, is deployed (a host that was down during a rollout catches up this
+way). A host an operator acted on alone (`--host`, its local pin) is *held*: left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from controlplane import pipeline
+from controlplane.deploy import Outcome
+from controlplane.errors import StoreError, TritonctlError
+from controlplane.fleet.hostplane import HostPlane
+from controlplane.fleet.rollouts import FLEET_ACTOR
+from controlplane.fleet.settings import FleetSettings
+from controlplane.fleet.sharedstore import SharedContent
+from controlplane.store.fleet import FleetStore, Step, audit_event
+from controlplane.store.registry import Registry
+from controlplane.vocab import ModelState, Result
+
+log = logging.getLogger("tritonctl.fleet")
+
+CONVERGE_ACTOR = "fleet-converge"
+REPORT_EVERY_S = 5.0
+
+
+@dataclass
+class HostAgent:
+    """This host's side of every rollout; `tick` runs one round (the member's agent thread calls it)."""
+
+    host: str
+    plane: HostPlane
+    registry: Registry  # the shared registry
+    store: FleetStore
+    shared: SharedContent
+    fleet: FleetSettings
+    stopping: threading.Event
+    _last_converge: float = 0.0
+    _last_report: float = 0.0
+
+    def tick(self) -> None:
+        for step in self.store.claim(self.host):
+            self.run_step(step)
+        now = time.monotonic()
+        if now - self._last_converge >= self.fleet.converge_s:
+            self._last_converge = now
+            self.converge()
+        if now - self._last_report >= REPORT_EVERY_S:
+            self._last_report = now
+            self.report()
+
+    def _import(self, model: str, digest: str) -> None:
+        """Bring a snapshot from the shared store into this host's store and registry (verified)."""
+        self.shared.import_into(self.plane.store, model, digest)
+        shared = self.registry.get_snapshot(model, digest)
+        self.plane.registry.record_content(model, digest, pipeline.revalidate(self.plane.store, model, digest, shared))
+
+    def _deploy(self, model: str, digest: str | None, kind: str, actor: str) -> Outcome:
+        if digest is None:
+            return self.plane.deployer.unload(model, actor)
+        self._import(model, digest)
+        return self.plane.deployer.deploy(model, digest, actor, force=kind == "rollback", kind=kind)
+
+    def run_step(self, step: Step) -> None:
+        started = time.monotonic()
+        local = self.plane.registry.find_model(step.model)
+        if local is not None and local.pinned:  # held by an operator's --host action: left alone
+            message = f"host {self.host} held (pinned here); `tritonctl unpin {step.model} --host {self.host}`"
+            self.store.finish_step(step, "skipped", message, host=self.host, serving=local.active_digest,
+                                   audit=audit_event(FLEET_ACTOR, step.action, step.model, step.digest,
+                                                     Result.SKIPPED.value, f"rollout {step.rollout_id}: {message}"))
+            self.report()
+            return
+        log.info("%s: rollout %s step %s: %s %s", step.model, step.rollout_id, step.id, step.action,
+                 (step.digest or "-")[:12])
+        try:
+            outcome = self._deploy(step.model, step.digest or None, step.action, FLEET_ACTOR)
+            state = "ok" if outcome.succeeded else "failed"
+            message, result, serving = outcome.message, str(outcome.outcome), outcome.active_digest
+        except TritonctlError as exc:
+            state, message, result = "failed", str(exc), Result.FAILED.value
+            found = self.plane.registry.find_model(step.model)
+            serving = found.active_digest if found else None
+        self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit_event(
+            FLEET_ACTOR, step.action, step.model, step.digest, result, f"rollout {step.rollout_id}: {message}",
+            int((time.monotonic() - started) * 1000)))
+
+    def converge(self) -> None:
+        targets = self.store.targets()
+        if not targets:
+            return
+        busy = {r.model for r in self.store.rollouts()}
+        for model, target in sorted(targets.items()):
+            if model in busy or self.stopping.is_set():
+                continue
+            local = self.plane.registry.find_model(model)
+            if local is not None and local.active_digest == target and local.state == ModelState.SERVING:
+                continue
+            if local is not None and local.pinned:
+                continue
+            try:
+                mine = self.plane.registry.get_snapshot(model, target)
+                if mine.quarantined:
+                    continue  # failed here before; an operator retries with `tritonctl load --force`
+            except TritonctlError:
+                pass
+            log.info("%s: converging to the fleet's %s", model, target[:12])
+            started = time.monotonic()
+            try:
+                outcome = self._deploy(model, target, "deploy", CONVERGE_ACTOR)
+            except TritonctlError as exc:
+                log.error("%s: converge: %s", model, exc)
+                continue
+            self.store.finish_step(
+                Step(0, 0, self.host, 0, "deploy", target, "", "", model), "ok" if outcome.succeeded else "failed",
+                outcome.message, host=self.host, serving=outcome.active_digest,
+                audit=audit_event(CONVERGE_ACTOR, outcome.action, model, target, str(outcome.outcome),
+                                  f"converge: {outcome.message}", int((time.monotonic() - started) * 1000)))
+
+    def report(self) -> None:
+        try:
+            models = self.plane.registry.list_models()
+        except StoreError:
+            return
+        # A host an operator acted on alone (--host) is pinned here: the fleet shows it `held`.
+        self.store.report(self.host, {m.name: (m.active_digest, "held" if m.pinned else m.state)
+                                      for m in models if m.active_digest or m.pinned})

@@ -1,0 +1,47 @@
+"""What the fleet uses of its host's own control plane (controlplane.service.ControlPlane).
+
+The fleet sits beside the service in the layers (neither imports the other; the daemon wires them),
+so it names what it needs as a Protocol instead of taking `Any`: the host's local registry, content
+store and deployer, its Triton's URL, an s3:// source if any, the shared capture pipeline and the
+watcher's "look again later".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from controlplane.deploy import Deployer
+from controlplane.snapshot import ContentStore
+from controlplane.store.records import SnapshotRecord
+from controlplane.store.registry import Registry
+
+if TYPE_CHECKING:
+    from controlplane.s3source import S3Source
+
+
+class TritonAddress(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+class HostPlane(Protocol):
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def store(self) -> ContentStore: ...
+
+    @property
+    def deployer(self) -> Deployer: ...
+
+    @property
+    def triton(self) -> TritonAddress: ...
+
+    @property
+    def source(self) -> S3Source | None: ...
+
+    def capture(self, model: str, actor: str = ..., *, settled: bool = ...) -> SnapshotRecord: ...
+
+    def source_has(self, model: str) -> bool: ...
+
+    def look_again(self, model: str, delay_s: float) -> None: ...

@@ -1,0 +1,187 @@
+"""The leader's duties (only while this daemon holds the advisory lock): record what the source holds
+in the shared registry, start rollouts of what the shared pipeline lets through, and drive them.
+
+Recording is the single-host pipeline (controlplane.pipeline, through the host's own plane: capture →
+validate → record → audit), then the content is exported to the shared store and recorded in the
+shared registry; the gate is the same `pipeline.gate` (policy, pin, unloaded, invalid, quarantined,
+serving already, held by a rollback). An operator's `tritonctl load` on any host becomes a rollout
+too (`rollout`), followed until it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane import pipeline
+from controlplane.config import Settings
+from controlplane.deploy import Outcome, Progress, ProgressFn, admission
+from controlplane.errors import SnapshotError, TritonctlError
+from controlplane.fleet.hostplane import HostPlane
+from controlplane.fleet.rollouts import RolloutMachine
+from controlplane.fleet.sharedstore import SharedContent
+from controlplane.modelconfig import is_ensemble_dir
+from controlplane.snapshot import is_ignored_name
+from controlplane.store.fleet import FleetStore
+from controlplane.store.records import SnapshotRecord
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.vocab import Result
+
+log = logging.getLogger("tritonctl.fleet")
+
+
+@dataclass
+class Leader:
+    """Records, proposes and drives; `tick` runs one round (the member's leader thread calls it)."""
+
+    settings: Settings
+    plane: HostPlane
+    registry: Registry  # the shared registry
+    store: FleetStore
+    shared: SharedContent
+    machine: RolloutMachine
+    is_leader: Callable[[], bool]
+    stopping: threading.Event
+    scan_requested: threading.Event = field(default_factory=threading.Event)
+    _settled: list[str] = field(default_factory=list)
+    _settled_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def host(self) -> str:
+        return self.machine.host
+
+    # -- the source repository --------------------------------------------------------------------
+
+    def settled(self, model: str) -> None:
+        with self._settled_lock:
+            if model not in self._settled:
+                self._settled.append(model)
+
+    def _scan(self) -> None:
+        repo = self.settings.repository
+        if self.plane.source is not None:  # an s3:// source (docs/object-storage.md)
+            names = self.plane.source.initial_scan()
+        elif repo is None or not repo.is_dir():
+            return
+        else:
+            names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
+            names.sort(key=lambda n: is_ensemble_dir(repo / n))  # ensembles after their members (stable)
+        with self._settled_lock:
+            self._settled.extend(n for n in names if n not in self._settled)
+
+    def record(self, model: str) -> SnapshotRecord | None:
+        """Capture locally, export to the shared store, record in the shared registry (once per content)."""
+        if not self.plane.source_has(model):
+            return None
+        try:
+            local = self.plane.capture(model)
+        except SnapshotError as exc:
+            if pipeline.capture_passes(exc):
+                self.plane.look_again(model, self.settings.settle_s)
+            else:
+                self.registry.audit(AuditEntry("watcher", "snapshot", model, None, Result.FAILED.value, str(exc)))
+            return None
+        return self.publish(model, local.digest, "watcher")
+
+    def publish(self, model: str, digest: str, actor: str) -> SnapshotRecord:
+        """A snapshot this host holds, made available to the fleet: content into the shared store first,
+        then the record into the shared registry (audited the first time)."""
+        local = self.plane.registry.get_snapshot(model, digest)
+        self.shared.export(self.plane.store, model, digest)
+        return pipeline.record(self.registry, model, digest, local, actor)
+
+    def propose(self, model: str, record: SnapshotRecord, actor: str = "watcher") -> int | None:
+        """Start a rollout of `record` if the pipeline's gate lets it through and none is on its way."""
+        current = self.registry.ensure_model(model)
+        if pipeline.gate(self.registry, current, record, current.policy or self.settings.policy) is not None:
+            return None
+        if any(r.model == model and r.digest == record.digest for r in self.store.rollouts()):
+            return None  # already on its way
+        waves = self.machine.waves()
+        if not waves:
+            return None
+        rid = self.machine.start(model, record.digest, current.active_digest, actor, "rollout", waves,
+                                 lambda rid: f"rollout {rid} started: canary {', '.join(waves[0])}; "
+                                             f"then {len(waves) - 1} wave(s)")
+        log.info("%s: rollout %s of %s: waves %s", model, rid, record.digest[:12], waves)
+        return rid
+
+    # -- an operator's change, as a rollout -------------------------------------------------------
+
+    def rollout(self, model: str, record: SnapshotRecord | None, actor: str, *, force: bool,
+                progress: ProgressFn | None, kind: str = "rollout") -> Outcome:
+        """Change the fleet's target to `record` (None: unload everywhere) as a rollout: canary, waves,
+        fleet rollback on a failure; each host's step is streamed as it ends. Held hosts are skipped."""
+        started = time.monotonic()
+        digest = record.digest if record is not None else ""
+        what = digest[:12] if digest else "nothing (unload)"
+
+        def end(outcome: Result, message: str, active: str | None) -> Outcome:
+            return Outcome(model, kind, outcome, digest or None, active, message,
+                           int((time.monotonic() - started) * 1000))
+
+        current = self.registry.ensure_model(model)
+        if kind == "rollout" and current.pinned and digest != current.active_digest and not force:
+            return end(Result.FAILED, f"model '{model}' is pinned on the fleet to "
+                                      f"{str(current.active_digest)[:12]}; unpin it or use --force",
+                       current.active_digest)
+        refused = admission(record, force=force, where="the fleet") if record is not None else None
+        if refused is not None:
+            return end(Result.FAILED, refused, current.active_digest)
+        if record is not None and record.quarantined:  # forced
+            self.registry.set_quarantine(model, digest, None)
+        if (digest or None) == current.active_digest and not force:
+            return end(Result.NOOP, f"the fleet already serves {what}", current.active_digest)
+        waves = self.machine.waves()
+        if not waves:
+            return end(Result.FAILED, "no live hosts in the fleet", current.active_digest)
+        rid = self.machine.start(model, digest, current.active_digest, actor, kind, waves,
+                                 lambda rid: f"rollout {rid} of {what} started by {actor} through {self.host}: "
+                                             f"canary {', '.join(waves[0])}")
+        shown: dict[int, str] = {}
+        deadline = time.monotonic() + self.settings.load_timeout_s * (len(waves) + 2)
+        while True:
+            rollout = self.store.rollout(rid)
+            for step in rollout.steps:
+                if shown.get(step.id) == step.state or step.state in ("waiting", "pending"):
+                    continue
+                shown[step.id] = step.state
+                if progress is not None:
+                    label = "canary" if step.wave == 0 and step.action == "deploy" else f"wave {step.wave}"
+                    if step.action == "rollback":
+                        label = "rollback"
+                    progress(Progress(model, f"{label} {step.host}", step.state, step.message, step.digest or ""))
+            if rollout.state in ("done", "rolled_back"):
+                break
+            if time.monotonic() > deadline or self.stopping.is_set():
+                return end(Result.FAILED, f"rollout {rid} still {rollout.state}; follow it with "
+                                          "`tritonctl rollouts --watch`", current.active_digest)
+            time.sleep(0.2)
+        target = self.store.targets().get(model)
+        if rollout.state == "done":
+            return end(Result.OK, f"rollout {rid}: serving {what} on every host", target)
+        return end(Result.ROLLED_BACK, f"rollout {rid} rolled back: {rollout.error}", target)
+
+    # -- one round ----------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        if self.scan_requested.is_set():
+            self.scan_requested.clear()
+            self._scan()
+        while self.is_leader():
+            with self._settled_lock:
+                if not self._settled:
+                    break
+                model = self._settled.pop(0)
+            try:
+                record = self.record(model)
+                if record is not None:
+                    self.propose(model, record)
+            except TritonctlError as exc:
+                log.error("%s: %s", model, exc)
+        for rollout in self.store.rollouts():
+            if self.is_leader():
+                self.machine.drive(rollout)

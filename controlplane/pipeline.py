@@ -1,0 +1,90 @@
+"""The one path from source content to a deploy decision: capture → validate → record → audit → gate.
+
+The single-host daemon (controlplane.service) and the fleet (its leader records into the shared
+registry, its agents import into their own) call these functions; what differs is only where the
+decided deploy goes: this host's `Deployer`, or a fleet rollout (service.FleetStrategy). The deploy
+itself (publish → load → verify → smoke → commit, or roll back) is controlplane.deploy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from controlplane.ensemblemembers import content_problems
+from controlplane.errors import ObjectStoreError, SnapshotError
+from controlplane.modelconfig import validate_model_dir
+from controlplane.snapshot import ContentStore, Snapshot
+from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.sync import rollback_holds
+from controlplane.vocab import ModelState, Policy, Result
+
+log = logging.getLogger("tritonctl.pipeline")
+
+def capture_passes(exc: SnapshotError) -> bool:
+    """A refused capture to try again after the settle window (still changing, on hold, awaiting the
+    commit marker, object storage unreachable), rather than report as failed."""
+    return exc.retryable or isinstance(exc, ObjectStoreError)
+
+
+def validate(registry: Registry, store: ContentStore, snapshot: Snapshot,
+             members: dict[str, SnapshotRecord] | None = None) -> SnapshotContent:
+    """Validate a captured (immutable) tree; problems name the model's files, not the store's. An
+    ensemble is also checked against the step models `registry` knows, or `members` (a change set's
+    new step snapshots, controlplane/changeset.py)."""
+    model = snapshot.model
+    tree = store.tree_path(snapshot.digest)
+    result = validate_model_dir(tree, name=model)
+    prefix = f"{tree.name}/"
+    problems = [
+        {
+            "file": p.file.replace(prefix, f"{model}/", 1) if p.file.startswith(prefix) else p.file,
+            "field": p.field,
+            "message": p.message,
+            "severity": p.severity,
+        }
+        for p in result.problems
+    ]
+    ensemble = content_problems(registry, model, result.config, members) if result.ok else []
+    return SnapshotContent(snapshot.manifest_json(), result.config, result.versions, result.served_versions,
+                           result.ok and not ensemble, problems + ensemble, snapshot.total_bytes)
+
+
+def revalidate(store: ContentStore, model: str, digest: str, recorded: SnapshotContent) -> SnapshotContent:
+    """A content imported from elsewhere (a fleet host from the shared store), validated again here."""
+    result = validate_model_dir(store.tree_path(digest), name=model)
+    return replace(recorded, config=result.config, versions=result.versions, served_versions=result.served_versions,
+                   valid=result.ok)
+
+
+def record(registry: Registry, model: str, digest: str, content: SnapshotContent, actor: str) -> SnapshotRecord:
+    """Record a content (once per content) and, the first time, audit what it is."""
+    snap, new = registry.record_content(model, digest, content)
+    if new:
+        message = "recorded" if snap.valid else f"invalid: {snap.first_error}"
+        registry.audit(AuditEntry(actor, "snapshot", model, snap.digest,
+                                  Result.OK.value if snap.valid else Result.INVALID.value, message))
+        log.info("%s snapshot %s %s", model, snap.digest[:12], message)
+    return snap
+
+
+def gate(registry: Registry, current: ModelRecord, snap: SnapshotRecord, policy: str) -> str | None:
+    """Why a newly recorded content is NOT deployed on its own (None: deploy it): policy, pin, an
+    operator's unload or rollback, invalid or quarantined content, or it serves already."""
+    if policy != Policy.AUTO:
+        return f"policy {policy}"
+    if current.pinned:
+        return "pinned"
+    if current.state == ModelState.UNLOADED:
+        return "unloaded"
+    if not snap.valid:
+        return "invalid"
+    if snap.quarantined:
+        return "quarantined"
+    if snap.digest == current.active_digest:
+        return "serving already"
+    if rollback_holds(registry.last_deployment(current.name), snap.first_seen):
+        return "held by a rollback"
+    return None
+

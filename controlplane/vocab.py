@@ -1,0 +1,114 @@
+"""The control plane's words, in one place: outcomes, model states, deploy steps, sync states, causes.
+
+Each is a `str` enum (`class X(str, Enum)`, which Python 3.10 supports; `enum.StrEnum` needs 3.11), so a
+member *is* its string: it compares equal to it, JSON-encodes to it and is stored in the registry as
+it. The values are a contract (registry columns, `--json` documents, metrics labels): add members,
+never rename one.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Word(str, Enum):
+    """A str enum whose str() and format() are its value on every Python version."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Result(Word):
+    """How an operation (deploy, rollback, unload, restore, rollout) ended; also audit outcomes."""
+
+    OK = "ok"
+    NOOP = "noop"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    INVALID = "invalid"  # audit only: a snapshot recorded invalid, a quarantined digest skipped
+    SKIPPED = "skipped"  # audit only: a held host's rollout step
+
+
+SUCCEEDED = (Result.OK, Result.NOOP)
+
+
+class ModelState(Word):
+    """A model's state in the registry."""
+
+    NEW = "new"
+    SERVING = "serving"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    UNLOADED = "unloaded"
+
+
+# Registry states in which a model is meant to be loaded in Triton.
+SERVING_STATES: tuple[str, ...] = (ModelState.SERVING.value, ModelState.DEGRADED.value)
+
+
+class DeployStep(Word):
+    """A step of an operation as streamed to the CLI (`Progress.step`)."""
+
+    VALIDATE = "validate"
+    DEPLOY = "deploy"
+    PUBLISH = "publish"
+    LOAD = "load"
+    VERIFY = "verify"
+    SMOKE = "smoke"
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    UNLOAD = "unload"
+    MEMBER = "member"
+
+
+class RecordedStep(Word):
+    """The step a deployment has reached in the registry (what crash recovery reads)."""
+
+    INTENT = "intent"
+    PUBLISHED = "published"
+    LOADED = "loaded"
+    VERIFIED = "verified"
+    ROLLING_BACK = "rolling_back"
+
+
+class StepState(Word):
+    """The state of one streamed step."""
+
+    START = "start"
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class SyncState(Word):
+    """`status`'s sync column: is what serves the source's newest content (controlplane.sync)."""
+
+    SYNCED = "synced"
+    PENDING = "pending"
+    HELD = "held"
+    INVALID = "invalid"
+    REMOVED = "removed"
+
+
+class Cause(Word):
+    """Whose fault a failed operation is (controlplane.faults): the content's is quarantined, the
+    environment's is retried with backoff, an unreachable tritonserver exits 4 in the CLI."""
+
+    NONE = ""
+    CONTENT = "content"
+    ENVIRONMENT = "environment"
+    TRITON_UNREACHABLE = "triton_unreachable"
+
+    @property
+    def retried(self) -> bool:
+        """Not the content's fault: the control plane deploys it again later."""
+        return self in (Cause.ENVIRONMENT, Cause.TRITON_UNREACHABLE)
+
+
+class Policy(Word):
+    AUTO = "auto"
+    MANUAL = "manual"
+    INHERIT = "inherit"
