@@ -40,6 +40,8 @@ def client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
 def serving_gen(daemon: DaemonProcess, client: grpcclient.InferenceServerClient, name: str, gen: int,
                 timeout_s: float = 30.0) -> None:
     wait_for(lambda: answers(client, name, gen), timeout_s, 0.05, f"{name} serving generation {gen}")
+    # Triton answers once the load is verified; the registry commits after the smoke run: wait for that too.
+    wait_for(lambda: daemon.model_status(name).get("sync") == "synced", timeout_s, 0.1, f"{name} synced")
 
 
 def test_examples_linear_served_at_start(daemon: DaemonProcess) -> None:
