@@ -530,20 +530,7 @@ class Registry:
         """
         log = schema.ServingLog
         # Per (model, host): in a fleet every host logs what it serves; a single host logs one host.
-        names = select(log.model, log.host).distinct()
-        if models is not None:
-            names = names.where(log.model.in_(models))
-        named = names.subquery("names")
-        latest = aliased(log, name="latest")
-        last_change = (
-            select(latest.id)
-            .where(latest.model == named.c.model, latest.host == named.c.host, latest.time <= when)
-            .order_by(latest.time.desc(), latest.id.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        # Sorted in Python: an ORDER BY over the id list would cost SQLite a temporary b-tree.
-        stmt = select(log).where(log.id.in_(select(last_change).select_from(named)))
+        stmt = _last_rows_at(log, log.host, when, log.model.in_(models) if models is not None else None)
         with self._session() as session:
             records = [
                 ServingRecord(model=row.model, digest=row.digest, versions=json.loads(row.versions), since=row.time,
@@ -580,19 +567,7 @@ class Registry:
         """Where each tag pointed at `when`: per (model, name), its last move at or before `when`
         (one index seek each on ix_tag_moves_model_name_time); deleted tags are left out."""
         moves = schema.TagMove
-        names = select(moves.model, moves.name).distinct()
-        if model is not None:
-            names = names.where(moves.model == model)
-        named = names.subquery("names")
-        latest = aliased(moves, name="latest")
-        last_move = (
-            select(latest.id)
-            .where(latest.model == named.c.model, latest.name == named.c.name, latest.time <= when)
-            .order_by(latest.time.desc(), latest.id.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        stmt = select(moves).where(moves.id.in_(select(last_move).select_from(named)))
+        stmt = _last_rows_at(moves, moves.name, when, moves.model == model if model is not None else None)
         with self._session() as session:
             records = [TagRecord(r.model, r.name, r.new_digest, r.actor, r.time)
                        for r in session.scalars(stmt) if r.new_digest is not None]
@@ -647,3 +622,23 @@ class Registry:
             if message:
                 self._add_audit(session, AuditEntry(actor, "policy", model, model_row.active_digest, "ok", message),
                                 utcnow())
+
+
+def _last_rows_at(table: Any, second_key: Any, when: datetime, where: Any = None) -> Any:
+    """SELECT of `table`'s rows that are each (model, second_key) group's last at or before `when`: one
+    index seek per group on (model, second_key, time). Callers sort in Python: an ORDER BY over the id
+    list would cost SQLite a temporary b-tree (tests/test_query_plans.py)."""
+    names = select(table.model, second_key).distinct()
+    if where is not None:
+        names = names.where(where)
+    named = names.subquery("names")
+    latest = aliased(table, name="latest")
+    key = second_key.key
+    last = (
+        select(latest.id)
+        .where(latest.model == named.c.model, getattr(latest, key) == named.c[key], latest.time <= when)
+        .order_by(latest.time.desc(), latest.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    return select(table).where(table.id.in_(select(last).select_from(named)))
