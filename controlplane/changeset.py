@@ -650,11 +650,7 @@ class ChangeSets:
         at_fault = exc.model if isinstance(exc, SetFailed) and exc.own_fault else None
         environment = environment_cause(exc)
         for ensemble in reversed(interim):
-            target = ensemble.previous or ensemble.digest
-            self._quietly(self._switch, ensemble.model,
-                          Member(ensemble.model, target, ensemble.previous, True, ensemble.steps), {}, target,
-                          "restore", emit)
-            plane.serving.prune(ensemble.model)
+            self._put_back(ensemble, emit)
         message = f"rolled back, the old pipeline kept answering: {exc}"
         if environment:
             message = f"{environment}: {message}"
@@ -676,6 +672,14 @@ class ChangeSets:
             message += f" ({quarantined} quarantined)"
         return message
 
+    def _put_back(self, ensemble: Member, emit: ProgressFn) -> None:
+        """An ensemble back on its previous content (its public steps), its interim trees pruned."""
+        target = ensemble.previous or ensemble.digest
+        self._quietly(self._switch, ensemble.model,
+                      Member(ensemble.model, target, ensemble.previous, True, ensemble.steps), {}, target,
+                      "restore", emit)
+        self.plane.serving.prune(ensemble.model)
+
     def _undo_after_switch(self, public_done: list[Member], staged: list[Member], deployments: dict[str, int],
                            failure: str, actor: str, emit: ProgressFn) -> None:
         """The public steps changed and a later step failed: the interim pipeline answers; put the public
@@ -685,11 +689,7 @@ class ChangeSets:
             if step.previous:
                 plane.deployer.deploy(step.model, step.previous, actor, force=True, kind="rollback", progress=emit)
         for ensemble in reversed(staged):
-            target = ensemble.previous or ensemble.digest
-            self._quietly(self._switch, ensemble.model,
-                          Member(ensemble.model, target, ensemble.previous, True, ensemble.steps), {}, target,
-                          "restore", emit)
-            plane.serving.prune(ensemble.model)
+            self._put_back(ensemble, emit)
             if ensemble.model in deployments:
                 self._finish(ensemble, deployments[ensemble.model], "rolled_back", f"rolled back: {failure}", actor)
 
