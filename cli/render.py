@@ -420,6 +420,6 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
             cell = model["hosts"].get(host)
             cells.append("-" if cell is None else
                          f"{_short(cell['digest'])} {cell['state']}{' *' if cell['drift'] else ''}")
-        table.add_row(model["model"], _short(model["target"]), *cells)
+        table.add_row(model["model"], _tagged(model, model["target"]), *cells)
     _console().print(table)
 

@@ -468,10 +468,11 @@ class MatrixRow:
     model: str
     target: str | None
     hosts: dict[str, MatrixCell]
+    tags: tuple[str, ...] = ()  # the tags naming the target digest (controlplane/tags.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "target": self.target,
-                "hosts": {host: cell.to_json() for host, cell in self.hosts.items()}}
+                "hosts": {host: cell.to_json() for host, cell in self.hosts.items()}, "tags": list(self.tags)}
 
 
 @dataclass

@@ -28,6 +28,7 @@ import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
 
 from cli.main import cli
+from tests.cli_helpers import invoke
 from tests.harness import DaemonProcess, answers, copy_example, wait_for, write_gen_model
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -228,6 +229,8 @@ def test_fleet_documents_keep_their_shape(pg_url: str, tmp_path: Path) -> None:
         store.finish_step(step, "ok", "serving", host="h1", serving=D2,
                           audit=audit_event("fleet", "deploy", "m", D2, "ok", "serving"))
         store.report("h2", {"m": (D1, "serving")})
+        target = store.targets()["m"]
+        registry.move_tag("m", "stable", target, actor="alice")  # status --fleet: the tags of the target
         # pin / unpin / policy on a fleet (`fleet: true`) and on one host (`--host h1`: held), as the
         # control API returns them; the member is a stand-in holding the real shared and local registries.
         migrate.upgrade(local)
@@ -249,6 +252,8 @@ def test_fleet_documents_keep_their_shape(pg_url: str, tmp_path: Path) -> None:
     check("rollouts", rollouts)
     matrix = run_json("status", "--fleet", *db)
     assert set(matrix["models"][0]["hosts"]) == {"h1", "h2"}
+    assert matrix["models"][0]["tags"] == ["stable"]
+    assert f"{target[:12]} stable" in invoke(["status", "--fleet", *db]).stdout  # after the digest, like versions
     # The host names are data, not keys of the contract: one cell's shape stands for all.
     matrix["models"][0]["hosts"] = {"HOST": matrix["models"][0]["hosts"]["h1"]}
     check("status-fleet", matrix)

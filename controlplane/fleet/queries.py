@@ -6,6 +6,7 @@ from __future__ import annotations
 from controlplane.fleet.store import OPEN_ROLLOUT, FleetStore
 from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, RolloutRow
 from controlplane.store.registry import Registry
+from controlplane.tags import by_digest
 
 
 def hosts(registry: Registry, timeout_s: float = 10.0) -> list[HostRow]:
@@ -18,6 +19,9 @@ def rollouts(registry: Registry, all_states: bool = True, limit: int = 20) -> li
 
 
 def matrix(registry: Registry) -> FleetMatrix:
+    """Model x host, each model with the tags of the fleet's target digest (tags live in the shared registry)."""
+    tagged = by_digest(registry.list_tags())
     return FleetMatrix([MatrixRow(row["model"], row["target"], {host: MatrixCell(**cell) for host, cell in
-                                                                 row["hosts"].items()})
+                                                                 row["hosts"].items()},
+                                  tuple(tagged.get((row["model"], row["target"]), [])))
                         for row in FleetStore(registry).matrix()["models"]])
