@@ -229,6 +229,10 @@ def policy(client: ControlClient, model: str, policy: str, host: str, as_json: b
     """
     if policy not in ("auto", "manual", "inherit") and not policy.startswith("track:"):
         raise UsageError(f"policy '{policy}': expected auto, manual, inherit or track:TAG")
+    if host and policy.startswith("track:"):  # refused before asking the daemon (which refuses it too)
+        from controlplane.tags import refuse_host
+
+        refuse_host(policy, host)
     render.kv(client.set_policy(model, policy, host), as_json)
 
 

@@ -421,7 +421,10 @@ class ControlPlane:
 
     def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> PolicyResult:
         validate_model_name(model)
-        if policy.startswith(tags.TRACK_PREFIX) and not host:
+        if policy.startswith(tags.TRACK_PREFIX):
+            tags.refuse_host(policy, host)
+            if self.fleet is not None:  # audited like every fleet policy change (controlplane.fleet.verbs)
+                return self.fleet.set_policy(model, policy, actor, host)
             return tags.set_track(self, model, policy, actor)
         if policy not in ("auto", "manual", "inherit"):
             raise UsageError(f"policy '{policy}': expected auto, manual, inherit or track:TAG")

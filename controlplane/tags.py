@@ -252,21 +252,32 @@ def follow(plane: Any, model: str, actor: str) -> TagResult | None:
     return _move_tracked(plane, registry, model, tag.name, tag.digest, tag.digest, actor, None, message)
 
 
-def set_track(plane: Any, model: str, policy: str, actor: str) -> PolicyResult:
+def refuse_host(policy: str, host: str) -> None:
+    """`policy MODEL track:NAME --host H` is refused (exit 2): a tag and the models tracking it are the
+    fleet's, in the shared registry, so no single host can track one on its own."""
+    if host and policy.startswith(TRACK_PREFIX):
+        raise TagError(f"policy {policy} takes no --host {host}: tracking is fleet-wide (the tag lives in the "
+                       "shared registry); run it without --host")
+
+
+def set_track(plane: Any, model: str, policy: str, actor: str, through: str = "") -> PolicyResult:
     """`policy MODEL track:NAME`: the model serves whatever NAME points to (deployed in the background
-    when it serves something else now)."""
+    when it serves something else now). `through`: on a fleet, the host the command came through
+    (controlplane.fleet.verbs), named in the audit event like any fleet policy change."""
     validate_model_name(model)
     name = validate_tag_name(policy[len(TRACK_PREFIX):])
     registry = tag_registry(plane)
     if registry.find_model(model) is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
     digest = tag_digest(registry, model, name)
-    registry.set_track(model, name, actor, message=f"policy track:{name} (tag {name} is at {_short(digest)})")
+    where = f" on the fleet (through {through})" if through else ""
+    registry.set_track(model, name, actor, message=f"policy track:{name}{where} (tag {name} is at {_short(digest)})")
     record = registry.get_model(model)
     if digest != record.active_digest and not record.pinned:
         threading.Thread(target=_follow_logged, args=(plane, model, actor), name=f"track-{model}",
                          daemon=True).start()
-    return PolicyResult(model, f"{TRACK_PREFIX}{name}", inherited=False, tag=name, digest=digest)
+    return PolicyResult(model, f"{TRACK_PREFIX}{name}", inherited=False, fleet=bool(through), tag=name,
+                        digest=digest)
 
 
 def _follow_logged(plane: Any, model: str, actor: str) -> None:

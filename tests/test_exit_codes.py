@@ -67,7 +67,11 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
     # 2: usage, unknown model or digest
     for args in (["status", "ghost"], ["load", "ghost"], ["rollback", "ghost"], ["unload", "ghost"],
                  ["pin", "ghost"], ["versions", "ghost"], ["load", "m", "--digest", "deadbeef"],
-                 ["rollback", "m", "--to", "deadbeef"], ["load", "../x"], ["gc", "--keep", "-1"]):
+                 ["rollback", "m", "--to", "deadbeef"], ["load", "../x"], ["gc", "--keep", "-1"],
+                 # tag errors: a bad tag name, an unknown tag, tracking on one host (tracking is fleet-wide)
+                 ["tag", "m", "Stable"], ["tag", "m", "deadbeef"], ["tag", "m", "stable", "deadbeef"],
+                 ["load", "m", "--tag", "nosuch"], ["rollback", "m", "--to-tag", "nosuch"],
+                 ["policy", "m", "track:nosuch"], ["policy", "m", "track:stable", "--host", "h1"]):
         rc, err = code(daemon, *args)
         assert rc == 2, (args, err)
         if args[0] != "gc":  # click's own usage errors print usage lines; ours are one line

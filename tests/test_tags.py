@@ -162,6 +162,46 @@ def test_a_tracked_tag_on_a_fleet_moves_by_rollout_in_the_shared_registry(tmp_pa
         local.close()
 
 
+def test_tracking_on_a_fleet_is_a_fleet_policy_change_audited_with_actor_and_host(tmp_path: Path,
+                                                                                  clock: Clock) -> None:
+    from types import SimpleNamespace
+
+    from controlplane.fleet.verbs import FleetVerbs
+
+    shared = _migrated(f"sqlite:///{tmp_path / 'shared.db'}")
+    local = Registry(f"sqlite:///{tmp_path / 'local.db'}")
+    migrate.upgrade(local)
+    fleet = StandInFleet(shared, "ok")
+    member = SimpleNamespace(host="h2", registry=shared, plane=StandInPlane(local, fleet))
+    verbs = FleetVerbs(member)  # type: ignore[arg-type]
+    try:
+        shared.move_tag("linear", "stable", D1, actor="ann")
+        shared.update_model("linear", pinned=True)  # no deploy follows: this checks the record, not a rollout
+        result = verbs.set_policy("linear", "track:stable", "bob", "")
+        assert (result.policy, result.fleet, result.tag, result.digest) == ("track:stable", True, "stable", D1)
+        assert shared.tracks() == {"linear": "stable"} and local.tracks() == {}
+        event = shared.query_audit(AuditQuery(model="linear", action="policy", limit=1))[0]
+        assert (event.actor, event.outcome) == ("bob", "ok")
+        assert "track:stable on the fleet (through h2)" in event.message, event.message
+        # One host cannot track a tag on its own: one line, exit 2 (a UsageError), nothing recorded.
+        with pytest.raises(TagError) as caught:
+            verbs.set_policy("linear", "track:canary", "bob", "h2")
+        assert isinstance(caught.value, UsageError) and "\n" not in str(caught.value)
+        assert "tracking is fleet-wide" in str(caught.value)
+        assert shared.tracks() == {"linear": "stable"} and fleet.calls == []
+    finally:
+        shared.close()
+        local.close()
+
+
+def test_policy_track_with_host_is_refused_in_one_line_before_the_daemon_is_asked(tmp_path: Path) -> None:
+    from tests.cli_helpers import assert_one_line_error, invoke
+
+    # No daemon runs under this state dir: the refusal (exit 2) comes before the client connects (exit 3).
+    result = invoke(["policy", "linear", "track:stable", "--host", "h1", "--state-dir", str(tmp_path)])
+    assert_one_line_error(result, 2, "track:stable", "--host h1", "tracking is fleet-wide")
+
+
 # -- the `tags --json` contract (README "JSON output") -------------------------------------------------
 
 GOLDEN = Path(__file__).parent / "golden" / "tags.json"

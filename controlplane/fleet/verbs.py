@@ -2,9 +2,9 @@
 
 Through any host's control API, without `--host`: rollback and unload change the fleet's target and
 run as a rollout (canary, waves, fleet rollback on a failure; each host's step streamed as it ends);
-pin, unpin and policy change the shared registry's model, which the leader honours before it starts
-any rollout. Every change is audited in the shared registry with the actor and the host it came
-through.
+pin, unpin and policy (`track:NAME` too: fleet-wide only) change the shared registry's model, which the
+leader honours before it starts any rollout. Every change is audited in the shared registry with the
+actor and the host it came through.
 
 With `--host H` (H must be the daemon the command reached) the single-host action runs on H alone
 and H is *held* for the model (its local pin): the fleet skips H's rollout steps and converge leaves
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from controlplane import tags
 from controlplane.deploy import Outcome, ProgressFn
 from controlplane.errors import NotFoundError, TritonctlError, UsageError
 from controlplane.results import HoldResult, PinResult, PolicyResult
@@ -108,6 +109,9 @@ class FleetVerbs:
         return PinResult(model, pinned, record.active_digest, fleet=True)
 
     def set_policy(self, model: str, policy: str, actor: str, host: str) -> PolicyResult:
+        if policy.startswith(tags.TRACK_PREFIX):  # fleet-wide only: tags live in the shared registry
+            tags.refuse_host(policy, host)
+            return tags.set_track(self.member.plane, model, policy, actor, through=self.member.host)
         value = None if policy == "inherit" else policy
         if host:
             self.check_host(host)
