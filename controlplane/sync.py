@@ -11,7 +11,7 @@ from datetime import datetime
 
 from controlplane.faults import Retry
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead
-from controlplane.vocab import SyncState
+from controlplane.vocab import SERVING_STATES, ModelState, Policy, Result, SyncState
 
 SYNC_STATES = tuple(state.value for state in SyncState)
 
@@ -29,7 +29,7 @@ def rollback_holds(last: DeploymentRecord | None, first_seen: datetime | None) -
     return (
         last is not None
         and last.kind == "rollback"
-        and last.outcome == "ok"
+        and last.outcome == Result.OK
         and last.finished_at is not None
         and first_seen is not None
         and first_seen <= last.finished_at
@@ -45,7 +45,7 @@ def sync_state(
     busy: bool = False,
     retry: Retry | None = None,
     settling: str | None = None,
-) -> tuple[str, str]:
+) -> tuple[SyncState, str]:
     """(sync, sync_reason) for one model; the reason is one line an operator can act on.
 
     `busy`: a deploy runs now; `retry`: an environment fault's backoff; `settling`: the source is
@@ -53,38 +53,39 @@ def sync_state(
     name = model.name
     serves = f"{_short(model.active_digest)} serves" if model.active_digest else "nothing serves"
     if model.removed_at is not None:
-        return "removed", f"removed from the source at {_clock(model.removed_at)}; {serves}"
+        return SyncState.REMOVED, f"removed from the source at {_clock(model.removed_at)}; {serves}"
     if busy:
-        return "pending", "a deploy or capture is in progress"
+        return SyncState.PENDING, "a deploy or capture is in progress"
     if settling:  # the source is changing, or its new content is being captured
-        return "pending", settling
+        return SyncState.PENDING, settling
     if retry is not None:
-        return "pending", (f"last deploy of {_short(retry.digest)} failed ({retry.reason}); "
+        return SyncState.PENDING, (f"last deploy of {_short(retry.digest)} failed ({retry.reason}); "
                            f"next retry in {retry.seconds_left()} s")
     if head is None:
-        return "pending", "the source's content is not recorded yet"
-    if head.digest == model.active_digest and model.state in ("serving", "degraded"):
-        note = "; degraded: " + (model.last_error or "") if model.state == "degraded" else ""
-        return "synced", f"serving the source's newest content {_short(head.digest)}{note}"
+        return SyncState.PENDING, "the source's content is not recorded yet"
+    if head.digest == model.active_digest and model.state in SERVING_STATES:
+        note = "; degraded: " + (model.last_error or "") if model.state == ModelState.DEGRADED else ""
+        return SyncState.SYNCED, f"serving the source's newest content {_short(head.digest)}{note}"
     if not head.valid:
-        return "invalid", f"source content {_short(head.digest)} is invalid: {head.first_error}; {serves}"
+        return SyncState.INVALID, f"source content {_short(head.digest)} is invalid: {head.first_error}; {serves}"
     if head.quarantined:
-        return "invalid", f"source content {_short(head.digest)} is quarantined: {head.quarantine_reason}; {serves}"
-    if model.state == "unloaded":
+        return SyncState.INVALID, (f"source content {_short(head.digest)} is quarantined: {head.quarantine_reason}; "
+                                   f"{serves}")
+    if model.state == ModelState.UNLOADED:
         by = f" by {last.actor}" if last is not None and last.kind == "unload" else ""
-        return "held", f"unloaded{by}; `tritonctl load {name}` serves {_short(head.digest)}"
+        return SyncState.HELD, f"unloaded{by}; `tritonctl load {name}` serves {_short(head.digest)}"
     if rollback_holds(last, head.first_seen):
         assert last is not None
-        return "held", (f"rolled back by {last.actor} at {_clock(last.finished_at)}; deploys on the next change "
-                        f"or `tritonctl load {name}`")
+        return SyncState.HELD, (f"rolled back by {last.actor} at {_clock(last.finished_at)}; deploys on the next "
+                                f"change or `tritonctl load {name}`")
     if model.pinned:
-        return "held", (f"pinned to {_short(model.active_digest)}; `tritonctl unpin {name}` deploys "
-                        f"{_short(head.digest)}")
-    if policy != "auto":
-        return "held", f"policy {policy}; `tritonctl load {name}` deploys {_short(head.digest)}"
-    if last is not None and last.outcome == "failed" and last.digest == head.digest:
-        return "held", f"last deploy failed: {last.error}; `tritonctl load {name}` retries"
-    return "pending", f"{_short(head.digest)} is waiting to be deployed"
+        return SyncState.HELD, (f"pinned to {_short(model.active_digest)}; `tritonctl unpin {name}` deploys "
+                                f"{_short(head.digest)}")
+    if policy != Policy.AUTO:
+        return SyncState.HELD, f"policy {policy}; `tritonctl load {name}` deploys {_short(head.digest)}"
+    if last is not None and last.outcome == Result.FAILED and last.digest == head.digest:
+        return SyncState.HELD, f"last deploy failed: {last.error}; `tritonctl load {name}` retries"
+    return SyncState.PENDING, f"{_short(head.digest)} is waiting to be deployed"
 
 
 def settling_reason(since_s: float | None, waits: str | None = None) -> str:
@@ -95,20 +96,20 @@ def settling_reason(since_s: float | None, waits: str | None = None) -> str:
     return f"settling: last change {since_s:.1f} s ago" + (f" (last look: {waits})" if waits else "")
 
 
-def track_sync(model: ModelRecord, tag: str, tag_digest: str | None, *, busy: bool = False) -> tuple[str, str]:
+def track_sync(model: ModelRecord, tag: str, tag_digest: str | None, *, busy: bool = False) -> tuple[SyncState, str]:
     """(sync, sync_reason) of a model that tracks a tag (controlplane/tags.py): synced when it serves the
     tag's digest, held when pinned (or unloaded), pending while the tag's digest is being deployed."""
     name = model.name
     if model.removed_at is not None:
-        return "removed", f"removed from the source at {_clock(model.removed_at)}"
+        return SyncState.REMOVED, f"removed from the source at {_clock(model.removed_at)}"
     if busy:
-        return "pending", "a deploy or capture is in progress"
+        return SyncState.PENDING, "a deploy or capture is in progress"
     if tag_digest is None:
-        return "held", f"tracks tag {tag}, which does not exist; `tritonctl tag {name} {tag} DIGEST` sets it"
-    if tag_digest == model.active_digest and model.state in ("serving", "degraded"):
-        return "synced", f"serving tag {tag} ({_short(tag_digest)})"
+        return SyncState.HELD, f"tracks tag {tag}, which does not exist; `tritonctl tag {name} {tag} DIGEST` sets it"
+    if tag_digest == model.active_digest and model.state in SERVING_STATES:
+        return SyncState.SYNCED, f"serving tag {tag} ({_short(tag_digest)})"
     if model.pinned:
-        return "held", f"pinned to {_short(model.active_digest)}; tag {tag} is at {_short(tag_digest)}"
-    if model.state == "unloaded":
-        return "held", f"unloaded; `tritonctl load {name} --tag {tag}` serves {_short(tag_digest)}"
-    return "pending", f"tag {tag} is at {_short(tag_digest)}, waiting to be deployed"
+        return SyncState.HELD, f"pinned to {_short(model.active_digest)}; tag {tag} is at {_short(tag_digest)}"
+    if model.state == ModelState.UNLOADED:
+        return SyncState.HELD, f"unloaded; `tritonctl load {name} --tag {tag}` serves {_short(tag_digest)}"
+    return SyncState.PENDING, f"tag {tag} is at {_short(tag_digest)}, waiting to be deployed"

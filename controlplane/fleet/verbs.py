@@ -21,6 +21,7 @@ from controlplane.deploy import Outcome, ProgressFn
 from controlplane.errors import NotFoundError, TritonctlError, UsageError
 from controlplane.results import HoldResult, PinResult, PolicyResult
 from controlplane.store.registry import AuditEntry
+from controlplane.vocab import Policy, Result
 
 if TYPE_CHECKING:
     from controlplane.fleet.member import FleetMember
@@ -52,7 +53,7 @@ class FleetVerbs:
         local.update_model(model, pinned=held)
         message = (f"host {self.member.host} held by {actor}: the fleet leaves it alone until unpin --host"
                    if held else f"host {self.member.host} released: it converges to the fleet's target")
-        self.member.registry.audit(AuditEntry(actor, "hold" if held else "release", model, None, "ok", message))
+        self.member.registry.audit(AuditEntry(actor, "hold" if held else "release", model, None, Result.OK, message))
         self.member.report_now()
 
     # -- the fleet --------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ class FleetVerbs:
             raise UsageError(f"model '{model}' serves nothing in the fleet to pin")
         record = shared.update_model(model, pinned=pinned)
         action = "pin" if pinned else "unpin"
-        shared.audit(AuditEntry(actor, action, model, record.active_digest, "ok",
+        shared.audit(AuditEntry(actor, action, model, record.active_digest, Result.OK,
                                 f"{action}ned on the fleet (through {self.member.host})"))
         return PinResult(model, pinned, record.active_digest, fleet=True)
 
@@ -112,17 +113,17 @@ class FleetVerbs:
         if policy.startswith(tags.TRACK_PREFIX):  # fleet-wide only: tags live in the shared registry
             tags.refuse_host(policy, host)
             return tags.set_track(self.member.plane, model, policy, actor, through=self.member.host)
-        value = None if policy == "inherit" else policy
+        value = None if policy == Policy.INHERIT else policy
         if host:
             self.check_host(host)
             record = self.member.plane.registry.update_model(model, policy=value)
-            self.member.plane.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok",
+            self.member.plane.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, Result.OK,
                                                         f"policy {policy} on host {host}"))
             self._hold(model, actor, True)
             return PolicyResult(model, value or self.member.settings.policy, inherited=value is None, host=host)
         shared = self.member.registry
         record = shared.update_model(model, policy=value)
-        shared.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok",
+        shared.audit(AuditEntry(actor, "policy", model, record.active_digest, Result.OK,
                                 f"policy {policy} on the fleet (through {self.member.host})"))
         return PolicyResult(model, record.policy or self.member.settings.policy, inherited=record.policy is None,
                             fleet=True)
