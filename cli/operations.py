@@ -24,7 +24,7 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
     if result.get("outcome") in OUTCOMES_THAT_FAIL:
         if result.get("cause") == "triton_unreachable":  # README "Exit codes": 4
             raise TritonUnavailableError(str(result.get("message", "")))
-        raise DeployError(str(result.get("message", "")), str(result.get("outcome")))
+        raise DeployError(str(result.get("message", "")), str(result.get("outcome")), str(result.get("cause") or ""))
 
 
 def failed_models(status: dict[str, Any]) -> list[str]:

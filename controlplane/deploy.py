@@ -587,5 +587,5 @@ def _ms(started: float) -> int:
 def raise_for(outcome: Outcome) -> Outcome:
     """For callers that want an exception: DeployError unless the outcome succeeded."""
     if not outcome.succeeded:
-        raise DeployError(f"{outcome.model}: {outcome.message}", outcome.outcome)
+        raise DeployError(f"{outcome.model}: {outcome.message}", outcome.outcome, str(outcome.cause))
     return outcome

@@ -128,11 +128,13 @@ class LauncherError(TritonctlError):
 
 
 class DeployError(TritonctlError):
-    """A deploy failed; `outcome` is 'failed' or 'rolled_back'."""
+    """A deploy failed; `outcome` is 'failed' or 'rolled_back', `cause` whose fault it was (the value of
+    controlplane.vocab.Cause: 'content', 'environment', 'triton_unreachable'; '' when not known)."""
 
-    def __init__(self, message: str, outcome: str = "failed") -> None:
+    def __init__(self, message: str, outcome: str = "failed", cause: str = "") -> None:
         super().__init__(message)
         self.outcome = outcome
+        self.cause = cause
 
 
 class DaemonUnavailableError(TritonctlError):

@@ -69,6 +69,18 @@ def test_exit_code_for_each_error_class(error: type[errors.TritonctlError], code
     assert exit_code_for(error("x")) == code
 
 
+@pytest.mark.parametrize(("outcome", "cause"), [("rolled_back", "content"), ("failed", "environment"),
+                                              ("failed", "")])
+def test_a_failed_outcome_raises_deploy_error_with_its_cause(outcome: str, cause: str) -> None:
+    from cli.operations import _finish
+
+    result = {"model": "m", "outcome": outcome, "cause": cause, "digest": "ab" * 32, "message": "smoke failed"}
+    with pytest.raises(errors.DeployError) as caught:
+        _finish(result, True)
+    assert (caught.value.outcome, caught.value.cause, str(caught.value)) == (outcome, cause, "smoke failed")
+    assert exit_code_for(caught.value) == 1
+
+
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
