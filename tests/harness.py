@@ -25,20 +25,22 @@ BIN = Path(sys.executable).parent
 FREE_PORTS = ["--triton-grpc-port", "0", "--triton-http-port", "0", "--triton-metrics-port", "0"]
 TRITONCTL = str(BIN / "tritonctl")
 
-GEN_CONFIG = """name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-output [ {{ name: "gen" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-parameters {{ key: "gen" value {{ string_value: "{gen}" }} }}
-"""
+def python_config(name: str, src: str = "x", dst: str = "gen") -> str:
+    """config.pbtxt of a python model with one FP32 input `src` and one FP32 output `dst`, batching to 8."""
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
+            f'input [ {{ name: "{src}" data_type: TYPE_FP32 dims: [ 1 ] }} ]\n'
+            f'output [ {{ name: "{dst}" data_type: TYPE_FP32 dims: [ 1 ] }} ]\n'
+            "instance_group [ { kind: KIND_CPU count: 1 } ]\n")
 
-GEN_MODEL = """import numpy as np
+
+def gen_config(name: str, gen: int) -> str:
+    """The generation model's config: its generation is a parameter too (what test_snapshot reads)."""
+    return python_config(name) + f'parameters {{ key: "gen" value {{ string_value: "{gen}" }} }}\n'
+
+
+PYTHON_MODEL = """import numpy as np
 import triton_python_backend_utils as pb_utils
-
-GEN = {gen}
-
+{prelude}
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -47,18 +49,25 @@ class TritonPythonModel:
     def execute(self, requests):
         out = []
         for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("gen", np.full_like(x, GEN, dtype=np.float32))]))
+            x = pb_utils.get_input_tensor_by_name(request, "{src}").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("{dst}", {expr})]))
         return out
 """
+
+
+def python_model(expr: str, *, src: str = "x", dst: str = "gen", init: str = "pass", prelude: str = "") -> str:
+    """model.py answering each request with `expr` (of the input `x`, FP32) as output `dst`; `init` is
+    initialize()'s body, `prelude` module-level lines."""
+    return PYTHON_MODEL.format(prelude=prelude, init=init, src=src, dst=dst, expr=expr)
 
 
 def write_gen_model(repo: Path, name: str, gen: int, *, init: str = "pass", smoke_gen: int | None = None) -> Path:
     """A model whose every response is its generation number; `init` is initialize()'s body."""
     model = repo / name
     (model / "1").mkdir(parents=True, exist_ok=True)
-    (model / "config.pbtxt").write_text(GEN_CONFIG.format(name=name, gen=gen))
-    (model / "1" / "model.py").write_text(GEN_MODEL.format(gen=gen, init=init))
+    (model / "config.pbtxt").write_text(gen_config(name, gen))
+    (model / "1" / "model.py").write_text(python_model("np.full_like(x, GEN, dtype=np.float32)", init=init,
+                                                       prelude=f"\nGEN = {gen}\n"))
     if smoke_gen is not None:
         smoke = {"requests": [{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0]}],
                                "outputs": [{"name": "gen", "data": [smoke_gen]}]}]}
@@ -255,3 +264,16 @@ def request_loop(url: str, model: str, threads: int = 2) -> Iterator[dict[str, A
 def copy_example(name: str, dest_repo: Path) -> Path:
     src = Path(__file__).resolve().parent.parent / "examples" / "model_repository" / name
     return Path(shutil.copytree(src, dest_repo / name))
+
+
+@contextmanager
+def example_daemon(base: Path, *examples: str) -> Iterator[DaemonProcess]:
+    """A daemon with its launched tritonserver over a new repository `base/repo` holding the named examples
+    (default `linear`); on leaving, it must stop with exit status 0 (the module fixtures' daemon)."""
+    repo = base / "repo"
+    repo.mkdir()
+    for name in examples or ("linear",):
+        copy_example(name, repo)
+    proc = DaemonProcess(repo, base / "state").start()
+    yield proc
+    assert proc.stop() == 0, proc.log_tail()

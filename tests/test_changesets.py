@@ -20,22 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.store.registry import Registry
-from tests.harness import DaemonProcess, copy_example, wait_for
+from tests.harness import DaemonProcess, copy_example, python_config, python_model, wait_for
 
-STEP_A = """name: "a"
-backend: "python"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "TENSOR" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
-STEP_B = """name: "b"
-backend: "python"
-max_batch_size: 8
-input [ { name: "TENSOR" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
 PIPE = """name: "pipe"
 platform: "ensemble"
 max_batch_size: 8
@@ -46,32 +32,16 @@ ensemble_scheduling { step [
   { model_name: "b" model_version: -1 input_map { key: "TENSOR" value: "m" } output_map { key: "y" value: "y" } }
 ] }
 """
-MODEL = """import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        {init}
-
-    def execute(self, requests):
-        out = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "{src}").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("{dst}", ({expr}).astype(np.float32))]))
-        return out
-"""
 
 
 def write_pipe(repo: Path, tensor: str, gen: int, *, broken_b: bool = False) -> None:
     """a: x → TENSOR = x + 1; b: TENSOR → y = TENSOR * gen; pipe: x → y. One edit of all three."""
-    for name, config, src, dst, expr in (("a", STEP_A, "x", tensor, "x + 1"),
-                                         ("b", STEP_B, tensor, "y", f"x * {gen}")):
+    for name, src, dst, expr in (("a", "x", tensor, "x + 1"), ("b", tensor, "y", f"x * {gen}")):
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
-        (repo / name / "config.pbtxt").write_text(config.replace("TENSOR", tensor))
+        (repo / name / "config.pbtxt").write_text(python_config(name, src, dst))
         init = "raise RuntimeError('broken step')" if broken_b and name == "b" else "pass"
         (repo / name / "1" / "model.py").write_text(
-            MODEL.replace("{init}", init).replace("{src}", src).replace("{dst}", dst).replace("{expr}", expr))
+            python_model(f"({expr}).astype(np.float32)", src=src, dst=dst, init=init))
     (repo / "pipe" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "pipe" / "config.pbtxt").write_text(PIPE.replace("TENSOR", tensor))
 
@@ -446,7 +416,7 @@ def test_configs_rewritten_for_the_staged_switch() -> None:
     from controlplane.changeset import point_steps, rename_config
     from controlplane.modelconfig import parse_config_text
 
-    step = parse_config_text(rename_config(STEP_A.replace("TENSOR", "t2"), "a__3f2a9c1b"), "config.pbtxt")
+    step = parse_config_text(rename_config(python_config("a", "x", "t2"), "a__3f2a9c1b"), "config.pbtxt")
     assert step.name == "a__3f2a9c1b" and step.output[0].name == "t2"  # only the model's own name changes
     pipe = parse_config_text(point_steps(PIPE.replace("TENSOR", "t2"), {"a": "a__3f2a9c1b"}), "config.pbtxt")
     assert [s.model_name for s in pipe.ensemble_scheduling.step] == ["a__3f2a9c1b", "b"]

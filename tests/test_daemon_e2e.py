@@ -16,18 +16,13 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.harness import DaemonProcess, answers, copy_example, infer_gen, request_loop, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, example_daemon, infer_gen, request_loop, wait_for, write_gen_model
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    base = tmp_path_factory.mktemp("e2e")
-    repo = base / "repo"
-    repo.mkdir()
-    copy_example("linear", repo)
-    proc = DaemonProcess(repo, base / "state").start()
-    yield proc
-    assert proc.stop() == 0, proc.log_tail()
+    with example_daemon(tmp_path_factory.mktemp("e2e")) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")

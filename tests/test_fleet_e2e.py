@@ -18,7 +18,7 @@ import json
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -109,18 +109,26 @@ class Fleet:
             proc.stop()
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Iterator[Fleet]:
-    fl = Fleet(tmp_path_factory.mktemp("fleet"), postgres.new_database("fleet"))
+@contextmanager
+def running_fleet(base: Path, url: str, hosts: list[str]) -> Iterator[Fleet]:
+    """The hosts' daemons started together (each launching its tritonserver), ready and connected; all
+    stopped on leaving (the module fixtures of this file and tests/test_tags_fleet_e2e.py)."""
+    fl = Fleet(base, url)
     try:
-        for host in HOSTS:
+        for host in hosts:
             fl.start(host, wait=False)
-        for host in HOSTS:
+        for host in hosts:
             fl.daemons[host].wait_ready()
             fl.connect(host)
         yield fl
     finally:
         fl.stop_all()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Iterator[Fleet]:
+    with running_fleet(tmp_path_factory.mktemp("fleet"), postgres.new_database("fleet"), HOSTS) as fl:
+        yield fl
 
 
 def steps_of(fleet: Fleet, digest: str) -> list[dict[str, Any]]:

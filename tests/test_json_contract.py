@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from tests.cli_helpers import invoke
-from tests.harness import DaemonProcess, answers, copy_example, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, example_daemon, wait_for, write_gen_model
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -120,13 +120,8 @@ def run_json(*args: str) -> Any:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    base = tmp_path_factory.mktemp("json-contract")
-    repo = base / "repo"
-    repo.mkdir()
-    copy_example("linear", repo)
-    proc = DaemonProcess(repo, base / "state").start()
-    yield proc
-    assert proc.stop() == 0, proc.log_tail()
+    with example_daemon(tmp_path_factory.mktemp("json-contract")) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")

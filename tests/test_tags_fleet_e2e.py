@@ -13,23 +13,15 @@ import pytest
 
 from tests.harness import request_loop, wait_for, write_gen_model
 from tests.pg import PostgresServer
-from tests.test_fleet_e2e import MODEL, Fleet
+from tests.test_fleet_e2e import MODEL, Fleet, running_fleet
 
 HOSTS = ["h1", "h2", "h3"]
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Iterator[Fleet]:
-    fl = Fleet(tmp_path_factory.mktemp("tagfleet"), postgres.new_database("tagfleet"))
-    try:
-        for host in HOSTS:
-            fl.start(host, wait=False)
-        for host in HOSTS:
-            fl.daemons[host].wait_ready()
-            fl.connect(host)
+    with running_fleet(tmp_path_factory.mktemp("tagfleet"), postgres.new_database("tagfleet"), HOSTS) as fl:
         yield fl
-    finally:
-        fl.stop_all()
 
 
 def _recorded(fleet: Fleet, count: int) -> str:

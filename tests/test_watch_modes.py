@@ -30,7 +30,7 @@ import tritonclient.grpc as grpcclient
 from controlplane.fswatch import choose_mode, filesystem_type
 from controlplane.poller import DirectorySource
 from controlplane.watcher import RepositoryWatcher
-from tests.harness import GEN_CONFIG, DaemonProcess, request_loop, wait_for
+from tests.harness import DaemonProcess, gen_config, request_loop, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 
@@ -56,7 +56,7 @@ class TritonPythonModel:
 
 
 def pair_files(name: str, gen: int) -> dict[str, str]:
-    return {"config.pbtxt": GEN_CONFIG.format(name=name, gen=gen), "1/model.py": PAIR_MODEL.format(gen=gen)}
+    return {"config.pbtxt": gen_config(name, gen), "1/model.py": PAIR_MODEL.format(gen=gen)}
 
 
 def write_pair(model_dir: Path, name: str, gen: int) -> Path:
