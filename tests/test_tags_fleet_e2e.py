@@ -46,6 +46,8 @@ def test_moving_a_tracked_tag_rolls_out_on_three_hosts(fleet: Fleet) -> None:
 
     h2.cli("tag", MODEL, "stable")  # what the fleet serves
     h2.cli("policy", MODEL, "track:stable")
+    policy = fleet.cli_json("audit", "--model", MODEL, "--action", "policy")[0]  # a fleet policy change
+    assert "track:stable on the fleet (through h2)" in policy["message"], policy
     moved = h2.json("tag", MODEL, "stable", second[:12])  # through any host
     assert moved["outcome"] == "ok" and moved["deployed"], moved
     fleet.wait_gen(2, HOSTS, 30)
@@ -53,6 +55,8 @@ def test_moving_a_tracked_tag_rolls_out_on_three_hosts(fleet: Fleet) -> None:
     assert rollout["state"] == "done"
     assert [s["host"] for s in rollout["steps"] if s["wave"] == 0] == ["h1"]  # canary first
     assert {t["name"]: t["digest"] for t in fleet.cli_json("tags", MODEL)["tags"]} == {"stable": second}
+    [row] = [m for m in fleet.cli_json("status", "--fleet")["models"] if m["model"] == MODEL]
+    assert (row["target"], row["tags"]) == (second, ["stable"])
 
     with ExitStack() as stack:
         loops = {h: stack.enter_context(request_loop(fleet.daemons[h].triton_url(), MODEL, threads=1)) for h in HOSTS}
