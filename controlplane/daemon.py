@@ -11,6 +11,7 @@ it serving, and the next start adopts it (controlplane/triton/launcher.py) and r
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -63,7 +64,7 @@ class Daemon:
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self._sigint_count = 0
-        self._settled: queue.Queue[str] = queue.Queue()
+        self._settled: queue.Queue[tuple[str, bool]] = queue.Queue()  # (model, declared complete)
         self._handed: dict[str, int] = {}  # models handed on by the watcher and not handled yet: "capturing"
         self._handed_lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
@@ -159,6 +160,7 @@ class Daemon:
                 settings.repository, self._hand_on, settle_s=settings.settle_s,
                 commit_marker=settings.commit_marker, watch=settings.watch,
                 poll_interval_s=settings.poll_interval_s, rescan_interval_s=settings.rescan_interval_s,
+                on_complete=self._hand_on_complete,
             )
         if self.watcher is not None:
             self.plane.reschedule = self.watcher.reschedule
@@ -312,18 +314,27 @@ class Daemon:
         assert self.plane is not None
         while True:
             try:
-                model = self._settled.get_nowait()
+                model, complete = self._settled.get_nowait()
             except queue.Empty:
                 return
-            handler = self.fleet.handle_settled if self.fleet is not None else self.plane.handle_settled
+            handler: Callable[[str], Any] = (
+                self.fleet.handle_settled if self.fleet is not None
+                else functools.partial(self.plane.handle_settled, complete=True) if complete
+                else self.plane.handle_settled
+            )
             self._track(self.executor.submit(self._guarded, self._handle_handed, model, handler))
 
-    def _hand_on(self, model: str) -> None:
+    def _hand_on(self, model: str, complete: bool = False) -> None:
         """The watcher's callback (its own thread): queue `model` for capture; until its handler
         returns, `status` shows it `sync: pending` ("capturing")."""
         with self._handed_lock:
             self._handed[model] = self._handed.get(model, 0) + 1
-        self._settled.put(model)
+        self._settled.put((model, complete))
+
+    def _hand_on_complete(self, model: str) -> None:
+        """The watcher's callback for a model its writer declared whole (renamed in, symlink flip,
+        commit marker): captured at once, without the settle window's quiet check."""
+        self._hand_on(model, complete=True)
 
     def _handle_handed(self, model: str, handler: Callable[[str], Any]) -> Any:
         try:

@@ -112,12 +112,16 @@ class ControlPlane:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def capture(self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True) -> SnapshotRecord:
+    def capture(
+        self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True, complete: bool = False
+    ) -> SnapshotRecord:
         """Snapshot the model's source now, validate the immutable tree, record it (once per content).
 
         `settled` (the watcher's captures): refuse, as "still changing", a source that changed within
         the settle window, measured now, not when the watcher fired (the capture may run later, when
-        the writer has begun its next edit). `tritonctl load` asks for what is there now."""
+        the writer has begun its next edit). `tritonctl load` asks for what is there now.
+        `complete`: the writer declared the model whole (renamed in, symlink flip, commit marker):
+        no quiet window; the snapshot's before/after check still refuses a change during the copy."""
         validate_model_name(model)
         if self.settings.repository is None and self.source is None:
             raise UsageError("the daemon has no source repository (--repository)")
@@ -127,9 +131,10 @@ class ControlPlane:
             else:
                 assert self.settings.repository is not None
                 margin = self.capture_margin_s() if self.capture_margin_s else 0.0  # a network mount's caches
+                quiet_s = self.settings.settle_s + margin if settled and not complete else 0.0
                 snapshot = self.store.capture(self.settings.repository / model, model,
                                               commit_marker=self.settings.commit_marker,
-                                              quiet_s=self.settings.settle_s + margin if settled else 0.0)
+                                              quiet_s=quiet_s)
             tree = self.store.tree_path(snapshot.digest)
             result = validate_model_dir(tree, name=model)
             prefix = f"{tree.name}/"
@@ -163,8 +168,9 @@ class ControlPlane:
             log.info("%s snapshot %s %s", model, record.digest[:12], message)
         return record
 
-    def handle_settled(self, model: str) -> Outcome | None:
-        """The watcher saw `model` settle: record what it now holds; deploy it if policy says so."""
+    def handle_settled(self, model: str, *, complete: bool = False) -> Outcome | None:
+        """The watcher saw `model` settle: record what it now holds; deploy it if policy says so.
+        `complete`: handed on at once as declared whole (see `capture`)."""
         try:
             validate_model_name(model)
         except UsageError as exc:
@@ -186,7 +192,7 @@ class ControlPlane:
                 )
             return None
         with self._capture_lock(model):
-            return self._capture_and_decide(model)
+            return self._capture_and_decide(model, complete=complete)
 
     def _report_dangling(self, model: str, entry: Path) -> None:
         """A symlink model entry that leads to no directory: one line in the log and the audit;
@@ -207,9 +213,9 @@ class ControlPlane:
         assert self.settings.repository is not None
         return (self.settings.repository / model).is_dir()
 
-    def _capture_and_decide(self, model: str) -> Outcome | None:
+    def _capture_and_decide(self, model: str, *, complete: bool = False) -> Outcome | None:
         try:
-            record = self.capture(model)
+            record = self.capture(model, complete=complete)
         except (StoreError, ObjectStoreError) as exc:
             # The registry or object storage is busy or unreachable: nothing was recorded; try again later.
             log.error("%s: %s; retrying after the settle window", model, exc)
