@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from controlplane.modelconfig import validate_model_dir
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import SERVING_STATES, Drift, plan
+from controlplane.servedview import ServedView
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
@@ -77,6 +78,7 @@ class ControlPlane:
         # set by the daemon: models settling or being captured now, each with a one-line reason (sync: pending)
         self.settling: Callable[[], dict[str, str]] | None = None
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
+        self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.capture_margin_s: Callable[[], float] | None = None  # set by the daemon (watcher)
         self.http_url: str | None = None  # the launched tritonserver's HTTP inference URL (set by the daemon)
@@ -434,15 +436,13 @@ class ControlPlane:
 
     # -- state ----------------------------------------------------------------------------------
 
-    def _triton_view(self) -> tuple[list[IndexEntry], dict[str, str | None]]:
-        index = self.triton.index()
-        served: dict[str, str | None] = {}
-        for name in sorted({e.name for e in index if e.state == "READY"}):
-            try:
-                served[name] = self.triton.served_digest(name)
-            except TritonctlError:
-                served[name] = None
-        return index, served
+    def _triton_view(
+        self, models: Iterable[ModelRecord] | None = None
+    ) -> tuple[list[IndexEntry], dict[str, str | None]]:
+        """One repository-index call; served digests read only where they can have changed
+        (controlplane/servedview.py). `models`: the registry's view (None: read every digest)."""
+        wanted = None if models is None else {m.name: m.active_digest for m in models}
+        return self.served_view.view(self.triton, wanted)
 
     def status(self, models: list[str] | None = None) -> dict[str, Any]:
         for name in models or []:
@@ -455,7 +455,7 @@ class ControlPlane:
                     raise NotFoundError(f"model '{name}' is unknown to the registry")
             records = [m for m in records if m.name in models]
         try:
-            index, served = self._triton_view()
+            index, served = self._triton_view(everything)
             reachable = True
         except TritonctlError:
             index, served, reachable = [], {}, False
@@ -501,9 +501,9 @@ class ControlPlane:
                 continue
             log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
         busy = [*self.deployer.busy_models(), *waiting]
-        index, served = self._triton_view()
         # plan() looks only at models meant to serve: do not list every model of the repository
         desired = self.registry.list_models(states=SERVING_STATES)
+        index, served = self._triton_view(desired)
         result = plan(desired, index, served, busy)
         ready = {e.name for e in index if e.state == "READY"}
         self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
