@@ -23,7 +23,7 @@ from typing import Protocol
 from controlplane.errors import TritonctlError
 from controlplane.triton.client import IndexEntry
 
-RECHECK_PER_ROUND = 50
+RECHECK_PER_ROUND = 10
 
 
 class _Triton(Protocol):
