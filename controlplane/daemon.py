@@ -141,7 +141,11 @@ class Daemon:
 
             self.metrics = Metrics(self.plane, settings.metrics_port)
             self.metrics.start()
-        self.plane.reconcile()
+        # READY before the deploys: a restart's restores (a fresh tritonserver serves nothing) also go
+        # on behind READY, before the initial scan (bench/scale.py --serve-all: restart time)
+        behind_ready = not settings.ready_waits_for_deploys and self.fleet_settings is None
+        if not behind_ready:
+            self.plane.reconcile()
         if self.fleet_settings is not None:
             from controlplane.fleet.member import FleetMember
 
@@ -174,7 +178,12 @@ class Daemon:
                 if settings.ready_waits_for_deploys:
                     self._initial_scan()
                 else:  # READY now; the deploys go on behind it (`status` shows them pending)
-                    self._track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "initial scan"))
+                    self._track(self.executor.submit(self._guarded, lambda _: self._reconcile_then_scan(),
+                                                     "initial scan"))
+                    behind_ready = False
+        if behind_ready:  # no source to scan: the start-up reconcile alone, behind READY
+            self._track(self.executor.submit(self._guarded, lambda _: self.plane and self.plane.reconcile(),
+                                             "reconcile"))
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
@@ -202,6 +211,11 @@ class Daemon:
         except ConfigError as exc:
             log.error("%s; serving is unchanged", exc)
         return source
+
+    def _reconcile_then_scan(self) -> None:
+        assert self.plane is not None
+        self.plane.reconcile()  # finish interrupted deployments and restore first, as before READY
+        self._initial_scan()
 
     def _initial_scan(self) -> None:
         """Record (and, under auto policy, deploy) what the source holds now: step models first, up to
