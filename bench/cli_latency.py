@@ -109,6 +109,17 @@ def commands(state: Path, db_url: str, at: str) -> list[tuple[str, list[str]]]:
     ]
 
 
+# What the commands pay for before their own work: each import alone, as a new process, in the same
+# rounds (so the remaining distance to the target can be attributed to a measured cause).
+IMPORTS = (
+    ("click", "import click"),
+    ("grpc", "import grpc"),
+    ("control_pb2 (protobuf)", "import controlplane.api.control_pb2"),
+    ("the API client (grpc + control_pb2)", "import controlplane.api.client"),
+    ("rich (console + table)", "import rich.console, rich.table"),
+)
+
+
 def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     machine = c.machine_info()
     report = c.base_report(NAME, args.argv, args.quick, machine)
@@ -139,6 +150,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             cpu: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
             baseline: list[float] = []
             baseline_cpu: list[float] = []
+            imports: dict[str, list[float]] = {}
             failures: list[str] = []
             for _ in range(args.warmup):  # compile bytecode, warm the page cache
                 for env, cmds in systems.values():
@@ -147,6 +159,9 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             for _ in range(args.runs):
                 baseline.append(timed([sys.executable, "-c", "pass"], dict(os.environ))[0])
                 baseline_cpu.append(CPU_MS[-1])
+                for label, stmt in IMPORTS:
+                    env = {**os.environ, "PYTHONPATH": str(c.ROOT)}
+                    imports.setdefault(label, []).append(timed([sys.executable, "-c", stmt], env)[0])
                 for system, (env, cmds) in systems.items():
                     for name, argv in cmds:
                         ms, code, err = timed([sys.executable, "-m", "cli.main", *argv], env)
@@ -175,7 +190,13 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                               met=(median <= TARGET_MS and median <= TARGET_RATIO * base) if targeted else None,
                               value=round(median, 1)))
         per_command.append(entry)
+    import_costs = {label: {"median_ms": round(statistics.median(v), 1),
+                            "above_python_ms": round(statistics.median(v) - base, 1)} for label, v in imports.items()}
+    for label, cost in import_costs.items():
+        rows.append(c.Row(f"python -c 'import {label}'", "cause", f"{cost['median_ms']:.0f} ms",
+                          note=f"{cost['above_python_ms']:.0f} ms above python -c pass", value=cost["median_ms"]))
     report.update({
+        "import_costs": import_costs,
         "runtime_s": round(time.monotonic() - started, 1),
         "settings": {"runs": args.runs, "warmup": args.warmup, "events": args.events,
                      "compare": str(args.compare) if args.compare else None, "compare_label": args.compare_label,

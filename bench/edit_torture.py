@@ -41,6 +41,7 @@ import common as c  # noqa: E402
 
 NAME = "edit_torture"
 SYSTEMS = ("tritonctl", "Triton poll")
+TIMELINE_MODELS = 2  # models whose answers over time the results keep (the timeline plot)
 
 
 @dataclass
@@ -97,6 +98,8 @@ class SystemResult:
     requests: int = 0
     ok: int = 0
     mixed: int = 0  # answers with config gen != code gen
+    mixed_states: int = 0  # distinct (model, config gen, code gen) mixed states those answers came from
+    timeline: dict[str, list[list[Any]]] = field(default_factory=dict)  # model -> [[t, config, code]] changes
     mixed_pairs: list[tuple[str, int, int]] = field(default_factory=list)
     partial_errors: int = 0  # errors showing half-written code
     failed: int = 0
@@ -118,10 +121,14 @@ def analyse(name: str, probes: dict[str, c.Probe], by_model: dict[str, list[Edit
     result = SystemResult(name)
     kinds: Counter[str] = Counter()
     pairs: set[tuple[str, int, int]] = set()
-    for model, probe in probes.items():
+    for i, (model, probe) in enumerate(probes.items()):
         samples = probe.stats.since(t0)
         first_seen: dict[int, float] = {}
+        changes: list[list[Any]] = []  # the answer as it changed (errors: None, None), for the timeline plot
         for s in samples:
+            state = [None, None] if s.error is not None else [s.config_gen, s.code_gen]
+            if not changes or changes[-1][1:] != state:
+                changes.append([round(s.t - t0, 3), *state])
             result.requests += 1
             if s.error is not None:
                 result.failed += 1
@@ -145,7 +152,10 @@ def analyse(name: str, probes: dict[str, c.Probe], by_model: dict[str, list[Edit
                 result.never_served.append(f"{model}@{edit.gen}")
             elif edit.closed_at:
                 result.served_after_s.append(max(0.0, seen - edit.closed_at))
+        if i < TIMELINE_MODELS:
+            result.timeline[model] = changes
     result.error_kinds = dict(kinds)
+    result.mixed_states = len(pairs)
     result.mixed_pairs = sorted(pairs)[:20]
     return result
 
@@ -271,6 +281,8 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         "writer_failures": failures,
         "systems": {s: _result_json(r) for s, r in results.items()},
         "edit_plan_head": [e.describe() for e in by_model[models[0]][:5]],
+        "edits_closed": {m: [[round(e.closed_at - t0, 3), e.gen] for e in by_model[m] if e.closed_at]
+                         for m in models[:TIMELINE_MODELS]},
     })
     report["rows"] = [r.to_json() for r in rows(report)]
     return report
@@ -278,7 +290,8 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
 
 def _result_json(r: SystemResult) -> dict[str, Any]:
     return {
-        "requests": r.requests, "ok": r.ok, "mixed_answers": r.mixed, "partial_code_errors": r.partial_errors,
+        "requests": r.requests, "ok": r.ok, "mixed_answers": r.mixed, "mixed_states_distinct": r.mixed_states,
+        "partial_code_errors": r.partial_errors, "timeline": r.timeline,
         "mixed_or_partial": r.mixed_or_partial, "mixed_pairs_seen": r.mixed_pairs, "failed_requests": r.failed,
         "errors_by_kind": r.error_kinds, "error_examples": r.error_examples, "failed_loads": r.failed_loads,
         "successful_loads": r.loads_ok, "edits_never_served": len(r.never_served),
@@ -295,7 +308,10 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
     for system in SYSTEMS:
         s = report["systems"][system]
         ctl = system == "tritonctl"
-        out.append(c.Row("mixed/partial states served", system,
+        out.append(c.Row("mixed states served (distinct config/code pairs)", system,
+                         str(s.get("mixed_states_distinct", "-")), "0" if ctl else "-",
+                         (s.get("mixed_states_distinct") == 0) if ctl else None, value=s.get("mixed_states_distinct")))
+        out.append(c.Row("mixed/partial answers served", system,
                          f"{s['mixed_or_partial']} ({s['mixed_answers']} mixed answers, "
                          f"{s['partial_code_errors']} partial-code errors)", "0" if ctl else "-",
                          (s["mixed_or_partial"] == 0) if ctl else None, value=s["mixed_or_partial"]))

@@ -152,8 +152,8 @@ def markdown(quick: bool, reports: dict[str, dict[str, Any]], runtimes: dict[str
                      + (f", {runtime:.0f} s" if isinstance(runtime, (int, float)) else "")
                      + f"; commit {str(report.get('git_commit') or m.get('git_commit') or 'not recorded')[:12]}"
                      + f"; load average (1 min) at start {load_start[0]}, at end {load_end[0]}.")
-        if name == "cli_latency" and report.get("plot"):
-            lines += ["", f"![CLI latency per command]({report['plot']})"]
+        if report.get("plot"):
+            lines += ["", f"![{PLOT_ALT.get(name, name)}]({report['plot']})"]
         if name == "fleet_rollout":
             lines += fleet_waves(report)
         lines.append("")
@@ -220,6 +220,109 @@ def plot_cli_latency(report: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_edit_timeline(report: dict[str, Any], path: Path) -> None:
+    """Per system, the generation each probed model answered over time (config and code apart),
+    mixed answers (config != code) marked, errors shaded, and when each edit's last write closed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(report["systems"])
+    model = next(iter(report["systems"][systems[0]].get("timeline") or {}), None)
+    if model is None:
+        return
+    fig, axes = plt.subplots(len(systems), 1, figsize=(11, 2.6 * len(systems)), dpi=100, sharex=True)
+    for ax, system in zip(axes, systems, strict=True):
+        changes = report["systems"][system]["timeline"].get(model, [])
+        end = changes[-1][0] + 1 if changes else 1
+        for i, (t, cfg, code) in enumerate(changes):
+            t_next = changes[i + 1][0] if i + 1 < len(changes) else end
+            if cfg is None:
+                ax.axvspan(t, t_next, color="#ffcccc", lw=0)
+            elif cfg != code:
+                ax.axvspan(t, t_next, color="#d62728", alpha=0.5, lw=0)
+        pts = [(t, cfg, code) for t, cfg, code in changes if cfg is not None]
+        if pts:
+            ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="#1f77b4", label="config generation")
+            ax.step([p[0] for p in pts], [p[2] for p in pts], where="post", color="#ff7f0e", linestyle="--",
+                     label="code generation")
+        mixed = [(t, cfg) for t, cfg, code in changes if cfg is not None and cfg != code]
+        if mixed:
+            ax.scatter([m[0] for m in mixed], [m[1] for m in mixed], marker="x", color="#d62728", zorder=3,
+                       label="mixed answer (config != code)")
+        for t, _gen in report.get("edits_closed", {}).get(model, []):
+            ax.axvline(t, color="#999999", lw=0.5, alpha=0.6)
+        st = report["systems"][system]
+        ax.set_title(f"{system}: {st.get('mixed_states_distinct', '?')} distinct mixed states, "
+                     f"{st['mixed_answers']:,} mixed answers, {st['failed_requests']:,} failed requests "
+                     "(all models)", fontsize=9)
+        ax.set_ylabel(f"{model}\ngeneration", fontsize=8)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[-1].set_xlabel("seconds since the writers started (grey lines: an edit's last write closed; "
+                        "red: mixed; pink: errors)")
+    m = report.get("machine", {})
+    fig.suptitle(f"Edit torture timeline, {report['settings']['edits']} edits; commit "
+                 f"{str(report.get('git_commit', '?'))[:8]}, load {(m.get('load_average_start') or ['?'])[0]} "
+                 "at start", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_scale(report: dict[str, Any], path: Path) -> None:
+    """Models vs time to READY (or live) and idle CPU, one line per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = sorted(report["results"], key=lambda r: r["models"])
+    xs = [r["models"] for r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    series_t = {
+        "tritonctl: READY": [r["tritonctl"].get("ready_s") for r in results],
+        "tritonctl: every model READY in Triton": [r["tritonctl"].get("all_serving_s") for r in results],
+        "tritonctl: restart, unchanged, READY": [r["tritonctl"].get("restart_ready_s") for r in results],
+        "Triton explicit: live (all loaded)": [r.get("triton_explicit", {}).get("live_s") for r in results],
+        "Triton poll: live (all loaded)": [r["triton_poll"].get("live_s") for r in results],
+    }
+    for label, ys in series_t.items():
+        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+        if pts:
+            left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    left.axhline(20, color="#d62728", linestyle="--", lw=0.8, label="READY target 20 s")
+    left.set_xlabel("models")
+    left.set_ylabel("seconds from start")
+    left.legend(fontsize=7)
+    series_c = {
+        "tritonctl daemon + its tritonserver": [r["tritonctl"].get("idle_cpu_pct", 0)
+                                                + r["tritonctl"].get("idle_cpu_pct_triton", 0) for r in results],
+        "Triton explicit": [r.get("triton_explicit", {}).get("idle_cpu_pct") for r in results],
+        "Triton poll": [r["triton_poll"].get("idle_cpu_pct") for r in results],
+    }
+    for label, ys in series_c.items():
+        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+        if pts:
+            right.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    right.set_xlabel("models")
+    right.set_ylabel("idle CPU, % of one core")
+    right.legend(fontsize=7)
+    m = report.get("machine", {})
+    fig.suptitle(f"Scale: 1 python model + ensembles over it; commit {str(report.get('git_commit', '?'))[:8]}, "
+                 f"load {(m.get('load_average_start') or ['?'])[0]} at start", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+PLOTS = {"cli_latency": plot_cli_latency, "edit_torture": plot_edit_timeline, "scale": plot_scale}
+PLOT_ALT = {"cli_latency": "CLI latency per command", "edit_torture": "Edit torture timeline",
+            "scale": "Scale curve: models vs time to READY and idle CPU"}
 
 
 def update_docs(path: Path, block: str, quick: bool) -> None:
@@ -290,11 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         console.print(table)
     if runtimes:
         console.print("runtimes: " + ", ".join(f"{n} {s:.0f} s" for n, s in runtimes.items()))
-    if args.plots and "cli_latency" in reports:
-        png = args.docs.parent / ("cli_latency-quick.png" if args.quick else "cli_latency.png")
-        plot_cli_latency(reports["cli_latency"], png)
-        reports["cli_latency"]["plot"] = png.name
-        console.print(f"plot: {png}")
+    for name, draw in PLOTS.items() if args.plots else ():
+        if name not in reports:
+            continue
+        png = args.docs.parent / (f"{name}-quick.png" if args.quick else f"{name}.png")
+        draw(reports[name], png)
+        if png.exists():
+            reports[name]["plot"] = png.name
+            console.print(f"plot: {png}")
     if not args.no_docs:
         update_docs(args.docs, markdown(args.quick, reports, runtimes), args.quick)
         console.print(f"updated {args.docs}")

@@ -17,6 +17,15 @@ so N python models cannot all load on this machine, which Triton's poll mode wou
 
 Targets (tritonctl, 10,000 models): idle CPU <= 1 % of one core; daemon RSS <= 200 MB.
 
+With --serve-all (issue 15, item 2): every model serves. tritonctl runs with `--policy auto` and
+READY after the scan (`ready_waits_for_deploys = false`): first start to READY, to every model READY
+in Triton's index, a restart with nothing changed (to READY and to all serving again), idle CPU of
+the daemon plus its tritonserver (which includes the daemon's reconciles: one repository-index call
+per cycle, controlplane/servedview.py), peak RSS. Beside it Triton explicit holding the same models
+(`--model-control-mode=explicit --load-model=*`: start to live, idle CPU, RSS) and Triton poll.
+Targets: READY <= 20 s, restart <= 3 s, idle CPU (daemon + its tritonserver) <= 1 % of one core
+above Triton explicit's own idle.
+
     python bench/scale.py            # 1,000 and 10,000 models
     python bench/scale.py --quick    # 200 models
 """
@@ -29,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +164,108 @@ def measure_tritonctl(repo: Path, state: Path, count: int, args: argparse.Namesp
     return out
 
 
+def _all_ready(url: str, count: int, state: Path | None = None) -> Callable[[], bool]:
+    """Whether Triton's index lists `count` models READY. A tritonctl-launched server restricts its
+    repository API to the key in `state`/triton/server.json (controlplane/triton/launcher.py)."""
+    import json
+
+    import tritonclient.grpc as grpcclient
+
+    def check() -> bool:
+        headers = None
+        if state is not None:
+            try:
+                key = json.loads((state / "triton" / "server.json").read_text()).get("restricted_key")
+            except (OSError, ValueError):
+                return False
+            headers = {"triton-grpc-protocol-tritonctl-key": key} if key else None
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            index = client.get_model_repository_index(headers=headers, client_timeout=60)
+            return sum(1 for m in index.models if m.state == "READY") >= count
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+        finally:
+            client.close()
+
+    return check
+
+
+def _start_to_ready(daemon: Any, args: argparse.Namespace, count: int, out: dict[str, Any], tag: str) -> None:
+    """Start `daemon`; time its socket, its READY log line and every model READY in Triton's index."""
+    daemon.log_path.write_text("")  # the READY line of this start only
+    t0 = time.monotonic()
+    daemon.start(wait=False)
+    ready = c.wait_until(lambda: daemon.proc.poll() is not None or "ready: control socket" in daemon.log_tail(10**7),
+                         args.daemon_start_timeout, 0.05)
+    if ready is None or daemon.proc.poll() is not None:
+        raise SystemExit(f"daemon not READY after {args.daemon_start_timeout} s: {daemon.log_tail()}")
+    out[f"{tag}ready_s"] = round(time.monotonic() - t0, 2)
+    if c.wait_until(_all_ready(daemon.triton_url(), count, daemon.state_dir), args.daemon_start_timeout,
+                    0.5) is None:
+        out[f"{tag}all_serving_s"] = None
+    else:
+        out[f"{tag}all_serving_s"] = round(time.monotonic() - t0, 2)
+
+
+def measure_tritonctl_all(repo: Path, state: Path, count: int, args: argparse.Namespace,
+                          console: Any) -> dict[str, Any]:
+    """Every model serving through tritonctl (policy auto, READY after the scan)."""
+    daemon = c.daemon_process(repo, state, 1.0, policy="auto")
+    daemon.env["TRITONCTL_READY_WAITS_FOR_DEPLOYS"] = "false"
+    out: dict[str, Any] = {"models": count}
+    try:
+        _start_to_ready(daemon, args, count, out, "")
+        console.print(f"[dim]tritonctl, {count} models serving: READY {out['ready_s']} s, all serving "
+                      f"{out['all_serving_s']} s[/dim]")
+        time.sleep(5.0)
+        pid = daemon.proc.pid
+        triton_pid = daemon.triton_pid()
+        triton_group = [triton_pid, *c.descendants(triton_pid)] if triton_pid else []
+        cpu = idle_cpu({"daemon": [pid], "triton": triton_group}, args.idle)
+        out["idle_cpu_pct"] = cpu["daemon"]
+        out["idle_cpu_pct_triton"] = cpu["triton"]
+        # the daemon's idle CPU is its reconciles (every 10 s) and little else: CPU per cycle
+        out["reconcile_cpu_ms_per_cycle"] = round(cpu["daemon"] / 100 * 10.0 * 1000, 1)
+        out["peak_rss_mb"] = rss_mb(pid, "VmHWM")
+        out["triton_rss_mb"] = round(sum(rss_mb(p, "VmRSS") for p in triton_group), 1)
+        daemon.stop()
+        _start_to_ready(daemon, args, count, out, "restart_")
+        console.print(f"[dim]tritonctl restart, nothing changed: READY {out['restart_ready_s']} s, all serving "
+                      f"{out['restart_all_serving_s']} s[/dim]")
+    finally:
+        daemon.stop()
+    return out
+
+
+def measure_triton_explicit(repo: Path, work: Path, count: int, args: argparse.Namespace,
+                            console: Any) -> dict[str, Any]:
+    """Triton explicit holding every model (`--load-model=*`): start to live (all loaded), idle CPU, RSS."""
+    server = c.triton_server(repo, work, mode="explicit", extra=["--load-model=*"])
+    out: dict[str, Any] = {"models": count}
+    t0 = time.monotonic()
+    try:
+        try:
+            server.start(live_timeout_s=args.daemon_start_timeout)
+        except Exception as exc:  # noqa: BLE001 - a start that does not finish is a result
+            out["live_s"] = None
+            out["error"] = " ".join(str(exc).split())[:300]
+            return out
+        out["live_s"] = round(time.monotonic() - t0, 2)
+        ok = c.wait_until(_all_ready(server.grpc_url, count), 120, 0.5)
+        out["all_ready_s"] = None if ok is None else round(time.monotonic() - t0, 2)
+        console.print(f"[dim]Triton explicit, {count} models: live {out['live_s']} s[/dim]")
+        time.sleep(5.0)
+        assert server.pid is not None
+        group = [server.pid, *c.descendants(server.pid)]
+        out["idle_cpu_pct"] = idle_cpu({"triton": group}, args.idle)["triton"]
+        out["rss_mb"] = round(sum(rss_mb(p, "VmRSS") for p in group), 1)
+        out["peak_rss_mb"] = rss_mb(server.pid, "VmHWM")
+    finally:
+        server.stop(timeout_s=30)
+    return out
+
+
 def _exit_text(code: int | None) -> str:
     if code is not None and code < 0:
         import signal
@@ -236,22 +348,83 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             t = time.monotonic()
             make_repository(repo, count)
             console.print(f"[dim]{count} models written in {time.monotonic() - t:.1f} s[/dim]")
-            ctl = measure_tritonctl(repo, base / f"state-{count}", count, args, console)
+            if args.serve_all:
+                explicit = measure_triton_explicit(repo, base / f"explicit-{count}", count, args, console)
+                ctl = measure_tritonctl_all(repo, base / f"state-{count}", count, args, console)
+            else:
+                ctl = measure_tritonctl(repo, base / f"state-{count}", count, args, console)
             shutil.rmtree(base / f"state-{count}", ignore_errors=True)
             timeout = args.triton_start_timeout if count <= 1000 else args.triton_start_timeout_large
             poll = measure_triton_poll(repo, base / f"poll-{count}", count, args, console, timeout)
-            results.append({"models": count, "tritonctl": ctl, "triton_poll": poll})
+            results.append({"models": count, "tritonctl": ctl, "triton_poll": poll,
+                            **({"triton_explicit": explicit} if args.serve_all else {})})
             shutil.rmtree(repo, ignore_errors=True)
             subprocess.run(["sync"], check=False)
     report = c.base_report(NAME, args.argv, args.quick, machine)
     report.update({"settings": {"counts": args.counts, "idle_window_s": args.idle, "loaded": list(LOADED),
-                                "policy": "manual", "reconcile_interval_s": 10.0, "triton_poll_secs": 1},
+                                "policy": "auto" if args.serve_all else "manual", "serve_all": args.serve_all,
+                                "reconcile_interval_s": 10.0, "triton_poll_secs": 1},
                    "results": results})
     report["rows"] = [r.to_json() for r in rows(report)]
     return report
 
 
+TARGET_READY_S = 20.0
+TARGET_RESTART_S = 3.0
+
+
+def rows_serve_all(report: dict[str, Any]) -> list[c.Row]:
+    out: list[c.Row] = []
+    window = report["settings"]["idle_window_s"]
+    biggest = max(report["settings"]["counts"])
+
+    def s(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f} s"
+
+    for res in report["results"]:
+        n = res["models"]
+        ctl, poll, ex = res["tritonctl"], res["triton_poll"], res["triton_explicit"]
+        tag = f"{n:,} models, all serving"
+        gate = n == biggest
+        out.append(c.Row(f"{tag}: first start to READY / all READY in Triton", "tritonctl",
+                         f"{s(ctl['ready_s'])} / {s(ctl['all_serving_s'])}",
+                         f"<= {TARGET_READY_S:g} s (READY)" if gate else "-",
+                         (ctl["ready_s"] <= TARGET_READY_S) if gate else None, "policy auto; READY after the scan",
+                         value=ctl["ready_s"]))
+        out.append(c.Row(f"{tag}: restart, nothing changed: READY / all READY", "tritonctl",
+                         f"{s(ctl['restart_ready_s'])} / {s(ctl['restart_all_serving_s'])}",
+                         f"<= {TARGET_RESTART_S:g} s" if gate else "-",
+                         (ctl["restart_ready_s"] <= TARGET_RESTART_S) if gate else None, value=ctl["restart_ready_s"]))
+        out.append(c.Row(f"{tag}: start to live (every model loaded)", "Triton explicit",
+                         s(ex.get("live_s")), value=ex.get("live_s"), note=ex.get("error", "")[:80]))
+        out.append(c.Row(f"{tag}: start to live (every model loaded)", "Triton poll",
+                         s(poll.get("live_s")), value=poll.get("live_s"), note=poll.get("crashed", "") or ""))
+        above = None
+        if ex.get("idle_cpu_pct") is not None:
+            above = round(ctl["idle_cpu_pct"] + ctl["idle_cpu_pct_triton"] - ex["idle_cpu_pct"], 2)
+        out.append(c.Row(f"{tag}: idle CPU over {window:g} s, daemon + its tritonserver (% of one core)",
+                         "tritonctl", f"{ctl['idle_cpu_pct']:.2f} + {ctl['idle_cpu_pct_triton']:.2f} %",
+                         f"<= {TARGET_IDLE_PCT:g} % above explicit" if gate else "-",
+                         (above is not None and above <= TARGET_IDLE_PCT) if gate else None,
+                         f"{above} % above Triton explicit's idle; daemon CPU per 10 s reconcile cycle "
+                         f"{ctl['reconcile_cpu_ms_per_cycle']:.0f} ms", value=above))
+        if ex.get("idle_cpu_pct") is not None:
+            out.append(c.Row(f"{tag}: idle CPU over {window:g} s (% of one core)", "Triton explicit",
+                             f"{ex['idle_cpu_pct']:.2f} %", value=ex["idle_cpu_pct"]))
+        if poll.get("idle_cpu_pct") is not None:
+            out.append(c.Row(f"{tag}: idle CPU over {window:g} s (% of one core)", "Triton poll",
+                             f"{poll['idle_cpu_pct']:.2f} %", value=poll["idle_cpu_pct"], note="no daemon"))
+        out.append(c.Row(f"{tag}: peak RSS", "tritonctl", f"{ctl['peak_rss_mb']:.0f} MB daemon",
+                         value=ctl["peak_rss_mb"], note=f"its tritonserver + stubs {ctl['triton_rss_mb']:.0f} MB"))
+        if ex.get("rss_mb") is not None:
+            out.append(c.Row(f"{tag}: RSS (server + stubs)", "Triton explicit", f"{ex['rss_mb']:.0f} MB",
+                             value=ex["rss_mb"]))
+    return out
+
+
 def rows(report: dict[str, Any]) -> list[c.Row]:
+    if report["settings"].get("serve_all"):
+        return rows_serve_all(report)
     out: list[c.Row] = []
     biggest = max(report["settings"]["counts"])
     window = report["settings"]["idle_window_s"]
@@ -300,7 +473,9 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
 def render(report: dict[str, Any], console: Any) -> None:
     s = report["settings"]
     c.render_rows(f"scale: {', '.join(f'{n:,}' for n in s['counts'])} models (1 python + ensembles), "
-                  f"{len(s['loaded'])} loaded by tritonctl (policy manual); idle window {s['idle_window_s']:g} s",
+                  + ("every model serving (tritonctl policy auto, Triton explicit --load-model=*, Triton poll)"
+                     if s.get("serve_all") else f"{len(s['loaded'])} loaded by tritonctl (policy manual)")
+                  + f"; idle window {s['idle_window_s']:g} s",
                   [c.Row(**r) for r in report["rows"]], console, c.machine_line(report["machine"]))
 
 
@@ -316,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton-start-timeout-large", type=float, default=240.0, help="above 1,000 models (s)")
     parser.add_argument("--after-live", type=float, default=5.0,
                         help="seconds between Triton poll being live and its idle window (its first polls)")
+    parser.add_argument("--serve-all", action="store_true",
+                        help="every model serves: tritonctl policy auto, beside Triton explicit --load-model=*")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(argv)

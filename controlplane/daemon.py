@@ -11,6 +11,7 @@ it serving, and the next start adopts it (controlplane/triton/launcher.py) and r
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -69,7 +70,7 @@ class Daemon:
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self._sigint_count = 0
-        self._settled: queue.Queue[str] = queue.Queue()
+        self._settled: queue.Queue[tuple[str, bool]] = queue.Queue()  # (model, declared complete)
         self._handed: dict[str, int] = {}  # models handed on by the watcher and not handled yet: "capturing"
         self._handed_lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
@@ -143,6 +144,7 @@ class Daemon:
                 settings.repository, self._hand_on, settle_s=settings.settle_s,
                 commit_marker=settings.commit_marker, watch=settings.watch,
                 poll_interval_s=settings.poll_interval_s, rescan_interval_s=settings.rescan_interval_s,
+                on_complete=self._hand_on_complete,
             )
         watch = None
         if self.watcher is not None:
@@ -165,7 +167,11 @@ class Daemon:
             self.metrics = Metrics(self.plane, settings.metrics_port,
                                    backlog=self.watcher.backlog if self.watcher is not None else None)
             self.metrics.start()
-        self.plane.reconcile()
+        # READY before the deploys: a restart's restores (a fresh tritonserver serves nothing) also go
+        # on behind READY, before the initial scan (bench/scale.py --serve-all: restart time)
+        behind_ready = not settings.ready_waits_for_deploys and self.fleet_settings is None
+        if not behind_ready:
+            self.plane.reconcile()
         from controlplane.api.server import ApiServer
 
         self.api = ApiServer(self.plane, self.executor, settings)
@@ -176,7 +182,12 @@ class Daemon:
                 if settings.ready_waits_for_deploys:
                     self._initial_scan()
                 else:  # READY now; the deploys go on behind it (`status` shows them pending)
-                    self._track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "initial scan"))
+                    self._track(self.executor.submit(self._guarded, lambda _: self._reconcile_then_scan(),
+                                                     "initial scan"))
+                    behind_ready = False
+        if behind_ready:  # no source to scan: the start-up reconcile alone, behind READY
+            self._track(self.executor.submit(self._guarded, lambda _: self.plane and self.plane.reconcile(),
+                                             "reconcile"))
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
@@ -212,6 +223,11 @@ class Daemon:
         except ConfigError as exc:
             log.error("%s; serving is unchanged", exc)
         return source
+
+    def _reconcile_then_scan(self) -> None:
+        assert self.plane is not None
+        self.plane.reconcile()  # finish interrupted deployments and restore first, as before READY
+        self._initial_scan()
 
     def _initial_scan(self) -> None:
         """Record (and, under auto policy, deploy) what the source holds now: step models first, up to
@@ -324,18 +340,27 @@ class Daemon:
         assert self.plane is not None
         while True:
             try:
-                model = self._settled.get_nowait()
+                model, complete = self._settled.get_nowait()
             except queue.Empty:
                 return
-            handler = self.fleet.handle_settled if self.fleet is not None else self.plane.handle_settled
+            handler: Callable[[str], Any] = (
+                self.fleet.handle_settled if self.fleet is not None
+                else functools.partial(self.plane.handle_settled, complete=True) if complete
+                else self.plane.handle_settled
+            )
             self._track(self.executor.submit(self._guarded, self._handle_handed, model, handler))
 
-    def _hand_on(self, model: str) -> None:
+    def _hand_on(self, model: str, complete: bool = False) -> None:
         """The watcher's callback (its own thread): queue `model` for capture; until its handler
         returns, `status` shows it `sync: pending` ("capturing")."""
         with self._handed_lock:
             self._handed[model] = self._handed.get(model, 0) + 1
-        self._settled.put(model)
+        self._settled.put((model, complete))
+
+    def _hand_on_complete(self, model: str) -> None:
+        """The watcher's callback for a model its writer declared whole (renamed in, symlink flip,
+        commit marker): captured at once, without the settle window's quiet check."""
+        self._hand_on(model, complete=True)
 
     def _handle_handed(self, model: str, handler: Callable[[str], Any]) -> Any:
         try:

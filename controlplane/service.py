@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +27,7 @@ from controlplane.names import is_private_name, validate_digest, validate_model_
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import Drift, plan
 from controlplane.results import GcResult, HoldResult, PinResult, PolicyResult, StatusResult, VersionState
+from controlplane.servedview import ServedView
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
@@ -123,6 +124,7 @@ class ControlPlane:
         self.watch = watch
         self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
+        self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
@@ -157,13 +159,15 @@ class ControlPlane:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def capture(self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True,
+    def capture(self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True, complete: bool = False,
                 members: dict[str, SnapshotRecord] | None = None) -> SnapshotRecord:
         """Snapshot the model's source now, validate the immutable tree, record it (once per content).
 
         `settled` (the watcher's captures): refuse, as "still changing", a source that changed within
         the settle window, measured now, not when the watcher fired (the capture may run later, when
-        the writer has begun its next edit). `tritonctl load` asks for what is there now."""
+        the writer has begun its next edit). `tritonctl load` asks for what is there now.
+        `complete`: the writer declared the model whole (renamed in, symlink flip, commit marker):
+        no quiet window; the snapshot's before/after check still refuses a change during the copy."""
         validate_model_name(model)
         if self.settings.repository is None and self.source is None:
             raise UsageError("the daemon has no source repository (--repository)")
@@ -174,14 +178,16 @@ class ControlPlane:
                 assert self.settings.repository is not None
                 hooks = self.watch
                 margin = hooks.capture_margin_s() if hooks and hooks.capture_margin_s else 0.0  # network mounts
+                quiet_s = self.settings.settle_s + margin if settled and not complete else 0.0
                 snapshot = self.store.capture(self.settings.repository / model, model,
                                               commit_marker=self.settings.commit_marker,
-                                              quiet_s=self.settings.settle_s + margin if settled else 0.0)
+                                              quiet_s=quiet_s)
             content = pipeline.validate(self.registry, self.store, snapshot, members)
             return pipeline.record(self.registry, model, snapshot.digest, content, actor)
 
-    def handle_settled(self, model: str) -> Outcome | None:
-        """The watcher saw `model` settle: record what it now holds; deploy it if policy says so."""
+    def handle_settled(self, model: str, *, complete: bool = False) -> Outcome | None:
+        """The watcher saw `model` settle: record what it now holds; deploy it if policy says so.
+        `complete`: handed on at once as declared whole (see `capture`)."""
         try:
             validate_model_name(model)
         except UsageError as exc:
@@ -206,7 +212,7 @@ class ControlPlane:
         if taken:
             return outcome
         with self._capture_lock(model):
-            return self._capture_and_decide(model)
+            return self._capture_and_decide(model, complete=complete)
 
     def _report_dangling(self, model: str, entry: Path) -> None:
         """A symlink model entry that leads to no directory: one line in the log and the audit;
@@ -227,9 +233,9 @@ class ControlPlane:
         assert self.settings.repository is not None
         return (self.settings.repository / model).is_dir()
 
-    def _capture_and_decide(self, model: str) -> Outcome | None:
+    def _capture_and_decide(self, model: str, *, complete: bool = False) -> Outcome | None:
         try:
-            record = self.capture(model)
+            record = self.capture(model, complete=complete)
         except (StoreError, ObjectStoreError) as exc:
             # The registry or object storage is busy or unreachable: nothing was recorded; try again later.
             log.error("%s: %s; retrying after the settle window", model, exc)
@@ -464,16 +470,16 @@ class ControlPlane:
 
     # -- state ----------------------------------------------------------------------------------
 
-    def _triton_view(self) -> tuple[list[IndexEntry], dict[str, str | None]]:
-        # a change set's private step names are no models of their own (controlplane/changeset.py)
-        index = [e for e in self.triton.index() if not is_private_name(e.name)]
-        served: dict[str, str | None] = {}
-        for name in sorted({e.name for e in index if e.state == "READY"}):
-            try:
-                served[name] = self.triton.served_digest(name)
-            except TritonctlError:
-                served[name] = None
-        return index, served
+    def _triton_view(
+        self, models: Iterable[ModelRecord] | None = None
+    ) -> tuple[list[IndexEntry], dict[str, str | None]]:
+        """One repository-index call; served digests read only where they can have changed
+        (controlplane/servedview.py). `models`: the registry's view (None: read every digest). A change
+        set's private step names are no models of their own (controlplane/changeset.py)."""
+        wanted = None if models is None else {m.name: m.active_digest for m in models}
+        index, served = self.served_view.view(self.triton, wanted)
+        return [e for e in index if not is_private_name(e.name)], {
+            name: digest for name, digest in served.items() if not is_private_name(name)}
 
     def status(self, models: list[str] | None = None) -> StatusResult:
         for name in models or []:
@@ -486,7 +492,7 @@ class ControlPlane:
                     raise NotFoundError(f"model '{name}' is unknown to the registry")
             records = [m for m in records if m.name in models]
         try:
-            index, served = self._triton_view()
+            index, served = self._triton_view(everything)
             reachable = True
         except TritonctlError:
             index, served, reachable = [], {}, False
@@ -542,9 +548,9 @@ class ControlPlane:
                 continue
             log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
         busy = [*self.deployer.busy_models(), *waiting]
-        index, served = self._triton_view()
         # plan() looks only at models meant to serve: do not list every model of the repository
         desired = self.registry.list_models(states=SERVING_STATES)
+        index, served = self._triton_view(desired)
         result = plan(desired, index, served, busy)
         ready = {e.name for e in index if e.state == "READY"}
         self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)

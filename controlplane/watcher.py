@@ -90,6 +90,7 @@ class _Pending:
     deadline: float
     removal: bool = False  # handed on at once because the model dir went away
     changed: float | None = None  # monotonic time of the last change seen (None: the consumer's reschedule)
+    complete: bool = False  # the writer declared it whole (renamed in, symlink flipped, commit marker)
 
 
 class _Handler(FileSystemEventHandler):
@@ -136,10 +137,16 @@ class RepositoryWatcher:
         watch: str = "auto",
         poll_interval_s: float = 2.0,
         rescan_interval_s: float = 30.0,
+        on_complete: Callable[[str], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self._prefix = os.path.abspath(self.root).rstrip("/") + "/"
         self._on_settled = on_settled
+        # a model the writer declared whole: a directory renamed in, a symlink flipped, its commit
+        # marker created; handed on at once, to `on_complete` when given (the consumer then
+        # captures it without a quiet window: the snapshot's own before/after check still holds)
+        self._on_complete = on_complete or on_settled
+        self._marker = commit_marker
         self._settle = self._checked(settle_s)
         self._signals = frozenset({HOLD_FILE} | ({commit_marker} if commit_marker else set()))
         self._pending: dict[str, _Pending] = {}
@@ -353,6 +360,10 @@ class RepositoryWatcher:
         debris = any(is_ignored_name(p) and not (i == 1 and p in self._signals) for i, p in enumerate(parts) if i)
         return model, debris, len(parts) == 1
 
+    def _is_marker(self, info: tuple[str, bool, bool], path: str | bytes) -> bool:
+        """Whether `path` is the model's commit marker (`<model>/<marker>`)."""
+        return self._marker is not None and os.fsdecode(path) == f"{self._prefix}{info[0]}/{self._marker}"
+
     def _on_event(self, event: FileSystemEvent) -> None:
         kind = event.event_type
         if event.is_directory and kind in ("created", "moved") and time.monotonic() >= self._next_watch_check:
@@ -368,13 +379,16 @@ class RepositoryWatcher:
             if src is not None:
                 self._note(src, event.is_directory, gone=True)
             if dest is not None:
-                self._note(dest, event.is_directory, arrived=True)
+                self._note(dest, event.is_directory, arrived=True, marker=self._is_marker(dest, event.dest_path))
             return
         info = self._classify(event.src_path)
         if info is not None:
-            self._note(info, event.is_directory, gone=kind == "deleted")
+            self._note(info, event.is_directory, gone=kind == "deleted", marker=self._is_marker(info, event.src_path))
 
-    def _note(self, info: tuple[str, bool, bool], is_dir: bool, *, gone: bool = False, arrived: bool = False) -> None:
+    def _note(
+        self, info: tuple[str, bool, bool], is_dir: bool, *, gone: bool = False, arrived: bool = False,
+        marker: bool = False,
+    ) -> None:
         model, debris, top = info
         if self._drop_prefix is not None and model.startswith(self._drop_prefix):
             return  # test hook: as if inotify had lost this event
@@ -385,7 +399,7 @@ class RepositoryWatcher:
             with self._cond:
                 if linked and not gone:  # created, or renamed over the entry: a flip
                     self._links.add(model)
-                    self._pending[model] = _Pending(now, changed=now)
+                    self._pending[model] = _Pending(now, changed=now, complete=True)
                 elif gone and model in self._links and not linked:
                     self._links.discard(model)
                     self._pending[model] = _Pending(now + self._settle, removal=True, changed=now)
@@ -402,8 +416,8 @@ class RepositoryWatcher:
                 return
             if top and gone:
                 self._pending[model] = _Pending(now, removal=True, changed=now)
-            elif top and arrived:
-                self._pending[model] = _Pending(now, changed=now)
+            elif (top and arrived) or (marker and not gone):
+                self._pending[model] = _Pending(now, changed=now, complete=True)
             else:
                 self._pending[model] = _Pending(now + self._settle, changed=now)
             self._cond.notify_all()
@@ -436,7 +450,7 @@ class RepositoryWatcher:
                 continue
             try:
                 self._poller.refresh(model)  # handed on now: the rescan reports only later changes
-                self._on_settled(model)
+                (self._on_complete if pending.complete else self._on_settled)(model)
             except Exception:
                 log.exception("watcher: on_settled(%r) failed", model)
             finally:

@@ -139,6 +139,31 @@ def test_directory_moved_in_is_handed_on_at_once(repo: Path, tmp_path: Path, wat
     assert rec.wait_for(2, timeout=1.5) == ["m1", "m2"] and rec.calls[1][1] - t1 < 1.0
 
 
+def test_declared_complete_goes_to_on_complete_at_once(repo: Path, tmp_path: Path) -> None:
+    """A directory renamed in and a commit marker created are handed to `on_complete` (captured
+    without a quiet window) well inside a 5 s settle window; an in-place write waits the window
+    and goes to `on_settled`."""
+    settled, complete = Recorder(), Recorder()
+    w = RepositoryWatcher(repo, settled, 5.0, commit_marker="DONE", on_complete=complete)
+    w.start()
+    try:
+        time.sleep(0.05)
+        staged = make_model(tmp_path / "staging", "moved", 1)
+        t0 = time.monotonic()
+        os.rename(staged, repo / "moved")
+        assert complete.wait_for(1, timeout=2.5) == ["moved"] and complete.calls[0][1] - t0 < 2.0
+        make_model(repo, "marked", 1)  # written in place: would wait the 5 s window
+        time.sleep(0.1)
+        t1 = time.monotonic()
+        (repo / "marked" / "DONE").touch()
+        assert complete.wait_for(2, timeout=2.5)[1] == "marked" and complete.calls[1][1] - t1 < 2.0
+        assert settled.models() == []
+        (repo / "marked" / "config.pbtxt").write_text("# changed in place\n")
+        assert settled.wait_for(1, timeout=8) == ["marked"] and settled.calls[0][1] - t1 >= 5.0
+    finally:
+        w.stop()
+
+
 def test_deletion_is_handed_on_at_once(repo: Path, watch: Callable[..., tuple]) -> None:
     make_model(repo, "m", 1)
     w, rec = watch(settle=2.0)

@@ -1,0 +1,75 @@
+"""What Triton serves, at the cost of one repository-index call per round, not one call per model.
+
+Reconcile and `status` compare each READY model's served digest (stamped in the config Triton
+serves) with the registry's. Asking Triton for every READY model's config each round is one gRPC
+call per model: at 10,000 models that is the whole reconcile interval's CPU (issue 15, item 2). This
+view asks for the repository index every round and keeps the digest it last read per model; it asks
+Triton again only where that can have changed or matters:
+
+- a model READY now that was not READY in the previous round (loaded, reloaded after a Triton
+  restart, or new): its digest is read fresh;
+- a model whose remembered digest is not the one the registry wants: read fresh before anyone acts
+  on it, so a deploy between rounds is never mistaken for drift;
+- and a rotating slice of the rest (`recheck_per_round`), so a change no index shows (a reload with
+  a config override that stayed READY throughout) is still found within a bounded number of rounds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Protocol
+
+from controlplane.errors import TritonctlError
+from controlplane.triton.client import IndexEntry
+
+RECHECK_PER_ROUND = 10
+
+
+class _Triton(Protocol):
+    def index(self) -> list[IndexEntry]: ...
+
+    def served_digest(self, model: str) -> str | None: ...
+
+
+class ServedView:
+    """The repository index plus each READY model's served digest, read as little as it can be."""
+
+    def __init__(self, recheck_per_round: int = RECHECK_PER_ROUND) -> None:
+        self.recheck_per_round = recheck_per_round
+        self._known: dict[str, str | None] = {}  # READY last round -> digest read then
+        self._cursor = 0
+        self._lock = threading.Lock()
+        self.calls_last_round = 0  # served-digest calls made by the last view() (bench/scale.py reads it)
+
+    def view(
+        self, triton: _Triton, wanted: Mapping[str, str | None] | None = None
+    ) -> tuple[list[IndexEntry], dict[str, str | None]]:
+        """The index and {READY model: served digest}. `wanted`: the registry's digest per model
+        (None: read every READY model's digest fresh, the old behaviour)."""
+        index = triton.index()
+        ready = sorted({e.name for e in index if e.state == "READY"})
+        with self._lock:
+            known = self._known
+            if wanted is None:
+                fresh = set(ready)
+            else:
+                fresh = {n for n in ready if n not in known or known[n] != wanted.get(n)}
+                rest = [n for n in ready if n not in fresh]
+                if rest and self.recheck_per_round > 0:
+                    start = self._cursor % len(rest)
+                    fresh.update((rest + rest)[start:start + min(self.recheck_per_round, len(rest))])
+                    self._cursor = start + self.recheck_per_round
+        served: dict[str, str | None] = {}
+        for name in ready:
+            if name in fresh:
+                try:
+                    served[name] = triton.served_digest(name)
+                except TritonctlError:
+                    served[name] = None
+            else:
+                served[name] = known[name]
+        with self._lock:
+            self._known = dict(served)
+            self.calls_last_round = len(fresh)
+        return index, served
