@@ -40,6 +40,7 @@ SERVER_TIERS = frozenset(TIER_FIXTURES)
 # server tests one by one with @pytest.mark.triton.
 SERVER_MODULES = {
     "test_bench_quick": ("triton",),
+    "test_capture_at_once": ("triton",),
     "test_bench_smoke": ("triton",),  # the bench records the tritonserver version: it starts one briefly
     "test_changesets": ("triton",),
     "test_concurrency": ("triton",),
