@@ -176,7 +176,8 @@ class ControlPlane:
                 margin = hooks.capture_margin_s() if hooks and hooks.capture_margin_s else 0.0  # network mounts
                 snapshot = self.store.capture(self.settings.repository / model, model,
                                               commit_marker=self.settings.commit_marker,
-                                              quiet_s=self.settings.settle_s + margin if settled else 0.0)
+                                              quiet_s=self.settings.settle_s + margin if settled else 0.0,
+                                              marker_dir=self.changesets.marker_root())
             content = pipeline.validate(self.registry, self.store, snapshot, members)
             return pipeline.record(self.registry, model, snapshot.digest, content, actor)
 

@@ -252,6 +252,59 @@ def test_repository_hold_releases_everything_as_one_set(pipe_daemon: DaemonProce
         hold.unlink(missing_ok=True)
 
 
+SOLO = """name: "solo"
+backend: "python"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def write_solo(repo: Path, gen: int) -> None:
+    """`solo`: x → y = x * gen, connected to nothing."""
+    (repo / "solo" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "solo" / "config.pbtxt").write_text(SOLO)
+    (repo / "solo" / "1" / "model.py").write_text(
+        MODEL.replace("{init}", "pass").replace("{src}", "x").replace("{dst}", "y").replace("{expr}", f"x * {gen}"))
+
+
+@pytest.mark.timeout(300)
+def test_repository_commit_marker_deploys_everything_since_the_last_one_as_one_set(tmp_path: Path) -> None:
+    """`--commit-marker DONE` with `DONE` at the repository root: models newer than it wait (status says
+    so), and touching it deploys them, unconnected `solo` included, as one set, 0 failed on `pipe`."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_pipe(repo, "t1", 10)
+    write_solo(repo, 1)
+    (repo / "DONE").touch()
+    proc = DaemonProcess(repo, tmp_path / "state", ["--commit-marker", "DONE"], settle_s=0.3).start()
+    try:
+        wait_for(lambda: all(proc.model_status(m).get("state") == "serving" for m in ("pipe", "solo")), 90, 0.3,
+                 "pipe and solo serving")
+        since = last_event_id(proc)
+        with request_every(proc.triton_url(), pipe_answer) as stats:
+            time.sleep(0.3)
+            write_pipe(repo, "t2", 30)
+            write_solo(repo, 2)
+            for name in ("pipe", "solo"):  # no model-level DONE is needed, the root one is awaited
+                wait_for(lambda n=name: "commit marker DONE at the repository root" in
+                         str(proc.model_status(n).get("sync_reason")), 20, 0.2, f"{name} awaiting the root marker")
+            time.sleep(1.0)  # several settle windows: still nothing deployed
+            assert not changesets(proc, since) and stats["answers"][-1] == 20.0
+            (repo / "DONE").touch()
+            [event] = wait_for(lambda: changesets(proc, since), 60, 0.2, "the committed change set")
+            wait_for(lambda: stats["answers"][-1] == 60.0, 30, 0.1, "pipe answers 60")
+        assert event["outcome"] == "deployed", event
+        assert {m["model"] for m in json.loads(event["message"])["members"]} == {"a", "b", "pipe", "solo"}
+        assert stats["failed"] == 0, stats["errors"]
+        assert set(stats["answers"]) <= {20.0, 60.0}
+        assert proc.model_status("solo")["state"] == "serving"
+        assert proc.model_status("solo").get("sync") != "pending"
+    finally:
+        assert proc.stop() == 0, proc.log_tail()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ensemble_failing_its_own_smoke_is_the_only_one_quarantined(pipe_daemon: DaemonProcess) -> None:
