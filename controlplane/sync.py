@@ -59,7 +59,7 @@ def sync_state(
     if settling:  # the source is changing, or its new content is being captured
         return "pending", settling
     if retry is not None:
-        return "pending", (f"last deploy of {_short(retry.digest)} failed ({retry.reason}); "
+        return "pending", (f"last {retry.action} of {_short(retry.digest)} failed ({retry.reason}); "
                            f"next retry in {retry.seconds_left()} s")
     if head is None:
         return "pending", "the source's content is not recorded yet"

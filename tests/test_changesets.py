@@ -252,6 +252,54 @@ def test_repository_hold_releases_everything_as_one_set(pipe_daemon: DaemonProce
         hold.unlink(missing_ok=True)
 
 
+def test_a_restore_that_keeps_failing_backs_off_and_status_says_why(pipe_daemon: DaemonProcess) -> None:
+    """Step `a` unloaded behind the daemon's back and its stored code broken: reconcile (every 1 s here)
+    restores it steps first, fails, and backs off (5 s, 10 s, ...) instead of retrying every round;
+    `status` says which restore failed, why and when it is tried again. Fixed, it serves again."""
+    registry = Registry(f"sqlite:///{pipe_daemon.state_dir / 'registry.db'}")
+    try:
+        digest = registry.get_model("a").active_digest
+    finally:
+        registry.close()
+    assert digest
+    code = pipe_daemon.state_dir / "store" / "trees" / digest / "1" / "model.py"  # a hard link to the object
+    original, mode = code.read_text(), code.stat().st_mode
+    since = last_event_id(pipe_daemon)
+    code.chmod(0o644)
+    try:
+        code.write_text(original + "\nraise RuntimeError('broken on restore')\n")
+        client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
+        try:
+            key = json.loads((pipe_daemon.state_dir / "triton" / "server.json").read_text())["restricted_key"]
+            client.unload_model("a", headers={"triton-grpc-protocol-tritonctl-key": key})
+        finally:
+            client.close()
+        row = wait_for(lambda: (r := pipe_daemon.model_status("a")).get("next_retry_s") is not None and r, 30, 0.2,
+                       "a's failed restore in status")
+        assert row["sync"] == "pending", row
+        assert row["sync_reason"].startswith(f"last restore of {digest[:12]} failed (") and \
+            "broken on restore" in row["sync_reason"] and "next retry in" in row["sync_reason"], row
+        time.sleep(7.0)  # seven reconcile rounds
+        attempts = [e for e in pipe_daemon.audit("--action", "restore", "--model", "a", "--limit", "50")
+                    if e["id"] > since]
+        assert 1 <= len(attempts) <= 2 and all(e["outcome"] == "failed" for e in attempts), attempts
+    finally:
+        code.write_text(original)
+        code.chmod(mode)
+    started = time.monotonic()  # fixed: the operator's load serves it at once, ending the backoff
+    result = pipe_daemon.run("load", "a", "--force", "--json")
+    assert result.exit_code == 0, result.output
+    wait_for(lambda: pipe_daemon.model_status("a").get("sync") == "synced"
+             and pipe_daemon.model_status("pipe").get("sync") == "synced", 40, 0.3, "a and pipe serving")
+    assert time.monotonic() - started < 8.0  # not the next backoff step (15 s after the first failure)
+    assert pipe_daemon.model_status("a").get("next_retry_s") is None
+    client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
+    try:
+        pipe_answer(client)
+    finally:
+        client.close()
+
+
 SOLO = """name: "solo"
 backend: "python"
 max_batch_size: 8
