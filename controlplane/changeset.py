@@ -504,6 +504,12 @@ class ChangeSets:
             return self._deploy(self._members(records), actor, progress, force=force)
 
     # -- deploying a set -------------------------------------------------------------------------
+    def deploy_records(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = False) -> Outcome:
+        """Snapshots this host's registry holds, deployed as one change set (a fleet host's steps of
+        one set: controlplane/fleet/sets.py)."""
+        with self._lock:
+            return self._deploy(self._members(records), actor, None, force=force)
+
 
     def _deploy(self, members: list[Member], actor: str, progress: ProgressFn | None, *, force: bool) -> Outcome:
         started = time.monotonic()

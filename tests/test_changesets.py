@@ -576,3 +576,32 @@ def test_reconcile_order_puts_steps_before_ensembles() -> None:
     assert ordered.index("pipe") > max(ordered.index("a"), ordered.index("b"))
     assert ordered.index("outer") > max(ordered.index("pipe"), ordered.index("c"))
     assert sorted(ordered) == ["a", "b", "c", "outer", "pipe"]
+
+
+def test_fleet_hosts_run_a_change_sets_steps_as_one_batch_steps_first() -> None:
+    """A fleet host's claimed steps (controlplane/fleet/sets.py): the ones connected through an ensemble
+    are one batch in dependency order; a lone step runs before, a lone ensemble after."""
+    from types import SimpleNamespace
+
+    from controlplane.fleet import sets
+    from controlplane.store.records import Step
+
+    configs = {
+        "pipe": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "a"},
+                                                                          {"model_name": "b"}]}},
+        "solo_ens": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "x"}]}},
+        "a": {"backend": "python"}, "b": {"backend": "python"}, "c": {"backend": "python"},
+    }
+    registry = SimpleNamespace(get_snapshot=lambda name, digest: SimpleNamespace(config=configs[name]))
+
+    def step(i: int, model: str) -> Step:
+        return Step(i, i, "h1", 0, "deploy", "d" * 64, "running", "", model)
+
+    claimed = [step(1, "solo_ens"), step(2, "pipe"), step(3, "b"), step(4, "c"), step(5, "a")]
+    batches = [[s.model for s in b] for b in sets.batches(claimed, registry)]  # type: ignore[arg-type]
+    assert batches[0] == ["c"] and batches[-1] == ["solo_ens"]
+    [pipeline] = [b for b in batches if len(b) > 1]
+    assert sorted(pipeline) == ["a", "b", "pipe"] and pipeline[-1] == "pipe"
+    assert sets.steps_first(registry, [("pipe", "d"), ("a", "d"), ("b", "d")])[-1] == "pipe"  # type: ignore[arg-type]
+    mine = sets.members(registry, [("a", "d")])  # type: ignore[arg-type]
+    assert sets.related(registry, mine, [("pipe", "d"), ("c", "d")]) == ["pipe"]  # type: ignore[arg-type]
