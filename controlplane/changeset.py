@@ -360,6 +360,19 @@ class ChangeSets:
             return str(exc).removeprefix(f"{model}: ")
         return None
 
+    def still_settling(self, models: Sequence[str]) -> list[str]:
+        """Models connected to `models` through ensembles whose source still changes (the watcher has a
+        change pending): a fleet leader proposes a set's rollouts once none does."""
+        hooks = self.plane.watch
+        pending = hooks.pending() if hooks and hooks.pending else {}
+        if not any(due is not None for due in pending.values()):
+            return []
+        try:
+            group = self.group(models)
+        except TritonctlError:
+            return []
+        return [m for m in group if m not in models and pending.get(m) is not None]
+
     def settled(self, model: str) -> tuple[bool, Outcome | None]:
         """The watcher handed `model` on. (False, None): not part of a change set, deploy it alone;
         (True, outcome): the change sets took it (outcome None: deferred, held, or nothing to do)."""

@@ -33,6 +33,7 @@ log = logging.getLogger("tritonctl.fleet")
 CONVERGE_ACTOR = "fleet-converge"
 REPORT_EVERY_S = 5.0
 GATHER_S = 3.0  # how long a host waits for the rest of a change set's steps to become its to claim
+GATHER_MIN_S = 0.3  # the leader starts a set's rollouts within milliseconds: look again once this late
 
 
 @dataclass
@@ -105,16 +106,19 @@ class HostAgent:
     def _gather(self, claimed: list[Step]) -> list[Step]:
         """The leader starts a change set's rollouts one by one: for up to GATHER_S, claim this host's
         steps of open rollouts connected through ensembles to what was claimed, so the set runs as one."""
-        deadline = time.monotonic() + GATHER_S
+        started = time.monotonic()
         while not self.stopping.is_set():
             mine = sets.members(self.registry, [(s.model, s.digest or "") for s in claimed])
             taken = {s.id for s in claimed}
             others = [(r.model, r.digest) for r in self.store.rollouts() if r.state in ("queued", "running")
                       and any(s.host == self.host and s.id not in taken and s.state in ("waiting", "pending")
                               for s in r.steps)]
-            if not others or not sets.related(self.registry, mine, others) or time.monotonic() >= deadline:
+            waited = time.monotonic() - started
+            if waited >= GATHER_S:
                 return claimed
-            time.sleep(0.2)
+            if waited >= GATHER_MIN_S and (not others or not sets.related(self.registry, mine, others)):
+                return claimed
+            time.sleep(0.1)
             claimed = claimed + self.store.claim(self.host)
         return claimed
 

@@ -48,6 +48,8 @@ class Leader:
     stopping: threading.Event
     scan_requested: threading.Event = field(default_factory=threading.Event)
     _settled: list[str] = field(default_factory=list)
+    _latest: dict[str, SnapshotRecord] = field(default_factory=dict)  # this host's newest record per model
+    _unproposed: dict[str, SnapshotRecord] = field(default_factory=dict)  # waiting for their set to settle
     _settled_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -181,26 +183,34 @@ class Leader:
                 if not self._settled:
                     break
                 batch, self._settled = self._settled, []
-            recorded: dict[str, SnapshotRecord] = {}
-            local: dict[str, SnapshotRecord] = {}
             repo = self.settings.repository
             if repo is not None and self.plane.source is None:  # ensembles after their steps (stable)
                 batch.sort(key=lambda n: is_ensemble_dir(repo / n))
             for model in batch:
                 try:
-                    record = self.record(model, members=dict(local))  # an ensemble checked against new steps
+                    # an ensemble is checked against the newest recorded content of its steps
+                    record = self.record(model, members=dict(self._latest))
                     if record is not None:
-                        recorded[model] = record
-                        local[model] = self.plane.registry.get_snapshot(model, record.digest)
+                        self._unproposed[model] = record
+                        self._latest[model] = self.plane.registry.get_snapshot(model, record.digest)
                 except TritonctlError as exc:
                     log.error("%s: %s", model, exc)
-            # what settled together is proposed steps before ensembles: a change set's rollouts (and
-            # every host's steps of them) come in dependency order (controlplane/fleet/sets.py)
-            for model in sets.steps_first(self.registry, [(m, r.digest) for m, r in recorded.items()]):
-                try:
-                    self.propose(model, recorded[model])
-                except TritonctlError as exc:
-                    log.error("%s: %s", model, exc)
+        self._propose_settled()
         for rollout in self.store.rollouts():
             if self.is_leader():
                 self.machine.drive(rollout)
+
+    def _propose_settled(self) -> None:
+        """Propose what was recorded once nothing connected to it through ensembles still settles, all
+        of it steps before ensembles: a change set's rollouts (and every host's steps of them) come
+        together and in dependency order (controlplane/fleet/sets.py)."""
+        if not self._unproposed or not self.is_leader():
+            return
+        if self.plane.changesets.still_settling(sorted(self._unproposed)):
+            return
+        ready, self._unproposed = self._unproposed, {}
+        for model in sets.steps_first(self.registry, [(m, r.digest) for m, r in ready.items()]):
+            try:
+                self.propose(model, ready[model])
+            except TritonctlError as exc:
+                log.error("%s: %s", model, exc)

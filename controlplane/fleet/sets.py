@@ -61,16 +61,15 @@ def connected(items: Sequence[Member]) -> list[list[Member]]:
 
 
 def related(registry: Registry, mine: Sequence[Member], others: Sequence[tuple[str, str]]) -> list[str]:
-    """Models of `others` connected to `mine` through ensembles (either side naming the other)."""
+    """Models of `others` connected to `mine` through ensembles, transitively (a step and the ensemble
+    over it, and that ensemble's other steps)."""
     names = {m.model for m in mine}
-    near = {s for m in mine for s in m.steps}
-    out = []
-    for other in members(registry, others):
-        if other.model in names:
-            continue
-        if other.model in near or names & set(other.steps):
-            out.append(other.model)
-    return out
+    extra = [m for m in members(registry, others) if m.model not in names]
+    out: list[str] = []
+    for group in connected([*mine, *extra]):
+        if names & {m.model for m in group}:
+            out.extend(m.model for m in group if m.model not in names)
+    return sorted(out)
 
 
 def batches(steps: Sequence[Step], registry: Registry) -> list[list[Step]]:
