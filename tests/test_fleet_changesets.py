@@ -89,8 +89,11 @@ def test_a_change_set_rolls_out_steps_first_with_zero_failed_requests(
     for host, stats in loops.items():
         assert stats["failed"] == 0, (host, stats["errors"])
         assert set(stats["answers"]) <= {20.0, 60.0} and 20.0 in stats["answers"], host
-    new = {r["model"]: r for r in rollouts(url) if r["id"] not in before}
-    assert set(new) == set(SET) and all(r["state"] == "done" for r in new.values()), new
+    def ended() -> dict[str, dict[str, Any]] | None:
+        new = {r["model"]: r for r in rollouts(url) if r["id"] not in before}
+        return new if set(new) == set(SET) and all(r["state"] == "done" for r in new.values()) else None
+
+    new = wait_for(ended, 60, 0.5, "the set's rollouts done")
     assert max(new["a"]["id"], new["b"]["id"]) < new["pipe"]["id"]  # steps proposed before the ensemble
     for host, proc in daemons.items():  # each host deployed its steps of the set as one change set
         sets = [e for e in proc.audit("--action", "changeset", "--limit", "20") if e["outcome"] == "deployed"]
