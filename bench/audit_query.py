@@ -291,10 +291,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             return call
 
         def at_all(_: int) -> int:
-            return len(queries.serving_at(registry, moment())["models"])
+            return len(queries.serving_at(registry, moment()).models)
 
         def at_all_reader(_: int) -> int:
-            return len(queries.serving_at(reader, moment())["models"])
+            return len(queries.serving_at(reader, moment()).models)
 
         def rolled_back_7d(_: int) -> int:
             since, until = window(24 * 7)

@@ -552,7 +552,7 @@ def audit_rows(state: Path, model: str | None = None, limit: int = 10_000) -> li
 
     registry = Registry(f"sqlite:///{state / 'registry.db'}")
     try:
-        return list(queries.audit(registry, model=model, limit=limit))
+        return queries.audit(registry, model=model, limit=limit).to_json()
     finally:
         registry.close()
 

@@ -29,7 +29,11 @@ interim pipeline answering meanwhile.
 Grouping (`ChangeSets.settled`): a model the watcher hands on is taken with every model connected
 to it through ensembles (the source's configs and the serving ones, transitively); while one of them
 still settles, the last one to settle deploys them all. Everything that settles while the repository
-holds `.tritonctl-hold` at its root waits and is released as one set when the file goes.
+holds `.tritonctl-hold` at its root waits and is released as one set when the file goes. With
+`--commit-marker M` and a file `M` at the repository root, that file commits the whole repository: a
+model whose content is newer than it waits the same way (its own `<model>/M` is not looked at), and
+when the root marker is touched again everything that waited, and everything settling then, deploys
+as one set.
 `tritonctl load a b pipe` makes one set of the named models. A set is recorded as one audit event
 (action `changeset`, message: JSON with its id, members and their digests) beside each member's own
 deployment.
@@ -60,7 +64,8 @@ from controlplane.modelconfig import is_ensemble_text, parse_config_text, stamp_
 from controlplane.names import is_private_name, validate_model_name
 from controlplane.pipeline import capture_passes
 from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
-from controlplane.snapshot import CONFIG_FILE, HOLD_FILE
+from controlplane.snapshot import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
+from controlplane.snapshot.fsutil import read_small_text
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry
 from controlplane.sync import rollback_holds
@@ -148,6 +153,7 @@ class ChangeSets:
         self._lock = threading.Lock()  # one change set at a time
         self._guard = threading.Lock()
         self._held: set[str] = set()  # settled while the repository-level hold was there
+        self._release_lock = threading.Lock()  # repository-level holds: settle decisions one at a time
         self._serving: dict[str, list[str]] | None = None  # serving ensemble -> steps (None: not read yet)
         self._skipped: set[frozenset[tuple[str, str]]] = set()
         self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
@@ -161,7 +167,8 @@ class ChangeSets:
                 return str(plane.source.read_text(model, CONFIG_FILE) or "")
             if plane.settings.repository is None:
                 return ""
-            return (plane.settings.repository / model / CONFIG_FILE).read_text(errors="replace")
+            # the source may be mid-edit: a fifo or a huge file named config.pbtxt is no ensemble here
+            return read_small_text(plane.settings.repository / model / CONFIG_FILE, MAX_CONFIG_BYTES) or ""
         except (OSError, TritonctlError):
             return ""
 
@@ -333,32 +340,87 @@ class ChangeSets:
         repo = self.plane.settings.repository
         return repo is not None and (repo / HOLD_FILE).exists()
 
+    def marker_root(self) -> Path | None:
+        """The repository root when it holds the commit marker (`--commit-marker M` and `<repo>/M`
+        exists): then that marker commits every model, and a model's own marker is not looked at."""
+        repo, marker = self.plane.settings.repository, self.plane.settings.commit_marker
+        if repo is None or not marker or self.plane.source is not None:
+            return None
+        return repo if (repo / marker).is_file() else None
+
+    def _repository_wait(self, model: str) -> str | None:
+        """Why the repository level holds `model` back: the root hold file, or a root commit marker
+        older than its content; None when nothing does."""
+        if self.repository_held():
+            return f"on hold ({HOLD_FILE} present at the repository root)"
+        root = self.marker_root()
+        if root is None or self.plane.settings.commit_marker is None:
+            return None
+        try:
+            self.plane.store.check_marker(root / model, model, self.plane.settings.commit_marker, root)
+        except SnapshotError as exc:
+            return str(exc).removeprefix(f"{model}: ")
+        return None
+
+    def still_settling(self, models: Sequence[str]) -> list[str]:
+        """Models connected to `models` through ensembles whose source still changes (the watcher has a
+        change pending): a fleet leader proposes a set's rollouts once none does."""
+        hooks = self.plane.watch
+        pending = hooks.pending() if hooks and hooks.pending else {}
+        if not any(due is not None for due in pending.values()):
+            return []
+        try:
+            group = self.group(models)
+        except TritonctlError:
+            return []
+        return [m for m in group if m not in models and pending.get(m) is not None]
+
     def settled(self, model: str) -> tuple[bool, Outcome | None]:
         """The watcher handed `model` on. (False, None): not part of a change set, deploy it alone;
         (True, outcome): the change sets took it (outcome None: deferred, held, or nothing to do)."""
+        with self._guard:
+            repository_level = bool(self._held)
+        if not repository_level and self.marker_root() is None and not self.repository_held():
+            return self._settled(model)
+        # a repository-level hold or marker: one worker at a time decides, so a model the hold
+        # released cannot deploy alone while another worker deploys the others
+        with self._release_lock:
+            return self._settled(model)
+
+    def _settled(self, model: str) -> tuple[bool, Outcome | None]:
         plane = self.plane
-        if self.repository_held():
+        wait_reason = self._repository_wait(model)
+        if wait_reason is not None:
             with self._guard:
                 self._held.add(model)
-            plane.capture_waits[model] = f"on hold ({HOLD_FILE} present at the repository root)"
+            plane.capture_waits[model] = wait_reason
             if plane.watch:
                 plane.watch.reschedule(model, max(plane.settings.settle_s, 0.5))
             return True, None
+        root_marker = self.marker_root() is not None
+        hooks = self.plane.watch  # the watcher's pending checks (WatchHooks.pending)
+        pending = hooks.pending() if hooks and hooks.pending else {}
         with self._guard:
             held, self._held = self._held, set()
+        # under a root commit marker, everything settling now is one set with what it released
+        also = sorted(m for m, due in pending.items() if due is not None) if root_marker and held else []
         try:
-            group = self.group([model, *sorted(held)])
+            group = self.group([model, *sorted(held), *also])
         except TritonctlError as exc:
             log.warning("%s: cannot group with its ensembles: %s", model, exc)
             group = [model]
         if len(group) == 1 and not held:
             return False, None
-        hooks = self.plane.watch  # the watcher's pending checks (WatchHooks.pending)
-        pending = hooks.pending() if hooks and hooks.pending else {}
-        waiting = [m for m in group if m != model and pending.get(m) is not None]
-        if waiting:  # one of them still settles: the last one to settle deploys the set
+        # one of them still settles: the last one to settle deploys the set (the held ones are pending
+        # only because they were rescheduled here: released now, they come along)
+        waiting = [m for m in group if m != model and m not in held and pending.get(m) is not None]
+        if waiting:
             with self._guard:
                 self._held |= held
+                if root_marker:  # not connected to the others by ensembles: come back for them
+                    self._held.add(model)
+            if root_marker and plane.watch:
+                plane.watch.reschedule(model, max(plane.settings.settle_s, 0.5))
             log.info("%s: change set %s waits for %s to settle", model, ",".join(group), ",".join(waiting))
             return True, None
         with self._lock:
@@ -457,6 +519,12 @@ class ChangeSets:
             return self._deploy(self._members(records), actor, progress, force=force)
 
     # -- deploying a set -------------------------------------------------------------------------
+    def deploy_records(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = False) -> Outcome:
+        """Snapshots this host's registry holds, deployed as one change set (a fleet host's steps of
+        one set: controlplane/fleet/sets.py)."""
+        with self._lock:
+            return self._deploy(self._members(records), actor, None, force=force)
+
 
     def _deploy(self, members: list[Member], actor: str, progress: ProgressFn | None, *, force: bool) -> Outcome:
         started = time.monotonic()

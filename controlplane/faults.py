@@ -5,6 +5,8 @@ came, the smoke check failed. Everything else that can end a deploy (tritonserve
 restarting, a backend missing on that server, an ensemble member not loaded, content collected by
 gc, the state filesystem full, or any `EnvironmentFault` raised by other code) says nothing about the
 content: the deploy ends `failed` and is retried with a capped exponential backoff (`RetryBook`).
+A restore (reconcile: Triton does not serve what the registry says) that keeps failing backs off the
+same way, in a book of its own, so `status` says why and when it is tried again.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Retry:
     reason: str
     attempt: int
     due_at: float  # time.time()
+    action: str = "deploy"  # what failed and is retried: deploy, or restore (reconcile)
 
     def seconds_left(self, now: float | None = None) -> int:
         return max(0, int(round(self.due_at - (now if now is not None else time.time()))))
@@ -93,11 +96,12 @@ class RetryBook:
         self._retries: dict[str, Retry] = {}
         self._lock = threading.Lock()
 
-    def failed(self, model: str, digest: str, reason: str) -> Retry:
+    def failed(self, model: str, digest: str, reason: str, action: str = "deploy") -> Retry:
         with self._lock:
             previous = self._retries.get(model)
             attempt = previous.attempt + 1 if previous is not None and previous.digest == digest else 1
-            retry = Retry(model, digest, reason, attempt, time.time() + backoff_s(attempt, self.base_s, self.cap_s))
+            retry = Retry(model, digest, reason, attempt, time.time() + backoff_s(attempt, self.base_s, self.cap_s),
+                          action)
             self._retries[model] = retry
             return retry
 

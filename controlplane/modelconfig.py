@@ -29,6 +29,7 @@ from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
 from controlplane.results import ValidationReport
+from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.warmupcheck import check_warmup
@@ -573,11 +574,9 @@ def check_ensembles(results: list[ValidationResult]) -> None:
                                         f"{member.first_error.line() if member.first_error else ''}", ERROR))
         result.problems.extend(p for p in problems if p not in result.problems)
 def is_ensemble_dir(model_dir: Path) -> bool:
-    """Whether the model's config.pbtxt declares an ensemble (start-up scans deploy these last)."""
-    try:
-        return is_ensemble_text((model_dir / "config.pbtxt").read_text(errors="replace"))
-    except OSError:
-        return False
+    """Whether the model's config.pbtxt declares an ensemble (start-up scans deploy these last). A source
+    being edited: only a regular config file of at most MAX_CONFIG_BYTES is read."""
+    return is_ensemble_text(read_small_text(model_dir / CONFIG_FILE, MAX_CONFIG_BYTES) or "")
 
 
 def is_ensemble_text(text: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,7 @@ class ControlPlane:
         self.triton = triton
         self.counters = Counters()
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.faults)
+        self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
         self._extra_on_outcome = on_outcome
         self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
                                  on_outcome=self._note_outcome, host=host)
@@ -145,6 +147,8 @@ class ControlPlane:
                             retry.seconds_left())
             elif outcome.outcome != Result.FAILED or outcome.cause == Cause.CONTENT:
                 self.retries.clear(outcome.model)
+        if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore", "unload"):
+            self.restores.clear(outcome.model)  # it serves what the registry says now (or nothing, meant)
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
 
@@ -181,7 +185,7 @@ class ControlPlane:
                 quiet_s = self.settings.settle_s + margin if settled and not complete else 0.0
                 snapshot = self.store.capture(self.settings.repository / model, model,
                                               commit_marker=self.settings.commit_marker,
-                                              quiet_s=quiet_s)
+                                              quiet_s=quiet_s, marker_dir=self.changesets.marker_root())
             content = pipeline.validate(self.registry, self.store, snapshot, members)
             return pipeline.record(self.registry, model, snapshot.digest, content, actor)
 
@@ -508,7 +512,7 @@ class ControlPlane:
         for model in records:
             versions = [VersionState(e.version, e.state, e.reason) for e in index if e.name == model.name]
             policy = self.effective_policy(model)
-            retry = self.retries.get(model.name)
+            retry = self.retries.get(model.name) or self.restores.get(model.name)
             head = heads.get(model.name)
             sync, reason = sync_state(model, policy, head, lasts.get(model.name), busy=model.name in busy,
                                       retry=retry, settling=settling.get(model.name))
@@ -555,9 +559,21 @@ class ControlPlane:
         ready = {e.name for e in index if e.state == "READY"}
         self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
         digests = dict(result.restore)
+        for model, owed in self.restores.all().items():  # serves again, or no longer meant to: no backoff
+            if digests.get(model) != owed.digest and model not in busy:
+                self.restores.clear(model)
+        now = time.time()
         for model, digest in ((m, digests[m]) for m in self.changesets.steps_first(list(digests))):  # steps first
+            backoff = self.restores.get(model)
+            if backoff is not None and backoff.digest == digest and backoff.due_at > now:
+                continue  # a restore that keeps failing backs off (status says why and when)
             outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
-            log.warning("%s: %s", model, outcome.message)
+            if outcome.outcome == Result.OK:
+                log.warning("%s: %s", model, outcome.message)
+                continue
+            why = outcome.message.split("): ", 1)[-1]  # Triton's words, not the restore's preamble
+            retry = self.restores.failed(model, digest, why, "restore")
+            log.warning("%s: %s; retry %d in %d s", model, outcome.message, retry.attempt, retry.seconds_left())
         self.changesets.sweep()  # after the ensembles stopped using them
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift

@@ -59,7 +59,7 @@ def sync_state(
     if settling:  # the source is changing, or its new content is being captured
         return SyncState.PENDING, settling
     if retry is not None:
-        return SyncState.PENDING, (f"last deploy of {_short(retry.digest)} failed ({retry.reason}); "
+        return SyncState.PENDING, (f"last {retry.action} of {_short(retry.digest)} failed ({retry.reason}); "
                            f"next retry in {retry.seconds_left()} s")
     if head is None:
         return SyncState.PENDING, "the source's content is not recorded yet"

@@ -51,6 +51,7 @@ SERVER_MODULES = {
     "test_ensemble_daemon": ("triton",),
     "test_exit_codes": ("triton",),
     "test_faults": ("triton",),
+    "test_fleet_changesets": ("triton", "postgres"),
     "test_fleet_e2e": ("triton", "postgres"),
     "test_help_examples": ("triton",),
     "test_json_contract": ("triton", "postgres"),

@@ -237,7 +237,7 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
     from controlplane.triton.client import TritonClient
-    from tests.harness import GEN_CONFIG, write_gen_model
+    from tests.harness import gen_config, write_gen_model
 
     repo, state = tmp_path / "repo", tmp_path / "state"
     model = write_gen_model(repo, "m", 1)
@@ -254,7 +254,7 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
         time.sleep(0.6)
         plane.handle_settled("m")  # on time: generation 1 recorded
         assert len(registry.list_snapshots("m")) == 1
-        full = GEN_CONFIG.format(name="m", gen=2)
+        full = gen_config("m", 2)
         (model / "config.pbtxt").write_text(full[: len(full) // 2])  # the next edit, first chunk
         plane.handle_settled("m")  # late: the window had passed when the watcher fired, not now
         assert rescheduled == [("m", 0.5)]

@@ -222,6 +222,97 @@ def test_repository_hold_releases_everything_as_one_set(pipe_daemon: DaemonProce
         hold.unlink(missing_ok=True)
 
 
+def test_a_restore_that_keeps_failing_backs_off_and_status_says_why(pipe_daemon: DaemonProcess) -> None:
+    """Step `a` unloaded behind the daemon's back and its stored code broken: reconcile (every 1 s here)
+    restores it steps first, fails, and backs off (5 s, 10 s, ...) instead of retrying every round;
+    `status` says which restore failed, why and when it is tried again. Fixed, it serves again."""
+    registry = Registry(f"sqlite:///{pipe_daemon.state_dir / 'registry.db'}")
+    try:
+        digest = registry.get_model("a").active_digest
+    finally:
+        registry.close()
+    assert digest
+    code = pipe_daemon.state_dir / "store" / "trees" / digest / "1" / "model.py"  # a hard link to the object
+    original, mode = code.read_text(), code.stat().st_mode
+    since = last_event_id(pipe_daemon)
+    code.chmod(0o644)
+    try:
+        code.write_text(original + "\nraise RuntimeError('broken on restore')\n")
+        client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
+        try:
+            key = json.loads((pipe_daemon.state_dir / "triton" / "server.json").read_text())["restricted_key"]
+            client.unload_model("a", headers={"triton-grpc-protocol-tritonctl-key": key})
+        finally:
+            client.close()
+        row = wait_for(lambda: (r := pipe_daemon.model_status("a")).get("next_retry_s") is not None and r, 30, 0.2,
+                       "a's failed restore in status")
+        assert row["sync"] == "pending", row
+        assert row["sync_reason"].startswith(f"last restore of {digest[:12]} failed (") and \
+            "broken on restore" in row["sync_reason"] and "next retry in" in row["sync_reason"], row
+        time.sleep(7.0)  # seven reconcile rounds
+        attempts = [e for e in pipe_daemon.audit("--action", "restore", "--model", "a", "--limit", "50")
+                    if e["id"] > since]
+        assert 1 <= len(attempts) <= 2 and all(e["outcome"] == "failed" for e in attempts), attempts
+    finally:
+        code.write_text(original)
+        code.chmod(mode)
+    started = time.monotonic()  # fixed: the operator's load serves it at once, ending the backoff
+    result = pipe_daemon.run("load", "a", "--force", "--json")
+    assert result.exit_code == 0, result.output
+    wait_for(lambda: pipe_daemon.model_status("a").get("sync") == "synced"
+             and pipe_daemon.model_status("pipe").get("sync") == "synced", 40, 0.3, "a and pipe serving")
+    assert time.monotonic() - started < 8.0  # not the next backoff step (15 s after the first failure)
+    assert pipe_daemon.model_status("a").get("next_retry_s") is None
+    client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
+    try:
+        pipe_answer(client)
+    finally:
+        client.close()
+
+
+def write_solo(repo: Path, gen: int) -> None:
+    """`solo`: x → y = x * gen, connected to nothing."""
+    (repo / "solo" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "solo" / "config.pbtxt").write_text(python_config("solo", "x", "y"))
+    (repo / "solo" / "1" / "model.py").write_text(python_model(f"(x * {gen}).astype(np.float32)", src="x", dst="y"))
+
+
+@pytest.mark.timeout(300)
+def test_repository_commit_marker_deploys_everything_since_the_last_one_as_one_set(tmp_path: Path) -> None:
+    """`--commit-marker DONE` with `DONE` at the repository root: models newer than it wait (status says
+    so), and touching it deploys them, unconnected `solo` included, as one set, 0 failed on `pipe`."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_pipe(repo, "t1", 10)
+    write_solo(repo, 1)
+    (repo / "DONE").touch()
+    proc = DaemonProcess(repo, tmp_path / "state", ["--commit-marker", "DONE"], settle_s=0.3).start()
+    try:
+        wait_for(lambda: all(proc.model_status(m).get("state") == "serving" for m in ("pipe", "solo")), 90, 0.3,
+                 "pipe and solo serving")
+        since = last_event_id(proc)
+        with request_every(proc.triton_url(), pipe_answer) as stats:
+            time.sleep(0.3)
+            write_pipe(repo, "t2", 30)
+            write_solo(repo, 2)
+            for name in ("pipe", "solo"):  # no model-level DONE is needed, the root one is awaited
+                wait_for(lambda n=name: "commit marker DONE at the repository root" in
+                         str(proc.model_status(n).get("sync_reason")), 20, 0.2, f"{name} awaiting the root marker")
+            time.sleep(1.0)  # several settle windows: still nothing deployed
+            assert not changesets(proc, since) and stats["answers"][-1] == 20.0
+            (repo / "DONE").touch()
+            [event] = wait_for(lambda: changesets(proc, since), 60, 0.2, "the committed change set")
+            wait_for(lambda: stats["answers"][-1] == 60.0, 30, 0.1, "pipe answers 60")
+        assert event["outcome"] == "deployed", event
+        assert {m["model"] for m in json.loads(event["message"])["members"]} == {"a", "b", "pipe", "solo"}
+        assert stats["failed"] == 0, stats["errors"]
+        assert set(stats["answers"]) <= {20.0, 60.0}
+        assert proc.model_status("solo")["state"] == "serving"
+        assert proc.model_status("solo").get("sync") != "pending"
+    finally:
+        assert proc.stop() == 0, proc.log_tail()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ensemble_failing_its_own_smoke_is_the_only_one_quarantined(pipe_daemon: DaemonProcess) -> None:
@@ -445,3 +536,32 @@ def test_reconcile_order_puts_steps_before_ensembles() -> None:
     assert ordered.index("pipe") > max(ordered.index("a"), ordered.index("b"))
     assert ordered.index("outer") > max(ordered.index("pipe"), ordered.index("c"))
     assert sorted(ordered) == ["a", "b", "c", "outer", "pipe"]
+
+
+def test_fleet_hosts_run_a_change_sets_steps_as_one_batch_steps_first() -> None:
+    """A fleet host's claimed steps (controlplane/fleet/sets.py): the ones connected through an ensemble
+    are one batch in dependency order; a lone step runs before, a lone ensemble after."""
+    from types import SimpleNamespace
+
+    from controlplane.fleet import sets
+    from controlplane.store.records import Step
+
+    configs = {
+        "pipe": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "a"},
+                                                                          {"model_name": "b"}]}},
+        "solo_ens": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "x"}]}},
+        "a": {"backend": "python"}, "b": {"backend": "python"}, "c": {"backend": "python"},
+    }
+    registry = SimpleNamespace(get_snapshot=lambda name, digest: SimpleNamespace(config=configs[name]))
+
+    def step(i: int, model: str) -> Step:
+        return Step(i, i, "h1", 0, "deploy", "d" * 64, "running", "", model)
+
+    claimed = [step(1, "solo_ens"), step(2, "pipe"), step(3, "b"), step(4, "c"), step(5, "a")]
+    batches = [[s.model for s in b] for b in sets.batches(claimed, registry)]  # type: ignore[arg-type]
+    assert batches[0] == ["c"] and batches[-1] == ["solo_ens"]
+    [pipeline] = [b for b in batches if len(b) > 1]
+    assert sorted(pipeline) == ["a", "b", "pipe"] and pipeline[-1] == "pipe"
+    assert sets.steps_first(registry, [("pipe", "d"), ("a", "d"), ("b", "d")])[-1] == "pipe"  # type: ignore[arg-type]
+    mine = sets.members(registry, [("a", "d")])  # type: ignore[arg-type]
+    assert sets.related(registry, mine, [("pipe", "d"), ("c", "d")]) == ["pipe"]  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from controlplane import pipeline
 from controlplane.deploy import Outcome
 from controlplane.errors import StoreError, TritonctlError
+from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.rollouts import FLEET_ACTOR
 from controlplane.fleet.settings import FleetSettings
@@ -31,6 +32,8 @@ log = logging.getLogger("tritonctl.fleet")
 
 CONVERGE_ACTOR = "fleet-converge"
 REPORT_EVERY_S = 5.0
+GATHER_S = 3.0  # how long a host waits for the rest of a change set's steps to become its to claim
+GATHER_MIN_S = 0.3  # the leader starts a set's rollouts within milliseconds: look again once this late
 
 
 @dataclass
@@ -48,8 +51,14 @@ class HostAgent:
     _last_report: float = 0.0
 
     def tick(self) -> None:
-        for step in self.store.claim(self.host):
-            self.run_step(step)
+        claimed = self.store.claim(self.host)
+        if claimed:
+            claimed = self._gather(claimed)
+        for batch in sets.batches(claimed, self.registry):  # a change set as one unit, steps first
+            if len(batch) > 1:
+                self.run_set(batch)
+            else:
+                self.run_step(batch[0])
         now = time.monotonic()
         if now - self._last_converge >= self.fleet.converge_s:
             self._last_converge = now
@@ -94,12 +103,66 @@ class HostAgent:
             FLEET_ACTOR, step.action, step.model, step.digest, result, f"rollout {step.rollout_id}: {message}",
             int((time.monotonic() - started) * 1000)))
 
+    def _gather(self, claimed: list[Step]) -> list[Step]:
+        """The leader starts a change set's rollouts one by one: for up to GATHER_S, claim this host's
+        steps of open rollouts connected through ensembles to what was claimed, so the set runs as one."""
+        started = time.monotonic()
+        while not self.stopping.is_set():
+            mine = sets.members(self.registry, [(s.model, s.digest or "") for s in claimed])
+            taken = {s.id for s in claimed}
+            others = [(r.model, r.digest) for r in self.store.rollouts() if r.state in ("queued", "running")
+                      and any(s.host == self.host and s.id not in taken and s.state in ("waiting", "pending")
+                              for s in r.steps)]
+            waited = time.monotonic() - started
+            if waited >= GATHER_S:
+                return claimed
+            if waited >= GATHER_MIN_S and (not others or not sets.related(self.registry, mine, others)):
+                return claimed
+            time.sleep(0.1)
+            claimed = claimed + self.store.claim(self.host)
+        return claimed
+
+    def run_set(self, steps: list[Step]) -> None:
+        """This host's steps of one change set, deployed as one (controlplane/changeset.py: staged under
+        private names, the old pipeline answering until the new one does; rolled back as a unit). Each
+        step reports the set's outcome: a set that fails here fails every member's rollout, so the whole
+        set rolls back on the fleet (never a new step beside an old ensemble)."""
+        started = time.monotonic()
+        held = [s for s in steps if (m := self.plane.registry.find_model(s.model)) is not None and m.pinned]
+        if held or any(not s.digest for s in steps):  # a pinned member, or an unload: one by one
+            for step in steps:
+                self.run_step(step)
+            return
+        log.info("rollout steps %s: change set %s", ", ".join(str(s.id) for s in steps),
+                 ", ".join(f"{s.model} {(s.digest or '-')[:12]}" for s in steps))
+        try:
+            records = {}
+            for step in steps:
+                self._import(step.model, step.digest or "")
+                records[step.model] = self.plane.registry.get_snapshot(step.model, step.digest or "")
+            outcome = self.plane.changesets.deploy_records(
+                records, FLEET_ACTOR, force=any(s.action == "rollback" for s in steps))
+            message, result = outcome.message, str(outcome.outcome)
+            succeeded = outcome.succeeded
+        except TritonctlError as exc:
+            message, result, succeeded = str(exc), Result.FAILED.value, False
+        for step in steps:
+            found = self.plane.registry.find_model(step.model)
+            serving = found.active_digest if found else None
+            ok = succeeded and serving == step.digest
+            self.store.finish_step(step, "ok" if ok else "failed", message, host=self.host, serving=serving,
+                                   audit=audit_event(FLEET_ACTOR, step.action, step.model, step.digest,
+                                                     result if ok or not succeeded else Result.FAILED.value,
+                                                     f"rollout {step.rollout_id}: {message}",
+                                                     int((time.monotonic() - started) * 1000)))
+
     def converge(self) -> None:
         targets = self.store.targets()
         if not targets:
             return
         busy = {r.model for r in self.store.rollouts()}
-        for model, target in sorted(targets.items()):
+        ordered = sets.steps_first(self.registry, sorted(targets.items()))  # steps before ensembles
+        for model, target in ((m, targets[m]) for m in ordered):
             if model in busy or self.stopping.is_set():
                 continue
             local = self.plane.registry.find_model(model)

@@ -16,6 +16,7 @@ from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
 
 if TYPE_CHECKING:
+    from controlplane.changeset import ChangeSets
     from controlplane.s3source import S3Source
 
 
@@ -40,7 +41,11 @@ class HostPlane(Protocol):
     @property
     def source(self) -> S3Source | None: ...
 
-    def capture(self, model: str, actor: str = ..., *, settled: bool = ...) -> SnapshotRecord: ...
+    @property
+    def changesets(self) -> ChangeSets: ...
+
+    def capture(self, model: str, actor: str = ..., *, settled: bool = ...,
+                members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
 
     def source_has(self, model: str) -> bool: ...
 

@@ -20,6 +20,7 @@ from controlplane import pipeline
 from controlplane.config import Settings
 from controlplane.deploy import Outcome, Progress, ProgressFn, admission
 from controlplane.errors import SnapshotError, TritonctlError
+from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.rollouts import RolloutMachine
 from controlplane.fleet.sharedstore import SharedContent
@@ -47,6 +48,8 @@ class Leader:
     stopping: threading.Event
     scan_requested: threading.Event = field(default_factory=threading.Event)
     _settled: list[str] = field(default_factory=list)
+    _latest: dict[str, SnapshotRecord] = field(default_factory=dict)  # this host's newest record per model
+    _unproposed: dict[str, SnapshotRecord] = field(default_factory=dict)  # waiting for their set to settle
     _settled_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -72,12 +75,16 @@ class Leader:
         with self._settled_lock:
             self._settled.extend(n for n in names if n not in self._settled)
 
-    def record(self, model: str) -> SnapshotRecord | None:
-        """Capture locally, export to the shared store, record in the shared registry (once per content)."""
+    def record(self, model: str, members: dict[str, SnapshotRecord] | None = None) -> SnapshotRecord | None:
+        """Capture locally, export to the shared store, record in the shared registry (once per content).
+        `members`: this host's records of models captured with it (an ensemble is checked against them)."""
         if not self.plane.source_has(model):
             return None
+        if self.plane.changesets.repository_held():  # `.tritonctl-hold` at the repository root
+            self.plane.look_again(model, max(self.settings.settle_s, 0.5))
+            return None
         try:
-            local = self.plane.capture(model)
+            local = self.plane.capture(model, members=members)
         except SnapshotError as exc:
             if pipeline.capture_passes(exc):
                 self.plane.look_again(model, self.settings.settle_s)
@@ -175,13 +182,35 @@ class Leader:
             with self._settled_lock:
                 if not self._settled:
                     break
-                model = self._settled.pop(0)
-            try:
-                record = self.record(model)
-                if record is not None:
-                    self.propose(model, record)
-            except TritonctlError as exc:
-                log.error("%s: %s", model, exc)
+                batch, self._settled = self._settled, []
+            repo = self.settings.repository
+            if repo is not None and self.plane.source is None:  # ensembles after their steps (stable)
+                batch.sort(key=lambda n: is_ensemble_dir(repo / n))
+            for model in batch:
+                try:
+                    # an ensemble is checked against the newest recorded content of its steps
+                    record = self.record(model, members=dict(self._latest))
+                    if record is not None:
+                        self._unproposed[model] = record
+                        self._latest[model] = self.plane.registry.get_snapshot(model, record.digest)
+                except TritonctlError as exc:
+                    log.error("%s: %s", model, exc)
+        self._propose_settled()
         for rollout in self.store.rollouts():
             if self.is_leader():
                 self.machine.drive(rollout)
+
+    def _propose_settled(self) -> None:
+        """Propose what was recorded once nothing connected to it through ensembles still settles, all
+        of it steps before ensembles: a change set's rollouts (and every host's steps of them) come
+        together and in dependency order (controlplane/fleet/sets.py)."""
+        if not self._unproposed or not self.is_leader():
+            return
+        if self.plane.changesets.still_settling(sorted(self._unproposed)):
+            return
+        ready, self._unproposed = self._unproposed, {}
+        for model in sets.steps_first(self.registry, [(m, r.digest) for m, r in ready.items()]):
+            try:
+                self.propose(model, ready[model])
+            except TritonctlError as exc:
+                log.error("%s: %s", model, exc)

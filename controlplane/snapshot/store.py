@@ -128,7 +128,8 @@ class ContentStore:
 
     # -- capture -------------------------------------------------------------------------------
     def capture(
-        self, model_dir: Path, model: str, *, commit_marker: str | None = None, quiet_s: float = 0.0
+        self, model_dir: Path, model: str, *, commit_marker: str | None = None, quiet_s: float = 0.0,
+        marker_dir: Path | None = None,
     ) -> Snapshot:
         """Snapshot `model_dir` if it is complete and held still; raise SnapshotError otherwise.
 
@@ -136,6 +137,7 @@ class ContentStore:
         changed during the last `quiet_s` seconds or during the capture. The watcher hands a model on
         once it was quiet for the settle window, but the capture may run later (a busy daemon, a fleet
         leader's queue) when the writer has started the next edit: measured by bench/edit_torture.py.
+        `marker_dir`: where the commit marker is (the repository root's marker; default the model's own).
         """
         self._check_present(model_dir := Path(model_dir), model)
         skip = frozenset({commit_marker}) if commit_marker else frozenset()
@@ -145,7 +147,7 @@ class ContentStore:
         before = scan(model_dir, model, skip)
         self._check_config_size(model, before)
         if commit_marker:
-            self._check_marker(model_dir, model, commit_marker, before)
+            self._check_marker(marker_dir or model_dir, model, commit_marker, before, marker_dir is not None)
         try:
             with self.reading():  # objects written here are unreferenced until the manifest exists
                 snapshot = self._record(model_dir, model, skip, before)
@@ -204,14 +206,21 @@ class ContentStore:
             raise SnapshotOnHoldError(f"{model}: on hold ({HOLD_FILE} present)")
 
     @staticmethod
-    def _check_marker(model_dir: Path, model: str, marker: str, items: list[ScanItem]) -> None:
+    def _check_marker(marker_dir: Path, model: str, marker: str, items: list[ScanItem], root: bool = False) -> None:
+        where = " at the repository root" if root else ""
         try:
-            marked = os.stat(model_dir / marker).st_mtime_ns
+            marked = os.stat(marker_dir / marker).st_mtime_ns
         except FileNotFoundError:
-            raise SnapshotAwaitingMarkerError(f"{model}: awaiting commit marker {marker}") from None
+            raise SnapshotAwaitingMarkerError(f"{model}: awaiting commit marker {marker}{where}") from None
         newer = [i.rel for i in items if i.kind == "file" and i.st.st_mtime_ns > marked]
         if newer:
-            raise SnapshotAwaitingMarkerError(f"{model}: awaiting commit marker {marker} (older than {newer[0]})")
+            raise SnapshotAwaitingMarkerError(
+                f"{model}: awaiting commit marker {marker}{where} (older than {newer[0]})")
+
+    def check_marker(self, model_dir: Path, model: str, marker: str, marker_dir: Path) -> None:
+        """SnapshotAwaitingMarkerError unless `marker_dir/marker` is newer than every file of the model
+        (what a capture checks first; reads no file)."""
+        self._check_marker(marker_dir, model, marker, scan(model_dir, model, frozenset({marker})), True)
 
     def _ingest(self, item: ScanItem, model: str) -> str:
         """The sha256 of one source file, its content stored as an object (read at most once)."""
