@@ -590,7 +590,12 @@ def launch_ports(settings: Settings) -> tuple[int, int, int]:
                        ("--triton-http-port", settings.triton_http_port),
                        ("--triton-metrics-port", settings.triton_metrics_port)):
         if port == 0:
-            chosen.append(free_port())
+            # free_port() binds and closes: two calls in a row may get the same port back, which
+            # tritonserver refuses ("cannot listen to GRPC requests and metrics requests at the same port")
+            picked = free_port()
+            while picked in chosen:
+                picked = free_port()
+            chosen.append(picked)
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,13 +267,25 @@ def copy_example(name: str, dest_repo: Path) -> Path:
 
 
 @contextmanager
-def example_daemon(base: Path, *examples: str) -> Iterator[DaemonProcess]:
+def example_daemon(base: Path, *examples: str, bare: bool = False, settle_s: float = 0.2,
+                   extra_args: Sequence[str] = ()) -> Iterator[DaemonProcess]:
     """A daemon with its launched tritonserver over a new repository `base/repo` holding the named examples
-    (default `linear`); on leaving, it must stop with exit status 0 (the module fixtures' daemon)."""
+    (default `linear`; `bare`: none); on leaving, it must stop with exit status 0 (the module fixtures'
+    daemon)."""
     repo = base / "repo"
     repo.mkdir()
-    for name in examples or ("linear",):
+    for name in () if bare else examples or ("linear",):
         copy_example(name, repo)
-    proc = DaemonProcess(repo, base / "state").start()
+    proc = DaemonProcess(repo, base / "state", settle_s=settle_s, extra_args=list(extra_args)).start()
     yield proc
     assert proc.stop() == 0, proc.log_tail()
+
+
+@contextmanager
+def triton_client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    """A gRPC client of the daemon's tritonserver, closed on leaving."""
+    client = grpcclient.InferenceServerClient(daemon.triton_url())
+    try:
+        yield client
+    finally:
+        client.close()

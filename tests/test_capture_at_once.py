@@ -13,26 +13,22 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.harness import DaemonProcess, answers, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, example_daemon, triton_client, wait_for, write_gen_model
 
 SETTLE_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    base = tmp_path_factory.mktemp("atonce")
-    repo = base / "repo"
-    repo.mkdir()
-    proc = DaemonProcess(repo, base / "state", settle_s=SETTLE_S, extra_args=["--commit-marker", "DONE"]).start()
-    yield proc
-    assert proc.stop() == 0, proc.log_tail()
+    with example_daemon(tmp_path_factory.mktemp("atonce"), bare=True, settle_s=SETTLE_S,
+                        extra_args=["--commit-marker", "DONE"]) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(daemon.triton_url())
-    yield c
-    c.close()
+    with triton_client(daemon) as c:
+        yield c
 
 
 def test_renamed_in_and_marker_completed_are_served_before_the_settle_window(

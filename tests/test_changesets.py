@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.store.registry import Registry
-from tests.harness import DaemonProcess, copy_example, python_config, python_model, wait_for
+from tests.harness import DaemonProcess, copy_example, python_config, python_model, triton_client, wait_for
 
 PIPE = """name: "pipe"
 platform: "ensemble"
@@ -89,6 +89,12 @@ def changesets(daemon: DaemonProcess, since: int = 0) -> list[dict[str, Any]]:
     return sorted([e for e in events if e["id"] > since and e["outcome"] != "skipped"], key=lambda e: e["id"])
 
 
+def pipe_state(daemon: DaemonProcess) -> tuple[float, int]:
+    """What `pipe` answers now, and the newest audit event's id (what a test's events come after)."""
+    with triton_client(daemon) as client:
+        return pipe_answer(client), last_event_id(daemon)
+
+
 def last_event_id(daemon: DaemonProcess) -> int:
     events = daemon.audit("--limit", "1")
     return int(events[0]["id"]) if events else 0
@@ -147,12 +153,7 @@ def test_renamed_tensor_deploys_as_one_set_with_zero_failed_requests(pipe_daemon
 
 
 def test_broken_step_leaves_the_old_pipeline_serving(pipe_daemon: DaemonProcess) -> None:
-    client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
-    try:
-        before = pipe_answer(client)
-    finally:
-        client.close()
-    since = last_event_id(pipe_daemon)
+    before, since = pipe_state(pipe_daemon)
     with request_every(pipe_daemon.triton_url(), pipe_answer) as stats:
         time.sleep(0.3)
         write_pipe(pipe_daemon.repository, "t9", 90, broken_b=True)
@@ -317,12 +318,7 @@ def test_repository_commit_marker_deploys_everything_since_the_last_one_as_one_s
 @pytest.mark.timeout(300)
 def test_ensemble_failing_its_own_smoke_is_the_only_one_quarantined(pipe_daemon: DaemonProcess) -> None:
     """Over verified private steps, the new ensemble's own smoke.json fails: its fault alone."""
-    client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
-    try:
-        before = pipe_answer(client)
-    finally:
-        client.close()
-    since = last_event_id(pipe_daemon)
+    before, since = pipe_state(pipe_daemon)
     wrong = {"requests": [{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1]}],
                            "outputs": [{"name": "y", "data": [[-1]]}]}]}
     with request_every(pipe_daemon.triton_url(), pipe_answer) as stats:

@@ -19,26 +19,30 @@ from collections.abc import Iterator
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.harness import TRITONCTL, DaemonProcess, answers, copy_example, wait_for, write_gen_model
+from tests.harness import (
+    TRITONCTL,
+    DaemonProcess,
+    answers,
+    copy_example,
+    example_daemon,
+    triton_client,
+    wait_for,
+    write_gen_model,
+)
 
 EXIT_USAGE = 2
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    base = tmp_path_factory.mktemp("operator-view")
-    repo = base / "repo"
-    repo.mkdir()
-    proc = DaemonProcess(repo, base / "state").start()
-    yield proc
-    assert proc.stop() == 0, proc.log_tail()
+    with example_daemon(tmp_path_factory.mktemp("operator-view"), bare=True) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(daemon.triton_url())
-    yield c
-    c.close()
+    with triton_client(daemon) as c:
+        yield c
 
 
 def serving(daemon: DaemonProcess, client: grpcclient.InferenceServerClient, name: str, gen: int) -> None:

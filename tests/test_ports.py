@@ -36,3 +36,14 @@ def test_config_keys_and_flags() -> None:
     assert (settings.triton_grpc_port, settings.triton_http_port) == (9001, 0)
     with pytest.raises(ConfigError, match="triton_metrics_port"):
         load_settings({"triton_metrics_port": "70000"}, env={})
+
+
+def test_zero_never_picks_the_same_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may hand the same free port to two binds in a row; tritonserver then refuses to start
+    ("cannot listen to GRPC requests and metrics requests at the same address and port")."""
+    from controlplane.triton import launcher
+
+    offered = iter([40001, 40001, 40001, 40002, 40003])
+    monkeypatch.setattr(launcher, "free_port", lambda host="127.0.0.1": next(offered))
+    settings = Settings(triton_grpc_port=0, triton_http_port=0, triton_metrics_port=0)
+    assert launch_ports(settings) == (40001, 40002, 40003)
