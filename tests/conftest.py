@@ -14,6 +14,9 @@ other test is `unit`. `pytest -m unit` needs no server, and a `unit` test that s
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # before grpc's first import (controlplane/__init__.py)
+
 import shutil
 import subprocess
 from collections.abc import Generator, Iterator
