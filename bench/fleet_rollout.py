@@ -49,7 +49,7 @@ import common as c  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from controlplane.fleet.store import OPEN_ROLLOUT, FleetStore  # noqa: E402
+from controlplane.store.fleet import OPEN_ROLLOUT, FleetStore  # noqa: E402
 from controlplane.store.registry import Registry  # noqa: E402
 from tests.harness import DaemonProcess, infer_gen, wait_for, write_gen_model  # noqa: E402
 from tests.pg import PostgresServer, skip_reason  # noqa: E402

@@ -15,9 +15,9 @@ from controlplane.errors import SnapshotError
 from controlplane.fleet.election import LeaderElection
 from controlplane.fleet.member import plan_waves
 from controlplane.fleet.sharedstore import SharedStore
-from controlplane.fleet.store import FleetStore
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
+from controlplane.store.fleet import FleetStore
 from controlplane.store.registry import Registry
 from tests.harness import wait_for, write_gen_model
 
@@ -219,7 +219,7 @@ class Leader:
         return [(s.host, s.wave, s.action, s.state) for s in self.store.rollout(rid)["steps"]]
 
     def report(self, rid: int, host: str, state: str, message: str = "") -> None:
-        from controlplane.fleet.store import audit_event
+        from controlplane.store.fleet import audit_event
 
         [step] = [s for s in self.store.rollout(rid)["steps"] if s.host == host and s.state in ("pending", "running")]
         self.store.finish_step(step, state, message, host=host, serving=step.digest if state == "ok" else D1,

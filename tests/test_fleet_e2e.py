@@ -303,7 +303,7 @@ def test_a_host_killed_during_a_rollout_is_skipped_within_2s_and_converges_after
     """SIGKILL the daemon of the last wave once the rollout is under way: PostgreSQL ends its session,
     the leader skips its step within 2 s (not after the 10 s heartbeat window); its tritonserver keeps
     serving, and on restart the daemon adopts it and converges to the fleet's version."""
-    from controlplane.fleet.store import FleetStore
+    from controlplane.store.fleet import FleetStore
     from controlplane.store.registry import Registry
 
     victim = fleet.daemons["h4"]  # in the last wave

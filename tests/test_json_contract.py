@@ -204,9 +204,9 @@ def test_db_upgrade_document_keeps_its_shape(tmp_path: Path) -> None:
 def test_fleet_documents_keep_their_shape(pg_url: str, tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from controlplane.fleet.store import FleetStore, audit_event
     from controlplane.fleet.verbs import FleetVerbs
     from controlplane.store import migrate
+    from controlplane.store.fleet import FleetStore, audit_event
     from controlplane.store.records import utcnow
     from controlplane.store.registry import Registry
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from controlplane.fleet.store import OPEN_ROLLOUT, FleetStore
 from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, RolloutRow
+from controlplane.store.fleet import OPEN_ROLLOUT, FleetStore
 from controlplane.store.registry import Registry
 from controlplane.tags import by_digest
 
