@@ -49,7 +49,7 @@ import common as c  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from controlplane.store.fleet import OPEN_ROLLOUT, FleetStore  # noqa: E402
+from controlplane.store.fleet import OPEN_ROLLOUT, FleetStore, Rollout  # noqa: E402
 from controlplane.store.registry import Registry  # noqa: E402
 from tests.harness import DaemonProcess, infer_gen, wait_for, write_gen_model  # noqa: E402
 from tests.pg import PostgresServer, skip_reason  # noqa: E402
@@ -76,29 +76,29 @@ def epoch(value: datetime) -> float:
 
 def last_rollout_id(store: FleetStore) -> int:
     rows = store.rollouts(OPEN_ROLLOUT + ("done", "rolled_back"), limit=1)
-    return int(rows[0]["id"]) if rows else 0
+    return int(rows[0].id) if rows else 0
 
 
-def rollouts_since(store: FleetStore, after_id: int) -> list[dict[str, Any]]:
+def rollouts_since(store: FleetStore, after_id: int) -> list[Rollout]:
     rows = store.rollouts(OPEN_ROLLOUT + ("done", "rolled_back"), limit=20)
-    return sorted((r for r in rows if r["id"] > after_id and r["model"] == MODEL), key=lambda r: r["id"])
+    return sorted((r for r in rows if r.id > after_id and r.model == MODEL), key=lambda r: r.id)
 
 
-def wait_closed(store: FleetStore, after_id: int, state: str, timeout_s: float) -> list[dict[str, Any]]:
+def wait_closed(store: FleetStore, after_id: int, state: str, timeout_s: float) -> list[Rollout]:
     """The rollouts of MODEL created after `after_id`, once the last of them ended in `state`."""
-    def closed() -> list[dict[str, Any]] | None:
+    def closed() -> list[Rollout] | None:
         rows = rollouts_since(store, after_id)
-        return rows if rows and rows[-1]["state"] == state else None
+        return rows if rows and rows[-1].state == state else None
 
     return list(wait_for(closed, timeout_s, 0.05, f"a rollout {state}"))
 
 
-def wave_times(rollout: dict[str, Any], edit_wall: float) -> dict[str, Any]:
+def wave_times(rollout: Rollout, edit_wall: float) -> dict[str, Any]:
     """Split one finished rollout into its waves from the step timestamps in the shared registry."""
-    deploys = [s for s in rollout["steps"] if s.action == "deploy"]
+    deploys = [s for s in rollout.steps if s.action == "deploy"]
     waves = sorted({s.wave for s in deploys})
-    begin = epoch(rollout["created_at"])
-    out: dict[str, Any] = {"rollout_id": rollout["id"], "hosts": len(deploys), "waves": len(waves),
+    begin = epoch(rollout.created_at)
+    out: dict[str, Any] = {"rollout_id": rollout.id, "hosts": len(deploys), "waves": len(waves),
                            "edit_to_rollout_s": round(begin - edit_wall, 3), "wave_s": [], "handoff_s": [],
                            "step_s": [], "step_states": sorted({s.state for s in deploys})}
     for wave in waves:
@@ -181,7 +181,7 @@ def run_size(pg: PostgresServer, size: int, edits: int, wave_size: int, canary_c
             write_gen_model(repo, MODEL, BROKEN_GEN, init="raise RuntimeError('broken')")
             rows = wait_closed(store, before, "rolled_back", 120)
             stopped_s = time.monotonic() - t0
-            took = sorted(s.host for s in rows[-1]["steps"] if s.action == "deploy" and s.state in ("ok", "failed"))
+            took = sorted(s.host for s in rows[-1].steps if s.action == "deploy" and s.state in ("ok", "failed"))
             result.update({"broken_stopped_s": round(stopped_s, 3), "broken_hosts_tried": took,
                            "broken_last_good_everywhere": serving(clients, edits + 1)})
         result["load_average_end"] = c.load_average()

@@ -216,12 +216,12 @@ class Leader:
         return {}
 
     def states(self, rid: int) -> list[tuple[str, int, str, str]]:
-        return [(s.host, s.wave, s.action, s.state) for s in self.store.rollout(rid)["steps"]]
+        return [(s.host, s.wave, s.action, s.state) for s in self.store.rollout(rid).steps]
 
     def report(self, rid: int, host: str, state: str, message: str = "") -> None:
         from controlplane.store.fleet import audit_event
 
-        [step] = [s for s in self.store.rollout(rid)["steps"] if s.host == host and s.state in ("pending", "running")]
+        [step] = [s for s in self.store.rollout(rid).steps if s.host == host and s.state in ("pending", "running")]
         self.store.finish_step(step, state, message, host=host, serving=step.digest if state == "ok" else D1,
                                audit=audit_event("fleet", step.action, step.model, step.digest, state, message))
 
@@ -259,7 +259,7 @@ def test_waves_advance_only_when_every_host_of_the_previous_one_is_ok(leader: Le
     leader.drive()
     leader.report(rid, "h4", "ok")
     leader.drive()
-    assert leader.store.rollout(rid)["state"] == "done"
+    assert leader.store.rollout(rid).state == "done"
     assert leader.store.targets() == {"m": D2}
     assert leader.member.propose("m", shared.get_snapshot("m", D2)) is None  # the fleet serves it
 
@@ -275,17 +275,17 @@ def test_a_failure_stops_the_waves_and_rolls_back_every_host_that_took_it(leader
     leader.report(rid, "h3", "failed", "weights missing")
     leader.drive()
     rollout = leader.store.rollout(rid)
-    assert rollout["state"] == "rolling_back" and "h3" in rollout["error"] and "weights missing" in rollout["error"]
+    assert rollout.state == "rolling_back" and "h3" in rollout.error and "weights missing" in rollout.error
     assert leader.states(rid)[3] == ("h4", 2, "deploy", "skipped")  # never reached the last wave
-    rollbacks = [s for s in rollout["steps"] if s.action == "rollback"]
+    rollbacks = [s for s in rollout.steps if s.action == "rollback"]
     assert sorted(s.host for s in rollbacks) == ["h1", "h2"] and {s.digest for s in rollbacks} == {D1}
     assert shared.get_snapshot("m", D2).quarantined
     leader.report(rid, "h1", "ok")
     leader.drive()
-    assert leader.store.rollout(rid)["state"] == "rolling_back"
+    assert leader.store.rollout(rid).state == "rolling_back"
     leader.report(rid, "h2", "ok")
     leader.drive()
-    assert leader.store.rollout(rid)["state"] == "rolled_back"
+    assert leader.store.rollout(rid).state == "rolled_back"
     assert leader.store.targets() == {"m": D1}
 
 
@@ -300,7 +300,7 @@ def test_a_silent_host_is_skipped_and_a_second_change_waits_its_turn(leader: Lea
     rid = leader.member.propose("m", shared.get_snapshot("m", D1))
     assert rid is not None
     queued = leader.store.create_rollout("m", D2, D1, "test", [["h1"]])
-    assert leader.store.rollout(queued)["state"] == "queued"
+    assert leader.store.rollout(queued).state == "queued"
     with leader.store.session() as session:  # h1 stops heartbeating
         session.execute(update(schema.FleetHost).where(schema.FleetHost.name == "h1")
                         .values(last_heartbeat=utcnow() - timedelta(minutes=1)))
@@ -312,8 +312,8 @@ def test_a_silent_host_is_skipped_and_a_second_change_waits_its_turn(leader: Lea
     leader.drive()
     leader.report(rid, "h4", "ok")
     leader.drive()
-    assert leader.store.rollout(rid)["state"] == "done"
-    assert leader.store.rollout(queued)["state"] == "running"
+    assert leader.store.rollout(rid).state == "done"
+    assert leader.store.rollout(queued).state == "running"
 
 
 def test_a_host_whose_session_ends_is_skipped_at_the_next_tick(leader: Leader, shared: Registry) -> None:
@@ -336,7 +336,7 @@ def test_a_host_whose_session_ends_is_skipped_at_the_next_tick(leader: Leader, s
     for host in ("h2", "h3"):
         leader.report(rid, host, "ok")
     leader.drive()
-    assert leader.store.rollout(rid)["state"] == "done"
+    assert leader.store.rollout(rid).state == "done"
 
 
 def test_fleet_flags_are_checked_in_one_line(tmp_path: Path) -> None:

@@ -317,7 +317,7 @@ def test_a_host_killed_during_a_rollout_is_skipped_within_2s_and_converges_after
         killed = time.monotonic()
 
         def victim_step() -> str:
-            return next(s.state for s in store.rollout(rollout["id"])["steps"] if s.host == "h4")
+            return next(s.state for s in store.rollout(rollout.id).steps if s.host == "h4")
 
         wait_for(lambda: victim_step() == "skipped", 5, 0.05, "h4's step skipped")
         skipped_after = time.monotonic() - killed

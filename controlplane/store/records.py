@@ -210,10 +210,6 @@ class Rollout:
     error: str | None
     steps: list[Step]
 
-    def __getitem__(self, key: str) -> Any:
-        """Read like the `rollouts --json` document (`rollout["state"]`), as callers did when this was a dict."""
-        return getattr(self, key)
-
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "digest": self.digest, "previous_digest": self.previous_digest,
                 "state": self.state, "actor": self.actor, "created_at": iso(self.created_at),
