@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from controlplane.events import event_document
 from controlplane.store.records import AuditRecord, Rollout, ServingRecord, SnapshotRecord, Step, TagRecord, iso
 from controlplane.vocab import SUCCEEDED, Cause
 
@@ -329,7 +330,7 @@ class AuditResult:
         return len(self.events)
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [event.to_json() for event in self.events]
+        return [event_document(event) for event in self.events]  # the webhook body and SSE data too
 
 
 @dataclass
