@@ -56,6 +56,7 @@ SERVER_MODULES = {
     "test_faults": ("triton",),
     "test_fleet_changesets": ("triton", "postgres"),
     "test_fleet_e2e": ("triton", "postgres"),
+    "test_fleet_unpin_e2e": ("triton", "postgres"),
     "test_help_examples": ("triton",),
     "test_json_contract": ("triton", "postgres"),
     "test_operator_view": ("triton",),

@@ -26,7 +26,7 @@ from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedstore import open_shared_store
 from controlplane.fleet.verbs import FleetVerbs
 from controlplane.results import HoldResult, PinResult, PolicyResult
-from controlplane.store.fleet import FleetStore, Rollout, listen
+from controlplane.store.fleet import LOOK_PREFIX, FleetStore, Rollout, listen
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry, utcnow
 
@@ -120,7 +120,9 @@ class FleetMember:
             try:
                 listen(conn)
                 while not self._stop.is_set():
-                    for _ in conn.notifies(timeout=self.fleet.poll_s, stop_after=1):
+                    for note in conn.notifies(timeout=self.fleet.poll_s, stop_after=1):
+                        if note.payload.startswith(LOOK_PREFIX):  # an operator lifted a pin or a policy
+                            self.handle_settled(note.payload.removeprefix(LOOK_PREFIX))
                         self._wake_agent.set()
                         self._wake_leader.set()
             except TypeError:  # psycopg < 3.2: no timeout on notifies(); the periodic poll does the work
@@ -160,6 +162,15 @@ class FleetMember:
             return
         self.leader.settled(model)
         self._wake_leader.set()
+
+    def look_again(self, model: str) -> None:
+        """Nothing holds `model` on the fleet any more (unpin, policy auto): the leader, wherever it
+        runs, looks at its source again and proposes what the usual rules let through, as a single
+        host's `converge` does."""
+        if self.is_leader:
+            self.handle_settled(model)
+        else:
+            self.store.ask_leader_to_look(model)
 
     def initial_scan(self) -> None:
         self.leader.scan_requested.set()

@@ -107,6 +107,8 @@ class FleetVerbs:
         action = "pin" if pinned else "unpin"
         shared.audit(AuditEntry(actor, action, model, record.active_digest, Result.OK,
                                 f"{action}ned on the fleet (through {self.member.host})"))
+        if not pinned:  # the source's newest content goes out by the usual rules
+            self.member.look_again(model)
         return PinResult(model, pinned, record.active_digest, fleet=True)
 
     def set_policy(self, model: str, policy: str, actor: str, host: str) -> PolicyResult:
@@ -125,5 +127,7 @@ class FleetVerbs:
         record = shared.update_model(model, policy=value)
         shared.audit(AuditEntry(actor, "policy", model, record.active_digest, Result.OK,
                                 f"policy {policy} on the fleet (through {self.member.host})"))
+        if (record.policy or self.member.settings.policy) == Policy.AUTO:
+            self.member.look_again(model)
         return PolicyResult(model, record.policy or self.member.settings.policy, inherited=record.policy is None,
                             fleet=True)

@@ -23,6 +23,7 @@ from controlplane.store.records import Rollout, Step
 from controlplane.store.registry import AuditEntry, Registry, utcnow
 
 CHANNEL = "tritonctl_fleet"
+LOOK_PREFIX = "look "  # a notification asking the leader to look at a model's source again
 OPEN_ROLLOUT = ("queued", "running", "rolling_back")
 
 # The advisory locks of controlplane.fleet.election, and how pg_locks shows who holds them.
@@ -103,6 +104,12 @@ class FleetStore:
     def notify(self, session: Session, payload: str) -> None:
         if self.registry.engine.dialect.name == "postgresql":
             session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": payload})
+
+    def ask_leader_to_look(self, model: str) -> None:
+        """Tell whichever daemon leads to look at `model`'s source again (an operator lifted what held
+        it: unpin, policy auto), as the single host's watcher would (fleet/member.py's LISTEN)."""
+        with self.session() as session:
+            self.notify(session, f"{LOOK_PREFIX}{model}")
 
     # -- hosts ----------------------------------------------------------------------------------
 
