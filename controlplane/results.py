@@ -3,8 +3,9 @@
 Why a module of its own: the core returns these (queries, the control plane's status / policy / pin /
 gc, the fleet's verbs and views, `validate`), the API server serializes them with `to_json()`, and
 cli/render.py prints the same documents (from the dataclass, or from the dict the API client
-received). The shape of each document is written here once; README "JSON output" lists them and
-tests/golden/*.json pins them (keys and value types: fields may be added, never removed or retyped).
+received). The shape of each document is written here once and published as a JSON Schema,
+docs/schemas/<command>.schema.json (README "JSON output"): a field added here is added there too
+(tests/test_json_schemas.py fails otherwise); fields may be added, never removed or retyped.
 
 Imports only the standard library, `controlplane.store.records` (stdlib-only row views) and
 `controlplane.vocab` (enums), so the

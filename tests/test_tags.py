@@ -202,41 +202,36 @@ def test_policy_track_with_host_is_refused_in_one_line_before_the_daemon_is_aske
     assert_one_line_error(result, 2, "track:stable", "--host h1", "tracking is fleet-wide")
 
 
-# -- the `tags --json` contract (README "JSON output") -------------------------------------------------
-
-GOLDEN = Path(__file__).parent / "golden" / "tags.json"
+# -- the `tags --json` contract (README "JSON output", docs/schemas/tags.schema.json) -------------------------
 
 
-def _shape(value: object) -> object:
-    """Keys and JSON types, not values."""
-    if isinstance(value, dict):
-        return {key: _shape(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_shape(value[0])] if value else []
-    return type(value).__name__
-
-
-def test_tags_json_matches_the_golden_shape(tmp_path: Path, clock: Clock) -> None:
+def test_tags_json_is_this_registry_and_matches_its_schema(tmp_path: Path, clock: Clock) -> None:
     import json
 
     from click.testing import CliRunner
 
     from cli.main import cli
+    from tests import jsonschemas
 
     registry = _migrated(f"sqlite:///{tmp_path / 'registry.db'}")
     registry.move_tag("linear", "stable", D1, actor="ann")
     clock.now = T0 + timedelta(minutes=10)
     registry.move_tag("linear", "stable", D2, actor="bob")
     registry.close()
-    golden = json.loads(GOLDEN.read_text())
     args = ["tags", "linear", "--json", "--state-dir", str(tmp_path)]
     at = CliRunner().invoke(cli, [*args, "--at", "2026-11-01T12:05:00Z"])
     assert at.exit_code == 0, at.output
-    assert json.loads(at.stdout) == golden  # the golden document is exactly this registry at 12:05
+    assert json.loads(at.stdout) == {  # this registry at 12:05: ann's move, not yet bob's
+        "at": "2026-11-01T12:05:00Z",
+        "tags": [{"model": "linear", "name": "stable", "digest": D1, "moved_by": "ann",
+                  "moved_at": "2026-11-01T12:00:00Z"}],
+    }
+    jsonschemas.assert_valid("tags", json.loads(at.stdout))
     now = CliRunner().invoke(cli, args)
     assert now.exit_code == 0, now.output
     data = json.loads(now.stdout)
-    assert data["at"] is None and _shape(data["tags"]) == _shape(golden["tags"])
+    jsonschemas.assert_valid("tags", data)
+    assert data["at"] is None
     assert data["tags"][0]["digest"] == D2 and data["tags"][0]["moved_by"] == "bob"
 
 

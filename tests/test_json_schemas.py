@@ -1,0 +1,247 @@
+"""The published JSON Schemas themselves (docs/schemas/, README "JSON output"): well-formed, one per
+`--json` command, closed, every key typed and listed, in step with the vocabulary and with the results
+dataclasses that make the documents.
+
+tests/test_json_contract.py validates real documents against them; this file (the fast tier) checks
+what a real run cannot: that a results dataclass with every field set (no null, no empty list) matches
+its schema and fills every field the schema has, so the schema has no field the code lost, and the
+code no field the schema lacks, whatever a scenario happens to leave null.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from jsonschema import Draft202012Validator
+
+from cli.main import cli
+from controlplane.modelchecks import ERROR, WARNING
+from controlplane.modelconfig import Problem, ValidationResult
+from controlplane.results import (
+    AuditResult,
+    DbUpgradeResult,
+    DiffResult,
+    FileChange,
+    FileSize,
+    FleetMatrix,
+    GcResult,
+    HoldResult,
+    HostRow,
+    MatrixCell,
+    MatrixRow,
+    Outcome,
+    PinResult,
+    PolicyResult,
+    ServingAtResult,
+    StatusResult,
+    StatusRow,
+    TagResult,
+    TagsResult,
+    ValidationReport,
+    VersionRow,
+    VersionsResult,
+    VersionState,
+)
+from controlplane.store.records import AuditRecord, Rollout, ServingRecord, SnapshotRecord, Step, TagRecord
+from controlplane.vocab import Cause, ModelState, Result, SyncState
+from tests import jsonschemas
+
+D1, D2, D3 = "d1" * 32, "d2" * 32, "d3" * 32
+T = datetime(2026, 11, 1, 12, 0, 0, 250000)
+README = jsonschemas.ROOT / "README.md"
+
+
+def _json_commands() -> list[str]:
+    found = []
+
+    def walk(group: click.Group, path: tuple[str, ...]) -> None:
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if isinstance(command, click.Group):
+                walk(command, (*path, name))
+            elif command is not None and any(p.name == "as_json" for p in command.params):
+                found.append("-".join((*path, name)))
+
+    walk(cli, ())
+    return sorted(found)
+
+
+def _subschemas(schema: Any, where: str = "$") -> list[tuple[str, dict[str, Any]]]:
+    """Every schema object inside `schema` (definitions included), with where it is."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(schema, dict):
+        if any(k in schema for k in ("type", "properties", "items", "$ref", "anyOf", "oneOf", "enum", "const")):
+            found.append((where, schema))
+        for key, value in schema.items():
+            if key in ("properties", "$defs"):
+                for name, sub in value.items():
+                    found += _subschemas(sub, f"{where}.{name}")
+            elif key in ("items", "additionalProperties"):
+                found += _subschemas(value, f"{where}[]" if key == "items" else f"{where}.*")
+            elif key in ("anyOf", "oneOf"):
+                for i, sub in enumerate(value):
+                    found += _subschemas(sub, f"{where}|{i}")
+    return found
+
+
+# --- the schemas as files ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", jsonschemas.names())
+def test_each_schema_is_a_draft_2020_12_schema(name: str) -> None:
+    schema = jsonschemas.load(name)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["$id"] == f"{name}.schema.json" and schema["title"] and schema["description"]
+    Draft202012Validator.check_schema(schema)
+
+
+def test_every_json_command_has_a_schema_and_every_schema_a_command() -> None:
+    commands = _json_commands()
+    assert set(commands) == set(jsonschemas.SCHEMA_OF), (
+        f"`--json` commands without a schema in tests/jsonschemas.py SCHEMA_OF: "
+        f"{sorted(set(commands) - set(jsonschemas.SCHEMA_OF))}; listed but gone: "
+        f"{sorted(set(jsonschemas.SCHEMA_OF) - set(commands))}")
+    published = set(jsonschemas.names())
+    wanted = set(jsonschemas.SCHEMA_OF.values()) | set(jsonschemas.FLAG_SCHEMAS)
+    assert wanted <= published, f"no docs/schemas/<name>.schema.json for {sorted(wanted - published)}"
+    assert published <= wanted, f"schemas no command prints: {sorted(published - wanted)}"
+
+
+@pytest.mark.parametrize("name", jsonschemas.names())
+def test_every_object_is_closed_and_requires_every_key_it_always_has(name: str) -> None:
+    """A key the code emits that the schema lacks fails validation (additionalProperties: false); a
+    key that is not always there says so ("Present only ...")."""
+    for where, sub in _subschemas(jsonschemas.load(name)):
+        types = sub.get("type")
+        if "properties" in sub:
+            assert sub.get("additionalProperties") is False, f"{name}: {where} is not closed"
+            for key, prop in sub["properties"].items():
+                if key not in sub.get("required", []):
+                    assert str(prop.get("description", "")).startswith("Present only"), (
+                        f"{name}: {where}.{key} is optional but does not say when it is present")
+        elif types == "object" or (isinstance(types, list) and "object" in types):
+            opaque = where.rsplit(".", 1)[-1] in jsonschemas.OPAQUE
+            assert opaque or isinstance(sub.get("additionalProperties"), dict), (
+                f"{name}: {where} is an object with neither its keys nor its values' schema")
+        if types == "array" or (isinstance(types, list) and "array" in types):
+            assert isinstance(sub.get("items"), dict), f"{name}: {where} is a list whose items have no schema"
+        assert types != [] and "{}" != str(sub), f"{name}: {where} accepts anything"
+
+
+def test_shared_definitions_are_the_same_in_every_schema() -> None:
+    """Each schema stands alone (the HTTP API's OpenAPI document references them one by one); a
+    definition they share (`digest`, `time`, `problem`, `policy`) is written the same in each."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for name in jsonschemas.names():
+        for key, definition in jsonschemas.load(name).get("$defs", {}).items():
+            first = seen.setdefault(key, (name, definition))
+            assert definition == first[1], f"$defs.{key} differs between {first[0]} and {name}"
+
+
+def _enum(name: str, *path: str) -> set[Any]:
+    schema: Any = jsonschemas.load(name)
+    for key in path:
+        schema = jsonschemas.resolve(schema, jsonschemas.load(name))[key]
+    return set(jsonschemas.resolve(schema, jsonschemas.load(name))["enum"])
+
+
+def test_enumerations_are_the_vocabulary() -> None:
+    """A new state, sync state, cause or outcome in controlplane/vocab.py needs its schema updated."""
+    assert _enum("status", "$defs", "model", "properties", "state") == {s.value for s in ModelState}
+    assert _enum("status", "$defs", "model", "properties", "sync") == {s.value for s in SyncState}
+    assert _enum("load", "$defs", "outcome", "properties", "cause") == {c.value for c in Cause}
+    assert _enum("load", "$defs", "outcome", "properties", "outcome") == (
+        {r.value for r in Result} - {Result.INVALID.value, Result.SKIPPED.value}) | {"accepted"}
+    assert _enum("audit", "$defs", "event", "properties", "outcome") == {r.value for r in Result}
+    assert _enum("validate", "$defs", "problem", "properties", "severity") == {ERROR, WARNING}
+
+
+def test_the_readme_links_every_schema_and_names_its_fields() -> None:
+    section = README.read_text().split("### JSON output", 1)[1].split("\n### ", 1)[0]
+    for name in jsonschemas.names():
+        assert f"](docs/schemas/{name}.schema.json)" in section, f"README \"JSON output\" does not link {name}"
+        keys = {path.rsplit(".", 1)[-1] for path in jsonschemas.fields(jsonschemas.load(name))}
+        missing = sorted(k for k in keys if f'"{k}"' not in section)
+        assert not missing, f"README \"JSON output\" does not name {missing} of {name}.schema.json"
+
+
+# --- the results dataclasses, every field set ------------------------------------------------------------
+
+
+def _snapshot(digest: str) -> SnapshotRecord:
+    return SnapshotRecord(manifest="{}", config={"name": "m", "backend": "python"}, versions=[1, 2],
+                          served_versions=[2], valid=False,
+                          problems=[{"file": "config.pbtxt", "field": "input[0].dims", "message": "missing",
+                                     "severity": "error"}],
+                          total_bytes=120, model="m", digest=digest, first_seen=T, last_seen=T, quarantined=True,
+                          quarantine_reason="initialize() raised", collected=True)
+
+
+def _full_documents() -> dict[str, list[Any]]:
+    """Per schema, documents made by the results dataclasses with every field holding a value."""
+    outcome = Outcome("m", "load", Result.FAILED, D1, D2, "load refused", 12, cause=Cause.CONTENT)
+    row = StatusRow("m", ModelState.SERVING, [VersionState("1", "READY", "")], D1, T, "track:stable", True,
+                    "wrong_digest", "Triton serves d2d2d2d2d2d2, should serve d1d1d1d1d1d1", "load refused", False,
+                    source_digest=D2, sync=SyncState.HELD, sync_reason="pinned", next_retry_s=3, tags=["stable"])
+    step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
+    problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
+    validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
+    return {
+        "status": [StatusResult(True, "127.0.0.1:8001", "127.0.0.1:8000", {"mode": "inotify", "reason": "local ext4"},
+                                [row]).to_json()],
+        "load": [outcome.to_json(), [outcome.to_json()]],
+        "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",))]).to_json()],
+        "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
+                            [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
+        "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],
+        "audit-at": [ServingAtResult(T, [ServingRecord("m", D1, [1], T, "h1")], {("m", D1): ["stable"]}).to_json()],
+        "validate": [ValidationReport([validation]).to_json()],
+        "policy": [PolicyResult("m", "track:stable", False, fleet=True, host="h1", tag="stable", digest=D1).to_json()],
+        "pin": [PinResult("m", True, D1, fleet=True).to_json(), HoldResult("m", "h1", True, D1).to_json()],
+        "gc": [GcResult(1, 2, 300).to_json()],
+        "db-upgrade": [DbUpgradeResult("0004", "0005").to_json()],
+        "hosts": [[HostRow("h1", "127.0.0.1:8001", "0.1.0", T, T, 1.5, True, True, True).to_json()]],
+        "rollouts": [[Rollout(3, "m", D1, D2, "rolled_back", "alice", T, T, "canary failed", [step]).to_json()]],
+        "status-fleet": [FleetMatrix([MatrixRow("m", D1, {"h1": MatrixCell(D2, "serving", T, True, True)},
+                                                ("stable",))]).to_json()],
+        "tags": [TagsResult(T, [TagRecord("m", "stable", D1, "alice", T)]).to_json()],
+        "tag": [TagResult("m", "stable", "ok", D1, D2, D3, True, "moved").to_json()],
+    }
+
+
+@pytest.mark.parametrize("name", jsonschemas.names())
+def test_the_results_dataclasses_filled_in_full_match_their_schema_and_fill_it(name: str) -> None:
+    documents = _full_documents()[name]
+    schema = jsonschemas.load(name)
+    filled: set[str] = set()
+    for document in documents:
+        jsonschemas.assert_valid(name, document)
+        filled |= set(jsonschemas.filled(document, schema))
+    unfilled = sorted(set(jsonschemas.fields(schema)) - filled)
+    assert not unfilled, f"{name}.schema.json has fields the dataclasses never emit: {unfilled}"
+
+
+def test_every_schema_has_its_full_documents() -> None:
+    assert set(_full_documents()) == set(jsonschemas.names())
+
+
+# --- what the schemas refuse --------------------------------------------------------------------------
+
+
+def test_a_key_added_removed_or_retyped_fails() -> None:
+    document = TagResult("m", "stable", "ok", D1, None, D1, False, "moved").to_json()
+    jsonschemas.assert_valid("tag", document)
+    assert "Additional properties" in jsonschemas.problems("tag", {**document, "new": 1})[0]
+    assert "'deployed' is a required property" in jsonschemas.problems(
+        "tag", {k: v for k, v in document.items() if k != "deployed"})[0]
+    assert jsonschemas.problems("tag", {**document, "old_digest": 5})
+    assert jsonschemas.problems("tag", {**document, "digest": "not-a-digest"})
+    status = StatusResult(True, "u", None, {"mode": None, "reason": "no source repository"}, []).to_json()
+    jsonschemas.assert_valid("status", status)
+    assert jsonschemas.problems("status", {**status, "models": [{"model": "m"}]})
+    assert jsonschemas.problems("status", {**status, "watch": {"mode": "fanotify", "reason": ""}})
