@@ -4,7 +4,7 @@ the data of a `/v1/events` server-sent event, and an element of `tritonctl audit
 Why one function: a receiver that reads webhooks, a follower of the event stream and a script over
 `audit --json` must see the same keys with the same meanings, so all three are built here from the
 registry's `AuditRecord` (controlplane/store/records.py). Keys may be added, never renamed or removed
-(tests/golden/audit.json pins the shape).
+(docs/schemas/audit.schema.json publishes the shape).
 """
 
 from __future__ import annotations
