@@ -256,8 +256,14 @@ def test_fleet_verbs_act_on_every_host_and_a_host_local_action_is_held(fleet: Fl
 @pytest.mark.slow
 def test_a_failure_in_a_later_wave_rolls_back_every_host_that_took_it(fleet: Fleet) -> None:
     """Canary h1 and h2 take the new version, h3 (same wave as h2) fails: h1 and h2 go back to the
-    previous version, h4 never sees it, and no request fails anywhere."""
-    before = fleet.settled()["target"]
+    previous version, h4 never sees it, and no request fails anywhere.
+
+    It starts from generation 4 serving everywhere: what the tests before it leave in the full suite
+    (then this write changes nothing), and what `pytest -m slow` (this test alone on a new fleet) rolls
+    out first."""
+    write_gen_model(fleet.repo, MODEL, 4)
+    fleet.wait_gen(4, HOSTS, 90)
+    before = fleet.settled(60)["target"]
     only_h3 = "import os\n        if 'state-h3' in args['model_repository']:\n            raise RuntimeError('h3 disk')"
     with ExitStack() as stack:
         loops = {h: stack.enter_context(request_loop(fleet.daemons[h].triton_url(), MODEL, threads=1)) for h in HOSTS}

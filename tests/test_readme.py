@@ -22,7 +22,7 @@ def test_readme_opens_with_the_main_job_and_the_tests() -> None:
     assert "\n" not in main_job and "\n" not in tests, "each is one command line"
     assert "tritonctl daemon" in main_job and "--launch-triton" in main_job
     assert "examples/model_repository" in main_job
-    assert "pytest" in tests
+    assert tests.endswith(".venv/bin/python -m tests.tiers"), "the tests command runs every tier, slow included"
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:

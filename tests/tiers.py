@@ -1,0 +1,93 @@
+"""The whole test suite in its two tiers, one after the other, each timed: `python -m tests.tiers`.
+
+Why: pyproject's `addopts` leaves the `slow` tier out of a plain `pytest`, so that a developer's run
+stays short; but the long variants (30 random kills, every crash step three times, the fleet's
+later-wave rollback, ...) prove README promises, and CI must run them on every change. README
+command (b) and `.ci/run` call this module, which runs
+
+  1. the default tier: `pytest -q` (every test not marked `slow`), then
+  2. the slow tier: `pytest -q -m slow`,
+
+each in its own pytest process (the same commands a developer types), prints each tier's wall time
+and the total against the 45-minute budget of the 2-core CI machine, and exits non-zero when either
+tier fails. Extra arguments go to both tiers (`python -m tests.tiers tests/test_crash.py -x`). pytest's
+exit 5 ("no tests collected") passes for one tier only when the other tier ran tests (a file with no
+slow test); both empty is a failure: a selection that runs nothing proves nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUDGET_S = 45 * 60  # the whole suite on the 2-core CI machine (issue 25)
+NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+DURATIONS = "--durations=15"  # the slowest tests of each tier, in CI's log
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    args: tuple[str, ...]  # after `python -m pytest -q`
+
+
+TIERS = (Tier("default", ()), Tier("slow", ("-m", "slow")))
+
+
+@dataclass(frozen=True)
+class TierRun:
+    tier: str
+    exit_code: int
+    seconds: float
+
+
+def clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {secs:02d} s"
+
+
+def verdict(runs: Sequence[TierRun]) -> int:
+    """0 when every tier passed; an empty tier passes only beside one that ran tests; else the first
+    failing tier's exit code (pytest's codes: 1 tests failed, 2 interrupted, 3 internal, 4 usage, 5 empty)."""
+    if runs and all(r.exit_code == NO_TESTS for r in runs):
+        return NO_TESTS
+    for run in runs:
+        if run.exit_code not in (0, NO_TESTS):
+            return run.exit_code
+    return 0
+
+
+def summary(runs: Sequence[TierRun]) -> str:
+    lines = ["", "tier      exit  wall time"]
+    for run in runs:
+        note = " (no tests selected)" if run.exit_code == NO_TESTS else ""
+        lines.append(f"{run.tier:<9} {run.exit_code:>4}  {clock(run.seconds)}{note}")
+    total = sum(r.seconds for r in runs)
+    within = "within" if total <= BUDGET_S else "OVER"
+    lines.append(f"{'total':<9} {'':>4}  {clock(total)} ({within} the {BUDGET_S // 60} min budget)")
+    return "\n".join(lines)
+
+
+def run_tier(tier: Tier, extra: Sequence[str]) -> TierRun:
+    command = [sys.executable, "-m", "pytest", "-q", DURATIONS, *tier.args, *extra]
+    print(f"== tier {tier.name}: {' '.join(command[1:])}", flush=True)
+    started = time.monotonic()
+    code = subprocess.call(command, cwd=ROOT)
+    seconds = time.monotonic() - started
+    print(f"== tier {tier.name}: exit {code} after {clock(seconds)}", flush=True)
+    return TierRun(tier.name, code, seconds)
+
+
+def main(argv: Sequence[str]) -> int:
+    runs = [run_tier(tier, argv) for tier in TIERS]
+    print(summary(runs), flush=True)
+    return verdict(runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
