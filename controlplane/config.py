@@ -8,9 +8,11 @@ name the key and where it came from.
 from __future__ import annotations
 
 import os
+import re
+import stat
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,25 @@ WATCH_MODES = ("auto", "inotify", "poll")
 NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_FAULT", "TRITONCTL_TEST_DROP_EVENTS")
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
-              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s")
+              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
+              "webhook_retry_max_s")
+# An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
+ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
+WEBHOOK_KEYS = ("url", "events", "secret_file")
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    """One `[[webhook]]` table: where events go, which actions, and the secret that signs them (read
+    when the config is loaded, so SIGHUP picks up a rotated secret)."""
+
+    url: str
+    events: tuple[str, ...]
+    secret_file: Path
+    secret: str = field(repr=False, compare=False, default="")
+
+    def wants(self, action: str) -> bool:
+        return "*" in self.events or action in self.events
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,9 @@ class Settings:
     liveness_s: float = 10.0  # a host silent this long is dead (one whose session ended is dead at once)
     heartbeat_s: float = 1.0
     converge_s: float = 2.0  # how often a host converges to the fleet's target
+    # Signed webhooks (docs/operations.md): `[[webhook]]` tables of the config file only.
+    webhook: tuple[WebhookTarget, ...] = ()
+    webhook_retry_max_s: float = 300.0  # the longest wait between retries of a failing delivery
 
     @property
     def registry_url(self) -> str:
@@ -195,6 +218,66 @@ def _listen(value: Any) -> str:
     return text
 
 
+def read_secret(path: Path) -> str:
+    """A webhook's secret: a regular file, not writable by its group nor open to others (like a token
+    file: whoever reads it can sign events), at least 16 characters."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_mode & 0o027:
+            raise ValueError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others (or its group) may read "
+                             f"or change it; chmod 600 {path}")
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read().strip()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(secret) < 16:
+        raise ValueError(f"{path}: the secret must be at least 16 characters")
+    return secret
+
+
+def _webhook_table(index: int, table: Any) -> WebhookTarget:
+    where = f"[[webhook]] #{index + 1}"
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table with url, events and secret_file")
+    unknown = sorted(set(table) - set(WEBHOOK_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: {unknown[0]}: unknown key (expected url, events, secret_file)")
+    for key in WEBHOOK_KEYS:
+        if key not in table:
+            raise ValueError(f"{where}: {key}: missing")
+    url = table["url"]
+    if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url) or any(c.isspace() for c in url):
+        raise ValueError(f"{where}: url: expected an http:// or https:// URL, got {url!r}")
+    events = table["events"]
+    if (not isinstance(events, list) or not events
+            or not all(isinstance(e, str) and (e == "*" or ACTION_NAME.match(e)) for e in events)):
+        raise ValueError(f"{where}: events: expected a list of audit action names (deploy, rollback, tag, "
+                         f"changeset, ...) or [\"*\"], got {events!r}")
+    try:
+        secret_file = _path(table["secret_file"])
+    except ValueError:
+        raise ValueError(f"{where}: secret_file: expected a path") from None
+    try:
+        secret = read_secret(secret_file)
+    except ValueError as exc:
+        raise ValueError(f"{where}: secret_file: {exc}") from None
+    return WebhookTarget(url, tuple(events), secret_file, secret)
+
+
+def _webhooks(value: Any) -> tuple[WebhookTarget, ...]:
+    """`[[webhook]]` tables (the config file only: a list of tables has no flag or variable form)."""
+    if not isinstance(value, list):
+        raise ValueError("expected [[webhook]] tables in the config file")
+    targets = tuple(_webhook_table(i, table) for i, table in enumerate(value))
+    urls = [t.url for t in targets]
+    for url in urls:
+        if urls.count(url) > 1:
+            raise ValueError(f"url {url} is configured twice (one table per receiver)")
+    return targets
+
+
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "repository": _repository,
     "repository_url": _s3_url,
@@ -237,6 +320,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "liveness_s": _positive_float(0.5),
     "heartbeat_s": _positive_float(0.1),
     "converge_s": _positive_float(0.1),
+    "webhook": _webhooks,
+    "webhook_retry_max_s": _positive_float(0.1),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
@@ -245,6 +330,8 @@ def _parse(key: str, value: Any, source: str) -> Any:
     try:
         return PARSERS[key](value)
     except (ValueError, TypeError) as exc:
+        if key == "webhook":  # the tables' own messages name the table and field
+            raise ConfigError(f"{source}: webhook: {exc}") from None
         raise ConfigError(f"{source}: {key}: invalid value {value!r} ({exc})") from None
 
 

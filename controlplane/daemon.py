@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from controlplane.fleet.settings import FleetSettings
     from controlplane.metrics import Metrics
     from controlplane.s3source import S3Source
+    from controlplane.webhooks import Webhooks
 
 log = logging.getLogger("tritonctl.daemon")
 
@@ -83,6 +84,7 @@ class Daemon:
         self.metrics: Metrics | None = None
         self.plane: ControlPlane | None = None
         self.registry: Registry | None = None
+        self.webhooks: Webhooks | None = None
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -124,7 +126,10 @@ class Daemon:
         self._prepare_state_dir()
         # In a fleet the host's own deploy state stays in its local registry; --db-url is the fleet's.
         local_url = f"sqlite:///{settings.state_dir / 'registry.db'}" if self.fleet_settings else settings.registry_url
-        self.registry = Registry(local_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s)
+        # In a fleet the webhooks send the shared registry's events (the leader does): a host's own
+        # registry keeps no outbox.
+        self.registry = Registry(local_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s,
+                                 outbox=self.fleet_settings is None)
         before, after = migrate.upgrade(self.registry)
         if before != after:
             log.info("registry schema upgraded %s -> %s", before or "empty", after)
@@ -174,8 +179,10 @@ class Daemon:
             self.plane.reconcile()
         from controlplane.api.server import ApiServer
 
+        self.plane.webhooks = self._webhooks()
         self.api = ApiServer(self.plane, self.executor, settings)
         self.api.start()
+        self.plane.webhooks.start()
         if self.watcher is not None:
             self.watcher.start()
             if self.fleet is None:
@@ -201,6 +208,17 @@ class Daemon:
         assert self.fleet_settings is not None and self.shared_registry is not None
         self.fleet = FleetMember(self.settings, self.fleet_settings, plane, self.shared_registry)
         return self.fleet
+
+    def _webhooks(self) -> Webhooks:
+        """The delivery worker: this registry's events; in a fleet the shared registry's, sent by the
+        leader only (whichever daemon leads now)."""
+        from controlplane.webhooks import Backoff, Webhooks
+
+        assert self.registry is not None
+        active = (lambda: self.fleet is not None and self.fleet.is_leader) if self.fleet_settings else (lambda: True)
+        self.webhooks = Webhooks(self.shared_registry or self.registry, self.settings.webhook, active=active,
+                                 backoff=Backoff(max_s=self.settings.webhook_retry_max_s))
+        return self.webhooks
 
     def _inference_urls(self) -> str:
         server = self.triton_server
@@ -467,9 +485,13 @@ class Daemon:
                     self.fleet.reconfigure(from_settings(new))
                 except TritonctlError as exc:
                     log.error("reload: fleet settings refused, keeping the running ones: %s", exc)
+            if self.webhooks is not None:
+                from controlplane.webhooks import Backoff
+
+                self.webhooks.reconfigure(new.webhook, Backoff(max_s=new.webhook_retry_max_s))
             logging.getLogger("tritonctl").setLevel(new.log_level.upper())
-            log.info("reloaded: policy=%s settle_s=%s log_level=%s reconcile_interval_s=%s",
-                     new.policy, new.settle_s, new.log_level, new.reconcile_interval_s)
+            log.info("reloaded: policy=%s settle_s=%s log_level=%s reconcile_interval_s=%s webhooks=%d",
+                     new.policy, new.settle_s, new.log_level, new.reconcile_interval_s, len(new.webhook))
         systemd.ready(self.status_line())
 
     def _on_outcome(self, outcome: Outcome) -> None:
@@ -519,6 +541,8 @@ class Daemon:
             self.fleet.stop()
         if self.api is not None:
             self.api.stop(grace_s=1.0)
+        if self.webhooks is not None:
+            self.webhooks.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
         with self._inflight_lock:
             inflight = list(self._inflight)
@@ -567,6 +591,7 @@ class Daemon:
             lambda: self.watcher.stop() if self.watcher else None,
             lambda: self.fleet.stop() if self.fleet else None,
             lambda: self.api.stop(grace_s=0.5) if self.api else None,
+            lambda: self.webhooks.stop() if self.webhooks else None,
             lambda: self.metrics.stop() if self.metrics else None,
             # A server this start adopted was serving before it: leave it for the next start.
             lambda: self.triton_server.stop() if self.triton_server and not self.triton_server.adopted_pid else None,

@@ -20,7 +20,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from controlplane.events import event_document
-from controlplane.store.records import AuditRecord, Rollout, ServingRecord, SnapshotRecord, Step, TagRecord, iso
+from controlplane.store.records import (
+    AuditRecord,
+    DeliveryRecord,
+    Rollout,
+    ServingRecord,
+    SnapshotRecord,
+    Step,
+    TagRecord,
+    iso,
+)
 from controlplane.vocab import SUCCEEDED, Cause
 
 if TYPE_CHECKING:  # modelconfig loads protobuf and the model-config schema: only `validate` pays for it
@@ -332,6 +341,22 @@ class AuditResult:
 
     def to_json(self) -> list[dict[str, Any]]:
         return [event_document(event) for event in self.events]  # the webhook body and SSE data too
+
+
+@dataclass
+class WebhookDeliveriesResult:
+    """`webhooks --json`: deliveries, newest first (pending, delivered, failed with the receiver's answer)."""
+
+    deliveries: list[DeliveryRecord]
+
+    def __iter__(self) -> Iterator[DeliveryRecord]:
+        return iter(self.deliveries)
+
+    def __len__(self) -> int:
+        return len(self.deliveries)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [delivery.to_json() for delivery in self.deliveries]
 
 
 @dataclass

@@ -39,6 +39,7 @@ from controlplane.vocab import SERVING_STATES, Cause, Result
 
 if TYPE_CHECKING:
     from controlplane.s3source import S3Source
+    from controlplane.webhooks import Webhooks
 
 log = logging.getLogger("tritonctl.service")
 
@@ -129,6 +130,7 @@ class ControlPlane:
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
+        self.webhooks: Webhooks | None = None  # the daemon's delivery worker (controlplane/webhooks.py)
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
 
     def reconfigure(self, settings: Settings) -> None:

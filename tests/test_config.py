@@ -17,6 +17,7 @@ from controlplane.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "systemd" / "tritonctl.toml"
+CONFIG_FILE_ONLY = {"webhook"}  # `[[webhook]]` tables: no environment variable or flag form
 
 
 @pytest.fixture(autouse=True)
@@ -158,17 +159,22 @@ def test_reloaded_takes_only_reloadable_settings() -> None:
            ("manual", 0.5, "debug", 3.0)
     assert (merged.load_timeout_s, merged.state_dir) == (120.0, Path("/a"))
     assert set(RELOADABLE) == {"policy", "settle_s", "log_level", "reconcile_interval_s",
-                               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s"}
+                               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s",
+                               "webhook", "webhook_retry_max_s"}
 
 
 def test_example_config_has_every_key_and_parses(tmp_path: Path) -> None:
     text = EXAMPLE.read_text()
-    keys = set(re.findall(r"^#? ?([a-z_]+) = ", text, re.MULTILINE))
+    settings, _, tables = text.partition("# [[webhook]]\n")  # the webhook table's keys are its own
+    keys = set(re.findall(r"^#? ?([a-z_]+) = ", settings, re.MULTILINE)) | ({"webhook"} if tables else set())
     assert keys == set(PARSERS), f"missing: {set(PARSERS) - keys}, unknown: {keys - set(PARSERS)}"
     as_shipped = read_config_file(EXAMPLE)
     assert as_shipped["state_dir"] == Path("/var/lib/tritonctl")
-    # Every commented-out example value is valid too.
-    uncommented = re.sub(r"^# ([a-z_]+ = )", r"\1", text, flags=re.MULTILINE)
+    # Every commented-out example value is valid too (the webhook's secret file made where it can be).
+    secret = write(tmp_path, "a-webhook-secret-of-some-length", "webhook.secret")
+    secret.chmod(0o600)
+    uncommented = re.sub(r"^# (\[\[webhook\]\]$|[a-z_]+ = )", r"\1", text, flags=re.MULTILINE)
+    uncommented = uncommented.replace("/etc/tritonctl/webhook.secret", str(secret))
     assert set(read_config_file(write(tmp_path, uncommented))) == set(PARSERS)
 
 
@@ -179,6 +185,8 @@ def test_readme_configuration_section_documents_every_key() -> None:
     section = match.group(1)
     for f in fields(Settings):
         assert f"`{f.name}`" in section, f"README Configuration does not document {f.name}"
+        if f.name in CONFIG_FILE_ONLY:
+            continue
         assert f"`TRITONCTL_{f.name.upper()}`" in section, f"README Configuration: no TRITONCTL_{f.name.upper()}"
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.errors import StoreError
 from controlplane.store import schema
+from controlplane.store.outbox import add_audit_event
 from controlplane.store.records import Rollout, Step
 from controlplane.store.registry import AuditEntry, Registry, utcnow
 
@@ -79,12 +80,6 @@ def check_session(conn: Any) -> None:
 def listen(conn: Any) -> None:
     """Receive `notify`'s wake-ups on `conn` (read them with `conn.notifies(...)`)."""
     conn.execute(f"LISTEN {CHANNEL}")
-
-
-def _event(entry: AuditEntry, host: str, now: datetime) -> schema.AuditEvent:
-    return schema.AuditEvent(time=now, actor=entry.actor, action=entry.action, model=entry.model, digest=entry.digest,
-                             outcome=entry.outcome, duration_ms=entry.duration_ms,
-                             message=" ".join(entry.message.split()), host=host)
 
 
 def _step(row: schema.RolloutHost, model: str = "") -> Step:
@@ -253,7 +248,7 @@ class FleetStore:
             if target is not None:
                 self.set_target(session, *target)
             if audit is not None:
-                session.add(_event(audit, host, now))
+                add_audit_event(session, audit, host, now, self.registry.outbox)
             self.notify(session, f"rollout {rollout_id} {state}")
 
     def transition(self, rollout_id: int, from_state: str, to_state: str, error: str | None = None) -> bool:
@@ -335,7 +330,7 @@ class FleetStore:
                 row.state, row.message, row.finished_at = state, " ".join(message.split()), now
             self._set_host_model(session, host, step.model, serving,
                                  "serving" if serving else ("unloaded" if state == "ok" else "failed"), now)
-            session.add(_event(audit, host, now))
+            add_audit_event(session, audit, host, now, self.registry.outbox)
             self.notify(session, f"step {step.id} {state}")
 
     # -- what each host serves ------------------------------------------------------------------

@@ -215,3 +215,28 @@ class Rollout:
                 "state": self.state, "actor": self.actor, "created_at": iso(self.created_at),
                 "finished_at": iso(self.finished_at), "error": self.error,
                 "steps": [step.to_json() for step in self.steps]}
+
+
+@dataclass(frozen=True)
+class DeliveryRecord:
+    """One event sent (or to be sent) to one webhook (`tritonctl webhooks --json` prints a list of these).
+
+    `id` is the `X-Tritonctl-Delivery` header, the same on every retry; `state` pending | delivered |
+    failed; `status_code` and `answer` are the receiver's last answer (or why there was none)."""
+
+    id: str
+    event_id: int
+    action: str
+    model: str | None
+    url: str
+    state: str
+    attempts: int
+    created_at: datetime
+    next_attempt_at: datetime | None
+    last_attempt_at: datetime | None
+    finished_at: datetime | None
+    status_code: int | None
+    answer: str
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from controlplane.errors import ConfigError, NotFoundError, StoreError, UsageError
 from controlplane.store import schema
+from controlplane.store.outbox import add_audit_event
 from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, they live in records
     AuditQuery,
     AuditRecord,
@@ -156,9 +157,12 @@ class Registry:
     """The registry database behind any SQLAlchemy URL."""
 
     def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None, outbox: bool = True) -> None:
         self.url = url
         self.host = host
+        # Every audit event also goes to the webhooks' outbox (False: a fleet host's own registry, whose
+        # events the webhooks do not send; the shared registry's are sent by the leader)
+        self.outbox = outbox
         # naive UTC "now" of every row this registry writes; tests pass a settable one (tests/clock.py)
         self.clock: Callable[[], datetime] = clock or (lambda: utcnow())
         self.engine = make_engine(url, busy_timeout_s)
@@ -483,19 +487,8 @@ class Registry:
     # -- audit and serving history --------------------------------------------------------------
 
     def _add_audit(self, session: Session, entry: AuditEntry, now: datetime) -> None:
-        session.add(
-            schema.AuditEvent(
-                time=now,
-                actor=entry.actor,
-                action=entry.action,
-                model=entry.model,
-                digest=entry.digest,
-                outcome=entry.outcome,
-                duration_ms=entry.duration_ms,
-                message=" ".join(entry.message.split()),
-                host=self.host,
-            )
-        )
+        # With its webhook outbox row, in this transaction (controlplane/store/outbox.py)
+        add_audit_event(session, entry, self.host, now, self.outbox)
 
     def audit(self, entry: AuditEntry) -> None:
         with self._session() as session:

@@ -213,3 +213,40 @@ class HostModel(Base):
     digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
     updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+# -- webhooks (controlplane/webhooks; migration 0006) ---------------------------------------------
+
+
+class WebhookOutbox(Base):
+    """One row per audit event, added in the event's transaction; the delivery worker fans it out."""
+
+    __tablename__ = "webhook_outbox"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    audit_id: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class WebhookDelivery(Base):
+    """One event to one webhook: its id (X-Tritonctl-Delivery), the exact body, attempts, last answer."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_lane", "state", "url", "model", "audit_id"),
+        Index("ix_webhook_deliveries_created", "created_at"),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    audit_id: Mapped[int] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    body: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime)
+    retry_until: Mapped[datetime] = mapped_column(DateTime)  # failed when an attempt after this fails
+    last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    answer: Mapped[str] = mapped_column(Text, default="")  # the receiver's answer (or the error), cut short
