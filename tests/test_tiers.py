@@ -3,6 +3,7 @@ its exit code is a failing tier's."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,25 @@ def test_the_runner_runs_both_tiers_and_fails_with_a_failing_one(tmp_path: Path)
     assert out.returncode == 1, out.stdout[-3000:]
     assert "== tier default: exit 0 after" in out.stdout and "== tier slow: exit 1 after" in out.stdout
     assert "1 passed" in out.stdout and "1 failed" in out.stdout and "total" in out.stdout
+
+
+def test_under_the_runner_a_skip_fails_unless_knowingly_opted_out(tmp_path: Path) -> None:
+    """TRITONCTL_TEST_NO_SKIP=1 (what the runner sets) turns a skip, in a fixture or a test, into a
+    failure; a skip naming a set opt-out variable (TRITONCTL_TEST_NO_MOUNT=1) stays a skip."""
+    case = tmp_path / "test_case.py"
+    case.write_text("import pytest\n\n@pytest.fixture\ndef fuse():\n    pytest.skip('/dev/fuse is absent')\n\n"
+                    "def test_fuse(fuse):\n    pass\n\ndef test_mount():\n"
+                    "    pytest.skip('cannot mount (set TRITONCTL_TEST_NO_MOUNT=1 to skip it knowingly)')\n")
+
+    def run(**env: str) -> str:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+                   "-c", str(tiers.ROOT / "pyproject.toml"), str(case)]
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TRITONCTL_TEST_")}
+        out = subprocess.run(command, cwd=tiers.ROOT, capture_output=True, text=True, timeout=300,
+                             env={**clean, **env})
+        return out.stdout
+
+    assert "2 skipped" in run()
+    strict = run(TRITONCTL_TEST_NO_SKIP="1")
+    assert "1 failed, 1 error" in strict and "/dev/fuse is absent" in strict, strict[-2000:]  # error: in setup
+    assert "1 skipped, 1 error" in run(TRITONCTL_TEST_NO_SKIP="1", TRITONCTL_TEST_NO_MOUNT="1")
