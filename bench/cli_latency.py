@@ -113,9 +113,8 @@ def commands(state: Path, db_url: str, at: str) -> list[tuple[str, list[str]]]:
 # rounds (so the remaining distance to the target can be attributed to a measured cause).
 IMPORTS = (
     ("click", "import click"),
-    ("grpc", "import grpc"),
-    ("control_pb2 (protobuf)", "import controlplane.api.control_pb2"),
-    ("the API client (grpc + control_pb2)", "import controlplane.api.client"),
+    ("http.client", "import http.client"),
+    ("the API client (http.client)", "import controlplane.api.client"),
     ("rich (console + table)", "import rich.console, rich.table"),
 )
 

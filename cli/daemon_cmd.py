@@ -32,7 +32,13 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
               help="Seconds between listings of an s3:// repository [default: 2.0].")
 @click.option("--socket", type=click.Path(path_type=Path), help="Control socket [default: <state-dir>/tritonctl.sock].")
 @click.option("--listen", help="Also listen on TCP HOST:PORT (requires --token-file).")
-@click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), help="Token for --listen.")
+@click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Token for --listen (a file only its owner and group can read).")
+@click.option("--tls-cert", type=click.Path(path_type=Path, dir_okay=False),
+              help="--listen serves HTTPS with this certificate (PEM; with --tls-key).")
+@click.option("--tls-key", type=click.Path(path_type=Path, dir_okay=False), help="The private key of --tls-cert.")
+@click.option("--allow-insecure-http", is_flag=True, default=None,
+              help="Let --listen serve plain HTTP on a non-loopback address (refused without TLS otherwise).")
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port (off by default).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), help="[default: plain]")

@@ -13,28 +13,16 @@ from typing import Any
 import click
 
 from controlplane import errors
+from controlplane.api import protocol
 
-# Exit codes are a contract (README "Exit codes"): scripts and systemd units rely on them.
+# Exit codes are a contract (README "Exit codes"): scripts and systemd units rely on them. The table
+# lives with the control API's error document (controlplane/api/protocol.py), which carries the code.
 EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_DAEMON_UNREACHABLE = 3
-EXIT_TRITON_UNREACHABLE = 4
-
-_EXIT_CODES: list[tuple[type[errors.TritonctlError], int]] = [
-    (errors.DaemonUnavailableError, EXIT_DAEMON_UNREACHABLE),
-    (errors.TritonUnavailableError, EXIT_TRITON_UNREACHABLE),
-    (errors.UsageError, EXIT_USAGE),
-    (errors.NotFoundError, EXIT_USAGE),  # an unknown model or digest
-    (errors.ConfigError, EXIT_USAGE),
-]
-
-
-def exit_code_for(exc: errors.TritonctlError) -> int:
-    for cls, code in _EXIT_CODES:
-        if isinstance(exc, cls):
-            return code
-    return EXIT_FAILED
+EXIT_FAILED = protocol.EXIT_FAILED
+EXIT_USAGE = protocol.EXIT_USAGE
+EXIT_DAEMON_UNREACHABLE = protocol.EXIT_DAEMON_UNREACHABLE
+EXIT_TRITON_UNREACHABLE = protocol.EXIT_TRITON_UNREACHABLE
+exit_code_for = protocol.exit_code_for
 
 
 # Which module defines each command, so `tritonctl status` imports cli.operations only (not the registry

@@ -46,18 +46,22 @@ def daemon_options(fn: F) -> F:
 
     @click.option("--socket", type=click.Path(path_type=Path), envvar="TRITONCTL_SOCKET",
                   help="Control socket (default <state-dir>/tritonctl.sock). Env: TRITONCTL_SOCKET.")
-    @click.option("--address", envvar="TRITONCTL_ADDRESS", help="HOST:PORT of a daemon's TCP listener.")
+    @click.option("--address", envvar="TRITONCTL_ADDRESS",
+                  help="HOST:PORT of a daemon's TCP listener (https://HOST:PORT: TLS). Env: TRITONCTL_ADDRESS.")
     @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), envvar="TRITONCTL_TOKEN_FILE",
                   help="Token for --address.")
+    @click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False), envvar="TRITONCTL_CA_FILE",
+                  help="CA certificate that signed an https:// --address's certificate. Env: TRITONCTL_CA_FILE.")
     @state_option
     @functools.wraps(fn)
     def wrapper(*args: Any, socket: Path | None, address: str | None, token_file: Path | None,
-                state_dir: Path, **kwargs: Any) -> Any:
+                ca_file: Path | None, state_dir: Path, **kwargs: Any) -> Any:
         from controlplane.api.client import ControlClient
         from controlplane.api.protocol import read_token
 
         token = read_token(token_file) if token_file else None
-        client = ControlClient(socket=socket or state_dir / "tritonctl.sock", address=address, token=token)
+        client = ControlClient(socket=socket or state_dir / "tritonctl.sock", address=address, token=token,
+                               ca_file=ca_file)
         try:
             return fn(*args, client=client, **kwargs)
         finally:

@@ -26,7 +26,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 WATCH_MODES = ("auto", "inotify", "poll")
 # TRITONCTL_* variables that are not daemon settings: the config file's path, the CLI client's
 # daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
-NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_FAULT", "TRITONCTL_TEST_DROP_EVENTS")
+NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE", "TRITONCTL_FAULT",
+                    "TRITONCTL_TEST_DROP_EVENTS")
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
@@ -74,6 +75,9 @@ class Settings:
     socket: Path | None = None  # default: <state_dir>/tritonctl.sock
     listen: str | None = None  # optional TCP listener host:port (requires token_file)
     token_file: Path | None = None
+    tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
+    tls_key: Path | None = None  # ... and its private key
+    allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
     metrics_port: int | None = None
     log_level: str = "info"
     log_format: str = "plain"
@@ -298,6 +302,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "socket": _path,
     "listen": _listen,
     "token_file": _path,
+    "tls_cert": _path,
+    "tls_key": _path,
+    "allow_insecure_http": _bool,
     "metrics_port": _port,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
@@ -400,6 +407,8 @@ def load_settings(
         raise ConfigError("repository: give either a directory or an s3:// URL (repository_url), not both")
     if settings.listen and not settings.token_file:
         raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")
     if settings.triton_url and settings.launch_triton:
         raise ConfigError("triton_url: give either --triton-url or --launch-triton, not both")
     return settings

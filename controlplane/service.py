@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane import pipeline, queries, tags
 from controlplane.changeset import ChangeSets
@@ -27,7 +27,20 @@ from controlplane.faults import RetryBook
 from controlplane.names import is_private_name, validate_digest, validate_model_name
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import Drift, plan
-from controlplane.results import GcResult, HoldResult, PinResult, PolicyResult, StatusResult, VersionState
+from controlplane.results import (
+    AuditResult,
+    DiffResult,
+    GcResult,
+    HoldResult,
+    PinResult,
+    PolicyResult,
+    ServingAtResult,
+    StatusResult,
+    TagResult,
+    TagsResult,
+    VersionsResult,
+    VersionState,
+)
 from controlplane.servedview import ServedView
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
@@ -593,3 +606,32 @@ class ControlPlane:
             return self.registry.get_model(name).state in SERVING_STATES  # not an operator's unload
         except TritonctlError:
             return False
+
+    # -- reads (the API's GET routes; the CLI's read commands query the registry itself, daemon or not) ------
+
+    def versions(self, model: str) -> VersionsResult:
+        validate_model_name(model)
+        return tags.annotate_versions(tags.tag_registry(self), model, queries.versions(self.registry, model))
+
+    def audit(self, **filters: Any) -> AuditResult:
+        return queries.audit(self.registry, **filters)
+
+    def serving_at(self, at: str, model: str | None = None) -> ServingAtResult:
+        result = queries.serving_at(self.registry, at, [model] if model else None)
+        return tags.annotate_serving_at(tags.tag_registry(self), result, model)
+
+    def tag_listing(self, model: str | None = None, at: str | None = None) -> TagsResult:
+        return tags.listing(tags.tag_registry(self), model, at)
+
+    def diff(self, model: str, ref_a: str, ref_b: str) -> DiffResult:
+        validate_model_name(model)
+        digest_a, digest_b = (tags.resolve_ref(tags.tag_registry(self), model, ref) for ref in (ref_a, ref_b))
+        return queries.diff(self.registry, self.store, model, digest_a, digest_b)
+
+    def tag_digest(self, model: str, name: str) -> str:
+        """The digest tag NAME of MODEL points to (`load --tag`, `rollback --to-tag`)."""
+        return tags.tag_digest(tags.tag_registry(self), model, name)
+
+    def move_tag(self, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
+                 delete: bool = False) -> TagResult:
+        return tags.move(self, model, name, ref, actor, progress, delete=delete)

@@ -1,8 +1,8 @@
 """The daemon commands' rendering, error classes and exit codes, against the real control API server.
 
-The server is `controlplane.api.server.ApiServer` (gRPC on a Unix socket) over a small stand-in control
+The server is `controlplane.api.server.ApiServer` (HTTP on a Unix socket) over a small stand-in control
 plane returning canned outcomes and raising chosen errors. That tests the CLI's rendering, the
-error-class propagation over gRPC and the exit codes; the end-to-end tests with the real daemon and a
+error-class propagation over HTTP and the exit codes; the end-to-end tests with the real daemon and a
 real tritonserver are written separately (tests/test_daemon_e2e.py).
 """
 

@@ -28,6 +28,9 @@ from tests.harness import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("sqlalchemy", "alembic", "tritonclient", "numpy")
+# What the client path must not load either: gRPC and protobuf (gone from the control API), the HTTP server
+# stack (the client is http.client over the socket).
+SERVER_STACK = ("grpc", "google", "fastapi", "starlette", "uvicorn", "pydantic", "anyio", "h11")
 CONTRACTS = ("The core never imports the CLI", "The core's layers", "The CLI and the API client import no server")
 
 # Runs `tritonctl ARGS...` as `python -m cli.main` would, then writes the names of the loaded modules.
@@ -74,8 +77,8 @@ def run_cli(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str
 
 def heavy(modules: set[str], extra: tuple[str, ...] = ()) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in HEAVY + extra
-                  or m in ("controlplane.api.server", "controlplane.service", "controlplane.deploy",
-                           "controlplane.daemon"))
+                  or m in ("controlplane.api.server", "controlplane.api.app", "controlplane.service",
+                           "controlplane.deploy", "controlplane.daemon"))
 
 
 @pytest.fixture
@@ -151,12 +154,12 @@ def test_status_process_imports_no_database_triton_or_numpy_code(tmp_path: Path,
     daemon = DaemonProcess(repo, tmp_path / "state", launch=False,
                            extra_args=["--triton-url", triton.grpc_url, "--policy", "manual"]).start()
     try:
-        for args in (["status", "--json"], ["status"]):
+        for args, code in ((["status", "--json"], 0), (["status"], 0), (["pin", "nothing-here"], 2),
+                           (["policy", "m", "manual", "--json"], 0)):
             proc, modules = run_cli(tmp_path, *args, "--state-dir", str(daemon.state_dir))
-            assert proc.returncode == 0, proc.stderr
-            assert heavy(modules) == [], args
-            protobufs = sorted(m for m in modules if m.endswith("_pb2"))
-            assert protobufs == ["controlplane.api.control_pb2"], protobufs
+            assert proc.returncode == code, proc.stderr
+            assert heavy(modules, SERVER_STACK) == [], args  # http.client over the socket, nothing else
+            assert sorted(m for m in modules if m.endswith("_pb2")) == [], args
             if "--json" in args:
                 assert "rich" not in {m.split(".")[0] for m in modules}  # JSON needs no rich
     finally:

@@ -65,18 +65,20 @@ def test_tcp_listener_requires_the_token(locked: tuple[DaemonProcess, str, Path]
     assert '"guarded"' in ok.stdout
 
 
-def test_tcp_listener_refuses_a_raw_grpc_call_without_token(locked: tuple[DaemonProcess, str, Path]) -> None:
-    import grpc
+def test_tcp_listener_refuses_a_raw_http_call_without_token(locked: tuple[DaemonProcess, str, Path]) -> None:
+    import http.client
+    import json
 
-    from controlplane.api import control_pb2 as pb
-    from controlplane.api import control_pb2_grpc as pb_grpc
-
-    _, address, _ = locked
-    with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.ControlStub(channel)
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Unload(pb.UnloadRequest(model="guarded"), timeout=10).next()
-        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    daemon, address, _ = locked
+    host, port = address.rsplit(":", 1)
+    for headers in ({}, {"Authorization": "Bearer not-the-token-but-long-enough"}, {"Authorization": TOKEN}):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("POST", "/v1/models/guarded/unload", body=b"{}", headers=headers)
+        answer = conn.getresponse()
+        assert answer.status == 401, headers
+        assert json.loads(answer.read())["error"]["class"] == "PermissionDeniedError"
+        conn.close()
+    assert daemon.model_status("guarded")["state"] == "serving"
 
 
 def test_launched_triton_refuses_model_control_from_others(locked: tuple[DaemonProcess, str, Path]) -> None:

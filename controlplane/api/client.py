@@ -1,125 +1,221 @@
-"""The control API client the CLI uses: one method per RPC, core errors re-raised by class name."""
+"""The control API client the CLI uses: the standard library's http.client over the Unix socket (or TCP).
+
+One method per verb, each one HTTP call; core errors re-raised by class name (controlplane/api/protocol.py)
+so the CLI exits as if the core had raised them. It imports nothing but the standard library and
+`controlplane.errors` / `controlplane.api.protocol`: a `tritonctl status` process pays for no HTTP
+framework, no gRPC, no protobuf (tests/test_layers.py checks the modules a real process loaded).
+"""
 
 from __future__ import annotations
 
-import getpass
+import http.client
 import json
+import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-import grpc
+from urllib.parse import quote, urlencode
 
 from controlplane import errors
-from controlplane.api import control_pb2 as pb
-from controlplane.api import control_pb2_grpc as pb_grpc
-from controlplane.api.protocol import ACTOR_KEY, ERROR_CLASS_KEY, TOKEN_KEY, error_from_name
+from controlplane.api.protocol import (
+    ACTOR_HEADER,
+    API_PREFIX,
+    ProgressMessage,
+    error_from_document,
+)
+from controlplane.names import validate_model_name
+
+ProgressFn = Callable[[ProgressMessage], None]
+UNARY_TIMEOUT_S = 30.0
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket: the host name only fills the Host header."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 def _current_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry (containers): fall back to the uid
-        import os
+    """Who the caller says they are on TCP (on the socket the daemon asks the kernel instead)."""
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return f"uid:{os.getuid()}"
 
-        return f"uid:{os.getuid()}"
+
+def _model(name: str) -> str:
+    """/models/NAME, the name checked as the daemon checks it (a '/' would be a different route)."""
+    validate_model_name(name)
+    return f"/models/{quote(name, safe='')}"
 
 
 class ControlClient:
-    """Talks to a daemon on a Unix socket path or, with a token, on HOST:PORT."""
+    """Talks to a daemon on a Unix socket path or, with a token, on HOST:PORT (https://HOST:PORT: TLS)."""
 
     def __init__(self, socket: Path | None = None, address: str | None = None, token: str | None = None,
-                 timeout_s: float = 600.0) -> None:
-        if address:
-            if not token:
-                raise errors.UsageError("--address needs --token-file (the TCP listener requires a token)")
-            self.target = address
-        else:
-            assert socket is not None
-            self.target = f"unix:{socket}"
+                 timeout_s: float = 600.0, ca_file: Path | None = None) -> None:
+        if address and not token:
+            raise errors.UsageError("--address needs --token-file (the TCP listener requires a token)")
         self._socket = socket
+        self._address = address
+        self._ca_file = ca_file
         self.timeout_s = timeout_s
-        self._metadata: list[tuple[str, str]] = [(ACTOR_KEY, _current_user())]
+        self._headers = {ACTOR_HEADER: _current_user(), "Accept": "application/json"}
         if token:
-            self._metadata.append((TOKEN_KEY, f"Bearer {token}"))
-        self._channel = grpc.insecure_channel(self.target)
-        self._stub = pb_grpc.ControlStub(self._channel)
+            self._headers["Authorization"] = f"Bearer {token}"
 
     def close(self) -> None:
-        self._channel.close()
+        """Nothing to release: every call opens and closes its own connection."""
 
-    def _translate(self, exc: grpc.RpcError) -> errors.TritonctlError:
-        trailing = dict(exc.trailing_metadata() or ())  # type: ignore[attr-defined]
-        name = trailing.get(ERROR_CLASS_KEY)
-        details = exc.details() or str(exc)  # type: ignore[attr-defined]
-        if name:
-            return error_from_name(str(name), details)
-        code = exc.code()  # type: ignore[attr-defined]
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            where = self._socket if self._socket else self.target
-            if self._socket:
-                return errors.DaemonUnavailableError(
-                    f"no daemon at {where}; start one (`tritonctl daemon`) or set TRITONCTL_STATE_DIR / --state-dir")
-            return errors.DaemonUnavailableError(f"no daemon at {where}; start one (`tritonctl daemon --listen`) "
-                                                 "or fix TRITONCTL_ADDRESS / --address")
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            return errors.PermissionDeniedError(details)
-        return errors.TritonctlError(f"control API: {details}")
+    # -- transport ------------------------------------------------------------------------------------
 
-    def _unary(self, method: Callable[..., pb.JsonReply], request: Any, timeout_s: float = 30.0) -> Any:
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        if not self._address:
+            assert self._socket is not None
+            return UnixHTTPConnection(str(self._socket), timeout_s)
+        address = self._address
+        if address.startswith("https://"):
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(self._ca_file) if self._ca_file else None)
+            return http.client.HTTPSConnection(address.removeprefix("https://").rstrip("/"), timeout=timeout_s,
+                                               context=context)
+        return http.client.HTTPConnection(address.removeprefix("http://").rstrip("/"), timeout=timeout_s)
+
+    def _unavailable(self, exc: OSError) -> errors.DaemonUnavailableError:
+        if not self._address:
+            return errors.DaemonUnavailableError(
+                f"no daemon at {self._socket}; start one (`tritonctl daemon`) or set TRITONCTL_STATE_DIR / --state-dir")
+        return errors.DaemonUnavailableError(f"no daemon at {self._address} ({exc.strerror or exc}); start one "
+                                             "(`tritonctl daemon --listen`) or fix TRITONCTL_ADDRESS / --address")
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                timeout_s: float = UNARY_TIMEOUT_S, headers: dict[str, str] | None = None,
+                ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send one request; the caller reads the response and closes the connection."""
+        connection = self._connection(timeout_s)
+        payload = json.dumps(body).encode() if body is not None else None
+        all_headers = {**self._headers, **(headers or {})}
+        if payload is not None:
+            all_headers["Content-Type"] = "application/json"
         try:
-            reply = method(request, metadata=self._metadata, timeout=timeout_s)
-        except grpc.RpcError as exc:
-            raise self._translate(exc) from None
-        return json.loads(reply.json)
+            connection.request(method, API_PREFIX + path, body=payload, headers=all_headers)
+            response = connection.getresponse()
+        except (TimeoutError, ConnectionRefusedError, FileNotFoundError, ConnectionResetError) as exc:
+            connection.close()
+            raise self._unavailable(exc) from None
+        except OSError as exc:
+            connection.close()
+            if exc.__class__.__name__ == "SSLCertVerificationError":
+                raise errors.PermissionDeniedError(f"control API at {self._address}: {exc}") from None
+            raise self._unavailable(exc) from None
+        if response.status >= 400:
+            raw = response.read()
+            connection.close()
+            try:
+                document = json.loads(raw)
+            except ValueError:
+                document = None
+            raise error_from_document(document, f"HTTP {response.status} {response.reason}")
+        return connection, response
 
-    def _stream(self, method: Callable[..., Iterator[pb.Progress]], request: Any,
-                on_progress: Callable[[pb.Progress], None] | None) -> dict[str, Any]:
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             timeout_s: float = UNARY_TIMEOUT_S) -> Any:
+        """One request answered by one JSON document."""
+        connection, response = self.request(method, path, body, timeout_s)
         try:
-            for message in method(request, metadata=self._metadata, timeout=self.timeout_s):
-                if message.final:
-                    return dict(json.loads(message.result_json))
-                if on_progress:
-                    on_progress(message)
-        except grpc.RpcError as exc:
-            raise self._translate(exc) from None
+            return json.loads(response.read())
+        finally:
+            connection.close()
+
+    def stream(self, method: str, path: str, body: dict[str, Any] | None,
+               on_progress: ProgressFn | None) -> dict[str, Any]:
+        """One request answered by NDJSON steps, then the result (or an error)."""
+        connection, response = self.request(method, path, body, self.timeout_s)
+        try:
+            for raw in response:
+                line = json.loads(raw)
+                if "progress" in line:
+                    if on_progress:
+                        on_progress(ProgressMessage.from_json(line["progress"]))
+                elif "result" in line:
+                    return dict(line["result"])
+                elif "error" in line:
+                    raise error_from_document(line, "the operation failed")
+        except (OSError, http.client.HTTPException) as exc:
+            raise errors.DaemonUnavailableError(f"control API: the stream broke: {exc}") from None
+        finally:
+            connection.close()
         raise errors.TritonctlError("control API: the stream ended without an outcome")
 
+    def lines(self, path: str, headers: dict[str, str] | None = None, timeout_s: float | None = None
+              ) -> Iterator[bytes]:
+        """The raw lines of a long-lived response (the event stream), until the daemon closes it."""
+        connection, response = self.request("GET", path, None, timeout_s or self.timeout_s, headers)
+        try:
+            yield from response
+        finally:
+            connection.close()
+
+    # -- verbs ----------------------------------------------------------------------------------------
+
     def ping(self) -> dict[str, Any]:
-        return dict(self._unary(self._stub.Ping, pb.PingRequest(), timeout_s=5.0))
+        return dict(self.call("GET", "/ping", timeout_s=5.0))
 
     def load(self, model: str, digest: str = "", force: bool = False, wait: bool = True,
-             on_progress: Callable[[pb.Progress], None] | None = None, host: str = "", tag: str = "",
+             on_progress: ProgressFn | None = None, host: str = "", tag: str = "",
              models: list[str] | None = None) -> dict[str, Any]:
-        request = pb.LoadRequest(model=model, digest=digest, force=force, wait=wait, host=host, tag=tag,
-                                 models=models or [])
-        return self._stream(self._stub.Load, request, on_progress)
+        if models and len(models) > 1:
+            if digest or host or tag:
+                raise errors.UsageError("--digest, --tag and --host take one MODEL, not a change set of several")
+            return self.stream("POST", "/changesets", {"models": models, "force": force, "wait": wait}, on_progress)
+        body = {"digest": digest, "tag": tag, "force": force, "wait": wait, "host": host}
+        return self.stream("POST", f"{_model(model)}/load", body, on_progress)
 
-    def rollback(self, model: str, to_digest: str = "",
-                 on_progress: Callable[[pb.Progress], None] | None = None, force: bool = False,
+    def rollback(self, model: str, to_digest: str = "", on_progress: ProgressFn | None = None, force: bool = False,
                  host: str = "", to_tag: str = "") -> dict[str, Any]:
-        request = pb.RollbackRequest(model=model, to_digest=to_digest, force=force, host=host, to_tag=to_tag)
-        return self._stream(self._stub.Rollback, request, on_progress)
+        body = {"to": to_digest, "to_tag": to_tag, "force": force, "host": host}
+        return self.stream("POST", f"{_model(model)}/rollback", body, on_progress)
 
-    def unload(self, model: str, dependents: bool = False,
-               on_progress: Callable[[pb.Progress], None] | None = None, force: bool = False,
-               host: str = "") -> dict[str, Any]:
-        request = pb.UnloadRequest(model=model, dependents=dependents, force=force, host=host)
-        return self._stream(self._stub.Unload, request, on_progress)
+    def unload(self, model: str, dependents: bool = False, on_progress: ProgressFn | None = None,
+               force: bool = False, host: str = "") -> dict[str, Any]:
+        body = {"dependents": dependents, "force": force, "host": host}
+        return self.stream("POST", f"{_model(model)}/unload", body, on_progress)
 
     def status(self, models: list[str] | None = None) -> dict[str, Any]:
-        return dict(self._unary(self._stub.Status, pb.StatusRequest(models=models or [])))
+        query = f"?{urlencode([('model', m) for m in models])}" if models else ""
+        return dict(self.call("GET", f"/models{query}"))
 
     def set_policy(self, model: str, policy: str, host: str = "") -> dict[str, Any]:
-        return dict(self._unary(self._stub.SetPolicy, pb.PolicyRequest(model=model, policy=policy, host=host)))
+        return dict(self.call("PUT", f"{_model(model)}/policy", {"policy": policy, "host": host}))
 
     def set_pin(self, model: str, pinned: bool, host: str = "") -> dict[str, Any]:
-        return dict(self._unary(self._stub.SetPin, pb.PinRequest(model=model, pinned=pinned, host=host)))
+        path = f"{_model(model)}/pin"
+        if pinned:
+            return dict(self.call("PUT", path, {"host": host}))
+        return dict(self.call("DELETE", path + (f"?{urlencode({'host': host})}" if host else "")))
 
     def gc(self, keep: int) -> dict[str, Any]:
-        return dict(self._unary(self._stub.Gc, pb.GcRequest(keep=keep), timeout_s=600.0))
+        return dict(self.call("POST", "/gc", {"keep": keep}, timeout_s=600.0))
 
     def tag(self, model: str, name: str, digest: str = "", delete: bool = False,
-            on_progress: Callable[[pb.Progress], None] | None = None) -> dict[str, Any]:
-        request = pb.TagRequest(model=model, name=name, digest=digest, delete=delete)
-        return self._stream(self._stub.Tag, request, on_progress)
+            on_progress: ProgressFn | None = None) -> dict[str, Any]:
+        path = f"{_model(model)}/tags/{quote(name, safe='')}"
+        if delete:
+            if digest:
+                raise errors.UsageError("tag --delete takes no DIGEST")
+            return self.stream("DELETE", path, None, on_progress)
+        return self.stream("PUT", path, {"digest": digest}, on_progress)

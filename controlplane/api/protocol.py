@@ -1,53 +1,113 @@
-"""What the control API's client and server agree on, apart from the messages in control.proto.
+"""What the control API's client and server agree on: paths, headers, the error document, the stream.
 
-The metadata keys, how core error classes travel (class name in trailing metadata, a gRPC status code)
-and how a token file is read. It exists so the client never imports the server: the server pulls in the
-service, the deploy code, SQLAlchemy and tritonclient, which a `tritonctl status` process must not pay
-for. Imports only the standard library, `grpc` and `controlplane.errors`.
+Errors travel as one JSON document, `{"error": {"class": "NotFoundError", "message": "...",
+"exit_code": 2}}`, with an HTTP status per class; the client re-raises the same core class, so the
+CLI exits with the same code as if the core had raised it in-process. Operations that take time
+(load, rollback, unload, tag) answer `application/x-ndjson`: one `{"progress": {...}}` line per step,
+then one `{"result": {...}}` (the `--json` document) or one `{"error": {...}}` line.
+
+It exists so the client never imports the server (FastAPI, uvicorn, the service, SQLAlchemy,
+tritonclient), which a `tritonctl status` process must not pay for. Imports only the standard library
+and `controlplane.errors`.
 """
 
 from __future__ import annotations
 
 import os
-
-import grpc
+import stat
+from dataclasses import dataclass
+from typing import Any
 
 from controlplane import errors
 
-ACTOR_KEY = "x-tritonctl-actor"
-TOKEN_KEY = "authorization"
-ERROR_CLASS_KEY = "tritonctl-error-class"
+API_PREFIX = "/v1"
+ACTOR_HEADER = "x-tritonctl-actor"  # on TCP: who the token holder says they are (audited as token:NAME)
+TOKEN_HEADER = "authorization"
+NDJSON = "application/x-ndjson"
 
-# The gRPC status a core error class travels with; anything else is ABORTED.
-STATUS_FOR_ERROR: list[tuple[type[errors.TritonctlError], grpc.StatusCode]] = [
-    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (errors.UsageError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (errors.TritonUnavailableError, grpc.StatusCode.FAILED_PRECONDITION),
+# The HTTP status each core error class travels with (the first match wins); anything else is 409.
+STATUS_FOR_ERROR: list[tuple[type[errors.TritonctlError], int]] = [
+    (errors.NotFoundError, 404),
+    (errors.UsageError, 400),
+    (errors.ConfigError, 400),
+    (errors.PermissionDeniedError, 401),
+    (errors.TritonUnavailableError, 503),
+]
+DEFAULT_ERROR_STATUS = 409
+
+# The CLI's exit code for each class (README "Exit codes"; cli/main.py uses this table).
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DAEMON_UNREACHABLE = 3
+EXIT_TRITON_UNREACHABLE = 4
+EXIT_CODES: list[tuple[type[errors.TritonctlError], int]] = [
+    (errors.DaemonUnavailableError, EXIT_DAEMON_UNREACHABLE),
+    (errors.TritonUnavailableError, EXIT_TRITON_UNREACHABLE),
+    (errors.UsageError, EXIT_USAGE),
+    (errors.NotFoundError, EXIT_USAGE),  # an unknown model or digest
+    (errors.ConfigError, EXIT_USAGE),
 ]
 
 
-def status_for(exc: errors.TritonctlError) -> grpc.StatusCode:
+def exit_code_for(exc: errors.TritonctlError) -> int:
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return EXIT_FAILED
+
+
+def status_for(exc: errors.TritonctlError) -> int:
     for cls, code in STATUS_FOR_ERROR:
         if isinstance(exc, cls):
             return code
-    return grpc.StatusCode.ABORTED
+    return DEFAULT_ERROR_STATUS
 
 
-def error_from_name(name: str, details: str) -> errors.TritonctlError:
-    """The core error a server reported by class name (unknown names: the root class)."""
+def error_document(exc: errors.TritonctlError) -> dict[str, Any]:
+    """The one error shape of the API: the core class's name, its one-line message, the CLI's exit code."""
+    return {"error": {"class": type(exc).__name__, "message": str(exc), "exit_code": exit_code_for(exc)}}
+
+
+def error_from_document(document: Any, fallback: str) -> errors.TritonctlError:
+    """The core error a server reported (unknown or missing class names: the root class)."""
+    body = document.get("error") if isinstance(document, dict) else None
+    if not isinstance(body, dict):
+        return errors.TritonctlError(f"control API: {fallback}")
+    name, message = str(body.get("class", "")), str(body.get("message", fallback))
     cls = getattr(errors, name, None)
     if isinstance(cls, type) and issubclass(cls, errors.TritonctlError):
-        return cls(details)
-    return errors.TritonctlError(details)
+        return cls(message)
+    return errors.TritonctlError(message)
 
 
-def read_token(path: os.PathLike[str] | str) -> str:
+@dataclass(frozen=True)
+class ProgressMessage:
+    """One streamed step as the client sees it (the server's controlplane.results.Progress)."""
+
+    model: str
+    step: str
+    state: str
+    message: str = ""
+    digest: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProgressMessage:
+        return cls(str(data.get("model", "")), str(data.get("step", "")), str(data.get("state", "")),
+                   str(data.get("message", "")), str(data.get("digest", "")))
+
+
+def read_token(path: os.PathLike[str] | str, private: bool = False) -> str:
+    """The bearer token in `path`: at least 16 characters. `private` (the daemon's own token file): a file
+    that other users cannot read, or the daemon refuses to start."""
     try:
         with open(path, encoding="utf-8") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
             token = handle.read().strip()
     except OSError as exc:
         raise errors.ConfigError(f"token_file {path}: cannot read: {exc.strerror}") from None
+    if private and stat.S_IMODE(mode) & 0o007:
+        raise errors.ConfigError(f"token_file {path}: readable by other users (mode {stat.S_IMODE(mode):o}); "
+                                 f"chmod 600 {path}")
     if len(token) < 16:
         raise errors.ConfigError(f"token_file {path}: the token must be at least 16 characters")
     return token

@@ -1,0 +1,335 @@
+"""The control API's routes: HTTP/JSON under /v1, one resource per noun, each a call of the service.
+
+Translates requests into `ControlPlane` calls and results into the `--json` documents of
+controlplane/results.py; decides nothing. Core errors become the one error document of
+controlplane/api/protocol.py with an HTTP status per class. Operations that take time (load,
+rollback, unload, tag moves) answer NDJSON: each step as it happens, then the result. Who acts is
+`scope["tritonctl.actor"]`, set by the listener (the socket peer's OS user, or `token:NAME` on TCP;
+controlplane/api/server.py). Readiness and the event stream are controlplane/api/health.py and
+controlplane/api/stream.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+from controlplane import errors
+from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
+from controlplane.names import validate_model_name
+from controlplane.results import Outcome, Progress, accepted
+from controlplane.service import ControlPlane
+
+log = logging.getLogger("tritonctl.api")
+
+ACTOR_SCOPE_KEY = "tritonctl.actor"
+OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
+ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["class", "message", "exit_code"], "properties": {
+        "class": {"type": "string", "description": "the core error class (controlplane/errors.py)"},
+        "message": {"type": "string", "description": "one line naming the model, file or field"},
+        "exit_code": {"type": "integer", "description": "what the CLI exits with (README \"Exit codes\")"}}}},
+}
+DESCRIPTION = (
+    "The daemon's control API: what every `tritonctl` verb calls. Errors: "
+    '`{"error": {"class", "message", "exit_code"}}` (the core error class and the CLI\'s exit code). '
+    "Long operations answer `application/x-ndjson`: `{\"progress\": ...}` lines, then `{\"result\": ...}` "
+    "or `{\"error\": ...}`."
+)
+
+
+class LoadBody(BaseModel):
+    digest: str = ""  # empty: snapshot the source now
+    tag: str = ""  # deploy what this tag points to
+    force: bool = False  # retry a quarantined digest / reload the active one
+    wait: bool = True  # false: answer once accepted
+    host: str = ""  # fleet: this host only (it is then held)
+
+
+class ChangeSetBody(BaseModel):
+    models: list[str]
+    force: bool = False
+    wait: bool = True
+
+
+class RollbackBody(BaseModel):
+    to: str = ""  # empty: the previous good digest
+    to_tag: str = ""
+    force: bool = False  # roll back a pinned model anyway
+    host: str = ""
+
+
+class UnloadBody(BaseModel):
+    dependents: bool = False
+    force: bool = False  # unload a member a serving ensemble needs
+    host: str = ""
+
+
+class PolicyBody(BaseModel):
+    policy: str  # auto | manual | inherit | track:TAG
+    host: str = ""
+
+
+class PinBody(BaseModel):
+    host: str = ""
+
+
+class GcBody(BaseModel):
+    keep: int = 10
+
+
+class TagBody(BaseModel):
+    digest: str = ""  # a digest (prefix) or another tag; empty: what serves now
+
+
+def actor_of(request: Request) -> str:
+    return str(request.scope.get(ACTOR_SCOPE_KEY) or "unknown")[:64]
+
+
+def _json(result: Any, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(result.to_json() if hasattr(result, "to_json") else result, status_code=status_code)
+
+
+def _line(kind: str, body: Any) -> bytes:
+    return (json.dumps({kind: body}, ensure_ascii=False) + "\n").encode()
+
+
+def _progress_json(p: Progress) -> dict[str, str]:
+    return {"model": p.model, "step": p.step, "state": p.state, "message": p.message, "digest": p.digest}
+
+
+def stream_operation(run: Callable[[Callable[[Progress], None]], Outcome]) -> Response:
+    """Run an operation in a thread of its own and answer its steps as NDJSON as they happen.
+
+    A refusal before the first step (an unknown model, a bad digest) answers as a plain error with its
+    HTTP status; once steps flowed, an error is the stream's last line."""
+    items: queue.Queue[Progress | Outcome | BaseException] = queue.Queue()
+
+    def work() -> None:
+        try:
+            items.put(run(items.put))
+        except BaseException as exc:  # noqa: BLE001 - handed to the response below
+            items.put(exc)
+
+    threading.Thread(target=work, name="api-op", daemon=True).start()
+    first = items.get()
+    if isinstance(first, errors.TritonctlError):
+        return JSONResponse(error_document(first), status_code=status_for(first))
+    if isinstance(first, BaseException):
+        raise first
+
+    def lines() -> Iterator[bytes]:
+        item: Progress | Outcome | BaseException = first
+        while True:
+            if isinstance(item, Progress):
+                yield _line("progress", _progress_json(item))
+            elif isinstance(item, errors.TritonctlError):
+                yield _line("error", error_document(item)["error"])
+                return
+            elif isinstance(item, BaseException):
+                log.error("operation failed unexpectedly", exc_info=item)
+                yield _line("error", error_document(errors.TritonctlError(f"internal error: {item}"))["error"])
+                return
+            else:
+                yield _line("result", item.to_json())
+                return
+            item = items.get()
+
+    return StreamingResponse(lines(), media_type=NDJSON)
+
+
+def _host(host: str) -> dict[str, str]:
+    """`host=` for the plane only when the caller named one (fleet: act on that host alone)."""
+    return {"host": host} if host else {}
+
+
+def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
+    """/v1/models, /v1/changesets, /v1/gc: status and the operations on models."""
+    router = APIRouter(prefix=API_PREFIX)
+
+    @router.get("/models", tags=["models"], summary="status: every model (or those named by ?model=)")
+    def list_models(model: Annotated[list[str], Query()] = []) -> JSONResponse:  # noqa: B006 - FastAPI copies it
+        return _json(plane.status(model or None))
+
+    @router.get("/models/{model}", tags=["models"], summary="status of one model")
+    def get_model(model: str) -> JSONResponse:
+        return _json(plane.status([model]))
+
+    def submit(names: list[str], run: Callable[[Callable[[Progress], None]], Outcome]) -> Response:
+        """`load --no-wait`: validated now, run by the daemon's executor, answered `accepted` at once."""
+        for name in names:
+            validate_model_name(name)
+
+        def run_logged() -> None:
+            try:
+                run(lambda p: None)
+            except errors.TritonctlError as exc:  # nobody waits for it: the log and the audit tell
+                log.error("%s: load (--no-wait) failed: %s", names[0], exc)
+
+        executor.submit(run_logged)
+        return StreamingResponse(iter([_line("result", accepted(names[0]).to_json())]), media_type=NDJSON)
+
+    @router.post("/models/{model}/load", tags=["models"], summary="load: deploy (NDJSON steps, then the outcome)")
+    def load(model: str, request: Request, body: LoadBody | None = None) -> Response:
+        body, actor = body or LoadBody(), actor_of(request)
+
+        def run(progress: Callable[[Progress], None]) -> Outcome:
+            digest = plane.tag_digest(model, body.tag) if body.tag else body.digest
+            return plane.load(model, actor, digest, body.force, progress, **_host(body.host))
+
+        return stream_operation(run) if body.wait else submit([model], run)
+
+    @router.post("/changesets", tags=["models"], summary="load of several models as one change set (NDJSON)")
+    def load_set(body: ChangeSetBody, request: Request) -> Response:
+        actor = actor_of(request)
+
+        def run(progress: Callable[[Progress], None]) -> Outcome:
+            return plane.load_set(body.models, actor, body.force, progress)
+
+        if not body.models:
+            raise errors.UsageError("models: name at least one model")
+        return stream_operation(run) if body.wait else submit(body.models, run)
+
+    @router.post("/models/{model}/rollback", tags=["models"], summary="rollback (NDJSON steps, then the outcome)")
+    def rollback(model: str, request: Request, body: RollbackBody | None = None) -> Response:
+        body, actor = body or RollbackBody(), actor_of(request)
+
+        def run(progress: Callable[[Progress], None]) -> Outcome:
+            to = plane.tag_digest(model, body.to_tag) if body.to_tag else body.to
+            return plane.rollback(model, actor, to, progress, body.force, **_host(body.host))
+
+        return stream_operation(run)
+
+    @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)")
+    def unload(model: str, request: Request, body: UnloadBody | None = None) -> Response:
+        body, actor = body or UnloadBody(), actor_of(request)
+        return stream_operation(lambda progress: plane.unload(model, actor, body.dependents, progress, body.force,
+                                                              **_host(body.host)))
+
+    @router.put("/models/{model}/policy", tags=["models"], summary="policy: auto, manual, inherit or track:TAG")
+    def set_policy(model: str, body: PolicyBody, request: Request) -> JSONResponse:
+        return _json(plane.set_policy(model, body.policy, actor_of(request), **_host(body.host)))
+
+    @router.put("/models/{model}/pin", tags=["models"], summary="pin: hold the model at its active snapshot")
+    def pin(model: str, request: Request, body: PinBody | None = None) -> JSONResponse:
+        return _json(plane.set_pin(model, True, actor_of(request), **_host((body or PinBody()).host)))
+
+    @router.delete("/models/{model}/pin", tags=["models"], summary="unpin")
+    def unpin(model: str, request: Request, host: str = "") -> JSONResponse:
+        return _json(plane.set_pin(model, False, actor_of(request), **_host(host)))
+
+    @router.post("/gc", tags=["models"], summary="gc: drop the stored content of old snapshots")
+    def gc(request: Request, body: GcBody | None = None) -> JSONResponse:
+        return _json(plane.gc((body or GcBody()).keep, actor_of(request)))
+
+    return router
+
+
+def history_routes(plane: ControlPlane) -> APIRouter:
+    """/v1/models/{model}/versions, /diff, /tags; /v1/audit; /v1/tags: the registry's history."""
+    router = APIRouter(prefix=API_PREFIX)
+
+    @router.get("/models/{model}/versions", tags=["versions"], summary="versions: every content the model had")
+    def versions(model: str) -> JSONResponse:
+        return _json(plane.versions(model))
+
+    @router.get("/models/{model}/diff", tags=["versions"], summary="diff between two digests or tags")
+    def diff(model: str, a: str, b: str) -> JSONResponse:
+        return _json(plane.diff(model, a, b))
+
+    @router.get("/audit", tags=["audit"], summary="audit: the audit log, newest first (or ?at=: what served)")
+    def audit(model: str | None = None, action: str | None = None, outcome: str | None = None,
+              actor: str | None = None, since: str | None = None, until: str | None = None, limit: int = 100,
+              at: str | None = None) -> JSONResponse:
+        if at:
+            return _json(plane.serving_at(at, model))
+        return _json(plane.audit(model=model, action=action, outcome=outcome, actor=actor, since=since,
+                                 until=until, limit=limit))
+
+    @router.get("/tags", tags=["tags"], summary="tags: where each tag points (or pointed ?at=)")
+    def list_tags(model: str | None = None, at: str | None = None) -> JSONResponse:
+        return _json(plane.tag_listing(model, at))
+
+    @router.put("/models/{model}/tags/{name}", tags=["tags"], summary="tag: point NAME at a digest (NDJSON)")
+    def move_tag(model: str, name: str, request: Request, body: TagBody | None = None) -> Response:
+        actor, ref = actor_of(request), (body or TagBody()).digest
+        return stream_operation(lambda progress: plane.move_tag(model, name, ref, actor, progress))  # type: ignore
+
+    @router.delete("/models/{model}/tags/{name}", tags=["tags"], summary="tag --delete (NDJSON)")
+    def delete_tag(model: str, name: str, request: Request, digest: str = "") -> Response:
+        actor = actor_of(request)
+        return stream_operation(lambda progress: plane.move_tag(model, name, digest, actor, progress,  # type: ignore
+                                                                delete=True))
+
+    return router
+
+
+def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter) -> FastAPI:
+    """The ASGI application both listeners serve (the TCP one behind the token gate)."""
+    app = FastAPI(title="tritonctl control API", version="1", openapi_url=OPENAPI_PATH, docs_url=None,
+                  redoc_url=None, description=DESCRIPTION)
+
+    @app.exception_handler(errors.TritonctlError)
+    async def core_error(request: Request, exc: errors.TritonctlError) -> JSONResponse:
+        return JSONResponse(error_document(exc), status_code=status_for(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+                             for e in exc.errors())
+        return JSONResponse(error_document(errors.UsageError(problems or "bad request")), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        cls = errors.NotFoundError if exc.status_code == 404 else errors.UsageError
+        error = cls(f"{request.method} {request.url.path}: {exc.detail}")
+        return JSONResponse(error_document(error), status_code=exc.status_code)
+
+    @app.get(f"{API_PREFIX}/ping", tags=["daemon"], summary="the daemon's pid and Triton URL")
+    def ping() -> JSONResponse:
+        return JSONResponse({"pid": os.getpid(), "triton_url": plane.triton.url})
+
+    app.include_router(models_routes(plane, executor))
+    app.include_router(history_routes(plane))
+    for router in extra:
+        app.include_router(router)
+    app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
+    return app
+
+
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document of the routes, plus the route that serves it (so every route is in it)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        document = get_openapi(title=app.title, version=app.version, description=app.description,
+                               routes=app.routes)
+        error = {"description": "An error: the core class, its message, the CLI's exit code",
+                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)  # validation errors answer 400 with the one error shape
+                operation["responses"]["default"] = error
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        schemas["Error"] = ERROR_SCHEMA
+        document["paths"][OPENAPI_PATH] = {"get": {
+            "tags": ["daemon"], "summary": "this OpenAPI 3 document", "operationId": "openapi",
+            "responses": {"200": {"description": "The OpenAPI document",
+                                  "content": {"application/json": {"schema": {"type": "object"}}}}}}}
+        app.openapi_schema = document
+    return app.openapi_schema

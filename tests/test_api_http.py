@@ -1,0 +1,227 @@
+"""The HTTP control API itself: its OpenAPI document, who may call it, how it listens, curl.
+
+The server is the real `ApiServer` (uvicorn on a Unix socket, FastAPI routes) over the stand-in plane of
+tests/test_cli_daemon_commands.py (canned outcomes, chosen errors); the daemon end to end is
+tests/test_security.py (token on TCP) and the e2e tests. Regenerate the golden OpenAPI document after
+an intended change to the routes: `UPDATE_GOLDEN=1 pytest tests/test_api_http.py`, review the diff.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+
+from controlplane.api.app import OPENAPI_PATH
+from controlplane.api.client import ControlClient
+from controlplane.api.server import ApiServer
+from controlplane.config import Settings
+from controlplane.errors import ConfigError, NotFoundError, PermissionDeniedError
+from controlplane.triton.launcher import free_port
+from tests.test_cli_daemon_commands import StandInPlane
+
+GOLDEN = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"  # linked from the README
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def _server(state: Path, **settings: Any) -> ApiServer:
+    executor = futures.ThreadPoolExecutor(max_workers=2)
+    server = ApiServer(StandInPlane(), executor, Settings(state_dir=state, **settings))  # type: ignore[arg-type]
+    return server
+
+
+@pytest.fixture
+def state() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="tctl-api-"))  # Unix socket paths are limited to ~107 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def served(state: Path) -> Iterator[ApiServer]:
+    server = _server(state)
+    server.start()
+    yield server
+    server.stop(0.1)
+
+
+def _token_file(state: Path, mode: int = 0o600) -> Path:
+    path = state / "token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(mode)
+    return path
+
+
+def test_openapi_document_is_the_golden_one(served: ApiServer) -> None:
+    client = ControlClient(socket=served.settings.socket_path)
+    document = client.call("GET", OPENAPI_PATH.removeprefix("/v1"))
+    if UPDATE:
+        GOLDEN.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    assert document == json.loads(GOLDEN.read_text()), "the routes changed: UPDATE_GOLDEN=1, review the diff"
+    assert document["openapi"].startswith("3.")
+
+
+def _routes(routes: list[Any]) -> Iterator[APIRoute]:
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        elif hasattr(route, "original_router"):  # FastAPI >= 0.120 keeps an included router as one node
+            yield from _routes(route.original_router.routes)
+
+
+def test_every_route_is_in_the_openapi_document_and_back(served: ApiServer) -> None:
+    routes = {(method.lower(), route.path) for route in _routes(served.app.routes) for method in route.methods}
+    assert len(routes) > 15
+    routes.add(("get", OPENAPI_PATH))  # served by FastAPI itself, documented by controlplane/api/app.py
+    golden = json.loads(GOLDEN.read_text())
+    documented = {(method, path) for path, ops in golden["paths"].items() for method in ops}
+    assert routes == documented
+    assert all(path.startswith("/v1/") for _, path in routes)
+
+
+def test_curl_reads_the_models_on_the_socket(served: ApiServer) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    out = subprocess.run([curl, "-sS", "--unix-socket", str(served.settings.socket_path), "http://x/v1/models"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    data = json.loads(out)
+    assert data["triton_url"] == "127.0.0.1:8001"
+    assert [m["model"] for m in data["models"]] == ["linear", "broken"]
+
+
+def test_errors_are_one_document_with_the_class_and_exit_code(served: ApiServer) -> None:
+    conn = _unix(served.settings.socket_path)
+    conn.request("GET", "/v1/models/ghost")
+    answer = conn.getresponse()
+    assert answer.status == 404
+    assert json.loads(answer.read()) == {"error": {
+        "class": "NotFoundError", "message": "model 'ghost' is unknown to the registry", "exit_code": 2}}
+    conn.request("PUT", "/v1/models/linear/policy", body=b'{"policy": 3}', headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    assert answer.status == 400 and json.loads(answer.read())["error"]["class"] == "UsageError"
+    conn.request("GET", "/v1/nothing")
+    answer = conn.getresponse()
+    assert answer.status == 404 and json.loads(answer.read())["error"]["class"] == "NotFoundError"
+    with pytest.raises(NotFoundError, match="ghost"):
+        ControlClient(socket=served.settings.socket_path).status(["ghost"])
+
+
+def test_the_socket_actor_is_the_peers_os_user(served: ApiServer) -> None:
+    import pwd
+
+    client = ControlClient(socket=served.settings.socket_path)
+    client._headers["x-tritonctl-actor"] = "someone-else"  # declared on the socket: ignored
+    client.set_pin("linear", True)
+    assert served.plane.calls[-1] == ("pin", "linear", True, pwd.getpwuid(os.getuid()).pw_name)  # type: ignore
+
+
+def test_load_streams_each_step_then_the_result(served: ApiServer) -> None:
+    conn = _unix(served.settings.socket_path)
+    conn.request("POST", "/v1/models/flaky/load", body=b"{}", headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    assert answer.status == 200 and answer.getheader("content-type") == "application/x-ndjson"
+    lines = [json.loads(line) for line in answer.read().splitlines()]
+    assert [next(iter(line)) for line in lines] == ["progress"] * 5 + ["result"]
+    assert lines[-1]["result"]["outcome"] == "rolled_back"
+
+
+def _unix(path: Path) -> http.client.HTTPConnection:
+    from controlplane.api.client import UnixHTTPConnection
+
+    return UnixHTTPConnection(str(path), 30)
+
+
+# --- the TCP listener --------------------------------------------------------------------------------------
+
+
+def test_tcp_needs_the_token_and_audits_it_as_token_actor(state: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    server = _server(state, listen=address, token_file=_token_file(state))
+    server.start()
+    try:
+        with pytest.raises(PermissionDeniedError, match="token"):
+            ControlClient(address=address, token="x" * 20).status()
+        conn = http.client.HTTPConnection(*address.split(":"), timeout=10)  # type: ignore[arg-type]
+        conn.request("GET", "/v1/models")  # no token at all
+        assert conn.getresponse().status == 401
+        client = ControlClient(address=address, token=TOKEN)
+        assert client.status()["triton_url"] == "127.0.0.1:8001"
+        client._headers["x-tritonctl-actor"] = "alice"
+        client.set_pin("linear", False)
+        assert server.plane.calls[-1] == ("pin", "linear", False, "token:alice")  # type: ignore[attr-defined]
+    finally:
+        server.stop(0.1)
+
+
+def test_a_world_readable_token_file_is_refused(state: Path) -> None:
+    server = _server(state, listen=f"127.0.0.1:{free_port()}", token_file=_token_file(state, 0o644))
+    with pytest.raises(ConfigError, match="readable by other users"):
+        server.start()
+    server.stop(0.1)
+
+
+def _non_loopback_address() -> str | None:
+    """An address of this machine that is not loopback (the route to a public address; no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the outgoing interface
+            address = str(probe.getsockname()[0])
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_non_loopback_tcp_refuses_plain_http_unless_allowed(state: Path) -> None:
+    host = _non_loopback_address() or "0.0.0.0"
+    listen = f"{host}:{free_port()}"
+    refused = _server(state, listen=listen, token_file=_token_file(state))
+    with pytest.raises(ConfigError, match="not a loopback address.*--allow-insecure-http"):
+        refused.start()
+    refused.stop(0.1)
+    allowed = _server(state, listen=listen, token_file=_token_file(state), allow_insecure_http=True)
+    allowed.start()
+    try:
+        connect = "127.0.0.1" if host == "0.0.0.0" else host
+        client = ControlClient(address=f"{connect}:{listen.rsplit(':', 1)[1]}", token=TOKEN)
+        assert client.status()["triton_url"] == "127.0.0.1:8001"
+    finally:
+        allowed.stop(0.1)
+
+
+def test_tls_on_a_non_loopback_listener(state: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+    cert, key = state / "tls.crt", state / "tls.key"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    port = free_port()
+    server = _server(state, listen=f"0.0.0.0:{port}", token_file=_token_file(state), tls_cert=cert, tls_key=key)
+    server.start()
+    try:
+        client = ControlClient(address=f"https://127.0.0.1:{port}", token=TOKEN, ca_file=cert)
+        assert client.status()["triton_url"] == "127.0.0.1:8001"
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        with pytest.raises((http.client.HTTPException, OSError)):
+            plain.request("GET", "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+            plain.getresponse()
+        untrusted = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ssl.create_default_context())
+        with pytest.raises(ssl.SSLCertVerificationError):
+            untrusted.request("GET", "/v1/models")
+    finally:
+        server.stop(0.1)
