@@ -69,6 +69,7 @@ class Daemon:
         self.shared_registry: Registry | None = None
         self.reload_settings = reload_settings
         self.stop_requested = threading.Event()
+        self.loop_turned_at: float | None = None  # the main loop's heartbeat (/v1/live); None: starting
         self.reload_requested = threading.Event()
         self._sigint_count = 0
         self._settled: queue.Queue[tuple[str, bool]] = queue.Queue()  # (model, declared complete)
@@ -180,7 +181,7 @@ class Daemon:
         from controlplane.api.server import ApiServer
 
         self.plane.webhooks = self._webhooks()
-        self.api = ApiServer(self.plane, self.executor, settings)
+        self.api = ApiServer(self.plane, self.executor, settings, loop_age_s=self.loop_age_s)
         self.api.start()
         self.plane.webhooks.start()
         if self.watcher is not None:
@@ -321,6 +322,7 @@ class Daemon:
                 log.error("fault injection: the main loop blocks until a stop signal")
                 self.stop_requested.wait()  # the API threads keep answering; the watchdog pings stop
                 continue
+            self.loop_turned_at = now  # the heartbeat /v1/live reads, stamped where the watchdog is pinged
             if interval is not None and now >= next_ping:
                 systemd.watchdog_ping()  # from the loop that does the work: a hung loop stops pinging
                 next_ping = now + interval
@@ -348,6 +350,12 @@ class Daemon:
             logging.shutdown()
             os._exit(0)
         return 0
+
+    def loop_age_s(self) -> float | None:
+        """Seconds since the main loop last turned (/v1/live); None while starting (systemd's start timeout, or
+        a Kubernetes startupProbe on /v1/ready, covers a start-up that hangs)."""
+        turned = self.loop_turned_at
+        return None if turned is None else time.monotonic() - turned
 
     def _track(self, future: Future[Any]) -> None:
         """Remember work in flight, so shutdown can wait for it (called from the loop and workers)."""

@@ -31,6 +31,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane import errors
 from controlplane.api.app import ACTOR_SCOPE_KEY, build_app
+from controlplane.api.health import health_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
 from controlplane.config import Settings
 from controlplane.service import ControlPlane
@@ -145,11 +146,12 @@ class ApiServer:
     """The Unix-socket listener and, with --listen, the token-protected TCP one, serving one app."""
 
     def __init__(self, plane: ControlPlane, executor: futures.Executor, settings: Settings,
-                 routers: tuple[APIRouter, ...] = ()) -> None:
+                 routers: tuple[APIRouter, ...] = (), loop_age_s: Callable[[], float | None] = lambda: None) -> None:
+        """`loop_age_s`: seconds since the daemon's main loop last turned (/v1/live); `routers`: more routes."""
         self.plane = plane
         self.executor = executor
         self.settings = settings
-        self.app = build_app(plane, executor, *routers)
+        self.app = build_app(plane, executor, health_routes(plane, loop_age_s), *routers)
         self.listeners: list[_Listener] = []
 
     def _unix_socket(self) -> socket.socket:
