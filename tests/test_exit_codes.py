@@ -1,20 +1,20 @@
-"""README "Exit codes", row by row, asserted exactly: the installed CLI against a real daemon whose
-tritonserver is an external one this test stops (so "tritonserver unreachable" is real, not a stand-in).
+"""README "Exit codes", row by row and clause by clause, asserted exactly: the installed `tritonctl`
+as a process (the status a shell sees) against a real daemon whose tritonserver is an external one
+this test stops (so "tritonserver unreachable" is real, not a stand-in).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from cli.main import cli
 from controlplane.triton.launcher import TritonServer
-from tests.harness import DaemonProcess, wait_for, write_gen_model
+from tests.harness import TRITONCTL, DaemonProcess, wait_for, write_gen_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,12 +40,13 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonP
         server.stop()
 
 
-def code(daemon: DaemonProcess, *args: str) -> tuple[int, str]:
-    """The CLI in-process (the same code path as the installed script, without an interpreter start per
-    row); the one-line stderr is checked on the subprocess too, below."""
-    extra = [] if args[0] == "validate" or "--state-dir" in args else ["--state-dir", str(daemon.state_dir)]
-    result = CliRunner().invoke(cli, [*args, *extra])
-    return result.exit_code, result.stderr
+def code(daemon: DaemonProcess, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """The installed `tritonctl` as a process (the exit status a shell or a script sees), its stderr."""
+    full = [TRITONCTL, *args]
+    if args[0] not in ("validate", "daemon") and "--state-dir" not in args:
+        full += ["--state-dir", str(daemon.state_dir)]
+    result = subprocess.run(full, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    return result.returncode, result.stderr
 
 
 def one_line(stderr: str) -> str:
@@ -54,28 +55,63 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
+def digests(daemon: DaemonProcess) -> dict[str, str]:
+    """m's digests by role: 'active', 'older' (good, not active), 'broken' (quarantined), when present."""
+    out: dict[str, str] = {}
+    for v in daemon.json("versions", "m"):
+        role = "active" if v["active"] else "broken" if v["quarantined"] else "older"
+        out.setdefault(role, v["digest"])
+    return out
+
+
 def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tmp_path: Path) -> None:
     daemon, server = external
     # 0: ok, and nothing to do
     assert code(daemon, "status") == (0, "")
     assert code(daemon, "load", "m")[0] == 0  # already serving: noop
-    # 1: the operation failed; validation found an error
+    # 1: the operation failed or was rolled back; validation found an error
     broken = tmp_path / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\n')
     assert code(daemon, "validate", str(broken))[0] == 1
-    # 2: usage, unknown model or digest
-    for args in (["status", "ghost"], ["load", "ghost"], ["rollback", "ghost"], ["unload", "ghost"],
+    write_gen_model(daemon.repository, "m", 3, init="raise RuntimeError('weights missing')")
+    wait_for(lambda: "broken" in digests(daemon), 60, 0.2, "generation 3 rolled back and quarantined")
+    rc, err = code(daemon, "load", "m", "--digest", digests(daemon)["broken"][:12], "--force")
+    assert rc == 1 and "weights missing" in err, (rc, err)
+    assert code(daemon, "status")[0] == 0
+    # 2: usage: bad arguments, bad model name or digest, an unknown model or digest, a pinned model without
+    # --force, a bad setting, a tag error, a missing optional dependency (collected content: below)
+    roles = digests(daemon)
+    for args in (["status", "--no-such-flag"], ["load"], ["gc", "--keep", "-1"],
+                 ["status", "ghost"], ["load", "ghost"], ["rollback", "ghost"], ["unload", "ghost"],
                  ["pin", "ghost"], ["versions", "ghost"], ["load", "m", "--digest", "deadbeef"],
-                 ["rollback", "m", "--to", "deadbeef"], ["load", "../x"], ["gc", "--keep", "-1"],
+                 ["load", "m", "--digest", "not-hex!"], ["rollback", "m", "--to", "deadbeef"], ["load", "../x"],
                  # tag errors: a bad tag name, an unknown tag, tracking on one host (tracking is fleet-wide)
                  ["tag", "m", "Stable"], ["tag", "m", "deadbeef"], ["tag", "m", "stable", "deadbeef"],
                  ["load", "m", "--tag", "nosuch"], ["rollback", "m", "--to-tag", "nosuch"],
                  ["policy", "m", "track:nosuch"], ["policy", "m", "track:stable", "--host", "h1"]):
         rc, err = code(daemon, *args)
         assert rc == 2, (args, err)
-        if args[0] != "gc":  # click's own usage errors print usage lines; ours are one line
-            assert one_line(err).startswith("error:"), err
+        if args[0] != "gc" and args[1:2] != ["--no-such-flag"] and args != ["load"]:
+            assert one_line(err).startswith("error:"), (args, err)  # click's own usage errors print usage lines
+    assert code(daemon, "pin", "m")[0] == 0
+    try:
+        rc, err = code(daemon, "load", "m", "--digest", roles["older"][:12])
+        assert rc == 2 and "pinned" in one_line(err), err
+    finally:
+        assert code(daemon, "unpin", "m")[0] == 0
+    rc, err = code(daemon, "daemon", "--repository", str(tmp_path), "--state-dir", str(tmp_path / "st"),
+                   env={"TRITONCTL_SETTLE_S": "soon"})
+    assert rc == 2 and one_line(err) == ("error: environment TRITONCTL_SETTLE_S: settle_s: invalid value 'soon' "
+                                         "(expected a number)"), err
+    shim = tmp_path / "no-psycopg"  # as if `tritonctl[postgres]` was not installed
+    (shim / "psycopg").mkdir(parents=True)
+    (shim / "psycopg" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'psycopg'\", name='psycopg')\n")
+    rc, err = code(daemon, "audit", "--db-url", "postgresql+psycopg://u@127.0.0.1:1/db",
+                   env={"PYTHONPATH": str(shim)})
+    assert rc == 2 and one_line(err) == ("error: postgresql+psycopg://u@127.0.0.1:1/db needs the psycopg driver, "
+                                         "which is not installed; pip install 'tritonctl[postgres]'"), err
     # 3: the daemon is unreachable; the error says how to fix it
     rc, err = code(daemon, "status", "--state-dir", str(tmp_path / "none"))
     assert rc == 3 and "start one" in one_line(err) and "TRITONCTL_STATE_DIR" in err, err
@@ -87,14 +123,10 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
         assert rc == 4, (args, rc, err)
         assert "unreachable" in one_line(err), err
     assert code(daemon, "status")[0] == 0  # status still answers, saying so
-
-
-def test_missing_optional_dependency_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if `tritonctl[postgres]` was not installed
-    result = CliRunner().invoke(cli, ["audit", "--db-url", "postgresql+psycopg://u@127.0.0.1:1/db"])
-    assert result.exit_code == 2, result.output
-    assert result.stderr.strip() == ("error: postgresql+psycopg://u@127.0.0.1:1/db needs the psycopg driver, "
-                                     "which is not installed; pip install 'tritonctl[postgres]'")
+    # 2 again: collected content (gc keeps only what serves)
+    assert code(daemon, "gc", "--keep", "0")[0] == 0
+    rc, err = code(daemon, "load", "m", "--digest", roles["older"][:12])
+    assert rc == 2 and "collected by gc" in one_line(err), err
 
 
 def test_missing_daemon_message_in_a_subprocess(tmp_path: Path) -> None:

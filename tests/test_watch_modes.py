@@ -91,13 +91,28 @@ def assert_never_mixed(stats: dict, published: set[int]) -> None:
 # -- symlink publishes and the rescan, one inotify daemon ---------------------------------------------
 
 
+RESCAN_OFF_S = "3600"  # no rescan within the test's life: only inotify and the symlink polls can serve a flip
+
+
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """The symlink flips' daemon: the rescan off, so that every flip served is the symlink handling's
+    (a 1 s rescan would serve each flip even if symlinked models were not watched at all)."""
     base = tmp_path_factory.mktemp("watch-local")
     (base / "repo").mkdir()
     proc = DaemonProcess(base / "repo", base / "state", settle_s=0.3, env={
-        "TRITONCTL_RESCAN_INTERVAL_S": "1", "TRITONCTL_POLL_INTERVAL_S": "0.3",
-        "TRITONCTL_TEST_DROP_EVENTS": "deaf",
+        "TRITONCTL_RESCAN_INTERVAL_S": RESCAN_OFF_S, "TRITONCTL_POLL_INTERVAL_S": "0.3",
+    }).start()
+    yield proc
+    assert proc.stop() == 0, proc.log_tail()
+
+
+@pytest.fixture
+def rescanning(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A daemon that rescans every second and never sees an event of models named `deaf*` (test hook)."""
+    (tmp_path / "repo").mkdir()
+    proc = DaemonProcess(tmp_path / "repo", tmp_path / "state", settle_s=0.3, env={
+        "TRITONCTL_RESCAN_INTERVAL_S": "1", "TRITONCTL_TEST_DROP_EVENTS": "deaf",
     }).start()
     yield proc
     assert proc.stop() == 0, proc.log_tail()
@@ -143,7 +158,7 @@ def test_symlink_flips_are_each_served_never_mixed(local: DaemonProcess) -> None
             flip(releases / "v6-not-written")
             audit = wait_for(lambda: [a for a in local.audit("--model", "flip") if "dangling" in a["message"]],
                              20, 0.2, "the dangling entry audited")
-            time.sleep(1.2)  # a rescan and several polls pass: still one line, still serving
+            time.sleep(1.2)  # several symlink polls pass: still one line, still serving
             assert answer(client, "flip") == 5005
             assert len([a for a in local.audit("--model", "flip") if "dangling" in a["message"]]) == 1
             assert audit[0]["outcome"] == "failed" and "nothing changed" in audit[0]["message"]
@@ -158,19 +173,20 @@ def test_symlink_flips_are_each_served_never_mixed(local: DaemonProcess) -> None
         assert [d["outcome"] for d in deploys] == ["ok"] * 6
     finally:
         client.close()
+    assert "found changes without an event" not in local.log_path.read_text()  # no rescan served any of it
 
 
-def test_change_without_an_event_is_caught_by_the_rescan(local: DaemonProcess) -> None:
-    client = grpcclient.InferenceServerClient(local.triton_url())
+def test_change_without_an_event_is_caught_by_the_rescan(rescanning: DaemonProcess) -> None:
+    client = grpcclient.InferenceServerClient(rescanning.triton_url())
     try:
-        write_pair(local.repository / "deaf", "deaf", 1)  # the hook drops every event of "deaf"
+        write_pair(rescanning.repository / "deaf", "deaf", 1)  # the hook drops every event of "deaf"
         serves(client, "deaf", 1, 30)
-        write_pair(local.repository / "deaf", "deaf", 2)
+        write_pair(rescanning.repository / "deaf", "deaf", 2)
         serves(client, "deaf", 2, 30)
     finally:
         client.close()
-    assert "found changes without an event: deaf" in local.log_path.read_text()
-    status = local.status()
+    assert "found changes without an event: deaf" in rescanning.log_path.read_text()
+    status = rescanning.status()
     assert status["watch"]["mode"] == "inotify" and "local" in status["watch"]["reason"], status["watch"]
 
 
