@@ -6,7 +6,8 @@ without a restart (policy, settle window, log level, reconcile interval); SIGTER
 new work, let in-flight deploys finish within `shutdown_timeout_s`, leave models loaded in an
 external tritonserver and stop a launched one (unless `keep_triton`); a second SIGINT exits at once.
 A launched tritonserver is the data plane and never dies with the daemon: a SIGKILLed daemon leaves
-it serving, and the next start adopts it (controlplane/triton/launcher.py) and reconciles.
+it serving, and the next start adopts it (controlplane/triton/launcher.py), whatever its ports, and
+reconciles. One daemon per state directory (`daemon.lock`): a second would adopt the first one's server.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ import os
 import queue
 import secrets
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.deploy import Outcome
-from controlplane.errors import LauncherError, TritonctlError
+from controlplane.errors import StateDirInUseError, TritonctlError
 from controlplane.modelconfig import is_ensemble_dir, is_ensemble_text
 from controlplane.publish import ServingRepository
 from controlplane.service import ControlPlane, WatchHooks
@@ -39,6 +39,7 @@ from controlplane.sync import settling_reason
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, TritonServer
+from controlplane.triton.ports import launch_ports, unlike_requested
 from controlplane.watcher import RepositoryWatcher
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ TICK_S = 0.1
 # liveness), apart from the full reconcile every reconcile_interval_s: a dead or restarted server is
 # noticed within about this long and reconciled at once.
 SUPERVISE_INTERVAL_S = 1.0
+LOCK_FILE = "daemon.lock"  # in the state directory: flock-ed by the daemon that runs on it
 
 
 class Daemon:
@@ -86,6 +88,7 @@ class Daemon:
         self.plane: ControlPlane | None = None
         self.registry: Registry | None = None
         self.webhooks: Webhooks | None = None
+        self._state_lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -93,31 +96,60 @@ class Daemon:
         state = self.settings.state_dir
         state.mkdir(parents=True, exist_ok=True)
         os.chmod(state, 0o750)
+        self._lock_state_dir()
         for sub in ("store", "serving", "published", "triton"):
             (state / sub).mkdir(exist_ok=True)
+
+    def _lock_state_dir(self) -> None:
+        """One daemon per state directory: a second one would adopt the first one's tritonserver and
+        take its control socket. An flock, so the kernel releases it when the holder dies, SIGKILL too;
+        the file is opened close-on-exec, so a launched tritonserver never inherits it."""
+        import fcntl
+
+        path = self.settings.state_dir / LOCK_FILE
+        handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640), "r+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = handle.read().strip() or "?"
+            handle.close()
+            raise StateDirInUseError(f"state directory {self.settings.state_dir} is in use by another tritonctl "
+                                     f"daemon (pid {holder}): stop it, or give another --state-dir") from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._state_lock = handle
+
+    def _unlock_state_dir(self) -> None:
+        if self._state_lock is not None:
+            self._state_lock.close()
+            self._state_lock = None
 
     def _start_triton(self) -> tuple[str, str | None]:
         if self.settings.launch_triton:
             workdir = self.settings.state_dir / "triton"
-            grpc_port, http_port, metrics_port = launch_ports(self.settings)
-            self.triton_server = TritonServer(
+            server = self.triton_server = TritonServer(
                 model_repository=self.settings.state_dir / "serving",
                 workdir=workdir,
                 tritonserver=str(self.settings.tritonserver) if self.settings.tritonserver else None,
                 restricted_key=secrets.token_hex(16),  # only this daemon knows it: nobody else can load code
                 die_with_parent=False,  # the data plane outlives a crash of the control plane
                 record_path=workdir / RECORD_FILE,
-                grpc_port=grpc_port,
-                http_port=http_port,
-                metrics_port=metrics_port,
             )
-            if self.triton_server.adopt():
-                log.info("adopted the running tritonserver pid %s on %s", self.triton_server.pid,
-                         self.triton_server.grpc_url)
+            # The record before any port: the ports a crash (or keep_triton) left our own tritonserver
+            # serving on are adopted with it, whatever they are; only another holder is a conflict.
+            if server.adopt():
+                log.info("adopted the running tritonserver pid %s on %s", server.pid, server.grpc_url)
+                changed = unlike_requested(self.settings, (server.grpc_port, server.http_port, server.metrics_port))
+                if changed:
+                    log.warning("the adopted tritonserver keeps its ports, not the requested %s, until the daemon "
+                                "stops it (SIGTERM without keep_triton); the next start then uses them",
+                                ", ".join(changed))
             else:
-                self.triton_server.start()
-                log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
-            return self.triton_server.grpc_url, self.triton_server.restricted_key
+                server.grpc_port, server.http_port, server.metrics_port = launch_ports(self.settings)
+                server.start()
+                log.info("launched tritonserver pid %s on %s", server.pid, server.grpc_url)
+            return server.grpc_url, server.restricted_key
         if not self.settings.triton_url:
             raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
         return self.settings.triton_url, self.settings.triton_key
@@ -590,6 +622,7 @@ class Daemon:
             self.registry.close()
         if self.shared_registry is not None:
             self.shared_registry.close()
+        self._unlock_state_dir()
         log.info("stopped")
         return abandoned
 
@@ -605,38 +638,11 @@ class Daemon:
             lambda: self.triton_server.stop() if self.triton_server and not self.triton_server.adopted_pid else None,
             lambda: self.registry.close() if self.registry else None,
             lambda: self.shared_registry.close() if self.shared_registry else None,
+            self._unlock_state_dir,
         ):
             try:
                 stop()
             except Exception:  # noqa: BLE001 - the start-up error is the one to report
                 log.debug("cleanup after failed start", exc_info=True)
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def launch_ports(settings: Settings) -> tuple[int, int, int]:
-    """The launched tritonserver's (gRPC, HTTP, metrics) ports: 0 becomes a free one; a port that is
-    taken is refused here, by name, instead of as a tritonserver that never comes up."""
-    from controlplane.triton.launcher import free_port
-
-    chosen = []
-    for flag, port in (("--triton-grpc-port", settings.triton_grpc_port),
-                       ("--triton-http-port", settings.triton_http_port),
-                       ("--triton-metrics-port", settings.triton_metrics_port)):
-        if port == 0:
-            # free_port() binds and closes: two calls in a row may get the same port back, which
-            # tritonserver refuses ("cannot listen to GRPC requests and metrics requests at the same port")
-            picked = free_port()
-            while picked in chosen:
-                picked = free_port()
-            chosen.append(picked)
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                raise LauncherError(f"port {port} ({flag}) is taken on 127.0.0.1: stop what uses it, choose "
-                                    "another port, or 0 for a free one") from None
-        chosen.append(port)
-    return chosen[0], chosen[1], chosen[2]
 

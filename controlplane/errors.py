@@ -127,6 +127,10 @@ class LauncherError(TritonctlError):
     """The embedded tritonserver could not be found, assembled or started."""
 
 
+class StateDirInUseError(TritonctlError):
+    """Another daemon runs on this state directory (its lock file is held)."""
+
+
 class DeployError(TritonctlError):
     """A deploy failed; `outcome` is 'failed' or 'rolled_back', `cause` whose fault it was (the value of
     controlplane.vocab.Cause: 'content', 'environment', 'triton_unreachable'; '' when not known)."""

@@ -1,14 +1,16 @@
-"""The launched tritonserver's ports: Triton's defaults, 0 for a free one, a taken one named."""
+"""The launched tritonserver's ports: Triton's defaults, 0 for a free one, a taken one named with its holder."""
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 import pytest
 
 from controlplane.config import Settings, load_settings
-from controlplane.daemon import launch_ports
 from controlplane.errors import ConfigError, LauncherError
+from controlplane.triton.ports import launch_ports, port_holder, unlike_requested
 
 
 def test_defaults_are_tritons_own() -> None:
@@ -28,7 +30,34 @@ def test_a_taken_port_is_named_with_its_flag() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(LauncherError) as err:
             launch_ports(Settings(triton_grpc_port=0, triton_http_port=port, triton_metrics_port=0))
-    assert str(err.value).startswith(f"port {port} (--triton-http-port) is taken on 127.0.0.1")
+    assert str(err.value).startswith(f"port {port} (--triton-http-port) is taken on 127.0.0.1 by pid {os.getpid()} (")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family,address", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0"),
+                                            (socket.AF_INET6, "::")])
+def test_the_holder_of_a_port_is_found_by_its_socket(family: int, address: str) -> None:
+    """A listener on loopback, on every IPv4 address or on [::] (which takes IPv4 too) is found with the
+    pid and command line of the process that has it open: here, this test's own process."""
+    with socket.socket(family, socket.SOCK_STREAM) as taken:
+        taken.bind((address, 0))
+        taken.listen()
+        holder = port_holder(taken.getsockname()[1])
+    assert holder is not None and holder.pid == os.getpid()
+    assert holder.command.split()[0] == Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[0].decode()
+
+
+def test_a_port_nobody_holds_has_no_holder() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert port_holder(port) is None
+
+
+def test_ports_an_adopted_server_does_not_use_are_named() -> None:
+    settings = Settings(triton_grpc_port=9001, triton_http_port=0, triton_metrics_port=8002)
+    assert unlike_requested(settings, (8001, 8000, 8002)) == ["--triton-grpc-port 9001 (serves on 8001)"]
+    assert unlike_requested(settings, (9001, 41234, 8002)) == []
 
 
 def test_config_keys_and_flags() -> None:

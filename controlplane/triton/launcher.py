@@ -317,8 +317,8 @@ class TritonServer:
                 self.metrics_port = free_port(self.host)
             try:
                 self._spawn(server, backend_dir)
+                self.write_record()  # now, not once live: a daemon killed meanwhile leaves no unrecorded server
                 self.wait_live(live_timeout_s)
-                self.write_record()
                 return self
             except LauncherError as exc:
                 last_error = exc
