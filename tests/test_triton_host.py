@@ -141,6 +141,27 @@ def test_a_backend_shipped_in_the_model_directory_counts(tmp_path: Path) -> None
     check(config(backend="custom"), Capabilities(URL, frozenset({"python"}), 0), tmp_path)
 
 
+def env_config(path: str, **fields: object) -> dict[str, object]:
+    return config(parameters={"EXECUTION_ENV_PATH": {"string_value": path}}, **fields)
+
+
+def test_an_absolute_execution_env_path_is_checked_only_where_the_host_is_this_one(tmp_path: Path) -> None:
+    launched, external = Capabilities(URL, None, None, host_files=True), Capabilities(URL, None, None)
+    archive = tmp_path / "env.tar.gz"
+    archive.write_bytes(b"")
+    check(env_config(str(archive)), launched)
+    check(env_config(str(tmp_path)), launched)  # an unpacked environment: Triton 2.51 loads it (differential)
+    missing = str(tmp_path / "gone" / "env.tar.gz")
+    with pytest.raises(HostCapabilityError) as caught:
+        check(env_config(missing), launched)
+    assert str(caught.value) == (f'config.pbtxt: parameters["EXECUTION_ENV_PATH"]: "{missing}" does not exist on '
+                                 f"the host of the tritonserver at {URL}")
+    assert isinstance(caught.value, EnvironmentFault)
+    check(env_config(missing), external)  # its host's files are not visible from here: Triton decides
+    check(env_config("$$TRITON_MODEL_DIRECTORY/env.tar.gz"), launched)  # inside the model: validated offline
+    check(env_config(missing, backend="onnxruntime"), Capabilities(URL, None, None, host_files=True))  # python only
+
+
 def test_triton_own_reasons_become_the_same_error() -> None:
     assert str(from_triton_reason(BACKEND_ANSWER, URL)) == (
         f"backend 'onnxruntime' is not installed in this tritonserver ({URL})"
@@ -198,6 +219,22 @@ def test_a_bare_load_failure_carries_the_reason_from_the_launched_server_log(tri
         message = str(caught.value)
         assert "failed to poll from model repository (tritonserver log: Poll failed for model directory " \
                "'host_broken': failed to read text proto from" in message, message
+    finally:
+        client.close()
+
+
+def test_the_launched_server_host_must_hold_an_absolute_execution_env_path(triton: TritonServer,
+                                                                          tmp_path: Path) -> None:
+    client = TritonClient(triton.grpc_url)
+    try:
+        launched = host_for(client, triton, metrics_url=None, log_path=None)
+        missing = "/nonexistent/tritonctl-env.tar.gz"
+        with pytest.raises(HostCapabilityError, match=r'^config\.pbtxt: parameters\["EXECUTION_ENV_PATH"\]: '
+                           r'"/nonexistent/tritonctl-env\.tar\.gz" does not exist on the host of the tritonserver'):
+            launched.check(env_config(missing))
+        (tmp_path / "env.tar.gz").write_bytes(b"")
+        launched.check(env_config(str(tmp_path / "env.tar.gz")))
+        host_for(client, None, metrics_url=None, log_path=None).check(env_config(missing))  # external: not checkable
     finally:
         client.close()
 

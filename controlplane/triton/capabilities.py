@@ -1,4 +1,5 @@
-"""What the target tritonserver can run (its backends, its GPUs), checked before a model is loaded.
+"""What the target tritonserver can run (its backends, its GPUs, the files its host holds), checked
+before a model is loaded.
 
 Offline validation cannot know the host: a config asking for `KIND_GPU` or the `onnxruntime` backend
 is valid, yet the wheel's tritonserver on a CPU-only machine refuses it (measured in
@@ -9,9 +10,12 @@ quarantined, and it deploys once the model reaches a server that has what it nee
 Where the facts come from:
 - a launched server: its backend directory (the launcher assembles it) and this host's GPUs
   (`/proc/driver/nvidia/gpus`, else `/dev/nvidiaN`);
+- a launched server runs on this host as this user: a python model's absolute
+  `EXECUTION_ENV_PATH` (an archive outside the model directory, which offline validation can only
+  warn about) must exist and be readable here;
 - an external server: its metrics endpoint (`triton_metrics_url`; Triton exports `nv_gpu_*` gauges,
-  one `gpu_uuid` per GPU, only when it has GPUs). Its backends are not visible from outside, so
-  they are not checked before the load;
+  one `gpu_uuid` per GPU, only when it has GPUs). Its backends and its host's files are not visible
+  from outside, so they are not checked before the load (Triton's refusal is recognised after it);
 - any server, after a failed load: Triton's own reason (`unable to find backend library for
   backend 'X'`, `has kind KIND_GPU but no GPUs are available`, `invalid or unsupported gpu id N`)
   is recognised and reported as the same error (`from_triton_reason`).
@@ -19,7 +23,9 @@ Where the facts come from:
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import urllib.error
 import urllib.request
@@ -42,6 +48,8 @@ BACKEND_OF_PLATFORM = {
     "tensorflow_graphdef": "tensorflow",
     "tensorflow_savedmodel": "tensorflow",
 }
+EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
+MODEL_DIRECTORY_VAR = "$$TRITON_MODEL_DIRECTORY"
 _GPU_UUID = re.compile(r'^nv_gpu_\w+\{[^}]*gpu_uuid="([^"]+)"', re.MULTILINE)
 
 
@@ -74,11 +82,13 @@ def fetch_metrics_gpu_count(url: str, timeout_s: float = METRICS_TIMEOUT_S) -> i
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What one tritonserver offers; None means unknown (that check is skipped)."""
+    """What one tritonserver offers; None means unknown (that check is skipped). `host_files`: the
+    server's host is this one (a launched server), so paths a config names can be checked here."""
 
     url: str
     backends: frozenset[str] | None
     gpus: int | None
+    host_files: bool = False
 
 
 def model_backend(config: Mapping[str, Any]) -> str | None:
@@ -93,10 +103,48 @@ def _gpus_word(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
+def execution_env_path(config: Mapping[str, Any]) -> str | None:
+    """A python model's `EXECUTION_ENV_PATH` when it lies outside the model directory (an absolute
+    path on the serving host), else None: one under `$$TRITON_MODEL_DIRECTORY` is validated offline."""
+    if model_backend(config) != "python":
+        return None
+    parameter = (config.get("parameters") or {}).get(EXECUTION_ENV_PATH) or {}
+    value = str(parameter.get("string_value") or "")
+    return value if os.path.isabs(value) else None
+
+
+def _unreadable(path: str) -> str | None:
+    """Why the tritonserver (this user, this host) cannot read `path`; None when it can."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        return f"cannot be read ({exc.strerror})"
+    if not os.access(path, os.R_OK):
+        return "is not readable"
+    return None
+
+
+def check_host_files(config: Mapping[str, Any], caps: Capabilities) -> None:
+    """Raise HostCapabilityError when a launched server's host lacks the absolute
+    `EXECUTION_ENV_PATH` the config names (Triton would refuse the load)."""
+    path = execution_env_path(config)
+    if path is None or not caps.host_files:
+        return
+    why = _unreadable(path)
+    if why:
+        raise HostCapabilityError(
+            f'config.pbtxt: parameters["{EXECUTION_ENV_PATH}"]: "{path}" {why} on the host of the '
+            f"tritonserver at {caps.url}"
+        )
+
+
 def check(config: Mapping[str, Any] | None, caps: Capabilities, model_dir: Path | None = None) -> None:
-    """Raise HostCapabilityError when `caps` lacks a backend or a GPU that `config` needs."""
+    """Raise HostCapabilityError when `caps` lacks a backend, a GPU or a host file that `config` needs."""
     if not config:
         return
+    check_host_files(config, caps)
     backend = model_backend(config)
     if backend and caps.backends is not None and backend not in caps.backends:
         # Triton also takes a backend shipped inside the model directory (libtriton_<name>.so).
@@ -166,7 +214,7 @@ class HostProbe:
             gpus = local_gpu_count()
         elif self.metrics_url:
             gpus = fetch_metrics_gpu_count(self.metrics_url)
-        return Capabilities(self.url, backends, gpus)
+        return Capabilities(self.url, backends, gpus, host_files=self.local)
 
     def check(self, config: Mapping[str, Any] | None, model_dir: Path | None = None) -> None:
         check(config, self.capabilities(), model_dir)
@@ -182,14 +230,17 @@ def describe(caps: Capabilities) -> str:
     """One line for logs: what the server offers."""
     backends = ", ".join(sorted(caps.backends)) if caps.backends is not None else "unknown"
     gpus = str(caps.gpus) if caps.gpus is not None else "unknown"
-    return f"tritonserver {caps.url}: backends {backends}; GPUs {gpus}"
+    files = "checked" if caps.host_files else "not checkable"
+    return f"tritonserver {caps.url}: backends {backends}; GPUs {gpus}; host files {files}"
 
 
 __all__ = [
     "Capabilities",
     "HostProbe",
     "check",
+    "check_host_files",
     "describe",
+    "execution_env_path",
     "fetch_metrics_gpu_count",
     "from_triton_reason",
     "gpus_from_metrics",
