@@ -381,9 +381,12 @@ class _Checker:
             if not rel or self.file_size(rel) is None:
                 self.add(where, f'"{value}": no such archive {rel or "(empty)"} in the model directory',
                          file=self.config_label)
-        elif not value:
-            self.add(where, "empty: name the conda-pack archive", file=self.config_label)
-        else:
+        elif not value:  # measured: Triton 2.51 loads it, with no execution environment
+            self.add(where, "empty: Triton ignores it (no execution environment)", WARNING, file=self.config_label)
+        elif not os.path.isabs(value):
+            self.add(where, f'"{value}" is relative: Triton resolves it against the tritonserver\'s working '
+                     f"directory; use {MODEL_DIRECTORY_VAR}/... or an absolute path", file=self.config_label)
+        else:  # checked at deploy against a launched server's host (controlplane/triton/capabilities.py)
             self.add(where, f'"{value}" lies outside the model directory: present only if the serving host '
                      f"has it (use {MODEL_DIRECTORY_VAR}/...)", WARNING, file=self.config_label)
 
