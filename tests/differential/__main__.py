@@ -1,4 +1,5 @@
-"""`python -m tests.differential --report`: run every case, print the confusion matrix."""
+"""`python -m tests.differential --report`: run every case, print the confusion matrix and each
+disagreement with its reason; exit 1 when a disagreement is not accepted (tests.differential.verdicts)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 import time
 
 from tests.differential.cases import all_cases
-from tests.differential.runner import confusion, crashes, run_with_own_server, sample, unexpected
+from tests.differential.runner import WORKERS, crashes, run_with_own_server
+from tests.differential.verdicts import describe, report, sample, unexpected
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,18 +18,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", action="store_true", help="only the default suite's sample")
     parser.add_argument("-k", default="", help="only cases whose name contains this")
     parser.add_argument("-v", action="store_true", help="every case's verdicts")
+    parser.add_argument("--workers", type=int, default=WORKERS, help=f"loads in flight at once (default {WORKERS})")
     args = parser.parse_args(argv)
     cases = sample() if args.sample else all_cases()
     cases = [c for c in cases if args.k in c.name]
     started = time.monotonic()
-    outcomes = run_with_own_server(cases)
+    outcomes = run_with_own_server(cases, args.workers)
     if args.v:
         for o in outcomes:
-            print(f"{o.verdict:14} {o.case.name:28} offline={'ok' if o.offline_ok else 'refuses'} "
-                  f"triton={'loads' if o.triton_ok else 'refuses'} {o.load_s:.2f}s | "
-                  f"{'; '.join(o.offline)[:150]} | {o.triton[:200]}")
-    print(confusion(outcomes))
-    print(f"({time.monotonic() - started:.0f} s)")
+            print(describe(o))
+    print(report(outcomes))
+    print(f"({time.monotonic() - started:.0f} s, {args.workers} loads at a time)")
     for crash in crashes:
         print("server restarted:", crash)
     bad = unexpected(outcomes)
