@@ -191,8 +191,9 @@ class Daemon:
                                capture_margin_s=getattr(self.watcher, "capture_margin_s", None),
                                settling=self._settling,
                                pending=getattr(self.watcher, "settling", None))
+        self.webhooks = self._webhooks()
         self.plane = ControlPlane(
-            settings, self.registry, store, serving, triton, on_outcome=self._on_outcome,
+            settings, self.registry, store, serving, triton, on_outcome=self._on_outcome, webhooks=self.webhooks,
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
             source=source, watch=watch,
@@ -212,10 +213,9 @@ class Daemon:
             self.plane.reconcile()
         from controlplane.api.server import ApiServer
 
-        self.plane.webhooks = self._webhooks()
         self.api = ApiServer(self.plane, self.executor, settings, loop_age_s=self.loop_age_s)
         self.api.start()
-        self.plane.webhooks.start()
+        self.webhooks.start()
         if self.watcher is not None:
             self.watcher.start()
             if self.fleet is None:
@@ -248,10 +248,10 @@ class Daemon:
         from controlplane.webhooks import Backoff, Webhooks
 
         assert self.registry is not None
+        # the fleet member is built with the plane, after this: asked at each round
         active = (lambda: self.fleet is not None and self.fleet.is_leader) if self.fleet_settings else (lambda: True)
-        self.webhooks = Webhooks(self.shared_registry or self.registry, self.settings.webhook, active=active,
-                                 backoff=Backoff(max_s=self.settings.webhook_retry_max_s))
-        return self.webhooks
+        return Webhooks(self.shared_registry or self.registry, self.settings.webhook, active=active,
+                        backoff=Backoff(max_s=self.settings.webhook_retry_max_s))
 
     def _inference_urls(self) -> str:
         server = self.triton_server

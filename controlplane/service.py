@@ -118,11 +118,13 @@ class ControlPlane:
         source: S3Source | None = None,
         watch: WatchHooks | None = None,
         http_url: str | None = None,
+        webhooks: Webhooks | None = None,
         fleet: Callable[[ControlPlane], FleetStrategy] | None = None,
     ) -> None:
         """`host`: capability checks and Triton's real reasons; `source`: an s3:// repository;
         `watch`: the source watcher's hooks; `http_url`: a launched tritonserver's HTTP URL; `fleet`:
-        with --fleet, builds the strategy that takes load, rollback, unload, pin and policy (docs/fleet.md)."""
+        with --fleet, builds the strategy that takes load, rollback, unload, pin and policy (docs/fleet.md);
+        `webhooks`: the daemon's webhook delivery worker, which `tritonctl webhooks` asks."""
         self.settings = settings
         self.registry = registry
         self.store = store
@@ -143,7 +145,7 @@ class ControlPlane:
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
-        self.webhooks: Webhooks | None = None  # the daemon's delivery worker (controlplane/webhooks.py)
+        self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
 
     def reconfigure(self, settings: Settings) -> None:

@@ -11,6 +11,7 @@ issue asks.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -143,3 +144,34 @@ def test_webhooks_survive_a_receiver_outage_errors_and_a_killed_daemon(tmp_path:
 @pytest.mark.slow
 def test_webhooks_survive_a_30_s_receiver_outage(tmp_path: Path, receiver: Receiver) -> None:
     scenario(tmp_path, receiver, down_s=30.0)
+
+
+def test_sighup_reloads_the_webhook_tables_and_refuses_a_bad_one(tmp_path: Path, receiver: Receiver) -> None:
+    second = Receiver(SECRET)
+    daemon = daemon_with_webhook(tmp_path, receiver)
+    config = tmp_path / "tritonctl.toml"
+    config.write_text(config.read_text().replace('events = ["*"]', 'events = ["deploy"]'))
+    daemon.start()
+    try:
+        wait_for(lambda: {r.document["model"] for r in receiver.accepted()} == {"alpha", "beta"}, 90, 0.3,
+                 "the initial deploys delivered")
+        assert {r.event for r in receiver.deliveries()} == {"deploy"}  # only the actions asked for
+        config.write_text(config.read_text().replace(receiver.url, second.url).replace('["deploy"]', '["*"]'))
+        daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        wait_for(lambda: "reloaded:" in daemon.log_tail(20000), 30, 0.2, "the reload")
+        first_count = len(receiver.deliveries())
+        edit(daemon, 2)
+        wait_for(lambda: {"snapshot", "deploy"} <= {r.event for r in second.accepted()}, 60, 0.3,
+                 "events at the new receiver")
+        assert len(receiver.deliveries()) == first_count  # the old one gets nothing more
+        (tmp_path / "hook.secret").chmod(0o644)
+        daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        wait_for(lambda: "reload refused" in daemon.log_tail(20000), 30, 0.2, "the refused reload")
+        assert "secret_file" in daemon.log_tail(20000)
+        before = len(second.deliveries())
+        edit(daemon, 3)
+        wait_for(lambda: len(second.accepted()) > before, 60, 0.3, "events still delivered after the refusal")
+        assert all(r.signature_ok for r in second.deliveries())
+    finally:
+        daemon.stop()
+        second.close()
