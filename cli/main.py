@@ -35,8 +35,9 @@ LAZY_COMMANDS: dict[str, str] = {
     "daemon": "cli.daemon_cmd",
     "tag": "cli.tags_cmd",
     "tags": "cli.tags_cmd",
+    "webhooks": "cli.webhooks_cmd",
 }
-COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd", "cli.tags_cmd")
+COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd", "cli.tags_cmd", "cli.webhooks_cmd")
 
 
 def _module_commands(module_name: str) -> dict[str, click.Command]:

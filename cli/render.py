@@ -423,3 +423,50 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
         table.add_row(model["model"], _tagged(model, model["target"]), *cells)
     _console().print(table)
 
+
+
+# --- webhooks: deliveries ----------------------------------------------------------------------------
+
+_DELIVERY_STYLE = {"delivered": "green", "pending": "yellow", "failed": "bold red"}
+
+
+def _answer(row: dict[str, Any]) -> str:
+    """The receiver's last answer: its status and the start of its body, or why there was none."""
+    parts = [str(row["status_code"])] if row.get("status_code") is not None else []
+    if row.get("answer"):
+        parts.append(row["answer"])
+    if row["state"] == "pending" and row.get("next_attempt_at"):
+        parts.append(f"(next try {_when(row['next_attempt_at'])})")
+    return " ".join(parts) or "-"
+
+
+def webhook_deliveries(rows: Any, as_json: bool) -> None:
+    """`tritonctl webhooks`: newest first, one delivery (one event to one webhook) a row."""
+    rows = document(rows)
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        click.echo("no webhook deliveries")
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=_plural(len(rows), "delivery").replace("deliverys", "deliveries"), title_justify="left")
+    for column in ("Delivery", "State", "Event", "Action", "Model", "Tries", "Last answer", "URL"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["id"][:12], Text(row["state"], _DELIVERY_STYLE.get(row["state"], "")),
+                      str(row["event_id"]), row["action"], row.get("model") or "", str(row["attempts"]),
+                      _answer(row), row["url"])
+    _console().print(table)
+
+
+def redelivery(row: Any, as_json: bool) -> None:
+    """`tritonctl webhooks redeliver ID`: the delivery, pending again."""
+    row = document(row)
+    if as_json:
+        _print_json(row)
+        return
+    click.echo(f"delivery {row['id'][:12]} (event {row['event_id']} {row['action']} {row.get('model') or '-'}) "
+               f"to {row['url']}: sent again with the same id")

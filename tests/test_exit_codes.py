@@ -68,6 +68,7 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
     daemon, server = external
     # 0: ok, and nothing to do
     assert code(daemon, "status") == (0, "")
+    assert code(daemon, "webhooks") == (0, "")
     assert code(daemon, "load", "m")[0] == 0  # already serving: noop
     # 1: the operation failed or was rolled back; validation found an error
     broken = tmp_path / "broken"
@@ -89,7 +90,9 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
                  # tag errors: a bad tag name, an unknown tag, tracking on one host (tracking is fleet-wide)
                  ["tag", "m", "Stable"], ["tag", "m", "deadbeef"], ["tag", "m", "stable", "deadbeef"],
                  ["load", "m", "--tag", "nosuch"], ["rollback", "m", "--to-tag", "nosuch"],
-                 ["policy", "m", "track:nosuch"], ["policy", "m", "track:stable", "--host", "h1"]):
+                 ["policy", "m", "track:nosuch"], ["policy", "m", "track:stable", "--host", "h1"],
+                 # an unknown webhook delivery id, or not one at all
+                 ["webhooks", "redeliver", "ffffffff"], ["webhooks", "redeliver", "not-hex"]):
         rc, err = code(daemon, *args)
         assert rc == 2, (args, err)
         if args[0] != "gc" and args[1:2] != ["--no-such-flag"] and args != ["load"]:
@@ -115,6 +118,8 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
     # 3: the daemon is unreachable; the error says how to fix it
     rc, err = code(daemon, "status", "--state-dir", str(tmp_path / "none"))
     assert rc == 3 and "start one" in one_line(err) and "TRITONCTL_STATE_DIR" in err, err
+    rc, err = code(daemon, "webhooks", "--state-dir", str(tmp_path / "none"))
+    assert rc == 3 and "start one" in one_line(err), err
     # 4: tritonserver is unreachable during load, rollback, unload
     server.stop()
     wait_for(lambda: not daemon.status()["triton_reachable"], 30, 0.2, "triton unreachable")

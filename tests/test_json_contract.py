@@ -34,9 +34,11 @@ from controlplane.triton.launcher import RECORD_FILE, RESTRICTED_HEADER
 from tests import jsonschemas
 from tests.cli_helpers import invoke
 from tests.harness import DaemonProcess, answers, example_daemon, wait_for, write_gen_model
+from tests.webhook_receiver import Receiver
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 D1, D2 = "d1" * 32, "d2" * 32
+WEBHOOK_SECRET = "json-contract-webhook-secret"
 
 # Fields no real run here fills, and why (typed by tests/test_json_schemas.py from the dataclasses).
 UNFILLED: dict[str, str] = {}
@@ -50,7 +52,7 @@ def run_json(*args: str) -> Any:
 
 def schema_of(document: str) -> str:
     """tests' document names ("load-failed", "tag-move") -> the schema it must match."""
-    for prefix in ("audit-at", "status-fleet", "db-upgrade"):
+    for prefix in ("audit-at", "status-fleet", "db-upgrade", "webhooks-redeliver"):
         if document.startswith(prefix):
             return prefix
     command = document.split("-")[0]
@@ -61,8 +63,25 @@ def schema_of(document: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with example_daemon(tmp_path_factory.mktemp("json-contract")) as proc:
+def receiver() -> Iterator[Receiver]:
+    """The daemon's webhook receiver: answers 500 until the scenario's end (pending deliveries with an
+    answer), then accepts them (delivered ones)."""
+    server = Receiver(WEBHOOK_SECRET)
+    server.mode = "500"
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[DaemonProcess]:
+    base = tmp_path_factory.mktemp("json-contract")
+    secret = base / "hook.secret"
+    secret.write_text(WEBHOOK_SECRET)
+    secret.chmod(0o600)
+    config = base / "tritonctl.toml"
+    config.write_text(f'webhook_retry_max_s = 1.0\n\n[[webhook]]\nurl = "{receiver.url}"\nevents = ["*"]\n'
+                      f'secret_file = "{secret}"\n')
+    with example_daemon(base, extra_args=["--config", str(config)]) as proc:
         yield proc
 
 
@@ -90,7 +109,7 @@ def _write_invalid(repo: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def documents(daemon: DaemonProcess) -> dict[str, Any]:
+def documents(daemon: DaemonProcess, receiver: Receiver) -> dict[str, Any]:
     """One scenario, every daemon and history command's --json, each field filled at least once: two
     generations of `gen` (a file added, one removed), a model whose backend this tritonserver lacks
     (environment fault, retried: `load --failed`), one whose initialize() raises (content fault,
@@ -143,6 +162,11 @@ def documents(daemon: DaemonProcess) -> dict[str, Any]:
     docs["tags-at"] = run_json("tags", "--at", "0s", *sd)
     docs["status-late"] = run_json("status", *sd)
     docs["status-drift"] = _status_with_drift(daemon)
+    docs["webhooks-pending"] = run_json("webhooks", "--state", "pending", *sd)
+    receiver.mode = "ok"
+    wait_for(lambda: not run_json("webhooks", "--state", "pending", *sd), 60, 0.3, "every webhook delivered")
+    docs["webhooks"] = run_json("webhooks", "--limit", "1000", *sd)
+    docs["webhooks-redeliver"] = run_json("webhooks", "redeliver", docs["webhooks"][0]["id"], *sd)
     return docs
 
 
@@ -166,7 +190,8 @@ def _status_with_drift(daemon: DaemonProcess) -> dict[str, Any]:
 
 DAEMON_DOCUMENTS = ["status", "status-late", "status-drift", "versions", "versions-crashy", "versions-invalid",
                     "versions-tagged", "diff", "load", "load-no-wait", "load-failed", "rollback", "unload", "tag",
-                    "tag-move", "tags", "tags-at", "policy", "policy-track", "pin", "unpin", "gc", "audit", "audit-at"]
+                    "tag-move", "tags", "tags-at", "policy", "policy-track", "pin", "unpin", "gc", "audit", "audit-at",
+                    "webhooks", "webhooks-pending", "webhooks-redeliver"]
 
 
 @pytest.mark.parametrize("name", DAEMON_DOCUMENTS)
@@ -187,6 +212,8 @@ def test_the_scenario_produced_what_the_contract_describes(documents: dict[str, 
     assert documents["versions-invalid"][0]["first_error"] and not documents["versions-invalid"][0]["valid"]
     assert documents["tag-move"]["old_digest"] == documents["versions"][0]["digest"]
     assert documents["policy-track"]["policy"] == "track:stable"
+    assert documents["webhooks-pending"] and {d["state"] for d in documents["webhooks"]} == {"delivered"}
+    assert documents["webhooks-redeliver"]["state"] == "pending"
     [drifted] = documents["status-drift"]["models"]
     assert drifted["drift"] == "missing" and "should serve" in drifted["drift_detail"], drifted
 

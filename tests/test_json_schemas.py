@@ -45,8 +45,17 @@ from controlplane.results import (
     VersionRow,
     VersionsResult,
     VersionState,
+    WebhookDeliveriesResult,
 )
-from controlplane.store.records import AuditRecord, Rollout, ServingRecord, SnapshotRecord, Step, TagRecord
+from controlplane.store.records import (
+    AuditRecord,
+    DeliveryRecord,
+    Rollout,
+    ServingRecord,
+    SnapshotRecord,
+    Step,
+    TagRecord,
+)
 from controlplane.vocab import Cause, ModelState, Result, SyncState
 from tests import jsonschemas
 
@@ -63,6 +72,8 @@ def _json_commands() -> list[str]:
         for name in group.list_commands(ctx):
             command = group.get_command(ctx, name)
             if isinstance(command, click.Group):
+                if any(p.name == "as_json" for p in command.params):  # `webhooks` lists, `webhooks redeliver` acts
+                    found.append("-".join((*path, name)))
                 walk(command, (*path, name))
             elif command is not None and any(p.name == "as_json" for p in command.params):
                 found.append("-".join((*path, name)))
@@ -211,7 +222,14 @@ def _full_documents() -> dict[str, list[Any]]:
                                                 ("stable",))]).to_json()],
         "tags": [TagsResult(T, [TagRecord("m", "stable", D1, "alice", T)]).to_json()],
         "tag": [TagResult("m", "stable", "ok", D1, D2, D3, True, "moved").to_json()],
+        "webhooks": [WebhookDeliveriesResult([_delivery()]).to_json()],
+        "webhooks-redeliver": [_delivery().to_json()],
     }
+
+
+def _delivery() -> DeliveryRecord:
+    return DeliveryRecord("ab" * 16, 7, "deploy", "m", "https://hooks.example.com/t", "pending", 2, T, T, T, T, 500,
+                          "receiver is broken today")
 
 
 @pytest.mark.parametrize("name", jsonschemas.names())

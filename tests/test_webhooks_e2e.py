@@ -11,6 +11,7 @@ issue asks.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections import defaultdict
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests import jsonschemas
 from tests.harness import DaemonProcess, wait_for, write_gen_model
 from tests.webhook_receiver import Received, Receiver
 
@@ -48,16 +50,12 @@ def daemon_with_webhook(tmp_path: Path, receiver: Receiver) -> DaemonProcess:
     return DaemonProcess(repo, tmp_path / "state", extra_args=["--config", str(config)])
 
 
-def deliveries(daemon: DaemonProcess) -> list[dict[str, Any]]:
-    """Every delivery, as `tritonctl webhooks --json` lists them (read from the daemon's registry)."""
-    from controlplane.store.outbox import DeliveryStore
-    from controlplane.store.registry import Registry
-
-    registry = Registry(f"sqlite:///{daemon.state_dir / 'registry.db'}")
-    try:
-        return [d.to_json() for d in DeliveryStore(registry).list(limit=10_000)]
-    finally:
-        registry.close()
+def webhooks_json(daemon: DaemonProcess, *args: str) -> Any:
+    """`tritonctl webhooks ... --json` as a user runs it (through the daemon's control API), checked
+    against its published schema."""
+    document = json.loads(daemon.cli("webhooks", *args, "--json").stdout)
+    jsonschemas.assert_valid("webhooks-redeliver" if args[:1] == ("redeliver",) else "webhooks", document)
+    return document
 
 
 def ok_deploys(daemon: DaemonProcess, model: str) -> int:
@@ -110,6 +108,9 @@ def scenario(tmp_path: Path, receiver: Receiver, down_s: float) -> None:
         receiver.up()
         wait_for(lambda: len(receiver.deliveries()) >= 3, 30, 0.1, "deliveries answered 500")
         assert {r.answered for r in receiver.deliveries()} == {500}
+        failing = webhooks_json(daemon, "--state", "pending")
+        assert any(d["status_code"] == 500 and d["answer"] == "receiver is broken today" for d in failing)
+        assert all(d["state"] == "pending" and d["next_attempt_at"] for d in failing)
         receiver.slow_s = 5.0
         receiver.mode = "slow"  # the next delivery is held open: the daemon dies while it is in flight
         wait_for(lambda: any(r.answered == 200 for r in receiver.deliveries()), 30, 0.05, "a slow delivery")
@@ -127,14 +128,25 @@ def scenario(tmp_path: Path, receiver: Receiver, down_s: float) -> None:
         wait_for(all_delivered, 90, 0.5, "every audit event delivered")
         events = daemon.audit("--limit", "1000")
         check_deliveries(receiver.deliveries(), events)
-        listing = deliveries(daemon)
+        listing = webhooks_json(daemon, "--limit", "1000")
+        assert {d["state"] for d in listing} == {"delivered"} and len(listing) >= len(events)
+        assert any(d["attempts"] > 1 for d in listing)  # some were retried
+        killed = [r for r in receiver.deliveries() if r.answered == 200]
+        resent = [r for r in receiver.deliveries() if r.delivery == killed[0].delivery]
+        assert len(resent) >= 2 and resent[-1].answered == 204  # sent again after the restart, same id
+        # `webhooks redeliver ID` (a prefix will do): the same delivery again, same id, same body
+        again = webhooks_json(daemon, "redeliver", listing[-1]["id"][:10])
+        assert (again["id"], again["state"]) == (listing[-1]["id"], "pending")
+        wait_for(lambda: [r for r in receiver.accepted() if r.delivery == again["id"]][1:], 30, 0.2, "redelivered")
+        unknown = daemon.cli("webhooks", "redeliver", "ffffffff", check=False)
+        assert (unknown.returncode, unknown.stderr) == (2, "error: no webhook delivery ffffffff\n")
+        table = daemon.cli("webhooks").stdout
+        assert listing[0]["id"][:12] in table and "delivered" in table
     finally:
         daemon.stop()
-    assert {d["state"] for d in listing} == {"delivered"}
-    assert any(d["attempts"] > 1 for d in listing)  # some were retried
-    killed = [r for r in receiver.deliveries() if r.answered == 200]
-    resent = [r for r in receiver.deliveries() if r.delivery == killed[0].delivery]
-    assert len(resent) >= 2 and resent[-1].answered == 204  # sent again after the restart, same id
+    fields = set(jsonschemas.fields(jsonschemas.load("webhooks")))
+    filled = {p for d in (failing, listing) for p in jsonschemas.filled(d, jsonschemas.load("webhooks"))}
+    assert fields <= filled, f"fields no document filled: {sorted(fields - filled)}"
 
 
 def test_webhooks_survive_a_receiver_outage_errors_and_a_killed_daemon(tmp_path: Path, receiver: Receiver) -> None:

@@ -219,3 +219,10 @@ class ControlClient:
                 raise errors.UsageError("tag --delete takes no DIGEST")
             return self.stream("DELETE", path, None, on_progress)
         return self.stream("PUT", path, {"digest": digest}, on_progress)
+
+    def webhook_deliveries(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        query = urlencode({"limit": limit, **({"state": state} if state else {})})
+        return list(self.call("GET", f"/webhooks/deliveries?{query}"))
+
+    def redeliver(self, delivery_id: str) -> dict[str, Any]:
+        return dict(self.call("POST", f"/webhooks/deliveries/{quote(delivery_id, safe='')}/redeliver"))

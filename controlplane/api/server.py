@@ -32,6 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from controlplane import errors
 from controlplane.api.app import ACTOR_SCOPE_KEY, build_app
 from controlplane.api.health import health_routes
+from controlplane.api.hooks import webhook_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
 from controlplane.config import Settings
 from controlplane.service import ControlPlane
@@ -151,7 +152,7 @@ class ApiServer:
         self.plane = plane
         self.executor = executor
         self.settings = settings
-        self.app = build_app(plane, executor, health_routes(plane, loop_age_s), *routers)
+        self.app = build_app(plane, executor, health_routes(plane, loop_age_s), webhook_routes(plane), *routers)
         self.listeners: list[_Listener] = []
 
     def _unix_socket(self) -> socket.socket:

@@ -1,0 +1,41 @@
+"""The webhook deliveries' routes: /v1/webhooks/deliveries (`tritonctl webhooks`) and
+/v1/webhooks/deliveries/{id}/redeliver (`tritonctl webhooks redeliver ID`).
+
+The daemon's delivery worker (controlplane/webhooks.py) owns the deliveries; these routes only ask it
+and answer its documents (docs/schemas/webhooks.schema.json, webhooks-redeliver.schema.json).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+
+from controlplane import errors
+from controlplane.api.protocol import API_PREFIX
+from controlplane.service import ControlPlane
+from controlplane.webhooks import Webhooks
+
+
+def _worker(plane: ControlPlane) -> Webhooks:
+    worker = getattr(plane, "webhooks", None)
+    if worker is None:
+        raise errors.NotFoundError("this daemon runs no webhook delivery worker")
+    return worker
+
+
+def webhook_routes(plane: ControlPlane) -> APIRouter:
+    router = APIRouter(prefix=f"{API_PREFIX}/webhooks", tags=["webhooks"])
+
+    @router.get("/deliveries", summary="webhooks: deliveries, newest first (pending, delivered, failed)")
+    def deliveries(state: Literal["pending", "delivered", "failed"] | None = None,
+                   limit: Annotated[int, Query(ge=1)] = 100) -> JSONResponse:
+        return JSONResponse(_worker(plane).deliveries(state, limit).to_json())
+
+    @router.post("/deliveries/{delivery_id}/redeliver",
+                 summary="webhooks redeliver: send a delivery again (same id; a unique prefix will do)")
+    def redeliver(delivery_id: str) -> JSONResponse:
+        return JSONResponse(_worker(plane).redeliver(delivery_id).to_json())
+
+    return router
