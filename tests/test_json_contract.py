@@ -41,7 +41,10 @@ D1, D2 = "d1" * 32, "d2" * 32
 WEBHOOK_SECRET = "json-contract-webhook-secret"
 
 # Fields no real run here fills, and why (typed by tests/test_json_schemas.py from the dataclasses).
-UNFILLED: dict[str, str] = {}
+UNFILLED: dict[str, str] = {
+    "webhooks-redeliver:#delivery.finished_at": "a delivery sent again is pending again: null by construction "
+                                                "(the schema shares the delivery definition with `webhooks`)",
+}
 
 
 def run_json(*args: str) -> Any:
