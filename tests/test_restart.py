@@ -148,13 +148,25 @@ def crash_and_restart(daemon: DaemonProcess, ports: tuple[int, int, int]) -> Non
 
 
 def test_restart_after_sigkill_adopts_on_fixed_ports(tmp_path: Path) -> None:
-    """Fixed ports: the restart adopts. Restarted again with another gRPC port requested, it adopts the
-    running server too (its ports stay until the daemon stops it) and says so in one warning."""
     ports = distinct_free_ports()
     daemon = launched(tmp_path, port_args(ports))
     try:
         crash_and_restart(daemon, (ports[0], ports[1], ports[2]))
+        assert daemon.stop() == 0, daemon.log_tail()
+    finally:
+        daemon.stop()
+
+
+def test_a_restart_asking_for_other_ports_adopts_and_warns(tmp_path: Path) -> None:
+    """The recorded server serves on other ports than the restarted daemon asks for (the config changed
+    while it ran): the daemon adopts it anyway, since inference must not stop for a port change, and says
+    so in one warning; the new ports apply once a SIGTERM (no keep_triton) has stopped the server."""
+    ports = distinct_free_ports()
+    daemon = launched(tmp_path, port_args(ports))
+    try:
+        daemon.start()
         pid = daemon.triton_pid()
+        assert pid is not None
         daemon.kill()
         other = distinct_free_ports(1)[0]
         daemon.extra_args = ["--launch-triton", *port_args([other, ports[1], ports[2]])]
@@ -164,9 +176,9 @@ def test_restart_after_sigkill_adopts_on_fixed_ports(tmp_path: Path) -> None:
         warning = [line for line in daemon.log_tail(200_000).splitlines() if "keeps its ports" in line]
         assert len(warning) == 1 and f"--triton-grpc-port {other} (serves on {ports[0]})" in warning[0], warning
         assert daemon.stop() == 0, daemon.log_tail()
-        # Stopped by SIGTERM (no keep_triton), the server went with it: the next start uses the new port.
         daemon.start()
         assert daemon.triton_url() == f"127.0.0.1:{other}"
+        assert tritonservers_on(daemon.state_dir / "serving") == [daemon.triton_pid()] != [pid]
         assert daemon.stop() == 0, daemon.log_tail()
     finally:
         daemon.stop()
