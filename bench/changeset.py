@@ -11,8 +11,11 @@ three systems, each with its own plain repository:
     (a, b, then pipe): what a careful deploy script does.
   * Triton poll (`--repository-poll-secs=1`): write the files in its repository.
 
-During each edit one client sends a request to `pipe` every 20 ms. Reported per system and edit:
-failed requests, and the time from the edit to the first answer of the new pipeline (None: it never
+During each edit one client sends a request to `pipe` every 20 ms, until the edit is over: for
+tritonctl, until the set's `changeset` audit event (written once the whole set is done, public steps
+deployed and the ensemble pointed back at them), then one more request; for Triton, 0.5 s after the
+new pipeline's first answer (its loads have returned by then). Reported per system and edit: failed
+requests, and the time from the edit to the first answer of the new pipeline (None: it never
 answered within --timeout; the system is then repaired by reloading pipe so the next edit starts
 from a serving pipeline, and that edit counts as not served).
 
@@ -83,17 +86,31 @@ def repair(url: str) -> None:
         client.close()
 
 
-def one_edit(system: str, repo: Path, url: str, tensor: str, gen: int, timeout_s: float) -> dict[str, Any]:
+def change_sets(state: Path) -> int:
+    return sum(1 for r in c.audit_rows(state) if r["action"] == "changeset" and r["outcome"] != "skipped")
+
+
+def one_edit(system: str, repo: Path, url: str, tensor: str, gen: int, timeout_s: float,
+             state: Path | None = None) -> dict[str, Any]:
+    """`state`: tritonctl's state dir; the loop then runs until the edit's change set is audited."""
     want = 2.0 * gen
+    sets_before = change_sets(state) if state is not None else 0
     with request_every(url, pipe_answer) as stats:
         time.sleep(0.5)
         t0 = time.monotonic()
         edit(system, repo, url, tensor, gen)
         served = c.wait_until(lambda: bool(stats["answers"]) and stats["answers"][-1] == want, timeout_s, 0.01)
         switch_s = time.monotonic() - t0 if served else None
-        time.sleep(0.5)
+        audited = None
+        if state is not None:  # the set's tail (public steps, the switch back) under load too
+            audited = bool(c.wait_until(lambda: change_sets(state) > sets_before, timeout_s, 0.05))
+            answered = stats["ok"] + stats["failed"]
+            c.wait_until(lambda: stats["ok"] + stats["failed"] > answered, 10, 0.01)
+        else:
+            time.sleep(0.5)
     return {"tensor": tensor, "gen": gen, "failed": stats["failed"], "requests": stats["ok"] + stats["failed"],
-            "switch_s": round(switch_s, 3) if switch_s is not None else None, "errors": stats["errors"][:2]}
+            "switch_s": round(switch_s, 3) if switch_s is not None else None, "set_audited": audited,
+            "errors": stats["errors"][:2]}
 
 
 def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
@@ -121,7 +138,8 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                 for k in range(len(SYSTEMS)):  # rotate who goes first
                     system = SYSTEMS[(i + k) % len(SYSTEMS)]
                     gen = i + 2
-                    result = one_edit(system, repos[system], urls[system], f"t{gen}", gen, args.timeout)
+                    result = one_edit(system, repos[system], urls[system], f"t{gen}", gen, args.timeout,
+                                      base / "state" if system == SYSTEMS[0] else None)
                     results[system].append(result)
                     console.print(f"[dim]edit {i + 1}/{args.edits} {system}: {result['failed']} failed of "
                                   f"{result['requests']}, new pipeline after {result['switch_s']} s[/dim]")

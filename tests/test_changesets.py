@@ -114,8 +114,19 @@ def pipe_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc
         assert proc.stop() == 0, proc.log_tail()
 
 
+def until_the_set_is_over(daemon: DaemonProcess, since: int, stats: dict[str, Any], timeout_s: float = 120.0) -> Any:
+    """Inside a request loop: wait for the set's `changeset` audit event (written once the whole set is
+    over: public steps deployed, the ensemble pointed back, private names dropped), then for one more
+    answer, so that the loop provably ran through the set's tail. The event."""
+    [event] = wait_for(lambda: changesets(daemon, since), timeout_s, 0.1, "the change set's audit event")
+    answered = stats["ok"] + stats["failed"]
+    wait_for(lambda: stats["ok"] + stats["failed"] > answered, 30, 0.02, "a request after the set ended")
+    return event
+
+
 def coordinated_edit(daemon: DaemonProcess, tensor: str, gen: int) -> dict[str, Any]:
-    """Rename the intermediate tensor across a, b and pipe in one edit under a request loop on pipe."""
+    """Rename the intermediate tensor across a, b and pipe in one edit under a request loop on pipe that
+    runs until the set is over."""
     since = last_event_id(daemon)
     started = time.monotonic()
     with request_every(daemon.triton_url(), pipe_answer) as stats:
@@ -123,8 +134,8 @@ def coordinated_edit(daemon: DaemonProcess, tensor: str, gen: int) -> dict[str, 
         write_pipe(daemon.repository, tensor, gen)
         wait_for(lambda: stats["answers"] and stats["answers"][-1] == 2.0 * gen, 120, 0.1, f"pipe answers {2 * gen}")
         switched = time.monotonic() - started
-        time.sleep(0.5)
-    [event] = wait_for(lambda: changesets(daemon, since), 30, 0.2, "the change set's audit event")
+        event = until_the_set_is_over(daemon, since, stats)
+    assert stats["ok"] > 0, stats
     return {"stats": stats, "event": event, "switch_s": switched}
 
 
@@ -157,9 +168,8 @@ def test_broken_step_leaves_the_old_pipeline_serving(pipe_daemon: DaemonProcess)
     with request_every(pipe_daemon.triton_url(), pipe_answer) as stats:
         time.sleep(0.3)
         write_pipe(pipe_daemon.repository, "t9", 90, broken_b=True)
-        [event] = wait_for(lambda: changesets(pipe_daemon, since), 120, 0.2, "the change set's audit event")
-        time.sleep(0.5)
-    assert stats["failed"] == 0, stats["errors"]
+        event = until_the_set_is_over(pipe_daemon, since, stats)
+    assert stats["failed"] == 0 and stats["ok"] > 0, stats["errors"]
     assert set(stats["answers"]) == {before}  # the old pipeline answered throughout
     assert event["outcome"] == "rolled_back", event
     members = {m["model"]: m for m in json.loads(event["message"])["members"]}
@@ -181,13 +191,18 @@ def test_load_of_several_models_is_one_change_set(pipe_daemon: DaemonProcess) ->
     for name in ("a", "b", "pipe"):
         pipe_daemon.json("policy", name, "manual")
     try:
-        since = last_event_id(pipe_daemon)
+        before, since = pipe_state(pipe_daemon)
         with request_every(pipe_daemon.triton_url(), pipe_answer) as stats:
             write_pipe(pipe_daemon.repository, "t5", 50)
-            time.sleep(1.0)  # settled and recorded, not deployed: manual policy
-            assert not changesets(pipe_daemon, since)
+            # settled and recorded, not deployed: the daemon's own word (status: held by the manual policy)
+            for name in ("a", "b", "pipe"):
+                wait_for(lambda n=name: (r := pipe_daemon.model_status(n)).get("sync") == "held"
+                         and r["sync_reason"].startswith("policy manual") and r["source_digest"] != r["digest"],
+                         30, 0.1, f"{name}'s new content recorded and held by the manual policy")
+            assert not changesets(pipe_daemon, since) and stats["answers"][-1] == before
             result = pipe_daemon.run("load", "a", "b", "pipe", "--json")
-            time.sleep(0.3)
+            answered = stats["ok"]
+            wait_for(lambda: stats["ok"] > answered, 30, 0.02, "an answer after the load")
         assert result.exit_code == 0, result.output
         outcome = json.loads(result.stdout)
         assert outcome["outcome"] == "ok" and outcome["action"] == "changeset", outcome
@@ -213,11 +228,10 @@ def test_repository_hold_releases_everything_as_one_set(pipe_daemon: DaemonProce
                      "pipe pending on the repository hold")
             assert not changesets(pipe_daemon, since)
             hold.unlink()
-            [event] = wait_for(lambda: changesets(pipe_daemon, since), 60, 0.2, "the released change set")
-            time.sleep(0.3)
+            event = until_the_set_is_over(pipe_daemon, since, stats, 60)
         assert event["outcome"] == "deployed", event
         assert {m["model"] for m in json.loads(event["message"])["members"]} == {"a", "b", "pipe"}
-        assert stats["failed"] == 0, stats["errors"]
+        assert stats["failed"] == 0 and stats["ok"] > 0, stats["errors"]
         assert before in (None, 100.0) and stats["answers"][-1] == 140.0
     finally:
         hold.unlink(missing_ok=True)
@@ -299,14 +313,14 @@ def test_repository_commit_marker_deploys_everything_since_the_last_one_as_one_s
             for name in ("pipe", "solo"):  # no model-level DONE is needed, the root one is awaited
                 wait_for(lambda n=name: "commit marker DONE at the repository root" in
                          str(proc.model_status(n).get("sync_reason")), 20, 0.2, f"{name} awaiting the root marker")
-            time.sleep(1.0)  # several settle windows: still nothing deployed
+            # the daemon's own word that both wait: nothing deployed
             assert not changesets(proc, since) and stats["answers"][-1] == 20.0
             (repo / "DONE").touch()
-            [event] = wait_for(lambda: changesets(proc, since), 60, 0.2, "the committed change set")
+            event = until_the_set_is_over(proc, since, stats, 60)
             wait_for(lambda: stats["answers"][-1] == 60.0, 30, 0.1, "pipe answers 60")
         assert event["outcome"] == "deployed", event
         assert {m["model"] for m in json.loads(event["message"])["members"]} == {"a", "b", "pipe", "solo"}
-        assert stats["failed"] == 0, stats["errors"]
+        assert stats["failed"] == 0 and stats["ok"] > 0, stats["errors"]
         assert set(stats["answers"]) <= {20.0, 60.0}
         assert proc.model_status("solo")["state"] == "serving"
         assert proc.model_status("solo").get("sync") != "pending"
@@ -325,11 +339,10 @@ def test_ensemble_failing_its_own_smoke_is_the_only_one_quarantined(pipe_daemon:
         time.sleep(0.3)
         write_pipe(pipe_daemon.repository, "t8", 80)
         (pipe_daemon.repository / "pipe" / "smoke.json").write_text(json.dumps(wrong))
-        [event] = wait_for(lambda: changesets(pipe_daemon, since), 120, 0.2, "the change set's audit event")
-        time.sleep(0.5)
+        event = until_the_set_is_over(pipe_daemon, since, stats)
     (pipe_daemon.repository / "pipe" / "smoke.json").unlink()  # then the set without it deploys
     wait_for(lambda: len(changesets(pipe_daemon, since)) == 2, 120, 0.2, "the set without the bad smoke.json")
-    assert stats["failed"] == 0, stats["errors"]
+    assert stats["failed"] == 0 and stats["ok"] > 0, stats["errors"]
     # smoke runs once the new pipeline is READY (as for one model): it may answer until the rollback
     assert set(stats["answers"]) <= {before, 160.0} and stats["answers"][-1] == before
     assert event["outcome"] == "rolled_back" and "smoke" in event["message"], event
@@ -383,8 +396,9 @@ def test_daemon_killed_mid_set_rolls_the_whole_set_forward(tmp_path: Path) -> No
             wait_for(lambda: stats["answers"] and stats["answers"][-1] == 60.0, 60, 0.1, "the new pipeline")
             wait_for(lambda: not [p for p in (state / "serving").iterdir() if "__" in p.name], 30, 0.2,
                      "private step names removed")
-            time.sleep(0.5)
-        assert stats["failed"] == 0, stats["errors"]
+            answered = stats["ok"]
+            wait_for(lambda: stats["ok"] > answered, 30, 0.02, "an answer after the set was finished")
+        assert stats["failed"] == 0 and stats["ok"] > 0, stats["errors"]
         for name in ("a", "b", "pipe"):
             assert plain.model_status(name)["state"] == "serving", plain.model_status(name)
         client = grpcclient.InferenceServerClient(url)
@@ -458,9 +472,8 @@ def test_sentiment_pipeline_tensor_rename_and_broken_step(sentiment_daemon: Daem
     with request_every(url, sentiment_answer) as stats:
         time.sleep(0.3)
         rename_sentiment_tensor(repo, "tokens", "words")
-        [event] = wait_for(lambda: changesets(sentiment_daemon, since), 180, 0.3, "the change set")
-        time.sleep(0.5)
-    assert stats["failed"] == 0, stats["errors"]
+        event = until_the_set_is_over(sentiment_daemon, since, stats, 180)
+    assert stats["failed"] == 0 and stats["ok"] > 0, stats["errors"]
     assert event["outcome"] == "deployed", event
     assert set(stats["answers"]) == {expected}
     triton = grpcclient.InferenceServerClient(url)
@@ -475,9 +488,8 @@ def test_sentiment_pipeline_tensor_rename_and_broken_step(sentiment_daemon: Daem
     with request_every(url, sentiment_answer) as stats:
         time.sleep(0.3)
         rename_sentiment_tensor(repo, "words", "pieces", break_classifier=True)
-        [event] = wait_for(lambda: changesets(sentiment_daemon, since), 180, 0.3, "the change set")
-        time.sleep(0.5)
-    assert stats["failed"] == 0, stats["errors"]
+        event = until_the_set_is_over(sentiment_daemon, since, stats, 180)
+    assert stats["failed"] == 0 and stats["ok"] > 0, stats["errors"]
     assert event["outcome"] == "rolled_back", event
     assert set(stats["answers"]) == {expected}
     shutil.rmtree(repo / "sentiment_pipeline" / "1" / "__pycache__", ignore_errors=True)

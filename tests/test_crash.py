@@ -275,6 +275,7 @@ def test_random_sigkills_never_serve_a_mixed_model(tmp_path: Path) -> None:
 def test_thirty_random_sigkills_never_serve_a_mixed_model(tmp_path: Path) -> None:
     result = random_kills(tmp_path, kills=30, seed=1616)
     assert result["mixed"] == 0 and result["failed"] == 0, result
+    assert result["ok"] > 0, result
     assert {"published", "loaded", "verified"} <= set(result["steps"]), result
 
 
