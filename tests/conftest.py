@@ -45,6 +45,7 @@ SERVER_MODULES = {
     "test_bench_quick": ("triton",),
     "test_capture_at_once": ("triton",),
     "test_bench_smoke": ("triton",),  # the bench records the tritonserver version: it starts one briefly
+    "test_changeset_kills": ("triton",),
     "test_changesets": ("triton",),
     "test_concurrency": ("triton",),
     "test_corpus_e2e": ("triton",),
