@@ -13,8 +13,10 @@ server binaries and psycopg, as CI installs them). The audit benchmark (bench/au
 1,000,000-event registry) runs only with `--with-audit`; its latest results
 (bench/results/audit_query.json) join the summary when present.
 
-docs/benchmarks.md keeps other sections as they are: this script only replaces the text between its
-own markers (one block for full runs, one for quick runs), appending the block the first time.
+docs/benchmarks.md is rendered as a whole by bench/render_docs.py from bench/benchmarks.md.in and the
+results files (this script's blocks included), so it never holds a figure without its results file.
+Another file given with --docs keeps its other sections: only the text between this script's markers
+(one block for full runs, one for quick runs) is replaced, or appended the first time.
 """
 
 from __future__ import annotations
@@ -401,7 +403,12 @@ def main(argv: list[str] | None = None) -> int:
         if png.exists():
             reports[name]["plot"] = png.name
             console.print(f"plot: {png}")
-    if not args.no_docs:
+    if not args.no_docs and args.docs.resolve() == DOCS.resolve():
+        import render_docs  # the whole page, from bench/benchmarks.md.in and the results files
+
+        if render_docs.main(["--results", str(args.results or c.RESULTS)]) != 0:
+            failed.append("render_docs")
+    elif not args.no_docs:
         update_docs(args.docs, markdown(args.quick, reports, runtimes), args.quick)
         console.print(f"updated {args.docs}")
     if failed:
