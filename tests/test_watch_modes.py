@@ -28,7 +28,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.fswatch import choose_mode, filesystem_type
-from controlplane.poller import DirectorySource
+from controlplane.poller import DirectorySource, SignaturePoller
 from controlplane.watcher import RepositoryWatcher
 from tests.harness import DaemonProcess, gen_config, request_loop, wait_for
 
@@ -419,3 +419,25 @@ def test_symlinked_model_is_captured_through_its_target_and_may_not_lead_out(tmp
     os.symlink(tmp_path / "secret", release / "leak")
     with pytest.raises(SnapshotError, match="points outside the model directory"):
         store.capture(tmp_path / "repo" / "m", "m")
+
+
+def _thread_names() -> set[str]:
+    names = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            names.add((task / "comm").read_text().strip())
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return names
+
+
+def test_the_poll_thread_is_named_in_the_kernel(tmp_path: Path) -> None:
+    """`top -H` and /proc/PID/task/TID/comm tell the poll thread apart: bench/rescan_daemon.py reads the
+    rescan's own CPU time there."""
+    poller = SignaturePoller(DirectorySource(tmp_path), lambda name, kind: None)
+    poller.start(3600.0)
+    try:
+        wait_for(lambda: "tritonctl-poll" in _thread_names(), 10, 0.05, "the poll thread named in /proc")
+    finally:
+        poller.stop()
+    assert "tritonctl-poll" not in _thread_names()
