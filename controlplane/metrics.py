@@ -16,6 +16,7 @@ Metrics (names are a contract; see docs/operations.md):
   tritonctl_store_bytes                     bytes of file contents in the content store
   tritonctl_watcher_backlog                 models waiting for their settle check
   tritonctl_triton_reachable                1 if tritonserver answered at the last reconcile
+  tritonctl_webhook_deliveries{state}       webhook deliveries by state (pending/delivered/failed)
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ HELP = {
     "store_bytes": "Bytes of file contents in the content-addressed store (deduplicated)",
     "backlog": "Models waiting for their settle check",
     "reachable": "1 if tritonserver answered at the last reconcile",
+    "webhooks": "Webhook deliveries by state (ended ones are kept 30 days)",
 }
+DELIVERY_STATES = ("pending", "delivered", "failed")
 
 
 class _StoreSize:
@@ -94,7 +97,7 @@ class StateCollector:
     def collect(self) -> Iterator[Metric]:
         # Each family on its own: one failing query must not fail the whole scrape.
         for build in (self._model_state, self._quarantined, self._snapshots, self._store_bytes,
-                      self._backlog, self._reachable):
+                      self._backlog, self._reachable, self._webhooks):
             try:
                 yield from build()
             except Exception as exc:  # noqa: BLE001 - e.g. the database is locked; a scrape must still answer
@@ -121,6 +124,14 @@ class StateCollector:
 
     def _backlog(self) -> Iterable[Metric]:
         yield GaugeMetricFamily("tritonctl_watcher_backlog", HELP["backlog"], value=self.backlog() or 0)
+
+    def _webhooks(self) -> Iterable[Metric]:
+        worker = getattr(self.plane, "webhooks", None)
+        counts = worker.counts() if worker is not None else {}
+        family = GaugeMetricFamily("tritonctl_webhook_deliveries", HELP["webhooks"], labels=["state"])
+        for state in DELIVERY_STATES:
+            family.add_metric([state], float(counts.get(state, 0)))
+        yield family
 
     def _reachable(self) -> Iterable[Metric]:
         reachable = 1.0 if self.plane.counters.triton_reachable else 0.0

@@ -39,6 +39,8 @@ from controlplane.store.registry import Registry
 log = logging.getLogger("tritonctl.webhooks")
 
 RETRY_FOR = timedelta(hours=24)  # a delivery not delivered by then is kept as failed
+KEEP_FOR = timedelta(days=30)  # ended deliveries are listed this long, then deleted (the audit log stays)
+PRUNE_EVERY = timedelta(hours=1)
 SEND_TIMEOUT_S = 10.0  # one POST: connect, send, answer
 POLL_S = 0.2  # how often the worker looks at the outbox and the due deliveries
 SENDERS = 4  # POSTs in flight at once (one per lane)
@@ -130,6 +132,7 @@ class Webhooks:
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
+        self._pruned_at: datetime | None = None
 
     # -- configuration (SIGHUP) -------------------------------------------------------------------
 
@@ -170,7 +173,8 @@ class Webhooks:
             self._wake.clear()
 
     def run_once(self, wait: bool = False) -> int:
-        """One round: fan new events out, end deliveries to removed webhooks, send what is due.
+        """One round: fan new events out, end deliveries to removed webhooks, delete those ended 30 days
+        ago (hourly), send what is due.
         Returns how many POSTs it started (`wait`: and waits for them; tests step it this way)."""
         with self._lock:
             targets = dict(self.targets)
@@ -178,6 +182,9 @@ class Webhooks:
         while self.store.fan_out(lambda record: self._route(record, targets), now, RETRY_FOR):
             pass
         self.store.fail_unrouted(list(targets), now)
+        if self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY:
+            self.store.prune(now - KEEP_FOR)
+            self._pruned_at = now
         started = []
         for outgoing in self.store.due(now, list(targets)):
             with self._lock:

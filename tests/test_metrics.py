@@ -14,14 +14,17 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.config import WebhookTarget
 from controlplane.deploy import Outcome
 from controlplane.errors import ConfigError
 from controlplane.metrics import Metrics
 from controlplane.service import Counters
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
-from controlplane.store.registry import Registry
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.webhooks import Webhooks
 from tests.harness import DaemonProcess, copy_example, wait_for
+from tests.webhook_receiver import Receiver
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -81,6 +84,7 @@ def test_empty_daemon_exposes_every_metric(metrics: Metrics) -> None:
     assert value(samples, "tritonctl_store_bytes") == 0
     assert value(samples, "tritonctl_watcher_backlog") == 0
     assert value(samples, "tritonctl_triton_reachable") == 0
+    assert all(value(samples, "tritonctl_webhook_deliveries", state=s) == 0 for s in ("pending", "delivered", "failed"))
     assert not any(name.startswith(("process_", "python_")) for name, _ in samples), "dedicated registry only"
 
 
@@ -108,6 +112,25 @@ def test_outcomes_are_counted(metrics: Metrics, plane: Any) -> None:
     assert value(samples, "tritonctl_model_state", model="broken", state="failed") == 1
     assert value(samples, "tritonctl_watcher_backlog") == 3
     assert value(samples, "tritonctl_triton_reachable") == 1
+
+
+def test_webhook_deliveries_are_counted_by_state(metrics: Metrics, plane: Any) -> None:
+    receiver = Receiver("metrics-webhook-secret")
+    receiver.mode = "500"
+    try:
+        for model in ("a", "b"):
+            plane.registry.audit(AuditEntry("alice", "deploy", model, "ab" * 32, "ok"))
+        plane.webhooks = Webhooks(plane.registry, [WebhookTarget(receiver.url, ("*",), Path("/unused"), "x" * 16)])
+        plane.webhooks.run_once(wait=True)
+        samples = scrape(metrics.port)
+        assert value(samples, "tritonctl_webhook_deliveries", state="pending") == 2
+        plane.webhooks.reconfigure([])  # the receiver is no longer configured: its deliveries end failed
+        plane.webhooks.run_once(wait=True)
+        samples = scrape(metrics.port)
+        assert value(samples, "tritonctl_webhook_deliveries", state="pending") == 0
+        assert value(samples, "tritonctl_webhook_deliveries", state="failed") == 2
+    finally:
+        receiver.close()
 
 
 def test_a_failing_query_does_not_fail_the_scrape(metrics: Metrics, plane: Any) -> None:

@@ -141,6 +141,19 @@ def test_retries_back_off_then_end_failed_after_24_hours(registry: Registry, clo
     assert webhooks.counts() == {"pending": 0, "delivered": 1, "failed": 1}
 
 
+def test_ended_deliveries_are_kept_30_days_then_deleted(registry: Registry, clock: Clock,
+                                                         receiver: Receiver) -> None:
+    deploy(registry, "a")
+    webhooks = worker(registry, clock, target(receiver))
+    webhooks.run_once(wait=True)
+    clock.advance(days=29)
+    webhooks.run_once(wait=True)
+    assert [d.state for d in webhooks.deliveries().deliveries] == ["delivered"]
+    clock.advance(days=1, hours=1)
+    webhooks.run_once(wait=True)
+    assert webhooks.deliveries().deliveries == [] and len(registry.query_audit(AuditQuery())) == 1
+
+
 def test_redeliver_sends_the_same_delivery_again(registry: Registry, clock: Clock, receiver: Receiver) -> None:
     deploy(registry, "a")
     webhooks = worker(registry, clock, target(receiver))

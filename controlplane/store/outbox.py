@@ -176,6 +176,16 @@ class DeliveryStore:
             row.state, row.next_attempt_at, row.retry_until, row.finished_at = PENDING, now, now + retry_for, None
             return _record(row)
 
+    def prune(self, before: datetime) -> int:
+        """Delete deliveries that ended (delivered or failed) before `before`; the audit log keeps the
+        events themselves."""
+        with self.registry.session() as session:
+            result = session.execute(delete(schema.WebhookDelivery)
+                                     .where(schema.WebhookDelivery.state != PENDING,
+                                            schema.WebhookDelivery.finished_at < before)
+                                     .execution_options(synchronize_session=False))
+            return int(getattr(result, "rowcount", 0) or 0)
+
     def count(self, state: str) -> int:
         from sqlalchemy import func
 
