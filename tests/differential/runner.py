@@ -34,6 +34,7 @@ LOAD_TIMEOUT_S = 60.0
 # most of a load is the python stub starting, so a few overlap well; more only queue.
 WORKERS = 4
 MAX_ATTEMPTS = 4
+LOG_WAIT_S = 3.0
 _GONE = ("failed to connect", "Connection reset", "Socket closed", "connection refused", "Broken pipe")
 
 
@@ -85,14 +86,17 @@ def host_check(probe: HostProbe, results: list[ValidationResult]) -> str:
 
 
 def _log_reasons(case: Case, cursor: LogCursor) -> list[str]:
+    """The E-lines the server wrote about the case's models since `cursor`. Triton answers the load
+    and writes its log line from different threads: wait for a line up to LOG_WAIT_S (under load the
+    line can trail the answer by more than the daemon's LOG_FLUSH_WAIT_S)."""
     names = [case.model_name(role) for role in case.models]
-    text = cursor.read_new()
-    found = [r for name in names for r in reasons_for(name, parse_lines(text))]
-    if not found:  # Triton answers the load and writes its log line from different threads
-        time.sleep(LOG_FLUSH_WAIT_S)
-        text += cursor.read_new()
+    deadline = time.monotonic() + LOG_WAIT_S
+    while True:
+        text = cursor.read_new()  # everything since the cursor was made
         found = [r for name in names for r in reasons_for(name, parse_lines(text))]
-    return list(dict.fromkeys(found))
+        if found or time.monotonic() >= deadline:
+            return list(dict.fromkeys(found))
+        time.sleep(LOG_FLUSH_WAIT_S / 2)
 
 
 def load_case(client: grpcclient.InferenceServerClient, server: TritonServer, case: Case) -> _Load:
