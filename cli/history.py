@@ -10,6 +10,7 @@ import click
 from cli import render
 from cli.options import json_option, registry_options, state_option
 from controlplane.config import Settings
+from controlplane.errors import UsageError
 from controlplane.store.records import OUTCOMES
 
 if TYPE_CHECKING:
@@ -62,20 +63,32 @@ def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, dig
 @click.option("--until", help="ISO 8601 or relative (30m, 2h, 7d).")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--at", "at", help="Instead: what each model was serving at this time.")
+@click.option("-f", "--follow", is_flag=True, help="Instead: print each new event as the daemon writes it (its "
+              "event stream; --json: one document per line); Ctrl-C to stop.")
 @json_option
-@registry_options
-def audit(registry: Registry, model: str | None, action: str | None, outcome: str | None,
-          actor: str | None, since: str | None, until: str | None, limit: int, at: str | None,
+@registry_options(state=True)
+def audit(registry: Registry, state_dir: Path, model: str | None, action: str | None, outcome: str | None,
+          actor: str | None, since: str | None, until: str | None, limit: int, at: str | None, follow: bool,
           as_json: bool) -> None:
-    """Query the append-only audit log (newest first), or what served at a given time.
+    """Query the append-only audit log (newest first), or what served at a given time, or follow it.
 
     \b
     Examples:
       tritonctl audit --model linear --since 2h
       tritonctl audit --outcome rolled_back --since 7d --json
       tritonctl audit --at 2026-11-29T03:00:00Z
+      tritonctl audit --follow --model linear
     """
     from controlplane import queries, tags
+
+    if follow:
+        from cli.follow import client_for, follow_audit
+
+        if at or since or until:
+            raise UsageError("--follow prints new events as they come: it takes no --at, --since or --until")
+        follow_audit(client_for(state_dir), {"model": model, "action": action, "outcome": outcome,
+                                             "actor": actor}, as_json)
+        return
 
     if at:
         data = queries.serving_at(registry, at, [model] if model else None)

@@ -158,8 +158,9 @@ def rollback(client: ControlClient, model: str, to_digest: str, to_tag: str, for
 
 @click.command()
 @click.argument("models", nargs=-1)
-@click.option("--watch", is_flag=True, help="Refresh every --interval seconds (Ctrl-C to stop); off a terminal, "
-              "print one table (with --json one JSON line) per interval.")
+@click.option("--watch", is_flag=True, help="Redraw on every change the daemon reports (its event stream), and "
+              "every --interval seconds (Ctrl-C to stop); off a terminal, print one table (with --json one JSON "
+              "line) each time.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: also since, policy, pin, drift, the "
               "source's digest, why it is (not) in sync, the last error.")
@@ -192,9 +193,17 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
     if not watch:
         render.status(client.status(list(models)), as_json, wide)
         return
+    from cli.follow import change_signal
+
+    changed = change_signal(client)  # the daemon's event stream: redraw on each change, else every interval
+
+    def next_change() -> None:
+        changed.wait(interval)
+        changed.clear()
+
     try:
         if as_json or not render.status_is_live():
-            while True:  # a pipe or a file: one block (or one JSON line) per interval
+            while True:  # a pipe or a file: one block (or one JSON line) per change or interval
                 data = client.status(list(models))
                 if as_json:
                     render.status_line_json(data)
@@ -202,11 +211,11 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
                     render.status(data, False, wide)
                     click.echo()
                 sys.stdout.flush()
-                time.sleep(interval)
+                next_change()
         with render.live_status(wide) as update:
             while True:
                 update(client.status(list(models)))
-                time.sleep(interval)
+                next_change()
     except KeyboardInterrupt:
         pass
 

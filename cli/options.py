@@ -70,9 +70,10 @@ def daemon_options(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def registry_options(fn: F | None = None, *, store: bool = False) -> Any:
+def registry_options(fn: F | None = None, *, store: bool = False, state: bool = False) -> Any:
     """--state-dir and --db-url: read the registry directly (works while the daemon is down).
 
+    With `state=True` the command also gets `state_dir` (`audit --follow` finds the daemon's socket there).
     With `store=True` the command also gets the content store (`diff` reads file contents). The others
     never open it: opening creates its directories, which a read-only query must not need (a user with
     read access only, or --db-url on a machine without the state directory).
@@ -87,6 +88,8 @@ def registry_options(fn: F | None = None, *, store: bool = False) -> Any:
             from controlplane.store.migrate import open_reader
 
             settings = Settings(state_dir=state_dir, db_url=db_url)
+            if state:
+                kwargs["state_dir"] = state_dir
             registry = open_reader(settings.registry_url)
             try:
                 if store:

@@ -43,7 +43,7 @@ from controlplane.results import (
 )
 from controlplane.servedview import ServedView
 from controlplane.snapshot import ContentStore
-from controlplane.store.records import ModelRecord, SnapshotRecord, iso
+from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.sync import sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
@@ -637,3 +637,34 @@ class ControlPlane:
     def move_tag(self, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
                  delete: bool = False) -> TagResult:
         return tags.move(self, model, name, ref, actor, progress, delete=delete)
+
+    # -- the event stream (controlplane/api/stream.py) ---------------------------------------------
+
+    def events_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
+        return self.registry.audit_after(after_id, limit)
+
+    def last_event_id(self) -> int:
+        return self.registry.last_audit_id()
+
+    def activity(self) -> dict[str, tuple[str, str]]:
+        """Models settling (or being captured) or deploying right now: model -> (state, reason). In memory only:
+        the event stream samples it often."""
+        hooks = self.watch
+        settling = hooks.settling() if hooks is not None and hooks.settling is not None else {}
+        now = {model: ("settling", reason) for model, reason in settling.items()}
+        for model in self.deployer.busy_models():
+            now[model] = ("deploying", "an operation is in progress")
+        return {model: value for model, value in now.items() if not is_private_name(model)}
+
+    def model_state(self, model: str) -> str:
+        """The registry's state word of a model (serving, degraded, failed, unloaded, new; removed)."""
+        record = self.registry.find_model(model)
+        if record is None:
+            return "unknown"
+        return "removed" if record.removed_at is not None else record.state
+
+    def quarantined(self, model: str, digest: str) -> bool:
+        try:
+            return bool(self.registry.get_snapshot(model, digest).quarantined)
+        except (NotFoundError, StoreError):
+            return False

@@ -63,6 +63,7 @@ SERVER_MODULES = {
     "test_operator_view": ("triton",),
     "test_readme_using_it": ("triton",),
     "test_ready_e2e": ("triton",),
+    "test_events_e2e": ("triton",),
     "test_s3_e2e": ("triton", "s3"),
     "test_s3_fleet_e2e": ("triton", "postgres", "s3"),
     "test_security": ("triton",),

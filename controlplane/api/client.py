@@ -13,6 +13,7 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -226,3 +227,60 @@ class ControlClient:
 
     def redeliver(self, delivery_id: str) -> dict[str, Any]:
         return dict(self.call("POST", f"/webhooks/deliveries/{quote(delivery_id, safe='')}/redeliver"))
+
+    # -- the event stream ------------------------------------------------------------------------------
+
+    def events(self, after: int | None = None, reconnect: bool = True) -> Iterator[Event]:
+        """Follow /v1/events: each audit record (`kind` "audit", its id) and state change ("state"). With
+        `reconnect`, a daemon that stops or restarts is waited for and the stream resumes after the last id
+        seen (Last-Event-ID), so nothing is lost or repeated."""
+        import time
+
+        last = after
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            try:
+                for event in parse_sse(self.lines("/events", headers, timeout_s=3600.0)):
+                    if event.id is not None:
+                        last = event.id
+                    yield event
+            except (errors.DaemonUnavailableError, OSError, http.client.HTTPException):
+                if not reconnect:
+                    raise
+            if not reconnect:
+                return
+            time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event: `kind` audit or state, its JSON data, the audit id (None for state events)."""
+
+    kind: str
+    data: dict[str, Any]
+    id: int | None = None
+
+
+def parse_sse(lines: Iterator[bytes]) -> Iterator[Event]:
+    """Server-sent events from raw lines (the `text/event-stream` format: fields, then a blank line)."""
+    kind, event_id = "message", None
+    data: list[str] = []
+    for raw in lines:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if data:
+                yield Event(kind, json.loads("\n".join(data)), event_id)
+            kind, event_id, data = "message", None, []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                kind = value
+            elif field == "data":
+                data.append(value)
+            elif field == "id" and value.isdigit():
+                event_id = int(value)

@@ -34,6 +34,7 @@ from controlplane.api.app import ACTOR_SCOPE_KEY, build_app
 from controlplane.api.health import health_routes
 from controlplane.api.hooks import webhook_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
+from controlplane.api.stream import EventHub, events_routes
 from controlplane.config import Settings
 from controlplane.service import ControlPlane
 
@@ -152,7 +153,9 @@ class ApiServer:
         self.plane = plane
         self.executor = executor
         self.settings = settings
-        self.app = build_app(plane, executor, health_routes(plane, loop_age_s), webhook_routes(plane), *routers)
+        self.hub = EventHub(plane)
+        self.app = build_app(plane, executor, health_routes(plane, loop_age_s), webhook_routes(plane),
+                             events_routes(plane, self.hub), *routers)
         self.listeners: list[_Listener] = []
 
     def _unix_socket(self) -> socket.socket:
@@ -200,6 +203,7 @@ class ApiServer:
             self.listeners.append(tcp)
 
     def stop(self, grace_s: float = 1.0) -> None:
+        self.hub.close()  # event streams end; their followers resume with Last-Event-ID
         for listener in self.listeners:
             listener.stop(grace_s)
         self.listeners.clear()

@@ -8,6 +8,7 @@ serving log and the audit event in the same transaction, so a crash never leaves
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, the
 )
 
 BUSY_TIMEOUT_S = 10.0
+AUDIT_ADDED = "tritonctl.audit_added"  # session.info flag: this transaction added audit events
 
 
 def _redact(url: str) -> str:
@@ -167,6 +169,9 @@ class Registry:
         self.clock: Callable[[], datetime] = clock or (lambda: utcnow())
         self.engine = make_engine(url, busy_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # Called (with no argument, on the writer's thread) after a transaction that added audit events
+        # committed: the event stream wakes its followers instead of polling (controlplane/api/stream.py).
+        self.audit_listeners: list[Callable[[], None]] = []
 
     def close(self) -> None:
         self.engine.dispose()
@@ -184,6 +189,8 @@ class Registry:
         try:
             yield session
             session.commit()
+            if session.info.pop(AUDIT_ADDED, False):
+                self._audit_committed()
         except SQLAlchemyError as exc:
             session.rollback()
             reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
@@ -193,6 +200,13 @@ class Registry:
             raise
         finally:
             session.close()
+
+    def _audit_committed(self) -> None:
+        for listener in list(self.audit_listeners):
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a follower's wake-up must never fail a committed write
+                logging.getLogger("tritonctl.store").exception("audit listener failed")
 
     # -- models ---------------------------------------------------------------------------------
 
@@ -487,12 +501,24 @@ class Registry:
     # -- audit and serving history --------------------------------------------------------------
 
     def _add_audit(self, session: Session, entry: AuditEntry, now: datetime) -> None:
+        session.info[AUDIT_ADDED] = True  # followers of the event stream are woken after the commit
         # With its webhook outbox row, in this transaction (controlplane/store/outbox.py)
         add_audit_event(session, entry, self.host, now, self.outbox)
 
     def audit(self, entry: AuditEntry) -> None:
         with self._session() as session:
             self._add_audit(session, entry, self.clock())
+
+    def audit_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
+        """Audit events with an id above `after_id`, oldest first (the event stream's catch-up)."""
+        table = schema.AuditEvent
+        stmt = select(table).where(table.id > after_id).order_by(table.id).limit(max(1, limit))
+        with self._session() as session:
+            return [_audit_record(row) for row in session.scalars(stmt)]
+
+    def last_audit_id(self) -> int:
+        with self._session() as session:
+            return int(session.scalar(select(func.max(schema.AuditEvent.id))) or 0)
 
     def query_audit(self, query: AuditQuery) -> list[AuditRecord]:
         """Newest first, filtered; uses the (model, time) and (time) indexes."""
