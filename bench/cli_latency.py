@@ -3,7 +3,9 @@
 What a person waits for is a whole process: interpreter start, imports, the work, the output. Each
 command runs N times as `python -m cli.main ...` (the console script does the same), interleaved with
 `python -c pass` in the same rounds, so a busy machine slows both alike; the table reports each median
-and its ratio to `python -c pass`. Targets (issue 15, item 1): median <= 150 ms and <= 6x `python -c pass`.
+and its ratio to `python -c pass`. Target (issue 27, item 2): median <= 100 ms for every command. The
+client speaks HTTP over the Unix socket with the standard library's http.client (no gRPC), and the outputs
+an operator waits for (a step, an outcome, the status table) are drawn without rich (cli/plain.py).
 
 The commands: `status` and `status --json` and `load M` (a no-op: M already serves that digest) against
 a real `tritonctl daemon --launch-triton` serving one model; `versions M`, `audit --model M --since 1d`
@@ -40,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
 
 NAME = "cli_latency"
-TARGET_MS = 150.0
-TARGET_RATIO = 6.0
+TARGET_MS = 100.0
+TARGET_RATIO = 6.0  # reported, no longer a target (issue 15's)
 MODEL = "linear"
 
 
@@ -101,6 +103,7 @@ def commands(state: Path, db_url: str, at: str) -> list[tuple[str, list[str]]]:
         ("status", ["status", *sd]),
         ("status --json", ["status", "--json", *sd]),
         ("load M (noop)", ["load", MODEL, *sd]),
+        ("policy M auto --json", ["policy", MODEL, "auto", "--json", *sd]),
         ("versions M", ["versions", "model_000", "--db-url", db_url]),
         ("audit --model M --since 1d", ["audit", "--model", "model_000", "--since", "1d", "--db-url", db_url]),
         ("audit --at T", ["audit", "--at", at, "--db-url", db_url]),
@@ -185,8 +188,8 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             rows.append(c.Row(name, system if system == "tritonctl" else f"before ({args.compare_label})",
                               f"{median:.0f} ms ({median / base:.1f}x)",
                               note=f"CPU {statistics.median(cpu[system][name]):.0f} ms",
-                              target=f"<= {TARGET_MS:.0f} ms and <= {TARGET_RATIO:.0f}x" if targeted else "-",
-                              met=(median <= TARGET_MS and median <= TARGET_RATIO * base) if targeted else None,
+                              target=f"<= {TARGET_MS:.0f} ms" if targeted else "-",
+                              met=(median <= TARGET_MS) if targeted else None,
                               value=round(median, 1)))
         per_command.append(entry)
     import_costs = {label: {"median_ms": round(statistics.median(v), 1),

@@ -23,10 +23,11 @@ def client_for(state_dir: Path) -> ControlClient:
 
     from controlplane.api.client import ControlClient
     from controlplane.api.protocol import read_token
+    from controlplane.defaults import SOCKET_NAME
 
     token_file = os.environ.get("TRITONCTL_TOKEN_FILE")
     socket = os.environ.get("TRITONCTL_SOCKET")
-    return ControlClient(socket=Path(socket) if socket else state_dir / "tritonctl.sock",
+    return ControlClient(socket=Path(socket) if socket else state_dir / SOCKET_NAME,
                          address=os.environ.get("TRITONCTL_ADDRESS") or None,
                          token=read_token(token_file) if token_file else None)
 

@@ -9,7 +9,6 @@ import click
 
 from cli import render
 from cli.options import json_option, registry_options, state_option
-from controlplane.config import Settings
 from controlplane.errors import UsageError
 from controlplane.store.records import OUTCOMES
 
@@ -120,6 +119,7 @@ def db_upgrade(db_url: str | None, state_dir: Path, as_json: bool) -> None:
     Example:
       tritonctl db upgrade --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
+    from controlplane.config import Settings
     from controlplane.results import DbUpgradeResult
     from controlplane.store import migrate
     from controlplane.store.registry import Registry

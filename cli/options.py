@@ -9,10 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
-from controlplane.config import Settings
+from controlplane.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_STATE_DIR = Settings().state_dir
 
 
 LOCAL_STATE_DIR = Path(".state")  # where README's "Using it" starts a daemon
@@ -21,7 +20,7 @@ LOCAL_STATE_DIR = Path(".state")  # where README's "Using it" starts a daemon
 def default_state_dir() -> Path:
     """./.state when a daemon (or its registry) lives there, as README's "Using it" starts one; else the
     system default. --state-dir and TRITONCTL_STATE_DIR always win."""
-    if (LOCAL_STATE_DIR / "tritonctl.sock").exists() or (LOCAL_STATE_DIR / "registry.db").exists():
+    if (LOCAL_STATE_DIR / SOCKET_NAME).exists() or (LOCAL_STATE_DIR / "registry.db").exists():
         return LOCAL_STATE_DIR
     return DEFAULT_STATE_DIR
 
@@ -60,7 +59,7 @@ def daemon_options(fn: F) -> F:
         from controlplane.api.protocol import read_token
 
         token = read_token(token_file) if token_file else None
-        client = ControlClient(socket=socket or state_dir / "tritonctl.sock", address=address, token=token,
+        client = ControlClient(socket=socket or state_dir / SOCKET_NAME, address=address, token=token,
                                ca_file=ca_file)
         try:
             return fn(*args, client=client, **kwargs)
@@ -85,6 +84,7 @@ def registry_options(fn: F | None = None, *, store: bool = False, state: bool = 
         @state_option
         @functools.wraps(fn)
         def wrapper(*args: Any, db_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
+            from controlplane.config import Settings
             from controlplane.store.migrate import open_reader
 
             settings = Settings(state_dir=state_dir, db_url=db_url)

@@ -103,19 +103,15 @@ class _ProgressDisplay:
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
-        self.console = _console()
 
     def __call__(self, message: Any) -> None:
         if self.as_json or message.state == "start":
             return
-        from rich.text import Text
+        from cli.plain import styled
 
-        style = _STATE_STYLE.get(message.state, "")
-        text = Text.assemble(
-            (f"{message.state:>7} ", style), (f"{message.step:<8} ", "bold"), f"{message.model} ",
-            (_short(message.digest), "dim"), f"  {message.message}" if message.message else "",
-        )
-        self.console.print(text)
+        click.echo(styled(f"{message.state:>7} ", _STATE_STYLE.get(message.state, ""))
+                   + styled(f"{message.step:<8} ", "bold") + f"{message.model} " + styled(_short(message.digest), "dim")
+                   + (f"  {message.message}" if message.message else ""))
 
 
 class progress_display:  # noqa: N801 - used as `with render.progress_display(...) as show`
@@ -134,14 +130,11 @@ def outcome(result: Any, as_json: bool) -> None:
     if as_json:
         _print_json(result)
         return
-    from rich.text import Text
+    from cli.plain import styled
 
     state = str(result.get("outcome", ""))
-    text = Text.assemble(
-        (f"{state}", _OUTCOME_STYLE.get(state, "")), f"  {result.get('model', '')} ",
-        (_short(result.get("digest")), "dim"), f"  {result.get('message', '')}",
-    )
-    _console().print(text)
+    click.echo(styled(state, _OUTCOME_STYLE.get(state, "")) + f"  {result.get('model', '')} "
+               + styled(_short(result.get("digest")), "dim") + f"  {result.get('message', '')}")
 
 
 def kv(data: Any, as_json: bool) -> None:
@@ -155,6 +148,8 @@ def kv(data: Any, as_json: bool) -> None:
 
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
 _SYNC_STYLE = {"synced": "green", "pending": "cyan", "held": "yellow", "invalid": "bold red", "removed": "dim"}
+_STATUS_COLUMNS = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
+_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "SYNC REASON", "LAST ERROR"]
 STATUS_WIDTH = 100  # the default table fits here (README "Using it"); `-o wide` shows the rest
 
 
@@ -205,29 +200,40 @@ def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    reachable = data.get("triton_reachable")
-    urls = " ".join(f"{k.split('_')[1]} {data[k]}" for k in ("triton_grpc_url", "triton_http_url") if data.get(k))
-    title = f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)")
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
-    columns = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
-    if wide:
-        columns += ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "SYNC REASON", "LAST ERROR"]
-    for column in columns:
+    table = Table(title=_status_title(data), title_justify="left", box=None, pad_edge=False, header_style="bold")
+    for column in _STATUS_COLUMNS + (_WIDE_COLUMNS if wide else []):
         table.add_column(column, overflow="fold", no_wrap=column in ("MODEL", "DIGEST", "SINCE"))
     for row in data.get("models", []):
-        state, sync = str(row.get("state", "")), str(row.get("sync") or "-")
-        cells: list[Any] = [
-            row["model"], Text(state, _MODEL_STATE_STYLE.get(state, "")), Text(sync, _SYNC_STYLE.get(sync, "")),
-            _tagged(row, row.get("digest")), _versions_cell(row), age(row.get("since")),
-        ]
-        if wide:
-            cells += [
-                _when(row.get("since")), row.get("policy", ""), "yes" if row.get("pinned") else "no",
-                row.get("drift") or "-", _short(row.get("source_digest")), row.get("sync_reason") or "",
-                row.get("last_error") or "",
-            ]
-        table.add_row(*cells)
+        table.add_row(*(Text(text, style) for text, style in _status_cells(row, wide)))
     return table
+
+
+def _status_title(data: dict[str, Any]) -> str:
+    reachable = data.get("triton_reachable")
+    urls = " ".join(f"{k.split('_')[1]} {data[k]}" for k in ("triton_grpc_url", "triton_http_url") if data.get(k))
+    return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)")
+
+
+def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
+    """One row of the status table: (text, style) per column."""
+    state, sync = str(row.get("state", "")), str(row.get("sync") or "-")
+    cells = [(str(row["model"]), ""), (state, _MODEL_STATE_STYLE.get(state, "")), (sync, _SYNC_STYLE.get(sync, "")),
+             (_tagged(row, row.get("digest")), ""), (_versions_cell(row), ""), (age(row.get("since")), "")]
+    if wide:
+        cells += [(str(text), "") for text in (
+            _when(row.get("since")), row.get("policy", ""), "yes" if row.get("pinned") else "no",
+            row.get("drift") or "-", _short(row.get("source_digest")), row.get("sync_reason") or "",
+            row.get("last_error") or "")]
+    return cells
+
+
+def _plain_status(data: dict[str, Any], wide: bool) -> list[str] | None:
+    """The status table without rich (cli/plain.py), or None when it needs folding."""
+    from cli.plain import table, width
+
+    return table(_status_title(data), _STATUS_COLUMNS + (_WIDE_COLUMNS if wide else []),
+                 [_status_cells(row, wide) for row in data.get("models", [])], width(wide, STATUS_WIDTH),
+                 title_style="italic")
 
 
 def status(data: Any, as_json: bool, wide: bool = False) -> None:
@@ -235,10 +241,13 @@ def status(data: Any, as_json: bool, wide: bool = False) -> None:
     if as_json:
         _print_json(data)
         return
-    console = _status_console(wide)
-    with console.capture() as captured:
-        console.print(_status_table(data, wide))
-    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+    lines = _plain_status(data, wide)
+    if lines is None:  # too wide to fit without folding: rich folds the long cells
+        console = _status_console(wide)
+        with console.capture() as captured:
+            console.print(_status_table(data, wide))
+        lines = [line.rstrip() for line in captured.get().splitlines()]
+    click.echo("\n".join(lines))
     watch = data.get("watch") or {}
     if watch.get("mode"):
         click.echo(f"watch: {watch['mode']} ({watch.get('reason', '')})")

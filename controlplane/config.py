@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from controlplane.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
@@ -57,7 +58,7 @@ class Settings:
 
     repository: Path | None = None  # source repository people edit (watched)
     repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX (docs/object-storage.md)
-    state_dir: Path = Path("/var/lib/tritonctl")
+    state_dir: Path = DEFAULT_STATE_DIR
     db_url: str | None = None  # default: sqlite:///<state_dir>/registry.db
     triton_url: str | None = None  # an external tritonserver (gRPC host:port)
     launch_triton: bool = False  # start and supervise the embedded tritonserver
@@ -111,7 +112,7 @@ class Settings:
 
     @property
     def socket_path(self) -> Path:
-        return self.socket or self.state_dir / "tritonctl.sock"
+        return self.socket or self.state_dir / SOCKET_NAME
 
     def reloaded(self, new: Settings) -> Settings:
         """This settings object with only the SIGHUP-reloadable fields taken from `new`."""

@@ -137,6 +137,7 @@ RUN_APART = {
     "tritonctl daemon --repository examples/model_repository --state-dir .state --launch-triton":
         "the `served` fixture's daemon (ports 0 by environment, so a busy 8001 cannot fail it)",
     "tritonctl status --watch": "test_status_watch_example_prints_blocks (it runs until stopped)",
+    "tritonctl audit --follow --model linear": "test_audit_follow_example_prints_new_events (runs until stopped)",
     "tritonctl rollouts --open --watch": "test_rollouts_open_watch_runs_with_the_config_files_registry",
 }
 PARSE_ONLY = {
@@ -280,6 +281,22 @@ def test_status_watch_example_prints_blocks(served: Served) -> None:
         while line and "MODEL" not in line:
             line = proc.stdout.readline()
         assert "MODEL" in line, "status --watch printed no block"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_audit_follow_example_prints_new_events(served: Served) -> None:
+    proc = subprocess.Popen(shlex.split("tritonctl audit --follow --model linear"), cwd=served.clone,
+                            env={**_user_env(), "PATH": f"{Path(TRITONCTL).parent}:{os.environ['PATH']}"},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        time.sleep(2.0)  # connected to the event stream
+        assert served.run("tritonctl pin linear").exit_code == 0
+        assert served.run("tritonctl unpin linear").exit_code == 0
+        line = proc.stdout.readline()
+        assert line.split()[2:4] == ["pin", "linear"], line
     finally:
         proc.terminate()
         proc.wait(10)
