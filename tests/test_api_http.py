@@ -120,6 +120,16 @@ def test_errors_are_one_document_with_the_class_and_exit_code(served: ApiServer)
         ControlClient(socket=served.settings.socket_path).status(["ghost"])
 
 
+def test_fleet_resources_need_a_fleet(served: ApiServer) -> None:
+    for path in ("/v1/hosts", "/v1/rollouts?open=true"):
+        conn = _unix(served.settings.socket_path)
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        error = json.loads(answer.read())["error"]
+        assert (answer.status, error["class"], error["exit_code"]) == (400, "UsageError", 2), path
+        assert "not in a fleet" in error["message"]
+
+
 def test_the_socket_actor_is_the_peers_os_user(served: ApiServer) -> None:
     import pwd
 

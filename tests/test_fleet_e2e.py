@@ -199,6 +199,17 @@ def test_audit_answers_per_host(fleet: Fleet) -> None:
     assert "Host" in table and "h4" in table
 
 
+def test_hosts_and_rollouts_are_api_resources_on_every_host(fleet: Fleet) -> None:
+    from controlplane.api.client import ControlClient
+
+    for host in ("h1", "h3"):
+        client = ControlClient(socket=fleet.daemons[host].state_dir / "tritonctl.sock")
+        hosts = client.call("GET", "/hosts")
+        assert {(h["host"], h["leader"]) for h in hosts} == {(h["host"], h["leader"]) for h in fleet.cli_json("hosts")}
+        assert [r["id"] for r in client.call("GET", "/rollouts?limit=5")] == [
+            r["id"] for r in fleet.cli_json("rollouts", "--limit", "5")]
+
+
 def test_load_on_any_host_rolls_out_to_the_fleet_with_live_progress(fleet: Fleet) -> None:
     versions = fleet.cli_json("versions", MODEL)
     current = next(v["digest"] for v in versions if v["active"])

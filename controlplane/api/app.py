@@ -43,6 +43,29 @@ ERROR_SCHEMA = {
         "message": {"type": "string", "description": "one line naming the model, file or field"},
         "exit_code": {"type": "integer", "description": "what the CLI exits with (README \"Exit codes\")"}}}},
 }
+# Each route's result: the JSON Schema published for the CLI's --json document (docs/schemas/NAME.schema.json,
+# relative to docs/openapi.json), and whether it comes as one JSON document or as the last line of NDJSON.
+_P = API_PREFIX
+RESULT_SCHEMAS: dict[tuple[str, str], tuple[str, str]] = {
+    (f"{_P}/models", "get"): ("status", "application/json"),
+    (f"{_P}/models/{{model}}", "get"): ("status", "application/json"),
+    (f"{_P}/models/{{model}}/load", "post"): ("load", NDJSON),
+    (f"{_P}/changesets", "post"): ("load", NDJSON),
+    (f"{_P}/models/{{model}}/rollback", "post"): ("load", NDJSON),
+    (f"{_P}/models/{{model}}/unload", "post"): ("load", NDJSON),
+    (f"{_P}/models/{{model}}/policy", "put"): ("policy", "application/json"),
+    (f"{_P}/models/{{model}}/pin", "put"): ("pin", "application/json"),
+    (f"{_P}/models/{{model}}/pin", "delete"): ("pin", "application/json"),
+    (f"{_P}/gc", "post"): ("gc", "application/json"),
+    (f"{_P}/models/{{model}}/versions", "get"): ("versions", "application/json"),
+    (f"{_P}/models/{{model}}/diff", "get"): ("diff", "application/json"),
+    (f"{_P}/audit", "get"): ("audit", "application/json"),
+    (f"{_P}/tags", "get"): ("tags", "application/json"),
+    (f"{_P}/models/{{model}}/tags/{{name}}", "put"): ("tag", NDJSON),
+    (f"{_P}/models/{{model}}/tags/{{name}}", "delete"): ("tag", NDJSON),
+    (f"{_P}/hosts", "get"): ("hosts", "application/json"),
+    (f"{_P}/rollouts", "get"): ("rollouts", "application/json"),
+}
 DESCRIPTION = (
     "The daemon's control API: what every `tritonctl` verb calls. Errors: "
     '`{"error": {"class", "message", "exit_code"}}` (the core error class and the CLI\'s exit code). '
@@ -277,6 +300,31 @@ def history_routes(plane: ControlPlane) -> APIRouter:
     return router
 
 
+def fleet_routes(plane: ControlPlane) -> APIRouter:
+    """/v1/hosts, /v1/rollouts: the fleet's shared registry (docs/fleet.md), on a daemon started with --fleet."""
+    router = APIRouter(prefix=API_PREFIX, tags=["fleet"])
+
+    def shared() -> Any:
+        if getattr(plane, "fleet", None) is None:
+            raise errors.UsageError("this daemon is not in a fleet (--fleet): no hosts or rollouts")
+        return getattr(plane.fleet, "registry", None)
+
+    @router.get("/hosts", summary="hosts: the fleet's hosts, last heartbeat, alive, leader")
+    def hosts() -> JSONResponse:
+        from controlplane.fleet import queries as fleet_queries
+
+        return JSONResponse([row.to_json() for row in fleet_queries.hosts(shared())])
+
+    @router.get("/rollouts", summary="rollouts: newest first, each host's step (?open=true: in progress only)")
+    def rollouts(open: bool = False, limit: int = 20) -> JSONResponse:  # noqa: A002 - the CLI's --open
+        from controlplane.fleet import queries as fleet_queries
+
+        rows = fleet_queries.rollouts(shared(), not open, max(1, limit))
+        return JSONResponse([row.to_json() if hasattr(row, "to_json") else row for row in rows])
+
+    return router
+
+
 def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter) -> FastAPI:
     """The ASGI application both listeners serve (the TCP one behind the token gate)."""
     app = FastAPI(title="tritonctl control API", version="1", openapi_url=OPENAPI_PATH, docs_url=None,
@@ -304,6 +352,7 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
 
     app.include_router(models_routes(plane, executor))
     app.include_router(history_routes(plane))
+    app.include_router(fleet_routes(plane))
     for router in extra:
         app.include_router(router)
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
@@ -323,6 +372,13 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
             for operation in operations.values():
                 operation["responses"].pop("422", None)  # validation errors answer 400 with the one error shape
                 operation["responses"]["default"] = error
+        for (path, method), (name, media) in RESULT_SCHEMAS.items():
+            operation = document["paths"].get(path, {}).get(method)
+            if operation is not None:  # the published JSON Schema of the --json document (docs/schemas/)
+                operation["responses"]["200"]["content"] = {media: {"schema": {
+                    "$ref": f"schemas/{name}.schema.json",
+                    "description": "docs/schemas/" + name + ".schema.json" + (
+                        "; NDJSON: progress lines, then {\"result\": this document}" if media == NDJSON else "")}}}
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
