@@ -92,7 +92,7 @@ class Systems:
         self.explicit.stop()
         self.poll.stop()
 
-    def _last_audit_id(self) -> int:
+    def _last_event_id(self) -> int:
         rows = c.audit_rows(self.base / "state", MODEL, limit=1)
         return int(rows[0]["id"]) if rows else 0
 
@@ -103,7 +103,7 @@ class Systems:
         files = c.pair_files(MODEL, gen, broken=broken)
         started = time.monotonic()
         failed_before = c.triton_load_counts(self.poll.log_path)["failed"] if system == SYSTEMS[2] else 0
-        audit_before = self._last_audit_id() if system == SYSTEMS[0] and broken else 0
+        audit_before = self._last_event_id() if system == SYSTEMS[0] and broken else 0
         c.write_now([run.repo / MODEL], files)
         load_error: str | None = None
         if system == SYSTEMS[1]:

@@ -641,10 +641,10 @@ class ControlPlane:
     # -- the event stream (controlplane/api/stream.py) ---------------------------------------------
 
     def events_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
-        return self.registry.audit_after(after_id, limit)
+        return self.registry.events_after(after_id, limit)
 
     def last_event_id(self) -> int:
-        return self.registry.last_audit_id()
+        return self.registry.last_event_id()
 
     def activity(self) -> dict[str, tuple[str, str]]:
         """Models settling (or being captured) or deploying right now: model -> (state, reason). In memory only:

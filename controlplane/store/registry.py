@@ -509,14 +509,14 @@ class Registry:
         with self._session() as session:
             self._add_audit(session, entry, self.clock())
 
-    def audit_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
+    def events_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
         """Audit events with an id above `after_id`, oldest first (the event stream's catch-up)."""
         table = schema.AuditEvent
         stmt = select(table).where(table.id > after_id).order_by(table.id).limit(max(1, limit))
         with self._session() as session:
             return [_audit_record(row) for row in session.scalars(stmt)]
 
-    def last_audit_id(self) -> int:
+    def last_event_id(self) -> int:
         with self._session() as session:
             return int(session.scalar(select(func.max(schema.AuditEvent.id))) or 0)
 
