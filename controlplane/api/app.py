@@ -65,6 +65,8 @@ RESULT_SCHEMAS: dict[tuple[str, str], tuple[str, str]] = {
     (f"{_P}/models/{{model}}/tags/{{name}}", "delete"): ("tag", NDJSON),
     (f"{_P}/hosts", "get"): ("hosts", "application/json"),
     (f"{_P}/rollouts", "get"): ("rollouts", "application/json"),
+    (f"{_P}/webhooks/deliveries", "get"): ("webhooks", "application/json"),
+    (f"{_P}/webhooks/deliveries/{{delivery_id}}/redeliver", "post"): ("webhooks-redeliver", "application/json"),
 }
 DESCRIPTION = (
     "The daemon's control API: what every `tritonctl` verb calls. Errors: "
