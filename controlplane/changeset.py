@@ -56,19 +56,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from google.protobuf import text_format
 
+from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
 from controlplane.deploy import SMOKE_FILE, Outcome, Progress, ProgressFn, VerifyError
 from controlplane.ensemblemembers import SERVING_STATES, require_members, step_models
-from controlplane.errors import ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.errors import SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import environment_cause
 from controlplane.modelconfig import is_ensemble_text, parse_config_text, stamp_parameter
 from controlplane.names import is_private_name, validate_model_name
-from controlplane.pipeline import capture_passes
 from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.snapshot import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry
-from controlplane.sync import rollback_holds
 from controlplane.triton.client import DIGEST_PARAMETER
 from controlplane.vocab import Cause, Result
 
@@ -446,21 +445,16 @@ class ChangeSets:
         for model in [m for m in present if m not in ensembles] + ensembles:
             try:
                 records[model] = plane.capture(model, actor, settled=settled, members=dict(records))
-            except (StoreError, ObjectStoreError) as exc:
-                log.error("%s: %s; retrying after the settle window", model, exc)
-                if plane.watch and settled:
-                    plane.watch.reschedule(model, max(plane.settings.settle_s, 1.0))
-                    return None
-                raise
-            except SnapshotError as exc:
-                text = str(exc)
-                if settled and plane.watch and capture_passes(exc):
-                    plane.capture_waits[model] = text.removeprefix(f"{model}: ")
-                    plane.watch.reschedule(model, plane.settings.settle_s)
-                    return None
+            except (SnapshotError, StoreError) as exc:
                 if not settled:
                     raise
-                plane.registry.audit(AuditEntry(actor, "snapshot", model, None, "failed", text))
+                decision = decide_capture(exc, model, plane.settings.settle_s)
+                if decision.verdict is Verdict.WAIT and plane.watch:
+                    plane.capture_failed(model, exc)  # looked at again later, with the reason for `status`
+                    return None
+                if isinstance(exc, StoreError):
+                    raise
+                plane.capture_failed(model, exc)
         return records
 
     def _auto_targets(self, records: dict[str, SnapshotRecord]) -> dict[str, SnapshotRecord] | None:
@@ -472,17 +466,13 @@ class ChangeSets:
             current = plane.registry.ensure_model(model)
             if current.removed_at is not None:
                 plane.registry.update_model(model, removed_at=None)
-            if record.digest == current.active_digest and current.state in SERVING_STATES:
+            if serves(current, record.digest):
                 continue
             changed.append(model)
-            if plane.effective_policy(current) != "auto" or current.pinned or current.state == "unloaded":
-                blocked.append(f"{model} is not under auto policy (manual, pinned or unloaded)")
-            elif not record.valid:
-                blocked.append(f"{model} {record.digest[:12]} is invalid: {record.first_error}")
-            elif record.quarantined:
-                blocked.append(f"{model} {record.digest[:12]} is quarantined")
-            elif rollback_holds(plane.registry.last_deployment(model), record.first_seen):
-                blocked.append(f"{model}: an operator's rollback holds it")
+            decision = decide(current, record, policy=plane.effective_policy(current),
+                              last=plane.registry.last_deployment(model))
+            if not decision.deploys:
+                blocked.append(f"{model} {record.digest[:12]}: {decision.reason}")
         if not changed:
             return None
         if blocked:
@@ -512,10 +502,9 @@ class ChangeSets:
             if missing:
                 raise UsageError(f"model(s) {', '.join(missing)} not in the source repository")
             for model, record in records.items():
-                current = self.plane.registry.find_model(model)
-                if current is not None and current.pinned and record.digest != current.active_digest and not force:
-                    raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; "
-                                     "unpin it or use --force")
+                refused = refuse_pinned(self.plane.registry.find_model(model), record.digest, force=force)
+                if refused is not None:
+                    raise UsageError(refused)
             return self._deploy(self._members(records), actor, progress, force=force)
 
     # -- deploying a set -------------------------------------------------------------------------

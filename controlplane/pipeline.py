@@ -1,7 +1,8 @@
-"""The one path from source content to a deploy decision: capture → validate → record → audit → gate.
+"""The one path from source content to a recorded snapshot: capture → validate → record → audit.
 
 The single-host daemon (controlplane.service) and the fleet (its leader records into the shared
-registry, its agents import into their own) call these functions; what differs is only where the
+registry, its agents import into their own) call these functions. Whether a recorded content then
+deploys is controlplane.decision's `decide`, the same on every path; what differs is only where the
 decided deploy goes: this host's `Deployer`, or a fleet rollout (service.FleetStrategy). The deploy
 itself (publish → load → verify → smoke → commit, or roll back) is controlplane.deploy.
 """
@@ -12,20 +13,13 @@ import logging
 from dataclasses import replace
 
 from controlplane.ensemblemembers import content_problems
-from controlplane.errors import ObjectStoreError, SnapshotError
 from controlplane.modelconfig import validate_model_dir
 from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord
+from controlplane.store.records import SnapshotContent, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.sync import rollback_holds
-from controlplane.vocab import ModelState, Policy, Result
+from controlplane.vocab import Result
 
 log = logging.getLogger("tritonctl.pipeline")
-
-def capture_passes(exc: SnapshotError) -> bool:
-    """A refused capture to try again after the settle window (still changing, on hold, awaiting the
-    commit marker, object storage unreachable), rather than report as failed."""
-    return exc.retryable or isinstance(exc, ObjectStoreError)
 
 
 def validate(registry: Registry, store: ContentStore, snapshot: Snapshot,
@@ -67,24 +61,4 @@ def record(registry: Registry, model: str, digest: str, content: SnapshotContent
                                   Result.OK.value if snap.valid else Result.INVALID.value, message))
         log.info("%s snapshot %s %s", model, snap.digest[:12], message)
     return snap
-
-
-def gate(registry: Registry, current: ModelRecord, snap: SnapshotRecord, policy: str) -> str | None:
-    """Why a newly recorded content is NOT deployed on its own (None: deploy it): policy, pin, an
-    operator's unload or rollback, invalid or quarantined content, or it serves already."""
-    if policy != Policy.AUTO:
-        return f"policy {policy}"
-    if current.pinned:
-        return "pinned"
-    if current.state == ModelState.UNLOADED:
-        return "unloaded"
-    if not snap.valid:
-        return "invalid"
-    if snap.quarantined:
-        return "quarantined"
-    if snap.digest == current.active_digest:
-        return "serving already"
-    if rollback_holds(registry.last_deployment(current.name), snap.first_seen):
-        return "held by a rollback"
-    return None
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from controlplane import pipeline, queries, tags
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
+from controlplane.decision import Rule, Verdict, decide, decide_capture, refuse_pinned
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
 from controlplane.ensemblemembers import step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
@@ -48,7 +49,7 @@ from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.sync import sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
 from controlplane.triton.host import TritonHost
-from controlplane.vocab import SERVING_STATES, Cause, Result
+from controlplane.vocab import SERVING_STATES, Cause, Policy, Result
 
 if TYPE_CHECKING:
     from controlplane.s3source import S3Source
@@ -164,6 +165,8 @@ class ControlPlane:
                             retry.seconds_left())
             elif outcome.outcome != Result.FAILED or outcome.cause == Cause.CONTENT:
                 self.retries.clear(outcome.model)
+        if outcome.outcome == Result.OK and outcome.action == "unload":
+            self.retries.clear(outcome.model)  # an operator's unload: nothing retries what it took out
         if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore", "unload"):
             self.restores.clear(outcome.model)  # it serves what the registry says now (or nothing, meant)
         if self._extra_on_outcome:
@@ -223,6 +226,7 @@ class ControlPlane:
         if not self.source_has(model):
             existing = self.registry.find_model(model)
             if existing is not None and existing.removed_at is None:
+                self.retries.clear(model)  # nothing retries content the source no longer holds
                 self.registry.update_model(model, removed_at=queries.now())
                 self.registry.audit(
                     AuditEntry(WATCHER_ACTOR, "remove", model, existing.active_digest, "ok",
@@ -257,33 +261,36 @@ class ControlPlane:
     def _capture_and_decide(self, model: str, *, complete: bool = False) -> Outcome | None:
         try:
             record = self.capture(model, complete=complete)
-        except (StoreError, ObjectStoreError) as exc:
-            # The registry or object storage is busy or unreachable: nothing was recorded; try again later.
-            log.error("%s: %s; retrying after the settle window", model, exc)
-            self.look_again(model, max(self.settings.settle_s, 1.0))
-            return None
-        except SnapshotError as exc:
-            text = str(exc)
-            if pipeline.capture_passes(exc) and self.watch:
-                log.info("%s: %s; retrying after the settle window", model, text)
-                self.capture_waits[model] = text.removeprefix(f"{model}: ")
-                self.look_again(model, self.settings.settle_s)
-            else:
-                self.capture_waits.pop(model, None)
-                self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", text))
+        except (SnapshotError, StoreError) as exc:
+            self.capture_failed(model, exc)
             return None
         self.capture_waits.pop(model, None)
         current = self.registry.ensure_model(model)
         if current.removed_at is not None:
             self.registry.update_model(model, removed_at=None)
-        if current.policy == tags.TRACK_POLICY:  # it serves what its tag names, not the source (controlplane/tags.py)
+        decision = decide(current, record, policy=self.effective_policy(current),
+                          last=self.registry.last_deployment(model))
+        if decision.rule is Rule.TRACKS_TAG:  # it serves what its tag names, not the source (controlplane/tags.py)
             tags.follow(self, model, WATCHER_ACTOR)
-            return None
-        if record.quarantined and record.digest != current.active_digest:
+        elif decision.rule is Rule.QUARANTINED:
             self._note_quarantined(record)
-        if pipeline.gate(self.registry, current, record, self.effective_policy(current)) is not None:
+        if not decision.deploys:
             return None
         return self.deployer.deploy(model, record.digest, WATCHER_ACTOR)
+
+    def capture_failed(self, model: str, exc: SnapshotError | StoreError) -> None:
+        """The watcher's capture of `model` did not produce content: look again later (why: `status`),
+        or report the failure once in the audit (controlplane.decision.decide_capture)."""
+        decision = decide_capture(exc, model, self.settings.settle_s)
+        unreachable = isinstance(exc, (StoreError, ObjectStoreError))  # nothing recorded: not the source's state
+        if decision.verdict is Verdict.WAIT and (self.watch is not None or unreachable):
+            log.info("%s: %s; looking again in %.1f s", model, exc, decision.delay_s)
+            if not unreachable:
+                self.capture_waits[model] = decision.reason
+            self.look_again(model, decision.delay_s)
+            return
+        self.capture_waits.pop(model, None)
+        self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", str(exc)))
 
     def _note_quarantined(self, record: SnapshotRecord) -> None:
         """A quarantined digest is in the source (again): say so once, in the log and the audit."""
@@ -318,11 +325,11 @@ class ControlPlane:
         if retry is None:
             return None
         current = self.registry.find_model(model)
-        if current is None or current.pinned or current.state == "unloaded" or current.removed_at is not None:
-            self.retries.clear(model)
-            return None
-        if current.active_digest == retry.digest and current.state == "serving" and \
-                self.deployer._serves(model, retry.digest):
+        try:
+            snap = self.registry.get_snapshot(model, retry.digest)
+        except TritonctlError:
+            snap = None
+        if current is None or snap is None or not decide(current, snap, policy=Policy.AUTO, chosen=True).deploys:
             self.retries.clear(model)
             return None
         log.info("%s: retry %d of %s (%s)", model, retry.attempt, retry.digest[:12], retry.reason)
@@ -350,8 +357,9 @@ class ControlPlane:
             target = self.capture(model, actor, settled=False).digest
         current = self.registry.find_model(model)
         fleet_wide = self.fleet is not None and not host  # the fleet's pin is checked by the rollout
-        if current is not None and current.pinned and target != current.active_digest and not force and not fleet_wide:
-            raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; unpin it or use --force")
+        refused = None if fleet_wide else refuse_pinned(current, target, force=force)
+        if refused is not None:
+            raise UsageError(refused)
         if self.fleet is not None and host:
             return self.fleet.held(model, host, actor, lambda: self.deployer.deploy(
                 model, target, actor, force=force, progress=progress))
@@ -441,9 +449,9 @@ class ControlPlane:
         current = self.registry.find_model(model)
         if current is None:
             raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
-        if current.pinned and not force:
-            raise UsageError(f"model '{model}' is pinned to {str(current.active_digest)[:12]}; "
-                             "unpin it or use --force")
+        refused = refuse_pinned(current, None, force=force)
+        if refused is not None:
+            raise UsageError(refused)
         return self.deployer.rollback(model, actor, to or None, progress)
 
     def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> PolicyResult:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from controlplane.decision import rollback_holds
 from controlplane.faults import Retry
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead
 from controlplane.vocab import SERVING_STATES, ModelState, Policy, Result, SyncState
@@ -22,18 +23,6 @@ def _short(digest: str | None) -> str:
 
 def _clock(moment: datetime | None) -> str:
     return f"{moment:%Y-%m-%d %H:%M}Z" if moment is not None else "?"
-
-
-def rollback_holds(last: DeploymentRecord | None, first_seen: datetime | None) -> bool:
-    """An operator's rollback holds the model until content first seen after it (or an operator's load)."""
-    return (
-        last is not None
-        and last.kind == "rollback"
-        and last.outcome == Result.OK
-        and last.finished_at is not None
-        and first_seen is not None
-        and first_seen <= last.finished_at
-    )
 
 
 def sync_state(

@@ -23,10 +23,12 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from controlplane.decision import Rule, decide, held
 from controlplane.errors import NotFoundError, TagError, TritonctlError
 from controlplane.names import MIN_DIGEST_PREFIX, validate_digest, validate_model_name
 from controlplane.results import PolicyResult, ServingAtResult, TagResult, TagsResult, VersionsResult
 from controlplane.store.records import ModelRecord, SnapshotRecord, TagRecord
+from controlplane.vocab import Policy
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
 
 MAX_TAG_LENGTH = 63
 TRACK_PREFIX = "track:"
-TRACK_POLICY = "track"  # models.policy of a tracking model; table tag_tracks names the tag
 
 _TAG_RE = re.compile(r"[a-z0-9][a-z0-9._-]*", re.ASCII)
 _HEX_RE = re.compile(r"[0-9a-f]+", re.ASCII)
@@ -193,8 +194,9 @@ def move(plane: Any, model: str, name: str, ref: str, actor: str, progress: Prog
         raise TagError(f"content {_short(snap.digest)} of '{model}' was collected by gc; a tag cannot point at it")
     message = f"tag {name}: {_short(old)} -> {_short(snap.digest)}"
     tracked = registry.tracks().get(model) == name
-    if not tracked or record.pinned or snap.digest == record.active_digest:
-        held = tracked and record.pinned and snap.digest != record.active_digest
+    rule = decide(record, snap, policy=Policy.AUTO, chosen=True).rule  # the tag chose it: pin and serving hold
+    if not tracked or rule in (Rule.PINNED, Rule.SERVING):
+        held = tracked and rule is Rule.PINNED and snap.digest != record.active_digest
         registry.move_tag(model, name, snap.digest, actor=actor,
                           message=message + ("; pinned: not deployed until unpin" if held else ""))
         return _result(model, name, "ok", snap.digest, old, message, False, record.active_digest)
@@ -243,10 +245,14 @@ def follow(plane: Any, model: str, actor: str) -> TagResult | None:
     registry = tag_registry(plane)
     record = registry.find_model(model)
     track = registry.tracks().get(model)
-    if record is None or not track or record.pinned:
+    if record is None or not track:
         return None
     tag = find_tag(registry, model, track)
-    if tag is None or tag.digest == record.active_digest:
+    if tag is None:
+        return None
+    # pinned or serving it: nothing to do; invalid or quarantined content fails the move (the tag goes back)
+    if decide(record, registry.get_snapshot(model, tag.digest), policy=Policy.AUTO, chosen=True).rule in (
+            Rule.PINNED, Rule.SERVING):
         return None
     message = f"tag {tag.name}: {_short(record.active_digest)} -> {_short(tag.digest)} (tracking)"
     return _move_tracked(plane, registry, model, tag.name, tag.digest, tag.digest, actor, None, message)
@@ -273,7 +279,7 @@ def set_track(plane: Any, model: str, policy: str, actor: str, through: str = ""
     where = f" on the fleet (through {through})" if through else ""
     registry.set_track(model, name, actor, message=f"policy track:{name}{where} (tag {name} is at {_short(digest)})")
     record = registry.get_model(model)
-    if digest != record.active_digest and not record.pinned:
+    if digest != record.active_digest and held(record) is None:
         threading.Thread(target=_follow_logged, args=(plane, model, actor), name=f"track-{model}",
                          daemon=True).start()
     return PolicyResult(model, f"{TRACK_PREFIX}{name}", inherited=False, fleet=bool(through), tag=name,

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from controlplane import pipeline
+from controlplane.decision import decide, held
 from controlplane.deploy import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
@@ -26,7 +27,7 @@ from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedstore import SharedContent
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.registry import Registry
-from controlplane.vocab import ModelState, Result
+from controlplane.vocab import Policy, Result
 
 log = logging.getLogger("tritonctl.fleet")
 
@@ -82,7 +83,7 @@ class HostAgent:
     def run_step(self, step: Step) -> None:
         started = time.monotonic()
         local = self.plane.registry.find_model(step.model)
-        if local is not None and local.pinned:  # held by an operator's --host action: left alone
+        if local is not None and held(local) is not None:  # held by an operator's --host action: left alone
             message = f"host {self.host} held (pinned here); `tritonctl unpin {step.model} --host {self.host}`"
             self.store.finish_step(step, "skipped", message, host=self.host, serving=local.active_digest,
                                    audit=audit_event(FLEET_ACTOR, step.action, step.model, step.digest,
@@ -128,8 +129,8 @@ class HostAgent:
         step reports the set's outcome: a set that fails here fails every member's rollout, so the whole
         set rolls back on the fleet (never a new step beside an old ensemble)."""
         started = time.monotonic()
-        held = [s for s in steps if (m := self.plane.registry.find_model(s.model)) is not None and m.pinned]
-        if held or any(not s.digest for s in steps):  # a pinned member, or an unload: one by one
+        pinned = [s for s in steps if held(self.plane.registry.find_model(s.model)) is not None]
+        if pinned or any(not s.digest for s in steps):  # a pinned member, or an unload: one by one
             for step in steps:
                 self.run_step(step)
             return
@@ -166,16 +167,14 @@ class HostAgent:
             if model in busy or self.stopping.is_set():
                 continue
             local = self.plane.registry.find_model(model)
-            if local is not None and local.active_digest == target and local.state == ModelState.SERVING:
+            if held(local) is not None:
                 continue
-            if local is not None and local.pinned:
-                continue
-            try:
+            try:  # serving it, or quarantined: failed here before (`tritonctl load --force` retries it)
                 mine = self.plane.registry.get_snapshot(model, target)
-                if mine.quarantined:
-                    continue  # failed here before; an operator retries with `tritonctl load --force`
+                if local is not None and not decide(local, mine, policy=Policy.AUTO, chosen=True).deploys:
+                    continue
             except TritonctlError:
-                pass
+                pass  # not imported yet: the deploy imports it
             log.info("%s: converging to the fleet's %s", model, target[:12])
             started = time.monotonic()
             try:

@@ -3,8 +3,8 @@ in the shared registry, start rollouts of what the shared pipeline lets through,
 
 Recording is the single-host pipeline (controlplane.pipeline, through the host's own plane: capture →
 validate → record → audit), then the content is exported to the shared store and recorded in the
-shared registry; the gate is the same `pipeline.gate` (policy, pin, unloaded, invalid, quarantined,
-serving already, held by a rollback). An operator's `tritonctl load` on any host becomes a rollout
+shared registry; whether it is proposed is the same `decision.decide` (policy, pin, unloaded, invalid,
+quarantined, serving already). An operator's `tritonctl load` on any host becomes a rollout
 too (`rollout`), followed until it ends.
 """
 
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from controlplane import pipeline
 from controlplane.config import Settings
+from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned
 from controlplane.deploy import Outcome, Progress, ProgressFn, admission
-from controlplane.errors import SnapshotError, TritonctlError
+from controlplane.errors import SnapshotError, StoreError, TritonctlError
 from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.rollouts import RolloutMachine
@@ -85,9 +86,10 @@ class Leader:
             return None
         try:
             local = self.plane.capture(model, members=members)
-        except SnapshotError as exc:
-            if pipeline.capture_passes(exc):
-                self.plane.look_again(model, self.settings.settle_s)
+        except (SnapshotError, StoreError) as exc:
+            decision = decide_capture(exc, model, self.settings.settle_s)
+            if decision.verdict is Verdict.WAIT:
+                self.plane.look_again(model, decision.delay_s)
             else:
                 self.registry.audit(AuditEntry("watcher", "snapshot", model, None, Result.FAILED.value, str(exc)))
             return None
@@ -103,8 +105,8 @@ class Leader:
     def propose(self, model: str, record: SnapshotRecord, actor: str = "watcher") -> int | None:
         """Start a rollout of `record` if the pipeline's gate lets it through and none is on its way."""
         current = self.registry.ensure_model(model)
-        if pipeline.gate(self.registry, current, record, current.policy or self.settings.policy) is not None:
-            return None
+        if not decide(current, record, policy=current.policy or self.settings.policy).deploys:
+            return None  # (the fleet keeps no deployments: an operator holds it with a pin)
         if any(r.model == model and r.digest == record.digest for r in self.store.rollouts()):
             return None  # already on its way
         waves = self.machine.waves()
@@ -131,10 +133,9 @@ class Leader:
                            int((time.monotonic() - started) * 1000))
 
         current = self.registry.ensure_model(model)
-        if kind == "rollout" and current.pinned and digest != current.active_digest and not force:
-            return end(Result.FAILED, f"model '{model}' is pinned on the fleet to "
-                                      f"{str(current.active_digest)[:12]}; unpin it or use --force",
-                       current.active_digest)
+        refused = refuse_pinned(current, digest, force=force, where=" on the fleet") if kind == "rollout" else None
+        if refused is not None:
+            return end(Result.FAILED, refused, current.active_digest)
         refused = admission(record, force=force, where="the fleet") if record is not None else None
         if refused is not None:
             return end(Result.FAILED, refused, current.active_digest)
