@@ -1,153 +1,50 @@
-"""Change sets: an ensemble and the steps that change with it deploy as one unit, with the old
-pipeline answering until the new one answers.
+"""Change sets: which models deploy together as one unit, and in what order.
 
-Why: Triton swaps one model at a time. When a step's outputs are renamed together with the
-ensemble's mapping, there is no order of per-model reloads in which every moment serves a consistent
-pipeline: the new ensemble does not load over the old step, and the old ensemble does not load over
-the new step (shared/TRITON_NOTES.md, "Ensembles whose steps change together"). A step's
-config.pbtxt is shared by all its versions, so version numbers cannot stage it either. tritonctl
-owns the serving tree, so a change set is staged under private names instead:
-
-1. each changed step is published and loaded under a private name `<step>__<8 hex of its digest>`
-   (config `name` rewritten; names.py reserves the pattern), verified READY with its digest and its
-   own smoke requests;
-2. each serving ensemble over those steps is reloaded with its steps pointed at the private names
-   (stamped with an interim digest); Triton keeps the old ensemble answering until the new one is
-   READY; then it is verified and its smoke requests run: the new pipeline answers now;
-3. the public steps are deployed with the new content (`Deployer.deploy`, as any model; clients that
-   call a step directly see it change like any other deploy);
-4. each ensemble is reloaded again, pointed back at the public names, verified and smoke-tested;
-5. the private names are unloaded and unpublished.
-
-Any failure before step 3 puts every ensemble back on its previous content and unloads the private
-names: the old pipeline never stopped answering. Only content that failed by its own fault is
-quarantined: a private step that fails to load, or a changed ensemble that fails over verified
-steps; an unchanged ensemble that does not fit its new steps is nobody's single fault and is never
-quarantined. A failure from step 3 on is undone in reverse (public steps back, ensembles back), the
-interim pipeline answering meanwhile.
+Why: an ensemble and the steps that change with it (a renamed intermediate tensor) serve consistently
+only as one unit; the Deployer runs such a set as one plan (controlplane/deployset.py: staged private
+names, the old pipeline answering until the new one does). This module only forms the sets.
 
 Grouping (`ChangeSets.settled`): a model the watcher hands on is taken with every model connected
 to it through ensembles (the source's configs and the serving ones, transitively); while one of them
 still settles, the last one to settle deploys them all. Everything that settles while the repository
 holds `.tritonctl-hold` at its root waits and is released as one set when the file goes. With
 `--commit-marker M` and a file `M` at the repository root, that file commits the whole repository: a
-model whose content is newer than it waits the same way (its own `<model>/M` is not looked at), and
-when the root marker is touched again everything that waited, and everything settling then, deploys
-as one set.
-`tritonctl load a b pipe` makes one set of the named models. A set is recorded as one audit event
-(action `changeset`, message: JSON with its id, members and their digests) beside each member's own
-deployment.
+model whose content is newer than it waits the same way, and when the root marker is touched again
+everything that waited, and everything settling then, deploys as one set. `tritonctl load a b pipe`
+makes one set of the named models. Whether a set may deploy is controlplane.decision's, member by
+member; the set is recorded as one audit event (action `changeset`) beside each member's deployment.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-from google.protobuf import text_format
 
 from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
-from controlplane.deploy import SMOKE_FILE, Outcome, Progress, ProgressFn, VerifyError
-from controlplane.ensemblemembers import SERVING_STATES, require_members, step_models
+from controlplane.deploy import Outcome, ProgressFn
+from controlplane.deployset import ACTION, Member, Plan, order
+from controlplane.ensemblemembers import SERVING_STATES, step_models
 from controlplane.errors import SnapshotError, StoreError, TritonctlError, UsageError
-from controlplane.faults import environment_cause
-from controlplane.modelconfig import is_ensemble_text, parse_config_text, stamp_parameter
+from controlplane.modelconfig import is_ensemble_text, parse_config_text
 from controlplane.names import is_private_name, validate_model_name
-from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
+from controlplane.ports import SetPlane
 from controlplane.snapshot import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.fsutil import read_small_text
-from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
+from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry
-from controlplane.triton.client import DIGEST_PARAMETER
-from controlplane.vocab import Cause, Result
-
-if TYPE_CHECKING:
-    from controlplane.service import ControlPlane
 
 log = logging.getLogger("tritonctl.changeset")
 
-ACTION = "changeset"
 WATCHER_ACTOR = "watcher"
-
-
-def private_name(model: str, digest: str) -> str:
-    """The name a step's new content is staged under while its change set switches."""
-    return f"{model}__{digest[:8]}"
-
-
-def rename_config(text: str, name: str) -> str:
-    """config.pbtxt text with its `name` set to `name` (canonical protobuf text)."""
-    config = parse_config_text(text, CONFIG_FILE)
-    config.name = name
-    return str(text_format.MessageToString(config))
-
-
-def point_steps(text: str, names: dict[str, str]) -> str:
-    """An ensemble's config.pbtxt text with each step's model_name mapped through `names`."""
-    config = parse_config_text(text, CONFIG_FILE)
-    for step in config.ensemble_scheduling.step:
-        if step.model_name in names:
-            step.model_name = names[step.model_name]
-    return str(text_format.MessageToString(config))
-
-
-@dataclass
-class Member:
-    """One model of a change set: what it deploys and what served before."""
-
-    model: str
-    digest: str
-    previous: str | None
-    ensemble: bool
-    steps: list[str] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return self.digest != self.previous
-
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "digest": self.digest, "previous_digest": self.previous,
-                "ensemble": self.ensemble, "changed": self.changed}
-
-
-class SetFailed(TritonctlError):
-    """A step of a change set failed; `model` is the member at fault, `own_fault` whether its content is."""
-
-    def __init__(self, message: str, model: str, own_fault: bool) -> None:
-        super().__init__(message)
-        self.model = model
-        self.own_fault = own_fault
-
-
-def order(members: Sequence[Member]) -> list[Member]:
-    """Steps before the ensembles over them (nested ensembles after their inner ones)."""
-    left = list(members)
-    out: list[Member] = []
-    while left:
-        waiting = {m.model for m in left}
-        ready = [m for m in left if not m.ensemble or not any(s in waiting and s != m.model for s in m.steps)]
-        if not ready:  # a cycle: Triton refuses it at load; keep a stable order
-            ready = left[:1]
-        taken = {id(m) for m in ready}
-        out.extend(ready)
-        left = [m for m in left if id(m) not in taken]
-    return out
 
 
 class ChangeSets:
     """Groups models into change sets and deploys each set as one unit (see the module docstring)."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: SetPlane) -> None:
         self.plane = plane
         self._lock = threading.Lock()  # one change set at a time
         self._guard = threading.Lock()
@@ -266,72 +163,11 @@ class ChangeSets:
         members = [Member(m, "", None, m in serving, serving.get(m, [])) for m in dict.fromkeys(models)]
         return [m.model for m in order(members)]
 
-    def sweep(self) -> list[str]:
-        """Unload and unpublish private step names a stopped daemon left behind (none while a set runs),
-        except those a loaded ensemble still uses (unloading a step unloads its ensemble): looked at
-        again at the next reconcile."""
-        if self._swept or not self._lock.acquire(blocking=False):
-            return []
-        try:
-            names = [n for n in self.plane.serving.models() if is_private_name(n)]
-            if not names:
-                self._swept = True
-                return []
-            used: set[str] = set()
-            for ensemble in self._serving_ensembles():
-                try:
-                    steps = self.plane.triton.served_config(ensemble).get("ensemble_scheduling", {}).get("step", [])
-                except TritonctlError:
-                    continue
-                used |= {str(step.get("model_name")) for step in steps}
-            drop = [n for n in names if n not in used]
-            if drop:
-                log.warning("removing private step names left by an interrupted change set: %s", ", ".join(drop))
-                self._drop_privates({n: n for n in drop})
-            self._swept = len(drop) == len(names)
-            return drop
-        finally:
-            self._lock.release()
-
-    def recover(self, deployment: DeploymentRecord) -> bool:
-        """A daemon stopped mid change set, with the ensemble of `deployment` serving its interim content
-        (steps pointed at private names): when the public steps already serve content the new ensemble
-        fits, point it at them (roll forward, the interim pipeline answering until then) and finish the
-        deployment. False: not such a case, or it did not work; the deployer's recovery decides."""
-        model, digest = deployment.model, deployment.digest
-        if not digest or deployment.kind != "deploy" or deployment.step != "intent":
-            return False
-        registry = self.plane.registry
-        try:
-            served = self.plane.triton.served_digest(model) or ""
-            if not served.startswith(f"{digest}+changeset-"):
-                return False
-            snap = registry.get_snapshot(model, digest)
-            steps = self.plane.triton.served_config(model).get("ensemble_scheduling", {}).get("step", [])
-            for name in {str(step.get("model_name")) for step in steps if is_private_name(str(step.get("model_name")))}:
-                public, prefix = name.rsplit("__", 1)
-                target = registry.get_snapshot(public, prefix).digest
-                current = registry.find_model(public)
-                if current is None or current.active_digest != target:  # the set's public step, forward too
-                    result = self.plane.deployer.deploy(public, target, "tritonctl", kind="deploy")
-                    if not result.succeeded:
-                        return False
-            require_members(registry, snap)
-        except TritonctlError:
-            return False  # the steps do not fit the new ensemble: the deployer puts the previous content back
-        member = Member(model, digest, deployment.previous_digest, True, step_models(snap.config))
-        with self.plane.deployer.lock(model):
-            try:
-                self._switch(member, {}, digest, "recover", lambda p: None)
-            except TritonctlError as exc:
-                log.warning("%s: rolling the interrupted change set forward failed: %s", model, exc)
-                return False
-            self._finish(member, deployment.id, "ok", f"rolled forward: serving {digest[:12]}; interrupted change "
-                         "set finished after restart", "tritonctl", serving=True)
-        self.note(Outcome(model, "deploy", "ok", digest, digest, ""))
-        self.plane.serving.prune(model)
-        log.warning("%s: rolled an interrupted change set forward to %s", model, digest[:12])
-        return True
+    def sweep(self) -> None:
+        """Private step names a stopped daemon left behind: removed by the Deployer, once, at the first
+        reconcile that finds none a serving ensemble still uses."""
+        if not self._swept:
+            self._swept = self.plane.deployer.sweep(list(self._serving_ensembles()))
 
     # -- the watcher's path ------------------------------------------------------------------------
 
@@ -392,9 +228,7 @@ class ChangeSets:
         if wait_reason is not None:
             with self._guard:
                 self._held.add(model)
-            plane.capture_waits[model] = wait_reason
-            if plane.watch:
-                plane.watch.reschedule(model, max(plane.settings.settle_s, 0.5))
+            plane.put_off(model, wait_reason, max(plane.settings.settle_s, 0.5))
             return True, None
         root_marker = self.marker_root() is not None
         hooks = self.plane.watch  # the watcher's pending checks (WatchHooks.pending)
@@ -418,8 +252,8 @@ class ChangeSets:
                 self._held |= held
                 if root_marker:  # not connected to the others by ensembles: come back for them
                     self._held.add(model)
-            if root_marker and plane.watch:
-                plane.watch.reschedule(model, max(plane.settings.settle_s, 0.5))
+            if root_marker:
+                plane.look_again(model, max(plane.settings.settle_s, 0.5))
             log.info("%s: change set %s waits for %s to settle", model, ",".join(group), ",".join(waiting))
             return True, None
         with self._lock:
@@ -429,11 +263,11 @@ class ChangeSets:
                     self._held |= held
                 return True, None
             for name in records:
-                plane.capture_waits.pop(name, None)
+                plane.capture_done(name)
             targets = self._auto_targets(records)
             if targets is None:
                 return True, None
-            return True, self._deploy(self._members(targets), WATCHER_ACTOR, None, force=False)
+            return True, self.plane.deployer.run(Plan.of(self._members(targets)), WATCHER_ACTOR)
 
     def _capture(self, group: Sequence[str], actor: str, *, settled: bool) -> dict[str, SnapshotRecord] | None:
         """Record every member's source now, steps first, each ensemble checked against its steps' new
@@ -505,303 +339,10 @@ class ChangeSets:
                 refused = refuse_pinned(self.plane.registry.find_model(model), record.digest, force=force)
                 if refused is not None:
                     raise UsageError(refused)
-            return self._deploy(self._members(records), actor, progress, force=force)
+            return self.plane.deployer.run(Plan.of(self._members(records), force=force), actor, progress)
 
-    # -- deploying a set -------------------------------------------------------------------------
     def deploy_records(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = False) -> Outcome:
         """Snapshots this host's registry holds, deployed as one change set (a fleet host's steps of
         one set: controlplane/fleet/sets.py)."""
         with self._lock:
-            return self._deploy(self._members(records), actor, None, force=force)
-
-
-    def _deploy(self, members: list[Member], actor: str, progress: ProgressFn | None, *, force: bool) -> Outcome:
-        started = time.monotonic()
-        set_id = secrets.token_hex(4)
-        steps: list[Progress] = []
-        label = ",".join(m.model for m in members)
-
-        def emit(p: Progress) -> None:
-            steps.append(p)
-            log.info("changeset %s: %s %s %s %s", set_id, p.model, p.step, p.state, p.message)
-            if progress:
-                progress(p)
-
-        changed = [m for m in members if m.changed or force]
-        if not changed:
-            return Outcome(label, ACTION, "noop", None, None, "every member already serves its source content")
-        problems = [self.plane.registry.get_snapshot(m.model, m.digest) for m in changed]
-        bad = next((s for s in problems if not s.valid or (s.quarantined and not force)), None)
-        if bad is not None:
-            why = f"invalid: {bad.first_error}" if not bad.valid else "quarantined; use --force to retry"
-            message = f"{bad.model} {bad.digest[:12]} is {why}"
-            self._audit(actor, set_id, members, "failed", message, started)
-            return Outcome(label, ACTION, Result.FAILED, None, None, message, _ms(started), steps, Cause.CONTENT)
-        changed_steps = [m for m in changed if not m.ensemble]
-        staged = [m for m in members if m.ensemble and m.previous
-                  and set(m.steps) & {s.model for s in changed_steps}]
-        if staged and (len(changed) > 1 or any(m.ensemble for m in changed)):
-            outcome, message = self._staged(set_id, members, changed_steps, staged, actor, emit, force)
-        else:
-            outcome, message = self._in_order(changed, actor, progress, force)
-        self._audit(actor, set_id, members, outcome, message, started)
-        result = "ok" if outcome == "deployed" else outcome
-        cause = Cause.NONE if result == "ok" else Cause.CONTENT
-        return Outcome(label, ACTION, result, None, None, f"change set {set_id}: {message}", _ms(started), steps,
-                       cause)
-
-    def _audit(self, actor: str, set_id: str, members: list[Member], outcome: str, message: str,
-               started: float) -> None:
-        detail = {"id": set_id, "members": [m.to_json() for m in members], "message": message}
-        self.plane.registry.audit(AuditEntry(actor, ACTION, None, None, outcome, json.dumps(detail), _ms(started)))
-
-    def _in_order(self, changed: list[Member], actor: str, progress: ProgressFn | None,
-                  force: bool) -> tuple[str, str]:
-        """No serving pipeline to keep answering (or one model alone): steps first, then ensembles."""
-        done: list[str] = []
-        for member in changed:
-            result = self.plane.deployer.deploy(member.model, member.digest, actor, force=force, progress=progress)
-            if not result.succeeded:
-                return ("rolled_back" if result.outcome == "rolled_back" else "failed",
-                        f"{member.model}: {result.message}" + (f" (deployed before it: {', '.join(done)})"
-                                                               if done else ""))
-            done.append(member.model)
-        return "deployed", f"deployed {', '.join(done)}"
-
-    # -- the staged switch -------------------------------------------------------------------------
-
-    def _staged(self, set_id: str, members: list[Member], changed_steps: list[Member], staged: list[Member],
-                actor: str, emit: ProgressFn, force: bool) -> tuple[str, str]:
-        plane = self.plane
-        privates: dict[str, str] = {}
-        interim: list[Member] = []
-        deployments: dict[str, int] = {}
-        with ExitStack() as stack:
-            for member in sorted(staged, key=lambda m: m.model):
-                stack.enter_context(plane.deployer.lock(member.model))  # reconcile leaves them alone meanwhile
-            try:
-                for step in changed_steps:
-                    privates[step.model] = private_name(step.model, step.digest)
-                self._each(changed_steps, lambda step: self._load_private(step, privates[step.model], emit))
-                for ensemble in staged:
-                    if ensemble.changed:
-                        deployments[ensemble.model] = plane.registry.begin_deployment(
-                            ensemble.model, "deploy", ensemble.digest, ensemble.previous, actor).id
-                    interim.append(ensemble)
-                    self._switch(ensemble, privates, f"{ensemble.digest}+changeset-{set_id}", "interim", emit)
-            except TritonctlError as exc:
-                message = self._fail_before_switch(exc, changed_steps, interim, deployments, actor, emit)
-                self._drop_privates(privates)
-                return "rolled_back", message
-            # The new pipeline answers through the private names: the public steps may change now.
-            results = self._each(changed_steps, lambda step: plane.deployer.deploy(
-                step.model, step.digest, actor, force=force, progress=emit), raise_first=False)
-            public_done = [step for step, result in zip(changed_steps, results, strict=True)
-                           if result is not None and result.succeeded]
-            failure: str | None = None
-            for step, result in zip(changed_steps, results, strict=True):
-                if result is None or not result.succeeded:
-                    failure = f"{step.model}: {result.message if result is not None else 'deploy raised'}"
-                    break
-            if failure is None:
-                switched: list[Member] = []
-                try:
-                    for ensemble in staged:
-                        self._switch(ensemble, {}, ensemble.digest, "switch", emit)
-                        switched.append(ensemble)
-                except TritonctlError as exc:
-                    failure = f"{ensemble.model}: {exc}"
-                    if ensemble.changed and environment_cause(exc) is None:
-                        plane.registry.set_quarantine(ensemble.model, ensemble.digest, str(exc))
-                    for back in [*switched, ensemble]:  # the interim pipeline answers again
-                        self._quietly(self._switch, back.model, back, privates, f"{back.digest}+changeset-{set_id}",
-                                      "interim", emit)
-            if failure is not None:
-                self._undo_after_switch(public_done, staged, deployments, failure, actor, emit)
-                self._drop_privates(privates)
-                return "rolled_back", f"rolled back: {failure}"
-            for ensemble in staged:
-                self.note(Outcome(ensemble.model, "deploy", "ok", ensemble.digest, ensemble.digest, ""))
-                if ensemble.model in deployments:
-                    self._finish(ensemble, deployments[ensemble.model], "ok", f"serving {ensemble.digest[:12]} "
-                                 f"(change set {set_id})", actor, serving=True)
-                plane.serving.prune(ensemble.model)
-        self._drop_privates(privates)
-        # changed ensembles that did not need staging (new, or over unchanged steps): as any deploy
-        rest = [m for m in members if m.ensemble and m.changed and m not in staged]
-        for member in rest:
-            result = plane.deployer.deploy(member.model, member.digest, actor, force=force, progress=emit)
-            if not result.succeeded:
-                return "failed", f"{member.model}: {result.message}"
-        names = ", ".join(m.model for m in [*changed_steps, *staged, *rest])
-        return "deployed", f"deployed {names} with the old pipeline answering until the new one did"
-
-    def _load_private(self, step: Member, name: str, emit: ProgressFn) -> None:
-        plane = self.plane
-        emit(Progress(step.model, "stage", "start", f"as {name}", step.digest))
-        try:
-            snapshot = plane.store.load(step.model, step.digest)
-            tree = plane.serving.publish(
-                snapshot, plane.store,
-                lambda text: stamp_parameter(rename_config(text, name), DIGEST_PARAMETER, step.digest), name=name)
-            plane.triton.load(name, plane.deployer.load_timeout_s)
-            self._verify(name, step.digest, plane.registry.get_snapshot(step.model, step.digest).served_versions)
-            self._smoke(name, tree, step.model)
-        except TritonctlError as exc:
-            emit(Progress(step.model, "stage", "failed", str(exc), step.digest))
-            raise SetFailed(f"{step.model} (staged as {name}): {exc}", step.model, True) from exc
-        emit(Progress(step.model, "stage", "ok", f"{name} READY", step.digest))
-
-    def _switch(self, ensemble: Member, names: dict[str, str], stamp: str, what: str, emit: ProgressFn) -> None:
-        """Publish and load the ensemble's new content with its steps mapped through `names`; verify it."""
-        plane = self.plane
-        emit(Progress(ensemble.model, what, "start", digest=ensemble.digest))
-        try:
-            snapshot = plane.store.load(ensemble.model, ensemble.digest)
-            tree = plane.serving.publish(
-                snapshot, plane.store,
-                lambda text: stamp_parameter(point_steps(text, names), DIGEST_PARAMETER, stamp))
-            plane.triton.load(ensemble.model, plane.deployer.load_timeout_s)
-            self._verify(ensemble.model, stamp,
-                         plane.registry.get_snapshot(ensemble.model, ensemble.digest).served_versions)
-            self._smoke(ensemble.model, tree, ensemble.model)
-        except TritonctlError as exc:
-            emit(Progress(ensemble.model, what, "failed", str(exc), ensemble.digest))
-            raise SetFailed(f"{ensemble.model}: {exc}", ensemble.model, ensemble.changed) from exc
-        emit(Progress(ensemble.model, what, "ok", ", ".join(f"{k} -> {v}" for k, v in names.items()),
-                      ensemble.digest))
-
-    def _verify(self, name: str, stamp: str, served_versions: Sequence[int]) -> None:
-        triton = self.plane.triton
-        ready = triton.ready_versions(name)
-        missing = [str(v) for v in served_versions if str(v) not in ready]
-        if missing or not ready:
-            raise VerifyError(f"'{name}': version(s) {', '.join(missing) or '?'} not READY after load")
-        served = triton.served_digest(name)
-        if served != stamp:
-            raise VerifyError(f"'{name}': Triton serves {(served or 'none')[:20]}, not {stamp[:20]} (load ignored)")
-
-    def _smoke(self, name: str, tree: Path, label: str) -> None:
-        path = tree / SMOKE_FILE
-        if not path.exists():
-            return
-        requests = load_smoke_file(path, label=f"{label}/{SMOKE_FILE}")
-        triton = self.plane.triton
-
-        def infer(model: str, version: str, inputs: Sequence[SmokeInput],
-                  outputs: Sequence[str]) -> dict[str, np.ndarray]:
-            return triton.infer(model, version, [(i.name, i.datatype, i.array) for i in inputs
-                                                 if i.array is not None], outputs)
-
-        failures = run_smoke(name, requests, infer)
-        if failures:
-            raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
-
-    # -- failure paths ---------------------------------------------------------------------------
-
-    def _fail_before_switch(self, exc: TritonctlError, changed_steps: list[Member], interim: list[Member],
-                            deployments: dict[str, int], actor: str, emit: ProgressFn) -> str:
-        """Nothing public changed but the ensembles' interim content: put them back; quarantine the
-        member whose own content failed; record each changed member's deployment as rolled back."""
-        plane = self.plane
-        at_fault = exc.model if isinstance(exc, SetFailed) and exc.own_fault else None
-        environment = environment_cause(exc)
-        for ensemble in reversed(interim):
-            self._put_back(ensemble, emit)
-        message = f"rolled back, the old pipeline kept answering: {exc}"
-        if environment:
-            message = f"{environment}: {message}"
-        quarantined = ""
-        for member in [*changed_steps, *interim]:
-            if member.model == at_fault and environment is None:
-                plane.registry.set_quarantine(member.model, member.digest, str(exc))
-                quarantined = member.model
-        for member in changed_steps:
-            if member.model == at_fault:
-                deployment = plane.registry.begin_deployment(member.model, "deploy", member.digest, member.previous,
-                                                             actor)
-                self._finish(member, deployment.id, "failed" if environment else "rolled_back", message, actor)
-        for model, deployment_id in deployments.items():
-            member = next(m for m in interim if m.model == model)
-            self._finish(member, deployment_id, "failed" if environment or model != at_fault else "rolled_back",
-                         message, actor)
-        if quarantined:
-            message += f" ({quarantined} quarantined)"
-        return message
-
-    def _put_back(self, ensemble: Member, emit: ProgressFn) -> None:
-        """An ensemble back on its previous content (its public steps), its interim trees pruned."""
-        target = ensemble.previous or ensemble.digest
-        self._quietly(self._switch, ensemble.model,
-                      Member(ensemble.model, target, ensemble.previous, True, ensemble.steps), {}, target,
-                      "restore", emit)
-        self.plane.serving.prune(ensemble.model)
-
-    def _undo_after_switch(self, public_done: list[Member], staged: list[Member], deployments: dict[str, int],
-                           failure: str, actor: str, emit: ProgressFn) -> None:
-        """The public steps changed and a later step failed: the interim pipeline answers; put the public
-        steps back, then the ensembles (which then drop the private names)."""
-        plane = self.plane
-        for step in reversed(public_done):
-            if step.previous:
-                plane.deployer.deploy(step.model, step.previous, actor, force=True, kind="rollback", progress=emit)
-        for ensemble in reversed(staged):
-            self._put_back(ensemble, emit)
-            if ensemble.model in deployments:
-                self._finish(ensemble, deployments[ensemble.model], "rolled_back", f"rolled back: {failure}", actor)
-
-    def _finish(self, member: Member, deployment_id: int, outcome: str, message: str, actor: str,
-                serving: bool = False) -> None:
-        registry = self.plane.registry
-        digest = member.digest if serving else member.previous
-        record = None
-        if serving:
-            snap = registry.get_snapshot(member.model, member.digest)
-            record = ServingRecord(member.model, member.digest, list(snap.served_versions))
-        audit = AuditEntry(actor, "deploy", member.model, member.digest, outcome, message)
-        registry.finish_deployment(deployment_id, outcome=outcome, error=None if serving else message, audit=audit,
-                                   serving=record, model_state="serving" if serving or digest else "failed")
-
-    def _drop_privates(self, privates: dict[str, str]) -> None:
-        for name in privates.values():
-            try:
-                self.plane.triton.unload(name)
-            except TritonctlError as exc:
-                log.warning("%s: unload of a private step name: %s", name, exc)
-            try:
-                self.plane.serving.unpublish(name)
-            except (OSError, TritonctlError) as exc:
-                log.warning("%s: unpublish of a private step name: %s", name, exc)
-
-    @staticmethod
-    def _each(members: list[Member], fn: Callable[[Member], Any], raise_first: bool = True) -> list[Any]:
-        """`fn` on every member at once (Triton loads different models concurrently); results in order.
-        `raise_first`: re-raise the first member's exception after all finished; else None for it."""
-        if len(members) <= 1:
-            return [fn(m) for m in members] if raise_first else [_or_none(fn, m) for m in members]
-        with ThreadPoolExecutor(max_workers=min(4, len(members)), thread_name_prefix="changeset") as pool:
-            futures = [pool.submit(fn, m) for m in members]
-            wait(futures)
-        failed = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failed is not None and raise_first:
-            raise failed
-        return [None if f.exception() is not None else f.result() for f in futures]
-
-    @staticmethod
-    def _quietly(fn: Callable[..., None], model: str, *args: Any) -> None:
-        try:
-            fn(*args)
-        except TritonctlError as exc:
-            log.error("%s: putting it back failed: %s", model, exc)
-
-
-def _or_none(fn: Callable[[Member], Any], member: Member) -> Any:
-    try:
-        return fn(member)
-    except TritonctlError as exc:
-        log.error("%s: %s", member.model, exc)
-        return None
-
-
-def _ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
+            return self.plane.deployer.run(Plan.of(self._members(records), force=force), actor)

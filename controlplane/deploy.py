@@ -13,16 +13,23 @@ the control plane retries it later.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
 
-import numpy as np
-
+from controlplane.deployset import Plan, SetRunner
+from controlplane.deploysteps import (
+    FAULT_POINTS,
+    SMOKE_FILE,
+    DeployOperation,
+    ProgressFn,
+    TritonPort,
+    TritonSteps,
+    VerifyError,
+    admission,
+    fault_point,
+)
 from controlplane.ensemblemembers import require_members
 from controlplane.errors import (
     DeployError,
@@ -36,14 +43,11 @@ from controlplane.errors import (
     TritonUnavailableError,
 )
 from controlplane.faults import classify
-from controlplane.modelconfig import stamp_parameter
 from controlplane.publish import ServingRepository
 from controlplane.results import Outcome, Progress  # the operation's result: one definition, in results
-from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
-from controlplane.store.registry import AuditEntry, Registry
-from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
+from controlplane.store.registry import Registry
 from controlplane.triton.host import TritonHost
 from controlplane.vocab import (
     SERVING_STATES,
@@ -55,157 +59,14 @@ from controlplane.vocab import (
     StepState,
 )
 
+__all__ = ["SMOKE_FILE", "Deployer", "DeployOperation", "Outcome", "Progress", "ProgressFn", "TritonPort",
+           "VerifyError", "admission", "raise_for"]
+
 log = logging.getLogger("tritonctl.deploy")
 
-SMOKE_FILE = "smoke.json"
-FAULT_ENV = "TRITONCTL_FAULT"
 # After a load outlived its deadline, the rollback's load queues behind it in Triton: give it this long
 # on top of the usual deadline before calling the rollback failed (reconcile retries it later anyway).
 ROLLBACK_GRACE_S = 60.0
-# test-only (TRITONCTL_FAULT): the step after which the daemon exits abruptly
-FAULT_POINTS = {RecordedStep.PUBLISHED: "after_publish", RecordedStep.LOADED: "after_load",
-                RecordedStep.VERIFIED: "after_verify"}
-
-
-def fault_point(step: str) -> None:
-    """Crash-consistency tests set TRITONCTL_FAULT=<step> to make the process die right here."""
-    if os.environ.get(FAULT_ENV) == step:
-        log.error("fault injection: exiting abruptly at %s", step)
-        os._exit(97)
-
-
-ProgressFn = Callable[[Progress], None]
-
-
-@dataclass
-class DeployOperation:
-    """One operation on one model, from its first step to its outcome: what it deploys (`digest`),
-    what served before (`previous`), its registry deployment once begun, when it started, the steps
-    streamed so far. Its methods finish it (`refuse`, `skip`, `commit`, `end`, `audited`), each
-    recording the ending in the registry and reporting the Outcome (`report`: metrics, retries)."""
-
-    registry: Registry
-    report: Callable[[Outcome], None]
-    model: str
-    digest: str | None
-    previous: str | None
-    actor: str
-    kind: str
-    progress: ProgressFn | None = None
-    deployment: DeploymentRecord | None = None
-    started: float = field(default_factory=time.monotonic)
-    steps: list[Progress] = field(default_factory=list)
-
-    @classmethod
-    def resume(cls, registry: Registry, report: Callable[[Outcome], None],
-               deployment: DeploymentRecord) -> DeployOperation:
-        """The operation of a deployment a crash interrupted (crash recovery finishes it)."""
-        return cls(registry, report, deployment.model, deployment.digest, deployment.previous_digest,
-                   deployment.actor, deployment.kind, deployment=deployment)
-
-    def require_digest(self) -> str:
-        assert self.digest is not None, "an unload has no digest"
-        return self.digest
-
-    def emit(self, step: str, state: str, message: str = "", digest: str | None = None) -> None:
-        p = Progress(self.model, str(step), str(state), message, (self.digest or "") if digest is None else digest)
-        self.steps.append(p)
-        log.info("%s %s %s %s %s", p.model, p.step, p.state, p.digest[:12], p.message)
-        if self.progress:
-            self.progress(p)
-
-    def begin(self) -> DeploymentRecord:
-        """Record the intent in the registry before Triton is touched (crash recovery reads it)."""
-        self.deployment = self.registry.begin_deployment(self.model, self.kind, self.digest, self.previous,
-                                                         self.actor)
-        fault_point("after_intent")
-        return self.deployment
-
-    def advance(self, step: RecordedStep) -> None:
-        assert self.deployment is not None
-        self.registry.advance(self.deployment.id, step.value)
-
-    # -- endings --------------------------------------------------------------------------------
-
-    def refuse(self, message: str, cause: Cause = Cause.NONE) -> Outcome:
-        """Not sent to Triton: invalid, quarantined, or an ensemble's steps missing."""
-        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, Result.FAILED.value, message,
-                                       _ms(self.started)))
-        self.emit(DeployStep.VALIDATE, StepState.FAILED, message)
-        return self.outcome(Result.FAILED, message, self.previous, cause)
-
-    def skip(self, message: str) -> Outcome:
-        """Nothing to do: Triton already serves the digest."""
-        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, Result.NOOP.value, message,
-                                       _ms(self.started)))
-        self.emit(DeployStep.DEPLOY, StepState.SKIPPED, message)
-        return self.outcome(Result.NOOP, message, self.previous)
-
-    def commit(self, ready: Sequence[str], message: str) -> Outcome:
-        """The digest serves, verified: it becomes the active one."""
-        digest = self.require_digest()
-        serving = ServingRecord(self.model, digest, [int(v) for v in ready if v.isdigit()])
-        return self.end(Result.OK, message, state=ModelState.SERVING, active=digest, serving=serving)
-
-    def end(self, result: Result, message: str, *, state: str, active: str | None, error: str | None = None,
-            serving: ServingRecord | None = None, cause: Cause = Cause.NONE) -> Outcome:
-        """Finish the deployment (its end, what serves, the audit event: one transaction) and report it."""
-        assert self.deployment is not None, "end() of an operation that never began"
-        d = self.deployment
-        audit = AuditEntry(d.actor, d.kind, d.model, d.digest or d.previous_digest, result.value, message,
-                           _ms(self.started))
-        self.registry.finish_deployment(d.id, outcome=result.value, error=error, audit=audit, serving=serving,
-                                        model_state=str(state))
-        return self.outcome(result, message, active, cause)
-
-    def audited(self, result: Result, message: str, *, active: str | None) -> Outcome:
-        """An operation with no deployment record (a restore): its audit event and outcome."""
-        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, result.value, message,
-                                       _ms(self.started)))
-        return self.outcome(result, message, active)
-
-    def outcome(self, result: Result, message: str, active: str | None, cause: Cause = Cause.NONE) -> Outcome:
-        done = Outcome(self.model, self.kind, result, self.digest, active, message, _ms(self.started),
-                       list(self.steps), cause)
-        self.report(done)
-        return done
-
-
-class TritonPort(Protocol):
-    """What the state machine asks of Triton (TritonClient; a stand-in in unit tests)."""
-
-    url: str
-
-    def load(self, model: str, timeout_s: float | None = None) -> None: ...
-
-    def unload(self, model: str, dependents: bool = False) -> None: ...
-
-    def index(self) -> list[IndexEntry]: ...
-
-    def ready_versions(self, model: str) -> list[str]: ...
-
-    def served_digest(self, model: str) -> str | None: ...
-
-    def infer(self, model: str, version: str, inputs: Sequence[tuple[str, str, np.ndarray]],
-              output_names: Sequence[str], timeout_s: float | None = None) -> dict[str, np.ndarray]: ...
-
-
-class VerifyError(TritonctlError):
-    """Triton answered OK but does not serve what was published."""
-
-
-def admission(snap: SnapshotRecord, *, force: bool, where: str) -> str | None:
-    """Why a recorded content is not sent on (to Triton; the fleet: to its hosts), or None: invalid
-    content never, quarantined content only with force."""
-    if not snap.valid:
-        return f"invalid, not sent to {where}: {snap.first_error}"
-    if snap.quarantined and not force:
-        return f"digest {snap.digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry"
-    return None
-
-
-def stamp_digest(digest: str) -> Callable[[str], str]:
-    return lambda text: stamp_parameter(text, DIGEST_PARAMETER, digest)
 
 
 class Deployer:
@@ -229,8 +90,35 @@ class Deployer:
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
+        self.steps = TritonSteps(store, serving, triton, host, load_timeout_s)
+        self._plans = SetRunner(self)
+        self._sets = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+
+    # -- plans: one model, or a change set (controlplane/deployset.py) -------------------------------
+
+    def run(self, plan: Plan, actor: str, progress: ProgressFn | None = None) -> Outcome:
+        """Deploy a plan: a single model (a set of one) as `deploy`, a change set with its staged switch."""
+        if len(plan.members) == 1:
+            member = plan.members[0]
+            return self.deploy(member.model, member.digest, actor, force=plan.force, kind=plan.kind,
+                               progress=progress)
+        with self._sets:  # one change set at a time
+            return self._plans.run(plan, actor, progress)
+
+    def sweep(self, ensembles: Iterable[str]) -> bool:
+        """Private step names a stopped daemon left behind, removed unless a set runs now or a loaded
+        ensemble of `ensembles` still uses them. True when none is left."""
+        if not self._sets.acquire(blocking=False):
+            return False
+        try:
+            return self._plans.sweep(ensembles)[1]
+        finally:
+            self._sets.release()
+
+    def report(self, outcome: Outcome) -> None:
+        self._report(outcome)
 
     def lock(self, model: str) -> threading.Lock:
         with self._locks_guard:
@@ -244,36 +132,13 @@ class Deployer:
     # -- the steps ------------------------------------------------------------------------------
 
     def _publish(self, model: str, digest: str) -> Path:
-        snapshot = self.store.load(model, digest)
-        return self.serving.publish(snapshot, self.store, stamp_digest(digest))
+        return self.steps.publish(model, digest)
 
     def _verify(self, model: str, digest: str, served_versions: Sequence[int]) -> list[str]:
-        ready = self.triton.ready_versions(model)
-        missing = [str(v) for v in served_versions if str(v) not in ready]
-        if missing:
-            raise VerifyError(f"'{model}': version(s) {', '.join(missing)} not READY after load (ready: {ready})")
-        served = self.triton.served_digest(model)
-        if served != digest:
-            raise VerifyError(
-                f"'{model}': Triton serves digest {(served or 'none')[:12]}, not {digest[:12]} (load ignored)"
-            )
-        return ready
+        return self.steps.verify(model, digest, served_versions)
 
     def _smoke(self, model: str, tree: Path) -> None:
-        path = tree / SMOKE_FILE
-        if not path.exists():
-            return
-        requests = load_smoke_file(path, label=f"{model}/{SMOKE_FILE}")  # not the store path
-
-        def infer(
-            name: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]
-        ) -> dict[str, np.ndarray]:
-            tensors = [(i.name, i.datatype, i.array) for i in inputs if i.array is not None]  # built: never None
-            return self.triton.infer(name, version, tensors, outputs)
-
-        failures = run_smoke(model, requests, infer)
-        if failures:
-            raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
+        self.steps.smoke(model, tree)
 
     def _load_verified(self, op: DeployOperation, digest: str, served_versions: Sequence[int],
                        load_timeout_s: float | None = None, *, record: bool = True, quiet: bool = False
@@ -297,10 +162,7 @@ class Deployer:
         emit(DeployStep.PUBLISH, StepState.OK, str(tree))
         emit(DeployStep.LOAD, StepState.START)
 
-        def load() -> None:
-            self.triton.load(model, load_timeout_s or self.load_timeout_s)
-
-        self.host.load(model, load) if self.host else load()
+        self.steps.load(model, load_timeout_s)
         reached(RecordedStep.LOADED)
         emit(DeployStep.LOAD, StepState.OK)
         emit(DeployStep.VERIFY, StepState.START)
@@ -349,8 +211,7 @@ class Deployer:
 
         op.begin()
         try:
-            if self.host:  # a backend or GPU the server lacks: found before anything is published
-                self.host.check(snap.config, self.store.tree_path(digest))
+            self.steps.check(snap.config, digest)  # a backend or GPU the server lacks: before anything is published
             tree, ready = self._load_verified(op, digest, snap.served_versions)
             op.emit(DeployStep.SMOKE, StepState.START)
             self._smoke(model, tree)
@@ -431,11 +292,7 @@ class Deployer:
 
     def _take_out(self, model: str) -> None:
         """Nothing good to return to: take the broken model out of Triton and the serving repository."""
-        try:
-            self.triton.unload(model)
-        except TritonctlError as exc:
-            log.warning("%s: unload of a model with no good version: %s", model, exc)
-        self.serving.unpublish(model)
+        self.steps.take_out(model)
 
     def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None) -> Outcome:
         with self.lock(model):
@@ -541,6 +398,9 @@ class Deployer:
         the previous one is restored (without a reload when it already serves). None: Triton still
         ran a load at the bound; the deployment stays open and the next reconcile tries again.
         """
+        rolled = self._plans.recover(deployment)  # an ensemble a change set left on its private steps
+        if rolled is not None:
+            return rolled
         with self.lock(deployment.model):
             op = DeployOperation.resume(self.registry, self._report, deployment)
             model, previous, digest = deployment.model, deployment.previous_digest, deployment.digest
@@ -578,10 +438,6 @@ class Deployer:
     def _report(self, outcome: Outcome) -> None:
         if self.on_outcome:
             self.on_outcome(outcome)
-
-
-def _ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
 
 
 def raise_for(outcome: Outcome) -> Outcome:

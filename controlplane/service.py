@@ -26,6 +26,7 @@ from controlplane.ensemblemembers import step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
 from controlplane.names import is_private_name, validate_digest, validate_model_name
+from controlplane.ports import WatchHooks
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import Drift, plan
 from controlplane.results import (
@@ -68,19 +69,6 @@ class Counters:
     last_action: str = "starting"
     triton_reachable: bool = False
     drift: tuple[Drift, ...] = ()
-
-
-@dataclass(frozen=True)
-class WatchHooks:
-    """What the plane asks of the source watcher (a RepositoryWatcher or the s3:// poller)."""
-
-    reschedule: Callable[[str, float], None]  # look at a model again after this many seconds
-    watch_info: Callable[[], dict[str, str]] | None = None  # `status`'s watch mode and why
-    capture_margin_s: Callable[[], float] | None = None  # a network mount's cache margin on the settle window
-    settling: Callable[[], dict[str, str]] | None = None  # models settling or being captured, with a reason
-    # the watcher's own pending checks: model -> seconds since its last change (None: a check asked for);
-    # a change set waits until the last of its members settled (controlplane/changeset.py)
-    pending: Callable[[], dict[str, float | None]] | None = None
 
 
 class FleetStrategy(Protocol):
@@ -264,7 +252,7 @@ class ControlPlane:
         except (SnapshotError, StoreError) as exc:
             self.capture_failed(model, exc)
             return None
-        self.capture_waits.pop(model, None)
+        self.capture_done(model)
         current = self.registry.ensure_model(model)
         if current.removed_at is not None:
             self.registry.update_model(model, removed_at=None)
@@ -285,11 +273,12 @@ class ControlPlane:
         unreachable = isinstance(exc, (StoreError, ObjectStoreError))  # nothing recorded: not the source's state
         if decision.verdict is Verdict.WAIT and (self.watch is not None or unreachable):
             log.info("%s: %s; looking again in %.1f s", model, exc, decision.delay_s)
-            if not unreachable:
-                self.capture_waits[model] = decision.reason
-            self.look_again(model, decision.delay_s)
+            if unreachable:
+                self.look_again(model, decision.delay_s)
+            else:
+                self.put_off(model, decision.reason, decision.delay_s)
             return
-        self.capture_waits.pop(model, None)
+        self.capture_done(model)
         self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", str(exc)))
 
     def _note_quarantined(self, record: SnapshotRecord) -> None:
@@ -304,6 +293,15 @@ class ControlPlane:
         message = f"skipped: quarantined since {when}: {record.quarantine_reason}"
         log.warning("%s %s %s", model, digest[:12], message)
         self.registry.audit(AuditEntry(WATCHER_ACTOR, "skip", model, digest, "invalid", message))
+
+    def put_off(self, model: str, reason: str, delay_s: float) -> None:
+        """The watcher's capture of `model` waits (`reason`, shown by `status`); look again after `delay_s`."""
+        self.capture_waits[model] = reason
+        self.look_again(model, delay_s)
+
+    def capture_done(self, model: str) -> None:
+        """`model`'s source was captured: nothing puts it off any more."""
+        self.capture_waits.pop(model, None)
 
     def look_again(self, model: str, delay_s: float) -> None:
         """Have the watcher hand `model` on again after `delay_s` (nothing without a watcher)."""
@@ -569,9 +567,7 @@ class ControlPlane:
         for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
             if self.deployer.lock(deployment.model).locked():
                 continue  # in flight in this process, not interrupted
-            if self.changesets.recover(deployment):  # an ensemble a change set left pointed at private steps
-                continue
-            outcome = self.deployer.recover(deployment)
+            outcome = self.deployer.recover(deployment)  # one model, or a change set's ensemble (rolled forward)
             if outcome is None:
                 waiting.append(deployment.model)
                 continue

@@ -80,14 +80,20 @@ class HostAgent:
         self._import(model, digest)
         return self.plane.deployer.deploy(model, digest, actor, force=kind == "rollback", kind=kind)
 
+    def _finish(self, step: Step, state: str, message: str, result: str, serving: str | None,
+                started: float | None = None, actor: str = FLEET_ACTOR, action: str = "") -> None:
+        """A step's end on the fleet's tables and its audit event (one transaction: FleetStore.finish_step)."""
+        prefix = f"rollout {step.rollout_id}: " if step.rollout_id else "converge: "
+        self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit_event(
+            actor, action or step.action, step.model, step.digest, result, prefix + message,
+            int((time.monotonic() - started) * 1000) if started is not None else None))
+
     def run_step(self, step: Step) -> None:
         started = time.monotonic()
         local = self.plane.registry.find_model(step.model)
         if local is not None and held(local) is not None:  # held by an operator's --host action: left alone
             message = f"host {self.host} held (pinned here); `tritonctl unpin {step.model} --host {self.host}`"
-            self.store.finish_step(step, "skipped", message, host=self.host, serving=local.active_digest,
-                                   audit=audit_event(FLEET_ACTOR, step.action, step.model, step.digest,
-                                                     Result.SKIPPED.value, f"rollout {step.rollout_id}: {message}"))
+            self._finish(step, "skipped", message, Result.SKIPPED.value, local.active_digest)
             self.report()
             return
         log.info("%s: rollout %s step %s: %s %s", step.model, step.rollout_id, step.id, step.action,
@@ -100,9 +106,7 @@ class HostAgent:
             state, message, result = "failed", str(exc), Result.FAILED.value
             found = self.plane.registry.find_model(step.model)
             serving = found.active_digest if found else None
-        self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit_event(
-            FLEET_ACTOR, step.action, step.model, step.digest, result, f"rollout {step.rollout_id}: {message}",
-            int((time.monotonic() - started) * 1000)))
+        self._finish(step, state, message, result, serving, started)
 
     def _gather(self, claimed: list[Step]) -> list[Step]:
         """The leader starts a change set's rollouts one by one: for up to GATHER_S, claim this host's
@@ -151,11 +155,8 @@ class HostAgent:
             found = self.plane.registry.find_model(step.model)
             serving = found.active_digest if found else None
             ok = succeeded and serving == step.digest
-            self.store.finish_step(step, "ok" if ok else "failed", message, host=self.host, serving=serving,
-                                   audit=audit_event(FLEET_ACTOR, step.action, step.model, step.digest,
-                                                     result if ok or not succeeded else Result.FAILED.value,
-                                                     f"rollout {step.rollout_id}: {message}",
-                                                     int((time.monotonic() - started) * 1000)))
+            self._finish(step, "ok" if ok else "failed", message,
+                         result if ok or not succeeded else Result.FAILED.value, serving, started)
 
     def converge(self) -> None:
         targets = self.store.targets()
@@ -182,11 +183,9 @@ class HostAgent:
             except TritonctlError as exc:
                 log.error("%s: converge: %s", model, exc)
                 continue
-            self.store.finish_step(
-                Step(0, 0, self.host, 0, "deploy", target, "", "", model), "ok" if outcome.succeeded else "failed",
-                outcome.message, host=self.host, serving=outcome.active_digest,
-                audit=audit_event(CONVERGE_ACTOR, outcome.action, model, target, str(outcome.outcome),
-                                  f"converge: {outcome.message}", int((time.monotonic() - started) * 1000)))
+            self._finish(Step(0, 0, self.host, 0, "deploy", target, "", "", model),
+                         "ok" if outcome.succeeded else "failed", outcome.message, str(outcome.outcome),
+                         outcome.active_digest, started, CONVERGE_ACTOR, outcome.action)
 
     def report(self) -> None:
         try:

@@ -14,14 +14,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 
 from controlplane.errors import TritonError, TritonUnavailableError
+from controlplane.modelconfig import parse_config_text
 from controlplane.publish import ServingRepository
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
 
-_DIGEST = re.compile(r'key: "' + re.escape(DIGEST_PARAMETER) + r'"\s*value\s*{\s*string_value: "([0-9a-f]+)"')
+_DIGEST = re.compile(r'key: "' + re.escape(DIGEST_PARAMETER) + r'"\s*value\s*{\s*string_value: "([^"]+)"')
 _GEN = re.compile(r'key: "gen" value { string_value: "(\d+)" }')
 
 
@@ -31,6 +34,7 @@ class Served:
     versions: list[str]
     gen: float
     state: str = "READY"
+    config: str = ""
 
 
 @dataclass
@@ -65,7 +69,7 @@ class StandinTriton:
         gen = _GEN.search(text)
         versions = sorted(p.name for p in tree.iterdir() if p.is_dir() and p.name.isdigit())
         self.models[model] = Served(digest.group(1) if digest else None, versions,
-                                    float(gen.group(1)) if gen else 0.0)
+                                    float(gen.group(1)) if gen else 0.0, config=text)
 
     def unload(self, model: str, dependents: bool = False) -> None:
         self.calls.append(("unload", model, None))
@@ -86,6 +90,15 @@ class StandinTriton:
         self._check()
         served = self.models.get(model)
         return served.digest if served is not None else None
+
+    def served_config(self, model: str) -> dict[str, Any]:
+        """The served config as Triton's JSON (what the change-set recovery reads)."""
+        self._check()
+        served = self.models.get(model)
+        if served is None:
+            raise TritonError(f"model '{model}' is not loaded", "NOT_FOUND")
+        return dict(json_format.MessageToDict(parse_config_text(served.config, "config.pbtxt"),
+                                              preserving_proto_field_name=True))
 
     def infer(self, model: str, version: str, inputs: Sequence[tuple[str, str, np.ndarray]],
               output_names: Sequence[str], timeout_s: float | None = None) -> dict[str, np.ndarray]:

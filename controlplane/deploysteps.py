@@ -1,0 +1,259 @@
+"""The deploy engine's parts below the Deployer: one operation's record (`DeployOperation`) and the steps
+every load takes, whoever asks for it (a model deployed alone, a change set's staged names and switches,
+crash recovery): publish a fresh tree, load it through the host (its capability check and Triton's
+real reasons), verify what Triton serves, run the smoke requests.
+
+Why a module of its own: the Deployer (controlplane.deploy) and the change-set plan runner
+(controlplane.deployset) both drive Triton; with the steps here, each exists once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from controlplane.errors import TritonctlError
+from controlplane.modelconfig import stamp_parameter
+from controlplane.publish import ServingRepository
+from controlplane.results import Outcome, Progress
+from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
+from controlplane.snapshot import ContentStore
+from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
+from controlplane.triton.host import TritonHost
+from controlplane.vocab import Cause, DeployStep, ModelState, RecordedStep, Result, StepState
+
+log = logging.getLogger("tritonctl.deploy")
+
+SMOKE_FILE = "smoke.json"
+FAULT_ENV = "TRITONCTL_FAULT"
+# test-only (TRITONCTL_FAULT): the step after which the daemon exits abruptly
+FAULT_POINTS = {RecordedStep.PUBLISHED: "after_publish", RecordedStep.LOADED: "after_load",
+                RecordedStep.VERIFIED: "after_verify"}
+
+
+def fault_point(step: str) -> None:
+    """Crash-consistency tests set TRITONCTL_FAULT=<step> to make the process die right here."""
+    if os.environ.get(FAULT_ENV) == step:
+        log.error("fault injection: exiting abruptly at %s", step)
+        os._exit(97)
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class DeployOperation:
+    """One operation on one model, from its first step to its outcome: what it deploys (`digest`),
+    what served before (`previous`), its registry deployment once begun, when it started, the steps
+    streamed so far. Its methods finish it (`refuse`, `skip`, `commit`, `end`, `audited`), each
+    recording the ending in the registry and reporting the Outcome (`report`: metrics, retries)."""
+
+    registry: Registry
+    report: Callable[[Outcome], None]
+    model: str
+    digest: str | None
+    previous: str | None
+    actor: str
+    kind: str
+    progress: ProgressFn | None = None
+    deployment: DeploymentRecord | None = None
+    started: float = field(default_factory=time.monotonic)
+    steps: list[Progress] = field(default_factory=list)
+
+    @classmethod
+    def resume(cls, registry: Registry, report: Callable[[Outcome], None],
+               deployment: DeploymentRecord) -> DeployOperation:
+        """The operation of a deployment a crash interrupted (crash recovery finishes it)."""
+        return cls(registry, report, deployment.model, deployment.digest, deployment.previous_digest,
+                   deployment.actor, deployment.kind, deployment=deployment)
+
+    def require_digest(self) -> str:
+        assert self.digest is not None, "an unload has no digest"
+        return self.digest
+
+    def emit(self, step: str, state: str, message: str = "", digest: str | None = None) -> None:
+        p = Progress(self.model, str(step), str(state), message, (self.digest or "") if digest is None else digest)
+        self.steps.append(p)
+        log.info("%s %s %s %s %s", p.model, p.step, p.state, p.digest[:12], p.message)
+        if self.progress:
+            self.progress(p)
+
+    def begin(self) -> DeploymentRecord:
+        """Record the intent in the registry before Triton is touched (crash recovery reads it)."""
+        self.deployment = self.registry.begin_deployment(self.model, self.kind, self.digest, self.previous,
+                                                         self.actor)
+        fault_point("after_intent")
+        return self.deployment
+
+    def advance(self, step: RecordedStep) -> None:
+        assert self.deployment is not None
+        self.registry.advance(self.deployment.id, step.value)
+
+    # -- endings --------------------------------------------------------------------------------
+
+    def refuse(self, message: str, cause: Cause = Cause.NONE) -> Outcome:
+        """Not sent to Triton: invalid, quarantined, or an ensemble's steps missing."""
+        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, Result.FAILED.value, message,
+                                       ms_since(self.started)))
+        self.emit(DeployStep.VALIDATE, StepState.FAILED, message)
+        return self.outcome(Result.FAILED, message, self.previous, cause)
+
+    def skip(self, message: str) -> Outcome:
+        """Nothing to do: Triton already serves the digest."""
+        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, Result.NOOP.value, message,
+                                       ms_since(self.started)))
+        self.emit(DeployStep.DEPLOY, StepState.SKIPPED, message)
+        return self.outcome(Result.NOOP, message, self.previous)
+
+    def commit(self, ready: Sequence[str], message: str) -> Outcome:
+        """The digest serves, verified: it becomes the active one."""
+        digest = self.require_digest()
+        serving = ServingRecord(self.model, digest, [int(v) for v in ready if v.isdigit()])
+        return self.end(Result.OK, message, state=ModelState.SERVING, active=digest, serving=serving)
+
+    def end(self, result: Result, message: str, *, state: str, active: str | None, error: str | None = None,
+            serving: ServingRecord | None = None, cause: Cause = Cause.NONE) -> Outcome:
+        """Finish the deployment (its end, what serves, the audit event: one transaction) and report it."""
+        assert self.deployment is not None, "end() of an operation that never began"
+        d = self.deployment
+        audit = AuditEntry(d.actor, d.kind, d.model, d.digest or d.previous_digest, result.value, message,
+                           ms_since(self.started))
+        self.registry.finish_deployment(d.id, outcome=result.value, error=error, audit=audit, serving=serving,
+                                        model_state=str(state))
+        return self.outcome(result, message, active, cause)
+
+    def audited(self, result: Result, message: str, *, active: str | None) -> Outcome:
+        """An operation with no deployment record (a restore): its audit event and outcome."""
+        self.registry.audit(AuditEntry(self.actor, self.kind, self.model, self.digest, result.value, message,
+                                       ms_since(self.started)))
+        return self.outcome(result, message, active)
+
+    def outcome(self, result: Result, message: str, active: str | None, cause: Cause = Cause.NONE) -> Outcome:
+        done = Outcome(self.model, self.kind, result, self.digest, active, message, ms_since(self.started),
+                       list(self.steps), cause)
+        self.report(done)
+        return done
+
+
+class TritonPort(Protocol):
+    """What the state machine asks of Triton (TritonClient; a stand-in in unit tests)."""
+
+    url: str
+
+    def load(self, model: str, timeout_s: float | None = None) -> None: ...
+
+    def unload(self, model: str, dependents: bool = False) -> None: ...
+
+    def index(self) -> list[IndexEntry]: ...
+
+    def ready_versions(self, model: str) -> list[str]: ...
+
+    def served_digest(self, model: str) -> str | None: ...
+
+    def served_config(self, model: str) -> dict[str, Any]: ...
+
+    def infer(self, model: str, version: str, inputs: Sequence[tuple[str, str, np.ndarray]],
+              output_names: Sequence[str], timeout_s: float | None = None) -> dict[str, np.ndarray]: ...
+
+
+class VerifyError(TritonctlError):
+    """Triton answered OK but does not serve what was published."""
+
+
+def admission(snap: SnapshotRecord, *, force: bool, where: str) -> str | None:
+    """Why a recorded content is not sent on (to Triton; the fleet: to its hosts), or None: invalid
+    content never, quarantined content only with force."""
+    if not snap.valid:
+        return f"invalid, not sent to {where}: {snap.first_error}"
+    if snap.quarantined and not force:
+        return f"digest {snap.digest[:12]} is quarantined ({snap.quarantine_reason}); use --force to retry"
+    return None
+
+
+def stamp_digest(digest: str) -> Callable[[str], str]:
+    return lambda text: stamp_parameter(text, DIGEST_PARAMETER, digest)
+
+
+class TritonSteps:
+    """The steps of every load on this host, for a public name or a change set's private one."""
+
+    def __init__(self, store: ContentStore, serving: ServingRepository, triton: TritonPort,
+                 host: TritonHost | None, load_timeout_s: float) -> None:
+        self.store = store
+        self.serving = serving
+        self.triton = triton
+        self.host = host  # capability checks and Triton's real reasons (None: a plain client)
+        self.load_timeout_s = load_timeout_s
+
+    def publish(self, model: str, digest: str, rewrite: Callable[[str], str] | None = None,
+                name: str | None = None) -> Path:
+        """A fresh tree of `digest` under `name` (default: the model's), its config stamped with the
+        digest, or rewritten by `rewrite` (which stamps what it likes)."""
+        snapshot = self.store.load(model, digest)
+        return self.serving.publish(snapshot, self.store, rewrite or stamp_digest(digest), name=name)
+
+    def check(self, config: dict[str, Any] | None, digest: str) -> None:
+        """A backend or GPU this host lacks: found before anything is published (HostCapabilityError)."""
+        if self.host:
+            self.host.check(config, self.store.tree_path(digest))
+
+    def load(self, name: str, timeout_s: float | None = None) -> None:
+        """Load `name` through the host, which turns Triton's bare failures into their real reasons."""
+        def load() -> None:
+            self.triton.load(name, timeout_s or self.load_timeout_s)
+
+        self.host.load(name, load) if self.host else load()
+
+    def verify(self, name: str, stamp: str, served_versions: Sequence[int]) -> list[str]:
+        """Every served version READY and the served config stamped `stamp`; the READY versions."""
+        ready = self.triton.ready_versions(name)
+        missing = [str(v) for v in served_versions if str(v) not in ready]
+        if missing or not ready:
+            raise VerifyError(f"'{name}': version(s) {', '.join(missing) or '?'} not READY after load (ready: {ready})")
+        served = self.triton.served_digest(name)
+        if served != stamp:
+            raise VerifyError(
+                f"'{name}': Triton serves digest {(served or 'none')[:20]}, not {stamp[:20]} (load ignored)"
+            )
+        return ready
+
+    def smoke(self, name: str, tree: Path, label: str | None = None) -> None:
+        """The tree's smoke requests against `name` (`label`: the model the file is shown under)."""
+        path = tree / SMOKE_FILE
+        if not path.exists():
+            return
+        requests = load_smoke_file(path, label=f"{label or name}/{SMOKE_FILE}")  # not the store path
+
+        def infer(
+            model: str, version: str, inputs: Sequence[SmokeInput], outputs: Sequence[str]
+        ) -> dict[str, np.ndarray]:
+            tensors = [(i.name, i.datatype, i.array) for i in inputs if i.array is not None]  # built: never None
+            return self.triton.infer(model, version, tensors, outputs)
+
+        failures = run_smoke(name, requests, infer)
+        if failures:
+            raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
+
+    def take_out(self, name: str) -> None:
+        """Unload `name` and remove its serving entry (errors logged: nothing good is left to serve)."""
+        try:
+            self.triton.unload(name)
+        except TritonctlError as exc:
+            log.warning("%s: unload: %s", name, exc)
+        try:
+            self.serving.unpublish(name)
+        except (OSError, TritonctlError) as exc:
+            log.warning("%s: unpublish: %s", name, exc)
+
+
+def ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

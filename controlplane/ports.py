@@ -1,0 +1,79 @@
+"""What each part of the control plane is handed of the plane: narrow, typed protocols instead of the
+whole `ControlPlane` (controlplane/service.py implements them; tests hand in small stand-ins).
+
+Why: parts that reached through the plane for whatever they needed (change sets writing its
+capture waits, tags reaching its fleet) made every change to the plane a change to them, and the
+import circle changeset -> service. Each part names here what it uses, and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from controlplane.config import Settings
+from controlplane.deploy import Deployer
+from controlplane.errors import SnapshotError, StoreError
+from controlplane.publish import ServingRepository
+from controlplane.snapshot import ContentStore
+from controlplane.store.records import ModelRecord, SnapshotRecord
+from controlplane.store.registry import Registry
+
+if TYPE_CHECKING:
+    from controlplane.s3source import S3Source
+
+
+@dataclass(frozen=True)
+class WatchHooks:
+    """What the plane asks of the source watcher (a RepositoryWatcher or the s3:// poller)."""
+
+    reschedule: Callable[[str, float], None]  # look at a model again after this many seconds
+    watch_info: Callable[[], dict[str, str]] | None = None  # `status`'s watch mode and why
+    capture_margin_s: Callable[[], float] | None = None  # a network mount's cache margin on the settle window
+    settling: Callable[[], dict[str, str]] | None = None  # models settling or being captured, with a reason
+    # the watcher's own pending checks: model -> seconds since its last change (None: a check asked for);
+    # a change set waits until the last of its members settled (controlplane/changeset.py)
+    pending: Callable[[], dict[str, float | None]] | None = None
+
+
+
+class SetPlane(Protocol):
+    """What change sets (controlplane/changeset.py) use of the plane: its parts, the capture of a
+    model's source, the decision inputs, and the watcher's "look again"."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def store(self) -> ContentStore: ...
+
+    @property
+    def serving(self) -> ServingRepository: ...
+
+    @property
+    def deployer(self) -> Deployer: ...
+
+    @property
+    def source(self) -> S3Source | None: ...
+
+    @property
+    def watch(self) -> WatchHooks | None: ...
+
+    def capture(self, model: str, actor: str = ..., *, settled: bool = ..., complete: bool = ...,
+                members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
+
+    def source_has(self, model: str) -> bool: ...
+
+    def effective_policy(self, model: ModelRecord) -> str: ...
+
+    def capture_failed(self, model: str, exc: SnapshotError | StoreError) -> None: ...
+
+    def put_off(self, model: str, reason: str, delay_s: float) -> None: ...
+
+    def capture_done(self, model: str) -> None: ...
+
+    def look_again(self, model: str, delay_s: float) -> None: ...

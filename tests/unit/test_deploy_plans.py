@@ -1,0 +1,211 @@
+"""The deploy engine's plans (controlplane/deployset.py via `Deployer.run`) against the stand-in Triton:
+a model deployed inside a change set is recorded exactly as it is deployed alone; a set's staged loads
+take the host's capability check and load wrapper like any load; crash recovery resumes an interrupted
+set; and no module outside the engine and triton/ drives Triton. The real-server tests
+(tests/test_changesets.py, tests/test_crash.py) cover the same paths end to end."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.deploy import Deployer, Outcome
+from controlplane.deployset import Member, Plan, private_name
+from controlplane.errors import HostCapabilityError
+from controlplane.modelconfig import validate_model_dir
+from controlplane.publish import ServingRepository
+from controlplane.snapshot import ContentStore
+from controlplane.store import migrate
+from controlplane.store.registry import AuditQuery, Registry
+from controlplane.vocab import Result
+from tests.harness import gen_config, python_model
+from tests.unit.standin_triton import StandinTriton
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PIPE = """name: "pipe"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "gen" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "a" model_version: -1 input_map { key: "x" value: "x" } output_map { key: "gen" value: "TENSOR" } },
+  { model_name: "b" model_version: -1 input_map { key: "x" value: "TENSOR" } output_map { key: "gen" value: "gen" } }
+] }
+"""
+
+
+class Host:
+    """A stand-in for triton/host.TritonHost: records the capability checks and wrapped loads."""
+
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+        self.loaded: list[str] = []
+        self.refuse: str | None = None  # a model name whose check fails
+
+    def check(self, config: dict[str, Any] | None, tree: Path) -> None:
+        name = str((config or {}).get("name"))
+        self.checked.append(name)
+        if name == self.refuse:
+            raise HostCapabilityError(f"model '{name}' needs backend 'onnxruntime', which this server lacks")
+
+    def load(self, model: str, load: Callable[[], None]) -> None:
+        self.loaded.append(model)
+        load()
+
+
+class Bench:
+    def __init__(self, tmp: Path) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.repo = tmp / "repo"
+        self.registry = Registry(f"sqlite:///{tmp / 'registry.db'}")
+        migrate.upgrade(self.registry)
+        self.store = ContentStore(tmp / "store", fsync=False)
+        self.serving = ServingRepository(tmp / "serving", tmp / "published")
+        self.triton = StandinTriton(self.serving)
+        self.host = Host()
+        self.outcomes: list[Outcome] = []
+        self.deployer = Deployer(self.registry, self.store, self.serving, self.triton, load_timeout_s=5.0,
+                                 on_outcome=self.outcomes.append, host=self.host)  # type: ignore[arg-type]
+
+    def record(self, model: str, config: str, gen: int = 0) -> str:
+        d = self.repo / model
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        (d / "config.pbtxt").write_text(config)
+        if gen:
+            (d / "1" / "model.py").write_text(python_model("np.full_like(x, GEN, dtype=np.float32)",
+                                                           prelude=f"\nGEN = {gen}\n"))
+        snap = self.store.capture(d, model)
+        result = validate_model_dir(self.store.tree_path(snap.digest), name=model)
+        assert result.ok, result.problems
+        record, _ = self.registry.record_snapshot(
+            model, snap.digest, snap.manifest_json(), config=result.config, versions=result.versions,
+            served_versions=result.served_versions, valid=True, problems=[], total_bytes=snap.total_bytes)
+        return record.digest
+
+    def serving_pipeline(self) -> dict[str, str]:
+        """a, b and pipe serving their first content; the second content of a and pipe recorded."""
+        first = {"a": self.record("a", gen_config("a", 1), 1), "b": self.record("b", gen_config("b", 1), 1),
+                 "pipe": self.record("pipe", PIPE)}
+        for model in ("a", "b", "pipe"):
+            assert self.deployer.deploy(model, first[model], "alice").outcome == Result.OK
+        return {"a": self.record("a", gen_config("a", 2), 2),
+                "pipe": self.record("pipe", PIPE.replace("TENSOR", "RENAMED"))}
+
+    def plan(self, digests: dict[str, str]) -> Plan:
+        members = []
+        for model, digest in digests.items():
+            current = self.registry.get_model(model)
+            members.append(Member(model, digest, current.active_digest, model == "pipe",
+                                  ["a", "b"] if model == "pipe" else []))
+        return Plan.of(members)
+
+    def rows(self, model: str) -> list[tuple[Any, ...]]:
+        """What the registry records of `model`'s deployments and audit events, timing aside."""
+        d = self.registry.last_deployment(model)
+        assert d is not None
+        deployments = [(d.kind, d.digest, d.previous_digest, d.step, d.outcome, d.error, d.actor)]
+        record = self.registry.get_model(model)
+        deployments.append((record.active_digest, record.state))
+        deployments += [(e.digest,) for e in self.registry.serving_history(model, limit=10)]
+        events = [(e.action, e.outcome, e.digest, e.actor)
+                  for e in self.registry.query_audit(AuditQuery(model=model, limit=100))]
+        return [*deployments, *events]
+
+
+@pytest.fixture
+def benches(tmp_path: Path) -> Iterator[tuple[Bench, Bench]]:
+    one, two = Bench(tmp_path / "one"), Bench(tmp_path / "two")
+    yield one, two
+    one.registry.close()
+    two.registry.close()
+
+
+def test_a_model_deployed_inside_a_change_set_is_recorded_as_deployed_alone(benches: tuple[Bench, Bench]) -> None:
+    alone, together = benches
+    new = alone.serving_pipeline()
+    assert together.serving_pipeline() == new  # the same content, the same digests
+    for model in ("a", "pipe"):  # one by one
+        assert alone.deployer.deploy(model, new[model], "alice").outcome == Result.OK
+    outcome = together.deployer.run(together.plan(new), "alice")
+    assert outcome.outcome == Result.OK and "old pipeline answering" in outcome.message, outcome.message
+    staged = private_name("a", new["a"])
+    assert ("load", staged) in {(c, m) for c, m, _ in together.triton.calls}  # it was staged, not in order
+    assert staged not in together.triton.models and staged not in together.serving.models()  # and cleaned up
+    for model in ("a", "pipe"):
+        assert together.rows(model) == alone.rows(model), model
+        assert together.triton.served_digest(model) == new[model]
+    [event] = together.registry.query_audit(AuditQuery(action="changeset", limit=5))
+    assert event.outcome == "deployed"
+
+
+def test_a_set_of_one_is_the_model_s_own_deploy(benches: tuple[Bench, Bench]) -> None:
+    bench, _ = benches
+    new = bench.serving_pipeline()
+    outcome = bench.deployer.run(bench.plan({"a": new["a"]}), "alice")
+    assert (outcome.action, outcome.outcome, outcome.digest) == ("deploy", Result.OK, new["a"])
+
+
+def test_staged_loads_take_the_host_check_and_load_wrapper(benches: tuple[Bench, Bench]) -> None:
+    bench, _ = benches
+    new = bench.serving_pipeline()
+    bench.host.checked.clear()
+    bench.host.loaded.clear()
+    staged = private_name("a", new["a"])
+    assert bench.deployer.run(bench.plan(new), "alice").outcome == Result.OK
+    assert staged in bench.host.loaded and bench.host.loaded.count("pipe") >= 2  # interim, then switched back
+    assert "a" in bench.host.checked and "pipe" in bench.host.checked
+
+    # A host that cannot place the new step: refused at the staged load, the old pipeline untouched.
+    other = bench.record("a", gen_config("a", 3) + 'parameters { key: "x" value { string_value: "y" } }\n', 3)
+    third = bench.record("pipe", PIPE.replace("TENSOR", "THIRD"))
+    bench.host.refuse = "a"
+    before = {m: bench.triton.served_digest(m) for m in ("a", "b", "pipe")}
+    outcome = bench.deployer.run(bench.plan({"a": other, "pipe": third}), "alice")
+    assert outcome.outcome == Result.ROLLED_BACK and "lacks" in outcome.message, outcome.message
+    assert private_name("a", other) not in bench.host.loaded  # refused before anything was published
+    assert {m: bench.triton.served_digest(m) for m in ("a", "b", "pipe")} == before
+    assert not bench.registry.get_snapshot("a", other).quarantined  # the host's fault, not the content's
+
+
+def test_recovery_rolls_an_interrupted_set_forward(benches: tuple[Bench, Bench]) -> None:
+    """A daemon killed after the switch to the private step names: the restarted daemon's one recovery
+    deploys the public step and points the ensemble back (rolled forward), then the sweep removes the
+    private name."""
+    bench, _ = benches
+    new = bench.serving_pipeline()
+    plan = bench.plan(new)
+    runner = bench.deployer._plans  # noqa: SLF001 - drive the plan to the moment of the crash
+    step, pipe = plan.members
+    staged = private_name("a", step.digest)
+    runner._load_private(step, staged, lambda p: None)  # noqa: SLF001
+    op = runner.operation(pipe, "alice", None)
+    deployment = op.begin()
+    runner._switch(pipe, {"a": staged}, f"{pipe.digest}+changeset-dead", "interim", lambda p: None)  # noqa: SLF001
+
+    outcome = bench.deployer.recover(deployment)
+    assert outcome is not None and outcome.outcome == Result.OK and "rolled forward" in outcome.message
+    assert bench.triton.served_digest("pipe") == new["pipe"] and bench.triton.served_digest("a") == new["a"]
+    assert bench.registry.get_model("pipe").active_digest == new["pipe"]
+    assert bench.deployer.sweep(["pipe"]) and staged not in bench.serving.models()
+
+
+def test_only_the_deploy_engine_and_triton_drive_triton() -> None:
+    """No module outside the deploy engine (deploy.py, deployset.py, deploysteps.py) and triton/ calls
+    Triton's load, unload or infer: a deploy step changed there is changed for every path."""
+    engine = {"deploy.py", "deployset.py", "deploysteps.py"}
+    # a Triton client (ours: `.triton.load(`; tritonclient's: `load_model(`), never the control API's client
+    call = re.compile(r"triton\w*\.(load|unload|infer)\(|\b(load_model|unload_model)\(|\.infer\(")
+    offenders = []
+    for path in sorted([*(ROOT / "controlplane").rglob("*.py"), *(ROOT / "cli").rglob("*.py")]):
+        rel = path.relative_to(ROOT)
+        if rel.parts[1] == "triton" or (len(rel.parts) == 2 and rel.name in engine):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if call.search(line):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert offenders == [], offenders
