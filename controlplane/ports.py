@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from controlplane.config import Settings
-from controlplane.deploy import Deployer
+from controlplane.deploy import Deployer, Outcome, ProgressFn
 from controlplane.errors import SnapshotError, StoreError
 from controlplane.publish import ServingRepository
 from controlplane.snapshot import ContentStore
@@ -77,3 +77,15 @@ class SetPlane(Protocol):
     def capture_done(self, model: str) -> None: ...
 
     def look_again(self, model: str, delay_s: float) -> None: ...
+
+
+class TagPlane(Protocol):
+    """What tags (controlplane/tags.py) use of the plane: where tags live (the shared registry on a
+    fleet), how a tracked tag's digest is deployed (the usual load; on a fleet a rollout), and the
+    retry book a failed move must clear."""
+
+    def tag_registry(self) -> Registry: ...
+
+    def deploy_tagged(self, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome: ...
+
+    def forget_retry(self, model: str) -> None: ...

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -89,6 +89,12 @@ class FleetStrategy(Protocol):
     def set_pin(self, model: str, pinned: bool, actor: str, host: str) -> PinResult | HoldResult: ...
 
     def set_policy(self, model: str, policy: str, actor: str, host: str) -> PolicyResult: ...
+
+    @property
+    def registry(self) -> Registry: ...  # the shared registry (tags live there)
+
+    def rollout(self, model: str, record: SnapshotRecord | None, actor: str, *, force: bool,
+                progress: ProgressFn | None, kind: str = ...) -> Outcome: ...
 
 
 class ControlPlane:
@@ -471,6 +477,54 @@ class ControlPlane:
             self.converge(model)
         return PolicyResult(model, self.effective_policy(record), inherited=record.policy is None)
 
+    # -- this host alone (the fleet's fleet/hostplane.HostPlane) -------------------------------------
+
+    def deploy_here(self, model: str, digest: str, actor: str, *, force: bool = False,
+                    kind: str = "deploy") -> Outcome:
+        return self.deployer.deploy(model, digest, actor, force=force, kind=kind)
+
+    def rollback_here(self, model: str, actor: str, to: str | None, progress: ProgressFn | None) -> Outcome:
+        return self.deployer.rollback(model, actor, to, progress)
+
+    def unload_here(self, model: str, actor: str, dependents: bool = False,
+                    progress: ProgressFn | None = None) -> Outcome:
+        return self.deployer.unload(model, actor, dependents, progress)
+
+    def deploy_set(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = False) -> Outcome:
+        return self.changesets.deploy_records(records, actor, force=force)
+
+    def repository_held(self) -> bool:
+        return self.changesets.repository_held()
+
+    def still_settling(self, models: Sequence[str]) -> list[str]:
+        return self.changesets.still_settling(models)
+
+    # -- tags (controlplane/tags.py; the plane is its ports.TagPlane) -------------------------------
+
+    def tag_registry(self) -> Registry:
+        """Where tags live: the shared registry on a fleet, this host's otherwise."""
+        return self.fleet.registry if self.fleet is not None else self.registry
+
+    def deploy_tagged(self, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome:
+        """A tracked tag's digest, deployed the usual way; on a fleet as a rollout (canary, waves)."""
+        if self.fleet is not None:
+            return self.fleet.rollout(model, self.fleet.registry.get_snapshot(model, digest), actor, force=False,
+                                      progress=progress)
+        return self.load(model, actor, digest, progress=progress)
+
+    def forget_retry(self, model: str) -> None:
+        self.retries.clear(model)
+
+    def tag_digest(self, model: str, name: str) -> str:
+        """The digest tag `name` of `model` points at (`load --tag`, `rollback --to-tag`)."""
+        validate_model_name(model)
+        return tags.tag_digest(self.tag_registry(), model, name)
+
+    def move_tag(self, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
+                 delete: bool = False) -> TagResult:
+        """`tritonctl tag MODEL NAME [DIGEST]` / `--delete` (a tracked tag's move deploys)."""
+        return tags.move(self, model, name, ref, actor, progress, delete=delete)
+
     def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> PinResult | HoldResult:
         validate_model_name(model)
         if self.fleet is not None:
@@ -529,7 +583,7 @@ class ControlPlane:
         lasts = self.registry.last_deployments(names)
         busy = set(self.deployer.busy_models())
         settling = self.watch.settling() if self.watch and self.watch.settling else {}
-        tag_registry = tags.tag_registry(self)
+        tag_registry = self.tag_registry()
         tagged, tracks = tags.by_digest(tag_registry.list_tags()), tag_registry.tracks()
         rows = []
         for model in records:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from controlplane.decision import Rule, decide, held
 from controlplane.errors import NotFoundError, TagError, TritonctlError
@@ -33,7 +33,9 @@ from controlplane.vocab import Policy
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from controlplane.deploy import Outcome, ProgressFn
+    from controlplane.deploy import ProgressFn
+    from controlplane.ports import TagPlane
+    from controlplane.store.registry import Registry
 
 MAX_TAG_LENGTH = 63
 TRACK_PREFIX = "track:"
@@ -137,21 +139,13 @@ def annotate_serving_at(registry: TagReader, result: ServingAtResult, model: str
 # -- write side (the daemon) ---------------------------------------------------------------------------
 
 
-def tag_registry(plane: Any) -> Any:
+def tag_registry(plane: TagPlane) -> Registry:
     """Where tags live: the shared registry on a fleet, the host's own otherwise."""
-    return plane.fleet.registry if getattr(plane, "fleet", None) is not None else plane.registry
+    return plane.tag_registry()
 
 
 def _short(digest: str | None) -> str:
     return (digest or "none")[:12]
-
-
-def _deploy(plane: Any, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome:
-    """Deploy a tracked tag's digest the usual way; on a fleet as a rollout (canary, waves, fleet rollback)."""
-    if plane.fleet is not None:
-        return plane.fleet.rollout(model, plane.fleet.registry.get_snapshot(model, digest), actor, force=False,
-                                   progress=progress)
-    return plane.load(model, actor, digest, progress=progress)
 
 
 def _result(model: str, name: str, outcome: str, digest: str | None, old: str | None, message: str,
@@ -159,7 +153,7 @@ def _result(model: str, name: str, outcome: str, digest: str | None, old: str | 
     return TagResult(model, name, outcome, digest, old, active, deployed, message)
 
 
-def move(plane: Any, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
+def move(plane: TagPlane, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
          delete: bool = False) -> TagResult:
     """`tritonctl tag MODEL NAME [DIGEST]` / `--delete`: point NAME at DIGEST (default: what serves now)."""
     validate_model_name(model)
@@ -203,14 +197,14 @@ def move(plane: Any, model: str, name: str, ref: str, actor: str, progress: Prog
     return _move_tracked(plane, registry, model, name, snap.digest, old, actor, progress, message)
 
 
-def _move_tracked(plane: Any, registry: Any, model: str, name: str, digest: str, old: str | None, actor: str,
+def _move_tracked(plane: TagPlane, registry: Registry, model: str, name: str, digest: str, old: str | None, actor: str,
                   progress: ProgressFn | None, message: str) -> TagResult:
     """Deploy first (what serves keeps serving meanwhile), then record the move: ok, or failed with the tag
     back on the digest that still serves."""
     with _lock(model):
         active: str | None = None
         try:
-            outcome = _deploy(plane, model, digest, actor, progress)
+            outcome = plane.deploy_tagged(model, digest, actor, progress)  # on a fleet: a rollout
             state, detail, active = outcome.outcome, outcome.message, outcome.active_digest
         except TritonctlError as exc:
             state, detail = "failed", str(exc)
@@ -218,9 +212,7 @@ def _move_tracked(plane: Any, registry: Any, model: str, name: str, digest: str,
             text = f"{message}; deployed ({detail})"
             registry.move_tag(model, name, digest, actor=actor, message=text)
             return _result(model, name, "ok", digest, old, text, True, digest)
-        retries = getattr(plane, "retries", None)
-        if retries is not None:  # the move failed: no later retry may deploy what the tag does not name
-            retries.clear(model)
+        plane.forget_retry(model)  # the move failed: no later retry may deploy what the tag does not name
         serving = registry.find_model(model)
         still = active or (serving.active_digest if serving else None) or old
         text = (f"tag {name}: move to {_short(digest)} failed ({state}: {detail}); "
@@ -239,7 +231,7 @@ def _lock(model: str) -> threading.Lock:
         return _LOCKS.setdefault(model, threading.Lock())
 
 
-def follow(plane: Any, model: str, actor: str) -> TagResult | None:
+def follow(plane: TagPlane, model: str, actor: str) -> TagResult | None:
     """A tracking model not serving its tag's digest (just set to track, unpinned): deploy it; a failed
     deploy points the tag back at what serves. None when there is nothing to do."""
     registry = tag_registry(plane)
@@ -266,7 +258,7 @@ def refuse_host(policy: str, host: str) -> None:
                        "shared registry); run it without --host")
 
 
-def set_track(plane: Any, model: str, policy: str, actor: str, through: str = "") -> PolicyResult:
+def set_track(plane: TagPlane, model: str, policy: str, actor: str, through: str = "") -> PolicyResult:
     """`policy MODEL track:NAME`: the model serves whatever NAME points to (deployed in the background
     when it serves something else now). `through`: on a fleet, the host the command came through
     (controlplane.fleet.verbs), named in the audit event like any fleet policy change."""
@@ -286,7 +278,7 @@ def set_track(plane: Any, model: str, policy: str, actor: str, through: str = ""
                         digest=digest)
 
 
-def _follow_logged(plane: Any, model: str, actor: str) -> None:
+def _follow_logged(plane: TagPlane, model: str, actor: str) -> None:
     import logging
 
     try:
@@ -295,7 +287,7 @@ def _follow_logged(plane: Any, model: str, actor: str) -> None:
         logging.getLogger("tritonctl.tags").error("%s: following its tag failed: %s", model, exc)
 
 
-def untrack(plane: Any, model: str) -> None:
+def untrack(plane: TagPlane, model: str) -> None:
     """Any other policy ends tracking."""
     registry = tag_registry(plane)
     if model in registry.tracks():

@@ -132,9 +132,22 @@ class StandInFleet:
 
 
 class StandInPlane:
+    """What tags.py asks of the plane (controlplane.ports.TagPlane), as ControlPlane answers on a fleet:
+    tags live in the shared registry and a tracked tag's digest goes out as a rollout."""
+
     def __init__(self, local: Registry, fleet: StandInFleet) -> None:
         self.registry = local
         self.fleet = fleet
+
+    def tag_registry(self) -> Registry:
+        return self.fleet.registry
+
+    def deploy_tagged(self, model: str, digest: str, actor: str, progress: object) -> object:
+        return self.fleet.rollout(model, self.fleet.registry.get_snapshot(model, digest), actor, force=False,
+                                  progress=progress)
+
+    def forget_retry(self, model: str) -> None:
+        pass
 
 
 @pytest.mark.parametrize("outcome", ["ok", "rolled_back"])

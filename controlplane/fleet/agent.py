@@ -76,9 +76,9 @@ class HostAgent:
 
     def _deploy(self, model: str, digest: str | None, kind: str, actor: str) -> Outcome:
         if digest is None:
-            return self.plane.deployer.unload(model, actor)
+            return self.plane.unload_here(model, actor)
         self._import(model, digest)
-        return self.plane.deployer.deploy(model, digest, actor, force=kind == "rollback", kind=kind)
+        return self.plane.deploy_here(model, digest, actor, force=kind == "rollback", kind=kind)
 
     def _finish(self, step: Step, state: str, message: str, result: str, serving: str | None,
                 started: float | None = None, actor: str = FLEET_ACTOR, action: str = "") -> None:
@@ -145,7 +145,7 @@ class HostAgent:
             for step in steps:
                 self._import(step.model, step.digest or "")
                 records[step.model] = self.plane.registry.get_snapshot(step.model, step.digest or "")
-            outcome = self.plane.changesets.deploy_records(
+            outcome = self.plane.deploy_set(
                 records, FLEET_ACTOR, force=any(s.action == "rollback" for s in steps))
             message, result = outcome.message, str(outcome.outcome)
             succeeded = outcome.succeeded

@@ -8,15 +8,16 @@ watcher's "look again later".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from controlplane.deploy import Deployer
+from controlplane.deploy import Outcome, ProgressFn
+from controlplane.ports import TagPlane
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
 
 if TYPE_CHECKING:
-    from controlplane.changeset import ChangeSets
     from controlplane.s3source import S3Source
 
 
@@ -25,7 +26,7 @@ class TritonAddress(Protocol):
     def url(self) -> str: ...
 
 
-class HostPlane(Protocol):
+class HostPlane(TagPlane, Protocol):
     @property
     def registry(self) -> Registry: ...
 
@@ -33,16 +34,10 @@ class HostPlane(Protocol):
     def store(self) -> ContentStore: ...
 
     @property
-    def deployer(self) -> Deployer: ...
-
-    @property
     def triton(self) -> TritonAddress: ...
 
     @property
     def source(self) -> S3Source | None: ...
-
-    @property
-    def changesets(self) -> ChangeSets: ...
 
     def capture(self, model: str, actor: str = ..., *, settled: bool = ...,
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
@@ -50,3 +45,19 @@ class HostPlane(Protocol):
     def source_has(self, model: str) -> bool: ...
 
     def look_again(self, model: str, delay_s: float) -> None: ...
+
+    # this host alone (a rollout step, converge, an operator's `--host` action)
+    def deploy_here(self, model: str, digest: str, actor: str, *, force: bool = ...,
+                    kind: str = ...) -> Outcome: ...
+
+    def rollback_here(self, model: str, actor: str, to: str | None, progress: ProgressFn | None) -> Outcome: ...
+
+    def unload_here(self, model: str, actor: str, dependents: bool = ...,
+                    progress: ProgressFn | None = ...) -> Outcome: ...
+
+    def deploy_set(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = ...) -> Outcome: ...
+
+    # the change sets' view of the source (controlplane/changeset.py)
+    def repository_held(self) -> bool: ...
+
+    def still_settling(self, models: Sequence[str]) -> list[str]: ...

@@ -81,7 +81,7 @@ class Leader:
         `members`: this host's records of models captured with it (an ensemble is checked against them)."""
         if not self.plane.source_has(model):
             return None
-        if self.plane.changesets.repository_held():  # `.tritonctl-hold` at the repository root
+        if self.plane.repository_held():  # `.tritonctl-hold` at the repository root
             self.plane.look_again(model, max(self.settings.settle_s, 0.5))
             return None
         try:
@@ -207,7 +207,7 @@ class Leader:
         together and in dependency order (controlplane/fleet/sets.py)."""
         if not self._unproposed or not self.is_leader():
             return
-        if self.plane.changesets.still_settling(sorted(self._unproposed)):
+        if self.plane.still_settling(sorted(self._unproposed)):
             return
         ready, self._unproposed = self._unproposed, {}
         for model in sets.steps_first(self.registry, [(m, r.digest) for m, r in ready.items()]):

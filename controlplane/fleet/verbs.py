@@ -77,8 +77,8 @@ class FleetVerbs:
 
     def rollback(self, model: str, actor: str, to: str | None, progress: ProgressFn | None, host: str) -> Outcome:
         if host:
-            deployer = self.member.plane.deployer
-            return self.held(model, host, actor, lambda: deployer.rollback(model, actor, to, progress))
+            plane = self.member.plane
+            return self.held(model, host, actor, lambda: plane.rollback_here(model, actor, to, progress))
         target = self.member.registry.get_snapshot(model, to).digest if to else self.previous_target(model)
         return self.member.rollout(model, self.member.registry.get_snapshot(model, target), actor,
                                    force=to is not None, progress=progress, kind="rollback")
@@ -86,7 +86,7 @@ class FleetVerbs:
     def unload(self, model: str, actor: str, dependents: bool, progress: ProgressFn | None, host: str) -> Outcome:
         if host:
             return self.held(model, host, actor,
-                             lambda: self.member.plane.deployer.unload(model, actor, dependents, progress))
+                             lambda: self.member.plane.unload_here(model, actor, dependents, progress))
         return self.member.rollout(model, None, actor, force=False, progress=progress, kind="unload")
 
     def set_pin(self, model: str, pinned: bool, actor: str, host: str) -> PinResult | HoldResult:
