@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controlplane.errors import ModelConfigError
-
-if TYPE_CHECKING:
-    from controlplane.modelconfig import Problem
+from controlplane.results import Problem
+from controlplane.vocab import ERROR
 
 SMOKE_FILE = "smoke.json"
 MAX_PY_BYTES = 8 << 20  # larger .py files are left to Triton
@@ -92,8 +91,5 @@ def smoke_problems(root: str, label: str, config: dict[str, Any] | None) -> list
 
 
 def content_problems(root: str, label: str, config: dict[str, Any] | None) -> list[Problem]:
-    from controlplane.modelchecks import ERROR
-    from controlplane.modelconfig import Problem
-
     return [Problem(where, "", message, ERROR) for where, message in
             [*compile_problems(root, label), *smoke_problems(root, label, config)]]

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 from google.protobuf import json_format
 
 from controlplane.triton.model_config import model_config_pb2 as mc
+from controlplane.vocab import ERROR
 
-ERROR = "error"
 ENSEMBLE = "ensemble"
 LATEST = -1
 

@@ -15,9 +15,7 @@ from typing import Any, NamedTuple
 
 from controlplane.ensemblecheck import check_ensemble_graph
 from controlplane.triton.model_config import model_config_pb2 as mc
-
-ERROR = "error"
-WARNING = "warning"
+from controlplane.vocab import ERROR, WARNING
 
 KNOWN_BACKENDS = frozenset(
     {"python", "onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino", "fil", "dali",

@@ -17,7 +17,6 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from controlplane.ensemblecheck import Member, as_config, check_ensemble_members
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
 from controlplane.names import validate_model_name
-from controlplane.results import ValidationReport
+from controlplane.results import Problem, ValidationReport, ValidationResult, one_line
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
@@ -49,57 +48,6 @@ _BACKEND_FILES = (("model.savedmodel", "tensorflow"), ("model.graphdef", "tensor
 _MISSING = "missing"
 EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY_VAR = "$$TRITON_MODEL_DIRECTORY"
-
-
-def _one_line(text: str) -> str:
-    """Printable, one line: undecodable bytes of file names and control characters become escapes."""
-    try:
-        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    field: str
-    message: str
-    severity: str  # "error" | "warning"
-
-    def __post_init__(self) -> None:
-        for name in ("file", "field", "message"):
-            object.__setattr__(self, name, _one_line(getattr(self, name)))
-
-    def line(self) -> str:
-        return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
-
-
-@dataclass
-class ValidationResult:
-    model: str
-    path: Path
-    problems: list[Problem] = field(default_factory=list)
-    config: dict[str, Any] | None = None
-    versions: list[int] = field(default_factory=list)
-    served_versions: list[int] = field(default_factory=list)
-
-    @property
-    def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == ERROR]
-
-    @property
-    def warnings(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == WARNING]
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def first_error(self) -> Problem | None:
-        errors = self.errors
-        return errors[0] if errors else None
 
 
 # --- config.pbtxt --------------------------------------------------------------------------------
@@ -440,7 +388,7 @@ def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
     otherwise (a snapshot tree). Never raises for bad content: every finding is a Problem."""
     path = Path(path)
     model = name or Path(os.path.abspath(path)).name  # may hold undecodable bytes as surrogates
-    result = ValidationResult(model=_one_line(model), path=path)
+    result = ValidationResult(model=one_line(model), path=path)
     checker = _Checker("", result.model)
     checker.problems = result.problems
     try:
@@ -512,7 +460,7 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> ValidationReport:
         elif path.is_dir() or (path.is_symlink() and not path.exists()):
             results.extend(validate_model_dir(p) for p in model_dirs(path))
         else:
-            result = ValidationResult(model=_one_line(path.name), path=path)
+            result = ValidationResult(model=one_line(path.name), path=path)
             reason = "not a directory: Triton ignores files here"
             result.problems.append(Problem(result.model, ".", reason, WARNING))
             results.append(result)

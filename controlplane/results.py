@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from controlplane.events import event_document
 from controlplane.store.records import (
@@ -30,11 +31,7 @@ from controlplane.store.records import (
     TagRecord,
     iso,
 )
-from controlplane.vocab import SUCCEEDED, Cause
-
-if TYPE_CHECKING:  # modelconfig loads protobuf and the model-config schema: only `validate` pays for it
-    from controlplane.modelconfig import ValidationResult
-
+from controlplane.vocab import ERROR, SUCCEEDED, WARNING, Cause
 
 # --- load / rollback / unload ------------------------------------------------------------------------
 
@@ -416,6 +413,57 @@ RolloutStepRow = Step
 
 
 # --- validate --------------------------------------------------------------------------------------------
+
+
+def one_line(text: str) -> str:
+    """Printable, one line: undecodable bytes of file names and control characters become escapes."""
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    field: str
+    message: str
+    severity: str  # "error" | "warning"
+
+    def __post_init__(self) -> None:
+        for name in ("file", "field", "message"):
+            object.__setattr__(self, name, one_line(getattr(self, name)))
+
+    def line(self) -> str:
+        return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
+
+
+@dataclass
+class ValidationResult:
+    model: str
+    path: Path
+    problems: list[Problem] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+    versions: list[int] = field(default_factory=list)
+    served_versions: list[int] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def first_error(self) -> Problem | None:
+        errors = self.errors
+        return errors[0] if errors else None
 
 
 @dataclass

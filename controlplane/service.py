@@ -515,16 +515,6 @@ class ControlPlane:
     def forget_retry(self, model: str) -> None:
         self.retries.clear(model)
 
-    def tag_digest(self, model: str, name: str) -> str:
-        """The digest tag `name` of `model` points at (`load --tag`, `rollback --to-tag`)."""
-        validate_model_name(model)
-        return tags.tag_digest(self.tag_registry(), model, name)
-
-    def move_tag(self, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
-                 delete: bool = False) -> TagResult:
-        """`tritonctl tag MODEL NAME [DIGEST]` / `--delete` (a tracked tag's move deploys)."""
-        return tags.move(self, model, name, ref, actor, progress, delete=delete)
-
     def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> PinResult | HoldResult:
         validate_model_name(model)
         if self.fleet is not None:

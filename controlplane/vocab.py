@@ -45,6 +45,10 @@ class ModelState(Word):
     UNLOADED = "unloaded"
 
 
+# A validation problem's severity (validate --json "severity"): an error refuses the content.
+ERROR = "error"
+WARNING = "warning"
+
 # Registry states in which a model is meant to be loaded in Triton.
 SERVING_STATES: tuple[str, ...] = (ModelState.SERVING.value, ModelState.DEGRADED.value)
 

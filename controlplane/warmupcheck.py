@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from controlplane.triton.model_config import model_config_pb2 as mc
+from controlplane.vocab import ERROR, WARNING
 
-ERROR = "error"
 WARMUP_DIR = "warmup"
 _SIZES = {mc.TYPE_BOOL: 1, mc.TYPE_UINT8: 1, mc.TYPE_UINT16: 2, mc.TYPE_UINT32: 4, mc.TYPE_UINT64: 8,
           mc.TYPE_INT8: 1, mc.TYPE_INT16: 2, mc.TYPE_INT32: 4, mc.TYPE_INT64: 8, mc.TYPE_FP16: 2,
@@ -30,7 +30,6 @@ class WarmupFinding(NamedTuple):
     severity: str = ERROR
 
 
-WARNING = "warning"
 
 
 def _type(data_type: int) -> str:

@@ -55,6 +55,46 @@ def test_import_contracts_are_kept() -> None:
         assert name in flat, f"contract missing from .importlinter: {name}"
 
 
+def _layers_contract() -> str:
+    text = (ROOT / ".importlinter").read_text()
+    return text[text.index("[importlinter:contract:layers]"):text.index("[importlinter:contract:client-path-is-light]")]
+
+
+def test_every_module_of_the_core_is_in_a_layer() -> None:
+    core = ROOT / "controlplane"
+    modules = {p.stem for p in core.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in core.iterdir() if (p / "__init__.py").is_file()}
+    named = {w.split(".", 1)[1] for w in _layers_contract().replace(":", " ").split() if w.startswith("controlplane.")}
+    assert sorted(modules - named) == [], "add them to the layers contract in .importlinter (and architecture.md)"
+
+
+def test_the_layers_hold_with_type_checking_imports_too(tmp_path: Path) -> None:
+    """An import under `if TYPE_CHECKING:` costs nothing at run time (the client-path contract exempts
+    it) but is a dependency all the same: the layers contract holds with those imports counted."""
+    text = (ROOT / ".importlinter").read_text()
+    head = text[:text.index("[importlinter:contract:")]
+    config = tmp_path / "layers.ini"
+    config.write_text(head.replace("exclude_type_checking_imports = True", "exclude_type_checking_imports = False")
+                      + _layers_contract())
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert lint
+    result = subprocess.run([lint, "--config", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "0 broken" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_no_import_circles_among_the_core_and_the_cli() -> None:
+    """No module reaches itself through imports (TYPE_CHECKING and function-level ones included)."""
+    import grimp
+
+    graph = grimp.build_graph("controlplane", "cli", exclude_type_checking_imports=False)
+    circles = []
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            if graph.chain_exists(importer=imported, imported=module):
+                circles.append(f"{module} <-> {imported}")
+    assert circles == [], circles
+
+
 def test_head_revision_constant_is_the_head_of_migrations() -> None:
     # Read commands compare the registry's revision with this constant instead of importing Alembic.
     assert migrate.HEAD_REVISION == migrate.head_revision()

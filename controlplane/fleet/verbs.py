@@ -14,23 +14,39 @@ it alone, `status --fleet` shows it `held`, until `tritonctl unpin MODEL --host 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from controlplane import tags
+from controlplane.config import Settings
 from controlplane.deploy import Outcome, ProgressFn
 from controlplane.errors import NotFoundError, TritonctlError, UsageError
+from controlplane.fleet.hostplane import HostPlane
 from controlplane.results import HoldResult, PinResult, PolicyResult
-from controlplane.store.registry import AuditEntry
+from controlplane.store.records import SnapshotRecord
+from controlplane.store.registry import AuditEntry, Registry
 from controlplane.vocab import Policy, Result
-
-if TYPE_CHECKING:
-    from controlplane.fleet.member import FleetMember
 
 T = TypeVar("T")
 
 
+class VerbsMember(Protocol):
+    """What the verbs use of this daemon's fleet membership (controlplane.fleet.member.FleetMember)."""
+
+    host: str
+    settings: Settings
+    plane: HostPlane
+    registry: Registry  # the shared registry
+
+    def rollout(self, model: str, record: SnapshotRecord | None, actor: str, *, force: bool,
+                progress: ProgressFn | None, kind: str = ...) -> Outcome: ...
+
+    def report_now(self) -> None: ...
+
+    def look_again(self, model: str) -> None: ...
+
+
 class FleetVerbs:
-    def __init__(self, member: FleetMember) -> None:
+    def __init__(self, member: VerbsMember) -> None:
         self.member = member
 
     # -- --host H: this host only, held ---------------------------------------------------------
