@@ -25,12 +25,13 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 from controlplane.contentchecks import content_problems
 from controlplane.ensemblecheck import Member, as_config, check_ensemble_members, is_ensemble
 from controlplane.errors import ModelConfigError, UsageError
-from controlplane.modelchecks import ERROR, WARNING, check_config, check_version_policy
+from controlplane.modelchecks import check_config, check_version_policy
 from controlplane.names import validate_model_name
 from controlplane.results import Problem, ValidationReport, ValidationResult, one_line
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
+from controlplane.vocab import ERROR, WARNING
 from controlplane.warmupcheck import check_warmup
 
 PYTHON_FILE = "model.py"

@@ -15,19 +15,23 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.store import schema
-from controlplane.store.records import AuditRecord, DeliveryRecord
+from controlplane.store.records import AuditEntry, AuditRecord, DeliveryRecord
 
-if TYPE_CHECKING:
-    from controlplane.store.registry import AuditEntry, Registry
+
+class Sessions(Protocol):
+    """What the outbox uses of the registry (controlplane.store.registry.Registry): its transactions."""
+
+    def session(self) -> AbstractContextManager[Session]: ...
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 DELIVERY_STATES = (PENDING, DELIVERED, FAILED)
@@ -76,7 +80,7 @@ def _audit(row: schema.AuditEvent) -> AuditRecord:
 class DeliveryStore:
     """The outbox and the deliveries of one registry."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Sessions) -> None:
         self.registry = registry
 
     def fan_out(self, route: Callable[[AuditRecord], Sequence[tuple[str, bytes]]], now: datetime,

@@ -240,3 +240,16 @@ class DeliveryRecord:
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(self)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """An audit event to append (the registry stamps the time)."""
+
+    actor: str
+    action: str
+    model: str | None
+    digest: str | None
+    outcome: str
+    message: str = ""
+    duration_ms: int | None = None

@@ -11,7 +11,6 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +22,8 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from controlplane.errors import ConfigError, NotFoundError, StoreError, UsageError
 from controlplane.store import schema
 from controlplane.store.outbox import add_audit_event
-from controlplane.store.records import (  # AuditQuery, utcnow: re-exported, they live in records
+from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-exported, they live in records
+    AuditEntry,
     AuditQuery,
     AuditRecord,
     DeploymentRecord,
@@ -140,19 +140,6 @@ def _audit_record(row: schema.AuditEvent) -> AuditRecord:
         message=row.message,
         host=row.host,
     )
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    """An audit event to append (the registry stamps the time)."""
-
-    actor: str
-    action: str
-    model: str | None
-    digest: str | None
-    outcome: str
-    message: str = ""
-    duration_ms: int | None = None
 
 
 class Registry:
