@@ -253,7 +253,7 @@ def random_kills(tmp_path: Path, kills: int, seed: int, targets: list[str] | Non
         log = daemon.log_tail(10_000_000)
         result = {"kills": kills, "steps": steps, "ok": stats["ok"], "failed": stats["failed"],
                   "mixed": stats["mixed"], "errors": stats["errors"], "restart_s": restarts,
-                  "rolled_forward": log.count("rolled forward:"),
+                  "rolled_forward": log.count("recovered interrupted deploy: rolled forward"),
                   "rolled_back": log.count("recovered interrupted deploy: rolled back")}
         print("random kills:", json.dumps(result))
         return result
