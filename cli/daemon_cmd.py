@@ -39,6 +39,10 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--tls-key", type=click.Path(path_type=Path, dir_okay=False), help="The private key of --tls-cert.")
 @click.option("--allow-insecure-http", is_flag=True, default=None,
               help="Let --listen serve plain HTTP on a non-loopback address (refused without TLS otherwise).")
+@click.option("--web-address", help="Serve the read-only web view at http(s)://HOST:PORT/ui/ (off by default; "
+              "a non-loopback address needs --token-file, and TLS or --allow-insecure-http).")
+@click.option("--web-require-token", is_flag=True, default=None,
+              help="Ask for the token on a loopback --web-address too.")
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port (off by default).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), help="[default: plain]")

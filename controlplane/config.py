@@ -79,6 +79,8 @@ class Settings:
     tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
     tls_key: Path | None = None  # ... and its private key
     allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
+    web_address: str | None = None  # the read-only web view at /ui/ on HOST:PORT (off when unset)
+    web_require_token: bool = False  # ask for the token on a loopback web address too (it always does elsewhere)
     metrics_port: int | None = None
     log_level: str = "info"
     log_format: str = "plain"
@@ -223,6 +225,16 @@ def _listen(value: Any) -> str:
     return text
 
 
+def _web_address(value: Any) -> str:
+    """HOST:PORT; port 0 takes a free port (the daemon logs the address it got)."""
+    text = _text(value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT")
+    _port_or_zero(port)
+    return text
+
+
 def read_secret(path: Path) -> str:
     """A webhook's secret: a regular file, not writable by its group nor open to others (like a token
     file: whoever reads it can sign events), at least 16 characters."""
@@ -306,6 +318,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "tls_cert": _path,
     "tls_key": _path,
     "allow_insecure_http": _bool,
+    "web_address": _web_address,
+    "web_require_token": _bool,
     "metrics_port": _port,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),

@@ -73,6 +73,7 @@ SERVER_MODULES = {
     "test_tags_e2e": ("triton",),
     "test_tags_fleet_e2e": ("triton", "postgres"),
     "test_watch_modes": ("triton",),
+    "test_web_e2e": ("triton",),
     "test_writer_patterns_daemon": ("triton",),
 }
 # Programs a unit test must not start, with the tier that would own the test.

@@ -29,3 +29,11 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     _, tests = _opening_commands()
     ci = (ROOT / ".ci" / "run").read_text()
     assert tests in ci.splitlines(), ".ci/run must run README command (b) as written"
+
+
+def test_the_main_job_serves_the_web_view_and_says_where() -> None:
+    """The daemon logs `web view: http://HOST:PORT/ui/` (tests/test_web_e2e.py reads that line)."""
+    main_job, _ = _opening_commands()
+    match = re.search(r"--web-address (127\.0\.0\.1:\d+)", main_job)
+    assert match, "the main job serves the web view on a loopback address"
+    assert f"web view: http://{match.group(1)}/ui/" in (ROOT / "README.md").read_text()

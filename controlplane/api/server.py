@@ -173,19 +173,46 @@ class ApiServer:
         sock.listen(128)
         return sock
 
-    def _tcp_socket(self, listen: str) -> socket.socket:
+    def _tcp_socket(self, listen: str, key: str = "listen") -> socket.socket:
+        """`key`: the setting that named the address (listen, web_address), for the error."""
         host, port = parse_listen(listen)
         tls = bool(self.settings.tls_cert and self.settings.tls_key)
         if bool(self.settings.tls_cert) != bool(self.settings.tls_key):
             raise errors.ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")
         if not tls and not is_loopback(host) and not self.settings.allow_insecure_http:
-            raise errors.ConfigError(f"listen: {listen} is not a loopback address: give tls_cert and tls_key "
+            raise errors.ConfigError(f"{key}: {listen} is not a loopback address: give tls_cert and tls_key "
                                      "(--tls-cert, --tls-key), or allow plain HTTP with --allow-insecure-http")
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             return socket.create_server((host, port), family=family, backlog=128)
         except OSError as exc:
-            raise errors.ConfigError(f"listen: cannot bind {listen}: {exc.strerror}") from None
+            raise errors.ConfigError(f"{key}: cannot bind {listen}: {exc.strerror}") from None
+
+    def _tls(self) -> dict[str, Any]:
+        if self.settings.tls_cert and self.settings.tls_key:
+            return {"ssl_certfile": str(self.settings.tls_cert), "ssl_keyfile": str(self.settings.tls_key)}
+        return {}
+
+    def _start_web(self, address: str) -> None:
+        """The read-only web view (controlplane/api/web) on a listener of its own: no login on a loopback
+        address, the daemon's token elsewhere (or with web_require_token)."""
+        from controlplane.api.web.pages import build_web_app
+
+        host, _port = parse_listen(address)
+        token = None
+        if self.settings.web_require_token or not is_loopback(host):
+            if self.settings.token_file is None:
+                raise errors.ConfigError(f"web_address: {address} needs the token: give token_file (--token-file)")
+            token = read_token(self.settings.token_file, private=True)
+        sock = self._tcp_socket(address, "web_address")
+        tls = self._tls()
+        web = _Listener(build_web_app(self.plane, token, secure=bool(tls)), sock, "web", http="h11", **tls)
+        web.start()
+        self.listeners.append(web)
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        log.info("web view: %s://%s:%d/ui/%s", "https" if tls else "http", shown, bound_port,
+                 "" if token is None else " (log in with the token)")
 
     def start(self) -> None:
         unix = _Listener(self.app, self._unix_socket(), "api-unix", http=PeerCredentialsProtocol)
@@ -195,12 +222,11 @@ class ApiServer:
             assert self.settings.token_file is not None
             token = read_token(self.settings.token_file, private=True)
             sock = self._tcp_socket(self.settings.listen)
-            tls: dict[str, Any] = {}
-            if self.settings.tls_cert and self.settings.tls_key:
-                tls = {"ssl_certfile": str(self.settings.tls_cert), "ssl_keyfile": str(self.settings.tls_key)}
-            tcp = _Listener(TokenGate(self.app, token), sock, "api-tcp", http="h11", **tls)
+            tcp = _Listener(TokenGate(self.app, token), sock, "api-tcp", http="h11", **self._tls())
             tcp.start()
             self.listeners.append(tcp)
+        if self.settings.web_address:
+            self._start_web(self.settings.web_address)
 
     def stop(self, grace_s: float = 1.0) -> None:
         self.hub.close()  # event streams end; their followers resume with Last-Event-ID

@@ -1,0 +1,201 @@
+"""The web view's pages: server-rendered HTML of what the control API answers, read-only.
+
+Each page calls the same `ControlPlane` methods the API routes call (status, versions, audit, diff,
+serving_at) and renders their `--json` documents with the Jinja2 templates shipped beside this module,
+so the view can never say something the CLI would not. Filters are query parameters (a link can be
+shared). `?fragment=1` answers only the page's live part, which the page's script fetches when
+`/ui/stamp` changes (every second; see static/web.js). Who may look is controlplane/api/web/gate.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
+
+from controlplane import errors
+from controlplane.api.web import gate
+from controlplane.api.web.timeline import MARK_KINDS, build_timeline, config_field_changes, parse_iso
+from controlplane.names import validate_model_name
+from controlplane.service import ControlPlane
+
+HERE = Path(__file__).resolve().parent
+PAGE_SIZE = 100
+SYNC_VALUES = ("synced", "pending", "held", "invalid", "removed")
+AUDIT_FILTERS = ("model", "actor", "action", "outcome", "since", "until")
+
+
+def time_html(iso: str | None) -> Markup:
+    """A <time> the script shows in the browser's zone; the UTC text stays in the title (and without script)."""
+    if not iso:
+        return Markup("&ndash;")
+    return Markup('<time datetime="{0}" title="{0} (UTC)" data-local>{0}</time>').format(iso)
+
+
+def age(iso: str | None, now: datetime | None = None) -> str:
+    moment = parse_iso(iso)
+    if moment is None:
+        return ""
+    seconds = int(((now or datetime.now(timezone.utc)) - moment).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def short(digest: str | None) -> str:
+    return (digest or "")[:12]
+
+
+def page_link(request: Request, **changes: Any) -> str:
+    params = {**dict(request.query_params), **{k: str(v) for k, v in changes.items()}}
+    params.pop("fragment", None)
+    return f"{request.url.path}?{urlencode({k: v for k, v in params.items() if v})}"
+
+
+def make_templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters.update(time=time_html, age=age, short=short)
+    templates.env.globals.update(page_link=page_link, mark_kinds=MARK_KINDS)
+    return templates
+
+
+def live_stamp(plane: ControlPlane, status: dict[str, Any] | None = None) -> str:
+    """Changes whenever what any page shows changes: every model's status and the newest audit event."""
+    document = status if status is not None else plane.status().to_json()
+    rows = [{k: v for k, v in row.items() if k != "next_retry_s"} for row in document["models"]]
+    newest = plane.audit(limit=1).to_json()
+    body = json.dumps([document["triton_reachable"], document["watch"], rows, newest[:1]], sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def overview_rows(models: list[dict[str, Any]], state: str, sync: str, q: str) -> list[dict[str, Any]]:
+    q = q.strip().lower()
+    return [row for row in models if (not state or row["state"] == state) and (not sync or row["sync"] == sync)
+            and (not q or q in row["model"].lower())]
+
+
+def build_web_app(plane: ControlPlane, token: str | None, secure: bool) -> FastAPI:
+    """The view's own application (its own listener): `token` None means no login (a loopback address)."""
+    app = FastAPI(title="tritonctl web view", docs_url=None, redoc_url=None, openapi_url=None)
+    templates = make_templates()
+    app.mount("/ui/static", StaticFiles(directory=str(HERE / "static")), name="static")
+
+    def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200,
+               live: str = "") -> HTMLResponse:
+        """The page, or with `?fragment=1` only its live part (the template `live`)."""
+        if live and request.query_params.get("fragment") == "1":
+            name = live
+        return templates.TemplateResponse(request, name, {**context, "login": token is not None},
+                                          status_code=status_code)
+
+    @app.middleware("http")
+    async def only_with_token(request: Request, call_next: Any) -> Response:
+        if gate.allowed(request.scope, token):
+            response: Response = await call_next(request)
+            response.headers["cache-control"] = "no-store"
+            response.headers["x-frame-options"] = "DENY"
+            return response
+        if request.url.path.startswith("/ui/stamp") or request.query_params.get("fragment") == "1":
+            return JSONResponse({"error": {"class": "PermissionDeniedError", "message": "log in to the web view",
+                                           "exit_code": 77}}, status_code=401)
+        return RedirectResponse("/ui/login?" + urlencode({"next": page_link(request)}), status_code=303)
+
+    @app.exception_handler(errors.TritonctlError)
+    async def core_error(request: Request, exc: errors.TritonctlError) -> HTMLResponse:
+        code = 404 if isinstance(exc, errors.NotFoundError) else 400
+        return render(request, "error.html", {"message": str(exc)}, status_code=code)
+
+    @app.get("/")
+    def root() -> RedirectResponse:
+        return RedirectResponse("/ui/", status_code=307)
+
+    @app.get("/ui/login")
+    def login_form(request: Request, next: str = "/ui/") -> HTMLResponse:
+        return render(request, "login.html", {"next": _safe_next(next), "wrong": False})
+
+    @app.post("/ui/login")
+    async def login(request: Request) -> Response:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        given, target = form.get("token", [""])[0], _safe_next(form.get("next", ["/ui/"])[0])
+        if token is None or gate.token_matches(given, token):
+            response = RedirectResponse(target, status_code=303)
+            if token is not None:
+                response.headers["set-cookie"] = gate.cookie_header(token, secure)
+            return response
+        return render(request, "login.html", {"next": target, "wrong": True}, status_code=401)
+
+    @app.post("/ui/logout")
+    def logout() -> RedirectResponse:
+        response = RedirectResponse("/ui/login", status_code=303)
+        response.headers["set-cookie"] = gate.logout_header(secure)
+        return response
+
+    @app.get("/ui/stamp")
+    def stamp() -> JSONResponse:
+        return JSONResponse({"stamp": live_stamp(plane)})
+
+    @app.get("/ui/")
+    def overview(request: Request, state: str = "", sync: str = "", q: str = "", page: int = 1) -> HTMLResponse:
+        status = plane.status().to_json()
+        rows = overview_rows(status["models"], state, sync, q)
+        pages = max((len(rows) + PAGE_SIZE - 1) // PAGE_SIZE, 1)
+        page = min(max(page, 1), pages)
+        return render(request, "overview.html", {
+            "status": status, "rows": rows[(page - 1) * PAGE_SIZE: page * PAGE_SIZE], "total": len(rows),
+            "page": page, "pages": pages, "state": state, "sync": sync, "q": q, "sync_values": SYNC_VALUES,
+            "states": sorted({row["state"] for row in status["models"]}), "stamp": live_stamp(plane, status)},
+            live="_overview_live.html")
+
+    @app.get("/ui/models/{model}")
+    def model_page(request: Request, model: str) -> HTMLResponse:
+        validate_model_name(model)
+        status = plane.status().to_json()
+        rows = [row for row in status["models"] if row["model"] == model]
+        if not rows:
+            raise errors.NotFoundError(f"model '{model}' is not in the registry")
+        versions = plane.versions(model).to_json()
+        events = plane.audit(model=model, limit=500).to_json()
+        now = datetime.now(timezone.utc)
+        return render(request, "model.html", {
+            "row": rows[0], "versions": versions, "events": events[:100],
+            "timeline": build_timeline(versions, events, now), "now": now.isoformat(timespec="seconds"),
+            "stamp": live_stamp(plane, status)}, live="_model_live.html")
+
+    @app.get("/ui/models/{model}/diff")
+    def diff_page(request: Request, model: str, a: str = "", b: str = "") -> HTMLResponse:
+        validate_model_name(model)
+        versions = plane.versions(model).to_json()
+        result = plane.diff(model, a, b).to_json() if a and b else None
+        fields = []
+        if result:
+            config = [c for c in result["changed"] if c["path"] == "config.pbtxt"]
+            fields = config_field_changes(config[0]["diff"]) if config else []
+        return render(request, "diff.html", {"model": model, "versions": versions, "a": a, "b": b,
+                                             "result": result, "fields": fields})
+
+    @app.get("/ui/audit")
+    def audit_page(request: Request, at: str = "", limit: int = 200) -> HTMLResponse:
+        filters = {k: request.query_params.get(k) or None for k in AUDIT_FILTERS}
+        events = plane.audit(**filters, limit=max(1, min(limit, 1000))).to_json()
+        serving = plane.serving_at(at, filters["model"]).to_json() if at else None
+        return render(request, "audit.html", {"events": events, "filters": filters, "at": at, "serving": serving,
+                                              "limit": limit, "stamp": live_stamp(plane)},
+                      live="_audit_live.html")
+
+    return app
+
+
+def _safe_next(target: str) -> str:
+    """Only a path of this view (no open redirect to another site)."""
+    return target if target.startswith("/ui/") and not target.startswith("//") else "/ui/"
+

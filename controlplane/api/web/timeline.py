@@ -1,0 +1,141 @@
+"""What served when, as the model page draws it: one band per digest, the audit's events as marks.
+
+Pure functions over the JSON documents the API answers (`versions --json`, `audit --json`), so the page
+shows exactly what the CLI and the API say. A digest serves from a successful deploy or rollback of it
+until the next successful deploy, rollback or unload; a deploy that rolled back leaves the digest before
+it serving and marks the failed digest's band with Triton's reason. Positions are percentages of the
+span from the first event to `now`, so the band needs no script to draw.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+# Which audit actions put a mark on the timeline, and the letter the mark shows (colour is never the only
+# signal: each mark is a letter with its kind spelled out in the legend and the title).
+MARK_KINDS = {"deploy": "D", "rollback": "R", "quarantine": "Q", "tag": "T", "changeset": "C", "unload": "U",
+              "pin": "P", "unpin": "P", "policy": "P"}
+SERVES = ("deploy", "rollback")
+GOOD = ("ok", "noop")
+
+
+def parse_iso(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
+
+
+def mark_kind(event: dict[str, Any]) -> str:
+    """deploy, rollback, quarantine, tag, changeset, ... (a deploy that rolled back is a rollback mark)."""
+    action, outcome = event["action"], event["outcome"]
+    if action == "skip" or outcome == "invalid":
+        return "quarantine"
+    if action == "deploy" and outcome == "rolled_back":
+        return "rollback"
+    return action
+
+
+@dataclass
+class Mark:
+    kind: str
+    letter: str
+    left: float  # percent of the span
+    event: dict[str, Any]
+
+    @property
+    def title(self) -> str:
+        e = self.event
+        return f"{self.kind}: {e['action']} {e['outcome']} by {e['actor']} at {e['time']}" + (
+            f": {e['message']}" if e.get("message") else "")
+
+
+@dataclass
+class Band:
+    digest: str
+    segments: list[tuple[float, float]] = field(default_factory=list)  # (left %, width %) while it served
+    marks: list[Mark] = field(default_factory=list)
+    serving_now: bool = False
+
+
+@dataclass
+class Timeline:
+    start: datetime | None
+    end: datetime
+    bands: list[Band]
+    other_marks: list[Mark]  # events naming no digest (a change set, an unload)
+
+
+def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]], now: datetime) -> Timeline:
+    """Bands in the order the digests were first seen (newest first, like `versions`)."""
+    ordered = sorted(events, key=lambda e: (e["time"], e["id"]))
+    times = [t for t in (parse_iso(e["time"]) for e in ordered) if t]
+    times += [t for t in (parse_iso(v.get("first_seen")) for v in versions) if t]
+    start = min(times) if times else None
+    span = max((now - start).total_seconds(), 1.0) if start else 1.0
+
+    def pos(moment: datetime) -> float:
+        return 0.0 if start is None else round(min(max((moment - start).total_seconds() / span, 0.0), 1.0) * 100, 2)
+
+    bands = {v["digest"]: Band(v["digest"]) for v in versions}
+    other: list[Mark] = []
+    serving: tuple[str, float] | None = None
+    for event in ordered:
+        moment = parse_iso(event["time"])
+        if moment is None:
+            continue
+        kind, digest = mark_kind(event), event.get("digest")
+        if kind in MARK_KINDS:
+            mark = Mark(kind, MARK_KINDS[kind], pos(moment), event)
+            band = bands.get(digest) if digest else None
+            if band is None and digest:
+                band = bands.setdefault(digest, Band(digest))
+            (band.marks if band else other).append(mark)
+        ends_serving = (event["action"] in SERVES and event["outcome"] in GOOD and digest) or (
+            event["action"] == "unload" and event["outcome"] in GOOD)
+        if ends_serving:
+            starts = event["action"] != "unload"  # a deploy or rollback starts its digest's band
+            if serving and (not starts or serving[0] != digest):
+                left = serving[1]
+                bands[serving[0]].segments.append((left, round(pos(moment) - left, 2)))
+                serving = None
+            if starts and serving is None and digest:
+                serving = (digest, pos(moment))
+    if serving:
+        bands[serving[0]].segments.append((serving[1], round(100.0 - serving[1], 2)))
+        bands[serving[0]].serving_now = True
+    return Timeline(start, now, list(bands.values()), other)
+
+
+# A config.pbtxt line that sets a field: `  max_batch_size: 8`, `name: "x"`.
+FIELD_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    field: str
+    a: str  # "" when the field is not in a
+    b: str
+
+
+def config_field_changes(unified_diff: str | None) -> list[FieldChange]:
+    """The `field: value` lines of config.pbtxt that the diff removes and adds, paired by field name (a
+    field inside a block is named by its own key: `dims`, `kind`; the file's diff below shows where)."""
+    if not unified_diff:
+        return []
+    removed: dict[str, list[str]] = {}
+    added: dict[str, list[str]] = {}
+    for line in unified_diff.splitlines():
+        if line.startswith(("---", "+++", "@@")) or line[:1] not in ("-", "+"):
+            continue
+        match = FIELD_LINE.match(line[1:])
+        if match:
+            (removed if line[0] == "-" else added).setdefault(match.group(1), []).append(match.group(2))
+    changes = []
+    for name in list(dict.fromkeys([*removed, *added])):
+        a, b = removed.get(name, []), added.get(name, [])
+        for i in range(max(len(a), len(b))):
+            changes.append(FieldChange(name, a[i] if i < len(a) else "", b[i] if i < len(b) else ""))
+    return changes

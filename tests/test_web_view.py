@@ -1,0 +1,70 @@
+"""The web view's pure parts: the timeline drawn from the audit, the config fields a diff changes, the login gate."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from controlplane.api.web import gate
+from controlplane.api.web.timeline import build_timeline, config_field_changes
+
+NOW = datetime(2026, 1, 1, 12, 10, tzinfo=timezone.utc)
+
+
+def event(i: int, minute: int, action: str, digest: str | None, outcome: str = "ok",
+          message: str = "") -> dict[str, Any]:
+    return {"id": i, "time": f"2026-01-01T12:{minute:02d}:00Z", "actor": "alice", "action": action, "model": "m",
+            "digest": digest, "outcome": outcome, "duration_ms": 5, "message": message, "host": ""}
+
+
+def version(digest: str, minute: int) -> dict[str, Any]:
+    return {"digest": digest, "first_seen": f"2026-01-01T12:{minute:02d}:00Z"}
+
+
+def test_a_digest_serves_until_the_next_deploy_and_a_failed_deploy_is_a_rollback_mark() -> None:
+    events = [event(1, 0, "deploy", "aaa"), event(2, 5, "deploy", "bbb", "rolled_back", "weights missing"),
+              event(3, 6, "tag", "aaa"), event(4, 8, "deploy", "ccc")]
+    line = build_timeline([version("ccc", 7), version("bbb", 4), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert bands["aaa"].segments == [(0.0, 80.0)]  # 12:00 to 12:08 of 12:00-12:10
+    assert bands["ccc"].segments == [(80.0, 20.0)] and bands["ccc"].serving_now
+    assert bands["bbb"].segments == [] and not bands["bbb"].serving_now
+    (mark,) = bands["bbb"].marks
+    assert (mark.kind, mark.letter, mark.left) == ("rollback", "R", 50.0)
+    assert "weights missing" in mark.title and "by alice" in mark.title
+    assert [m.kind for m in bands["aaa"].marks] == ["deploy", "tag"]
+
+
+def test_an_unload_ends_the_band_and_a_skip_is_a_quarantine_mark() -> None:
+    events = [event(1, 0, "deploy", "aaa"), event(2, 5, "unload", "aaa"), event(3, 6, "skip", "bbb", "invalid")]
+    line = build_timeline([version("aaa", 0), version("bbb", 6)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert bands["aaa"].segments == [(0.0, 50.0)] and not bands["aaa"].serving_now
+    assert [m.kind for m in bands["bbb"].marks] == ["quarantine"]
+
+
+def test_changed_config_fields_are_paired_by_name() -> None:
+    diff = ("--- a/config.pbtxt\n+++ b/config.pbtxt\n@@ -1,3 +1,4 @@\n name: \"m\"\n-max_batch_size: 4\n"
+            "+max_batch_size: 8\n+  max_queue_delay_microseconds: 100\n")
+    assert [(c.field, c.a, c.b) for c in config_field_changes(diff)] == [
+        ("max_batch_size", "4", "8"), ("max_queue_delay_microseconds", "", "100")]
+    assert config_field_changes(None) == []
+
+
+def test_the_gate_opens_with_the_session_cookie_or_the_bearer_token_only() -> None:
+    token = "s3cret-token-0123456789"
+
+    def scope(path: str = "/ui/", **headers: str) -> dict[str, Any]:
+        return {"path": path, "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+
+    assert gate.allowed(scope(), None)  # a loopback view without login
+    assert not gate.allowed(scope(), token)
+    assert gate.allowed(scope("/ui/login"), token) and gate.allowed(scope("/ui/static/web.css"), token)
+    assert gate.allowed(scope(cookie=f"a=b; tritonctl_web={gate.session_value(token)}"), token)
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={gate.session_value('another-token-0000')}"), token)
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={token}"), token)  # the cookie is not the token
+    assert gate.allowed(scope(authorization=f"Bearer {token}"), token)
+    assert not gate.allowed(scope(authorization="Bearer nope"), token)
+    header = gate.cookie_header(token, secure=True)
+    assert "HttpOnly" in header and "SameSite=Strict" in header and "Secure" in header
+    assert token not in header
