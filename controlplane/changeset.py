@@ -85,14 +85,21 @@ class ChangeSets:
 
     def _serving_ensembles(self) -> dict[str, list[str]]:
         """Each serving ensemble and its steps: read from the registry once, then kept up to date from
-        every outcome (`note`), so a settle costs no registry scan (10,000 models at start-up)."""
+        every outcome (`note`), so a settle costs no registry scan (10,000 models at start-up). A model
+        serving its newest recorded source content takes its steps from the source graph (no query)."""
         with self._guard:
             if self._serving is not None:
                 return dict(self._serving)
         out: dict[str, list[str]] = {}
         registry = self.plane.registry
+        graph = self.plane.source_graph
         for record in registry.list_models(states=SERVING_STATES):
             if not record.active_digest:
+                continue
+            entry = graph.entry(record.name)
+            if entry is not None and entry.digest == record.active_digest:
+                if entry.steps:
+                    out[record.name] = list(entry.steps)
                 continue
             tree = self.plane.serving.current(record.name)
             try:  # the published config says cheaply which ones are ensembles; only those are looked up
@@ -106,6 +113,10 @@ class ChangeSets:
         with self._guard:
             self._serving = out
         return dict(out)
+
+    def warm(self) -> None:
+        """Read the serving ensembles now (after the start-up scan), not at the first edit."""
+        self._serving_ensembles()
 
     def note(self, outcome: Outcome) -> None:
         """A deploy, rollback, restore or unload ended: what its model serves now is `active_digest`."""
@@ -128,8 +139,40 @@ class ChangeSets:
                 self._serving.pop(outcome.model, None)
 
     def group(self, models: Sequence[str]) -> list[str]:
-        """`models` and every model connected to them through ensembles (source or serving), sorted."""
+        """`models` and the models connected to them through ensembles that a change set must take,
+        sorted: every step (of the source's config or the serving one) whose source changed too or that
+        serves nothing and auto policy may deploy, and every ensemble over a model whose source changed
+        (to be staged), transitively.
+        `models` and the models the watcher still settles are read from the source; every other one
+        from the registry's recorded configs (controlplane/sourcegraph.py): a change costs what is
+        connected to it, not a read of every source config."""
         serving = self._serving_ensembles()
+        serving_over: dict[str, set[str]] = {}
+        for ensemble, steps in serving.items():
+            for step in steps:
+                serving_over.setdefault(step, set()).add(ensemble)
+        graph = self.plane.source_graph
+        fresh = self._fresh(models)
+        changed_cache: dict[tuple[str, bool], bool] = {}
+
+        def changed(model: str, unknown: bool = True) -> bool:
+            """Its source differs from its recorded content (`unknown`: when no signature says)."""
+            if model in fresh:
+                return True
+            if (model, unknown) not in changed_cache:
+                changed_cache[model, unknown] = self.plane.source_changed(model, unknown=unknown)
+            return changed_cache[model, unknown]
+
+        def owed(model: str) -> bool:
+            """It serves nothing, and auto policy may deploy it (a step the ensemble needs first)."""
+            record = self.plane.registry.find_model(model)
+            if record is None:
+                return True
+            if record.state in SERVING_STATES and record.active_digest:
+                return False
+            return (self.plane.effective_policy(record) == "auto" and not record.pinned
+                    and record.state != "unloaded")
+
         seen: set[str] = set()
         todo = list(models)
         while todo:
@@ -137,10 +180,19 @@ class ChangeSets:
             if model in seen or is_private_name(model):
                 continue
             seen.add(model)
-            near = set(self.source_steps(model) or []) | set(serving.get(model, []))
-            near |= {e for e, steps in serving.items() if model in steps}
-            todo.extend(sorted(near - seen))
+            named = self.source_steps(model) if model in fresh else graph.steps(model)
+            for step in set(named or []) | set(serving.get(model, [])):
+                if step not in seen and (changed(step) or owed(step)):
+                    todo.append(step)
+            if changed(model, unknown=False):
+                todo.extend(sorted((graph.ensembles_over(model) | serving_over.get(model, set())) - seen))
         return sorted(seen)
+
+    def _fresh(self, models: Sequence[str]) -> set[str]:
+        """`models` and the models the watcher still settles: their source is newer than the registry's."""
+        hooks = self.plane.watch
+        pending = hooks.pending() if hooks and hooks.pending else {}
+        return set(models) | {m for m, due in pending.items() if due is not None}
 
     def _members(self, records: dict[str, SnapshotRecord]) -> list[Member]:
         out = []
@@ -257,7 +309,7 @@ class ChangeSets:
             log.info("%s: change set %s waits for %s to settle", model, ",".join(group), ",".join(waiting))
             return True, None
         with self._lock:
-            records = self._capture(group, WATCHER_ACTOR, settled=True)
+            records = self._capture(group, WATCHER_ACTOR, settled=True, fresh_names=[model, *sorted(held), *also])
             if records is None:
                 with self._guard:
                     self._held |= held
@@ -269,15 +321,26 @@ class ChangeSets:
                 return True, None
             return True, self.plane.deployer.run(Plan.of(self._members(targets)), WATCHER_ACTOR)
 
-    def _capture(self, group: Sequence[str], actor: str, *, settled: bool) -> dict[str, SnapshotRecord] | None:
+    def _capture(self, group: Sequence[str], actor: str, *, settled: bool,
+                 fresh_names: Sequence[str] | None = None) -> dict[str, SnapshotRecord] | None:
         """Record every member's source now, steps first, each ensemble checked against its steps' new
-        snapshots. None: a member is still changing or held (it was rescheduled)."""
+        snapshots; a member that is not in `fresh_names` (default: all) nor settling, and whose
+        signature says its source did not change, keeps its recorded content (no capture). None: a
+        member is still changing or held (it was rescheduled)."""
         plane = self.plane
         present = [m for m in group if plane.source_has(m)]
-        ensembles = [m for m in present if self.source_steps(m) is not None]
+        # a member whose source did not change since recorded is not captured again (controlplane/startscan.py)
+        fresh = self._fresh(fresh_names if fresh_names is not None else group)
+        kept = {m: entry.digest for m in present if m not in fresh and not plane.source_changed(m, unknown=False)
+                and (entry := plane.source_graph.entry(m)) is not None}
+        ensembles = [m for m in present if (plane.source_graph.steps(m) if m in kept else self.source_steps(m))
+                     is not None]
         records: dict[str, SnapshotRecord] = {}
         for model in [m for m in present if m not in ensembles] + ensembles:
             try:
+                if model in kept:
+                    records[model] = plane.registry.get_snapshot(model, kept[model])
+                    continue
                 records[model] = plane.capture(model, actor, settled=settled, members=dict(records))
             except (SnapshotError, StoreError) as exc:
                 if not settled:

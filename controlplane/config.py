@@ -85,7 +85,10 @@ class Settings:
     log_level: str = "info"
     log_format: str = "plain"
     reconcile_interval_s: float = 10.0
-    startup_parallelism: int = 4  # initial deploys at once (members first, then ensembles)
+    startup_parallelism: int = 0  # start-up models at once (members first, then ensembles); 0: triton_load_threads
+    # Triton's model-load thread count: a launched tritonserver gets --model-load-thread-count of it; for
+    # an external one, set it to that server's own (Triton's default: 4)
+    triton_load_threads: int = 4
     ready_waits_for_deploys: bool = True  # READY=1 after the initial deploys (False: after the scan)
     load_timeout_s: float = 120.0
     shutdown_timeout_s: float = 30.0
@@ -180,6 +183,12 @@ def _positive_int(value: Any) -> int:
     if number < 1:
         raise ValueError("expected a whole number of at least 1")
     return number
+
+
+def _whole_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ValueError("expected a whole number (0 or more)")
+    return int(value)
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -324,7 +333,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "reconcile_interval_s": _positive_float(0.5),
-    "startup_parallelism": _positive_int,
+    "startup_parallelism": _whole_int,
+    "triton_load_threads": _positive_int,
     "ready_waits_for_deploys": _bool,
     "load_timeout_s": _positive_float(1.0),
     "shutdown_timeout_s": _positive_float(1.0),

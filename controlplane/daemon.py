@@ -33,6 +33,7 @@ from controlplane.modelconfig import is_ensemble_dir, is_ensemble_text
 from controlplane.publish import ServingRepository
 from controlplane.service import ControlPlane, WatchHooks
 from controlplane.snapshot import ContentStore
+from controlplane.startscan import plan_start
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.sync import settling_reason
@@ -58,6 +59,11 @@ TICK_S = 0.1
 # noticed within about this long and reconciled at once.
 SUPERVISE_INTERVAL_S = 1.0
 LOCK_FILE = "daemon.lock"  # in the state directory: flock-ed by the daemon that runs on it
+# The periodic reconcile takes at most this share of one core: when one costs more CPU than that
+# allows at reconcile_interval_s (one repository-index call over many thousands of models), the next
+# waits longer. Supervision (every SUPERVISE_INTERVAL_S: a dead, restarted or emptied tritonserver)
+# still reconciles at once.
+RECONCILE_CPU_BUDGET = 0.004
 
 
 class Daemon:
@@ -89,6 +95,8 @@ class Daemon:
         self.registry: Registry | None = None
         self.webhooks: Webhooks | None = None
         self._state_lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
+        self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
+        self._startup: set[str] = set()  # models the start-up scan has still to handle
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -135,6 +143,7 @@ class Daemon:
                 restricted_key=secrets.token_hex(16),  # only this daemon knows it: nobody else can load code
                 die_with_parent=False,  # the data plane outlives a crash of the control plane
                 record_path=workdir / RECORD_FILE,
+                extra_args=[f"--model-load-thread-count={self.settings.triton_load_threads}"],
             )
             # The record before any port: the ports a crash (or keep_triton) left our own tritonserver
             # serving on are adopted with it, whatever they are; only another holder is a conflict.
@@ -188,6 +197,7 @@ class Daemon:
         if self.watcher is not None:
             watch = WatchHooks(reschedule=self.watcher.reschedule,
                                watch_info=getattr(self.watcher, "watch_info", None),
+                               signature=self.watcher.signature,
                                capture_margin_s=getattr(self.watcher, "capture_margin_s", None),
                                settling=self._settling,
                                pending=getattr(self.watcher, "settling", None))
@@ -281,14 +291,28 @@ class Daemon:
         self._initial_scan()
 
     def _initial_scan(self) -> None:
-        """Record (and, under auto policy, deploy) what the source holds now: step models first, up to
-        `startup_parallelism` at once, then the ensembles over them. Progress goes to systemd's STATUS=."""
-        assert self.watcher is not None and self.plane is not None
+        """Record (and, under auto policy, deploy) what changed in the source since the last start: the
+        models whose signature differs from the recorded one, or that auto policy owes a deploy
+        (controlplane/startscan.py); the others cost nothing. Step models first, `startup_parallelism`
+        at once, then the ensembles over them. Progress goes to systemd's STATUS= and `status`."""
+        assert self.watcher is not None and self.plane is not None and self.registry is not None
+        plane = self.plane
         names = self.watcher.initial_scan()
-        ensembles = sorted(n for n in names if self._is_ensemble(n))
-        members = sorted(set(names) - set(ensembles))
-        total, done = len(names), 0
-        with ThreadPoolExecutor(max_workers=max(1, self.settings.startup_parallelism),
+        plan = plan_start(names, self.watcher.signatures(), plane.source_graph.entries(), self.registry,
+                          plane.effective_policy)
+        plane.counts.add("start_unchanged", len(plan.unchanged))
+        plane.counts.add("start_changed", len(plan.changed) + len(plan.redeploy))
+        log.info("initial scan: %d models, %d unchanged since recorded, %d changed or new, %d owed a deploy",
+                 len(names), len(plan.unchanged), len(plan.changed), len(plan.redeploy))
+        todo = [*plan.changed, *plan.redeploy]
+        redeploy = set(plan.redeploy)
+        ensembles = sorted(n for n in todo if (plane.source_graph.steps(n) is not None if n in redeploy
+                                               else self._is_ensemble(n)))
+        members = sorted(set(todo) - set(ensembles))
+        total, done = len(todo), 0
+        with self._handed_lock:
+            self._startup = set(todo)  # `status`: sync pending ("start-up scan") until handled
+        with ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                 thread_name_prefix="startup") as pool:
             for group in (members, ensembles):  # an ensemble loads only once its steps serve
                 futures = [pool.submit(self._startup_one, name) for name in group]
@@ -296,7 +320,20 @@ class Daemon:
                     future.result()
                     done += 1
                     if done % 50 == 0 or done == total:
-                        systemd.status(f"initial scan: {done}/{total} models recorded or deployed")
+                        systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed "
+                                       f"({len(plan.unchanged)} unchanged)")
+        with self._handed_lock:
+            self._startup = set()
+        plane.changesets.warm()  # the first edit after a start does not pay for reading them
+
+    def _startup_parallelism(self) -> int:
+        """How many start-up models go to Triton at once: `startup_parallelism`, or (0) Triton's own
+        model-load thread count (`--model-load-thread-count` of a launched server; an external server's
+        `triton_load_threads`)."""
+        configured = self.settings.startup_parallelism
+        if configured > 0:
+            return configured
+        return self.settings.triton_load_threads
 
     def _is_ensemble(self, name: str) -> bool:
         if self.plane is not None and self.plane.source is not None:  # s3://
@@ -314,6 +351,9 @@ class Daemon:
             log.error("%s: %s", name, exc)
         except Exception:  # noqa: BLE001 - one model's bug must not stop the others' start-up
             log.exception("unexpected error handling %s at start-up", name)
+        finally:
+            with self._handed_lock:
+                self._startup.discard(name)
 
     # -- main loop ------------------------------------------------------------------------------
 
@@ -367,7 +407,8 @@ class Daemon:
                 # allows, and the loop must keep pinging and dispatching meanwhile.
                 self._reconciling = self.executor.submit(self._guarded, self._supervise_and_reconcile)
                 self._track(self._reconciling)
-                next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+                next_reconcile = time.monotonic() + max(self.settings.reconcile_interval_s,
+                                                        self._reconcile_cpu_s / RECONCILE_CPU_BUDGET)
             elif now >= next_supervise and (self._reconciling is None or self._reconciling.done()):
                 self._reconciling = self.executor.submit(self._guarded, self._supervise)
                 self._track(self._reconciling)
@@ -439,9 +480,11 @@ class Daemon:
         waits = dict(self.plane.capture_waits) if self.plane is not None else {}
         reasons = {model: settling_reason(since, waits.get(model)) for model, since in pending.items()}
         with self._handed_lock:
-            handed = list(self._handed)
+            handed, startup = list(self._handed), list(self._startup)
         for model in handed:
             reasons.setdefault(model, "capturing")
+        for model in startup:
+            reasons.setdefault(model, "start-up scan")
         return reasons
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -485,10 +528,12 @@ class Daemon:
                 log.error("restarting tritonserver: %s", exc)
                 return
         was_reachable = self.plane.counters.triton_reachable
+        cpu_started = time.thread_time()
         try:
             self.plane.reconcile()
         except TritonctlError as exc:
             log.error("reconcile: %s", exc)
+        self._reconcile_cpu_s = time.thread_time() - cpu_started
         if self.plane.counters.triton_reachable and not self.stop_requested.is_set():
             for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.faults)
                 self._track(self.executor.submit(self._guarded, self.plane.retry, model))

@@ -17,6 +17,11 @@ Metrics (names are a contract; see docs/operations.md):
   tritonctl_watcher_backlog                 models waiting for their settle check
   tritonctl_triton_reachable                1 if tritonserver answered at the last reconcile
   tritonctl_webhook_deliveries{state}       webhook deliveries by state (pending/delivered/failed)
+  tritonctl_source_captures_total           model sources captured (snapshot taken) since the daemon started
+  tritonctl_source_validations_total        captured contents validated since the daemon started
+  tritonctl_source_records_total            captured contents recorded in the registry since the daemon started
+  tritonctl_startup_models_total{result}    models the start-up scans found `unchanged` (by signature; no file
+                                            read) or `changed` (new, changed, or owed a deploy: captured)
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ HELP = {
     "backlog": "Models waiting for their settle check",
     "reachable": "1 if tritonserver answered at the last reconcile",
     "webhooks": "Webhook deliveries by state (ended ones are kept 30 days)",
+    "captures": "Model sources captured (snapshot taken) since the daemon started",
+    "validations": "Captured contents validated since the daemon started",
+    "records": "Captured contents recorded in the registry since the daemon started",
+    "startup": "Models the start-up scans found unchanged by signature (no file read) or changed",
 }
 DELIVERY_STATES = ("pending", "delivered", "failed")
 
@@ -97,7 +106,7 @@ class StateCollector:
     def collect(self) -> Iterator[Metric]:
         # Each family on its own: one failing query must not fail the whole scrape.
         for build in (self._model_state, self._quarantined, self._snapshots, self._store_bytes,
-                      self._backlog, self._reachable, self._webhooks):
+                      self._backlog, self._reachable, self._webhooks, self._pipeline):
             try:
                 yield from build()
             except Exception as exc:  # noqa: BLE001 - e.g. the database is locked; a scrape must still answer
@@ -136,6 +145,16 @@ class StateCollector:
     def _reachable(self) -> Iterable[Metric]:
         reachable = 1.0 if self.plane.counters.triton_reachable else 0.0
         yield GaugeMetricFamily("tritonctl_triton_reachable", HELP["reachable"], value=reachable)
+
+
+    def _pipeline(self) -> Iterable[Metric]:
+        counts = self.plane.counts
+        for name in ("captures", "validations", "records"):
+            yield CounterMetricFamily(f"tritonctl_source_{name}", HELP[name], value=counts.get(name))
+        family = CounterMetricFamily("tritonctl_startup_models", HELP["startup"], labels=["result"])
+        family.add_metric(["unchanged"], counts.get("start_unchanged"))
+        family.add_metric(["changed"], counts.get("start_changed"))
+        yield family
 
 
 class Metrics:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from controlplane.ensemblemembers import content_problems
+from controlplane.ensemblemembers import content_problems, step_models
 from controlplane.modelconfig import validate_model_dir
 from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.store.records import SnapshotContent, SnapshotRecord
+from controlplane.store.records import SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.vocab import Result
 
@@ -52,9 +52,20 @@ def revalidate(store: ContentStore, model: str, digest: str, recorded: SnapshotC
                    valid=result.ok)
 
 
-def record(registry: Registry, model: str, digest: str, content: SnapshotContent, actor: str) -> SnapshotRecord:
-    """Record a content (once per content) and, the first time, audit what it is."""
-    snap, new = registry.record_content(model, digest, content)
+def source_entry(model: str, digest: str, content: SnapshotContent, signature: str | None,
+                 trusted: bool = True) -> SourceEntry:
+    """What the registry remembers of a model's source content: the signature it was captured at and,
+    for an ensemble, its steps (the change sets' ensemble graph, controlplane/changeset.py)."""
+    config = content.config or {}
+    steps = step_models(config) if config.get("platform") == "ensemble" else None
+    return SourceEntry(model, signature, digest, steps, trusted and signature is not None)
+
+
+def record(registry: Registry, model: str, digest: str, content: SnapshotContent, actor: str,
+           source: SourceEntry | None = None) -> SnapshotRecord:
+    """Record a content (once per content) and, the first time, audit what it is. `source`: it is
+    what the model's source holds now (`source_entry`)."""
+    snap, new = registry.record_content(model, digest, content, source)
     if new:
         message = "recorded" if snap.valid else f"invalid: {snap.first_error}"
         registry.audit(AuditEntry(actor, "snapshot", model, snap.digest,

@@ -16,6 +16,7 @@ changed content is an edit in place, handed to the settle window like an inotify
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -41,6 +42,7 @@ def name_os_thread(name: str) -> None:
 
 Signature = tuple[Hashable, int]  # (identity, content hash)
 ADDED, CHANGED, REPLACED, REMOVED = "added", "changed", "replaced", "removed"
+RACY_RECORD_NS = 1_000_000_000  # an entry younger than this at capture: its signature is not recorded
 
 
 class SignatureSource(Protocol):
@@ -77,6 +79,9 @@ class DirectorySource:
             return []
 
     def signature(self, name: str) -> Signature | None:
+        return self._signature(name, [])
+
+    def _signature(self, name: str, facts: list[object]) -> Signature | None:
         path = f"{self.root}/{name}"
         try:
             lst = os.lstat(path)
@@ -99,12 +104,11 @@ class DirectorySource:
         else:
             self._listings.pop(name, None)
             return None  # a plain file at the root is no model
-        facts: list[object] = []
         old = self._listings.get(name, {})
         kept: dict[str, tuple[tuple[int, ...], list[str]]] = {}
         self._walk(path, st, facts, old, kept)
         self._listings[name] = kept
-        return identity, hash(tuple(facts))
+        return identity, stable_hash(facts)
 
     def _walk(self, path: str, st: os.stat_result, facts: list[object],
               old: dict[str, tuple[tuple[int, ...], list[str]]],
@@ -133,6 +137,36 @@ class DirectorySource:
             if isdir(s.st_mode) and not is_ignored_name(entry):
                 self._walk(child, s, facts, old, kept)
                 append("}")
+
+
+def stable_hash(facts: object) -> int:
+    """A hash of stat facts (tuples of str and int) that is the same in every process (Python's
+    `hash` of a str is salted per process): signatures are recorded in the registry and compared by
+    the next start (controlplane/startscan.py)."""
+    return int.from_bytes(hashlib.blake2b(repr(facts).encode(), digest_size=8).digest(), "big")
+
+
+def recordable_signature(root: os.PathLike[str] | str, name: str) -> tuple[str | None, bool]:
+    """`name`'s stat signature now, as recorded with the content captured after it, and whether a
+    restart may trust it: an entry changed within `RACY_RECORD_NS` of now could change again within
+    the same timestamp tick without changing its stat facts (git's "racily clean"), so such a model is
+    captured again at the next start. (While the daemon runs, a change fires an event anyway.)"""
+    facts: list[object] = []
+    now = time.time_ns()
+    signature = DirectorySource(root)._signature(name, facts)
+    if signature is None:
+        return None, False
+    entries = [f for f in facts if isinstance(f, tuple)]
+    unreadable = any(len(f) != 6 for f in entries)  # a directory it could not list
+    newest = max((max(f[4], f[5]) for f in entries if len(f) == 6), default=0)
+    return stable_signature(signature), not unreadable and signature[1] != 0 and newest < now - RACY_RECORD_NS
+
+
+def stable_signature(signature: Signature | None) -> str | None:
+    """A signature as the registry records it (hex); None for none."""
+    if signature is None:
+        return None
+    return hashlib.blake2b(repr(signature).encode(), digest_size=16).hexdigest()
 
 
 class SignaturePoller:
@@ -171,6 +205,11 @@ class SignaturePoller:
         with self._lock:
             self._seen = seen
         return len(seen)
+
+    def signatures(self) -> dict[str, Signature]:
+        """Every name's last signature (a copy): after `baseline`, what the source held at start."""
+        with self._lock:
+            return dict(self._seen)
 
     def refresh(self, name: str) -> None:
         """Record `name`'s signature now without reporting it (it is being handled already)."""

@@ -17,6 +17,7 @@ from controlplane.deploy import Deployer, Outcome, ProgressFn
 from controlplane.errors import SnapshotError, StoreError
 from controlplane.publish import ServingRepository
 from controlplane.snapshot import ContentStore
+from controlplane.sourcegraph import SourceGraph
 from controlplane.store.records import ModelRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 
@@ -35,7 +36,8 @@ class WatchHooks:
     # the watcher's own pending checks: model -> seconds since its last change (None: a check asked for);
     # a change set waits until the last of its members settled (controlplane/changeset.py)
     pending: Callable[[], dict[str, float | None]] | None = None
-
+    # a model's stat (or listing) signature in the source now, as recorded with its content (None: gone)
+    signature: Callable[[str], str | None] | None = None
 
 
 class SetPlane(Protocol):
@@ -67,6 +69,11 @@ class SetPlane(Protocol):
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
 
     def source_has(self, model: str) -> bool: ...
+
+    @property
+    def source_graph(self) -> SourceGraph: ...
+
+    def source_changed(self, model: str, *, unknown: bool = ...) -> bool: ...
 
     def effective_policy(self, model: ModelRecord) -> str: ...
 

@@ -20,6 +20,7 @@ the registry and deploys do not know where it came from.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -56,6 +57,11 @@ log = logging.getLogger("tritonctl.s3source")
 FILE_MODE, DIR_MODE = 0o644, 0o755  # object storage has no modes: every S3 snapshot gets these
 _CACHE_MAX = 50_000
 Signature = frozenset[tuple[str, int, str, float]]  # (key below the model, size, ETag, last-modified)
+
+
+def listing_signature(signature: Signature) -> str:
+    """A listing signature as the registry records it: the same in every process."""
+    return hashlib.blake2b(repr(sorted(signature)).encode(), digest_size=16).hexdigest()
 
 
 @dataclass
@@ -102,6 +108,7 @@ class S3Source:
         self._failing: str | None = None  # the last poll's error, logged once per outage
         self._cache_lock = threading.RLock()
         self.lists = self.downloads = self.bytes_downloaded = 0  # counters for tests and docs
+        self._captured: dict[str, str] = {}  # model -> the listing signature its last capture was taken at
 
     # -- listing -----------------------------------------------------------------------------------
     def _list(self, model: str | None = None) -> dict[str, Listing]:
@@ -187,6 +194,23 @@ class S3Source:
                 self._models[name] = _ModelState(listing.signature, now - max(0.0, wall - newest),
                                                  handed=listing.signature)
         return sorted(listings)
+
+    def signatures(self) -> dict[str, str]:
+        """Each model's listing signature (keys, sizes, ETags, last-modified) as the start-up scan
+        listed it: a start captures only the models whose signature differs from the recorded one."""
+        with self._lock:
+            return {name: listing_signature(state.signature) for name, state in self._models.items()}
+
+    def signature(self, model: str) -> str | None:
+        """The model's listing signature as the last poll saw it (None: not listed)."""
+        with self._lock:
+            state = self._models.get(model)
+            return None if state is None else listing_signature(state.signature)
+
+    def captured_signature(self, model: str) -> str | None:
+        """The listing signature the model's last capture was taken at (once; None: none)."""
+        with self._lock:
+            return self._captured.pop(model, None)
 
     def exists(self, model: str) -> bool:
         """Whether the model has objects under the prefix now (a LIST of at most one key)."""
@@ -302,6 +326,8 @@ class S3Source:
                 store._materialize(snapshot)  # noqa: SLF001 - the store's own tree builder, from stored objects
         except OSError as exc:
             raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
+        with self._lock:
+            self._captured[model] = listing_signature(before.signature)
         return snapshot
 
     def _check_ready(self, model: str, listing: Listing, settled: bool) -> None:

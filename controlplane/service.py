@@ -26,6 +26,7 @@ from controlplane.ensemblemembers import step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
 from controlplane.names import is_private_name, validate_digest, validate_model_name
+from controlplane.poller import recordable_signature
 from controlplane.ports import WatchHooks
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import Drift, plan
@@ -45,6 +46,7 @@ from controlplane.results import (
 )
 from controlplane.servedview import ServedView
 from controlplane.snapshot import ContentStore
+from controlplane.sourcegraph import SourceGraph
 from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.sync import sync_state, track_sync
@@ -69,6 +71,26 @@ class Counters:
     last_action: str = "starting"
     triton_reachable: bool = False
     drift: tuple[Drift, ...] = ()
+
+
+class PipelineCounts:
+    """How often the source pipeline ran since the daemon started: captures, validations and records
+    (Prometheus counters, controlplane/metrics.py), and what the start-up scan found unchanged by
+    signature (so no file of it was read) or handed to capture (controlplane/startscan.py)."""
+
+    NAMES = ("captures", "validations", "records", "start_unchanged", "start_changed")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += amount
+
+    def get(self, name: str) -> int:
+        with self._lock:
+            return self._counts[name]
 
 
 class FleetStrategy(Protocol):
@@ -126,6 +148,8 @@ class ControlPlane:
         self.serving = serving
         self.triton = triton
         self.counters = Counters()
+        self.counts = PipelineCounts()
+        self.source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.faults)
         self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
         self._extra_on_outcome = on_outcome
@@ -138,6 +162,7 @@ class ControlPlane:
         self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
+        self._desired: tuple[int, list[ModelRecord]] | None = None  # (registry writes, models meant to serve)
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
@@ -190,18 +215,39 @@ class ControlPlane:
         if self.settings.repository is None and self.source is None:
             raise UsageError("the daemon has no source repository (--repository)")
         with self._capture_lock(model):
+            self.counts.add("captures")
             if self.source is not None:  # object storage: same rules, listed instead of stat'ed
                 snapshot = self.source.capture(model, self.store, settled=settled)
+                signature = self.source.captured_signature(model)  # the listing it was captured at
+                trusted = True  # a listing's ETags name the content
             else:
                 assert self.settings.repository is not None
                 hooks = self.watch
                 margin = hooks.capture_margin_s() if hooks and hooks.capture_margin_s else 0.0  # network mounts
                 quiet_s = self.settings.settle_s + margin if settled and not complete else 0.0
+                signature, trusted = recordable_signature(self.settings.repository, model)  # before any read
                 snapshot = self.store.capture(self.settings.repository / model, model,
                                               commit_marker=self.settings.commit_marker,
                                               quiet_s=quiet_s, marker_dir=self.changesets.marker_root())
+            self.counts.add("validations")
             content = pipeline.validate(self.registry, self.store, snapshot, members)
-            return pipeline.record(self.registry, model, snapshot.digest, content, actor)
+            entry = pipeline.source_entry(model, snapshot.digest, content, signature, trusted)
+            self.counts.add("records")
+            record = pipeline.record(self.registry, model, snapshot.digest, content, actor, entry)
+            self.source_graph.recorded(entry)
+            return record
+
+    def source_changed(self, model: str, *, unknown: bool = True) -> bool:
+        """Whether `model`'s source differs from its newest recorded content: its signature now is not
+        the one recorded with it. `unknown`: the answer when no signature can say (none recorded: a
+        registry from before migration 0007, or no watcher). Stat facts only: no file is read."""
+        entry = self.source_graph.entry(model)
+        if entry is None:
+            return True
+        hooks = self.watch
+        if entry.signature is None or hooks is None or hooks.signature is None:
+            return unknown
+        return hooks.signature(model) != entry.signature
 
     def handle_settled(self, model: str, *, complete: bool = False) -> Outcome | None:
         """The watcher saw `model` settle: record what it now holds; deploy it if policy says so.
@@ -575,9 +621,12 @@ class ControlPlane:
         settling = self.watch.settling() if self.watch and self.watch.settling else {}
         tag_registry = self.tag_registry()
         tagged, tracks = tags.by_digest(tag_registry.list_tags()), tag_registry.tracks()
+        by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
+        for e in index:
+            by_name.setdefault(e.name, []).append(VersionState(e.version, e.state, e.reason))
         rows = []
         for model in records:
-            versions = [VersionState(e.version, e.state, e.reason) for e in index if e.name == model.name]
+            versions = by_name.get(model.name, [])
             policy = self.effective_policy(model)
             retry = self.retries.get(model.name) or self.restores.get(model.name)
             head = heads.get(model.name)
@@ -618,7 +667,7 @@ class ControlPlane:
             log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
         busy = [*self.deployer.busy_models(), *waiting]
         # plan() looks only at models meant to serve: do not list every model of the repository
-        desired = self.registry.list_models(states=SERVING_STATES)
+        desired = self._desired_models()
         index, served = self._triton_view(desired)
         result = plan(desired, index, served, busy)
         ready = {e.name for e in index if e.state == "READY"}
@@ -642,6 +691,17 @@ class ControlPlane:
         self.changesets.sweep()  # after the ensembles stopped using them
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift
+
+    def _desired_models(self) -> list[ModelRecord]:
+        """The models meant to serve, read again only when the registry was written since (an idle
+        reconcile at 10,000 serving models then costs no 10,000-row read)."""
+        writes = self.registry.writes
+        cached = self._desired
+        if cached is not None and cached[0] == writes:
+            return cached[1]
+        models = self.registry.list_models(states=SERVING_STATES)
+        self._desired = (writes, models)
+        return models
 
     def restart_suspected(self) -> bool:
         """Between reconciles: the model last seen READY is not READY now and no operation of ours

@@ -45,7 +45,7 @@ from watchdog.observers.api import BaseObserver
 from controlplane import fswatch
 from controlplane.errors import ConfigError
 from controlplane.fswatch import WatchMode, choose_mode
-from controlplane.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller
+from controlplane.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller, stable_signature
 from controlplane.snapshot import HOLD_FILE, is_ignored_name
 
 log = logging.getLogger("tritonctl.watcher")
@@ -256,6 +256,16 @@ class RepositoryWatcher:
         """Model entries present now (what to capture at start-up, before any event): directories and
         symlinks (a dangling one is reported by the consumer)."""
         return sorted(self._entries())
+
+    def signatures(self) -> dict[str, str]:
+        """Each model entry's stat signature as the watcher's baseline at `start` saw it (no file read):
+        a start captures only the models whose signature differs from the recorded one."""
+        return {name: sig for name, signature in self._poller.signatures().items()
+                if (sig := stable_signature(signature)) is not None}
+
+    def signature(self, model: str) -> str | None:
+        """The model entry's stat signature now (None: gone), comparable with the recorded one."""
+        return stable_signature(DirectorySource(self._prefix[:-1]).signature(model))
 
     def capture_margin_s(self) -> float:
         """Seconds a capture must wait beyond the settle window: how long stat facts read through

@@ -101,6 +101,17 @@ class SourceHead:
 
 
 @dataclass(frozen=True)
+class SourceEntry:
+    """A model's newest recorded source content as a start compares it (controlplane/startscan.py)."""
+
+    model: str
+    signature: str | None  # the stat or listing signature it was captured at (None: unknown)
+    digest: str
+    steps: list[str] | None  # an ensemble's step models; None: no ensemble
+    trusted: bool = True  # False: recorded within the racy window; the next start captures it again
+
+
+@dataclass(frozen=True)
 class DeploymentRecord:
     id: int
     model: str

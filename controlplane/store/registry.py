@@ -31,6 +31,7 @@ from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-e
     ServingRecord,
     SnapshotContent,
     SnapshotRecord,
+    SourceEntry,
     SourceHead,
     TagRecord,
     utcnow,
@@ -159,6 +160,14 @@ class Registry:
         # Called (with no argument, on the writer's thread) after a transaction that added audit events
         # committed: the event stream wakes its followers instead of polling (controlplane/api/stream.py).
         self.audit_listeners: list[Callable[[], None]] = []
+        # statements that may have changed a row, through this registry: a reader that caches what it
+        # read (the reconcile's serving models) reads again only when this moved
+        self.writes = 0
+
+        @event.listens_for(self.engine, "after_cursor_execute")
+        def _count_writes(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if statement.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+                self.writes += 1
 
     def close(self) -> None:
         self.engine.dispose()
@@ -269,14 +278,21 @@ class Registry:
         valid: bool,
         problems: list[dict[str, str]],
         total_bytes: int,
+        source: SourceEntry | None = None,
     ) -> tuple[SnapshotRecord, bool]:
-        """Record a snapshot; the same content seen again only updates last_seen. Returns (record, new)."""
+        """Record a snapshot; the same content seen again only updates last_seen. Returns (record, new).
+        `source`: the content is what the model's source holds now, captured at that signature: it
+        becomes the model's entry in `source_index` (same transaction)."""
         with self._session() as session:
             self._model_row(session, model)
             row = session.scalar(
                 select(schema.Snapshot).where(schema.Snapshot.model == model, schema.Snapshot.digest == digest)
             )
             now = self.clock()
+            if source is not None:
+                session.merge(schema.SourceSignature(
+                    model=model, signature=source.signature, digest=digest, recorded_at=now, trusted=source.trusted,
+                    steps=None if source.steps is None else json.dumps(source.steps)))
             if row is not None:
                 row.last_seen = now
                 row.collected = False
@@ -299,14 +315,15 @@ class Registry:
             session.flush()
             return _snapshot_record(row), True
 
-    def record_content(self, model: str, digest: str, content: SnapshotContent) -> tuple[SnapshotRecord, bool]:
+    def record_content(self, model: str, digest: str, content: SnapshotContent,
+                       source: SourceEntry | None = None) -> tuple[SnapshotRecord, bool]:
         """`record_snapshot` of a content; another writer recording the same content at the same moment
         (two fleet hosts) is not an error: its record is returned, not new."""
         try:
             return self.record_snapshot(
                 model, digest, content.manifest, config=content.config, versions=content.versions,
                 served_versions=content.served_versions, valid=content.valid, problems=content.problems,
-                total_bytes=content.total_bytes)
+                total_bytes=content.total_bytes, source=source)
         except StoreError as exc:
             if isinstance(exc.__cause__, IntegrityError):
                 return self.get_snapshot(model, digest), False
@@ -351,6 +368,16 @@ class Registry:
                 heads[model] = SourceHead(model, digest, bool(valid), None if valid else _first_error(problems),
                                           bool(quarantined), reason, first_seen, last_seen)
         return heads
+
+    def source_index(self) -> dict[str, SourceEntry]:
+        """Every model's newest recorded source content, with its signature and steps, in one query."""
+        with self._session() as session:
+            rows = session.execute(select(schema.SourceSignature.model, schema.SourceSignature.signature,
+                                          schema.SourceSignature.digest, schema.SourceSignature.steps,
+                                          schema.SourceSignature.trusted))
+            return {model: SourceEntry(model, signature, digest, None if steps is None else json.loads(steps),
+                                       bool(trusted))
+                    for model, signature, digest, steps, trusted in rows}
 
     def last_deployments(self, models: Sequence[str] | None = None) -> dict[str, DeploymentRecord]:
         """Each model's newest deployment (finished or not), in one query."""

@@ -55,6 +55,20 @@ class Snapshot(Base):
     collected: Mapped[bool] = mapped_column(Boolean, default=False)  # content removed by gc
 
 
+class SourceSignature(Base):
+    """A model's newest recorded source content: its stat signature then (`trusted` False: recorded
+    within the racy window, captured again at the next start), its digest and, for an ensemble, its step
+    models (migration 0007)."""
+
+    __tablename__ = "source_signatures"
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    signature: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    steps: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON list; None: no ensemble
+    trusted: Mapped[bool] = mapped_column(Boolean, default=False)  # a start may skip it when the signature equals
+    recorded_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 class Deployment(Base):
     """One deploy, rollback or unload, its step recorded before each step is taken."""
 
