@@ -41,7 +41,7 @@ TITLES = {
     "swap_availability": "Swap availability: requests during swaps, tritonctl vs Triton explicit vs Triton poll",
     "change_latency": "Change latency: last close() to first new answer; tritonctl's own overhead per deploy",
     "snapshot_cost": "Snapshot cost: a big model against cp and sha256sum",
-    "scale": "Scale: many tiny models (cold start, idle CPU, memory), tritonctl vs Triton poll",
+    "scale": "Scale: 200 to 10,000 models (start, restart, one edit, idle CPU, memory, CLI), tritonctl vs Triton",
     "cli_latency": "CLI latency: each command as a new process, beside `python -c pass`",
     "fleet_rollout": "Fleet rollout: edit → every host serving, by fleet size (daemons and tritonservers on loopback)",
     "audit_query": "Audit query (bench/audit_query.py, run with --with-audit; latest results)",
@@ -276,7 +276,8 @@ def plot_edit_timeline(report: dict[str, Any], path: Path) -> None:
 
 
 def plot_scale(report: dict[str, Any], path: Path) -> None:
-    """Models vs time to READY (or live) and idle CPU, one line per system."""
+    """Each figure of the scale benchmark against N (log scale), one line per system: (a) first start,
+    (b) restart with nothing changed, (c) one edit's overhead, (d) idle CPU and RSS, (e) CLI times."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,35 +285,47 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
 
     results = sorted(report["results"], key=lambda r: r["models"])
     xs = [r["models"] for r in results]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
-    series_t = {
-        "tritonctl: READY": [r["tritonctl"].get("ready_s") for r in results],
-        "tritonctl: every model READY in Triton": [r["tritonctl"].get("all_serving_s") for r in results],
-        "tritonctl: restart, unchanged, READY": [r["tritonctl"].get("restart_ready_s") for r in results],
-        "Triton explicit: live (all loaded)": [r.get("triton_explicit", {}).get("live_s") for r in results],
-        "Triton poll: live (all loaded)": [r["triton_poll"].get("live_s") for r in results],
-    }
-    for label, ys in series_t.items():
-        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
-        if pts:
-            left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    left.axhline(20, color="#d62728", linestyle="--", lw=0.8, label="READY target 20 s")
-    left.set_xlabel("models")
-    left.set_ylabel("seconds from start")
-    left.legend(fontsize=7)
-    series_c = {
-        "tritonctl daemon + its tritonserver": [r["tritonctl"].get("idle_cpu_pct", 0)
-                                                + r["tritonctl"].get("idle_cpu_pct_triton", 0) for r in results],
-        "Triton explicit": [r.get("triton_explicit", {}).get("idle_cpu_pct") for r in results],
-        "Triton poll": [r["triton_poll"].get("idle_cpu_pct") for r in results],
-    }
-    for label, ys in series_c.items():
-        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
-        if pts:
-            right.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    right.set_xlabel("models")
-    right.set_ylabel("idle CPU, % of one core")
-    right.legend(fontsize=7)
+
+    def get(r: dict[str, Any], *keys: str) -> Any:
+        for key in keys:
+            r = r.get(key) if isinstance(r, dict) else None
+        return r
+
+    panels: list[tuple[str, str, dict[str, list[Any]], float | None]] = [
+        ("(a) first start", "seconds", {
+            "tritonctl manual: READY": [get(r, "tritonctl_manual", "first_ready_s") for r in results],
+            "tritonctl auto: every model serving": [get(r, "tritonctl", "all_serving_s") for r in results],
+            "Triton explicit: every model READY": [get(r, "triton_explicit", "all_ready_s") for r in results],
+            "Triton poll: live": [get(r, "triton_poll", "live_s") for r in results]}, 20.0),
+        ("(b) restart, nothing changed", "seconds to READY", {
+            "tritonctl manual": [get(r, "tritonctl_manual", "restart_ready_s") for r in results],
+            "tritonctl auto (tritonserver kept)": [get(r, "tritonctl", "restart_ready_s") for r in results]}, 2.0),
+        ("(c) one edit beyond Triton's load", "seconds (median)", {
+            "tritonctl: renamed in": [get(r, "tritonctl", "edit_added_median_s") for r in results]}, None),
+        ("(d) idle CPU", "% of one core", {
+            "tritonctl daemon": [get(r, "tritonctl", "idle_cpu_pct") for r in results],
+            "its tritonserver": [get(r, "tritonctl", "idle_cpu_pct_triton") for r in results],
+            "Triton explicit": [get(r, "triton_explicit", "idle_cpu_pct") for r in results]}, 1.0),
+        ("(d) memory", "MB", {
+            "tritonctl daemon, peak RSS": [get(r, "tritonctl", "peak_rss_mb") for r in results],
+            "Triton explicit, RSS": [get(r, "triton_explicit", "rss_mb") for r in results]}, 300.0),
+        ("(e) CLI", "seconds (median of 3)", {
+            "status --json": [get(r, "tritonctl", "status_json_s") for r in results],
+            "versions M": [get(r, "tritonctl", "versions_s") for r in results]}, 1.0),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), dpi=90)
+    for ax, (title, unit, series, target) in zip(axes.flat, panels, strict=True):
+        for label, ys in series.items():
+            pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        if target is not None:
+            ax.axhline(target, color="#d62728", linestyle="--", lw=0.8, label=f"target {target:g}")
+        ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("models")
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=7)
     m = report.get("machine", {})
     fig.suptitle(f"Scale: 1 python model + ensembles over it; commit {str(report.get('git_commit', '?'))[:8]}, "
                  f"load {(m.get('load_average_start') or ['?'])[0]} at start", fontsize=10)
@@ -324,7 +337,7 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
 
 PLOTS = {"cli_latency": plot_cli_latency, "edit_torture": plot_edit_timeline, "scale": plot_scale}
 PLOT_ALT = {"cli_latency": "CLI latency per command", "edit_torture": "Edit torture timeline",
-            "scale": "Scale curve: models vs time to READY and idle CPU"}
+            "scale": "Scale: each figure against the number of models"}
 
 
 def update_docs(path: Path, block: str, quick: bool) -> None:

@@ -1,33 +1,35 @@
-"""Scale: a source repository of 1,000 and 10,000 tiny models (--quick: 200), a handful loaded.
+"""Scale (issue 26): N = 200, 1,000, 2,000, 5,000 and 10,000 models, side by side, in one run each.
 
 The repository: one python model `base` (answers [gen, gen]) and N-1 tiny ensembles over it
 (`m00001`, ... : config.pbtxt and an empty 1/). Ensembles, because they are real models to both
 systems yet need no process of their own: every python model instance runs a ≈37 MB stub process,
-so N python models cannot all load on this machine, which Triton's poll mode would have to do.
+so N python models cannot all load on this machine.
 
-  * tritonctl: `tritonctl daemon --launch-triton --policy manual` on the repository (the initial scan
-    snapshots, validates and records every model), then `tritonctl load` base, m00001, m00002.
-    Measured: cold start to the control socket answering and to READY (the daemon's "ready" log line,
-    written after the initial scan), idle CPU of the daemon over 60 s (--quick 10 s; utime + stime
-    from /proc/<pid>/stat; its tritonserver and stubs reported apart), peak RSS (VmHWM), inotify
-    watches it holds (fs.inotify.max_user_watches is the limit).
-  * Triton poll: `tritonserver --model-control-mode=poll --repository-poll-secs=1` on the same
-    repository; it loads every model before it is live. Measured: start to live (bounded by
-    --triton-start-timeout; when it does not make it, the table says so), idle CPU, peak RSS.
+Per N, in this order:
+  * Triton explicit, `--model-control-mode=explicit --load-model=*`: start to live and to every model
+    READY in its index; idle CPU and RSS (the baseline tritonctl's auto policy is held against).
+  * Triton poll (`--repository-poll-secs=1`): its own start-up, to live (bounded).
+  * tritonctl, `--policy manual` (record only, nothing to load), its own launched tritonserver:
+    (a) first start to READY; (b) restart with nothing changed to READY; with the daemon's counters
+    (tritonctl_source_captures_total, tritonctl_startup_models_total) from its metrics endpoint.
+  * tritonctl, `--policy auto`, READY after the scan (`ready_waits_for_deploys = false`),
+    `--keep-triton`: (a) first start to READY and to every model READY in Triton's index;
+    (d) idle CPU of the daemon (process CPU time over the idle window, its rescans and reconciles
+    included; its tritonserver reported apart) and its RSS; (e) `status --json` and `versions M`
+    (medians of 3, through the CLI); (c) one edit while N models serve: a python model directory
+    renamed into the repository, time to its first answer less Triton's own load of it (Triton's
+    log); (b) a restart with nothing changed (the tritonserver kept serving): to READY and to every
+    model READY again.
 
-Targets (tritonctl, 10,000 models): idle CPU <= 1 % of one core; daemon RSS <= 200 MB.
+Targets at 10,000 models (on this 2-core machine): first start -> READY <= 20 s (manual); restart,
+nothing changed -> READY <= 2 s; every model serving (auto) within 1.2x Triton explicit's start-up;
+one edit's overhead within 50 ms of its overhead at the smallest N; idle CPU <= 1 % of one core;
+daemon RSS <= 300 MB; `status --json` <= 1 s. The report is written after every N, so a run cut
+short keeps the sizes it finished.
 
-With --serve-all (issue 15, item 2): every model serves. tritonctl runs with `--policy auto` and
-READY after the scan (`ready_waits_for_deploys = false`): first start to READY, to every model READY
-in Triton's index, a restart with nothing changed (to READY and to all serving again), idle CPU of
-the daemon plus its tritonserver (which includes the daemon's reconciles: one repository-index call
-per cycle, controlplane/servedview.py), peak RSS. Beside it Triton explicit holding the same models
-(`--model-control-mode=explicit --load-model=*`: start to live, idle CPU, RSS) and Triton poll.
-Targets: READY <= 20 s, restart <= 3 s, idle CPU (daemon + its tritonserver) <= 1 % of one core
-above Triton explicit's own idle.
-
-    python bench/scale.py            # 1,000 and 10,000 models
-    python bench/scale.py --quick    # 200 models
+    python bench/scale.py                        # 200,1000,2000,5000,10000
+    python bench/scale.py --counts 200,1000      # some sizes
+    python bench/scale.py --quick                # 200 models, short idle window
 """
 
 from __future__ import annotations
@@ -48,8 +50,14 @@ import common as c  # noqa: E402
 
 NAME = "scale"
 TARGET_IDLE_PCT = 1.0
-TARGET_RSS_MB = 200.0
-LOADED = ("base", "m00001", "m00002")
+TARGET_RSS_MB = 300.0
+TARGET_READY_S = 20.0
+TARGET_RESTART_S = 2.0
+TARGET_SERVING_RATIO = 1.2  # every model serving (auto) vs Triton explicit's own start-up
+TARGET_EDIT_DRIFT_MS = 50.0  # one edit's overhead at the largest N vs at the smallest
+TARGET_STATUS_S = 1.0
+GATE_MODELS = 10_000
+EDIT_TRIALS = 3
 
 ENSEMBLE = """name: "{name}"
 platform: "ensemble"
@@ -113,57 +121,6 @@ def rss_mb(pid: int, key: str) -> float:
         return 0.0
 
 
-def measure_tritonctl(repo: Path, state: Path, count: int, args: argparse.Namespace, console: Any) -> dict[str, Any]:
-    daemon = c.daemon_process(repo, state, 1.0, policy="manual")
-    out: dict[str, Any] = {"models": count}
-    t0 = time.monotonic()
-    daemon.start(wait=False)
-    try:
-        assert daemon.proc is not None
-        pid = daemon.proc.pid
-
-        def socket_answers() -> bool:
-            if daemon.proc is not None and daemon.proc.poll() is not None:
-                raise SystemExit(f"daemon exited {daemon.proc.returncode}: {daemon.log_tail()}")
-            return bool(daemon.run("status", "--json").exit_code == 0)
-
-        if c.wait_until(socket_answers, args.daemon_start_timeout, 0.1) is None:
-            raise SystemExit(f"daemon socket not answering after {args.daemon_start_timeout} s: {daemon.log_tail()}")
-        out["socket_answering_s"] = round(time.monotonic() - t0, 2)
-        ready = c.wait_until(lambda: "ready: control socket" in daemon.log_tail(10_000_000),
-                             args.daemon_start_timeout, 0.2)
-        if ready is None:
-            raise SystemExit(f"daemon not READY after {args.daemon_start_timeout} s: {daemon.log_tail()}")
-        out["ready_s"] = round(time.monotonic() - t0, 2)
-        console.print(f"[dim]tritonctl, {count} models: socket {out['socket_answering_s']} s, "
-                      f"READY {out['ready_s']} s[/dim]")
-        out["rss_after_start_mb"] = rss_mb(pid, "VmRSS")
-        loads = []
-        for name in LOADED:
-            t = time.monotonic()
-            daemon.cli("load", name)
-            loads.append(round(time.monotonic() - t, 2))
-        out["load_s"] = loads
-        status = daemon.status()
-        out["models_in_registry"] = len(status["models"])
-        out["models_serving"] = sum(1 for m in status["models"] if m["state"] == "serving")
-        time.sleep(2.0)  # let the loads' stubs and the CLI's work finish
-        triton_pid = daemon.triton_pid()
-        triton_group = [triton_pid, *c.descendants(triton_pid)] if triton_pid else []
-        cpu = idle_cpu({"daemon": [pid], "triton": triton_group}, args.idle)
-        out["idle_cpu_pct"] = cpu["daemon"]
-        out["idle_cpu_pct_triton"] = cpu["triton"]
-        out["rss_mb"] = rss_mb(pid, "VmRSS")
-        out["peak_rss_mb"] = rss_mb(pid, "VmHWM")
-        out["triton_rss_mb"] = round(sum(rss_mb(p, "VmRSS") for p in triton_group), 1)
-        out["inotify_watches"] = inotify_watches(pid)
-        out["threads"] = c.status_kb(pid, "Threads")
-    finally:
-        daemon.stop()
-    out["store_objects"] = sum(1 for _ in (state / "store" / "objects").rglob("*") if _.is_file())
-    return out
-
-
 def _all_ready(url: str, count: int, state: Path | None = None) -> Callable[[], bool]:
     """Whether Triton's index lists `count` models READY. A tritonctl-launched server restricts its
     repository API to the key in `state`/triton/server.json (controlplane/triton/launcher.py)."""
@@ -191,16 +148,18 @@ def _all_ready(url: str, count: int, state: Path | None = None) -> Callable[[], 
     return check
 
 
-def _start_to_ready(daemon: Any, args: argparse.Namespace, count: int, out: dict[str, Any], tag: str) -> None:
-    """Start `daemon`; time its socket, its READY log line and every model READY in Triton's index."""
+def _start_to_ready(daemon: Any, args: argparse.Namespace, count: int | None, out: dict[str, Any], tag: str) -> None:
+    """Start `daemon`; time its READY log line and (`count`) every model READY in Triton's index."""
     daemon.log_path.write_text("")  # the READY line of this start only
     t0 = time.monotonic()
     daemon.start(wait=False)
     ready = c.wait_until(lambda: daemon.proc.poll() is not None or "ready: control socket" in daemon.log_tail(10**7),
-                         args.daemon_start_timeout, 0.05)
+                         args.daemon_start_timeout, 0.02)
     if ready is None or daemon.proc.poll() is not None:
         raise SystemExit(f"daemon not READY after {args.daemon_start_timeout} s: {daemon.log_tail()}")
     out[f"{tag}ready_s"] = round(time.monotonic() - t0, 2)
+    if count is None:
+        return
     if c.wait_until(_all_ready(daemon.triton_url(), count, daemon.state_dir), args.daemon_start_timeout,
                     0.5) is None:
         out[f"{tag}all_serving_s"] = None
@@ -208,33 +167,136 @@ def _start_to_ready(daemon: Any, args: argparse.Namespace, count: int, out: dict
         out[f"{tag}all_serving_s"] = round(time.monotonic() - t0, 2)
 
 
-def measure_tritonctl_all(repo: Path, state: Path, count: int, args: argparse.Namespace,
-                          console: Any) -> dict[str, Any]:
-    """Every model serving through tritonctl (policy auto, READY after the scan)."""
-    daemon = c.daemon_process(repo, state, 1.0, policy="auto")
-    daemon.env["TRITONCTL_READY_WAITS_FOR_DEPLOYS"] = "false"
+def _counters(port: int) -> dict[str, float]:
+    """The daemon's own counts of the source pipeline (controlplane/metrics.py)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(("tritonctl_source_", "tritonctl_startup_models")):
+                label = sample.labels.get("result")
+                out[sample.name.removeprefix("tritonctl_") + (f"_{label}" if label else "")] = sample.value
+    return out
+
+
+def _metrics_args() -> tuple[int, list[str]]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    return port, ["--metrics-port", str(port)]
+
+
+def _stop_kept_triton(daemon: Any) -> None:
+    """--keep-triton left the daemon's tritonserver running: stop it by its pid (the one this run launched)."""
+    import signal
+
+    triton_pid = daemon.triton_pid()
+    if triton_pid:
+        os.kill(triton_pid, signal.SIGTERM)
+        c.wait_until(lambda: daemon.triton_pid() is None, 60, 0.2)
+
+
+def measure_manual(repo: Path, state: Path, count: int, args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    """(a) first start to READY and (b) a restart with nothing changed, policy manual (record only)."""
+    port, extra = _metrics_args()
+    daemon = c.daemon_process(repo, state, 1.0, policy="manual", extra=[*extra, "--keep-triton"])
     out: dict[str, Any] = {"models": count}
     try:
+        _start_to_ready(daemon, args, None, out, "first_")  # its tritonserver launched
+        out["first_counters"] = _counters(port)
+        daemon.stop()
+        _start_to_ready(daemon, args, None, out, "restart_")  # its tritonserver adopted
+        out["restart_counters"] = _counters(port)
+        out["peak_rss_mb"] = rss_mb(daemon.proc.pid, "VmHWM")
+    finally:
+        daemon.stop()
+        _stop_kept_triton(daemon)
+    console.print(f"[dim]tritonctl manual, {count} models: first start READY {out['first_ready_s']} s, restart "
+                  f"READY {out['restart_ready_s']} s (captures {out['restart_counters'].get('source_captures_total')})"
+                  "[/dim]")
+    return out
+
+
+def _cli_median(daemon: Any, runs: int, *argv: str) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.monotonic()
+        daemon.cli(*argv, timeout_s=300)
+        times.append(time.monotonic() - t)
+    return round(c.median(times), 3)
+
+
+def _edit_latency(daemon: Any, repo: Path, staging: Path, trial: int, args: argparse.Namespace) -> dict[str, Any]:
+    """A python model directory renamed into the repository while N serve: first answer less Triton's load."""
+    from change_latency import triton_load_s
+
+    model = f"edit{trial}"
+    staged = c.write_pair_model(staging, model, 1)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    os.rename(staged, repo / model)
+    first = c.serves(daemon.triton_url(), model, 1, args.edit_timeout)
+    if first is None:
+        return {"model": model, "latency_s": None}
+    time.sleep(0.5)  # Triton's log line is written
+    log_text = "\n".join(p.read_text(errors="replace") for p in (daemon.state_dir / "triton").rglob("*.log"))
+    load = triton_load_s(log_text, model)
+    return {"model": model, "latency_s": round(first - t0, 4), "triton_load_s": load,
+            "added_s": None if load is None else round(first - t0 - load, 4)}
+
+
+def measure_auto(repo: Path, state: Path, count: int, args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    """Every model serving through tritonctl (policy auto, READY after the scan, tritonserver kept)."""
+    port, extra = _metrics_args()
+    daemon = c.daemon_process(repo, state, 1.0, policy="auto", extra=[*extra, "--keep-triton"])
+    daemon.env["TRITONCTL_READY_WAITS_FOR_DEPLOYS"] = "false"
+    out: dict[str, Any] = {"models": count}
+    staging = state.parent / f"staging-{count}"
+    staging.mkdir(exist_ok=True)
+    try:
         _start_to_ready(daemon, args, count, out, "")
-        console.print(f"[dim]tritonctl, {count} models serving: READY {out['ready_s']} s, all serving "
+        console.print(f"[dim]tritonctl auto, {count} models: READY {out['ready_s']} s, all serving "
                       f"{out['all_serving_s']} s[/dim]")
         time.sleep(5.0)
         pid = daemon.proc.pid
         triton_pid = daemon.triton_pid()
         triton_group = [triton_pid, *c.descendants(triton_pid)] if triton_pid else []
-        cpu = idle_cpu({"daemon": [pid], "triton": triton_group}, args.idle)
+        window = args.idle_large if count >= args.idle_large_from else args.idle
+        cpu = idle_cpu({"daemon": [pid], "triton": triton_group}, window)
+        out["idle_window_s"] = window
         out["idle_cpu_pct"] = cpu["daemon"]
         out["idle_cpu_pct_triton"] = cpu["triton"]
-        # the daemon's idle CPU is its reconciles (every 10 s) and little else: CPU per cycle
-        out["reconcile_cpu_ms_per_cycle"] = round(cpu["daemon"] / 100 * 10.0 * 1000, 1)
+        out["rss_mb"] = rss_mb(pid, "VmRSS")
         out["peak_rss_mb"] = rss_mb(pid, "VmHWM")
         out["triton_rss_mb"] = round(sum(rss_mb(p, "VmRSS") for p in triton_group), 1)
-        daemon.stop()
-        _start_to_ready(daemon, args, count, out, "restart_")
-        console.print(f"[dim]tritonctl restart, nothing changed: READY {out['restart_ready_s']} s, all serving "
+        out["inotify_watches"] = inotify_watches(pid)
+        out["status_json_s"] = _cli_median(daemon, 3, "status", "--json")
+        out["versions_s"] = _cli_median(daemon, 3, "versions", "m00001")
+        edits = [_edit_latency(daemon, repo, staging, k, args) for k in range(args.edits)]
+        out["edits"] = edits
+        added = [e["added_s"] for e in edits if e.get("added_s") is not None]
+        out["edit_added_median_s"] = round(c.median(added), 4) if added else None
+        console.print(f"[dim]  idle {cpu['daemon']:.2f} % over {window:g} s, RSS {out['rss_mb']} MB, status "
+                      f"{out['status_json_s']} s, edit +{out['edit_added_median_s']} s beyond Triton's load[/dim]")
+        daemon.stop()  # --keep-triton: the tritonserver keeps serving every model
+        _start_to_ready(daemon, args, count + len(edits), out, "restart_")
+        out["restart_counters"] = _counters(port)
+        console.print(f"[dim]  restart, nothing changed: READY {out['restart_ready_s']} s, all serving "
                       f"{out['restart_all_serving_s']} s[/dim]")
     finally:
         daemon.stop()
+        _stop_kept_triton(daemon)
+        for edit in staging.iterdir():
+            shutil.rmtree(edit, ignore_errors=True)
+        for k in range(args.edits):
+            shutil.rmtree(repo / f"edit{k}", ignore_errors=True)
     return out
 
 
@@ -258,7 +320,7 @@ def measure_triton_explicit(repo: Path, work: Path, count: int, args: argparse.N
         time.sleep(5.0)
         assert server.pid is not None
         group = [server.pid, *c.descendants(server.pid)]
-        out["idle_cpu_pct"] = idle_cpu({"triton": group}, args.idle)["triton"]
+        out["idle_cpu_pct"] = idle_cpu({"triton": group}, args.idle_baseline)["triton"]
         out["rss_mb"] = round(sum(rss_mb(p, "VmRSS") for p in group), 1)
         out["peak_rss_mb"] = rss_mb(server.pid, "VmHWM")
     finally:
@@ -294,6 +356,8 @@ def measure_triton_poll(repo: Path, work: Path, count: int, args: argparse.Names
         out["live_s"] = round(live_at - t0, 2)
         out["loads_logged_at_live"] = c.triton_load_counts(server.log_path)["loaded"]
         console.print(f"[dim]Triton poll, {count} models: live after {out['live_s']} s[/dim]")
+        if not args.poll_idle:  # its own start-up is what the table compares
+            return out
         # its first polls: the python stub wrote __pycache__ into the repository during the start,
         # which Triton takes for a change of `base` (and reloads every ensemble that depends on it)
         time.sleep(args.after_live)
@@ -342,170 +406,149 @@ def _poll_alive(server: Any, out: dict[str, Any], live_at: float, console: Any, 
 def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     machine = c.machine_info()
     results: list[dict[str, Any]] = []
+    report = c.base_report(NAME, args.argv, args.quick, machine)
+    report["settings"] = {"counts": args.counts, "idle_window_s": args.idle, "idle_window_large_s": args.idle_large,
+                          "idle_large_from": args.idle_large_from, "idle_baseline_s": args.idle_baseline,
+                          "edits": args.edits, "reconcile_interval_s": 10.0, "triton_poll_secs": 1,
+                          "triton_load_threads": 4}
+    report["results"] = results
+    started = time.monotonic()
     with c.workspace(NAME) as base:
         for count in args.counts:
             repo = base / f"repo-{count}"
             t = time.monotonic()
             make_repository(repo, count)
             console.print(f"[dim]{count} models written in {time.monotonic() - t:.1f} s[/dim]")
-            if args.serve_all:
-                explicit = measure_triton_explicit(repo, base / f"explicit-{count}", count, args, console)
-                ctl = measure_tritonctl_all(repo, base / f"state-{count}", count, args, console)
-            else:
-                ctl = measure_tritonctl(repo, base / f"state-{count}", count, args, console)
-            shutil.rmtree(base / f"state-{count}", ignore_errors=True)
+            time.sleep(1.5)  # older than the racy-signature window (controlplane/poller.py)
+            explicit = measure_triton_explicit(repo, base / f"explicit-{count}", count, args, console)
             timeout = args.triton_start_timeout if count <= 1000 else args.triton_start_timeout_large
             poll = measure_triton_poll(repo, base / f"poll-{count}", count, args, console, timeout)
-            results.append({"models": count, "tritonctl": ctl, "triton_poll": poll,
-                            **({"triton_explicit": explicit} if args.serve_all else {})})
+            manual = measure_manual(repo, base / f"manual-{count}", count, args, console)
+            shutil.rmtree(base / f"manual-{count}", ignore_errors=True)
+            auto = measure_auto(repo, base / f"auto-{count}", count, args, console)
+            shutil.rmtree(base / f"auto-{count}", ignore_errors=True)
+            results.append({"models": count, "tritonctl_manual": manual, "tritonctl": auto,
+                            "triton_explicit": explicit, "triton_poll": poll})
             shutil.rmtree(repo, ignore_errors=True)
             subprocess.run(["sync"], check=False)
-    report = c.base_report(NAME, args.argv, args.quick, machine)
-    report.update({"settings": {"counts": args.counts, "idle_window_s": args.idle, "loaded": list(LOADED),
-                                "policy": "auto" if args.serve_all else "manual", "serve_all": args.serve_all,
-                                "reconcile_interval_s": 10.0, "triton_poll_secs": 1},
-                   "results": results})
-    report["rows"] = [r.to_json() for r in rows(report)]
+            report["rows"] = [r.to_json() for r in rows(report)]
+            report["runtime_s"] = round(time.monotonic() - started, 1)
+            report["machine"]["load_average_end"] = c.load_average()
+            if args.out_path is not None:  # a run cut short keeps the sizes it finished
+                c.write_report(args.out_path, report, console)
     return report
 
 
-TARGET_READY_S = 20.0
-TARGET_RESTART_S = 3.0
-
-
-def rows_serve_all(report: dict[str, Any]) -> list[c.Row]:
-    out: list[c.Row] = []
-    window = report["settings"]["idle_window_s"]
-    biggest = max(report["settings"]["counts"])
-
-    def s(v: Any) -> str:
-        return "-" if v is None else f"{v:.1f} s"
-
-    for res in report["results"]:
-        n = res["models"]
-        ctl, poll, ex = res["tritonctl"], res["triton_poll"], res["triton_explicit"]
-        tag = f"{n:,} models, all serving"
-        gate = n == biggest
-        out.append(c.Row(f"{tag}: first start to READY / all READY in Triton", "tritonctl",
-                         f"{s(ctl['ready_s'])} / {s(ctl['all_serving_s'])}",
-                         f"<= {TARGET_READY_S:g} s (READY)" if gate else "-",
-                         (ctl["ready_s"] <= TARGET_READY_S) if gate else None, "policy auto; READY after the scan",
-                         value=ctl["ready_s"]))
-        out.append(c.Row(f"{tag}: restart, nothing changed: READY / all READY", "tritonctl",
-                         f"{s(ctl['restart_ready_s'])} / {s(ctl['restart_all_serving_s'])}",
-                         f"<= {TARGET_RESTART_S:g} s" if gate else "-",
-                         (ctl["restart_ready_s"] <= TARGET_RESTART_S) if gate else None, value=ctl["restart_ready_s"]))
-        out.append(c.Row(f"{tag}: start to live (every model loaded)", "Triton explicit",
-                         s(ex.get("live_s")), value=ex.get("live_s"), note=ex.get("error", "")[:80]))
-        out.append(c.Row(f"{tag}: start to live (every model loaded)", "Triton poll",
-                         s(poll.get("live_s")), value=poll.get("live_s"), note=poll.get("crashed", "") or ""))
-        above = None
-        if ex.get("idle_cpu_pct") is not None:
-            above = round(ctl["idle_cpu_pct"] + ctl["idle_cpu_pct_triton"] - ex["idle_cpu_pct"], 2)
-        out.append(c.Row(f"{tag}: idle CPU over {window:g} s, daemon + its tritonserver (% of one core)",
-                         "tritonctl", f"{ctl['idle_cpu_pct']:.2f} + {ctl['idle_cpu_pct_triton']:.2f} %",
-                         f"<= {TARGET_IDLE_PCT:g} % above explicit" if gate else "-",
-                         (above is not None and above <= TARGET_IDLE_PCT) if gate else None,
-                         f"{above} % above Triton explicit's idle; daemon CPU per 10 s reconcile cycle "
-                         f"{ctl['reconcile_cpu_ms_per_cycle']:.0f} ms", value=above))
-        if ex.get("idle_cpu_pct") is not None:
-            out.append(c.Row(f"{tag}: idle CPU over {window:g} s (% of one core)", "Triton explicit",
-                             f"{ex['idle_cpu_pct']:.2f} %", value=ex["idle_cpu_pct"]))
-        if poll.get("idle_cpu_pct") is not None:
-            out.append(c.Row(f"{tag}: idle CPU over {window:g} s (% of one core)", "Triton poll",
-                             f"{poll['idle_cpu_pct']:.2f} %", value=poll["idle_cpu_pct"], note="no daemon"))
-        out.append(c.Row(f"{tag}: peak RSS", "tritonctl", f"{ctl['peak_rss_mb']:.0f} MB daemon",
-                         value=ctl["peak_rss_mb"], note=f"its tritonserver + stubs {ctl['triton_rss_mb']:.0f} MB"))
-        if ex.get("rss_mb") is not None:
-            out.append(c.Row(f"{tag}: RSS (server + stubs)", "Triton explicit", f"{ex['rss_mb']:.0f} MB",
-                             value=ex["rss_mb"]))
-    return out
+def _s(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f} s"
 
 
 def rows(report: dict[str, Any]) -> list[c.Row]:
-    if report["settings"].get("serve_all"):
-        return rows_serve_all(report)
     out: list[c.Row] = []
-    biggest = max(report["settings"]["counts"])
-    window = report["settings"]["idle_window_s"]
-    for res in report["results"]:
+    results = sorted(report["results"], key=lambda r: r["models"])
+    smallest = results[0] if results else None
+    for res in results:
         n = res["models"]
-        ctl, poll = res["tritonctl"], res["triton_poll"]
+        manual, ctl, ex, poll = res["tritonctl_manual"], res["tritonctl"], res["triton_explicit"], res["triton_poll"]
+        gate = n >= GATE_MODELS
         tag = f"{n:,} models"
-        gate = n == biggest and n >= 10_000
-        out.append(c.Row(f"{tag}: cold start to socket answering / READY", "tritonctl",
-                         f"{ctl['socket_answering_s']:.1f} s / {ctl['ready_s']:.1f} s", value=ctl["ready_s"],
-                         note=f"READY after the initial scan recorded {ctl['models_in_registry']:,} models; "
-                              f"loads {', '.join(f'{x:.1f}' for x in ctl['load_s'])} s"))
-        live = poll.get("live_s")
-        crashed = poll.get("crashed")
-        crash_note = (f"then {crashed} within {poll.get('crashed_after_live_s')} s of being live, after "
-                      f"{poll.get('reloads_logged_after_live', 0):,} model reloads by its first polls (log tail in "
-                      "the JSON)" if crashed else "")
-        out.append(c.Row(f"{tag}: start to live (all models loaded)", "Triton poll",
-                         f"{live:.1f} s" if live is not None else f"not live after {poll['start_timeout_s']:.0f} s",
-                         value=live, note=crash_note or (f"{poll.get('models_ready', 0):,} READY" if live is not None
-                                                         else "impractical here: " + poll.get("error", "")[:80])))
-        idle_target = f"<= {TARGET_IDLE_PCT:g} %" if gate else "-"
-        out.append(c.Row(f"{tag}: idle CPU over {window:g} s (% of one core)", "tritonctl daemon",
-                         f"{ctl['idle_cpu_pct']:.2f} %", idle_target,
+        restart_captures = manual["restart_counters"].get("source_captures_total")
+        out.append(c.Row(f"{tag}: (a) first start -> READY, policy manual", "tritonctl", _s(manual["first_ready_s"]),
+                         f"<= {TARGET_READY_S:g} s" if gate else "-",
+                         (manual["first_ready_s"] <= TARGET_READY_S) if gate else None,
+                         f"{manual['first_counters'].get('source_captures_total', 0):.0f} captures",
+                         value=manual["first_ready_s"]))
+        out.append(c.Row(f"{tag}: (b) restart, nothing changed -> READY, policy manual", "tritonctl",
+                         _s(manual["restart_ready_s"]), f"<= {TARGET_RESTART_S:g} s" if gate else "-",
+                         (manual["restart_ready_s"] <= TARGET_RESTART_S) if gate else None,
+                         f"{restart_captures:.0f} captures, "
+                         f"{manual['restart_counters'].get('startup_models_total_unchanged', 0):.0f} unchanged",
+                         value=manual["restart_ready_s"]))
+        base = ex.get("all_ready_s")
+        ratio = round(ctl["all_serving_s"] / base, 2) if ctl.get("all_serving_s") and base else None
+        out.append(c.Row(f"{tag}: (a) first start -> READY / every model serving, policy auto", "tritonctl",
+                         f"{_s(ctl['ready_s'])} / {_s(ctl['all_serving_s'])}",
+                         f"<= {TARGET_SERVING_RATIO:g}x Triton explicit" if gate else "-",
+                         (ratio is not None and ratio <= TARGET_SERVING_RATIO) if gate else None,
+                         f"{ratio}x Triton explicit's start-up" if ratio else "", value=ctl.get("all_serving_s")))
+        out.append(c.Row(f"{tag}: start -> live / every model READY", "Triton explicit --load-model=*",
+                         f"{_s(ex.get('live_s'))} / {_s(base)}", value=base, note=ex.get("error", "")[:80]))
+        out.append(c.Row(f"{tag}: start -> live (every model loaded)", "Triton poll", _s(poll.get("live_s")),
+                         value=poll.get("live_s"), note=(poll.get("error", "") or "")[:80]))
+        restart_auto = ctl.get("restart_ready_s")
+        out.append(c.Row(f"{tag}: (b) restart, nothing changed, tritonserver kept -> READY / all serving",
+                         "tritonctl", f"{_s(restart_auto)} / {_s(ctl.get('restart_all_serving_s'))}",
+                         f"<= {TARGET_RESTART_S:g} s" if gate else "-",
+                         (restart_auto is not None and restart_auto <= TARGET_RESTART_S) if gate else None,
+                         f"{ctl.get('restart_counters', {}).get('source_captures_total', 0):.0f} captures",
+                         value=restart_auto))
+        added = ctl.get("edit_added_median_s")
+        drift = None
+        if added is not None and smallest is not None and smallest["tritonctl"].get("edit_added_median_s") is not None:
+            drift = round((added - smallest["tritonctl"]["edit_added_median_s"]) * 1000, 1)
+        out.append(c.Row(f"{tag}: (c) one edit (renamed in) -> first answer, less Triton's own load, median",
+                         "tritonctl", _s(added),
+                         f"<= +{TARGET_EDIT_DRIFT_MS:g} ms vs {smallest['models']:,}" if gate and smallest else "-",
+                         (drift is not None and drift <= TARGET_EDIT_DRIFT_MS) if gate else None,
+                         f"{drift:+.0f} ms vs {smallest['models']:,} models" if drift is not None and smallest else "",
+                         value=added))
+        out.append(c.Row(f"{tag}: (d) idle CPU over {ctl['idle_window_s']:g} s, daemon (% of one core)", "tritonctl",
+                         f"{ctl['idle_cpu_pct']:.2f} %", f"<= {TARGET_IDLE_PCT:g} %" if gate else "-",
                          (ctl["idle_cpu_pct"] <= TARGET_IDLE_PCT) if gate else None,
-                         f"its tritonserver + stubs: {ctl['idle_cpu_pct_triton']:.2f} %", value=ctl["idle_cpu_pct"]))
-        if crashed:
-            out.append(c.Row(f"{tag}: idle CPU over {window:g} s (% of one core)", "Triton poll",
-                             f"n/a: {crashed}", note="no server left to measure", value=None))
-        elif live is not None:
-            out.append(c.Row(f"{tag}: idle CPU over {window:g} s (% of one core)", "Triton poll",
-                             f"{poll['idle_cpu_pct']:.2f} %", value=poll["idle_cpu_pct"],
-                             note=f"polls the repository every 1 s; {poll.get('reloads_during_idle', 0)} model "
-                                  "reloads during the window"))
-        rss_target = f"<= {TARGET_RSS_MB:g} MB" if gate else "-"
-        out.append(c.Row(f"{tag}: peak RSS (VmHWM)", "tritonctl daemon", f"{ctl['peak_rss_mb']:.0f} MB", rss_target,
+                         f"its tritonserver {ctl['idle_cpu_pct_triton']:.2f} %; Triton explicit "
+                         f"{ex.get('idle_cpu_pct', '-')} %", value=ctl["idle_cpu_pct"]))
+        out.append(c.Row(f"{tag}: (d) daemon RSS, peak", "tritonctl", f"{ctl['peak_rss_mb']:.0f} MB",
+                         f"<= {TARGET_RSS_MB:g} MB" if gate else "-",
                          (ctl["peak_rss_mb"] <= TARGET_RSS_MB) if gate else None,
-                         f"now {ctl['rss_mb']:.0f} MB; {ctl['inotify_watches']:,} inotify watches; its tritonserver "
-                         f"+ stubs {ctl['triton_rss_mb']:.0f} MB", value=ctl["peak_rss_mb"]))
-        if live is not None and not crashed:
-            out.append(c.Row(f"{tag}: RSS (server + stubs) / server peak", "Triton poll",
-                             f"{poll['rss_mb']:.0f} MB / {poll['peak_rss_mb']:.0f} MB", value=poll["rss_mb"]))
+                         f"now {ctl['rss_mb']:.0f} MB; its tritonserver {ctl['triton_rss_mb']:.0f} MB; Triton explicit "
+                         f"{ex.get('rss_mb', '-')} MB", value=ctl["peak_rss_mb"]))
+        out.append(c.Row(f"{tag}: (e) status --json / versions M, median of 3", "tritonctl",
+                         f"{_s(ctl['status_json_s'])} / {_s(ctl['versions_s'])}",
+                         f"<= {TARGET_STATUS_S:g} s (status)" if gate else "-",
+                         (ctl["status_json_s"] <= TARGET_STATUS_S) if gate else None, value=ctl["status_json_s"]))
     return out
 
 
 def render(report: dict[str, Any], console: Any) -> None:
     s = report["settings"]
-    c.render_rows(f"scale: {', '.join(f'{n:,}' for n in s['counts'])} models (1 python + ensembles), "
-                  + ("every model serving (tritonctl policy auto, Triton explicit --load-model=*, Triton poll)"
-                     if s.get("serve_all") else f"{len(s['loaded'])} loaded by tritonctl (policy manual)")
-                  + f"; idle window {s['idle_window_s']:g} s",
+    c.render_rows(f"scale: {', '.join(f'{n:,}' for n in s['counts'])} models (1 python + ensembles): tritonctl "
+                  "(manual; auto, every model serving) beside Triton explicit --load-model=* and Triton poll",
                   [c.Row(**r) for r in report["rows"]], console, c.machine_line(report["machine"]))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="200 models, 10 s idle window")
+    parser.add_argument("--quick", action="store_true", help="200 models, 10 s idle window, 1 edit")
     parser.add_argument("--counts", type=lambda s: [int(x) for x in s.split(",")],
-                        help="model counts, comma separated (default 1000,10000; 200 with --quick)")
+                        help="model counts, comma separated (default 200,1000,2000,5000,10000; 200 with --quick)")
     parser.add_argument("--idle", type=float, help="idle window in seconds (default 60; 10 with --quick)")
-    parser.add_argument("--daemon-start-timeout", type=float, default=600.0)
+    parser.add_argument("--idle-large", type=float, default=300.0,
+                        help="idle window from --idle-large-from models on (default 300 s: 5 minutes)")
+    parser.add_argument("--idle-large-from", type=int, default=10_000)
+    parser.add_argument("--idle-baseline", type=float, help="Triton explicit's idle window (default 20; 5 quick)")
+    parser.add_argument("--edits", type=int, help=f"edits per size (default {EDIT_TRIALS}; 1 with --quick)")
+    parser.add_argument("--edit-timeout", type=float, default=120.0)
+    parser.add_argument("--daemon-start-timeout", type=float, default=1200.0)
     parser.add_argument("--triton-start-timeout", type=float, default=240.0, help="up to 1,000 models (s)")
-    parser.add_argument("--triton-start-timeout-large", type=float, default=240.0, help="above 1,000 models (s)")
+    parser.add_argument("--triton-start-timeout-large", type=float, default=600.0, help="above 1,000 models (s)")
+    parser.add_argument("--poll-idle", action="store_true", help="also Triton poll's idle CPU after its start")
     parser.add_argument("--after-live", type=float, default=5.0,
                         help="seconds between Triton poll being live and its idle window (its first polls)")
-    parser.add_argument("--serve-all", action="store_true",
-                        help="every model serves: tritonctl policy auto, beside Triton explicit --load-model=*")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(argv)
     args.argv = argv
-    args.counts = args.counts or ([200] if args.quick else [1000, 10_000])
+    args.counts = args.counts or ([200] if args.quick else [200, 1000, 2000, 5000, 10_000])
     args.idle = args.idle or (10.0 if args.quick else 60.0)
+    args.idle_baseline = args.idle_baseline or (5.0 if args.quick else 20.0)
+    args.edits = args.edits or (1 if args.quick else EDIT_TRIALS)
+    args.out_path = c.results_path(NAME, args.quick, args.out)
     console = c.make_console()
-    started = time.monotonic()
     report = run(args, console)
-    report["runtime_s"] = round(time.monotonic() - started, 1)
     render(report, console)
     console.print(f"runtime {report['runtime_s']:.0f} s")
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
+    c.write_report(args.out_path, report, console)
     return 1 if args.check and any(r["met"] is False for r in report["rows"]) else 0
 
 
