@@ -215,6 +215,25 @@ class ChangeSets:
         members = [Member(m, "", None, m in serving, serving.get(m, [])) for m in dict.fromkeys(models)]
         return [m.model for m in order(members)]
 
+    def levels(self, models: Sequence[str]) -> list[list[str]]:
+        """`models` in waves that may load at once: first every model that needs none of the others,
+        then the ensembles over those, and so on (nested ensembles after their inner ones)."""
+        serving = self._serving_ensembles()
+        wanted = list(dict.fromkeys(models))
+        within = set(wanted)
+        depth: dict[str, int] = {}
+
+        def level(model: str, chain: frozenset[str]) -> int:
+            if model not in depth:
+                inner = [s for s in serving.get(model, []) if s in within and s not in chain and s != model]
+                depth[model] = 1 + max((level(s, chain | {model}) for s in inner), default=-1)
+            return depth[model]
+
+        waves: dict[int, list[str]] = {}
+        for model in wanted:
+            waves.setdefault(level(model, frozenset()), []).append(model)
+        return [waves[k] for k in sorted(waves)]
+
     def sweep(self) -> None:
         """Private step names a stopped daemon left behind: removed by the Deployer, once, at the first
         reconcile that finds none a serving ensemble still uses."""

@@ -41,6 +41,7 @@ from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
+from controlplane.vocab import SERVING_STATES
 from controlplane.watcher import RepositoryWatcher
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class Daemon:
         self.reload_requested = threading.Event()
         self._sigint_count = 0
         self._settled: queue.Queue[tuple[str, bool]] = queue.Queue()  # (model, declared complete)
+        self._wake = threading.Event()  # the main loop's sleep between ticks, cut short by a hand-on
         self._handed: dict[str, int] = {}  # models handed on by the watcher and not handled yet: "capturing"
         self._handed_lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
@@ -172,9 +174,12 @@ class Daemon:
         # registry keeps no outbox.
         self.registry = Registry(local_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s,
                                  outbox=self.fleet_settings is None)
-        before, after = migrate.upgrade(self.registry)
-        if before != after:
-            log.info("registry schema upgraded %s -> %s", before or "empty", after)
+        # a registry at the head revision needs no Alembic (importing it costs about half a second of
+        # every restart): one query of alembic_version says so
+        if migrate.current_revision(self.registry) != migrate.HEAD_REVISION:
+            before, after = migrate.upgrade(self.registry)
+            if before != after:
+                log.info("registry schema upgraded %s -> %s", before or "empty", after)
         if self.fleet_settings is not None:
             self.shared_registry = Registry(settings.registry_url, host=settings.host)
             migrate.upgrade_shared(self.shared_registry)
@@ -210,6 +215,12 @@ class Daemon:
             http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
             fleet=self._fleet_member if self.fleet_settings is not None else None,
         )
+        if self.triton_server is not None and self.triton_server.adopted_pid:
+            # only this daemon can load into the server it launched: it serves what the registry says,
+            # but for interrupted deployments, which the first reconcile recovers from Triton itself
+            open_models = {d.model for d in self.registry.open_deployments()}
+            self.plane.served_view.assume({m.name: m.active_digest for m in self.registry.list_models(
+                states=SERVING_STATES) if m.name not in open_models})
         if settings.metrics_port:
             from controlplane.metrics import Metrics
 
@@ -330,10 +341,7 @@ class Daemon:
         """How many start-up models go to Triton at once: `startup_parallelism`, or (0) Triton's own
         model-load thread count (`--model-load-thread-count` of a launched server; an external server's
         `triton_load_threads`)."""
-        configured = self.settings.startup_parallelism
-        if configured > 0:
-            return configured
-        return self.settings.triton_load_threads
+        return self.plane.load_parallelism() if self.plane is not None else 1
 
     def _is_ensemble(self, name: str) -> bool:
         if self.plane is not None and self.plane.source is not None:  # s3://
@@ -373,7 +381,7 @@ class Daemon:
                     except OSError:
                         pass
                 os._exit(130)  # the operator insists
-        self.stop_requested.set()
+        self.stop_requested.set()  # the loop sees it within a tick
 
     def run(self) -> int:
         """Start, loop until asked to stop, shut down. Returns the exit code."""
@@ -401,6 +409,7 @@ class Daemon:
             if self.reload_requested.is_set():
                 self.reload_requested.clear()
                 self._reload()
+            self._wake.clear()  # before dispatching: a hand-on from now on wakes the next wait
             self._dispatch_settled()
             if now >= next_reconcile and (self._reconciling is None or self._reconciling.done()):
                 # In a worker: a restore or a tritonserver restart can take longer than the watchdog
@@ -415,7 +424,7 @@ class Daemon:
                 next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
             with self._inflight_lock:
                 self._inflight = {f for f in self._inflight if not f.done()}
-            self.stop_requested.wait(TICK_S)
+            self._wake.wait(TICK_S)  # a model handed on wakes it at once: no tick's delay on an edit
         abandoned = self.shutdown()
         if abandoned:
             # Worker threads would hold the interpreter's exit until they finish; the registry
@@ -455,6 +464,7 @@ class Daemon:
         with self._handed_lock:
             self._handed[model] = self._handed.get(model, 0) + 1
         self._settled.put((model, complete))
+        self._wake.set()
 
     def _hand_on_complete(self, model: str) -> None:
         """The watcher's callback for a model its writer declared whole (renamed in, symlink flip,

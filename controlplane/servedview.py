@@ -42,6 +42,14 @@ class ServedView:
         self._lock = threading.Lock()
         self.calls_last_round = 0  # served-digest calls made by the last view() (bench/scale.py reads it)
 
+    def assume(self, digests: Mapping[str, str | None]) -> None:
+        """Take `digests` as what Triton serves, without asking it: a daemon restarted over the
+        tritonserver it launched (adopted: only it holds the key that loads models) knows what it left
+        serving, so a restart with nothing changed costs one index call, not one call per model.
+        The rotating recheck slice still reads every model again over the following rounds."""
+        with self._lock:
+            self._known = dict(digests)
+
     def view(
         self, triton: _Triton, wanted: Mapping[str, str | None] | None = None
     ) -> tuple[list[IndexEntry], dict[str, str | None]]:

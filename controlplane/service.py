@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -677,20 +678,37 @@ class ControlPlane:
             if digests.get(model) != owed.digest and model not in busy:
                 self.restores.clear(model)
         now = time.time()
-        for model, digest in ((m, digests[m]) for m in self.changesets.steps_first(list(digests))):  # steps first
-            backoff = self.restores.get(model)
-            if backoff is not None and backoff.digest == digest and backoff.due_at > now:
-                continue  # a restore that keeps failing backs off (status says why and when)
-            outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
-            if outcome.outcome == Result.OK:
-                log.warning("%s: %s", model, outcome.message)
-                continue
-            why = outcome.message.split("): ", 1)[-1]  # Triton's words, not the restore's preamble
-            retry = self.restores.failed(model, digest, why, "restore")
-            log.warning("%s: %s; retry %d in %d s", model, outcome.message, retry.attempt, retry.seconds_left())
+        due = [m for m in digests if not ((b := self.restores.get(m)) is not None and b.digest == digests[m]
+                                          and b.due_at > now)]  # a restore that keeps failing backs off
+        # steps before the ensembles over them; each wave at once, as many as Triton loads at once
+        for wave in self.changesets.levels(due):
+            self._each_at_once(wave, lambda model: self._restore(model, digests[model]))
         self.changesets.sweep()  # after the ensembles stopped using them
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift
+
+    def load_parallelism(self) -> int:
+        """How many models go to Triton at once (start-up, restores): `startup_parallelism`, or (0)
+        Triton's own model-load thread count, `triton_load_threads`."""
+        return self.settings.startup_parallelism or self.settings.triton_load_threads
+
+    def _each_at_once(self, models: list[str], fn: Callable[[str], None]) -> None:
+        workers = min(self.load_parallelism(), len(models))
+        if workers <= 1:
+            for model in models:
+                fn(model)
+            return
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="restore") as pool:
+            list(pool.map(fn, models))
+
+    def _restore(self, model: str, digest: str) -> None:
+        outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
+        if outcome.outcome == Result.OK:
+            log.warning("%s: %s", model, outcome.message)
+            return
+        why = outcome.message.split("): ", 1)[-1]  # Triton's words, not the restore's preamble
+        retry = self.restores.failed(model, digest, why, "restore")
+        log.warning("%s: %s; retry %d in %d s", model, outcome.message, retry.attempt, retry.seconds_left())
 
     def _desired_models(self) -> list[ModelRecord]:
         """The models meant to serve, read again only when the registry was written since (an idle

@@ -539,7 +539,8 @@ def test_reconcile_order_puts_steps_before_ensembles() -> None:
         get_snapshot=lambda name, digest: SimpleNamespace(config=configs[name]),
     )
     serving = SimpleNamespace(current=lambda name: None)  # no published tree: every config is looked up
-    sets = ChangeSets(SimpleNamespace(registry=registry, serving=serving))  # type: ignore[arg-type]
+    graph = SimpleNamespace(entry=lambda name: None)  # no recorded source content: the serving configs decide
+    sets = ChangeSets(SimpleNamespace(registry=registry, serving=serving, source_graph=graph))  # type: ignore[arg-type]
     ordered = sets.steps_first(["outer", "pipe", "a", "c", "b"])
     assert ordered.index("pipe") > max(ordered.index("a"), ordered.index("b"))
     assert ordered.index("outer") > max(ordered.index("pipe"), ordered.index("c"))
