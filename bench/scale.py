@@ -420,15 +420,21 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             make_repository(repo, count)
             console.print(f"[dim]{count} models written in {time.monotonic() - t:.1f} s[/dim]")
             time.sleep(1.5)  # older than the racy-signature window (controlplane/poller.py)
-            explicit = measure_triton_explicit(repo, base / f"explicit-{count}", count, args, console)
-            timeout = args.triton_start_timeout if count <= 1000 else args.triton_start_timeout_large
-            poll = measure_triton_poll(repo, base / f"poll-{count}", count, args, console, timeout)
-            manual = measure_manual(repo, base / f"manual-{count}", count, args, console)
-            shutil.rmtree(base / f"manual-{count}", ignore_errors=True)
-            auto = measure_auto(repo, base / f"auto-{count}", count, args, console)
-            shutil.rmtree(base / f"auto-{count}", ignore_errors=True)
-            results.append({"models": count, "tritonctl_manual": manual, "tritonctl": auto,
-                            "triton_explicit": explicit, "triton_poll": poll})
+            result: dict[str, Any] = {"models": count}
+            if "explicit" in args.parts:
+                result["triton_explicit"] = measure_triton_explicit(repo, base / f"explicit-{count}", count, args,
+                                                                    console)
+            if "poll" in args.parts:
+                timeout = args.triton_start_timeout if count <= 1000 else args.triton_start_timeout_large
+                result["triton_poll"] = measure_triton_poll(repo, base / f"poll-{count}", count, args, console,
+                                                            timeout)
+            if "manual" in args.parts:
+                result["tritonctl_manual"] = measure_manual(repo, base / f"manual-{count}", count, args, console)
+                shutil.rmtree(base / f"manual-{count}", ignore_errors=True)
+            if "auto" in args.parts:
+                result["tritonctl"] = measure_auto(repo, base / f"auto-{count}", count, args, console)
+                shutil.rmtree(base / f"auto-{count}", ignore_errors=True)
+            results.append(result)
             shutil.rmtree(repo, ignore_errors=True)
             subprocess.run(["sync"], check=False)
             report["rows"] = [r.to_json() for r in rows(report)]
@@ -449,10 +455,18 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
     smallest = results[0] if results else None
     for res in results:
         n = res["models"]
-        manual, ctl, ex, poll = res["tritonctl_manual"], res["tritonctl"], res["triton_explicit"], res["triton_poll"]
         gate = n >= GATE_MODELS
         tag = f"{n:,} models"
-        restart_captures = manual["restart_counters"].get("source_captures_total")
+        out += _manual_rows(res, tag, gate)
+        out += _auto_rows(res, tag, gate, smallest)
+    return out
+
+
+def _manual_rows(res: dict[str, Any], tag: str, gate: bool) -> list[c.Row]:
+    out: list[c.Row] = []
+    manual = res.get("tritonctl_manual")
+    if manual is not None:
+        restart_captures = manual["restart_counters"].get("source_captures_total", 0)
         out.append(c.Row(f"{tag}: (a) first start -> READY, policy manual", "tritonctl", _s(manual["first_ready_s"]),
                          f"<= {TARGET_READY_S:g} s" if gate else "-",
                          (manual["first_ready_s"] <= TARGET_READY_S) if gate else None,
@@ -464,48 +478,61 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
                          f"{restart_captures:.0f} captures, "
                          f"{manual['restart_counters'].get('startup_models_total_unchanged', 0):.0f} unchanged",
                          value=manual["restart_ready_s"]))
-        base = ex.get("all_ready_s")
-        ratio = round(ctl["all_serving_s"] / base, 2) if ctl.get("all_serving_s") and base else None
-        out.append(c.Row(f"{tag}: (a) first start -> READY / every model serving, policy auto", "tritonctl",
-                         f"{_s(ctl['ready_s'])} / {_s(ctl['all_serving_s'])}",
-                         f"<= {TARGET_SERVING_RATIO:g}x Triton explicit" if gate else "-",
-                         (ratio is not None and ratio <= TARGET_SERVING_RATIO) if gate else None,
-                         f"{ratio}x Triton explicit's start-up" if ratio else "", value=ctl.get("all_serving_s")))
+    ex, poll = res.get("triton_explicit") or {}, res.get("triton_poll")
+    if ex:
         out.append(c.Row(f"{tag}: start -> live / every model READY", "Triton explicit --load-model=*",
-                         f"{_s(ex.get('live_s'))} / {_s(base)}", value=base, note=ex.get("error", "")[:80]))
+                         f"{_s(ex.get('live_s'))} / {_s(ex.get('all_ready_s'))}", value=ex.get("all_ready_s"),
+                         note=ex.get("error", "")[:80]))
+    if poll is not None:
         out.append(c.Row(f"{tag}: start -> live (every model loaded)", "Triton poll", _s(poll.get("live_s")),
                          value=poll.get("live_s"), note=(poll.get("error", "") or "")[:80]))
-        restart_auto = ctl.get("restart_ready_s")
-        out.append(c.Row(f"{tag}: (b) restart, nothing changed, tritonserver kept -> READY / all serving",
-                         "tritonctl", f"{_s(restart_auto)} / {_s(ctl.get('restart_all_serving_s'))}",
-                         f"<= {TARGET_RESTART_S:g} s" if gate else "-",
-                         (restart_auto is not None and restart_auto <= TARGET_RESTART_S) if gate else None,
-                         f"{ctl.get('restart_counters', {}).get('source_captures_total', 0):.0f} captures",
-                         value=restart_auto))
-        added = ctl.get("edit_added_median_s")
-        drift = None
-        if added is not None and smallest is not None and smallest["tritonctl"].get("edit_added_median_s") is not None:
-            drift = round((added - smallest["tritonctl"]["edit_added_median_s"]) * 1000, 1)
-        out.append(c.Row(f"{tag}: (c) one edit (renamed in) -> first answer, less Triton's own load, median",
-                         "tritonctl", _s(added),
-                         f"<= +{TARGET_EDIT_DRIFT_MS:g} ms vs {smallest['models']:,}" if gate and smallest else "-",
-                         (drift is not None and drift <= TARGET_EDIT_DRIFT_MS) if gate else None,
-                         f"{drift:+.0f} ms vs {smallest['models']:,} models" if drift is not None and smallest else "",
-                         value=added))
-        out.append(c.Row(f"{tag}: (d) idle CPU over {ctl['idle_window_s']:g} s, daemon (% of one core)", "tritonctl",
-                         f"{ctl['idle_cpu_pct']:.2f} %", f"<= {TARGET_IDLE_PCT:g} %" if gate else "-",
-                         (ctl["idle_cpu_pct"] <= TARGET_IDLE_PCT) if gate else None,
-                         f"its tritonserver {ctl['idle_cpu_pct_triton']:.2f} %; Triton explicit "
-                         f"{ex.get('idle_cpu_pct', '-')} %", value=ctl["idle_cpu_pct"]))
-        out.append(c.Row(f"{tag}: (d) daemon RSS, peak", "tritonctl", f"{ctl['peak_rss_mb']:.0f} MB",
-                         f"<= {TARGET_RSS_MB:g} MB" if gate else "-",
-                         (ctl["peak_rss_mb"] <= TARGET_RSS_MB) if gate else None,
-                         f"now {ctl['rss_mb']:.0f} MB; its tritonserver {ctl['triton_rss_mb']:.0f} MB; Triton explicit "
-                         f"{ex.get('rss_mb', '-')} MB", value=ctl["peak_rss_mb"]))
-        out.append(c.Row(f"{tag}: (e) status --json / versions M, median of 3", "tritonctl",
-                         f"{_s(ctl['status_json_s'])} / {_s(ctl['versions_s'])}",
-                         f"<= {TARGET_STATUS_S:g} s (status)" if gate else "-",
-                         (ctl["status_json_s"] <= TARGET_STATUS_S) if gate else None, value=ctl["status_json_s"]))
+    return out
+
+
+def _auto_rows(res: dict[str, Any], tag: str, gate: bool, smallest: dict[str, Any] | None) -> list[c.Row]:
+    out: list[c.Row] = []
+    ctl, ex = res.get("tritonctl"), res.get("triton_explicit") or {}
+    if ctl is None:
+        return out
+    base = ex.get("all_ready_s")
+    ratio = round(ctl["all_serving_s"] / base, 2) if ctl.get("all_serving_s") and base else None
+    out.append(c.Row(f"{tag}: (a) first start -> READY / every model serving, policy auto", "tritonctl",
+                     f"{_s(ctl['ready_s'])} / {_s(ctl['all_serving_s'])}",
+                     f"<= {TARGET_SERVING_RATIO:g}x Triton explicit" if gate else "-",
+                     (ratio is not None and ratio <= TARGET_SERVING_RATIO) if gate else None,
+                     f"{ratio}x Triton explicit's start-up" if ratio else "", value=ctl.get("all_serving_s")))
+    restart_auto = ctl.get("restart_ready_s")
+    out.append(c.Row(f"{tag}: (b) restart, nothing changed, tritonserver kept -> READY / all serving",
+                     "tritonctl", f"{_s(restart_auto)} / {_s(ctl.get('restart_all_serving_s'))}",
+                     f"<= {TARGET_RESTART_S:g} s" if gate else "-",
+                     (restart_auto is not None and restart_auto <= TARGET_RESTART_S) if gate else None,
+                     f"{ctl.get('restart_counters', {}).get('source_captures_total', 0):.0f} captures",
+                     value=restart_auto))
+    added = ctl.get("edit_added_median_s")
+    drift = None
+    first = (smallest or {}).get("tritonctl") or {}
+    if added is not None and first.get("edit_added_median_s") is not None:
+        drift = round((added - first["edit_added_median_s"]) * 1000, 1)
+    out.append(c.Row(f"{tag}: (c) one edit (renamed in) -> first answer, less Triton's own load, median",
+                     "tritonctl", _s(added),
+                     f"<= +{TARGET_EDIT_DRIFT_MS:g} ms vs {smallest['models']:,}" if gate and smallest else "-",
+                     (drift is not None and drift <= TARGET_EDIT_DRIFT_MS) if gate else None,
+                     f"{drift:+.0f} ms vs {smallest['models']:,} models" if drift is not None and smallest else "",
+                     value=added))
+    out.append(c.Row(f"{tag}: (d) idle CPU over {ctl['idle_window_s']:g} s, daemon (% of one core)", "tritonctl",
+                     f"{ctl['idle_cpu_pct']:.2f} %", f"<= {TARGET_IDLE_PCT:g} %" if gate else "-",
+                     (ctl["idle_cpu_pct"] <= TARGET_IDLE_PCT) if gate else None,
+                     f"its tritonserver {ctl['idle_cpu_pct_triton']:.2f} %; Triton explicit "
+                     f"{ex.get('idle_cpu_pct', '-')} %", value=ctl["idle_cpu_pct"]))
+    out.append(c.Row(f"{tag}: (d) daemon RSS, peak", "tritonctl", f"{ctl['peak_rss_mb']:.0f} MB",
+                     f"<= {TARGET_RSS_MB:g} MB" if gate else "-",
+                     (ctl["peak_rss_mb"] <= TARGET_RSS_MB) if gate else None,
+                     f"now {ctl['rss_mb']:.0f} MB; its tritonserver {ctl['triton_rss_mb']:.0f} MB; Triton explicit "
+                     f"{ex.get('rss_mb', '-')} MB", value=ctl["peak_rss_mb"]))
+    out.append(c.Row(f"{tag}: (e) status --json / versions M, median of 3", "tritonctl",
+                     f"{_s(ctl['status_json_s'])} / {_s(ctl['versions_s'])}",
+                     f"<= {TARGET_STATUS_S:g} s (status)" if gate else "-",
+                     (ctl["status_json_s"] <= TARGET_STATUS_S) if gate else None, value=ctl["status_json_s"]))
     return out
 
 
@@ -535,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-idle", action="store_true", help="also Triton poll's idle CPU after its start")
     parser.add_argument("--after-live", type=float, default=5.0,
                         help="seconds between Triton poll being live and its idle window (its first polls)")
+    parser.add_argument("--parts", type=lambda v: v.split(","), default=["explicit", "poll", "manual", "auto"],
+                        help="which systems to run, comma separated: explicit, poll, manual, auto (default all)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(argv)
