@@ -238,11 +238,14 @@ class Registry:
     def list_models(self, states: Sequence[str] | None = None) -> list[ModelRecord]:
         """Every model, or only those in `states` (the periodic reconcile needs only the serving ones:
         listing all 10,000 models of a big repository every round cost ~0.4 s of CPU)."""
-        query = select(schema.Model).order_by(schema.Model.name)
+        m = schema.Model  # columns, not ORM objects: a third of the cost at 10,000 models (status, reconcile)
+        query = select(m.name, m.policy, m.pinned, m.active_digest, m.state, m.last_error, m.active_since,
+                       m.updated_at, m.removed_at).order_by(m.name)
         if states is not None:
-            query = query.where(schema.Model.state.in_(list(states)))
+            query = query.where(m.state.in_(list(states)))
         with self._session() as session:
-            return [_model_record(row) for row in session.scalars(query)]
+            return [ModelRecord(name, policy, bool(pinned), digest, state, error, since, updated, removed)
+                    for name, policy, pinned, digest, state, error, since, updated, removed in session.execute(query)]
 
     def count_models(self, state: str | None = None) -> int:
         query = select(func.count()).select_from(schema.Model)
