@@ -102,6 +102,7 @@ class StateCollector:
         self.plane = plane
         self.backlog = backlog
         self.store_size = _StoreSize(plane.store.root / "objects")
+        self._states: tuple[int, Metric] | None = None  # (registry writes, the model-state family then)
 
     def collect(self) -> Iterator[Metric]:
         # Each family on its own: one failing query must not fail the whole scrape.
@@ -113,11 +114,18 @@ class StateCollector:
                 log.warning("metrics: %s: %s", build.__name__.lstrip("_"), exc)
 
     def _model_state(self) -> Iterable[Metric]:
+        registry = self.plane.registry
+        writes = getattr(registry, "writes", None)  # built again only after the registry was written
+        if self._states is not None and writes is not None and self._states[0] == writes:
+            yield self._states[1]
+            return
         family = GaugeMetricFamily("tritonctl_model_state", HELP["model_state"], labels=["model", "state"])
-        for model in self.plane.registry.list_models():
+        for model in registry.list_models():
             states = MODEL_STATES if model.state in MODEL_STATES else (*MODEL_STATES, model.state)
             for state in states:
                 family.add_metric([model.name, state], 1.0 if state == model.state else 0.0)
+        if writes is not None:
+            self._states = (writes, family)
         yield family
 
     def _quarantined(self) -> Iterable[Metric]:
