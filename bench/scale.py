@@ -158,6 +158,10 @@ def _start_to_ready(daemon: Any, args: argparse.Namespace, count: int | None, ou
     if ready is None or daemon.proc.poll() is not None:
         raise SystemExit(f"daemon not READY after {args.daemon_start_timeout} s: {daemon.log_tail()}")
     out[f"{tag}ready_s"] = round(time.monotonic() - t0, 2)
+    try:  # the daemon's own CPU until READY (utime + stime): what the machine's load does not inflate
+        out[f"{tag}ready_cpu_s"] = round(c.cpu_seconds(daemon.proc.pid), 2)
+    except (OSError, ValueError, IndexError):
+        out[f"{tag}ready_cpu_s"] = None
     if count is None:
         return
     if c.wait_until(_all_ready(daemon.triton_url(), count, daemon.state_dir), args.daemon_start_timeout,
@@ -476,7 +480,9 @@ def _manual_rows(res: dict[str, Any], tag: str, gate: bool) -> list[c.Row]:
                          _s(manual["restart_ready_s"]), f"<= {TARGET_RESTART_S:g} s" if gate else "-",
                          (manual["restart_ready_s"] <= TARGET_RESTART_S) if gate else None,
                          f"{restart_captures:.0f} captures, "
-                         f"{manual['restart_counters'].get('startup_models_total_unchanged', 0):.0f} unchanged",
+                         f"{manual['restart_counters'].get('startup_models_total_unchanged', 0):.0f} unchanged"
+                         + (f"; daemon CPU to READY {manual['restart_ready_cpu_s']:.1f} s"
+                            if manual.get("restart_ready_cpu_s") is not None else ""),
                          value=manual["restart_ready_s"]))
     ex, poll = res.get("triton_explicit") or {}, res.get("triton_poll")
     if ex:
