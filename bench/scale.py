@@ -291,7 +291,10 @@ def measure_auto(repo: Path, state: Path, count: int, args: argparse.Namespace, 
                       f"{out['status_json_s']} s, edit +{out['edit_added_median_s']} s beyond Triton's load[/dim]")
         daemon.stop()  # --keep-triton: the tritonserver keeps serving every model
         _start_to_ready(daemon, args, count + len(edits), out, "restart_")
-        out["restart_counters"] = _counters(port)
+        # READY comes before the scan here (ready_waits_for_deploys = false): its counts once it ran
+        seen = c.wait_until(lambda: (k := _counters(port)) and k.get("startup_models_total_unchanged", 0)
+                            + k.get("startup_models_total_changed", 0) >= count + len(edits) and k, 600, 0.5)
+        out["restart_counters"] = seen or _counters(port)
         console.print(f"[dim]  restart, nothing changed: READY {out['restart_ready_s']} s, all serving "
                       f"{out['restart_all_serving_s']} s[/dim]")
     finally:
