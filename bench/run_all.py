@@ -307,7 +307,8 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
             "its tritonserver": [get(r, "tritonctl", "idle_cpu_pct_triton") for r in results],
             "Triton explicit": [get(r, "triton_explicit", "idle_cpu_pct") for r in results]}, 1.0),
         ("(d) memory", "MB", {
-            "tritonctl daemon, peak RSS": [get(r, "tritonctl", "peak_rss_mb") for r in results],
+            "tritonctl daemon (auto), peak RSS": [get(r, "tritonctl", "peak_rss_mb") for r in results],
+            "tritonctl daemon (manual), peak RSS": [get(r, "tritonctl_manual", "peak_rss_mb") for r in results],
             "Triton explicit, RSS": [get(r, "triton_explicit", "rss_mb") for r in results]}, 300.0),
         ("(e) CLI", "seconds (median of 3)", {
             "status --json": [get(r, "tritonctl", "status_json_s") for r in results],
