@@ -40,7 +40,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     token_file = base / "token"
     token_file.write_text(TOKEN)
     os.chmod(token_file, 0o600)
-    # settle 1.5 s: an edit stays `pending` long enough for a page that looks every second to show it
+    # settle 1.5 s: an edit stays `pending` long enough to be seen on the page for sure
     proc = DaemonProcess(repo, base / "state", settle_s=1.5, extra_args=[
         "--web-address", "127.0.0.1:0", "--web-require-token", "--token-file", str(token_file)]).start()
     yield proc
@@ -78,6 +78,12 @@ def page(driver: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     assert browser.console_errors(driver) == []
 
 
+def following_events(driver: Any) -> None:
+    """Wait until the page's EventSource on /ui/v1/events is open (the page marks #live data-via)."""
+    wait_for(lambda: driver.execute_script("return document.querySelector('#live[data-via=events]') !== null"),
+             10, what="the page following /ui/v1/events")
+
+
 def sync_of(driver: Any, model: str) -> str:
     return browser.text(driver, f'#models tr[data-model="{model}"] td.sync')
 
@@ -106,18 +112,25 @@ def test_edit_shows_pending_then_synced_without_reload(page: Any, base_url: str,
     page.get(f"{base_url}/ui/")
     wait_for(lambda: sync_of(page, "gen") == "synced", 30, what="gen synced")
     before = daemon.model_status("gen")["digest"]
+    following_events(page)
     page.execute_script(NEVER_RELOADED)
     write_gen_model(daemon.repository, "gen", 2)
     wait_for(lambda: sync_of(page, "gen") == "pending", 10, interval_s=0.05, what="gen pending on the page")
     wait_for(lambda: sync_of(page, "gen") == "synced", 60, interval_s=0.05, what="gen synced on the page")
+    seen = datetime.now(timezone.utc)
     after = daemon.model_status("gen")["digest"]
     assert after != before
+    # within a second of the deploy's audit record (the event the page follows)
+    (deployed,) = [e for e in daemon.audit("--model", "gen", "--action", "deploy") if e["digest"] == after]
+    lag_s = (seen - datetime.fromisoformat(deployed["time"].replace("Z", "+00:00"))).total_seconds()
+    assert lag_s < 1.0, f"the page showed the deploy {lag_s:.2f} s after its audit record"
     assert after[:12] in browser.text(page, '#models tr[data-model="gen"] code')
     assert page.execute_script(STILL_THERE), "the page was reloaded"
 
 
 def test_broken_edit_shows_rollback_mark_with_reason(page: Any, base_url: str, daemon: DaemonProcess) -> None:
     page.get(f"{base_url}/ui/models/gen")
+    following_events(page)
     page.execute_script(NEVER_RELOADED)
     write_gen_model(daemon.repository, "gen", 3, init="raise RuntimeError('weights missing')")
     mark = '#timeline .mark[data-kind="rollback"]'
@@ -131,6 +144,7 @@ def test_broken_edit_shows_rollback_mark_with_reason(page: Any, base_url: str, d
     serving = daemon.model_status("gen")["digest"]
     assert page.execute_script(
         f"return document.querySelector('#timeline tr[data-digest=\"{serving}\"] .badge').textContent") == "serving"
+    browser.screenshot(page, "test_model_timeline_rollback")
     # the audit page finds the event by model and outcome, and says what served at a time
     moment = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     page.get(f"{base_url}/ui/audit?model=gen&outcome=rolled_back&at={moment}")
@@ -139,7 +153,6 @@ def test_broken_edit_shows_rollback_mark_with_reason(page: Any, base_url: str, d
 
 
 def test_diff_page_shows_changed_config_field(page: Any, base_url: str, daemon: DaemonProcess) -> None:
-    from selenium.webdriver.common.by import By
 
     config = daemon.repository / "linear" / "config.pbtxt"
     before = daemon.model_status("linear")["digest"]
@@ -147,7 +160,8 @@ def test_diff_page_shows_changed_config_field(page: Any, base_url: str, daemon: 
                                                  "max_queue_delay_microseconds: 10000"))
     wait_for(lambda: daemon.model_status("linear")["digest"] != before, 60, what="the edit of linear deployed")
     page.get(f"{base_url}/ui/models/linear")
-    page.find_element(By.LINK_TEXT, "from previous").click()  # the link to share
+    following_events(page)
+    page.execute_script("document.querySelector('#versions a[href*=diff]').click()")  # the link to share
     assert re.search(r"/ui/models/linear/diff\?a=[0-9a-f]{12}&b=[0-9a-f]{12}$", page.current_url)
     fields = page.execute_script("return [...document.querySelectorAll('#fields tbody tr')]"
                                  ".map(r => [...r.children].map(c => c.textContent.trim()))")
@@ -159,7 +173,8 @@ def test_wrong_or_missing_token_is_refused(page: Any, base_url: str) -> None:
     from selenium.webdriver.common.by import By
 
     # without a cookie or a token, every page and the live endpoint are refused
-    for path, code in (("/ui/", 303), ("/ui/models/gen", 303), ("/ui/stamp", 401), ("/ui/audit", 303)):
+    for path, code in (("/ui/", 303), ("/ui/models/gen", 303), ("/ui/stamp", 401), ("/ui/audit", 303),
+                       ("/ui/v1/events", 401), ("/ui/?fragment=1", 401)):
         assert answer(f"{base_url}{path}") == code, path
     assert answer(f"{base_url}/ui/stamp", {"authorization": "Bearer not-the-token-at-all"}) == 401
     assert answer(f"{base_url}/ui/stamp", {"authorization": f"Bearer {TOKEN}"}) == 200

@@ -206,7 +206,8 @@ class ApiServer:
             token = read_token(self.settings.token_file, private=True)
         sock = self._tcp_socket(address, "web_address")
         tls = self._tls()
-        web = _Listener(build_web_app(self.plane, token, secure=bool(tls)), sock, "web", http="h11", **tls)
+        app = build_web_app(self.plane, token, secure=bool(tls), events=events_routes(self.plane, self.hub))
+        web = _Listener(app, sock, "web", http="h11", **tls)
         web.start()
         self.listeners.append(web)
         bound_host, bound_port = sock.getsockname()[:2]

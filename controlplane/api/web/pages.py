@@ -3,8 +3,10 @@
 Each page calls the same `ControlPlane` methods the API routes call (status, versions, audit, diff,
 serving_at) and renders their `--json` documents with the Jinja2 templates shipped beside this module,
 so the view can never say something the CLI would not. Filters are query parameters (a link can be
-shared). `?fragment=1` answers only the page's live part, which the page's script fetches when
-`/ui/stamp` changes (every second; see static/web.js). Who may look is controlplane/api/web/gate.py.
+shared). `?fragment=1` answers only the page's live part, which the page's script fetches when the
+event stream (/v1/events, served here as /ui/v1/events) tells of a change, and when `/ui/stamp`
+changes (asked every 5 s: what makes no event, such as Triton's reachability; see static/web.js).
+Who may look is controlplane/api/web/gate.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -32,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 PAGE_SIZE = 100
 SYNC_VALUES = ("synced", "pending", "held", "invalid", "removed")
 AUDIT_FILTERS = ("model", "actor", "action", "outcome", "since", "until")
+EVENTS_PREFIX = "/ui"  # the event stream on the web listener: /ui/v1/events (the session cookie's path)
 
 
 def time_html(iso: str | None) -> Markup:
@@ -78,15 +81,24 @@ def live_stamp(plane: ControlPlane, status: dict[str, Any] | None = None) -> str
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
+def newest_audit_id(plane: ControlPlane) -> int:
+    """The page's script follows the event stream from here: nothing between the render and the stream is lost."""
+    newest = plane.audit(limit=1).to_json()
+    return int(newest[0]["id"]) if newest else 0
+
+
 def overview_rows(models: list[dict[str, Any]], state: str, sync: str, q: str) -> list[dict[str, Any]]:
     q = q.strip().lower()
     return [row for row in models if (not state or row["state"] == state) and (not sync or row["sync"] == sync)
             and (not q or q in row["model"].lower())]
 
 
-def build_web_app(plane: ControlPlane, token: str | None, secure: bool) -> FastAPI:
-    """The view's own application (its own listener): `token` None means no login (a loopback address)."""
+def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: APIRouter | None = None) -> FastAPI:
+    """The view's own application (its own listener): `token` None means no login (a loopback address);
+    `events`: the control API's /v1/events router, served here as /ui/v1/events behind the same gate."""
     app = FastAPI(title="tritonctl web view", docs_url=None, redoc_url=None, openapi_url=None)
+    if events is not None:
+        app.include_router(events, prefix=EVENTS_PREFIX)
     templates = make_templates()
     app.mount("/ui/static", StaticFiles(directory=str(HERE / "static")), name="static")
 
@@ -95,7 +107,8 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool) -> FastA
         """The page, or with `?fragment=1` only its live part (the template `live`)."""
         if live and request.query_params.get("fragment") == "1":
             name = live
-        return templates.TemplateResponse(request, name, {**context, "login": token is not None},
+        context = {**context, "login": token is not None, "after": newest_audit_id(plane)}
+        return templates.TemplateResponse(request, name, context,
                                           status_code=status_code)
 
     @app.middleware("http")
@@ -105,7 +118,8 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool) -> FastA
             response.headers["cache-control"] = "no-store"
             response.headers["x-frame-options"] = "DENY"
             return response
-        if request.url.path.startswith("/ui/stamp") or request.query_params.get("fragment") == "1":
+        path = request.url.path
+        if path.startswith(("/ui/stamp", EVENTS_PREFIX + "/v1/")) or request.query_params.get("fragment") == "1":
             return JSONResponse({"error": {"class": "PermissionDeniedError", "message": "log in to the web view",
                                            "exit_code": 77}}, status_code=401)
         return RedirectResponse("/ui/login?" + urlencode({"next": page_link(request)}), status_code=303)

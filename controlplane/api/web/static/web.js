@@ -1,6 +1,7 @@
 // The web view's only script: times in the browser's zone, and the live part of a page kept current.
-// Every second it asks /ui/stamp whether anything the pages show changed; when it did, it fetches the
-// page's live part (?fragment=1) and puts it in place: no reload, focus and scroll stay where they were.
+// It follows the daemon's event stream (/v1/events, served on this listener as /ui/v1/events): on each
+// audit or state event it fetches the page's live part (?fragment=1) and puts it in place, no reload.
+// Every 5 s it also asks /ui/stamp whether anything changed that makes no event (Triton's reachability).
 (function () {
   "use strict";
   function localize(root) {
@@ -16,47 +17,78 @@
   if (!live) {
     return;
   }
-  var stamp = live.getAttribute("data-stamp");
   var note = document.getElementById("live-note");
+  var stamp = live.getAttribute("data-stamp");
+  var shown = null;  // the live part last put in place (the served one until then)
+  var opened = false;
+  var busy = false;
+  var again = false;
   function say(text) {
     if (note && note.textContent !== text) {
       note.textContent = text;
     }
   }
-  function tick() {
-    fetch("/ui/stamp", {credentials: "same-origin", cache: "no-store"})
+  function refresh() {
+    if (busy) {
+      again = true;
+      return;
+    }
+    busy = true;
+    fetch(live.getAttribute("data-fragment"), {credentials: "same-origin", cache: "no-store"})
       .then(function (answer) {
         if (!answer.ok) {
-          throw new Error("stamp " + answer.status);
+          throw new Error("fragment " + answer.status);
         }
-        return answer.json();
+        return answer.text();
       })
-      .then(function (body) {
-        if (body.stamp === stamp) {
-          return null;
+      .then(function (html) {
+        if (html !== shown) {
+          shown = html;
+          live.innerHTML = html;
+          localize(live);
         }
-        return fetch(live.getAttribute("data-fragment"), {credentials: "same-origin", cache: "no-store"})
-          .then(function (answer) {
-            if (!answer.ok) {
-              throw new Error("fragment " + answer.status);
-            }
-            return answer.text();
-          })
-          .then(function (html) {
-            live.innerHTML = html;
-            localize(live);
-            stamp = body.stamp;
-            live.setAttribute("data-stamp", stamp);
-          });
       })
-      .then(function () {
-        say("Live: updates within a second.");
-      }, function () {
+      .catch(function () {
         say("Live updates paused: the daemon does not answer (retrying).");
       })
       .then(function () {
-        window.setTimeout(tick, 1000);
+        busy = false;
+        if (again) {
+          again = false;
+          window.setTimeout(refresh, 100);
+        }
       });
   }
-  window.setTimeout(tick, 1000);
+  // From the newest audit record the page was rendered with: what happened since is replayed.
+  var source = new EventSource("/ui/v1/events?after=" + encodeURIComponent(live.getAttribute("data-after") || "0"));
+  source.addEventListener("open", function () {
+    live.setAttribute("data-via", "events");
+    say("Live: follows the daemon's events.");
+    if (opened) {
+      refresh();  // a reconnect: state changes are not replayed, so look again
+    }
+    opened = true;
+  });
+  source.addEventListener("audit", refresh);
+  source.addEventListener("state", refresh);
+  source.addEventListener("error", function () {
+    live.removeAttribute("data-via");
+    say("Live updates paused: the daemon does not answer (retrying).");
+  });
+  function check() {
+    fetch("/ui/stamp", {credentials: "same-origin", cache: "no-store"})
+      .then(function (answer) {
+        return answer.ok ? answer.json() : null;
+      })
+      .then(function (body) {
+        if (body && body.stamp !== stamp) {
+          stamp = body.stamp;
+          refresh();
+        }
+      }, function () {})
+      .then(function () {
+        window.setTimeout(check, 5000);
+      });
+  }
+  window.setTimeout(check, 5000);
 }());
