@@ -68,3 +68,30 @@ def test_the_gate_opens_with_the_session_cookie_or_the_bearer_token_only() -> No
     header = gate.cookie_header(token, secure=True)
     assert "HttpOnly" in header and "SameSite=Strict" in header and "Secure" in header
     assert token not in header
+
+
+def test_a_non_loopback_web_address_needs_the_token_and_tls_or_the_insecure_switch(tmp_path: Any) -> None:
+    """The listener's rules, checked before anything binds (a non-loopback address cannot be bound here)."""
+    import os
+    from dataclasses import replace
+
+    import pytest
+
+    from controlplane import errors
+    from controlplane.api.server import ApiServer
+    from controlplane.config import Settings
+
+    token = tmp_path / "token"
+    token.write_text("a-token-of-some-length")
+    os.chmod(token, 0o600)
+    server = object.__new__(ApiServer)  # only the settings: the checks run before the app or a socket
+    server.settings = Settings(state_dir=tmp_path)
+    with pytest.raises(errors.ConfigError, match=r"^web_address: 192\.0\.2\.1:8080 needs the token: give token_file"):
+        server._start_web("192.0.2.1:8080")
+    server.settings = replace(server.settings, token_file=token)
+    with pytest.raises(errors.ConfigError, match=r"^web_address: 192\.0\.2\.1:8080 is not a loopback address: "
+                                                 r"give tls_cert and tls_key"):
+        server._start_web("192.0.2.1:8080")
+    server.settings = replace(server.settings, web_require_token=True, token_file=None)
+    with pytest.raises(errors.ConfigError, match="needs the token"):  # loopback, but the token is asked for
+        server._start_web("127.0.0.1:8080")
