@@ -225,23 +225,22 @@ def _text(value: Any) -> str:
     return value
 
 
-def _listen(value: Any) -> str:
+def _host_port(value: Any, check_port: Callable[[Any], int]) -> str:
     text = _text(value)
     host, sep, port = text.rpartition(":")
     if not sep or not host:
         raise ValueError("expected HOST:PORT")
-    _port(port)
+    check_port(port)
     return text
+
+
+def _listen(value: Any) -> str:
+    return _host_port(value, _port)
 
 
 def _web_address(value: Any) -> str:
     """HOST:PORT; port 0 takes a free port (the daemon logs the address it got)."""
-    text = _text(value)
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError("expected HOST:PORT")
-    _port_or_zero(port)
-    return text
+    return _host_port(value, _port_or_zero)
 
 
 def read_secret(path: Path) -> str:
