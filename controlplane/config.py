@@ -27,8 +27,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 WATCH_MODES = ("auto", "inotify", "poll")
 # TRITONCTL_* variables that are not daemon settings: the config file's path, the CLI client's
 # daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
-NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE", "TRITONCTL_FAULT",
-                    "TRITONCTL_TEST_DROP_EVENTS")
+NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE", "TRITONCTL_FAULT")
+# The test suite's own switches (TRITONCTL_TEST_NO_SKIP, set by `python -m tests.tiers` for every
+# process it starts, TRITONCTL_TEST_NO_MOUNT, TRITONCTL_TEST_DROP_EVENTS): never daemon settings, so a
+# daemon a test starts under them is not refused.
+TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
@@ -393,7 +396,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def read_environment(env: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS_ENV:
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS_ENV or name.startswith(TEST_ENV_PREFIX):
             continue
         key = name[len(ENV_PREFIX) :].lower()
         if key not in PARSERS:

@@ -199,3 +199,10 @@ def test_daemon_command_reports_a_bad_config_in_one_line(tmp_path: Path) -> None
     assert result.output.strip().splitlines() == [
         f"error: {path}: settle_s: invalid value 'soon' (expected a number)"
     ]
+
+
+def test_the_test_suites_switches_are_not_settings() -> None:
+    """`python -m tests.tiers` sets TRITONCTL_TEST_NO_SKIP=1 for every process it starts: a daemon a test
+    starts under it (or TRITONCTL_TEST_NO_MOUNT, TRITONCTL_TEST_DROP_EVENTS) must not refuse to run."""
+    env = {"TRITONCTL_TEST_NO_SKIP": "1", "TRITONCTL_TEST_NO_MOUNT": "1", "TRITONCTL_TEST_DROP_EVENTS": "1"}
+    assert load_settings({}, env=env) == Settings()
