@@ -55,6 +55,7 @@ class HostAgent:
         claimed = self.store.claim(self.host)
         if claimed:
             claimed = self._gather(claimed)
+            self._converge_steps_of(claimed)
         for batch in sets.batches(claimed, self.registry):  # a change set as one unit, steps first
             if len(batch) > 1:
                 self.run_set(batch)
@@ -158,8 +159,20 @@ class HostAgent:
             self._finish(step, "ok" if ok else "failed", message,
                          result if ok or not succeeded else Result.FAILED.value, serving, started)
 
-    def converge(self) -> None:
+    def _converge_steps_of(self, claimed: list[Step]) -> None:
+        """A host that joined the fleet after an ensemble's steps rolled out has not taken them yet (its
+        converge round would, later): before it deploys the ensemble, it converges the steps the
+        ensemble names that this claim does not bring, so the ensemble never meets a missing step."""
+        names = {s.model for s in claimed}
+        needed = {step for member in sets.members(self.registry, [(s.model, s.digest or "") for s in claimed])
+                  for step in member.steps if step not in names}
+        if needed:
+            self.converge(only=needed)
+
+    def converge(self, only: set[str] | None = None) -> None:
         targets = self.store.targets()
+        if only is not None:
+            targets = {m: d for m, d in targets.items() if m in only}
         if not targets:
             return
         busy = {r.model for r in self.store.rollouts()}
