@@ -325,7 +325,10 @@ class ControlPlane:
         decision = decide_capture(exc, model, self.settings.settle_s)
         unreachable = isinstance(exc, (StoreError, ObjectStoreError))  # nothing recorded: not the source's state
         if decision.verdict is Verdict.WAIT and (self.watch is not None or unreachable):
-            log.info("%s: %s; looking again in %.1f s", model, exc, decision.delay_s)
+            # A registry or object store that is busy or unreachable is the operator's to see (ERROR);
+            # content still changing is the usual settle (INFO).
+            log.log(logging.ERROR if unreachable else logging.INFO, "%s: %s; looking again in %.1f s",
+                    model, exc, decision.delay_s)
             if unreachable:
                 self.look_again(model, decision.delay_s)
             else:

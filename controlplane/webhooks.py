@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 
 from controlplane import __version__
 from controlplane.config import WebhookTarget
+from controlplane.errors import StoreError
 from controlplane.events import event_body, event_document
 from controlplane.results import WebhookDeliveriesResult
 from controlplane.store.outbox import DELIVERED, DELIVERY_STATES, FAILED, PENDING, DeliveryStore, Outgoing
@@ -167,7 +168,10 @@ class Webhooks:
             try:
                 if self.active():
                     self.run_once()
-            except Exception:  # noqa: BLE001 - a registry hiccup must not end deliveries for good
+            except StoreError as exc:  # the registry busy or unreachable: one line, the round comes again
+                log.error("webhook delivery round: %s; retrying", exc)
+                self._stop.wait(1.0)
+            except Exception:  # noqa: BLE001 - an unexpected failure must not end deliveries for good
                 log.exception("webhook delivery round failed; retrying")
                 self._stop.wait(1.0)
             self._wake.wait(POLL_S)
