@@ -164,14 +164,24 @@ class ChangeSets:
             return changed_cache[model, unknown]
 
         def owed(model: str) -> bool:
-            """It serves nothing, and auto policy may deploy it (a step the ensemble needs first)."""
+            """It serves nothing, or serves other content than its newest recorded one (valid, not
+            quarantined: a step a rolled-back set left recorded), and auto policy may deploy it."""
             record = self.plane.registry.find_model(model)
             if record is None:
                 return True
-            if record.state in SERVING_STATES and record.active_digest:
+            if not (self.plane.effective_policy(record) == "auto" and not record.pinned
+                    and record.state != "unloaded"):
                 return False
-            return (self.plane.effective_policy(record) == "auto" and not record.pinned
-                    and record.state != "unloaded")
+            if not (record.state in SERVING_STATES and record.active_digest):
+                return True
+            entry = graph.entry(model)
+            if entry is None or entry.digest == record.active_digest:
+                return False
+            try:
+                head = self.plane.registry.get_snapshot(model, entry.digest)
+            except TritonctlError:
+                return False
+            return head.valid and not head.quarantined
 
         seen: set[str] = set()
         todo = list(models)
