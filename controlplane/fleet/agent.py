@@ -170,12 +170,15 @@ class HostAgent:
             self.converge(only=needed)
 
     def converge(self, only: set[str] | None = None) -> None:
+        # The open rollouts first, then the targets: a rollout that completes in between is still busy
+        # here (skipped this round), never a model whose target was read before it moved (a converge
+        # that put a step back on the fleet's previous digest under its new ensemble).
+        busy = {r.model for r in self.store.rollouts()}
         targets = self.store.targets()
         if only is not None:
             targets = {m: d for m, d in targets.items() if m in only}
         if not targets:
             return
-        busy = {r.model for r in self.store.rollouts()}
         ordered = sets.steps_first(self.registry, sorted(targets.items()))  # steps before ensembles
         for model, target in ((m, targets[m]) for m in ordered):
             if model in busy or self.stopping.is_set():
