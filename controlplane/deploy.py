@@ -396,12 +396,18 @@ class Deployer:
         would import one tree's code under the other's config); then decide from what Triton serves:
         the interrupted digest READY, verified and smoke-tested is committed (rolled forward); else
         the previous one is restored (without a reload when it already serves). None: Triton still
-        ran a load at the bound; the deployment stays open and the next reconcile tries again.
+        ran a load at the bound; the deployment stays open and the next reconcile tries again. Also None
+        when the deployment finished meanwhile: the list it came from was read while its own operation
+        still ran (recovering it then would end it twice and could undo a later deploy).
         """
+        if not self.registry.deployment_open(deployment.id):
+            return None
         rolled = self._plans.recover(deployment)  # an ensemble a change set left on its private steps
         if rolled is not None:
             return rolled
         with self.lock(deployment.model):
+            if not self.registry.deployment_open(deployment.id):
+                return None
             op = DeployOperation.resume(self.registry, self._report, deployment)
             model, previous, digest = deployment.model, deployment.previous_digest, deployment.digest
             reason = f"interrupted at step '{deployment.step}' by a daemon stop"

@@ -400,6 +400,8 @@ class SetRunner:
         member = Member(model, digest, deployment.previous_digest, True, step_models(snap.config))
         op = DeployOperation.resume(registry, self.d.report, deployment)
         with self.d.lock(model):
+            if not registry.deployment_open(deployment.id):
+                return None  # its own operation finished it meanwhile
             try:
                 ready = self._switch(member, {}, digest, "recover", lambda p: None)
             except TritonctlError as exc:

@@ -505,6 +505,13 @@ class Registry:
             )
             return [_deployment_record(row) for row in rows]
 
+    def deployment_open(self, deployment_id: int) -> bool:
+        """Whether the deployment has not finished (a list of open ones read a moment ago may be stale)."""
+        with self._session() as session:
+            finished = session.scalar(select(schema.Deployment.finished_at)
+                                      .where(schema.Deployment.id == deployment_id))
+            return finished is None
+
     def last_deployment(self, model: str) -> DeploymentRecord | None:
         with self._session() as session:
             row = session.scalar(

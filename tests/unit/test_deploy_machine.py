@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from controlplane.deploy import Deployer, Outcome, Progress
 from controlplane.errors import (
@@ -22,9 +23,9 @@ from controlplane.errors import (
 from controlplane.modelconfig import validate_model_dir
 from controlplane.publish import ServingRepository
 from controlplane.snapshot import ContentStore
-from controlplane.store import migrate
+from controlplane.store import migrate, schema
 from controlplane.store.records import DeploymentRecord
-from controlplane.store.registry import AuditQuery, Registry
+from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.vocab import Cause, ModelState, Result
 from tests.harness import write_gen_model
 from tests.unit.standin_triton import StandinTriton
@@ -426,3 +427,22 @@ def test_recover_waits_while_triton_still_loads_the_model(bench: Bench) -> None:
     bench.deployer.load_timeout_s = 0.2 - ROLLBACK_GRACE_S  # drain's bound (deadline + grace) is then 0.2 s
     assert bench.deployer.recover(deployment) is None
     assert len(bench.registry.open_deployments()) == 1  # the next reconcile tries again
+
+
+def test_recover_leaves_a_deployment_that_finished_since_the_list_was_read(bench: Bench) -> None:
+    """Reconcile reads the open deployments, then recovers each whose model is not locked. A deploy that
+    was in flight when the list was read and finished before the lock was looked at is not interrupted:
+    recovering it would end it a second time (its end moved past a later deploy's start, seen as
+    overlapping deployments under 8 concurrent clients) and could put back what that later deploy replaced."""
+    old = bench.serving_now(1)
+    deployment = interrupted(bench, "deploy", bench.record(2), old)  # listed while in flight
+    finished = bench.registry.finish_deployment(
+        deployment.id, outcome="ok", error=None, serving=None, model_state=ModelState.SERVING.value,
+        audit=AuditEntry("alice", "deploy", "m", deployment.digest, "ok", "serving", 1))
+    latest = bench.serving_now(3)  # a later deploy
+    assert bench.deployer.recover(deployment) is None
+    assert served(bench) == latest and bench.registry.get_model("m").active_digest == latest
+    with bench.registry.engine.connect() as conn:
+        end = conn.execute(select(schema.Deployment.finished_at)
+                           .where(schema.Deployment.id == deployment.id)).scalar_one()
+    assert end == finished.finished_at
