@@ -26,7 +26,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--triton-http-port", type=int, help="--launch-triton: HTTP inference port [default: 8000; 0: free].")
 @click.option("--triton-metrics-port", type=int, help="--launch-triton: metrics port [default: 8002; 0: free].")
 @click.option("--settle", "settle_s", type=float, help="Settle window in seconds [default: 1.0, min 0.05].")
-@click.option("--policy", type=click.Choice(POLICIES), help="Global deploy policy [default: auto].")
+@click.option("--policy", type=click.Choice(POLICIES),
+              help="Global deploy policy [default: auto]; ondemand: loaded by `ensure`.")
 @click.option("--commit-marker", help="File name writers create last to mark a model complete.")
 @click.option("--poll-interval", "poll_interval_s", type=float,
               help="Seconds between listings of an s3:// repository [default: 2.0].")
@@ -54,6 +55,9 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--canary-hosts", help="Fleet: comma-separated hosts that take a new digest first.")
 @click.option("--canary-count", type=int, help="Fleet: without --canary-hosts, the first N hosts by name [1].")
 @click.option("--wave-size", type=int, help="Fleet: hosts per wave after the canaries [2].")
+@click.option("--memory-budget-mb", type=float,
+              help="Host memory (MB) the loaded models may hold; beyond it idle models are evicted [off].")
+@click.option("--gpu-memory-budget-mb", type=float, help="GPU memory (MB) per GPU the loaded models may hold [off].")
 @click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML config file [default: /etc/tritonctl/tritonctl.toml if present]. Env: TRITONCTL_CONFIG.")
 def daemon(config_file: Path | None, **flags: Any) -> None:

@@ -149,7 +149,7 @@ def kv(data: Any, as_json: bool) -> None:
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
 _SYNC_STYLE = {"synced": "green", "pending": "cyan", "held": "yellow", "invalid": "bold red", "removed": "dim"}
 _STATUS_COLUMNS = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
-_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "SYNC REASON", "LAST ERROR"]
+_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "MEMORY", "SYNC REASON", "LAST ERROR"]
 STATUS_WIDTH = 100  # the default table fits here (README "Using it"); `-o wide` shows the rest
 
 
@@ -184,6 +184,17 @@ def _tagged(row: dict[str, Any], digest: Any) -> str:
     """A short digest followed by the tags on it (controlplane/tags.py), e.g. '3f2a9c1b2c3d stable,canary'."""
     names = row.get("tags") or []
     return _short(digest) + (f" {','.join(names)}" if names else "")
+
+
+def footprint_cell(footprint: Any) -> str:
+    """'97 MB' (host memory), '97 MB + 512 MB GPU', 'declared 100 MB'; '-' when unknown."""
+    if not isinstance(footprint, dict) or footprint.get("memory_mb") is None and footprint.get("gpu_memory_mb") is None:
+        return "-"
+    parts = [f"{footprint['memory_mb']:.0f} MB"] if footprint.get("memory_mb") is not None else []
+    if footprint.get("gpu_memory_mb") is not None:
+        parts.append(f"{footprint['gpu_memory_mb']:.0f} MB GPU")
+    text = " + ".join(parts)
+    return f"declared {text}" if footprint.get("source") == "declared" else text
 
 
 def _versions_cell(row: dict[str, Any]) -> str:
@@ -222,7 +233,8 @@ def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
     if wide:
         cells += [(str(text), "") for text in (
             _when(row.get("since")), row.get("policy", ""), "yes" if row.get("pinned") else "no",
-            row.get("drift") or "-", _short(row.get("source_digest")), row.get("sync_reason") or "",
+            row.get("drift") or "-", _short(row.get("source_digest")), footprint_cell(row.get("footprint")),
+            row.get("sync_reason") or "",
             row.get("last_error") or "")]
     return cells
 
@@ -302,7 +314,7 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"{model}: {_plural(len(rows), 'version')}", title_justify="left")
-    for column in ("", "Digest", "First seen", "Last seen", "Triton versions", "Valid", "Note"):
+    for column in ("", "Digest", "First seen", "Last seen", "Triton versions", "Valid", "Memory", "Note"):
         table.add_column(column, overflow="fold")
     for row in rows:
         note = row.get("first_error") or ""
@@ -317,6 +329,7 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
             _when(row["last_seen"]),
             ", ".join(str(v) for v in row.get("versions", [])),
             "yes" if row["valid"] else "no",
+            footprint_cell(row.get("footprint")),
             note,
         )
     _console().print(table)

@@ -21,7 +21,7 @@ from controlplane.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
 ENV_PREFIX = "TRITONCTL_"
-POLICIES = ("auto", "manual")
+POLICIES = ("auto", "manual", "ondemand")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 WATCH_MODES = ("auto", "inotify", "poll")
@@ -113,6 +113,11 @@ class Settings:
     # Signed webhooks (docs/operations.md): `[[webhook]]` tables of the config file only.
     webhook: tuple[WebhookTarget, ...] = ()
     webhook_retry_max_s: float = 300.0  # the longest wait between retries of a failing delivery
+    # Memory budget (controlplane/budget.py): None, the default, is no budget (every model loads).
+    memory_budget_mb: float | None = None  # host memory the loaded models may hold, in MB
+    gpu_memory_budget_mb: float | None = None  # GPU memory per GPU the loaded models may hold, in MB
+    protected_tags: str = "stable"  # comma-separated: a serving digest with one of these tags is never evicted
+    idle_unload_s: float = 300.0  # policy ondemand: unloaded after this long with no inference and no lease
 
     @property
     def registry_url(self) -> str:
@@ -356,6 +361,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "converge_s": _positive_float(0.1),
     "webhook": _webhooks,
     "webhook_retry_max_s": _positive_float(0.1),
+    "memory_budget_mb": _positive_float(1.0),
+    "gpu_memory_budget_mb": _positive_float(1.0),
+    "protected_tags": _text,
+    "idle_unload_s": _positive_float(1.0),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 

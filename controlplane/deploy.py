@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 from controlplane.deployset import Plan, SetRunner
 from controlplane.deploysteps import (
@@ -69,6 +70,15 @@ log = logging.getLogger("tritonctl.deploy")
 ROLLBACK_GRACE_S = 60.0
 
 
+class LoadGuard(Protocol):
+    """Asked around every deploy's load (controlplane/budget.py's MemoryGuard): `admit` makes room or raises
+    an EnvironmentFault (the deploy is refused, `failed`, retried); `settle` measures what loaded."""
+
+    def admit(self, model: str, digest: str, config: Any, previous: str | None) -> Any: ...
+
+    def settle(self, ticket: Any, loaded: bool) -> None: ...
+
+
 class Deployer:
     """Drives one Triton through deploys, rollbacks and unloads, recording each step."""
 
@@ -82,8 +92,10 @@ class Deployer:
         load_timeout_s: float = 120.0,
         on_outcome: Callable[[Outcome], None] | None = None,
         host: TritonHost | None = None,
+        guard: LoadGuard | None = None,
     ) -> None:
         self.registry = registry
+        self.guard = guard  # footprints and the memory budget (None: neither)
         self.store = store
         self.serving = serving
         self.triton = triton
@@ -208,7 +220,21 @@ class Deployer:
         op.emit(DeployStep.VALIDATE, StepState.OK)
         if previous == digest and not force and self._serves(model, digest):
             return op.skip(f"already serving {digest[:12]}")
+        if self.guard is None:
+            return self._deploy_admitted(op, snap)
+        try:
+            ticket = self.guard.admit(model, digest, snap.config, previous)
+        except EnvironmentFault as exc:  # no room within the memory budget: nothing was touched
+            return op.refuse(str(exc), Cause.ENVIRONMENT)
+        outcome: Outcome | None = None
+        try:
+            outcome = self._deploy_admitted(op, snap)
+        finally:
+            self.guard.settle(ticket, outcome is not None and outcome.outcome == Result.OK)
+        return outcome
 
+    def _deploy_admitted(self, op: DeployOperation, snap: SnapshotRecord) -> Outcome:
+        model, digest = op.model, snap.digest
         op.begin()
         try:
             self.steps.check(snap.config, digest)  # a backend or GPU the server lacks: before anything is published
@@ -310,6 +336,31 @@ class Deployer:
                 progress(Progress(model, DeployStep.UNLOAD, StepState.OK, "unloaded"))
             return op.end(Result.OK, "unloaded", state=ModelState.UNLOADED, active=None,
                           serving=ServingRecord(model, None, []))
+
+    def evict(self, model: str, actor: str, reason: str) -> bool:
+        """Unload an idle model to make room (the memory budget, an on-demand model's idle time): audited as
+        `evict`; False when an operation holds the model now (it is not waited for) or the unload failed."""
+        lock = self.lock(model)
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            current = self.registry.get_model(model)
+            if current.state not in SERVING_STATES:
+                return False
+            op = self._operation(model, None, current.active_digest, actor, "evict")
+            op.begin()
+            try:
+                self.triton.unload(model)
+            except TritonctlError as exc:
+                op.end(Result.FAILED, f"evict failed ({reason}): {exc}", error=str(exc), state=current.state,
+                       active=current.active_digest)
+                return False
+            self.serving.unpublish(model)
+            op.end(Result.OK, f"evicted ({reason})", state=ModelState.UNLOADED, active=None,
+                   serving=ServingRecord(model, None, []))
+            return True
+        finally:
+            lock.release()
 
     def previous_good(self, model: str) -> str:
         """The last digest that served before the active one (valid, not quarantined, not collected)."""
@@ -414,7 +465,7 @@ class Deployer:
             if not self.drain(model):
                 log.warning("%s: Triton still loads it after the bound; recovery waits for the next round", model)
                 return None
-            if deployment.kind == "unload":
+            if deployment.kind in ("unload", "evict"):
                 self._take_out(model)
                 return op.end(Result.OK, f"finished after restart; {reason}", state=ModelState.UNLOADED,
                               active=None, serving=ServingRecord(model, None, []))

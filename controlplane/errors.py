@@ -156,6 +156,11 @@ class EnvironmentFault(TritonctlError):
     retried later; its digest is never quarantined."""
 
 
+class BudgetError(EnvironmentFault):
+    """A deploy would exceed this host's memory budget and eviction cannot make room (controlplane/budget.py):
+    `failed`, retried when room appears."""
+
+
 class HostCapabilityError(EnvironmentFault):
     """The target tritonserver lacks what the model needs (a backend, a GPU): found before the load."""
 

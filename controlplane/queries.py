@@ -84,7 +84,9 @@ def versions(registry: Registry, model: str) -> VersionsResult:
     record = registry.find_model(model)
     if record is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
-    return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest)
+    footprints = registry.footprints([model])
+    return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest,
+                                             footprint=footprints.get((model, snap.digest)))
                                   for snap in registry.list_snapshots(model)])
 
 

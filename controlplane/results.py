@@ -24,6 +24,7 @@ from controlplane.events import event_document
 from controlplane.store.records import (
     AuditRecord,
     DeliveryRecord,
+    FootprintRecord,
     Rollout,
     ServingRecord,
     SnapshotRecord,
@@ -127,6 +128,7 @@ class StatusRow:
     sync_reason: str = ""
     next_retry_s: int | None = None
     tags: list[str] = field(default_factory=list)  # the tags on the digest that serves (controlplane/tags.py)
+    footprint: FootprintRecord | None = None  # the serving digest's footprint (controlplane/footprint.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -146,6 +148,7 @@ class StatusRow:
             "sync_reason": self.sync_reason,
             "next_retry_s": self.next_retry_s,
             "tags": list(self.tags),
+            "footprint": self.footprint.to_json() if self.footprint else None,
         }
 
 
@@ -262,12 +265,14 @@ class VersionRow:
     snapshot: SnapshotRecord
     active: bool
     tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/tags.py)
+    footprint: FootprintRecord | None = None  # its memory footprint on this host (controlplane/footprint.py)
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
         data["active"] = self.active
         data["first_error"] = self.snapshot.first_error
         data["tags"] = list(self.tags)
+        data["footprint"] = self.footprint.to_json() if self.footprint else None
         return data
 
 

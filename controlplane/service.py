@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane import pipeline, queries, tags
+from controlplane.budget import Hooks, MemoryGuard
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
 from controlplane.decision import Rule, Verdict, decide, decide_capture, refuse_pinned
@@ -26,6 +27,8 @@ from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
 from controlplane.ensemblemembers import step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import RetryBook
+from controlplane.footprint import Meter
+from controlplane.leases import LeaseBook
 from controlplane.names import is_private_name, validate_digest, validate_model_name
 from controlplane.poller import recordable_signature
 from controlplane.ports import WatchHooks
@@ -154,8 +157,10 @@ class ControlPlane:
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.faults)
         self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
         self._extra_on_outcome = on_outcome
+        self.leases = LeaseBook()  # on-demand models' leases (controlplane/leases.py, controlplane/ondemand.py)
+        self.guard = self._memory_guard(settings, registry, triton, host)
         self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
-                                 on_outcome=self._note_outcome, host=host)
+                                 on_outcome=self._note_outcome, host=host, guard=self.guard)
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.source = source
@@ -168,6 +173,23 @@ class ControlPlane:
         self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
+
+    def _memory_guard(self, settings: Settings, registry: Registry, triton: TritonClient,
+                      host: TritonHost | None) -> MemoryGuard:
+        """Footprints of every load and, with a budget, room made by evicting idle models (controlplane/budget.py)."""
+        def last_used() -> dict[str, float]:
+            used = self.leases.last_used()
+            for model, when in triton.last_inferences().items():
+                used[model] = max(used.get(model, 0.0), when)
+            return used
+
+        hooks = Hooks(last_used=last_used,
+                      held=lambda model: self.leases.held(model) or self.deployer.lock(model).locked(),
+                      evict=lambda model, why: self.deployer.evict(model, "tritonctl:budget", why))
+        return MemoryGuard(registry, Meter(host.server_pid if host is not None else None), hooks,
+                           memory_budget_mb=settings.memory_budget_mb,
+                           gpu_memory_budget_mb=settings.gpu_memory_budget_mb,
+                           protected_tags=[t.strip() for t in settings.protected_tags.split(",") if t.strip()])
 
     def reconfigure(self, settings: Settings) -> None:
         """SIGHUP: the settings that change without a restart (policy, settle window, ...) apply from now."""
@@ -625,6 +647,7 @@ class ControlPlane:
         settling = self.watch.settling() if self.watch and self.watch.settling else {}
         tag_registry = self.tag_registry()
         tagged, tracks = tags.by_digest(tag_registry.list_tags()), tag_registry.tracks()
+        footprints = self.registry.footprints(names)
         by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
         for e in index:
             by_name.setdefault(e.name, []).append(VersionState(e.version, e.state, e.reason))
@@ -642,6 +665,7 @@ class ControlPlane:
             row.sync_reason = reason
             row.next_retry_s = retry.seconds_left() if retry is not None else None
             row.tags = tagged.get((model.name, model.active_digest or ""), [])
+            row.footprint = footprints.get((model.name, model.active_digest or ""))
             track = tracks.get(model.name)
             if track:
                 tag_digest = next((d for (m, d), names in tagged.items() if m == model.name and track in names), None)

@@ -110,7 +110,7 @@ def test_client_only_environment_is_ignored() -> None:
         ("metrics_port = 9.5", "metrics_port", "expected a port number 1-65535"),
         ('metrics_port = "http"', "metrics_port", "expected a port number 1-65535"),
         ('launch_triton = "maybe"', "launch_triton", "expected true or false"),
-        ('policy = "sometimes"', "policy", "expected one of auto, manual"),
+        ('policy = "sometimes"', "policy", "expected one of auto, manual, ondemand"),
         ('log_format = "xml"', "log_format", "expected one of plain, json"),
         ('log_level = "trace"', "log_level", "expected one of debug, info, warning, error"),
         ('listen = "7001"', "listen", "expected HOST:PORT"),

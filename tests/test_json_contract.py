@@ -44,6 +44,9 @@ WEBHOOK_SECRET = "json-contract-webhook-secret"
 UNFILLED: dict[str, str] = {
     "webhooks-redeliver:#delivery.finished_at": "a delivery sent again is pending again: null by construction "
                                                 "(the schema shares the delivery definition with `webhooks`)",
+    "status:#model.footprint.gpu_memory_mb": "GPU memory is measured only with NVML on a GPU (none here); "
+                                             "tests/unit/test_budget.py declares it as the stand-in",
+    "versions:#version.footprint.gpu_memory_mb": "as status's: no GPU here",
 }
 
 

@@ -50,6 +50,7 @@ from controlplane.results import (
 from controlplane.store.records import (
     AuditRecord,
     DeliveryRecord,
+    FootprintRecord,
     Rollout,
     ServingRecord,
     SnapshotRecord,
@@ -198,7 +199,8 @@ def _full_documents() -> dict[str, list[Any]]:
     outcome = Outcome("m", "load", Result.FAILED, D1, D2, "load refused", 12, cause=Cause.CONTENT)
     row = StatusRow("m", ModelState.SERVING, [VersionState("1", "READY", "")], D1, T, "track:stable", True,
                     "wrong_digest", "Triton serves d2d2d2d2d2d2, should serve d1d1d1d1d1d1", "load refused", False,
-                    source_digest=D2, sync=SyncState.HELD, sync_reason="pinned", next_retry_s=3, tags=["stable"])
+                    source_digest=D2, sync=SyncState.HELD, sync_reason="pinned", next_retry_s=3, tags=["stable"],
+                    footprint=FootprintRecord("m", D1, 97.5, 512.0, "measured", T))
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
@@ -206,7 +208,8 @@ def _full_documents() -> dict[str, list[Any]]:
         "status": [StatusResult(True, "127.0.0.1:8001", "127.0.0.1:8000", {"mode": "inotify", "reason": "local ext4"},
                                 [row]).to_json()],
         "load": [outcome.to_json(), [outcome.to_json()]],
-        "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",))]).to_json()],
+        "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",),
+                                                     FootprintRecord("m", D1, 97.5, 0.0, "declared", T))]).to_json()],
         "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
                             [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
         "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],

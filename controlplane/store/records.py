@@ -87,6 +87,23 @@ class SnapshotRecord(SnapshotContent):
 
 
 @dataclass(frozen=True)
+class FootprintRecord:
+    """A digest's memory footprint (controlplane/footprint.py): host MB, MB per GPU (None: unknown),
+    `source` measured | declared."""
+
+    model: str
+    digest: str
+    memory_mb: float | None
+    gpu_memory_mb: float | None
+    source: str
+    measured_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"memory_mb": self.memory_mb, "gpu_memory_mb": self.gpu_memory_mb, "source": self.source,
+                "measured_at": iso(self.measured_at)}
+
+
+@dataclass(frozen=True)
 class SourceHead:
     """The newest recorded content of a model's source (by when it was last seen there)."""
 

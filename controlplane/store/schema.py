@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -67,6 +67,18 @@ class SourceSignature(Base):
     steps: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON list; None: no ensemble
     trusted: Mapped[bool] = mapped_column(Boolean, default=False)  # a start may skip it when the signature equals
     recorded_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Footprint(Base):
+    """A digest's memory footprint on this host: measured at load, or declared in its config (migration 0008)."""
+
+    __tablename__ = "footprints"
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    source: Mapped[str] = mapped_column(String(16))  # measured | declared
+    measured_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 class Deployment(Base):

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import NotFoundError, StoreError, UsageError
-from controlplane.store.records import AuditQuery, AuditRecord, ModelRecord, ServingRecord, SnapshotRecord, TagRecord
+from controlplane.store.records import (
+    AuditQuery,
+    AuditRecord,
+    FootprintRecord,
+    ModelRecord,
+    ServingRecord,
+    SnapshotRecord,
+    TagRecord,
+)
 
 BUSY_TIMEOUT_S = 10.0
 
@@ -165,6 +173,14 @@ class SqliteReader:
         if len(rows) > 1:
             raise UsageError(f"digest prefix {digest} is ambiguous for model '{model}'")
         return self._snapshot(rows[0])
+
+    def footprints(self, models: list[str] | None = None) -> dict[tuple[str, str], FootprintRecord]:
+        """Recorded footprints by (model, digest); as `Registry.footprints`."""
+        where = f" WHERE model IN ({', '.join('?' * len(models))})" if models else ""
+        rows = self._rows("SELECT model, digest, memory_mb, gpu_memory_mb, source, measured_at FROM footprints" + where,
+                          tuple(models or ()))
+        return {(m, d): FootprintRecord(m, d, mem, gpu, src, _time(at))  # type: ignore[arg-type]
+                for m, d, mem, gpu, src, at in rows}
 
     def query_audit(self, query: AuditQuery) -> list[AuditRecord]:
         """Newest first, filtered; uses the (model, time) and (time) indexes."""

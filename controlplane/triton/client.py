@@ -166,6 +166,19 @@ class TritonClient:
         value = params.get(DIGEST_PARAMETER, {}).get("string_value")
         return str(value) if value else None
 
+    def last_inferences(self, model: str = "") -> dict[str, float]:
+        """model → its last inference (seconds since the epoch; 0: none yet), over every version, from
+        Triton's inference statistics; `model` "" asks for every loaded model in one call."""
+        data = self._call(
+            "inference statistics",
+            lambda: self._client.get_inference_statistics(model, as_json=True, client_timeout=self.timeouts.call_s),
+        )
+        last: dict[str, float] = {}
+        for row in data.get("model_stats", []):
+            name = row.get("name", "")
+            last[name] = max(last.get(name, 0.0), int(row.get("last_inference", 0) or 0) / 1000.0)
+        return last
+
     # -- inference ------------------------------------------------------------------------------
 
     def infer(

@@ -23,6 +23,7 @@ from controlplane.triton.serverlog import LoadExplainer
 class TritonHost:
     probe: HostProbe
     explainer: LoadExplainer
+    server_pid: Callable[[], int | None] = lambda: None  # a launched server's pid (footprints); None: external
 
     def check(self, config: Mapping[str, Any] | None, model_dir: Path | None = None) -> None:
         """Raise HostCapabilityError when the server lacks a backend or GPU the model needs."""
@@ -60,4 +61,5 @@ def host_for(client: TritonClient, server: Any, *, metrics_url: str | None, log_
     external server `log_path` is its log file (setting `triton_log_path`) when tritonctl can read it."""
     launched_log = getattr(server, "log_path", None) if server is not None else None
     explainer = LoadExplainer(launched_log or log_path, index_reason(client))
-    return TritonHost(probe_for(client.url, server, metrics_url), explainer)
+    return TritonHost(probe_for(client.url, server, metrics_url), explainer,
+                      server_pid=lambda: getattr(server, "pid", None) if server is not None else None)

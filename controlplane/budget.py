@@ -1,0 +1,209 @@
+"""A host's memory budget: room for a deploy is made by unloading idle models, least recently used first.
+
+Why: without a budget every model of the repository is loaded, so a host serves only what fits in its
+memory and a growing repository fails at load time in Triton's words (out of memory). With
+`memory_budget_mb` (host memory) or `gpu_memory_budget_mb` (per GPU) set, the Deployer asks this guard
+before every load (`admit`) and after it (`settle`):
+
+- `admit` estimates what the load adds (the digest's recorded footprint, else the model's last one,
+  else its declared one, else the median of every recorded footprint, else 0; a reload adds the
+  difference to what it replaces), adds what loaded models hold (their recorded footprints) and the
+  loads admitted but not settled, and when that exceeds the budget it evicts loaded models, least
+  recently used first (last inference from Triton's statistics, then last lease), never the model
+  itself, a pinned one, one whose serving digest carries a protected tag (`protected_tags`, `stable`
+  by default), one with a lease or one an operation holds. When that cannot make room it raises
+  `BudgetError` (an EnvironmentFault: the deploy ends `failed`, naming the budget, the footprint and
+  what holds the memory, and is retried with backoff until room appears).
+- `settle` measures the load (controlplane/footprint.py), records the footprint per digest, and, when
+  the measurement turned out bigger than the estimate, evicts again until the budget holds: the
+  budget is overshot by at most the one load's misestimate, during that eviction.
+
+Every model's footprint is measured and recorded whether or not a budget is set. The GPU budget is the
+same arithmetic over `gpu_memory_mb`; measured only where NVML and GPUs exist (tests drive it with
+declared footprints as a stand-in).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timezone
+from typing import Any
+
+from controlplane.errors import BudgetError
+from controlplane.footprint import DECLARED, Baseline, Footprint, Meter, declared
+from controlplane.store.records import FootprintRecord, ModelRecord
+from controlplane.store.registry import Registry
+from controlplane.vocab import SERVING_STATES
+
+log = logging.getLogger("tritonctl.budget")
+
+MEMORY = "memory_mb"
+GPU = "gpu_memory_mb"
+
+
+@dataclass
+class Ticket:
+    """One admitted load: what it was estimated to add, and what ran before it."""
+
+    model: str
+    digest: str
+    config: Mapping[str, Any] | None
+    baseline: Baseline
+    reserved: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the guard asks of the rest of the plane: last use per model (seconds since the epoch, from
+    Triton's statistics and the leases), whether a model is held (a lease, an operation), and eviction
+    (an audited unload through the Deployer; False when it could not)."""
+
+    last_used: Callable[[], dict[str, float]]
+    held: Callable[[str], bool]
+    evict: Callable[[str, str], bool]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.0f} MB"
+
+
+class MemoryGuard:
+    """Measures every load; with a budget, makes room before it and keeps the budget after it."""
+
+    def __init__(self, registry: Registry, meter: Meter, hooks: Hooks, *, memory_budget_mb: float | None = None,
+                 gpu_memory_budget_mb: float | None = None, protected_tags: Sequence[str] = ("stable",)) -> None:
+        self.registry = registry
+        self.meter = meter
+        self.hooks = hooks
+        self.budgets = {k: v for k, v in ((MEMORY, memory_budget_mb), (GPU, gpu_memory_budget_mb)) if v}
+        self.protected_tags = tuple(protected_tags)
+        self._lock = threading.Lock()
+        self._reserved: dict[int, Ticket] = {}
+        self.evictions = 0
+
+    # -- what is held -----------------------------------------------------------------------------
+
+    def _loaded(self, exclude: str = "") -> list[ModelRecord]:
+        return [m for m in self.registry.list_models(states=SERVING_STATES)
+                if m.active_digest and m.name != exclude and m.removed_at is None]
+
+    def _estimate(self, model: str, digest: str | None, config: Mapping[str, Any] | None,
+                  known: dict[tuple[str, str], FootprintRecord]) -> dict[str, float]:
+        record = known.get((model, digest or ""))
+        if record is None:  # the model's newest measurement of any content
+            mine = sorted((r for (m, _), r in known.items() if m == model), key=lambda r: r.measured_at)
+            record = mine[-1] if mine else None
+        stated: Footprint | FootprintRecord | None = record or declared(config)
+        estimate: dict[str, float] = {}
+        for key in (MEMORY, GPU):
+            value = getattr(stated, key, None) if stated is not None else None
+            if value is None:
+                values = [getattr(r, key) for r in known.values() if getattr(r, key) is not None]
+                value = statistics.median(values) if values else 0.0
+            estimate[key] = float(value)
+        return estimate
+
+    def holdings(self, exclude: str = "") -> list[tuple[str, dict[str, float]]]:
+        """(model, footprint) of every loaded model but `exclude`, then the admitted loads not settled."""
+        known = self.registry.footprints()
+        held = [(m.name, self._estimate(m.name, m.active_digest, None, known)) for m in self._loaded(exclude)]
+        held += [(t.model, t.reserved) for t in self._reserved.values() if t.model != exclude]
+        return held
+
+    def _over(self, held: list[tuple[str, dict[str, float]]], need: dict[str, float]) -> list[str]:
+        return [key for key, budget in self.budgets.items()
+                if sum(f.get(key, 0.0) for _, f in held) + need.get(key, 0.0) > budget]
+
+    # -- the deployer's two calls -----------------------------------------------------------------
+
+    def admit(self, model: str, digest: str, config: Mapping[str, Any] | None, previous: str | None) -> Ticket:
+        """Before a load of `digest`: make room (evictions), or raise BudgetError."""
+        baseline = self.meter.before(model)
+        if not self.budgets:
+            return Ticket(model, digest, config, baseline, {})
+        with self._lock:
+            known = self.registry.footprints()
+            need = self._estimate(model, digest, config, known)
+            if previous:
+                replaced = self._estimate(model, previous, None, known)
+                need = {k: max(0.0, need[k] - replaced[k]) for k in need}
+            held = self.holdings(exclude=model)
+            if self._over(held, need):
+                victims = set(self.candidates(exclude=model))
+                fixed = [(m, f) for m, f in held if m not in victims]
+                over = self._over(fixed, need)
+                if over:  # not even evicting every idle model would make room: evict none
+                    raise BudgetError(self._no_room(model, digest, need, fixed, over))
+                self._make_room(model, need, f"room for {model} {digest[:12]}")
+            over = self._over(self.holdings(exclude=model), need)
+            if over:  # an eviction failed (the model got busy meanwhile): retried later
+                raise BudgetError(self._no_room(model, digest, need, self.holdings(exclude=model), over))
+            ticket = Ticket(model, digest, config, baseline, need)
+            self._reserved[id(ticket)] = ticket
+            return ticket
+
+    def settle(self, ticket: Ticket, loaded: bool) -> None:
+        """After the load: record its footprint (when it loaded) and keep the budget."""
+        with self._lock:
+            self._reserved.pop(id(ticket), None)
+        if not loaded:
+            return
+        footprint = self.meter.measure(ticket.baseline) or declared(ticket.config)
+        if footprint is not None:
+            stated = declared(ticket.config)
+            gpu = footprint.gpu_memory_mb
+            if gpu is None and stated is not None:  # no NVML here: the declared GPU footprint stands in
+                gpu = stated.gpu_memory_mb
+            self.registry.record_footprint(ticket.model, ticket.digest, footprint.memory_mb, gpu,
+                                           DECLARED if footprint.source == DECLARED else footprint.source)
+        if self.budgets:
+            with self._lock:
+                self._make_room(ticket.model, {}, f"{ticket.model} measured bigger than estimated")
+
+    # -- eviction ---------------------------------------------------------------------------------
+
+    def candidates(self, exclude: str) -> list[str]:
+        """Loaded models that may be evicted, least recently used first."""
+        tags = self.registry.list_tags()
+        protected = {(t.model, t.digest) for t in tags if t.name in self.protected_tags}
+        try:
+            last = self.hooks.last_used()
+        except Exception as exc:  # noqa: BLE001 - statistics unreachable: eviction by load time only
+            log.warning("inference statistics unavailable: %s", exc)
+            last = {}
+        loaded = [m for m in self._loaded(exclude)
+                  if not m.pinned and (m.name, m.active_digest) not in protected and not self.hooks.held(m.name)]
+
+        def used(m: ModelRecord) -> float:  # its last inference or lease; never used: when it was loaded
+            since = m.active_since.replace(tzinfo=timezone.utc).timestamp() if m.active_since else 0.0
+            return max(last.get(m.name, 0.0), since)
+
+        return [m.name for m in sorted(loaded, key=used)]
+
+    def _make_room(self, model: str, need: dict[str, float], why: str) -> None:
+        if not self._over(self.holdings(exclude=model), need) and not (need == {} and self._over_total()):
+            return
+        for victim in self.candidates(exclude=model):
+            if not self._over(self.holdings(exclude=model), need) and not (need == {} and self._over_total()):
+                return
+            if self.hooks.evict(victim, f"memory budget: {why}"):
+                self.evictions += 1
+
+    def _over_total(self) -> bool:
+        return bool(self._over(self.holdings(), {}))
+
+    def _no_room(self, model: str, digest: str, need: dict[str, float], held: list[tuple[str, dict[str, float]]],
+                 over: list[str]) -> str:
+        key = over[0]
+        name = "memory_budget_mb" if key == MEMORY else "gpu_memory_budget_mb"
+        holders = sorted(held, key=lambda h: -h[1].get(key, 0.0))
+        listing = ", ".join(f"{m} {_fmt(f.get(key, 0.0))}" for m, f in holders[:8] if f.get(key, 0.0) > 0)
+        more = f" and {len(holders) - 8} more" if len(holders) > 8 else ""
+        total = sum(f.get(key, 0.0) for _, f in held)
+        return (f"{model} {digest[:12]} needs {_fmt(need.get(key, 0.0))}{' per GPU' if key == GPU else ''} but "
+                f"{name} = {_fmt(self.budgets[key])} and {_fmt(total)} is held by models that cannot be evicted "
+                f"(pinned, protected, leased or busy): {listing or 'none'}{more}")

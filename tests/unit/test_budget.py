@@ -1,0 +1,96 @@
+"""controlplane/budget.py over a real SQLite registry: the GPU budget, whose footprints this machine cannot
+measure (no GPU), exercised with declared footprints as the stand-in (docs: README "Memory budget");
+the eviction order and what is never evicted; the refusal naming the budget, the footprint and the holders.
+The host-memory budget against the real tritonserver is tests/test_budget_e2e.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from controlplane.budget import Hooks, MemoryGuard
+from controlplane.errors import BudgetError
+from controlplane.footprint import Meter, declared
+from controlplane.store import migrate, schema
+from controlplane.store.registry import Registry, utcnow
+
+GPU = {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "400"}}}
+
+
+class Plane:
+    """The guard's hooks over the registry: eviction marks the model unloaded, as the Deployer's does."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.last: dict[str, float] = {}
+        self.leased: set[str] = set()
+        self.evicted: list[str] = []
+
+    def evict(self, model: str, why: str) -> bool:
+        self.evicted.append(model)
+        self.registry.update_model(model, state="unloaded")
+        return True
+
+    def hooks(self) -> Hooks:
+        return Hooks(last_used=lambda: dict(self.last), held=lambda m: m in self.leased, evict=self.evict)
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Registry:
+    registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    migrate.upgrade(registry)
+    return registry
+
+
+def serve(registry: Registry, model: str, gpu_mb: float, *, pinned: bool = False) -> str:
+    digest = model[0] * 64
+    registry.ensure_model(model)
+    with registry.session() as session:
+        row = session.query(schema.Model).filter_by(name=model).one()
+        row.state, row.active_digest, row.pinned = "serving", digest, pinned
+        row.active_since = utcnow() - timedelta(hours=1)
+    registry.record_footprint(model, digest, None, gpu_mb, "declared")
+    return digest
+
+
+def test_a_declared_footprint_is_read_from_the_config_parameters() -> None:
+    assert declared(GPU) is not None and declared(GPU).gpu_memory_mb == 400.0  # type: ignore[union-attr]
+    assert declared({"parameters": {"tritonctl.footprint_mb": {"string_value": "ten"}}}) is None
+    assert declared(None) is None
+
+
+def test_gpu_budget_evicts_least_recently_used_first_never_leased_pinned_or_protected(registry: Registry) -> None:
+    plane = Plane(registry)
+    for name in ("old", "recent", "leased", "pinned", "guarded"):
+        serve(registry, name, 200, pinned=name == "pinned")
+    registry.move_tag("guarded", "stable", "g" * 64, actor="test")
+    plane.last = {"old": 1000.0, "recent": 2_000_000_000.0}  # "recent" inferred last (seconds since the epoch)
+    plane.leased = {"leased"}
+    guard = MemoryGuard(registry, Meter(), plane.hooks(), gpu_memory_budget_mb=1200)
+    ticket = guard.admit("new", "n" * 64, GPU, None)  # 5 × 200 + 400 > 1200: one must go
+    assert plane.evicted == ["old"]
+    guard.settle(ticket, loaded=True)  # nothing measurable here: the declared footprint is recorded
+    assert registry.footprints(["new"])[("new", "n" * 64)].gpu_memory_mb == 400.0
+
+    plane.evicted.clear()
+    serve(registry, "new", 400)
+    with pytest.raises(BudgetError) as refused:  # 900 cannot fit beside the 600 no one may evict: none is evicted
+        guard.admit("big", "x" * 64, {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "900"}}}, None)
+    assert plane.evicted == []
+    message = str(refused.value)
+    assert "needs 900 MB per GPU" in message and "gpu_memory_budget_mb = 1200 MB" in message
+    assert all(name in message for name in ("leased", "pinned", "guarded")), message
+    assert "recent" not in message and "new " not in message  # evictable: not what holds the memory
+
+    guard.admit("mid", "m" * 64, {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "550"}}}, None)
+    assert plane.evicted == ["new", "recent"]  # 600 + 600 + 550 > 1200: the least recently used two go
+
+
+def test_no_budget_evicts_nothing(registry: Registry) -> None:
+    plane = Plane(registry)
+    serve(registry, "a", 10_000)
+    guard = MemoryGuard(registry, Meter(), plane.hooks())
+    guard.settle(guard.admit("b", "b" * 64, GPU, None), loaded=True)
+    assert plane.evicted == []
