@@ -114,6 +114,10 @@ class ChangeSets:
             self._serving = out
         return dict(out)
 
+    def serving_ensembles(self) -> dict[str, list[str]]:
+        """Each serving ensemble and its steps (a copy; see `_serving_ensembles`)."""
+        return self._serving_ensembles()
+
     def warm(self) -> None:
         """Read the serving ensembles now (after the start-up scan), not at the first edit."""
         self._serving_ensembles()

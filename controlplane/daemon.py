@@ -33,6 +33,7 @@ from controlplane.modelconfig import is_ensemble_dir, is_ensemble_text
 from controlplane.publish import ServingRepository
 from controlplane.service import ControlPlane, WatchHooks
 from controlplane.snapshot import ContentStore
+from controlplane.startrecord import deploy_alone, record_wave
 from controlplane.startscan import plan_start
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
@@ -326,7 +327,15 @@ class Daemon:
         with ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                 thread_name_prefix="startup") as pool:
             for group in (members, ensembles):  # an ensemble loads only once its steps serve
-                futures = [pool.submit(self._startup_one, name) for name in group]
+                # the changed ones recorded in batches (controlplane/startrecord.py); what needs more
+                # than a record, or a deploy alone, goes on model by model
+                wave = record_wave(plane, [n for n in group if n not in redeploy], pool)
+                with self._handed_lock:
+                    self._startup.difference_update(wave.recorded)
+                done += len(wave.recorded)
+                futures = [pool.submit(self._startup_one, name) for name in group if name in redeploy]
+                futures += [pool.submit(self._startup_one, name) for name in wave.settle]
+                futures += [pool.submit(self._startup_deploy, name, digest) for name, digest in wave.deploy]
                 for future in futures:
                     future.result()
                     done += 1
@@ -348,6 +357,27 @@ class Daemon:
             return is_ensemble_text(self.plane.source.read_text(name, "config.pbtxt") or "")
         assert self.settings.repository is not None
         return is_ensemble_dir(self.settings.repository / name)
+
+    def _startup_deploy(self, name: str, digest: str) -> None:
+        """A model the start-up scan recorded and may deploy alone (controlplane/startrecord.py); the
+        watcher's path when its source changed meanwhile."""
+        assert self.plane is not None
+        if self.stop_requested.is_set():
+            return
+        try:
+            if deploy_alone(self.plane, name, digest):
+                with self._handed_lock:
+                    self._startup.discard(name)
+                return
+        except TritonctlError as exc:
+            log.error("%s: %s", name, exc)
+        except Exception:  # noqa: BLE001 - one model's bug must not stop the others' start-up
+            log.exception("unexpected error deploying %s at start-up", name)
+        else:
+            self._startup_one(name)
+            return
+        with self._handed_lock:
+            self._startup.discard(name)
 
     def _startup_one(self, name: str) -> None:
         assert self.plane is not None

@@ -10,6 +10,7 @@ itself (publish → load → verify → smoke → commit, or roll back) is contr
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from controlplane.ensemblemembers import content_problems, step_models
@@ -23,7 +24,7 @@ log = logging.getLogger("tritonctl.pipeline")
 
 
 def validate(registry: Registry, store: ContentStore, snapshot: Snapshot,
-             members: dict[str, SnapshotRecord] | None = None) -> SnapshotContent:
+             members: Mapping[str, SnapshotRecord] | None = None) -> SnapshotContent:
     """Validate a captured (immutable) tree; problems name the model's files, not the store's. An
     ensemble is also checked against the step models `registry` knows, or `members` (a change set's
     new step snapshots, controlplane/changeset.py)."""
@@ -67,9 +68,21 @@ def record(registry: Registry, model: str, digest: str, content: SnapshotContent
     what the model's source holds now (`source_entry`)."""
     snap, new = registry.record_content(model, digest, content, source)
     if new:
-        message = "recorded" if snap.valid else f"invalid: {snap.first_error}"
-        registry.audit(AuditEntry(actor, "snapshot", model, snap.digest,
-                                  Result.OK.value if snap.valid else Result.INVALID.value, message))
-        log.info("%s snapshot %s %s", model, snap.digest[:12], message)
+        registry.audit(_recorded(snap, actor))
     return snap
+
+
+def record_many(registry: Registry, items: Sequence[tuple[str, str, SnapshotContent, SourceEntry | None]],
+                actor: str) -> list[SnapshotRecord]:
+    """`record` of many contents in one registry transaction, each audited as `record` audits it (the
+    start-up scan, controlplane/startrecord.py)."""
+    return [snap for snap, _new in registry.record_contents(items, lambda snap: _recorded(snap, actor))]
+
+
+def _recorded(snap: SnapshotRecord, actor: str) -> AuditEntry:
+    """The audit event of a content new to the registry (and its log line)."""
+    message = "recorded" if snap.valid else f"invalid: {snap.first_error}"
+    log.info("%s snapshot %s %s", snap.model, snap.digest[:12], message)
+    return AuditEntry(actor, "snapshot", snap.model, snap.digest,
+                      Result.OK.value if snap.valid else Result.INVALID.value, message)
 

@@ -49,7 +49,7 @@ from controlplane.results import (
     VersionState,
 )
 from controlplane.servedview import ServedView
-from controlplane.snapshot import ContentStore
+from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.sourcegraph import SourceGraph
 from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
@@ -214,7 +214,7 @@ class ControlPlane:
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
 
-    def _capture_lock(self, model: str) -> threading.RLock:
+    def capture_lock(self, model: str) -> threading.RLock:
         """Serializes a model's capture-and-decide pipeline, so two settled events for the same
         content cannot both decide to deploy it (the second sees the first's outcome)."""
         with self._guard:
@@ -237,21 +237,8 @@ class ControlPlane:
         validate_model_name(model)
         if self.settings.repository is None and self.source is None:
             raise UsageError("the daemon has no source repository (--repository)")
-        with self._capture_lock(model):
-            self.counts.add("captures")
-            if self.source is not None:  # object storage: same rules, listed instead of stat'ed
-                snapshot = self.source.capture(model, self.store, settled=settled)
-                signature = self.source.captured_signature(model)  # the listing it was captured at
-                trusted = True  # a listing's ETags name the content
-            else:
-                assert self.settings.repository is not None
-                hooks = self.watch
-                margin = hooks.capture_margin_s() if hooks and hooks.capture_margin_s else 0.0  # network mounts
-                quiet_s = self.settings.settle_s + margin if settled and not complete else 0.0
-                signature, trusted = recordable_signature(self.settings.repository, model)  # before any read
-                snapshot = self.store.capture(self.settings.repository / model, model,
-                                              commit_marker=self.settings.commit_marker,
-                                              quiet_s=quiet_s, marker_dir=self.changesets.marker_root())
+        with self.capture_lock(model):
+            snapshot, signature, trusted = self.snapshot_source(model, settled=settled, complete=complete)
             self.counts.add("validations")
             content = pipeline.validate(self.registry, self.store, snapshot, members)
             entry = pipeline.source_entry(model, snapshot.digest, content, signature, trusted)
@@ -259,6 +246,26 @@ class ControlPlane:
             record = pipeline.record(self.registry, model, snapshot.digest, content, actor, entry)
             self.source_graph.recorded(entry)
             return record
+
+    def snapshot_source(self, model: str, *, settled: bool = True,
+                        complete: bool = False) -> tuple[Snapshot, str | None, bool]:
+        """The capture step of `capture` alone (the start-up scan validates and records many at once,
+        controlplane/startrecord.py): the source's content now, as an immutable snapshot, with the
+        signature it was captured at and whether a start may trust that signature."""
+        self.counts.add("captures")
+        if self.source is not None:  # object storage: same rules, listed instead of stat'ed
+            snapshot = self.source.capture(model, self.store, settled=settled)
+            # the listing it was captured at; a listing's ETags name the content
+            return snapshot, self.source.captured_signature(model), True
+        assert self.settings.repository is not None
+        hooks = self.watch
+        margin = hooks.capture_margin_s() if hooks and hooks.capture_margin_s else 0.0  # network mounts
+        quiet_s = self.settings.settle_s + margin if settled and not complete else 0.0
+        signature, trusted = recordable_signature(self.settings.repository, model)  # before any read
+        snapshot = self.store.capture(self.settings.repository / model, model,
+                                      commit_marker=self.settings.commit_marker,
+                                      quiet_s=quiet_s, marker_dir=self.changesets.marker_root())
+        return snapshot, signature, trusted
 
     def source_changed(self, model: str, *, unknown: bool = True) -> bool:
         """Whether `model`'s source differs from its newest recorded content: its signature now is not
@@ -299,7 +306,7 @@ class ControlPlane:
         taken, outcome = self.changesets.settled(model)  # connected through ensembles: one change set
         if taken:
             return outcome
-        with self._capture_lock(model):
+        with self.capture_lock(model):
             return self._capture_and_decide(model, complete=complete)
 
     def _report_dangling(self, model: str, entry: Path) -> None:

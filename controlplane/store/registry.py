@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from controlplane.errors import ConfigError, NotFoundError, StoreError, UsageError
 from controlplane.store import schema
-from controlplane.store.outbox import add_audit_event
+from controlplane.store.outbox import add_audit_event, add_audit_events
 from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-exported, they live in records
     AuditEntry,
     AuditQuery,
@@ -332,6 +332,57 @@ class Registry:
             if isinstance(exc.__cause__, IntegrityError):
                 return self.get_snapshot(model, digest), False
             raise
+
+    def record_contents(self, items: Sequence[tuple[str, str, SnapshotContent, SourceEntry | None]],
+                        audit: Callable[[SnapshotRecord], AuditEntry]) -> list[tuple[SnapshotRecord, bool]]:
+        """`record_content` of many contents in ONE transaction (the start-up scan's batches: one commit
+        per model cost most of a first start at 10,000 models): each model's row made if new, each content
+        recorded once (the same content again only updates last_seen), its source entry set, and
+        `audit(record)` added for every content new to the registry. Returns (record, new) per item."""
+        if not items:
+            return []
+        names = list(dict.fromkeys(model for model, *_ in items))
+        now = self.clock()
+        out: list[tuple[SnapshotRecord, bool]] = []
+        audits: list[AuditEntry] = []
+        with self._session() as session:
+            known = set(session.scalars(select(schema.Model.name).where(schema.Model.name.in_(names))))
+            for name in names:
+                if name not in known:
+                    session.add(schema.Model(name=name, pinned=False, state="new", created_at=now, updated_at=now))
+            snapshots = {(row.model, row.digest): row for row in session.scalars(
+                select(schema.Snapshot).where(schema.Snapshot.model.in_(names)))}
+            signatures = {row.model: row for row in session.scalars(
+                select(schema.SourceSignature).where(schema.SourceSignature.model.in_(names)))}
+            for model, digest, content, source in items:
+                if source is not None:
+                    steps = None if source.steps is None else json.dumps(source.steps)
+                    sig = signatures.get(model)
+                    if sig is None:
+                        sig = signatures[model] = schema.SourceSignature(model=model)
+                        session.add(sig)
+                    sig.signature, sig.digest, sig.recorded_at = source.signature, digest, now
+                    sig.trusted, sig.steps = source.trusted, steps
+                row = snapshots.get((model, digest))
+                if row is not None:
+                    row.last_seen = now
+                    row.collected = False
+                    out.append((_snapshot_record(row), False))
+                    continue
+                row = snapshots[model, digest] = schema.Snapshot(
+                    model=model, digest=digest, manifest=content.manifest,
+                    config=json.dumps(content.config) if content.config is not None else None,
+                    versions=json.dumps(content.versions), served_versions=json.dumps(content.served_versions),
+                    valid=content.valid, problems=json.dumps(content.problems), total_bytes=content.total_bytes,
+                    first_seen=now, last_seen=now, quarantined=False, collected=False)
+                session.add(row)
+                record = _snapshot_record(row)
+                out.append((record, True))
+                audits.append(audit(record))
+            if audits:
+                session.info[AUDIT_ADDED] = True
+                add_audit_events(session, audits, self.host, now, self.outbox)
+        return out
 
     def get_snapshot(self, model: str, digest: str) -> SnapshotRecord:
         """A model's snapshot by full digest or unique prefix."""
