@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -262,6 +263,29 @@ def test_waves_advance_only_when_every_host_of_the_previous_one_is_ok(leader: Le
     assert leader.store.rollout(rid).state == "done"
     assert leader.store.targets() == {"m": D2}
     assert leader.member.propose("m", shared.get_snapshot("m", D2)) is None  # the fleet serves it
+
+
+def test_a_change_sets_rollouts_reach_a_hosts_claim_together(leader: Leader, shared: Registry,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader starts a set's rollouts (steps first, then the ensemble) in one transaction: a host
+    that claims while they start gets its steps of the whole set or none, never a step it would deploy
+    alone beside the old ensemble over it (tests/test_fleet_changesets.py: the canary deployed `a`
+    alone and its `pipe` stopped answering). The audit call after each start is wrapped (a spy on the
+    real registry) to claim at that moment."""
+    seen: list[list[str]] = []
+    audit = shared.audit
+
+    def claim_then_audit(entry: Any) -> Any:
+        seen.append(sorted(s.model for s in leader.store.claim("h1")))
+        return audit(entry)
+
+    for model in ("a", "b", "pipe"):
+        shared.record_snapshot(model, D2, "{}", config=None, versions=[1], served_versions=[1], valid=True,
+                               problems=[], total_bytes=1)
+    monkeypatch.setattr(shared, "audit", claim_then_audit)
+    ids = leader.member.leader.propose_set([(m, shared.get_snapshot(m, D2)) for m in ("a", "b", "pipe")])
+    assert list(ids) == ["a", "b", "pipe"] and ids["a"] < ids["b"] < ids["pipe"]
+    assert seen == [["a", "b", "pipe"], [], []]
 
 
 def test_a_failure_stops_the_waves_and_rolls_back_every_host_that_took_it(leader: Leader, shared: Registry) -> None:

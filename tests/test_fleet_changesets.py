@@ -104,11 +104,6 @@ def test_a_change_set_rolls_out_steps_first_with_zero_failed_requests(
         assert not [p for p in (proc.state_dir / "serving").iterdir() if "__" in p.name], host
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "KNOWN INTERMITTENT REGRESSION since the one-engine refactor (issue 24, open): the set rolls back at the "
-    "canary and no other host takes it, but in about half the runs the canary's `pipe` answered 'has no "
-    "available versions' for about 2 s (117 failed requests); the single-host broken step "
-    "(tests/test_changesets.py) keeps 0 failed. Remove this mark with the fix."))
 def test_a_broken_step_rolls_the_whole_set_back_at_the_canary(fleet: tuple[dict[str, DaemonProcess], str]) -> None:
     daemons, url = fleet
     repo: Path = daemons["h1"].repository

@@ -34,7 +34,7 @@ log = logging.getLogger("tritonctl.fleet")
 CONVERGE_ACTOR = "fleet-converge"
 REPORT_EVERY_S = 5.0
 GATHER_S = 3.0  # how long a host waits for the rest of a change set's steps to become its to claim
-GATHER_MIN_S = 0.3  # the leader starts a set's rollouts within milliseconds: look again once this late
+GATHER_MIN_S = 0.3  # the leader opens a set's later waves rollout by rollout, within milliseconds
 
 
 @dataclass
@@ -110,8 +110,10 @@ class HostAgent:
         self._finish(step, state, message, result, serving, started)
 
     def _gather(self, claimed: list[Step]) -> list[Step]:
-        """The leader starts a change set's rollouts one by one: for up to GATHER_S, claim this host's
-        steps of open rollouts connected through ensembles to what was claimed, so the set runs as one."""
+        """The leader starts a change set's rollouts together (one transaction), but opens their later
+        waves and adds their rollback steps rollout by rollout, and a member may queue behind an earlier
+        rollout of its model: for up to GATHER_S, claim this host's steps of open rollouts connected
+        through ensembles to what was claimed, so the set runs as one."""
         started = time.monotonic()
         while not self.stopping.is_set():
             mine = sets.members(self.registry, [(s.model, s.digest or "") for s in claimed])

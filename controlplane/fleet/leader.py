@@ -104,19 +104,33 @@ class Leader:
 
     def propose(self, model: str, record: SnapshotRecord, actor: str = "watcher") -> int | None:
         """Start a rollout of `record` if the pipeline's gate lets it through and none is on its way."""
-        current = self.registry.ensure_model(model)
-        if not decide(current, record, policy=current.policy or self.settings.policy).deploys:
-            return None  # (the fleet keeps no deployments: an operator holds it with a pin)
-        if any(r.model == model and r.digest == record.digest for r in self.store.rollouts()):
-            return None  # already on its way
-        waves = self.machine.waves()
+        return self.propose_set([(model, record)], actor).get(model)
+
+    def propose_set(self, records: list[tuple[str, SnapshotRecord]], actor: str = "watcher") -> dict[str, int]:
+        """`propose` for models in order (a change set: steps before ensembles), the rollouts started in
+        one transaction: a host never claims a set's first steps without the rest (it would deploy a
+        step alone, beside the old ensemble over it). {model: rollout id} of those started."""
+        chosen: list[tuple[str, str, str | None]] = []
+        on_its_way = {(r.model, r.digest) for r in self.store.rollouts()}
+        for model, record in records:
+            try:
+                current = self.registry.ensure_model(model)
+            except TritonctlError as exc:
+                log.error("%s: %s", model, exc)
+                continue
+            if not decide(current, record, policy=current.policy or self.settings.policy).deploys:
+                continue  # (the fleet keeps no deployments: an operator holds it with a pin)
+            if (model, record.digest) not in on_its_way:
+                chosen.append((model, record.digest, current.active_digest))
+        waves = self.machine.waves() if chosen else []
         if not waves:
-            return None
-        rid = self.machine.start(model, record.digest, current.active_digest, actor, "rollout", waves,
-                                 lambda rid: f"rollout {rid} started: canary {', '.join(waves[0])}; "
-                                             f"then {len(waves) - 1} wave(s)")
-        log.info("%s: rollout %s of %s: waves %s", model, rid, record.digest[:12], waves)
-        return rid
+            return {}
+        ids = self.machine.start_set(chosen, actor, "rollout", waves,
+                                     lambda _model, rid: f"rollout {rid} started: canary {', '.join(waves[0])}; "
+                                                         f"then {len(waves) - 1} wave(s)")
+        for (model, digest, _previous), rid in zip(chosen, ids, strict=True):
+            log.info("%s: rollout %s of %s: waves %s", model, rid, digest[:12], waves)
+        return dict(zip((m for m, _d, _p in chosen), ids, strict=True))
 
     # -- an operator's change, as a rollout -------------------------------------------------------
 
@@ -210,8 +224,8 @@ class Leader:
         if self.plane.still_settling(sorted(self._unproposed)):
             return
         ready, self._unproposed = self._unproposed, {}
-        for model in sets.steps_first(self.registry, [(m, r.digest) for m, r in ready.items()]):
-            try:
-                self.propose(model, ready[model])
-            except TritonctlError as exc:
-                log.error("%s: %s", model, exc)
+        ordered = sets.steps_first(self.registry, [(m, r.digest) for m, r in ready.items()])
+        try:
+            self.propose_set([(model, ready[model]) for model in ordered])
+        except TritonctlError as exc:
+            log.error("%s: %s", ", ".join(ordered), exc)

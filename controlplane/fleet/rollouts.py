@@ -10,7 +10,7 @@ whose daemon is gone does not hold the fleet: its open steps are skipped; it con
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from controlplane.errors import TritonctlError
 from controlplane.fleet.settings import FleetSettings
@@ -116,6 +116,13 @@ class RolloutMachine:
     def start(self, model: str, digest: str, previous: str | None, actor: str, kind: str,
               waves: list[list[str]], message: Callable[[int], str]) -> int:
         """Queue a rollout over `waves` and audit who started it (`message` of the rollout's id)."""
-        rid = self.store.create_rollout(model, digest, previous, actor, waves)
-        self.registry.audit(AuditEntry(actor, kind, model, digest or None, Result.OK.value, message(rid)))
-        return rid
+        return self.start_set([(model, digest, previous)], actor, kind, waves, lambda _model, rid: message(rid))[0]
+
+    def start_set(self, rollouts: Sequence[tuple[str, str, str | None]], actor: str, kind: str,
+                  waves: list[list[str]], message: Callable[[str, int], str]) -> list[int]:
+        """Queue (model, digest, previous) rollouts over `waves` in one transaction (a change set's reach
+        every host's claim together) and audit who started each (`message` of its model and id)."""
+        ids = self.store.create_rollouts(rollouts, actor, waves)
+        for (model, digest, _previous), rid in zip(rollouts, ids, strict=True):
+            self.registry.audit(AuditEntry(actor, kind, model, digest or None, Result.OK.value, message(model, rid)))
+        return ids

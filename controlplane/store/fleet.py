@@ -8,7 +8,7 @@ a step twice even if it is woken twice. `notify` wakes every host listening on `
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -196,21 +196,32 @@ class FleetStore:
     def create_rollout(self, model: str, digest: str, previous: str | None, actor: str,
                        waves: list[list[str]]) -> int:
         """Queue a rollout; it runs at once unless another one of the model is still open."""
+        return self.create_rollouts([(model, digest, previous)], actor, waves)[0]
+
+    def create_rollouts(self, rollouts: Sequence[tuple[str, str, str | None]], actor: str,
+                        waves: list[list[str]]) -> list[int]:
+        """Queue (model, digest, previous) rollouts in one transaction, in order: a change set's rollouts
+        reach the hosts' claims all at once (an agent that saw only a set's first step would deploy it
+        alone, beside the old ensemble over it)."""
         now = utcnow()
+        ids: list[int] = []
         with self.session() as session:
-            busy = session.scalar(select(schema.Rollout.id).where(schema.Rollout.model == model,
-                                                                  schema.Rollout.state.in_(OPEN_ROLLOUT)).limit(1))
-            row = schema.Rollout(model=model, digest=digest, previous_digest=previous, actor=actor,
-                                 state="queued" if busy else "running", created_at=now, updated_at=now)
-            session.add(row)
-            session.flush()
-            for wave, hosts in enumerate(waves):
-                for host in hosts:
-                    session.add(schema.RolloutHost(rollout_id=row.id, host=host, wave=wave, action="deploy",
-                                                   digest=digest, state="pending" if wave == 0 and not busy
-                                                   else "waiting", message=""))
-            self.notify(session, f"rollout {row.id}")
-            return row.id
+            for model, digest, previous in rollouts:
+                busy = session.scalar(select(schema.Rollout.id).where(schema.Rollout.model == model,
+                                                                      schema.Rollout.state.in_(OPEN_ROLLOUT))
+                                      .limit(1))
+                row = schema.Rollout(model=model, digest=digest, previous_digest=previous, actor=actor,
+                                     state="queued" if busy else "running", created_at=now, updated_at=now)
+                session.add(row)
+                session.flush()
+                for wave, hosts in enumerate(waves):
+                    for host in hosts:
+                        session.add(schema.RolloutHost(rollout_id=row.id, host=host, wave=wave, action="deploy",
+                                                       digest=digest, state="pending" if wave == 0 and not busy
+                                                       else "waiting", message=""))
+                ids.append(row.id)
+                self.notify(session, f"rollout {row.id}")
+        return ids
 
     def rollouts(self, states: tuple[str, ...] = OPEN_ROLLOUT, limit: int = 50) -> list[Rollout]:
         with self.session() as session:
