@@ -173,6 +173,18 @@ class StatusResult:
         }
 
 
+@dataclass
+class StatusPage:
+    """One page of `status` (the web view's overview): the page's rows, how many models match the
+    filters, which page of how many, and every state a model is in now (the state filter's choices)."""
+
+    status: StatusResult
+    total: int
+    page: int
+    pages: int
+    states: list[str]
+
+
 # --- policy, pin / unpin, gc, db upgrade --------------------------------------------------------------
 
 

@@ -42,6 +42,7 @@ from controlplane.results import (
     PinResult,
     PolicyResult,
     ServingAtResult,
+    StatusPage,
     StatusResult,
     TagResult,
     TagsResult,
@@ -621,12 +622,14 @@ class ControlPlane:
     # -- state ----------------------------------------------------------------------------------
 
     def _triton_view(
-        self, models: Iterable[ModelRecord] | None = None
+        self, models: Iterable[ModelRecord] | None = None, wanted: dict[str, str | None] | None = None
     ) -> tuple[list[IndexEntry], dict[str, str | None]]:
         """One repository-index call; served digests read only where they can have changed
-        (controlplane/servedview.py). `models`: the registry's view (None: read every digest). A change
-        set's private step names are no models of their own (controlplane/changeset.py)."""
-        wanted = None if models is None else {m.name: m.active_digest for m in models}
+        (controlplane/servedview.py). `models`: the registry's view (None: read every digest); `wanted`:
+        every model's active digest when `models` is only some (a digest missing from it is read fresh).
+        A change set's private step names are no models of their own (controlplane/changeset.py)."""
+        if wanted is None:
+            wanted = None if models is None else {m.name: m.active_digest for m in models}
         index, served = self.served_view.view(self.triton, wanted)
         return [e for e in index if not is_private_name(e.name)], {
             name: digest for name, digest in served.items() if not is_private_name(name)}
@@ -634,20 +637,49 @@ class ControlPlane:
     def status(self, models: list[str] | None = None) -> StatusResult:
         for name in models or []:
             validate_model_name(name)
-        everything = records = self.registry.list_models()
-        if models:
-            known = {m.name for m in records}
-            for name in models:
-                if name not in known:
-                    raise NotFoundError(f"model '{name}' is unknown to the registry")
-            records = [m for m in records if m.name in models]
+        if not models:
+            return self._status_of(self.registry.list_models(), None)
+        records = self.registry.list_models(names=models)
+        known = {m.name for m in records}
+        for name in models:
+            if name not in known:
+                raise NotFoundError(f"model '{name}' is unknown to the registry")
+        return self._status_of(records, self.registry.active_digests())
+
+    def status_page(self, *, state: str = "", sync: str = "", name: str = "", page: int = 1,
+                    size: int = 100) -> StatusPage:
+        """One page of `status` by model name, filtered by state, sync and a part of the name (the web
+        view's overview). State and name are filtered and the page cut in SQL, so only the page's models
+        are looked at; sync is computed per model, so filtering by it computes every model's status."""
+        if sync:
+            result = self.status()
+            rows = [r for r in result.models if r.sync == sync and (not state or r.state == state)
+                    and name.lower() in r.model.lower()]
+            pages = max((len(rows) + size - 1) // size, 1)
+            page = min(max(page, 1), pages)
+            result.models = rows[(page - 1) * size: page * size]
+            return StatusPage(result, len(rows), page, pages, self.registry.model_states())
+        total, names = self.registry.model_page(state=state or None, name_contains=name or None,
+                                                offset=(max(page, 1) - 1) * size, limit=size)
+        pages = max((total + size - 1) // size, 1)
+        if page > pages:  # past the end: the last page
+            page = pages
+            total, names = self.registry.model_page(state=state or None, name_contains=name or None,
+                                                    offset=(page - 1) * size, limit=size)
+        result = self._status_of(self.registry.list_models(names=names) if names else [],
+                                 self.registry.active_digests())
+        return StatusPage(result, total, max(page, 1), pages, self.registry.model_states())
+
+    def _status_of(self, records: list[ModelRecord], wanted: dict[str, str | None] | None) -> StatusResult:
+        """The status rows of `records`; `wanted`: every model's active digest, when `records` is not
+        every model (None: `records` is; see _triton_view)."""
         try:
-            index, served = self._triton_view(everything)
+            index, served = self._triton_view(records, wanted)
             reachable = True
         except TritonctlError:
             index, served, reachable = [], {}, False
-        drift = {d.model: d for d in plan(everything, index, served).drift} if reachable else {}
-        names = [m.name for m in records] if models else None
+        drift = {d.model: d for d in plan(records, index, served).drift} if reachable else {}
+        names = [m.name for m in records] if wanted is not None else None
         heads = self.registry.source_heads(names)
         lasts = self.registry.last_deployments(names)
         busy = set(self.deployer.busy_models())
@@ -655,6 +687,7 @@ class ControlPlane:
         tag_registry = self.tag_registry()
         tagged, tracks = tags.by_digest(tag_registry.list_tags()), tag_registry.tracks()
         footprints = self.registry.footprints(names)
+        retries, restores = self.retries.all(), self.restores.all()  # one lock each, not two per model
         by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
         for e in index:
             by_name.setdefault(e.name, []).append(VersionState(e.version, e.state, e.reason))
@@ -662,7 +695,7 @@ class ControlPlane:
         for model in records:
             versions = by_name.get(model.name, [])
             policy = self.effective_policy(model)
-            retry = self.retries.get(model.name) or self.restores.get(model.name)
+            retry = retries.get(model.name) or restores.get(model.name)
             head = heads.get(model.name)
             sync, reason = sync_state(model, policy, head, lasts.get(model.name), busy=model.name in busy,
                                       retry=retry, settling=settling.get(model.name))

@@ -25,11 +25,13 @@ from typing import Any
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests import browser
 from tests.harness import DaemonProcess, infer_gen, request_loop, wait_for, write_gen_model
 from tests.pg import PostgresServer
 
 HOSTS = ["h1", "h2", "h3", "h4"]
 MODEL = "fleetmodel"
+WEB_HOST = "h1"  # serves the web view (its Fleet page is checked in a browser while h3 is held)
 
 
 class Fleet:
@@ -47,7 +49,7 @@ class Fleet:
             self.daemons[host] = DaemonProcess(
                 self.repo, self.base / f"state-{host}", settle_s=0.2,
                 extra_args=["--fleet", "--db-url", self.url, "--host", host, "--shared-store", str(self.shared),
-                            "--wave-size", "2"])
+                            "--wave-size", "2", *(["--web-address", "127.0.0.1:0"] if host == WEB_HOST else [])])
         return self.daemons[host]
 
     def start(self, host: str, wait: bool = True) -> DaemonProcess:
@@ -244,7 +246,10 @@ def test_fleet_verbs_act_on_every_host_and_a_host_local_action_is_held(fleet: Fl
         # One host alone, back to the current version: held, not converged back.
         fleet.daemons["h3"].cli("rollback", MODEL, "--to", current[:12], "--host", "h3")
         assert fleet.gen("h3") == 4.0
-        time.sleep(5.0)  # more than two converge periods
+        held_since = time.monotonic()
+        if browser.available() is None:  # the web view's Fleet page shows it (chromium: .ci/install-test-deps)
+            fleet_page_shows_held_host(fleet, "h3", current, previous)
+        time.sleep(max(0.0, 5.0 - (time.monotonic() - held_since)))  # more than two converge periods
         assert fleet.gen("h3") == 4.0 and {fleet.gen(h) for h in HOSTS if h != "h3"} == gens
         cell = fleet.cli_json("status", "--fleet")["models"][0]["hosts"]["h3"]
         assert cell["state"] == "held" and cell["held"] and cell["digest"] == current
@@ -262,6 +267,41 @@ def test_fleet_verbs_act_on_every_host_and_a_host_local_action_is_held(fleet: Fl
     fleet.daemons["h1"].cli("load", MODEL, "--digest", current[:12])
     fleet.wait_gen(4, HOSTS, 30)
     fleet.settled()
+
+
+def fleet_page_shows_held_host(fleet: Fleet, held: str, held_digest: str, target: str) -> None:
+    """/ui/fleet on WEB_HOST in headless chromium: `held` is held on `held_digest`, every other host serves
+    the fleet's `target`; the newest rollout (the fleet's rollback) shows its canary wave first; no console
+    error. Screenshot: results/web/test_fleet_page_held.png (docs/web.md)."""
+    import re
+
+    log = fleet.daemons[WEB_HOST].log_path
+    url = wait_for(lambda: re.search(r"web view: (http://127\.0\.0\.1:\d+)/ui/", log.read_text()), 10,
+                   what="the web view's address").group(1)
+    chrome = browser.start(fleet.base / "chromium-profile")
+    try:
+        def words() -> dict[str, str]:
+            chrome.get(f"{url}/ui/fleet")
+            return dict(chrome.execute_script(
+                "return Object.fromEntries([...document.querySelectorAll(arguments[0])]"
+                ".map(td => [td.dataset.host, td.dataset.word]))", f'#matrix tr[data-model="{MODEL}"] td[data-host]'))
+
+        expected = {h: "held" if h == held else "target" for h in HOSTS}
+        wait_for(lambda: words() == expected, 10, 0.3, f"the Fleet page showing {held} held")
+        cell = browser.text(chrome, f'#matrix tr[data-model="{MODEL}"] td[data-host="{held}"] code')
+        assert cell == held_digest[:12]
+        assert target[:12] in browser.text(chrome, f'#matrix tr[data-model="{MODEL}"] td:nth-of-type(1)')
+        assert browser.text(chrome, "nav a[href='/ui/fleet']") == "Fleet"
+        assert chrome.execute_script(
+            "return [...document.querySelectorAll('#hosts tbody tr')].map(r => r.dataset.host)") == HOSTS
+        waves = chrome.execute_script("return [...document.querySelectorAll('#rollouts tbody tr:first-child li')]"
+                                      ".map(li => li.textContent.replace(/\\s+/g, ' ').trim())")
+        assert waves[0] == "canary: h1 ok", waves
+        assert all(f"{h} ok" in " ".join(waves) for h in HOSTS if h != held), waves
+        browser.screenshot(chrome, "test_fleet_page_held")
+        assert browser.console_errors(chrome) == []
+    finally:
+        chrome.quit()
 
 
 @pytest.mark.slow

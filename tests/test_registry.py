@@ -79,6 +79,26 @@ def rows(reg: Registry, table: str) -> list[tuple[object, ...]]:
 # --- snapshots -------------------------------------------------------------------------------------
 
 
+def test_a_page_of_models_is_cut_and_counted_in_sql(registry: Registry) -> None:
+    """The web view's overview (ControlPlane.status_page): names by name, how many match, a part of the
+    name matched literally (`_` is no wildcard), a state filter."""
+    for name in ("gamma", "alpha", "alphax2", "alpha_2", "beta", "delta"):
+        registry.ensure_model(name)
+    registry.update_model("beta", state="unloaded")
+    record(registry, "alpha", D1)
+    deploy(registry, "alpha", D1)
+    assert registry.model_page(limit=2) == (6, ["alpha", "alpha_2"])
+    assert registry.model_page(offset=4, limit=2) == (6, ["delta", "gamma"])
+    assert registry.model_page(offset=6, limit=2) == (6, [])
+    assert registry.model_page(name_contains="ha_2") == (1, ["alpha_2"])
+    assert registry.model_page(name_contains="ALPH") == (3, ["alpha", "alpha_2", "alphax2"])
+    assert registry.model_page(state="unloaded") == (1, ["beta"])
+    assert registry.model_states() == ["new", "serving", "unloaded"]
+    assert registry.active_digests() == {"alpha": D1, "alpha_2": None, "alphax2": None, "beta": None,
+                                         "gamma": None, "delta": None}
+    assert [m.name for m in registry.list_models(names=["gamma", "beta", "nope"])] == ["beta", "gamma"]
+
+
 def test_same_content_twice_is_one_snapshot_and_updates_last_seen(registry: Registry, clock: Clock) -> None:
     first, new = record(registry, "linear", D1)
     assert new is True

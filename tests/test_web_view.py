@@ -95,3 +95,54 @@ def test_a_non_loopback_web_address_needs_the_token_and_tls_or_the_insecure_swit
     server.settings = replace(server.settings, web_require_token=True, token_file=None)
     with pytest.raises(errors.ConfigError, match="needs the token"):  # loopback, but the token is asked for
         server._start_web("127.0.0.1:8080")
+
+
+def test_a_status_page_holds_the_rows_full_status_would_show_there(tmp_path: Any, triton: Any) -> None:
+    """ControlPlane.status_page (the overview): cut in SQL, yet each page's rows are the same as the
+    full `status` filtered and cut; past the last page is the last page; a sync filter is applied to every
+    model's status. A real tritonserver (the session's) answers the repository index."""
+    from dataclasses import asdict
+
+    from controlplane.config import Settings
+    from controlplane.publish import ServingRepository
+    from controlplane.service import ControlPlane
+    from controlplane.snapshot import ContentStore
+    from controlplane.store import migrate
+    from controlplane.store.registry import Registry
+    from controlplane.triton.client import TritonClient
+
+    state = tmp_path / "state"
+    state.mkdir()
+    registry = Registry(f"sqlite:///{state / 'registry.db'}")
+    migrate.upgrade(registry)
+    for i in range(230):
+        registry.ensure_model(f"m{i:03d}")
+        if i % 10 == 0:
+            registry.update_model(f"m{i:03d}", state="unloaded")
+        if i % 3 == 0:
+            registry.record_snapshot(f"m{i:03d}", f"{i:064x}", "{}", config=None, versions=[1], served_versions=[1],
+                                     valid=i % 2 == 0, problems=[], total_bytes=1)
+    triton_client = TritonClient(triton.grpc_url)
+    plane = ControlPlane(Settings(state_dir=state, policy="manual"), registry, ContentStore(state / "store"),
+                         ServingRepository(state / "serving", state / "published"), triton_client)
+    try:
+        every = plane.status().models
+
+        def rows(result: Any) -> list[dict[str, Any]]:
+            return [asdict(row) for row in result.status.models]
+
+        second = plane.status_page(page=2, size=100)
+        assert (second.total, second.page, second.pages) == (230, 2, 3)
+        assert rows(second) == [asdict(r) for r in every[100:200]]
+        assert second.status.triton_reachable and second.states == ["new", "unloaded"]
+        last = plane.status_page(page=9, size=100)
+        assert last.page == 3 and rows(last) == [asdict(r) for r in every[200:]]
+        named = plane.status_page(name="M1", state="unloaded", size=100)
+        assert [r["model"] for r in rows(named)] == [f"m1{i}0" for i in range(10)] and named.total == 10
+        for sync in ("pending", "invalid", "held"):
+            wanted = [asdict(r) for r in every if r.sync == sync and "2" in r.model]
+            page = plane.status_page(sync=sync, name="2", size=100)
+            assert wanted and rows(page) == wanted[:100] and page.total == len(wanted)
+    finally:
+        triton_client.close()
+        registry.close()

@@ -236,17 +236,48 @@ class Registry:
             row = session.scalar(select(schema.Model).where(schema.Model.name == name))
             return _model_record(row) if row else None
 
-    def list_models(self, states: Sequence[str] | None = None) -> list[ModelRecord]:
+    def list_models(self, states: Sequence[str] | None = None,
+                    names: Sequence[str] | None = None) -> list[ModelRecord]:
         """Every model, or only those in `states` (the periodic reconcile needs only the serving ones:
-        listing all 10,000 models of a big repository every round cost ~0.4 s of CPU)."""
+        listing all 10,000 models of a big repository every round cost ~0.4 s of CPU), or named in `names`."""
         m = schema.Model  # columns, not ORM objects: a third of the cost at 10,000 models (status, reconcile)
         query = select(m.name, m.policy, m.pinned, m.active_digest, m.state, m.last_error, m.active_since,
                        m.updated_at, m.removed_at).order_by(m.name)
         if states is not None:
             query = query.where(m.state.in_(list(states)))
+        if names is not None:
+            query = query.where(m.name.in_(list(names)))
         with self._session() as session:
             return [ModelRecord(name, policy, bool(pinned), digest, state, error, since, updated, removed)
                     for name, policy, pinned, digest, state, error, since, updated, removed in session.execute(query)]
+
+    def model_page(self, *, state: str | None = None, name_contains: str | None = None, offset: int = 0,
+                   limit: int = 100) -> tuple[int, list[str]]:
+        """How many models match, and the names of one page of them by name: in SQL, so a page of a
+        10,000-model registry reads 100 names (the web view's overview)."""
+        m = schema.Model
+        conditions = []
+        if state:
+            conditions.append(m.state == state)
+        if name_contains:
+            escaped = name_contains.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            conditions.append(func.lower(m.name).like(f"%{escaped}%", escape="\\"))
+        with self._session() as session:
+            total = int(session.scalar(select(func.count()).select_from(m).where(*conditions)) or 0)
+            names = list(session.scalars(select(m.name).where(*conditions).order_by(m.name)
+                                         .offset(max(offset, 0)).limit(limit)))
+        return total, names
+
+    def model_states(self) -> list[str]:
+        """The states models are in now, each once."""
+        with self._session() as session:
+            return sorted(session.scalars(select(schema.Model.state).distinct()))
+
+    def active_digests(self) -> dict[str, str | None]:
+        """Every model's active digest, in one light query (the served view's `wanted` map)."""
+        with self._session() as session:
+            return {name: digest for name, digest in session.execute(select(schema.Model.name,
+                                                                            schema.Model.active_digest))}
 
     def count_models(self, state: str | None = None) -> int:
         query = select(func.count()).select_from(schema.Model)

@@ -1,11 +1,14 @@
 """The web view's pages: server-rendered HTML of what the control API answers, read-only.
 
 Each page calls the same `ControlPlane` methods the API routes call (status, versions, audit, diff,
-serving_at) and renders their `--json` documents with the Jinja2 templates shipped beside this module,
-so the view can never say something the CLI would not. Filters are query parameters (a link can be
-shared). `?fragment=1` answers only the page's live part, which the page's script fetches when the
-event stream (/v1/events, served here as /ui/v1/events) tells of a change, and when `/ui/stamp`
-changes (asked every 5 s: what makes no event, such as Triton's reachability; see static/web.js).
+serving_at; the Fleet page reads the shared registry as `hosts`, `status --fleet` and `rollouts` do:
+controlplane/api/web/fleetview.py) and renders their `--json` documents with the Jinja2 templates
+shipped beside this module, so the view can never say something the CLI would not. Filters are query
+parameters (a link can be shared). `?fragment=1` answers only the page's live part, which the page's
+script fetches when the event stream (/v1/events, served here as /ui/v1/events) tells of a change, and
+when `/ui/stamp` changes (asked every 5 s for the page's own rows: what makes no event, such as Triton's
+reachability; see static/web.js). The overview is one page of `status` cut in SQL
+(ControlPlane.status_page): at 10,000 models a page looks at its 100 (bench/web_overview.py).
 Who may look is controlplane/api/web/gate.py.
 """
 
@@ -25,7 +28,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
 from controlplane import errors
-from controlplane.api.web import gate
+from controlplane.api.web import fleetview, gate
 from controlplane.api.web.timeline import MARK_KINDS, build_timeline, config_field_changes, parse_iso
 from controlplane.names import validate_model_name
 from controlplane.service import ControlPlane
@@ -72,13 +75,17 @@ def make_templates() -> Jinja2Templates:
     return templates
 
 
-def live_stamp(plane: ControlPlane, status: dict[str, Any] | None = None) -> str:
-    """Changes whenever what any page shows changes: every model's status and the newest audit event."""
-    document = status if status is not None else plane.status().to_json()
-    rows = [{k: v for k, v in row.items() if k != "next_retry_s"} for row in document["models"]]
+def live_stamp(plane: ControlPlane, status: dict[str, Any]) -> str:
+    """Changes whenever what a page shows of `status` (its own rows) changes, or a newer audit event is written."""
+    rows = [{k: v for k, v in row.items() if k != "next_retry_s"} for row in status["models"]]
     newest = plane.audit(limit=1).to_json()
-    body = json.dumps([document["triton_reachable"], document["watch"], rows, newest[:1]], sort_keys=True)
+    body = json.dumps([status["triton_reachable"], status["watch"], rows, newest[:1]], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def audit_stamp(plane: ControlPlane) -> str:
+    """The audit page's stamp: the newest audit event."""
+    return hashlib.sha256(json.dumps(plane.audit(limit=1).to_json()[:1]).encode()).hexdigest()[:16]
 
 
 def newest_audit_id(plane: ControlPlane) -> int:
@@ -87,10 +94,10 @@ def newest_audit_id(plane: ControlPlane) -> int:
     return int(newest[0]["id"]) if newest else 0
 
 
-def overview_rows(models: list[dict[str, Any]], state: str, sync: str, q: str) -> list[dict[str, Any]]:
-    q = q.strip().lower()
-    return [row for row in models if (not state or row["state"] == state) and (not sync or row["sync"] == sync)
-            and (not q or q in row["model"].lower())]
+def stamp_link(request: Request, view: str) -> str:
+    """The page's /ui/stamp address: the same filters, so the stamp covers the rows the page shows."""
+    params = {k: v for k, v in request.query_params.items() if k != "fragment" and v}
+    return "/ui/stamp?" + urlencode({"view": view, **params})
 
 
 def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: APIRouter | None = None) -> FastAPI:
@@ -107,7 +114,8 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         """The page, or with `?fragment=1` only its live part (the template `live`)."""
         if live and request.query_params.get("fragment") == "1":
             name = live
-        context = {**context, "login": token is not None, "after": newest_audit_id(plane)}
+        context = {**context, "login": token is not None, "after": newest_audit_id(plane),
+                   "in_fleet": plane.fleet is not None}
         return templates.TemplateResponse(request, name, context,
                                           status_code=status_code)
 
@@ -155,35 +163,42 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         return response
 
     @app.get("/ui/stamp")
-    def stamp() -> JSONResponse:
-        return JSONResponse({"stamp": live_stamp(plane)})
+    def stamp(view: str = "", model: str = "", state: str = "", sync: str = "", q: str = "",
+              page: int = 1) -> JSONResponse:
+        """What the page's script compares every 5 s: each page's own rows (a 10,000-model registry's
+        overview page costs its 100 models, not every model's status)."""
+        if view == "fleet" and plane.fleet is not None:
+            return JSONResponse({"stamp": fleetview.read(plane.fleet.registry).stamp()})
+        if view == "audit":
+            return JSONResponse({"stamp": audit_stamp(plane)})
+        if view == "model" and model:
+            validate_model_name(model)
+            return JSONResponse({"stamp": live_stamp(plane, plane.status([model]).to_json())})
+        shown = plane.status_page(state=state, sync=sync, name=q.strip(), page=page, size=PAGE_SIZE)
+        return JSONResponse({"stamp": live_stamp(plane, shown.status.to_json())})
 
     @app.get("/ui/")
     def overview(request: Request, state: str = "", sync: str = "", q: str = "", page: int = 1) -> HTMLResponse:
-        status = plane.status().to_json()
-        rows = overview_rows(status["models"], state, sync, q)
-        pages = max((len(rows) + PAGE_SIZE - 1) // PAGE_SIZE, 1)
-        page = min(max(page, 1), pages)
+        shown = plane.status_page(state=state, sync=sync, name=q.strip(), page=page, size=PAGE_SIZE)
+        status = shown.status.to_json()
         return render(request, "overview.html", {
-            "status": status, "rows": rows[(page - 1) * PAGE_SIZE: page * PAGE_SIZE], "total": len(rows),
-            "page": page, "pages": pages, "state": state, "sync": sync, "q": q, "sync_values": SYNC_VALUES,
-            "states": sorted({row["state"] for row in status["models"]}), "stamp": live_stamp(plane, status)},
-            live="_overview_live.html")
+            "status": status, "rows": status["models"], "total": shown.total, "page": shown.page,
+            "pages": shown.pages, "state": state, "sync": sync, "q": q, "sync_values": SYNC_VALUES,
+            "states": shown.states, "stamp": live_stamp(plane, status),
+            "stamp_url": stamp_link(request, "overview")}, live="_overview_live.html")
 
     @app.get("/ui/models/{model}")
     def model_page(request: Request, model: str) -> HTMLResponse:
         validate_model_name(model)
-        status = plane.status().to_json()
-        rows = [row for row in status["models"] if row["model"] == model]
-        if not rows:
-            raise errors.NotFoundError(f"model '{model}' is not in the registry")
+        status = plane.status([model]).to_json()
         versions = plane.versions(model).to_json()
         events = plane.audit(model=model, limit=500).to_json()
         now = datetime.now(timezone.utc)
         return render(request, "model.html", {
-            "row": rows[0], "versions": versions, "events": events[:100],
+            "row": status["models"][0], "versions": versions, "events": events[:100],
             "timeline": build_timeline(versions, events, now), "now": now.isoformat(timespec="seconds"),
-            "stamp": live_stamp(plane, status)}, live="_model_live.html")
+            "stamp": live_stamp(plane, status),
+            "stamp_url": "/ui/stamp?" + urlencode({"view": "model", "model": model})}, live="_model_live.html")
 
     @app.get("/ui/models/{model}/diff")
     def diff_page(request: Request, model: str, a: str = "", b: str = "") -> HTMLResponse:
@@ -197,13 +212,22 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         return render(request, "diff.html", {"model": model, "versions": versions, "a": a, "b": b,
                                              "result": result, "fields": fields})
 
+    @app.get("/ui/fleet")
+    def fleet_page(request: Request) -> HTMLResponse:
+        if plane.fleet is None:
+            return render(request, "error.html", {"message": "this daemon is not in a fleet (--fleet): "
+                                                             "no hosts or rollouts"}, status_code=404)
+        view = fleetview.read(plane.fleet.registry)
+        return render(request, "fleet.html", {"view": view, "stamp": view.stamp()}, live="_fleet_live.html")
+
     @app.get("/ui/audit")
     def audit_page(request: Request, at: str = "", limit: int = 200) -> HTMLResponse:
         filters = {k: request.query_params.get(k) or None for k in AUDIT_FILTERS}
         events = plane.audit(**filters, limit=max(1, min(limit, 1000))).to_json()
         serving = plane.serving_at(at, filters["model"]).to_json() if at else None
         return render(request, "audit.html", {"events": events, "filters": filters, "at": at, "serving": serving,
-                                              "limit": limit, "stamp": live_stamp(plane)},
+                                              "limit": limit, "stamp": audit_stamp(plane),
+                                              "stamp_url": "/ui/stamp?view=audit"},
                       live="_audit_live.html")
 
     return app

@@ -1,7 +1,8 @@
 // The web view's only script: times in the browser's zone, and the live part of a page kept current.
 // It follows the daemon's event stream (/v1/events, served on this listener as /ui/v1/events): on each
 // audit or state event it fetches the page's live part (?fragment=1) and puts it in place, no reload.
-// Every 5 s it also asks /ui/stamp whether anything changed that makes no event (Triton's reachability).
+// Every 5 s it also asks /ui/stamp (the page's data-stamp-url) whether anything changed that makes no event
+// (Triton's reachability; on the Fleet page, what the other hosts report).
 (function () {
   "use strict";
   function localize(root) {
@@ -76,7 +77,7 @@
     say("Live updates paused: the daemon does not answer (retrying).");
   });
   function check() {
-    fetch("/ui/stamp", {credentials: "same-origin", cache: "no-store"})
+    fetch(live.getAttribute("data-stamp-url") || "/ui/stamp", {credentials: "same-origin", cache: "no-store"})
       .then(function (answer) {
         return answer.ok ? answer.json() : null;
       })
