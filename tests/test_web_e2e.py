@@ -1,17 +1,19 @@
 """The web view in a real headless chromium against a real daemon and its launched tritonserver.
 
-One daemon (repository: the `linear` example and a generation model `gen`) serves the view on a loopback
-`--web-address` with `--web-require-token`, so the login path a non-loopback listener takes is the one
-tested here (binding a non-loopback address is not possible on a test machine); the browser logs in once
-through the form. Each test reads the browser's console (no errors) and saves a screenshot under
-results/web/. Live: an edit in the source is seen as pending then synced, and a broken edit's rollback
-mark appears on the timeline, on a page that was never reloaded (a marker set in the page survives).
+One daemon (repository: the `linear` example and a generation model `gen`) serves the view on a
+non-loopback `--web-address` (this machine's outgoing interface, or 0.0.0.0 where it has none) in plain
+HTTP, which `--allow-insecure-http` must allow (without it the daemon refuses: tests/test_web_view.py);
+the browser reaches it there and logs in once through the form, with the daemon's token.
+Each test reads the browser's console (no errors) and saves a screenshot under results/web/. Live: an
+edit in the source is seen as pending then synced, and a broken edit's rollback mark appears on the
+timeline, on a page that was never reloaded (a marker set in the page survives).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -42,16 +44,30 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     os.chmod(token_file, 0o600)
     # settle 1.5 s: an edit stays `pending` long enough to be seen on the page for sure
     proc = DaemonProcess(repo, base / "state", settle_s=1.5, extra_args=[
-        "--web-address", "127.0.0.1:0", "--web-require-token", "--token-file", str(token_file)]).start()
+        "--web-address", f"{non_loopback_address() or '0.0.0.0'}:0", "--allow-insecure-http",
+        "--token-file", str(token_file)]).start()
     yield proc
     assert proc.stop() == 0, proc.log_tail()
 
 
+def non_loopback_address() -> str | None:
+    """This machine's address on its outgoing interface (no packet is sent); None when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the interface
+            address = str(probe.getsockname()[0])
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
 @pytest.fixture(scope="module")
 def base_url(daemon: DaemonProcess) -> str:
-    found = wait_for(lambda: re.search(r"web view: (http://127\.0\.0\.1:\d+)/ui/", daemon.log_path.read_text()),
-                     10, what="the daemon's `web view:` log line")
-    return str(found.group(1))
+    found = wait_for(lambda: re.search(r"web view: http://([0-9.]+):(\d+)/ui/ \(log in with the token\)",
+                                       daemon.log_path.read_text()), 10, what="the daemon's `web view:` log line")
+    host = found.group(1)
+    assert not host.startswith("127."), host
+    return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{found.group(2)}"
 
 
 @pytest.fixture(scope="module")
