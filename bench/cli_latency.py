@@ -8,14 +8,20 @@ client speaks HTTP over the Unix socket with the standard library's http.client 
 an operator waits for (a step, an outcome, the status table) are drawn without rich (cli/plain.py).
 
 The commands: `status` and `status --json` and `load M` (a no-op: M already serves that digest) against
-a real `tritonctl daemon --launch-triton` serving one model; `versions M`, `audit --model M --since 1d`
-and `audit --at T` (100 models) on a registry of 1,000,000 audit events (bench/audit_query.py builds it);
-`validate` of one model; `--help`.
+a real `tritonctl daemon --launch-triton` serving one model; `versions M`, `audit --model M --since 1d`,
+`audit --at T` (100 models) and `tags` against a second real daemon (its tritonserver a closed port,
+policy manual, an empty source) whose registry holds 1,000,000 audit events (bench/audit_query.py builds
+it): every one of these is one HTTP call to a daemon, as the CLI makes it; `validate` of one model (no
+daemon); `--help`.
 
-With `--compare DIR` the same commands also run from another checkout (PYTHONPATH=DIR), in the same
-rounds: `git worktree add /tmp/old 9bf8cb9; python bench/cli_latency.py --compare /tmp/old`. That
-checkout reads a copy of the big registry whose alembic_version says what it expects (the only schema
-change since is an index, which it does not know about and does not need).
+Bytecode: the timed processes run without PYTHONDONTWRITEBYTECODE (the warm-up round writes the .pyc
+files), as an installed tritonctl runs (pip compiles its modules at install). With it set, every start
+compiles tritonctl's own modules from source again: measured 17 ms of `status` (cProfile: 12 modules
+through `source_to_code`), a cost no installed CLI pays.
+
+With `--compare DIR` the same command lines also run from another checkout (PYTHONPATH=DIR), in the same
+rounds, against the same daemons: `git worktree add /tmp/old COMMIT; python bench/cli_latency.py --compare
+/tmp/old` (a checkout whose CLI speaks this control API).
 
     python bench/cli_latency.py                     # 1,000,000 events, 15 runs per command
     python bench/cli_latency.py --quick             # 20,000 events, 5 runs (CI)
@@ -28,7 +34,6 @@ import argparse
 import os
 import resource
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -85,41 +90,70 @@ def build_registry(path: Path, events: int, console: Any) -> None:
         registry.close()
 
 
-def old_schema_copy(path: Path, compare: Path, dest: Path) -> Path:
-    """A copy of the registry stamped with the revision the other checkout expects."""
-    heads = sorted(p.name.split("_", 1)[0] for p in (compare / "migrations" / "versions").glob("0*.py"))
-    shutil.copyfile(path, dest)
-    conn = sqlite3.connect(dest)
-    with conn:
-        conn.execute("UPDATE alembic_version SET version_num = ?", (heads[-1],))
-    conn.close()
-    return dest
-
-
-def commands(state: Path, db_url: str, at: str) -> list[tuple[str, list[str]]]:
+def commands(state: Path, history_state: Path, at: str) -> list[tuple[str, list[str]]]:
     example = str(c.ROOT / "examples" / "model_repository" / MODEL)
-    sd = ["--state-dir", str(state)]
+    sd, hd = ["--state-dir", str(state)], ["--state-dir", str(history_state)]
     return [
         ("status", ["status", *sd]),
         ("status --json", ["status", "--json", *sd]),
         ("load M (noop)", ["load", MODEL, *sd]),
         ("policy M auto --json", ["policy", MODEL, "auto", "--json", *sd]),
-        ("versions M", ["versions", "model_000", "--db-url", db_url]),
-        ("audit --model M --since 1d", ["audit", "--model", "model_000", "--since", "1d", "--db-url", db_url]),
-        ("audit --at T", ["audit", "--at", at, "--db-url", db_url]),
+        ("versions M", ["versions", "model_000", *hd]),
+        ("audit --model M --since 1d", ["audit", "--model", "model_000", "--since", "1d", *hd]),
+        ("audit --at T", ["audit", "--at", at, *hd]),
+        ("tags", ["tags", *hd]),
         ("validate (one model)", ["validate", example]),
         ("--help", ["--help"]),
     ]
 
 
+def history_daemon(audit_db: Path, work: Path) -> Any:
+    """A real daemon over the big registry: policy manual, an empty source, its tritonserver a closed port
+    (the read routes never ask it), so it answers the history verbs and does nothing else."""
+    (work / "empty").mkdir()
+    return c.daemon_process(work / "empty", work / "history-state", 0.2, policy="manual", launch=False,
+                            extra=["--db-url", f"sqlite:///{audit_db}", "--triton-url", "127.0.0.1:1"])
+
+
+def with_bytecode(env: dict[str, str]) -> dict[str, str]:
+    """The environment of an installed CLI: .pyc files are read (and written once, by the warm-up)."""
+    return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def daemon_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat), to report what the daemons spent."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # What the commands pay for before their own work: each import alone, as a new process, in the same
 # rounds (so the remaining distance to the target can be attributed to a measured cause).
-IMPORTS = (
+IMPORTS = (  # label (a key of import_costs: no dots), statement
     ("click", "import click"),
-    ("http.client", "import http.client"),
-    ("the API client (http.client)", "import controlplane.api.client"),
+    ("http_client", "import http.client"),
+    ("floor", "import click, http.client"),  # the floor the issue's choices set: click, the stdlib's client
+    ("the API client (http_client)", "import controlplane.api.client"),
     ("rich (console + table)", "import rich.console, rich.table"),
 )
+
+
+def http_calls(state: Path, history_state: Path, at: str, runs: int) -> dict[str, list[float]]:
+    """Each command's HTTP call alone, in this process (connect, request, the daemon's answer, read): how
+    much of a command's time is the daemon's, not the process's start-up."""
+    from controlplane.api.client import ControlClient
+    from controlplane.defaults import SOCKET_NAME
+
+    live, old = ControlClient(socket=state / SOCKET_NAME), ControlClient(socket=history_state / SOCKET_NAME)
+    calls = {"status": live.status, "versions M": lambda: old.versions("model_000"),
+             "audit --model M --since 1d": lambda: old.audit(model="model_000", since="1d", limit=100),
+             "audit --at T": lambda: old.serving_at(at), "tags": old.tags}
+    timings: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for label, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            timings.setdefault(label, []).append((time.perf_counter() - t0) * 1000.0)
+    return timings
 
 
 def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
@@ -133,6 +167,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         repo.mkdir()
         shutil.copytree(c.ROOT / "examples" / "model_repository" / MODEL, repo / MODEL)
         daemon = c.daemon_process(repo, work / "state", 0.2).start()
+        history = history_daemon(audit_db, work).start()
         try:
             def serving() -> bool:
                 return any(m.get("state") == "serving" for m in daemon.json("status").get("models", []))
@@ -140,14 +175,13 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             if not c.wait_until(serving, 90, 0.2):
                 raise SystemExit(f"{MODEL} did not serve: {daemon.log_tail()}")
             at = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            env = with_bytecode({**os.environ, "PYTHONPATH": str(c.ROOT)})
             systems: dict[str, tuple[dict[str, str], list[tuple[str, list[str]]]]] = {
-                "tritonctl": ({**os.environ, "PYTHONPATH": str(c.ROOT)},
-                              commands(daemon.state_dir, f"sqlite:///{audit_db}", at)),
+                "tritonctl": (env, commands(daemon.state_dir, history.state_dir, at)),
             }
-            if args.compare:
-                old_db = old_schema_copy(audit_db, args.compare, work / "old-registry.db")
-                systems["before"] = ({**os.environ, "PYTHONPATH": str(args.compare)},
-                                     commands(daemon.state_dir, f"sqlite:///{old_db}", at))
+            if args.compare:  # the same command lines, from the other checkout
+                systems["before"] = ({**env, "PYTHONPATH": str(args.compare)},
+                                     commands(daemon.state_dir, history.state_dir, at))
             samples: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
             cpu: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
             baseline: list[float] = []
@@ -158,11 +192,11 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                 for env, cmds in systems.values():
                     for _name, argv in cmds:
                         timed([sys.executable, "-m", "cli.main", *argv], env)
+            daemons_cpu_before = daemon_cpu_s(daemon.proc.pid) + daemon_cpu_s(history.proc.pid)
             for _ in range(args.runs):
-                baseline.append(timed([sys.executable, "-c", "pass"], dict(os.environ))[0])
+                baseline.append(timed([sys.executable, "-c", "pass"], with_bytecode(dict(os.environ)))[0])
                 baseline_cpu.append(CPU_MS[-1])
                 for label, stmt in IMPORTS:
-                    env = {**os.environ, "PYTHONPATH": str(c.ROOT)}
                     imports.setdefault(label, []).append(timed([sys.executable, "-c", stmt], env)[0])
                 for system, (env, cmds) in systems.items():
                     for name, argv in cmds:
@@ -171,7 +205,10 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                             failures.append(f"{system} {name}: exit {code}: {err.strip()[-200:]}")
                         samples[system].setdefault(name, []).append(ms)
                         cpu[system].setdefault(name, []).append(CPU_MS[-1])
+            daemons_cpu_s = daemon_cpu_s(daemon.proc.pid) + daemon_cpu_s(history.proc.pid) - daemons_cpu_before
+            calls = http_calls(daemon.state_dir, history.state_dir, at, args.runs)
         finally:
+            history.stop()
             daemon.stop()
     base = statistics.median(baseline)
     rows: list[c.Row] = [c.Row("python -c pass", "python", f"{base:.0f} ms", value=round(base, 1),
@@ -194,15 +231,21 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         per_command.append(entry)
     import_costs = {label: {"median_ms": round(statistics.median(v), 1),
                             "above_python_ms": round(statistics.median(v) - base, 1)} for label, v in imports.items()}
+    statements = dict(IMPORTS)
     for label, cost in import_costs.items():
-        rows.append(c.Row(f"python -c 'import {label}'", "cause", f"{cost['median_ms']:.0f} ms",
+        rows.append(c.Row(f"python -c '{statements[label]}'", "cause", f"{cost['median_ms']:.0f} ms",
                           note=f"{cost['above_python_ms']:.0f} ms above python -c pass", value=cost["median_ms"]))
+    for label, values in calls.items():
+        rows.append(c.Row(f"the HTTP call of {label}", "cause", f"{statistics.median(values):.1f} ms",
+                          note="in-process, connection to answer read", value=round(statistics.median(values), 2)))
     report.update({
         "import_costs": import_costs,
         "runtime_s": round(time.monotonic() - started, 1),
         "settings": {"runs": args.runs, "warmup": args.warmup, "events": args.events,
                      "compare": str(args.compare) if args.compare else None, "compare_label": args.compare_label,
                      "target_ms": TARGET_MS, "target_ratio": TARGET_RATIO},
+        "http_calls_ms": {label: round(statistics.median(v), 2) for label, v in calls.items()},
+        "daemons_cpu_s_during_runs": round(daemons_cpu_s, 2),
         "python_c_pass": {"median_ms": round(base, 1), "cpu_median_ms": round(statistics.median(baseline_cpu), 1),
                           "samples_ms": [round(x, 1) for x in baseline]},
         "commands": per_command,

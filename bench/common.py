@@ -516,13 +516,14 @@ def triton_server(repo: Path, workdir: Path, mode: str = "explicit", poll_secs: 
 
 
 def daemon_process(repo: Path, state: Path, settle_s: float, *, policy: str = "auto",
-                   reconcile_s: float = 10.0, extra: Sequence[str] = ()) -> Any:
+                   reconcile_s: float = 10.0, extra: Sequence[str] = (), launch: bool = True) -> Any:
     """The real `tritonctl daemon --launch-triton` as a subprocess (tests/harness.py's DaemonProcess).
-    The reconcile interval is the daemon's default (10 s), not the harness's 1 s for tests."""
+    The reconcile interval is the daemon's default (10 s), not the harness's 1 s for tests. `launch=False`:
+    `extra` names the tritonserver (`--triton-url`)."""
     from tests.harness import DaemonProcess
 
     return DaemonProcess(repo, state, extra_args=["--policy", policy, *extra],
-                         env={"TRITONCTL_RECONCILE_INTERVAL_S": str(reconcile_s)}, settle_s=settle_s)
+                         env={"TRITONCTL_RECONCILE_INTERVAL_S": str(reconcile_s)}, settle_s=settle_s, launch=launch)
 
 
 def triton_log_count(server_log: Path, needle: str) -> int:

@@ -8,28 +8,12 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
-
-
-def client_for(state_dir: Path) -> ControlClient:
-    """The daemon of `state_dir`, or TRITONCTL_SOCKET / TRITONCTL_ADDRESS (+ TRITONCTL_TOKEN_FILE)."""
-    import os
-
-    from controlplane.api.client import ControlClient
-    from controlplane.api.protocol import read_token
-    from controlplane.defaults import SOCKET_NAME
-
-    token_file = os.environ.get("TRITONCTL_TOKEN_FILE")
-    socket = os.environ.get("TRITONCTL_SOCKET")
-    return ControlClient(socket=Path(socket) if socket else state_dir / SOCKET_NAME,
-                         address=os.environ.get("TRITONCTL_ADDRESS") or None,
-                         token=read_token(token_file) if token_file else None)
 
 
 def audit_line(event: dict[str, Any]) -> str:

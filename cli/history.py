@@ -1,36 +1,34 @@
-"""Commands that read the registry directly, so they work while the daemon is down; and `db upgrade`."""
+"""The history verbs (versions, diff, audit, audit --at, audit --follow), each one HTTP call to the daemon
+(or, given --db-url, that registry read directly: cli/offline.py); and `db upgrade`, which needs none."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli import render
-from cli.options import json_option, registry_options, state_option
+from cli.options import json_option, reader_options, state_option
 from controlplane.errors import UsageError
-from controlplane.store.records import OUTCOMES
 
 if TYPE_CHECKING:
-    from controlplane.snapshot import ContentStore
-    from controlplane.store.registry import Registry
+    from controlplane.api.client import ControlClient
+from controlplane.defaults import OUTCOMES
 
 
 @click.command()
 @click.argument("model")
 @json_option
-@registry_options
-def versions(registry: Registry, model: str, as_json: bool) -> None:
+@reader_options
+def versions(reader: Any, model: str, as_json: bool) -> None:
     """List every distinct content MODEL ever had, newest first, with the active one marked.
 
     \b
     Example:
       tritonctl versions linear --json
     """
-    from controlplane import queries, tags
-
-    render.versions(model, tags.annotate_versions(registry, model, queries.versions(registry, model)), as_json)
+    render.versions(model, reader.versions(model), as_json)
 
 
 @click.command()
@@ -38,8 +36,8 @@ def versions(registry: Registry, model: str, as_json: bool) -> None:
 @click.argument("digest_a")
 @click.argument("digest_b")
 @json_option
-@registry_options(store=True)
-def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str, as_json: bool) -> None:
+@reader_options
+def diff(reader: Any, model: str, digest_a: str, digest_b: str, as_json: bool) -> None:
     """Show files added, removed and changed between two snapshots of MODEL (digests or tags), with text diffs.
 
     \b
@@ -47,10 +45,7 @@ def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, dig
       tritonctl diff linear 3f2a9c1b 9e01d4aa
       tritonctl diff linear stable canary
     """
-    from controlplane import queries, tags
-
-    digest_a, digest_b = (tags.resolve_ref(registry, model, ref) for ref in (digest_a, digest_b))
-    render.diff(queries.diff(registry, store, model, digest_a, digest_b), as_json)
+    render.diff(reader.diff(model, digest_a, digest_b), as_json)
 
 
 @click.command()
@@ -65,8 +60,8 @@ def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, dig
 @click.option("-f", "--follow", is_flag=True, help="Instead: print each new event as the daemon writes it (its "
               "event stream; --json: one document per line); Ctrl-C to stop.")
 @json_option
-@registry_options(state=True)
-def audit(registry: Registry, state_dir: Path, model: str | None, action: str | None, outcome: str | None,
+@reader_options(with_client=True)
+def audit(reader: Any, client: ControlClient, model: str | None, action: str | None, outcome: str | None,
           actor: str | None, since: str | None, until: str | None, limit: int, at: str | None, follow: bool,
           as_json: bool) -> None:
     """Query the append-only audit log (newest first), or what served at a given time, or follow it.
@@ -78,24 +73,18 @@ def audit(registry: Registry, state_dir: Path, model: str | None, action: str | 
       tritonctl audit --at 2026-11-29T03:00:00Z
       tritonctl audit --follow --model linear
     """
-    from controlplane import queries, tags
-
     if follow:
-        from cli.follow import client_for, follow_audit
+        from cli.follow import follow_audit
 
         if at or since or until:
             raise UsageError("--follow prints new events as they come: it takes no --at, --since or --until")
-        follow_audit(client_for(state_dir), {"model": model, "action": action, "outcome": outcome,
-                                             "actor": actor}, as_json)
+        follow_audit(client, {"model": model, "action": action, "outcome": outcome, "actor": actor}, as_json)
         return
-
     if at:
-        data = queries.serving_at(registry, at, [model] if model else None)
-        render.serving_at(tags.annotate_serving_at(registry, data, model), as_json)
+        render.serving_at(reader.serving_at(at, model), as_json)
         return
-    rows = queries.audit(registry, model=model, action=action, outcome=outcome, actor=actor, since=since,
-                         until=until, limit=limit)
-    render.audit(rows, as_json)
+    render.audit(reader.audit(model=model, action=action, outcome=outcome, actor=actor, since=since, until=until,
+                              limit=limit), as_json)
 
 
 @click.group()

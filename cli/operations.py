@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli import render
-from cli.options import daemon_options, json_option
+from cli.options import daemon_options, json_option, reader_options
 from controlplane.errors import DeployError, TritonUnavailableError, UsageError
 
 if TYPE_CHECKING:
@@ -164,12 +164,12 @@ def rollback(client: ControlClient, model: str, to_digest: str, to_tag: str, for
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: also since, policy, pin, drift, the "
               "source's digest, why it is (not) in sync, the last error.")
-@click.option("--fleet", is_flag=True, help="The fleet's model x host matrix (digest, state, drift), from --db-url.")
-@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="With --fleet: the fleet's PostgreSQL registry.")
+@click.option("--fleet", is_flag=True, help="The fleet's model x host matrix (digest, state, drift): the daemon's "
+              "(a fleet member's), or with --db-url that registry's.")
 @json_option
-@daemon_options
-def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval: float, output: str | None,
-           fleet: bool, db_url: str | None, as_json: bool) -> None:
+@reader_options(with_client=True)
+def status(reader: Any, client: ControlClient, models: tuple[str, ...], watch: bool, interval: float,
+           output: str | None, fleet: bool, as_json: bool) -> None:
     """Show each model: state, whether it serves the source's newest content (sync), digest, versions, age.
 
     SYNC is synced, pending (settling, capturing, deploying or retrying), held (manual policy, pinned,
@@ -181,14 +181,12 @@ def status(client: ControlClient, models: tuple[str, ...], watch: bool, interval
       tritonctl status -o wide
       tritonctl status linear sentiment --json
       tritonctl status --watch
+      tritonctl status --fleet
       tritonctl status --fleet --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
     wide = output == "wide"
     if fleet:
-        data = _with_fleet_registry(db_url, lambda reg: _fleet_queries().matrix(reg))
-        if models:
-            data.models = [m for m in data.models if m.model in models]
-        render.fleet_matrix(data, as_json)
+        render.fleet_matrix(reader.fleet_matrix(list(models)), as_json)
         return
     if not watch:
         render.status(client.status(list(models)), as_json, wide)
@@ -292,75 +290,45 @@ def gc(client: ControlClient, keep: int, as_json: bool) -> None:
     render.kv(client.gc(keep), as_json)
 
 
-def _fleet_queries() -> Any:
-    from controlplane.fleet import queries
-
-    return queries
-
-
-def _with_fleet_registry(db_url: str | None, fn: Any) -> Any:
-    from controlplane.errors import UsageError
-    from controlplane.store.migrate import open_existing
-
-    if not db_url:  # a fleet host's config file names it (TRITONCTL_CONFIG or /etc/tritonctl/tritonctl.toml)
-        from controlplane.config import load_settings
-
-        db_url = load_settings({}).db_url
-    if not db_url:
-        raise UsageError("no fleet registry: give --db-url, set TRITONCTL_DB_URL, or set db_url in the config file "
-                         "(TRITONCTL_CONFIG, default /etc/tritonctl/tritonctl.toml)")
-    registry = open_existing(db_url)
-    try:
-        return fn(registry)
-    finally:
-        registry.close()
-
-
 @click.command()
-@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="The fleet's PostgreSQL registry [default: the config "
-              "file's db_url].")
-@click.option("--state-dir", hidden=True)
 @json_option
-def hosts(db_url: str | None, state_dir: str | None, as_json: bool) -> None:
-    """List the fleet's hosts: last heartbeat, alive, leader.
+@reader_options
+def hosts(reader: Any, as_json: bool) -> None:
+    """List the fleet's hosts: last heartbeat, alive, leader (from a fleet member's daemon, or --db-url).
 
     \b
-    Example:
+    Examples:
+      tritonctl hosts
       tritonctl hosts --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
-    render.fleet_hosts(_with_fleet_registry(db_url, lambda reg: _fleet_queries().hosts(reg)), as_json)
+    render.fleet_hosts(reader.hosts(), as_json)
 
 
 @click.command()
-@click.option("--db-url", envvar="TRITONCTL_DB_URL", help="The fleet's PostgreSQL registry [default: the config "
-              "file's db_url].")
 @click.option("--open", "only_open", is_flag=True, help="Only rollouts still in progress.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until no rollout is open.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--state-dir", hidden=True)
 @json_option
-def rollouts(db_url: str | None, only_open: bool, watch: bool, interval: float, limit: int, state_dir: str | None,
-             as_json: bool) -> None:
+@reader_options
+def rollouts(reader: Any, only_open: bool, watch: bool, interval: float, limit: int, as_json: bool) -> None:
     """Fleet rollouts, newest first, with each host's step (wave 0 is the canary set).
 
-    The registry is --db-url, TRITONCTL_DB_URL, or the db_url of the daemon's config file.
+    Asks a fleet member's daemon, or with --db-url (TRITONCTL_DB_URL) reads the fleet's registry directly.
 
     \b
     Examples:
+      tritonctl rollouts
       tritonctl rollouts --db-url postgresql+psycopg://tritonctl@db/tritonctl
       tritonctl rollouts --open --watch
     """
-    def read() -> Any:
-        return _with_fleet_registry(db_url, lambda reg: _fleet_queries().rollouts(reg, not only_open, limit))
-
     if not watch:
-        render.fleet_rollouts(read(), as_json)
+        render.fleet_rollouts(reader.rollouts(only_open, limit), as_json)
         return
     while True:
-        data = read()
+        data = reader.rollouts(only_open, limit)
         render.fleet_rollouts(data, as_json)
-        if not any(r.state in ("queued", "running", "rolling_back") for r in data):
+        if not any(r["state"] in ("queued", "running", "rolling_back") for r in data):
             return
         time.sleep(interval)
 

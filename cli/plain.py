@@ -42,14 +42,17 @@ def width(wide: bool, default: int) -> int:
 
 
 def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[tuple[str, str]]], max_width: int,
-          title_style: str = "") -> list[str] | None:
+          title_style: str = "", last_runs_on: bool = False) -> list[str] | None:
     """Columns two spaces apart, each as wide as its widest cell (rich's `box=None, pad_edge=False`
-    layout); each cell is (text, style). None when the table needs more than `max_width` columns."""
+    layout); each cell is (text, style). None when the table needs more than `max_width` columns.
+    `last_runs_on`: the last column (a message, a note) may run past `max_width` (as kubectl's do): only
+    the columns before it must fit, plus ten characters of it."""
     widths = [len(h) for h in headers]
     for row in rows:
         for i, (text, _) in enumerate(row):
             widths[i] = max(widths[i], len(text))
-    if sum(widths) + 2 * (len(widths) - 1) > max_width or len(title) > max_width:
+    needed = sum(widths[:-1]) + min(widths[-1], 10) if last_runs_on else sum(widths)
+    if needed + 2 * (len(widths) - 1) > max_width or len(title) > max_width:
         return None
     use_colour = colour()
     lines = [styled(title, title_style, use_colour)] if title else []

@@ -306,33 +306,45 @@ def status_is_live() -> bool:
 # --- history: versions, diff, audit ---------------------------------------------------------------
 
 
+def _draw(title: str, headers: tuple[str, ...], rows: list[list[tuple[str, str]]], title_style: str = "") -> None:
+    """A listing: plain columns (cli/plain.py, no rich import) whose last column may run on, as kubectl's;
+    rich folds the cells only when the columns before the last do not fit the width."""
+    from cli.plain import table, width
+
+    lines = table(title, headers, rows, width(False, 200), title_style=title_style, last_runs_on=True)
+    if lines is not None:
+        click.echo("\n".join(lines))
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    rich_table = Table(title=title, title_justify="left")
+    for column in headers:
+        rich_table.add_column(column, overflow="fold")
+    for row in rows:
+        rich_table.add_row(*(Text(text, style) for text, style in row))
+    _console().print(rich_table)
+
+
 def versions(model: str, rows: Any, as_json: bool) -> None:
     rows = document(rows)
     if as_json:
         _print_json(rows)
         return
-    from rich.table import Table
-
-    table = Table(title=f"{model}: {_plural(len(rows), 'version')}", title_justify="left")
-    for column in ("", "Digest", "First seen", "Last seen", "Triton versions", "Valid", "Memory", "Note"):
-        table.add_column(column, overflow="fold")
+    cells = []
     for row in rows:
         note = row.get("first_error") or ""
         if row.get("quarantined"):
             note = f"quarantined: {row.get('quarantine_reason')}"
         if row.get("collected"):
             note = (note + "; " if note else "") + "content removed by gc"
-        table.add_row(
-            "*" if row.get("active") else "",
-            _tagged(row, row["digest"]),
-            _when(row["first_seen"]),
-            _when(row["last_seen"]),
-            ", ".join(str(v) for v in row.get("versions", [])),
-            "yes" if row["valid"] else "no",
-            footprint_cell(row.get("footprint")),
-            note,
-        )
-    _console().print(table)
+        cells.append([("*" if row.get("active") else "", "bold"), (_tagged(row, row["digest"]), ""),
+                      (_when(row["first_seen"]), ""), (_when(row["last_seen"]), ""),
+                      (", ".join(str(v) for v in row.get("versions", [])), ""),
+                      ("yes" if row["valid"] else "no", "" if row["valid"] else "bold red"),
+                      (footprint_cell(row.get("footprint")), ""), (note, "")])
+    _draw(f"{model}: {_plural(len(rows), 'version')}",
+          ("", "Digest", "First seen", "Last seen", "Triton versions", "Valid", "Memory", "Note"), cells)
 
 
 def diff(data: Any, as_json: bool) -> None:
@@ -359,19 +371,12 @@ def audit(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=_plural(len(rows), "event"), title_justify="left")
-    for column in ("Time", "Actor", "Action", "Model", "Digest", "Outcome", "Duration", "Message"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        duration = f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else ""
-        table.add_row(
-            _when(row["time"]), row["actor"], row["action"], row.get("model") or "", _short(row.get("digest")),
-            Text(row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")), duration, row.get("message", ""),
-        )
-    _console().print(table)
+    cells = [[(_when(row["time"]), ""), (row["actor"], ""), (row["action"], ""), (row.get("model") or "", ""),
+              (_short(row.get("digest")), ""), (row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")),
+              (f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else "", ""),
+              (row.get("message", ""), "")] for row in rows]
+    _draw(_plural(len(rows), "event"),
+          ("Time", "Actor", "Action", "Model", "Digest", "Outcome", "Duration", "Message"), cells)
 
 
 def serving_at(data: Any, as_json: bool) -> None:
@@ -379,16 +384,12 @@ def serving_at(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
-    from rich.table import Table
-
-    table = Table(title=f"serving at {data['at']}", title_justify="left")
     hosts = any(row.get("host") for row in data["models"])  # a fleet: one row per model and host
-    for column in ("Model", *(("Host",) if hosts else ()), "Digest", "Triton versions", "Since"):
-        table.add_column(column)
-    for row in data["models"]:
-        table.add_row(row["model"], *((row.get("host") or "",) if hosts else ()), _tagged(row, row["digest"]),
-                      ", ".join(str(v) for v in row["versions"]), row["since"] or "")
-    _console().print(table)
+    cells = [[(row["model"], ""), *(((row.get("host") or "", ""),) if hosts else ()),
+              (_tagged(row, row["digest"]), ""), (", ".join(str(v) for v in row["versions"]), ""),
+              (row["since"] or "", "")] for row in data["models"]]
+    _draw(f"serving at {data['at']}", ("Model", *(("Host",) if hosts else ()), "Digest", "Triton versions", "Since"),
+          cells)
 
 
 # --- fleet: hosts, rollouts, model x host matrix ---------------------------------------------------
@@ -399,15 +400,11 @@ def fleet_hosts(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
-    from rich.table import Table
-
-    table = Table(title="fleet hosts", title_justify="left")
-    for column in ("Host", "Leader", "Alive", "Last heartbeat", "Triton", "Version"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(row["host"], "yes" if row["leader"] else "", "yes" if row["alive"] else "NO",
-                      f"{_when(row['last_heartbeat'])} ({row['age_s']}s ago)", row["triton_url"], row["version"])
-    _console().print(table)
+    cells = [[(row["host"], ""), ("yes" if row["leader"] else "", ""),
+              ("yes" if row["alive"] else "NO", "" if row["alive"] else "bold red"),
+              (f"{_when(row['last_heartbeat'])} ({row['age_s']}s ago)", ""), (row["triton_url"], ""),
+              (row["version"], "")] for row in rows]
+    _draw("fleet hosts", ("Host", "Leader", "Alive", "Last heartbeat", "Triton", "Version"), cells)
 
 
 def fleet_rollouts(rows: Any, as_json: bool) -> None:

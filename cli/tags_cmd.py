@@ -1,18 +1,17 @@
-"""`tritonctl tag` (through the daemon: a tracked tag's move deploys) and `tritonctl tags` (reads the registry
-directly, like `versions`). The rules live in controlplane/tags.py."""
+"""`tritonctl tag` (a tracked tag's move deploys) and `tritonctl tags` (like `versions`: one HTTP call to the
+daemon, or the registry named by --db-url). The rules live in controlplane/tags.py."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli import render
-from cli.options import daemon_options, json_option, registry_options
+from cli.options import daemon_options, json_option, reader_options
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
-    from controlplane.store.registry import Registry
 
 
 @click.command()
@@ -47,8 +46,8 @@ def tag(client: ControlClient, model: str, name: str, digest: str, delete: bool,
 @click.argument("model", required=False)
 @click.option("--at", "at", help="Where each tag pointed at this time (ISO 8601 or relative: 30m, 2h, 7d).")
 @json_option
-@registry_options
-def tags(registry: Registry, model: str | None, at: str | None, as_json: bool) -> None:
+@reader_options
+def tags(reader: Any, model: str | None, at: str | None, as_json: bool) -> None:
     """List tags (of MODEL): the digest each names, who moved it there and when.
 
     \b
@@ -57,9 +56,7 @@ def tags(registry: Registry, model: str | None, at: str | None, as_json: bool) -
       tritonctl tags linear --json
       tritonctl tags linear --at 2026-11-29T03:00:00Z
     """
-    from controlplane import tags as core
-
-    data = core.listing(registry, model, at).to_json()
+    data = reader.tags(model, at)
     if as_json:
         render.kv(data, True)
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,3 +28,35 @@ def assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
     assert "Traceback" not in result.output
     for fragment in fragments:
         assert fragment in result.stderr
+
+
+@contextmanager
+def serving_registry(state: Path) -> Iterator[None]:
+    """The daemon's control API (the real ApiServer and ControlPlane) on `<state>/tritonctl.sock`, answering from
+    the registry and content store in `state`, so the CLI's read verbs make their one HTTP call as they do
+    against a daemon. No tritonserver: the read routes never ask it (its URL is a closed port)."""
+    from concurrent import futures
+
+    from controlplane.api.server import ApiServer
+    from controlplane.config import Settings
+    from controlplane.publish import ServingRepository
+    from controlplane.service import ControlPlane
+    from controlplane.snapshot import ContentStore
+    from controlplane.store.registry import Registry
+    from controlplane.triton.client import TritonClient
+
+    settings = Settings(repository=state / "repository", state_dir=state, policy="manual")
+    registry = Registry(f"sqlite:///{state / 'registry.db'}")
+    triton = TritonClient("127.0.0.1:1")
+    plane = ControlPlane(settings, registry, ContentStore(state / "store", fsync=False),
+                         ServingRepository(state / "serving", state / "published"), triton)
+    executor = futures.ThreadPoolExecutor(max_workers=2)
+    server = ApiServer(plane, executor, settings)
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop(0.1)
+        executor.shutdown(wait=False)
+        triton.close()
+        registry.close()

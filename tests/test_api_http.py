@@ -121,7 +121,7 @@ def test_errors_are_one_document_with_the_class_and_exit_code(served: ApiServer)
 
 
 def test_fleet_resources_need_a_fleet(served: ApiServer) -> None:
-    for path in ("/v1/hosts", "/v1/rollouts?open=true"):
+    for path in ("/v1/hosts", "/v1/rollouts?open=true", "/v1/models?fleet=true"):
         conn = _unix(served.settings.socket_path)
         conn.request("GET", path)
         answer = conn.getresponse()

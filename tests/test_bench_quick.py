@@ -114,8 +114,10 @@ def test_cli_latency_quick(tmp_path: Path) -> None:
     report = run_bench("cli_latency", tmp_path, "--runs", "2", "--warmup", "0", "--events", "2000")  # quick: 5, 20k
     assert report["failures"] == []  # every command answered (exit 0) against the real daemon and registry
     names = [cmd["command"] for cmd in report["commands"]]
-    assert names[:8] == ["status", "status --json", "load M (noop)", "policy M auto --json", "versions M",
-                         "audit --model M --since 1d", "audit --at T", "validate (one model)"]
+    assert names[:9] == ["status", "status --json", "load M (noop)", "policy M auto --json", "versions M",
+                         "audit --model M --since 1d", "audit --at T", "tags", "validate (one model)"]
+    assert set(report["http_calls_ms"]) == {"status", "versions M", "audit --model M --since 1d", "audit --at T",
+                                            "tags"}  # each read verb's HTTP call, timed alone
     assert report["python_c_pass"]["median_ms"] > 0
     assert all(len(cmd["tritonctl"]["samples_ms"]) == 2 for cmd in report["commands"])
     assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance

@@ -99,8 +99,10 @@ def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> No
 
 
 def test_debug_in_process_raises_the_core_error(tmp_path: Path) -> None:
-    result = invoke(["--debug", "audit", "--since", "soon", "--state-dir", str(tmp_path)])
+    result = invoke(["--debug", "audit", "--since", "soon", "--db-url", f"sqlite:///{tmp_path / 'registry.db'}"])
     assert isinstance(result.exception, errors.NotFoundError)  # the missing registry, unformatted
+    result = invoke(["--debug", "audit", "--state-dir", str(tmp_path)])
+    assert isinstance(result.exception, errors.DaemonUnavailableError)  # no daemon (and no --db-url)
 
 
 DAEMON_COMMANDS = [["load", "linear"], ["unload", "linear"], ["rollback", "linear"], ["status"],

@@ -1,13 +1,16 @@
-"""The read commands (versions, diff, audit, audit --at, db upgrade) against a real registry.
+"""The read commands (versions, diff, audit, audit --at, tags, db upgrade) against a real registry.
 
 They run against a real SQLite registry (migrated by the project's migrations) and a real content store
-in a temp state directory, filled through the registry's own API with a fixed clock.
+in a temp state directory, filled through the registry's own API with a fixed clock, served by the
+daemon's control API (the real ApiServer over the real ControlPlane, tests/cli_helpers.py): each command
+is one HTTP call, as against a running daemon. With --db-url the same commands read the registry
+directly, without a daemon: test_db_url_reads_answer_as_the_daemon_does.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -15,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from cli.main import EXIT_FAILED, EXIT_USAGE
+from cli.main import EXIT_DAEMON_UNREACHABLE, EXIT_FAILED, EXIT_USAGE
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store import migrate
 from controlplane.store.records import ServingRecord, iso
 from controlplane.store.registry import AuditEntry, Registry
-from tests.cli_helpers import NOW, assert_one_line_error, invoke
+from tests.cli_helpers import NOW, assert_one_line_error, invoke, serving_registry
 from tests.clock import Clock
 
 # --- a registry with history -----------------------------------------------------------------------
@@ -153,8 +156,10 @@ def build_history(base: Path) -> History:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> History:
-    return build_history(tmp_path_factory.mktemp("cli-history"))
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
+    history = build_history(tmp_path_factory.mktemp("cli-history"))
+    with serving_registry(history.state):
+        yield history
 
 
 @pytest.fixture
@@ -165,10 +170,12 @@ def history(built: History, monkeypatch: pytest.MonkeyPatch) -> History:
 
 
 @pytest.fixture
-def own_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> History:
+def own_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[History]:
     """A private copy for tests that change the registry."""
     monkeypatch.setattr("controlplane.queries.utcnow", lambda: NOW)
-    return build_history(tmp_path)
+    history = build_history(tmp_path)
+    with serving_registry(history.state):
+        yield history
 
 
 def sd(history: History) -> list[str]:
@@ -188,7 +195,7 @@ def test_versions_table_marks_the_active_one(history: History) -> None:
     assert rows["linear2"].lstrip("│ ").startswith("*")
     assert "*" not in rows["linear1"] and "*" not in rows["broken"]
     assert "linear/config.pbtxt: max_batch_size: must be >= 0" in rows["broken"]
-    assert " no " in rows["broken"] and " yes " in rows["linear2"]
+    assert "no" in rows["broken"].split() and "yes" in rows["linear2"].split()
     assert "1, 2" in rows["linear2"]
     # newest first
     assert lines.index(rows["broken"]) < lines.index(rows["linear2"]) < lines.index(rows["linear1"])
@@ -224,9 +231,37 @@ def test_versions_of_unknown_or_bad_model(history: History) -> None:
     assert_one_line_error(invoke(["versions", "../x", *sd(history)]), EXIT_USAGE, "path separator")
 
 
+READS = (["versions", "linear"], ["audit"], ["audit", "--at", "1h"], ["diff", "linear", "aaaaaa", "bbbbbb"], ["tags"])
+
+
+def test_read_commands_without_a_daemon_name_db_url(tmp_path: Path) -> None:
+    """No daemon: exit 3, the message saying how to read the registry without one (no silent fallback)."""
+    for args in READS:
+        assert_one_line_error(invoke([*args, "--state-dir", str(tmp_path)]), EXIT_DAEMON_UNREACHABLE,
+                              "no daemon at", f"--db-url sqlite:///{tmp_path / 'registry.db'}")
+
+
 def test_read_commands_without_a_registry(tmp_path: Path) -> None:
-    for args in (["versions", "linear"], ["audit"], ["audit", "--at", "1h"], ["diff", "linear", "aaaaaa", "bbbbbb"]):
-        assert_one_line_error(invoke([*args, "--state-dir", str(tmp_path)]), EXIT_USAGE, "db upgrade")
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    for args in READS:
+        assert_one_line_error(invoke([*args, "--db-url", url, "--state-dir", str(tmp_path)]), EXIT_USAGE,
+                              "db upgrade")
+
+
+@pytest.mark.parametrize("args", [
+    ["versions", "linear"], ["diff", "linear", "LINEAR1", "LINEAR2"], ["audit", "--since", "2h"],
+    ["audit", "--model", "linear", "--limit", "2"], ["audit", "--at", "7m"], ["tags"], ["tags", "--at", "1h"],
+    ["versions", "nobody"], ["audit", "--since", "yesterday"],
+], ids=" ".join)
+def test_db_url_reads_answer_as_the_daemon_does(history: History, args: list[str]) -> None:
+    """--db-url reads the registry in this process; without it the daemon answers: the same document and
+    text, and the same one-line errors."""
+    args = [history.digests[a.lower()] if a in ("LINEAR1", "LINEAR2") else a for a in args]
+    db_url = ["--db-url", f"sqlite:///{history.state / 'registry.db'}"]
+    for extra in ([], ["--json"]):
+        daemon = invoke([*args, *extra, *sd(history)])
+        direct = invoke([*args, *extra, *db_url, "--state-dir", str(history.state)])
+        assert (direct.exit_code, direct.stdout, direct.stderr) == (daemon.exit_code, daemon.stdout, daemon.stderr)
 
 
 # --- diff --------------------------------------------------------------------------------------------
@@ -328,7 +363,7 @@ def test_audit_table(history: History) -> None:
     assert result.exit_code == 0
     lines = result.output.splitlines()
     assert lines[0] == "5 events"
-    assert all(h in lines[2] for h in ("Time", "Actor", "Action", "Model", "Digest", "Outcome", "Duration", "Message"))
+    assert all(h in lines[1] for h in ("Time", "Actor", "Action", "Model", "Digest", "Outcome", "Duration", "Message"))
     body = [line for line in lines if "linear" in line]
     assert [next(w for w in ("snapshot", "deploy", "policy") if w in line) for line in body] == [
         "snapshot", "deploy", "policy", "deploy", "snapshot"]  # newest first
@@ -404,8 +439,9 @@ def test_db_upgrade_creates_then_reports_nothing_to_do(tmp_path: Path) -> None:
     assert (state / "registry.db").exists()
     again = invoke(["db", "upgrade", "--state-dir", str(state), "--json"])
     assert json.loads(again.output) == {"from": head, "to": head}
-    assert_one_line_error(invoke(["versions", "linear", "--state-dir", str(state)]), EXIT_USAGE, "unknown")
-    assert invoke(["audit", "--json", "--state-dir", str(state)]).output.strip() == "[]"
+    url = ["--db-url", f"sqlite:///{state / 'registry.db'}"]
+    assert_one_line_error(invoke(["versions", "linear", *url]), EXIT_USAGE, "unknown")
+    assert invoke(["audit", "--json", *url]).output.strip() == "[]"
 
 
 def test_db_upgrade_with_a_db_url(tmp_path: Path) -> None:
@@ -435,4 +471,5 @@ def test_read_commands_refuse_an_old_schema(tmp_path: Path) -> None:
     registry.close()
     if migrate.head_revision() == "0001":
         pytest.skip("only one migration so far")
-    assert_one_line_error(invoke(["audit", "--state-dir", str(tmp_path)]), EXIT_FAILED, "db upgrade")
+    assert_one_line_error(invoke(["audit", "--db-url", f"sqlite:///{tmp_path / 'registry.db'}"]), EXIT_FAILED,
+                          "db upgrade")

@@ -4,7 +4,7 @@ in a directory holding `examples/model_repository` (the CLI finds it in `./.stat
 second terminal does), in an order that gives each example something to act on. Where an example
 names something that cannot exist here, the test replaces only that word and says so (REPLACED);
 what cannot run here at all is parse-only, with the reason (PARSE_ONLY). `rollouts --open --watch`
-runs on a fleet host whose config file names the registry."""
+runs against a fleet member's control API."""
 
 from __future__ import annotations
 
@@ -70,21 +70,35 @@ def test_help_example_parses_as_written(line: str) -> None:
         command = found
     command.make_context(command.name or "", args)  # raises on a missing or unknown option
 
-def test_rollouts_open_watch_runs_with_the_config_files_registry(tmp_path: Path,
+def test_rollouts_open_watch_runs_against_a_fleet_members_daemon(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet member's control API (the real ApiServer; its plane a stand-in whose fleet registry is a real,
+    migrated one): nothing open, so one look, then it returns. No daemon: exit 3 naming --db-url."""
+    from concurrent import futures
+    from types import SimpleNamespace
+
+    from controlplane.api.server import ApiServer
+    from controlplane.config import Settings
+    from tests.test_cli_daemon_commands import StandInPlane
+
     url = f"sqlite:///{tmp_path / 'fleet.db'}"
     registry = Registry(url)
     migrate.upgrade(registry)
-    registry.close()
-    config = tmp_path / "tritonctl.toml"
-    config.write_text(f'db_url = "{url}"\n')
-    monkeypatch.setenv("TRITONCTL_CONFIG", str(config))
+    plane = StandInPlane()
+    plane.fleet = SimpleNamespace(registry=registry)  # type: ignore[attr-defined]
+    server = ApiServer(plane, futures.ThreadPoolExecutor(max_workers=1),  # type: ignore[arg-type]
+                       Settings(state_dir=tmp_path / "state"))
+    server.start()
     monkeypatch.delenv("TRITONCTL_DB_URL", raising=False)
-    result = CliRunner().invoke(cli, ["rollouts", "--open", "--watch"])
-    assert result.exit_code == 0, result.output  # nothing open: one look, then it returns
-    monkeypatch.setenv("TRITONCTL_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("TRITONCTL_STATE_DIR", str(tmp_path / "state"))
+    try:
+        result = CliRunner().invoke(cli, ["rollouts", "--open", "--watch"])
+        assert result.exit_code == 0, result.output  # nothing open: one look, then it returns
+    finally:
+        server.stop(0.1)
+        registry.close()
     missing = CliRunner().invoke(cli, ["rollouts", "--open", "--watch"])
-    assert missing.exit_code == 2 and "config file not found" in missing.stderr
+    assert missing.exit_code == 3 and "--db-url" in missing.stderr
 
 
 # Run as written, in this order (each leaves what the next one acts on). Words in REPLACED are
@@ -138,9 +152,12 @@ RUN_APART = {
         "the `served` fixture's daemon (ports 0 by environment, so a busy 8001 cannot fail it)",
     "tritonctl status --watch": "test_status_watch_example_prints_blocks (it runs until stopped)",
     "tritonctl audit --follow --model linear": "test_audit_follow_example_prints_new_events (runs until stopped)",
-    "tritonctl rollouts --open --watch": "test_rollouts_open_watch_runs_with_the_config_files_registry",
+    "tritonctl rollouts --open --watch": "test_rollouts_open_watch_runs_against_a_fleet_members_daemon",
 }
 PARSE_ONLY = {
+    **{line: "asks a fleet member's daemon (`daemon --fleet`, PostgreSQL); tests/test_json_contract.py runs "
+             "it against a member's control API, and as written with --db-url here"
+       for line in ("tritonctl hosts", "tritonctl rollouts", "tritonctl status --fleet")},
     "tritonctl webhooks redeliver 3f2a9c1b":
         "this daemon has no [[webhook]], so no delivery to send again; tests/test_webhooks_e2e.py runs "
         "`webhooks redeliver ID` against a daemon with one",

@@ -34,6 +34,7 @@ from controlplane.triton.launcher import RECORD_FILE, RESTRICTED_HEADER
 from tests import jsonschemas
 from tests.cli_helpers import invoke
 from tests.harness import DaemonProcess, answers, example_daemon, wait_for, write_gen_model
+from tests.test_cli_daemon_commands import StandInPlane
 from tests.webhook_receiver import Receiver
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
@@ -253,8 +254,11 @@ def test_the_offline_runs_produced_what_the_contract_describes(offline_documents
 
 @pytest.fixture(scope="module")
 def fleet_documents(postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from concurrent import futures
     from types import SimpleNamespace
 
+    from controlplane.api.server import ApiServer
+    from controlplane.config import Settings
     from controlplane.fleet.verbs import FleetVerbs
     from controlplane.store import migrate
     from controlplane.store.fleet import FleetStore, audit_event
@@ -300,11 +304,26 @@ def fleet_documents(postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         registry.close()
         local.close()
+    # Each view as a fleet member's daemon answers it (one HTTP call: the real ApiServer, its plane's fleet
+    # registry the shared one), and as `--db-url` reads it without a daemon: the same documents.
+    shared = Registry(pg_url, host="h1")
+    plane = StandInPlane()
+    plane.fleet = SimpleNamespace(registry=shared)  # type: ignore[attr-defined]
+    server = ApiServer(plane, futures.ThreadPoolExecutor(max_workers=1),  # type: ignore[arg-type]
+                       Settings(state_dir=tmp_path / "member"))
+    server.start()
+    try:
+        sd = ("--state-dir", str(tmp_path / "member"))
+        docs["hosts"] = run_json("hosts", *sd)
+        docs["rollouts"] = run_json("rollouts", *sd)
+        docs["status-fleet"] = run_json("status", "--fleet", *sd)
+        docs["status-fleet-text"] = invoke(["status", "--fleet", *sd]).stdout
+    finally:
+        server.stop(0.1)
+        shared.close()
     db = ("--db-url", pg_url)
-    docs["hosts"] = run_json("hosts", *db)
-    docs["rollouts"] = run_json("rollouts", *db)
-    docs["status-fleet"] = run_json("status", "--fleet", *db)
-    docs["status-fleet-text"] = invoke(["status", "--fleet", *db]).stdout
+    docs["db-url"] = {"hosts": run_json("hosts", *db), "rollouts": run_json("rollouts", *db),
+                      "status-fleet": run_json("status", "--fleet", *db)}
     docs["rollout-ids"] = (rollout, failed)
     docs["target"] = target
     return docs
@@ -319,6 +338,12 @@ def test_fleet_documents_match_their_schema(fleet_documents: dict[str, Any], nam
 
 
 def test_the_fleet_scenario_produced_what_the_contract_describes(fleet_documents: dict[str, Any]) -> None:
+    for name in ("hosts", "rollouts", "status-fleet"):  # the daemon's answer is what --db-url reads
+        direct = fleet_documents["db-url"][name]
+        if name == "hosts":  # the heartbeat's age moves on between the two reads
+            direct = [{**row, "age_s": theirs["age_s"]}
+                      for row, theirs in zip(direct, fleet_documents[name], strict=True)]
+        assert direct == fleet_documents[name], name
     rollout, failed = fleet_documents["rollout-ids"]
     rollouts = {r["id"]: r for r in fleet_documents["rollouts"]}
     assert rollouts[rollout]["steps"][0]["finished_at"]

@@ -195,12 +195,13 @@ def test_status_process_imports_no_database_triton_or_numpy_code(tmp_path: Path,
                            extra_args=["--triton-url", triton.grpc_url, "--policy", "manual"]).start()
     try:
         for args, code in ((["status", "--json"], 0), (["status"], 0), (["pin", "nothing-here"], 2),
-                           (["policy", "m", "manual", "--json"], 0)):
+                           (["policy", "m", "manual", "--json"], 0), (["versions", "nothing-here"], 2),
+                           (["audit", "--json"], 0), (["audit"], 0), (["audit", "--at", "0s"], 0), (["tags"], 0)):
             proc, modules = run_cli(tmp_path, *args, "--state-dir", str(daemon.state_dir))
             assert proc.returncode == code, proc.stderr
             assert heavy(modules, SERVER_STACK) == [], args  # http.client over the socket, nothing else
             assert sorted(m for m in modules if m.endswith("_pb2")) == [], args
-            # JSON needs no rich, nor the status table, nor a short error (cli/plain.py draws them)
+            # JSON needs no rich, nor a table that fits, nor a short error (cli/plain.py draws them)
             assert "rich" not in {m.split(".")[0] for m in modules}, args
     finally:
         daemon.stop()

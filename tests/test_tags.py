@@ -225,6 +225,7 @@ def test_tags_json_is_this_registry_and_matches_its_schema(tmp_path: Path, clock
 
     from cli.main import cli
     from tests import jsonschemas
+    from tests.cli_helpers import serving_registry
 
     registry = _migrated(f"sqlite:///{tmp_path / 'registry.db'}")
     registry.move_tag("linear", "stable", D1, actor="ann")
@@ -232,7 +233,9 @@ def test_tags_json_is_this_registry_and_matches_its_schema(tmp_path: Path, clock
     registry.move_tag("linear", "stable", D2, actor="bob")
     registry.close()
     args = ["tags", "linear", "--json", "--state-dir", str(tmp_path)]
-    at = CliRunner().invoke(cli, [*args, "--at", "2026-11-01T12:05:00Z"])
+    with serving_registry(tmp_path):  # the daemon's control API over this registry: one HTTP call each
+        at = CliRunner().invoke(cli, [*args, "--at", "2026-11-01T12:05:00Z"])
+        now = CliRunner().invoke(cli, args)
     assert at.exit_code == 0, at.output
     assert json.loads(at.stdout) == {  # this registry at 12:05: ann's move, not yet bob's
         "at": "2026-11-01T12:05:00Z",
@@ -240,7 +243,6 @@ def test_tags_json_is_this_registry_and_matches_its_schema(tmp_path: Path, clock
                   "moved_at": "2026-11-01T12:00:00Z"}],
     }
     jsonschemas.assert_valid("tags", json.loads(at.stdout))
-    now = CliRunner().invoke(cli, args)
     assert now.exit_code == 0, now.output
     data = json.loads(now.stdout)
     jsonschemas.assert_valid("tags", data)

@@ -47,7 +47,7 @@ ERROR_SCHEMA = {
 # relative to docs/openapi.json), and whether it comes as one JSON document or as the last line of NDJSON.
 _P = API_PREFIX
 RESULT_SCHEMAS: dict[tuple[str, str], tuple[str, str]] = {
-    (f"{_P}/models", "get"): ("status", "application/json"),
+    (f"{_P}/models", "get"): ("status|status-fleet", "application/json"),
     (f"{_P}/models/{{model}}", "get"): ("status", "application/json"),
     (f"{_P}/models/{{model}}/load", "post"): ("load", NDJSON),
     (f"{_P}/changesets", "post"): ("load", NDJSON),
@@ -59,7 +59,7 @@ RESULT_SCHEMAS: dict[tuple[str, str], tuple[str, str]] = {
     (f"{_P}/gc", "post"): ("gc", "application/json"),
     (f"{_P}/models/{{model}}/versions", "get"): ("versions", "application/json"),
     (f"{_P}/models/{{model}}/diff", "get"): ("diff", "application/json"),
-    (f"{_P}/audit", "get"): ("audit", "application/json"),
+    (f"{_P}/audit", "get"): ("audit|audit-at", "application/json"),
     (f"{_P}/tags", "get"): ("tags", "application/json"),
     (f"{_P}/models/{{model}}/tags/{{name}}", "put"): ("tag", NDJSON),
     (f"{_P}/models/{{model}}/tags/{{name}}", "delete"): ("tag", NDJSON),
@@ -68,6 +68,7 @@ RESULT_SCHEMAS: dict[tuple[str, str], tuple[str, str]] = {
     (f"{_P}/webhooks/deliveries", "get"): ("webhooks", "application/json"),
     (f"{_P}/webhooks/deliveries/{{delivery_id}}/redeliver", "post"): ("webhooks-redeliver", "application/json"),
 }
+CHOSEN_BY = {"status|status-fleet": "?fleet=true", "audit|audit-at": "?at="}  # the query that picks the second
 DESCRIPTION = (
     "The daemon's control API: what every `tritonctl` verb calls. Errors: "
     '`{"error": {"class", "message", "exit_code"}}` (the core error class and the CLI\'s exit code). '
@@ -185,8 +186,11 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
     """/v1/models, /v1/changesets, /v1/gc: status and the operations on models."""
     router = APIRouter(prefix=API_PREFIX)
 
-    @router.get("/models", tags=["models"], summary="status: every model (or those named by ?model=)")
-    def list_models(model: Annotated[list[str], Query()] = []) -> JSONResponse:  # noqa: B006 - FastAPI copies it
+    @router.get("/models", tags=["models"], summary="status: every model (or those named by ?model=); ?fleet=true: "
+                "the fleet's model x host matrix (status --fleet)")
+    def list_models(model: Annotated[list[str], Query()] = [], fleet: bool = False) -> JSONResponse:  # noqa: B006
+        if fleet:
+            return _json(fleet_matrix(plane, model))
         return _json(plane.status(model or None))
 
     @router.get("/models/{model}", tags=["models"], summary="status of one model")
@@ -277,8 +281,8 @@ def history_routes(plane: ControlPlane) -> APIRouter:
 
     @router.get("/audit", tags=["audit"], summary="audit: the audit log, newest first (or ?at=: what served)")
     def audit(model: str | None = None, action: str | None = None, outcome: str | None = None,
-              actor: str | None = None, since: str | None = None, until: str | None = None, limit: int = 100,
-              at: str | None = None) -> JSONResponse:
+              actor: str | None = None, since: str | None = None, until: str | None = None,
+              limit: Annotated[int, Query(ge=1)] = 100, at: str | None = None) -> JSONResponse:
         if at:
             return _json(plane.serving_at(at, model))
         return _json(plane.audit(model=model, action=action, outcome=outcome, actor=actor, since=since,
@@ -302,14 +306,31 @@ def history_routes(plane: ControlPlane) -> APIRouter:
     return router
 
 
+def shared_registry(plane: ControlPlane) -> Any:
+    """The fleet's shared registry (docs/fleet.md), on a daemon started with --fleet."""
+    if getattr(plane, "fleet", None) is None:
+        raise errors.UsageError("this daemon is not in a fleet (--fleet): no hosts, rollouts or fleet matrix")
+    return getattr(plane.fleet, "registry", None)
+
+
+def fleet_matrix(plane: ControlPlane, models: list[str]) -> Any:
+    """`status --fleet`: model x host from the shared registry (of the models named, if any)."""
+    from controlplane.fleet import queries as fleet_queries
+
+    for name in models:
+        validate_model_name(name)
+    result = fleet_queries.matrix(shared_registry(plane))
+    if models:
+        result.models = [row for row in result.models if row.model in models]
+    return result
+
+
 def fleet_routes(plane: ControlPlane) -> APIRouter:
     """/v1/hosts, /v1/rollouts: the fleet's shared registry (docs/fleet.md), on a daemon started with --fleet."""
     router = APIRouter(prefix=API_PREFIX, tags=["fleet"])
 
     def shared() -> Any:
-        if getattr(plane, "fleet", None) is None:
-            raise errors.UsageError("this daemon is not in a fleet (--fleet): no hosts or rollouts")
-        return getattr(plane.fleet, "registry", None)
+        return shared_registry(plane)
 
     @router.get("/hosts", summary="hosts: the fleet's hosts, last heartbeat, alive, leader")
     def hosts() -> JSONResponse:
@@ -318,10 +339,10 @@ def fleet_routes(plane: ControlPlane) -> APIRouter:
         return JSONResponse([row.to_json() for row in fleet_queries.hosts(shared())])
 
     @router.get("/rollouts", summary="rollouts: newest first, each host's step (?open=true: in progress only)")
-    def rollouts(open: bool = False, limit: int = 20) -> JSONResponse:  # noqa: A002 - the CLI's --open
+    def rollouts(open: bool = False, limit: Annotated[int, Query(ge=1)] = 20) -> JSONResponse:  # noqa: A002
         from controlplane.fleet import queries as fleet_queries
 
-        rows = fleet_queries.rollouts(shared(), not open, max(1, limit))
+        rows = fleet_queries.rollouts(shared(), not open, limit)
         return JSONResponse([row.to_json() if hasattr(row, "to_json") else row for row in rows])
 
     return router
@@ -361,6 +382,17 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
     return app
 
 
+def _result_schema(names: str, media: str) -> dict[str, Any]:
+    """A reference to the published schema; "a|b": one of two (a query parameter chooses, as --at or --fleet)."""
+    refs = [{"$ref": f"schemas/{name}.schema.json"} for name in names.split("|")]
+    described = " or ".join(f"docs/schemas/{name}.schema.json" for name in names.split("|"))
+    if media == NDJSON:
+        described += "; NDJSON: progress lines, then {\"result\": this document}"
+    if len(refs) == 1:
+        return {**refs[0], "description": described}
+    return {"oneOf": refs, "description": f"{described} (the second with {CHOSEN_BY[names]})"}
+
+
 def openapi_document(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document of the routes, plus the route that serves it (so every route is in it)."""
     if app.openapi_schema is None:
@@ -377,10 +409,7 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         for (path, method), (name, media) in RESULT_SCHEMAS.items():
             operation = document["paths"].get(path, {}).get(method)
             if operation is not None:  # the published JSON Schema of the --json document (docs/schemas/)
-                operation["responses"]["200"]["content"] = {media: {"schema": {
-                    "$ref": f"schemas/{name}.schema.json",
-                    "description": "docs/schemas/" + name + ".schema.json" + (
-                        "; NDJSON: progress lines, then {\"result\": this document}" if media == NDJSON else "")}}}
+                operation["responses"]["200"]["content"] = {media: {"schema": _result_schema(name, media)}}
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)

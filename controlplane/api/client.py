@@ -63,6 +63,12 @@ def _model(name: str) -> str:
     return f"/models/{quote(name, safe='')}"
 
 
+def _query(params: dict[str, Any]) -> str:
+    """`?k=v&...` of the parameters given (None: left out), or nothing."""
+    given = {key: value for key, value in params.items() if value is not None}
+    return f"?{urlencode(given)}" if given else ""
+
+
 class ControlClient:
     """Talks to a daemon on a Unix socket path or, with a token, on HOST:PORT (https://HOST:PORT: TLS)."""
 
@@ -220,6 +226,34 @@ class ControlClient:
                 raise errors.UsageError("tag --delete takes no DIGEST")
             return self.stream("DELETE", path, None, on_progress)
         return self.stream("PUT", path, {"digest": digest}, on_progress)
+
+    # -- reads: the registry's history and the fleet's views, as the daemon answers them ---------------
+
+    def versions(self, model: str) -> list[dict[str, Any]]:
+        return list(self.call("GET", f"{_model(model)}/versions"))
+
+    def diff(self, model: str, ref_a: str, ref_b: str) -> dict[str, Any]:
+        return dict(self.call("GET", f"{_model(model)}/diff?{urlencode({'a': ref_a, 'b': ref_b})}"))
+
+    def audit(self, **filters: Any) -> list[dict[str, Any]]:
+        """`filters`: model, action, outcome, actor, since, until, limit (None: not given)."""
+        return list(self.call("GET", f"/audit{_query(filters)}"))
+
+    def serving_at(self, at: str, model: str | None = None) -> dict[str, Any]:
+        return dict(self.call("GET", f"/audit{_query({'at': at, 'model': model})}"))
+
+    def tags(self, model: str | None = None, at: str | None = None) -> dict[str, Any]:
+        return dict(self.call("GET", f"/tags{_query({'model': model, 'at': at})}"))
+
+    def hosts(self) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/hosts"))
+
+    def rollouts(self, only_open: bool = False, limit: int = 20) -> list[dict[str, Any]]:
+        return list(self.call("GET", f"/rollouts{_query({'open': 'true' if only_open else None, 'limit': limit})}"))
+
+    def fleet_matrix(self, models: list[str] | None = None) -> dict[str, Any]:
+        query = urlencode([("fleet", "true"), *(("model", m) for m in models or [])])
+        return dict(self.call("GET", f"/models?{query}"))
 
     def webhook_deliveries(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         query = urlencode({"limit": limit, **({"state": state} if state else {})})

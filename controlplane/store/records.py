@@ -6,8 +6,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-# Every outcome an audit event can have (the CLI's --outcome choices).
-OUTCOMES = ("ok", "failed", "rolled_back", "noop", "invalid")
+from controlplane.defaults import OUTCOMES as OUTCOMES  # every outcome an audit event can have
 
 
 def utcnow() -> datetime:
