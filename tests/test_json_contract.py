@@ -173,7 +173,10 @@ def documents(daemon: DaemonProcess, receiver: Receiver) -> dict[str, Any]:
     receiver.mode = "ok"
     wait_for(lambda: not run_json("webhooks", "--state", "pending", *sd), 60, 0.3, "every webhook delivered")
     docs["webhooks"] = run_json("webhooks", "--limit", "1000", *sd)
-    docs["webhooks-redeliver"] = run_json("webhooks", "redeliver", docs["webhooks"][0]["id"], *sd)
+    # the newest delivery of a model's event (the newest of all may be one without a model, as gc's: then
+    # the document's `model` would be null and its type never checked)
+    newest_of_a_model = next(d for d in docs["webhooks"] if d["model"])
+    docs["webhooks-redeliver"] = run_json("webhooks", "redeliver", newest_of_a_model["id"], *sd)
     return docs
 
 
