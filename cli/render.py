@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from controlplane import jsontext
+
 if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
@@ -95,7 +97,7 @@ def document(result: Any) -> Any:
 
 
 def _print_json(data: Any) -> None:
-    click.echo(json.dumps(document(data), indent=2, ensure_ascii=False))
+    click.echo(jsontext.dumps(document(data), indent=2))  # json.dumps's text, faster (status of 10,000 models)
 
 
 class _ProgressDisplay:

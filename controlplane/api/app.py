@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from controlplane import errors
+from controlplane import errors, jsontext
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
 from controlplane.names import validate_model_name
 from controlplane.results import Outcome, Progress, accepted
@@ -125,8 +125,16 @@ def actor_of(request: Request) -> str:
     return str(request.scope.get(ACTOR_SCOPE_KEY) or "unknown")[:64]
 
 
+class _JSONResponse(JSONResponse):
+    """Starlette's JSONResponse, its text written by controlplane/jsontext.py (the same bytes, faster:
+    `status` of 10,000 models)."""
+
+    def render(self, content: Any) -> bytes:
+        return jsontext.dumps(content, compact=True).encode("utf-8")
+
+
 def _json(result: Any, status_code: int = 200) -> JSONResponse:
-    return JSONResponse(result.to_json() if hasattr(result, "to_json") else result, status_code=status_code)
+    return _JSONResponse(result.to_json() if hasattr(result, "to_json") else result, status_code=status_code)
 
 
 def _line(kind: str, body: Any) -> bytes:
