@@ -26,7 +26,7 @@ from controlplane.decision import Rule, Verdict, decide, decide_capture, refuse_
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
 from controlplane.ensemblemembers import step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
-from controlplane.faults import RetryBook
+from controlplane.faults import Retry, RetryBook
 from controlplane.footprint import Meter
 from controlplane.leases import LeaseBook
 from controlplane.names import is_private_name, validate_digest, validate_model_name
@@ -52,7 +52,7 @@ from controlplane.results import (
 from controlplane.servedview import ServedView
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.sourcegraph import SourceGraph
-from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord, iso
+from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.sync import sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
@@ -122,6 +122,20 @@ class FleetStrategy(Protocol):
 
     def rollout(self, model: str, record: SnapshotRecord | None, actor: str, *, force: bool,
                 progress: ProgressFn | None, kind: str = ...) -> Outcome: ...
+
+
+@dataclass
+class _SyncInputs:
+    """What `sync` is derived from (controlplane/sync.py), read once for many models."""
+
+    heads: dict[str, SourceHead]
+    lasts: dict[str, DeploymentRecord]
+    busy: set[str]
+    settling: dict[str, str]
+    tagged: dict[tuple[str, str], list[str]]
+    tracks: dict[str, str]
+    retries: dict[str, Retry]
+    restores: dict[str, Retry]
 
 
 class ControlPlane:
@@ -651,14 +665,16 @@ class ControlPlane:
         """One page of `status` by model name, filtered by state, sync and a part of the name (the web
         view's overview). State and name are filtered and the page cut in SQL, so only the page's models
         are looked at; sync is computed per model, so filtering by it computes every model's status."""
-        if sync:
-            result = self.status()
-            rows = [r for r in result.models if r.sync == sync and (not state or r.state == state)
-                    and name.lower() in r.model.lower()]
-            pages = max((len(rows) + size - 1) // size, 1)
+        if sync:  # derived per model, not stored: every model's sync (not its whole status row), then the page's rows
+            inputs = self._sync_inputs(None)
+            matching = [m.name for m in self.registry.list_models(states=[state] if state else None)
+                        if name.lower() in m.name.lower() and self._sync_of(m, inputs)[0] == sync]
+            pages = max((len(matching) + size - 1) // size, 1)
             page = min(max(page, 1), pages)
-            result.models = rows[(page - 1) * size: page * size]
-            return StatusPage(result, len(rows), page, pages, self.registry.model_states())
+            shown = matching[(page - 1) * size: page * size]
+            result = self._status_of(self.registry.list_models(names=shown) if shown else [],
+                                     self.registry.active_digests())
+            return StatusPage(result, len(matching), page, pages, self.registry.model_states())
         total, names = self.registry.model_page(state=state or None, name_contains=name or None,
                                                 offset=(max(page, 1) - 1) * size, limit=size)
         pages = max((total + size - 1) // size, 1)
@@ -680,41 +696,50 @@ class ControlPlane:
             index, served, reachable = [], {}, False
         drift = {d.model: d for d in plan(records, index, served).drift} if reachable else {}
         names = [m.name for m in records] if wanted is not None else None
-        heads = self.registry.source_heads(names)
-        lasts = self.registry.last_deployments(names)
-        busy = set(self.deployer.busy_models())
-        settling = self.watch.settling() if self.watch and self.watch.settling else {}
-        tag_registry = self.tag_registry()
-        tagged, tracks = tags.by_digest(tag_registry.list_tags()), tag_registry.tracks()
+        inputs = self._sync_inputs(names)
         footprints = self.registry.footprints(names)
-        retries, restores = self.retries.all(), self.restores.all()  # one lock each, not two per model
         by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
         for e in index:
             by_name.setdefault(e.name, []).append(VersionState(e.version, e.state, e.reason))
         rows = []
         for model in records:
-            versions = by_name.get(model.name, [])
-            policy = self.effective_policy(model)
-            retry = retries.get(model.name) or restores.get(model.name)
-            head = heads.get(model.name)
-            sync, reason = sync_state(model, policy, head, lasts.get(model.name), busy=model.name in busy,
-                                      retry=retry, settling=settling.get(model.name))
-            row = queries.status_row(model, policy, versions, drift.get(model.name), reachable)
+            sync, reason, policy, retry = self._sync_of(model, inputs)
+            row = queries.status_row(model, self.effective_policy(model), by_name.get(model.name, []),
+                                     drift.get(model.name), reachable)
+            head = inputs.heads.get(model.name)
             row.source_digest = head.digest if head is not None and model.removed_at is None else None
-            row.sync = sync
-            row.sync_reason = reason
+            row.sync, row.sync_reason, row.policy = sync, reason, policy
             row.next_retry_s = retry.seconds_left() if retry is not None else None
-            row.tags = tagged.get((model.name, model.active_digest or ""), [])
+            row.tags = inputs.tagged.get((model.name, model.active_digest or ""), [])
             row.footprint = footprints.get((model.name, model.active_digest or ""))
-            track = tracks.get(model.name)
-            if track:
-                tag_digest = next((d for (m, d), names in tagged.items() if m == model.name and track in names), None)
-                row.policy = f"{tags.TRACK_PREFIX}{track}"
-                row.sync, row.sync_reason = track_sync(model, track, tag_digest, busy=model.name in busy)
             rows.append(row)
         hooks = self.watch
         watch = hooks.watch_info() if hooks and hooks.watch_info else {"mode": None, "reason": "no source repository"}
         return StatusResult(reachable, self.triton.url, self.http_url, watch, rows)
+
+    def _sync_inputs(self, names: list[str] | None) -> _SyncInputs:
+        """What a model's sync is derived from, for `names` (None: every model), each read once."""
+        tag_registry = self.tag_registry()
+        return _SyncInputs(self.registry.source_heads(names), self.registry.last_deployments(names),
+                           set(self.deployer.busy_models()),
+                           self.watch.settling() if self.watch and self.watch.settling else {},
+                           tags.by_digest(tag_registry.list_tags()), tag_registry.tracks(),
+                           self.retries.all(), self.restores.all())  # one lock each, not two per model
+
+    def _sync_of(self, model: ModelRecord, inputs: _SyncInputs) -> tuple[str, str, str, Retry | None]:
+        """(sync, sync_reason, the policy shown, the retry owed) of one model."""
+        policy = self.effective_policy(model)
+        retry = inputs.retries.get(model.name) or inputs.restores.get(model.name)
+        busy = model.name in inputs.busy
+        track = inputs.tracks.get(model.name)
+        if track:
+            tag_digest = next((d for (m, d), names in inputs.tagged.items() if m == model.name and track in names),
+                              None)
+            sync, reason = track_sync(model, track, tag_digest, busy=busy)
+            return sync, reason, f"{tags.TRACK_PREFIX}{track}", retry
+        sync, reason = sync_state(model, policy, inputs.heads.get(model.name), inputs.lasts.get(model.name),
+                                  busy=busy, retry=retry, settling=inputs.settling.get(model.name))
+        return sync, reason, policy, retry
 
     def reconcile(self) -> list[Drift]:
         """Compare desired and actual; restore what should serve; finish interrupted deployments."""

@@ -113,6 +113,9 @@ def test_overview_lists_models_serving_and_synced(page: Any, base_url: str, daem
         assert digest and digest[:12] in browser.text(page, f'#models tr[data-model="{model}"] code')
     assert "reachable" in browser.text(page, "#triton")
     assert browser.text(page, "#watch-mode") in ("inotify", "poll")
+    # not in a fleet: no Fleet page (tests/test_fleet_e2e.py checks it on a fleet), and no link to one
+    assert browser.text(page, "nav a[href='/ui/fleet']") == ""
+    assert answer(f"{base_url}/ui/fleet", {"authorization": f"Bearer {TOKEN}"}) == 404
     # a filter is a query parameter: the link can be shared, and it narrows the table
     page.get(f"{base_url}/ui/?q=lin&sync=synced")
     rows = page.execute_script("return [...document.querySelectorAll('#models tbody tr')].map(r => r.dataset.model)")
