@@ -664,7 +664,7 @@ class ControlPlane:
                     size: int = 100) -> StatusPage:
         """One page of `status` by model name, filtered by state, sync and a part of the name (the web
         view's overview). State and name are filtered and the page cut in SQL, so only the page's models
-        are looked at; sync is computed per model, so filtering by it computes every model's status."""
+        are looked at; sync is derived per model, so filtering by it derives every model's sync first."""
         if sync:  # derived per model, not stored: every model's sync (not its whole status row), then the page's rows
             inputs = self._sync_inputs(None)
             matching = [m.name for m in self.registry.list_models(states=[state] if state else None)
