@@ -74,12 +74,19 @@ def new_client() -> Any:
     return session.client("s3", config=config, region_name=region or session.region_name or "us-east-1")
 
 
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a boto3/botocore failure ("NoSuchKey", "404", ...; "" when it has none)."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error", {}) if isinstance(response, dict) else {}
+    return str(error.get("Code", ""))
+
+
 def describe(exc: BaseException, what: str) -> ObjectStoreError:
     """One line for a boto3/botocore failure; `auth` set when retrying cannot help."""
     name = type(exc).__name__
     response = getattr(exc, "response", None)
     error = response.get("Error", {}) if isinstance(response, dict) else {}
-    code, message = str(error.get("Code", "")), str(error.get("Message", ""))
+    code, message = error_code(exc), str(error.get("Message", ""))
     if name in ("NoCredentialsError", "PartialCredentialsError"):
         text, auth = "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)", True
     elif code in AUTH_CODES:
@@ -108,7 +115,7 @@ def list_uploads(client: Any, bucket: str, prefix: str) -> list[str]:
         for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
             keys.extend(u["Key"] for u in page.get("Uploads", ()))
     except Exception as exc:
-        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        code = error_code(exc)
         if code in ("NotImplemented", "501"):
             return []  # a server without the call: its uploads are invisible until complete anyway
         raise
@@ -128,7 +135,7 @@ def download_verified(client: Any, bucket: str, key: str, tmp_dir: Path, *, size
         try:
             answer = client.get_object(Bucket=bucket, Key=key, **extra)
         except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            code = error_code(exc)
             if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                 raise on_mismatch(f"{key} replaced or removed during the download") from None
             raise

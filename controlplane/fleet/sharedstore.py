@@ -54,14 +54,61 @@ def _install_verified(local: ContentStore, model: str, sha256: str, tmp: Path, a
     os.replace(tmp, dest)
 
 
-def _load_shared_manifest(model: str, digest: str, text: str) -> Snapshot:
-    snap = Snapshot.from_manifest_json(model, text)
-    if snap.digest != digest:
-        raise SnapshotError(f"{model}: shared manifest {digest[:12]} holds snapshot {snap.digest[:12]}")
-    return snap
+def _file_objects(snap: Snapshot) -> list[str]:
+    return sorted({entry.sha256 for entry in snap.entries if entry.kind == "file"})
 
 
-class DirectorySharedStore:
+class _SharedStore:
+    """The export and import both kinds run; each kind says how one object or manifest goes in and out."""
+
+    def has(self, digest: str) -> bool:
+        raise NotImplementedError
+
+    def _has_object(self, sha256: str) -> bool:
+        raise NotImplementedError
+
+    def _put_object(self, local: ContentStore, model: str, sha256: str) -> None:
+        raise NotImplementedError
+
+    def _put_manifest(self, model: str, digest: str, manifest: bytes) -> None:
+        raise NotImplementedError
+
+    def _read_manifest(self, model: str, digest: str) -> str:
+        """The manifest's text; SnapshotError "not in the shared store" when there is none."""
+        raise NotImplementedError
+
+    def _fetch_object(self, local: ContentStore, model: str, sha256: str) -> None:
+        """Copy one object into `local`, hashing it on the way (`_install_verified`)."""
+        raise NotImplementedError
+
+    def export(self, local: ContentStore, model: str, digest: str) -> Snapshot:
+        """Copy a locally stored snapshot's objects, then its manifest (last: it marks it complete)."""
+        snap = local.load(model, digest)
+        if self.has(digest):
+            return snap
+        for sha in _file_objects(snap):
+            if not self._has_object(sha):
+                self._put_object(local, model, sha)
+        self._put_manifest(model, digest, snap.manifest_json().encode())
+        return snap
+
+    def import_into(self, local: ContentStore, model: str, digest: str) -> Snapshot:
+        """Make `digest` available in `local`, verifying every object's sha256 on the way in."""
+        try:
+            return local.load(model, digest)
+        except SnapshotError:
+            pass
+        snap = Snapshot.from_manifest_json(model, self._read_manifest(model, digest))
+        if snap.digest != digest:
+            raise SnapshotError(f"{model}: shared manifest {digest[:12]} holds snapshot {snap.digest[:12]}")
+        for sha in _file_objects(snap):
+            if not local.object_path(sha).exists():
+                self._fetch_object(local, model, sha)
+        local._materialize(snap)  # noqa: SLF001 - the store's own tree builder, from verified objects
+        return local.load(model, digest)
+
+
+class DirectorySharedStore(_SharedStore):
     """`<root>/objects/ab/cdef…` and `<root>/manifests/<digest>.json` on a filesystem every host mounts."""
 
     def __init__(self, root: Path) -> None:
@@ -81,56 +128,38 @@ class DirectorySharedStore:
     def has(self, digest: str) -> bool:
         return self.manifest_path(digest).exists()
 
-    def export(self, local: ContentStore, model: str, digest: str) -> Snapshot:
-        """Copy a locally stored snapshot's objects, then its manifest (last: it marks it complete)."""
-        snap = local.load(model, digest)
-        if self.has(digest):
-            return snap
-        for entry in snap.entries:
-            if entry.kind != "file":
-                continue
-            dest = self.object_path(entry.sha256)
-            if dest.exists():
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
-            os.close(fd)
-            try:
-                shutil.copyfile(local.object_path(entry.sha256), tmp)
-                os.chmod(tmp, 0o444)
-                os.replace(tmp, dest)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        write_atomic(self.manifest_path(digest), snap.manifest_json().encode(), mode=0o444)
-        return snap
+    def _has_object(self, sha256: str) -> bool:
+        return self.object_path(sha256).exists()
 
-    def import_into(self, local: ContentStore, model: str, digest: str) -> Snapshot:
-        """Make `digest` available in `local`, verifying every object's sha256 on the way in."""
+    def _put_object(self, local: ContentStore, model: str, sha256: str) -> None:
+        dest = self.object_path(sha256)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
+        os.close(fd)
         try:
-            return local.load(model, digest)
-        except SnapshotError:
-            pass
+            shutil.copyfile(local.object_path(sha256), tmp)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _put_manifest(self, model: str, digest: str, manifest: bytes) -> None:
+        write_atomic(self.manifest_path(digest), manifest, mode=0o444)
+
+    def _read_manifest(self, model: str, digest: str) -> str:
         try:
-            text = self.manifest_path(digest).read_text()
+            return self.manifest_path(digest).read_text()
         except FileNotFoundError:
             raise SnapshotError(f"{model}: snapshot {digest[:12]} is not in the shared store {self.root}") from None
-        snap = _load_shared_manifest(model, digest, text)
-        for entry in snap.entries:
-            if entry.kind == "file" and not local.object_path(entry.sha256).exists():
-                self._copy_verified(local, model, entry.sha256)
-        local._materialize(snap)  # noqa: SLF001 - the store's own tree builder, from verified objects
-        return local.load(model, digest)
 
-    def _copy_verified(self, local: ContentStore, model: str, sha256: str) -> None:
-        src = self.object_path(sha256)
-        dest = local.object_path(sha256)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=local.root / "tmp")
+    def _fetch_object(self, local: ContentStore, model: str, sha256: str) -> None:
+        fd, name = tempfile.mkstemp(dir=local.root / "tmp")
+        tmp = Path(name)
         try:
             hasher = hashlib.sha256()
             try:
-                with open(src, "rb") as reader, os.fdopen(fd, "wb") as writer:
+                with open(self.object_path(sha256), "rb") as reader, os.fdopen(fd, "wb") as writer:
                     while chunk := reader.read(_CHUNK):
                         hasher.update(chunk)
                         writer.write(chunk)
@@ -138,20 +167,15 @@ class DirectorySharedStore:
                     os.fsync(writer.fileno())
             except FileNotFoundError:
                 raise SnapshotError(f"{model}: object {sha256[:12]} is missing from the shared store") from None
-            if hasher.hexdigest() != sha256:
-                raise SnapshotError(f"{model}: object {sha256[:12]} in the shared store is corrupt "
-                                    f"(sha256 {hasher.hexdigest()[:12]}); not imported")
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, dest)
+            _install_verified(local, model, sha256, tmp, hasher.hexdigest(), str(self.root))
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            tmp.unlink(missing_ok=True)
 
 
 SharedStore = DirectorySharedStore  # the name callers used before object storage
 
 
-class S3SharedStore:
+class S3SharedStore(_SharedStore):
     """`PREFIX/objects/ab/cdef…` and `PREFIX/manifests/<digest>.json` in a bucket every host can read.
 
     The leader puts each object the bucket does not have yet (boto3 uploads big ones in parts; a
@@ -175,71 +199,55 @@ class S3SharedStore:
             self._client.head_object(Bucket=self.location.bucket, Key=key)
             return True
         except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-            if code in ("404", "NoSuchKey", "NotFound"):
+            if objectstore.error_code(exc) in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise objectstore.describe(exc, f"shared store {self.location.url}") from None
 
     def has(self, digest: str) -> bool:
         return self._exists(self.manifest_key(digest))
 
-    def export(self, local: ContentStore, model: str, digest: str) -> Snapshot:
-        snap = local.load(model, digest)
-        if self.has(digest):
-            return snap
-        for sha in sorted({e.sha256 for e in snap.entries if e.kind == "file"}):
-            key = self.object_key(sha)
-            if self._exists(key):
-                continue
-            try:
-                self._client.upload_file(str(local.object_path(sha)), self.location.bucket, key)
-            except Exception as exc:
-                raise objectstore.describe(exc, f"{model}: exporting object {sha[:12]}") from None
+    def _has_object(self, sha256: str) -> bool:
+        return self._exists(self.object_key(sha256))
+
+    def _put_object(self, local: ContentStore, model: str, sha256: str) -> None:
         try:
-            self._client.put_object(Bucket=self.location.bucket, Key=self.manifest_key(digest),
-                                    Body=snap.manifest_json().encode(), ContentType="application/json")
+            self._client.upload_file(str(local.object_path(sha256)), self.location.bucket, self.object_key(sha256))
+        except Exception as exc:
+            raise objectstore.describe(exc, f"{model}: exporting object {sha256[:12]}") from None
+
+    def _put_manifest(self, model: str, digest: str, manifest: bytes) -> None:
+        try:
+            self._client.put_object(Bucket=self.location.bucket, Key=self.manifest_key(digest), Body=manifest,
+                                    ContentType="application/json")
         except Exception as exc:
             raise objectstore.describe(exc, f"{model}: exporting manifest {digest[:12]}") from None
-        return snap
 
-    def import_into(self, local: ContentStore, model: str, digest: str) -> Snapshot:
-        try:
-            return local.load(model, digest)
-        except SnapshotError:
-            pass
+    def _read_manifest(self, model: str, digest: str) -> str:
         try:
             answer = self._client.get_object(Bucket=self.location.bucket, Key=self.manifest_key(digest))
-            text = answer["Body"].read().decode()
+            return str(answer["Body"].read().decode())
         except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-            if code in ("404", "NoSuchKey"):
+            if objectstore.error_code(exc) in ("404", "NoSuchKey"):
                 raise SnapshotError(f"{model}: snapshot {digest[:12]} is not in the shared store "
                                     f"{self.location.url}") from None
             raise objectstore.describe(exc, f"{model}: reading manifest {digest[:12]}") from None
-        snap = _load_shared_manifest(model, digest, text)
-        for sha in sorted({e.sha256 for e in snap.entries if e.kind == "file"}):
-            if local.object_path(sha).exists():
-                continue
 
-            def missing(why: str, sha: str = sha) -> SnapshotError:
-                return SnapshotError(f"{model}: object {sha[:12]} is missing from the shared store ({why})")
+    def _fetch_object(self, local: ContentStore, model: str, sha256: str) -> None:
+        def missing(why: str) -> SnapshotError:
+            return SnapshotError(f"{model}: object {sha256[:12]} is missing from the shared store ({why})")
 
-            try:
-                tmp, actual = objectstore.download_verified(self._client, self.location.bucket,
-                                                            self.object_key(sha), local.root / "tmp",
-                                                            on_mismatch=missing)
-            except SnapshotError:
-                raise
-            except Exception as exc:
-                code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-                if code in ("404", "NoSuchKey"):
-                    raise missing("not found") from None
-                raise objectstore.describe(exc, f"{model}: importing object {sha[:12]}") from None
-            try:
-                with open(tmp, "rb") as fh:
-                    os.fsync(fh.fileno())
-                _install_verified(local, model, sha, tmp, actual, self.location.url)
-            finally:
-                tmp.unlink(missing_ok=True)
-        local._materialize(snap)  # noqa: SLF001 - the store's own tree builder, from verified objects
-        return local.load(model, digest)
+        try:
+            tmp, actual = objectstore.download_verified(self._client, self.location.bucket, self.object_key(sha256),
+                                                        local.root / "tmp", on_mismatch=missing)
+        except SnapshotError:
+            raise
+        except Exception as exc:
+            if objectstore.error_code(exc) in ("404", "NoSuchKey"):
+                raise missing("not found") from None
+            raise objectstore.describe(exc, f"{model}: importing object {sha256[:12]}") from None
+        try:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            _install_verified(local, model, sha256, tmp, actual, self.location.url)
+        finally:
+            tmp.unlink(missing_ok=True)

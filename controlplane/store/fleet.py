@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from controlplane.errors import StoreError
 from controlplane.store import schema
 from controlplane.store.outbox import add_audit_event
-from controlplane.store.records import Rollout, Step
+from controlplane.store.records import Rollout, Step, from_row
 from controlplane.store.registry import AuditEntry, Registry, utcnow
 
 CHANNEL = "tritonctl_fleet"
@@ -83,8 +83,7 @@ def listen(conn: Any) -> None:
 
 
 def _step(row: schema.RolloutHost, model: str = "") -> Step:
-    return Step(row.id, row.rollout_id, row.host, row.wave, row.action, row.digest, row.state, row.message, model,
-                row.started_at, row.finished_at)
+    return from_row(Step, row, model=model)
 
 
 class FleetStore:
@@ -239,8 +238,7 @@ class FleetStore:
     def _rollout(self, session: Session, r: schema.Rollout) -> Rollout:
         steps = session.scalars(select(schema.RolloutHost).where(schema.RolloutHost.rollout_id == r.id)
                                 .order_by(schema.RolloutHost.id)).all()
-        return Rollout(r.id, r.model, r.digest, r.previous_digest, r.state, r.actor, r.created_at, r.finished_at,
-                       r.error, [_step(s, r.model) for s in steps])
+        return from_row(Rollout, r, steps=[_step(s, r.model) for s in steps])
 
     def set_rollout(self, rollout_id: int, state: str, error: str | None = None, *,
                     target: tuple[str, str] | None = None, audit: AuditEntry | None = None,

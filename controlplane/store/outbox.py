@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.store import schema
-from controlplane.store.records import AuditEntry, AuditRecord, DeliveryRecord
+from controlplane.store.records import AuditEntry, AuditRecord, DeliveryRecord, from_row
 
 
 class Sessions(Protocol):
@@ -79,8 +79,7 @@ def _record(row: schema.WebhookDelivery) -> DeliveryRecord:
 
 
 def _audit(row: schema.AuditEvent) -> AuditRecord:
-    return AuditRecord(row.id, row.time, row.actor, row.action, row.model, row.digest, row.outcome,
-                       row.duration_ms, row.message, row.host)
+    return from_row(AuditRecord, row)
 
 
 class DeliveryStore:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane.defaults import OUTCOMES as OUTCOMES  # every outcome an audit event can have
+
+R = TypeVar("R")
 
 
 def utcnow() -> datetime:
@@ -21,11 +23,30 @@ def iso(value: datetime | None) -> str | None:
     return value.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def from_row(cls: type[R], row: Any, **converted: Any) -> R:
+    """The record `cls` from a row whose attributes carry its field names (an ORM row, a named tuple);
+    `converted` gives the fields whose stored form differs (JSON text, 0/1 flags), already converted."""
+    names = _FIELD_NAMES.get(cls) or _FIELD_NAMES.setdefault(cls, tuple(f.name for f in fields(cls)))  # type: ignore[arg-type]
+    values = {name: getattr(row, name) for name in names if name not in converted}
+    return cls(**values, **converted)
+
+
 def _jsonable(record: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in asdict(record).items():
         out[key] = iso(value) if isinstance(value, datetime) else value
     return out
+
+
+def first_error(problems: list[dict[str, str]]) -> str | None:
+    """The first error among validation problems, as "file: field: message" (None: no error)."""
+    for problem in problems:
+        if problem.get("severity") == "error":
+            return ": ".join(str(problem[k]) for k in ("file", "field", "message") if problem.get(k))
+    return None
 
 
 @dataclass(frozen=True)
@@ -74,10 +95,7 @@ class SnapshotRecord(SnapshotContent):
 
     @property
     def first_error(self) -> str | None:
-        for problem in self.problems:
-            if problem.get("severity") == "error":
-                return ": ".join(str(problem[k]) for k in ("file", "field", "message") if problem.get(k))
-        return None
+        return first_error(self.problems)
 
     def to_json(self) -> dict[str, Any]:
         data = _jsonable(self)

@@ -35,6 +35,8 @@ from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-e
     SourceEntry,
     SourceHead,
     TagRecord,
+    first_error,
+    from_row,
     utcnow,
 )
 
@@ -74,74 +76,14 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
 
 
 def _model_record(row: schema.Model) -> ModelRecord:
-    return ModelRecord(
-        name=row.name,
-        policy=row.policy,
-        pinned=bool(row.pinned),
-        active_digest=row.active_digest,
-        state=row.state,
-        last_error=row.last_error,
-        active_since=row.active_since,
-        updated_at=row.updated_at,
-        removed_at=row.removed_at,
-    )
+    return from_row(ModelRecord, row, pinned=bool(row.pinned))
 
 
 def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
-    return SnapshotRecord(
-        model=row.model,
-        digest=row.digest,
-        manifest=row.manifest,
-        config=json.loads(row.config) if row.config else None,
-        versions=json.loads(row.versions),
-        served_versions=json.loads(row.served_versions),
-        valid=bool(row.valid),
-        problems=json.loads(row.problems),
-        total_bytes=row.total_bytes,
-        first_seen=row.first_seen,
-        last_seen=row.last_seen,
-        quarantined=bool(row.quarantined),
-        quarantine_reason=row.quarantine_reason,
-        collected=bool(row.collected),
-    )
-
-
-def _first_error(problems_json: str) -> str | None:
-    for problem in json.loads(problems_json or "[]"):
-        if problem.get("severity") == "error":
-            return ": ".join(str(problem[k]) for k in ("file", "field", "message") if problem.get(k))
-    return None
-
-
-def _deployment_record(row: schema.Deployment) -> DeploymentRecord:
-    return DeploymentRecord(
-        id=row.id,
-        model=row.model,
-        kind=row.kind,
-        digest=row.digest,
-        previous_digest=row.previous_digest,
-        step=row.step,
-        actor=row.actor,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        outcome=row.outcome,
-        error=row.error,
-    )
-
-
-def _audit_record(row: schema.AuditEvent) -> AuditRecord:
-    return AuditRecord(
-        id=row.id,
-        time=row.time,
-        actor=row.actor,
-        action=row.action,
-        model=row.model,
-        digest=row.digest,
-        outcome=row.outcome,
-        duration_ms=row.duration_ms,
-        message=row.message,
-        host=row.host,
-    )
+    return from_row(SnapshotRecord, row, config=json.loads(row.config) if row.config else None,
+                    versions=json.loads(row.versions), served_versions=json.loads(row.served_versions),
+                    valid=bool(row.valid), problems=json.loads(row.problems), quarantined=bool(row.quarantined),
+                    collected=bool(row.collected))
 
 
 class Registry:
@@ -451,8 +393,9 @@ class Registry:
         heads: dict[str, SourceHead] = {}
         with self._session() as session:
             for model, digest, valid, problems, quarantined, reason, first_seen, last_seen in session.execute(query):
-                heads[model] = SourceHead(model, digest, bool(valid), None if valid else _first_error(problems),
-                                          bool(quarantined), reason, first_seen, last_seen)
+                error = None if valid else first_error(json.loads(problems or "[]"))
+                heads[model] = SourceHead(model, digest, bool(valid), error, bool(quarantined), reason, first_seen,
+                                          last_seen)
         return heads
 
     def source_index(self) -> dict[str, SourceEntry]:
@@ -472,7 +415,7 @@ class Registry:
             newest = newest.where(schema.Deployment.model.in_(list(models)))
         with self._session() as session:
             rows = session.scalars(select(schema.Deployment).where(schema.Deployment.id.in_(newest.scalar_subquery())))
-            return {row.model: _deployment_record(row) for row in rows}
+            return {row.model: from_row(DeploymentRecord, row) for row in rows}
 
     def set_quarantine(self, model: str, digest: str, reason: str | None) -> None:
         with self._session() as session:
@@ -548,7 +491,7 @@ class Registry:
             )
             session.add(row)
             session.flush()
-            return _deployment_record(row)
+            return from_row(DeploymentRecord, row)
 
     def advance(self, deployment_id: int, step: str) -> None:
         # one UPDATE, not load-modify-flush: three of these run in every deploy (bench/change_latency.py)
@@ -601,7 +544,7 @@ class Registry:
                     )
                 )
             self._add_audit(session, audit, now)
-            return _deployment_record(row)
+            return from_row(DeploymentRecord, row)
 
     def open_deployments(self) -> list[DeploymentRecord]:
         with self._session() as session:
@@ -610,7 +553,7 @@ class Registry:
                 .where(schema.Deployment.finished_at.is_(None))
                 .order_by(schema.Deployment.id)
             )
-            return [_deployment_record(row) for row in rows]
+            return [from_row(DeploymentRecord, row) for row in rows]
 
     def deployment_open(self, deployment_id: int) -> bool:
         """Whether the deployment has not finished (a list of open ones read a moment ago may be stale)."""
@@ -627,7 +570,7 @@ class Registry:
                 .order_by(schema.Deployment.id.desc())
                 .limit(1)
             )
-            return _deployment_record(row) if row else None
+            return from_row(DeploymentRecord, row) if row else None
 
     # -- audit and serving history --------------------------------------------------------------
 
@@ -645,7 +588,7 @@ class Registry:
         table = schema.AuditEvent
         stmt = select(table).where(table.id > after_id).order_by(table.id).limit(max(1, limit))
         with self._session() as session:
-            return [_audit_record(row) for row in session.scalars(stmt)]
+            return [from_row(AuditRecord, row) for row in session.scalars(stmt)]
 
     def last_event_id(self) -> int:
         with self._session() as session:
@@ -669,7 +612,7 @@ class Registry:
             stmt = stmt.where(table.time <= query.until)
         stmt = stmt.order_by(table.time.desc(), table.id.desc()).limit(max(1, query.limit))
         with self._session() as session:
-            return [_audit_record(row) for row in session.scalars(stmt)]
+            return [from_row(AuditRecord, row) for row in session.scalars(stmt)]
 
     def serving_at(self, when: datetime, models: list[str] | None = None) -> list[ServingRecord]:
         """What each model served at `when`, by model name.
