@@ -184,19 +184,24 @@ def _positive_float(minimum: float) -> Callable[[Any], float]:
     return parse
 
 
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
-        raise ValueError("expected a whole number of at least 1")
-    number = int(value)
-    if number < 1:
-        raise ValueError("expected a whole number of at least 1")
-    return number
+def _whole_number(expected: str, minimum: int = 0, maximum: int | None = None) -> Callable[[Any], int]:
+    """A whole number from `minimum` to `maximum` (an int or its digits); `expected` names the range."""
+
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+            raise ValueError(f"expected {expected}")
+        number = int(value)
+        if number < minimum or (maximum is not None and number > maximum):
+            raise ValueError(f"expected {expected}")
+        return number
+
+    return parse
 
 
-def _whole_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
-        raise ValueError("expected a whole number (0 or more)")
-    return int(value)
+_positive_int = _whole_number("a whole number of at least 1", minimum=1)
+_whole_int = _whole_number("a whole number (0 or more)")
+_port = _whole_number("a port number 1-65535", minimum=1, maximum=65535)
+_port_or_zero = _whole_number("a port number 0-65535 (0: a free port)", maximum=65535)
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -207,24 +212,6 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
         return text
 
     return parse
-
-
-def _port(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
-        raise ValueError("expected a port number 1-65535")
-    port = int(value)
-    if not 0 < port < 65536:
-        raise ValueError("expected a port number 1-65535")
-    return port
-
-
-def _port_or_zero(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
-        raise ValueError("expected a port number 0-65535 (0: a free port)")
-    port = int(value)
-    if not 0 <= port < 65536:
-        raise ValueError("expected a port number 0-65535 (0: a free port)")
-    return port
 
 
 def _text(value: Any) -> str:

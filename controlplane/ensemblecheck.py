@@ -224,28 +224,27 @@ def _step(config: mc.ModelConfig, where: str, step: Any, member: mc.ModelConfig,
     if mbs != 0 and mbs < config.max_batch_size:
         yield EnsembleFinding("max_batch_size", f'{config.max_batch_size} is above step model "{step_name}"\'s '
                               f"max_batch_size {mbs}")
-    owner = f'model "{step_name}"'
     batching = mbs > 0
-    member_inputs = {io.name: io for io in member.input}
-    member_outputs = {io.name: io for io in member.output}
-    for key, tensor in sorted(step.input_map.items()):
-        io = member_inputs.get(key)
-        if io is None:
-            yield EnsembleFinding(f"{where}.input_map", f'key "{key}" is not an input of "{step_name}" '
-                                  f'(inputs: {", ".join(sorted(member_inputs)) or "none"})')
-            continue
-        yield from _merge(tensors, tensor, _node(owner, batching, io.data_type, io.dims), f"{where}.input_map")
+    yield from _map(f"{where}.input_map", "input", step_name, step.input_map, member.input, batching, tensors)
     for io in member.input:
         if io.name not in step.input_map and not io.optional:
             yield EnsembleFinding(f"{where}.input_map", f'input "{io.name}" of "{step_name}" is not mapped '
                                   "to any ensemble tensor")
-    for key, tensor in sorted(step.output_map.items()):
-        io = member_outputs.get(key)
+    yield from _map(f"{where}.output_map", "output", step_name, step.output_map, member.output, batching, tensors)
+
+
+def _map(where: str, kind: str, step_name: str, mapping: Any, member_tensors: Any, batching: bool,
+         tensors: dict[str, _Node]) -> Iterator[EnsembleFinding]:
+    """One direction of a step's map (`kind` input or output): each key must be a tensor of that kind
+    of the step model, and the ensemble tensor it names must agree with it."""
+    known = {io.name: io for io in member_tensors}
+    for key, tensor in sorted(mapping.items()):
+        io = known.get(key)
         if io is None:
-            yield EnsembleFinding(f"{where}.output_map", f'key "{key}" is not an output of "{step_name}" '
-                                  f'(outputs: {", ".join(sorted(member_outputs)) or "none"})')
+            yield EnsembleFinding(where, f'key "{key}" is not an {kind} of "{step_name}" '
+                                  f'({kind}s: {", ".join(sorted(known)) or "none"})')
             continue
-        yield from _merge(tensors, tensor, _node(owner, batching, io.data_type, io.dims), f"{where}.output_map")
+        yield from _merge(tensors, tensor, _node(f'model "{step_name}"', batching, io.data_type, io.dims), where)
 
 
 def _merge(tensors: dict[str, _Node], tensor: str, node: _Node, where: str) -> Iterator[EnsembleFinding]:
