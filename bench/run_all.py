@@ -191,7 +191,7 @@ def fleet_waves(report: dict[str, Any]) -> list[str]:
 
 
 def plot_cli_latency(report: dict[str, Any], path: Path) -> None:
-    """Median wall time per command (bars per system), `python -c pass` and the 150 ms target as lines."""
+    """Median wall time per command (bars per system), `python -c pass` and the target as lines."""
     import matplotlib
 
     matplotlib.use("Agg")

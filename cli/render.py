@@ -56,22 +56,20 @@ def render_validation(results: ValidationReport, as_json: bool = False) -> None:
     if as_json:
         click.echo(json.dumps(results.to_json(), indent=2))
         return
-    from rich.text import Text
+    from cli.plain import styled  # no rich: plain lines, colour from click on a terminal only
 
-    console = _console()
     for result in results:
         if result.ok and result.config is not None:
             served = ", ".join(map(str, result.served_versions)) or "none"
-            console.print(Text.assemble(("ok", "green"), f" {result.model} (serving version {served})"))
+            click.echo(styled("ok", "green") + f" {result.model} (serving version {served})")
         for problem in result.problems:
-            console.print(Text.assemble((problem.severity, _SEVERITY_STYLE.get(problem.severity, "")),
-                                        f" {problem.line()}"))
+            click.echo(styled(problem.severity, _SEVERITY_STYLE.get(problem.severity, "")) + f" {problem.line()}")
     failed = sum(1 for r in results if not r.ok)
     errors = sum(len(r.errors) for r in results)
     warnings = sum(len(r.warnings) for r in results)
     summary = (f"{_plural(len(results), 'model')} checked: {len(results) - failed} ok, {failed} invalid "
                f"({_plural(errors, 'error')}, {_plural(warnings, 'warning')})")
-    console.print(Text(summary, style="bold red" if failed else "bold green"))
+    click.echo(styled(summary, "bold red" if failed else "bold green"))
 
 
 # --- operations through the daemon -----------------------------------------------------------------

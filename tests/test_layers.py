@@ -186,6 +186,7 @@ def test_validate_of_one_model_loads_only_the_config_schema(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr
     assert "tritonclient.grpc.model_config_pb2" in modules
     assert heavy(modules, ("grpc",)) == ["tritonclient.grpc.model_config_pb2"]
+    assert "rich" not in {m.split(".")[0] for m in modules}  # its lines are plain (cli/plain.py styles them)
 
 
 def test_status_process_imports_no_database_triton_or_numpy_code(tmp_path: Path, triton: Any) -> None:
