@@ -191,7 +191,7 @@ def fleet_waves(report: dict[str, Any]) -> list[str]:
 
 
 def plot_cli_latency(report: dict[str, Any], path: Path) -> None:
-    """Median wall time per command (bars per system), `python -c pass` and the target as lines."""
+    """Median wall and CPU time per command (bars), `python -c pass`, the import floor and the target as lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,19 +200,27 @@ def plot_cli_latency(report: dict[str, Any], path: Path) -> None:
     commands = report["commands"]
     systems = [s for s in ("before", "tritonctl") if s in commands[0]]
     labels = {"before": f"before ({report['settings'].get('compare_label') or 'before'})", "tritonctl": "tritonctl"}
+    series = [(system, "median_ms", labels[system] + " wall") for system in systems]
+    series += [("tritonctl", "cpu_median_ms", "tritonctl CPU (user + system)")]
+    colours = {("before", "median_ms"): "#bbbbbb", ("tritonctl", "median_ms"): "#1f77b4",
+               ("tritonctl", "cpu_median_ms"): "#ff7f0e"}
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
-    width = 0.8 / len(systems)
-    for i, system in enumerate(systems):
-        xs = [k + (i - (len(systems) - 1) / 2) * width for k in range(len(commands))]
-        values = [cmd[system]["median_ms"] for cmd in commands]
-        bars = ax.bar(xs, values, width, label=labels[system], color="#bbbbbb" if system == "before" else "#1f77b4")
+    width = 0.8 / len(series)
+    for i, (system, key, label) in enumerate(series):
+        xs = [k + (i - (len(series) - 1) / 2) * width for k in range(len(commands))]
+        values = [cmd[system][key] for cmd in commands]
+        bars = ax.bar(xs, values, width, label=label, color=colours[(system, key)])
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
     floor = report["python_c_pass"]["median_ms"]
-    ax.axhline(floor, color="#2ca02c", linestyle=":", label=f"python -c pass ({floor:.0f} ms)")
+    ax.axhline(floor, color="#2ca02c", linestyle=":", label=f"python -c pass wall ({floor:.0f} ms)")
+    imports = report.get("import_costs", {}).get("floor", {})
+    if imports.get("cpu_median_ms") is not None:  # import click, http.client: the floor of the issue's choices
+        ax.axhline(imports["cpu_median_ms"], color="#ff7f0e", linestyle=":",
+                   label=f"import click, http.client CPU ({imports['cpu_median_ms']:.0f} ms)")
     target = report["settings"]["target_ms"]
     ax.axhline(target, color="#d62728", linestyle="--", label=f"target {target:.0f} ms")
     ax.set_xticks(range(len(commands)), [cmd["command"] for cmd in commands], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("median wall time, ms (new process)")
+    ax.set_ylabel("median ms per new process")
     m = report.get("machine", {})
     ax.set_title(f"tritonctl CLI latency, median of {report['settings']['runs']} runs; {m.get('nproc')} CPUs, "
                  f"load {(m.get('load_average_start') or ['?'])[0]} at start; "

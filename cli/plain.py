@@ -1,4 +1,5 @@
-"""Plain-text rendering for the outputs an operator waits for most: a step, an outcome, the status table.
+"""Plain-text rendering for the outputs an operator waits for most: a step, an outcome, the status table,
+the history and fleet listings (versions, audit, audit --at, hosts), validate's lines.
 
 Why not rich: importing it costs more than the rest of a `tritonctl status` process (about 135 ms measured,
 bench/cli_latency.py), and these outputs need no more than aligned columns and a colour per word. Colour

@@ -1,7 +1,9 @@
-"""The only place that formats output: rich text for people, JSON (a stable contract) for scripts.
+"""The only place that formats output: text for people, JSON (a stable contract) for scripts.
 
-Commands pass results here: the dataclasses of `controlplane.results` (read commands, validate) or
-the JSON document the API client received (daemon commands). `--json` prints `to_json()` of the
+Commands pass results here: the dataclasses of `controlplane.results` (validate, db upgrade) or the
+JSON document the API client received (every verb that asks the daemon, or cli/offline.py's). Text
+is plain columns (cli/plain.py) where it fits; rich only folds a table that does not, and draws the
+fleet matrix, webhook deliveries and `status --watch`'s live table. `--json` prints `to_json()` of the
 former and the latter as is, so each shape is defined once, in controlplane/results.py; tables are
 drawn from that same document. Colour appears only on a terminal; `--json` output never changes
 shape without a note in the README.
