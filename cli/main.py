@@ -36,8 +36,11 @@ LAZY_COMMANDS: dict[str, str] = {
     "tag": "cli.tags_cmd",
     "tags": "cli.tags_cmd",
     "webhooks": "cli.webhooks_cmd",
+    "ensure": "cli.lease_cmd",
+    "lease": "cli.lease_cmd",
 }
-COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd", "cli.tags_cmd", "cli.webhooks_cmd")
+COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd", "cli.tags_cmd", "cli.webhooks_cmd",
+                   "cli.lease_cmd")
 
 
 def _module_commands(module_name: str) -> dict[str, click.Command]:

@@ -226,16 +226,17 @@ def status(reader: Any, client: ControlClient, models: tuple[str, ...], watch: b
 @json_option
 @daemon_options
 def policy(client: ControlClient, model: str, policy: str, host: str, as_json: bool) -> None:
-    """Set MODEL's deploy policy: auto (every settled valid change deploys), manual, inherit the global one,
-    or track:TAG (serve whatever tag TAG points to; moving the tag deploys).
+    """Set MODEL's deploy policy: auto (every settled valid change deploys), manual, ondemand (loaded by
+    `ensure`, unloaded when idle), inherit the global one, or track:TAG (serve whatever tag TAG points to;
+    moving the tag deploys).
 
     \b
     Examples:
       tritonctl policy linear manual
       tritonctl policy linear track:stable
     """
-    if policy not in ("auto", "manual", "inherit") and not policy.startswith("track:"):
-        raise UsageError(f"policy '{policy}': expected auto, manual, inherit or track:TAG")
+    if policy not in ("auto", "manual", "ondemand", "inherit") and not policy.startswith("track:"):
+        raise UsageError(f"policy '{policy}': expected auto, manual, ondemand, inherit or track:TAG")
     if host and policy.startswith("track:"):  # refused before asking the daemon (which refuses it too)
         from controlplane.tags import refuse_host
 

@@ -199,6 +199,17 @@ def footprint_cell(footprint: Any) -> str:
     return f"declared {text}" if footprint.get("source") == "declared" else text
 
 
+def _ondemand_cell(row: dict[str, Any]) -> str:
+    """Policy ondemand: 'standby', 'loading' or 'loaded (leases: N, until HH:MM:SS)' in the STATE column."""
+    standing = row.get("ondemand")
+    if not isinstance(standing, dict):
+        return ""
+    if standing.get("state") != "loaded":
+        return str(standing.get("state", ""))
+    until = str(standing.get("until") or "")
+    return f"loaded (leases: {standing.get('leases', 0)}" + (f", until {until[11:19]})" if until else ")")
+
+
 def _versions_cell(row: dict[str, Any]) -> str:
     """'1,2' when every version is READY, else each one with its state ('1:READY 2:UNAVAILABLE')."""
     versions = row.get("versions") or []
@@ -229,7 +240,7 @@ def _status_title(data: dict[str, Any]) -> str:
 
 def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
     """One row of the status table: (text, style) per column."""
-    state, sync = str(row.get("state", "")), str(row.get("sync") or "-")
+    state, sync = _ondemand_cell(row) or str(row.get("state", "")), str(row.get("sync") or "-")
     cells = [(str(row["model"]), ""), (state, _MODEL_STATE_STYLE.get(state, "")), (sync, _SYNC_STYLE.get(sync, "")),
              (_tagged(row, row.get("digest")), ""), (_versions_cell(row), ""), (age(row.get("since")), "")]
     if wide:

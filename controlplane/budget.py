@@ -83,6 +83,7 @@ class MemoryGuard:
         self.protected_tags = tuple(protected_tags)
         self._lock = threading.Lock()
         self._reserved: dict[int, Ticket] = {}
+        self._refused: set[str] = set()  # models whose last admission found no room
         self.evictions = 0
 
     # -- what is held -----------------------------------------------------------------------------
@@ -110,8 +111,10 @@ class MemoryGuard:
     def holdings(self, exclude: str = "") -> list[tuple[str, dict[str, float]]]:
         """(model, footprint) of every loaded model but `exclude`, then the admitted loads not settled."""
         known = self.registry.footprints()
-        held = [(m.name, self._estimate(m.name, m.active_digest, None, known)) for m in self._loaded(exclude)]
-        held += [(t.model, t.reserved) for t in self._reserved.values() if t.model != exclude]
+        loaded = self._loaded(exclude)
+        held = [(m.name, self._estimate(m.name, m.active_digest, None, known)) for m in loaded]
+        names = {m.name for m in loaded}  # committed, not settled yet: counted once, as loaded
+        held += [(t.model, t.reserved) for t in self._reserved.values() if t.model != exclude and t.model not in names]
         return held
 
     def _over(self, held: list[tuple[str, dict[str, float]]], need: dict[str, float]) -> list[str]:
@@ -131,6 +134,7 @@ class MemoryGuard:
             if previous:
                 replaced = self._estimate(model, previous, None, known)
                 need = {k: max(0.0, need[k] - replaced[k]) for k in need}
+            self._refused.add(model)  # until admitted below
             held = self.holdings(exclude=model)
             if self._over(held, need):
                 victims = set(self.candidates(exclude=model))
@@ -144,7 +148,23 @@ class MemoryGuard:
                 raise BudgetError(self._no_room(model, digest, need, self.holdings(exclude=model), over))
             ticket = Ticket(model, digest, config, baseline, need)
             self._reserved[id(ticket)] = ticket
+            self._refused.discard(model)
             return ticket
+
+    def refused(self, model: str) -> bool:
+        """The last admission of `model` found no room in the budget."""
+        with self._lock:
+            return model in self._refused
+
+    def fits(self, model: str, digest: str, config: Mapping[str, Any] | None) -> bool:
+        """Whether a load of `digest` fits once every evictable model went (what an ensure waits for)."""
+        if not self.budgets:
+            return True
+        with self._lock:
+            known = self.registry.footprints()
+            need = self._estimate(model, digest, config, known)
+            victims = set(self.candidates(exclude=model))
+            return not self._over([(m, f) for m, f in self.holdings(exclude=model) if m not in victims], need)
 
     def settle(self, ticket: Ticket, loaded: bool) -> None:
         """After the load: record its footprint (when it loaded) and keep the budget."""
@@ -166,17 +186,20 @@ class MemoryGuard:
 
     # -- eviction ---------------------------------------------------------------------------------
 
+    def spared(self) -> Callable[[ModelRecord], bool]:
+        """Whether a model is never evicted for room or idleness: pinned, or its serving digest protected."""
+        protected = {(t.model, t.digest) for t in self.registry.list_tags() if t.name in self.protected_tags}
+        return lambda m: m.pinned or (m.name, m.active_digest) in protected
+
     def candidates(self, exclude: str) -> list[str]:
         """Loaded models that may be evicted, least recently used first."""
-        tags = self.registry.list_tags()
-        protected = {(t.model, t.digest) for t in tags if t.name in self.protected_tags}
+        spared = self.spared()
         try:
             last = self.hooks.last_used()
         except Exception as exc:  # noqa: BLE001 - statistics unreachable: eviction by load time only
             log.warning("inference statistics unavailable: %s", exc)
             last = {}
-        loaded = [m for m in self._loaded(exclude)
-                  if not m.pinned and (m.name, m.active_digest) not in protected and not self.hooks.held(m.name)]
+        loaded = [m for m in self._loaded(exclude) if not spared(m) and not self.hooks.held(m.name)]
 
         def used(m: ModelRecord) -> float:  # its last inference or lease; never used: when it was loaded
             since = m.active_since.replace(tzinfo=timezone.utc).timestamp() if m.active_since else 0.0

@@ -238,6 +238,7 @@ class Daemon:
         self.api = ApiServer(self.plane, self.executor, settings, loop_age_s=self.loop_age_s)
         self.api.start()
         self.webhooks.start()
+        self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/ondemand.py)
         if self.watcher is not None:
             self.watcher.start()
             if self.fleet is None:
@@ -668,6 +669,8 @@ class Daemon:
             self.api.stop(grace_s=1.0)
         if self.webhooks is not None:
             self.webhooks.stop()
+        if self.plane is not None:
+            self.plane.ondemand.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
         with self._inflight_lock:
             inflight = list(self._inflight)

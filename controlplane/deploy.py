@@ -337,15 +337,16 @@ class Deployer:
             return op.end(Result.OK, "unloaded", state=ModelState.UNLOADED, active=None,
                           serving=ServingRecord(model, None, []))
 
-    def evict(self, model: str, actor: str, reason: str) -> bool:
+    def evict(self, model: str, actor: str, reason: str, unless: Callable[[], bool] | None = None) -> bool:
         """Unload an idle model to make room (the memory budget, an on-demand model's idle time): audited as
-        `evict`; False when an operation holds the model now (it is not waited for) or the unload failed."""
+        `evict`; False when an operation holds the model now (it is not waited for), when `unless()` says
+        so under the model's lock (a lease taken meanwhile), or the unload failed."""
         lock = self.lock(model)
         if not lock.acquire(blocking=False):
             return False
         try:
             current = self.registry.get_model(model)
-            if current.state not in SERVING_STATES:
+            if current.state not in SERVING_STATES or (unless is not None and unless()):
                 return False
             op = self._operation(model, None, current.active_digest, actor, "evict")
             op.begin()

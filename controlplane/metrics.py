@@ -67,6 +67,9 @@ HELP = {
     "validations": "Captured contents validated since the daemon started",
     "records": "Captured contents recorded in the registry since the daemon started",
     "startup": "Models the start-up scans found unchanged by signature (no file read) or changed",
+    "evictions": "Models unloaded to keep the memory budget (budget) or idle under policy ondemand (idle)",
+    "ondemand_loads": "Models loaded by ensure (policy ondemand, or any model ensured while not loaded)",
+    "lease_expiries": "Leases that expired without being renewed or released",
 }
 DELIVERY_STATES = ("pending", "delivered", "failed")
 
@@ -107,7 +110,7 @@ class StateCollector:
     def collect(self) -> Iterator[Metric]:
         # Each family on its own: one failing query must not fail the whole scrape.
         for build in (self._model_state, self._quarantined, self._snapshots, self._store_bytes,
-                      self._backlog, self._reachable, self._webhooks, self._pipeline):
+                      self._backlog, self._reachable, self._webhooks, self._pipeline, self._ondemand):
             try:
                 yield from build()
             except Exception as exc:  # noqa: BLE001 - e.g. the database is locked; a scrape must still answer
@@ -163,6 +166,18 @@ class StateCollector:
         family.add_metric(["unchanged"], counts.get("start_unchanged"))
         family.add_metric(["changed"], counts.get("start_changed"))
         yield family
+
+
+    def _ondemand(self) -> Iterable[Metric]:
+        ondemand, guard = getattr(self.plane, "ondemand", None), getattr(self.plane, "guard", None)
+        counts = dict(ondemand.counts) if ondemand is not None else {}
+        family = CounterMetricFamily("tritonctl_evictions", HELP["evictions"], labels=["reason"])
+        family.add_metric(["budget"], float(guard.evictions if guard is not None else 0))
+        family.add_metric(["idle"], float(counts.get("evictions_idle", 0)))
+        yield family
+        yield CounterMetricFamily("tritonctl_ondemand_loads", HELP["ondemand_loads"], value=counts.get("loads", 0))
+        yield CounterMetricFamily("tritonctl_lease_expiries", HELP["lease_expiries"],
+                                  value=counts.get("lease_expiries", 0))
 
 
 class Metrics:

@@ -129,6 +129,7 @@ class StatusRow:
     next_retry_s: int | None = None
     tags: list[str] = field(default_factory=list)  # the tags on the digest that serves (controlplane/tags.py)
     footprint: FootprintRecord | None = None  # the serving digest's footprint (controlplane/footprint.py)
+    ondemand: dict[str, Any] | None = None  # policy ondemand: {"state", "leases", "until"} (controlplane/ondemand.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +150,7 @@ class StatusRow:
             "next_retry_s": self.next_retry_s,
             "tags": list(self.tags),
             "footprint": self.footprint.to_json() if self.footprint else None,
+            "ondemand": dict(self.ondemand) if self.ondemand else None,
         }
 
 
@@ -183,6 +185,24 @@ class StatusPage:
     page: int
     pages: int
     states: list[str]
+
+
+@dataclass(frozen=True)
+class LeaseResult:
+    """`ensure --json`, `lease renew|release --json` (controlplane/ondemand.py): the model, the digest that
+    serves, the lease and until when it holds; `loaded`: this ensure loaded it (false: found loaded)."""
+
+    model: str
+    digest: str | None
+    lease: str
+    until: datetime
+    loaded: bool
+    duration_ms: int
+    released: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "digest": self.digest, "lease": self.lease, "until": iso(self.until),
+                "loaded": self.loaded, "duration_ms": self.duration_ms, "released": self.released}
 
 
 # --- policy, pin / unpin, gc, db upgrade --------------------------------------------------------------

@@ -30,6 +30,7 @@ from controlplane.faults import Retry, RetryBook
 from controlplane.footprint import Meter
 from controlplane.leases import LeaseBook
 from controlplane.names import is_private_name, validate_digest, validate_model_name
+from controlplane.ondemand import OnDemand
 from controlplane.poller import recordable_signature
 from controlplane.ports import WatchHooks
 from controlplane.publish import ServingRepository
@@ -39,6 +40,7 @@ from controlplane.results import (
     DiffResult,
     GcResult,
     HoldResult,
+    LeaseResult,
     PinResult,
     PolicyResult,
     ServingAtResult,
@@ -172,10 +174,13 @@ class ControlPlane:
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.faults)
         self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
         self._extra_on_outcome = on_outcome
-        self.leases = LeaseBook()  # on-demand models' leases (controlplane/leases.py, controlplane/ondemand.py)
+        self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/leases.py
         self.guard = self._memory_guard(settings, registry, triton, host)
         self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
                                  on_outcome=self._note_outcome, host=host, guard=self.guard)
+        self.ondemand = OnDemand(registry, self.deployer, triton, self.leases, self.effective_policy,
+                                 lambda: self.settings.idle_unload_s, self.guard.spared, self.guard.fits,
+                                 self.guard.refused, lambda: self.settings.load_timeout_s)  # ensure, leases
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.source = source
@@ -200,7 +205,8 @@ class ControlPlane:
 
         hooks = Hooks(last_used=last_used,
                       held=lambda model: self.leases.held(model) or self.deployer.lock(model).locked(),
-                      evict=lambda model, why: self.deployer.evict(model, "tritonctl:budget", why))
+                      evict=lambda model, why: self.deployer.evict(model, "tritonctl:budget", why,
+                                                                   unless=lambda: self.leases.held(model)))
         return MemoryGuard(registry, Meter(host.server_pid if host is not None else None), hooks,
                            memory_budget_mb=settings.memory_budget_mb,
                            gpu_memory_budget_mb=settings.gpu_memory_budget_mb,
@@ -559,8 +565,8 @@ class ControlPlane:
             if self.fleet is not None:  # audited like every fleet policy change (controlplane.fleet.verbs)
                 return self.fleet.set_policy(model, policy, actor, host)
             return tags.set_track(self, model, policy, actor)
-        if policy not in ("auto", "manual", "inherit"):
-            raise UsageError(f"policy '{policy}': expected auto, manual, inherit or track:TAG")
+        if policy not in ("auto", "manual", "ondemand", "inherit"):
+            raise UsageError(f"policy '{policy}': expected auto, manual, ondemand, inherit or track:TAG")
         if not host:
             tags.untrack(self, model)
         if self.fleet is not None:
@@ -572,6 +578,16 @@ class ControlPlane:
         return PolicyResult(model, self.effective_policy(record), inherited=record.policy is None)
 
     # -- this host alone (the fleet's fleet/hostplane.HostPlane) -------------------------------------
+
+    def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None) -> LeaseResult:
+        """Load `model` (or find it loaded) and hold it with a lease for `for_s` seconds (controlplane/ondemand.py)."""
+        return self.ondemand.ensure(model, for_s, actor, progress)
+
+    def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult:
+        return self.ondemand.renew(model, lease, for_s)
+
+    def release_lease(self, model: str, lease: str) -> LeaseResult:
+        return self.ondemand.release(model, lease)
 
     def deploy_here(self, model: str, digest: str, actor: str, *, force: bool = False,
                     kind: str = "deploy") -> Outcome:
@@ -712,6 +728,8 @@ class ControlPlane:
             row.next_retry_s = retry.seconds_left() if retry is not None else None
             row.tags = inputs.tagged.get((model.name, model.active_digest or ""), [])
             row.footprint = footprints.get((model.name, model.active_digest or ""))
+            standing = self.ondemand.standing(model)
+            row.ondemand = standing.to_json() if standing is not None else None
             rows.append(row)
         hooks = self.watch
         watch = hooks.watch_info() if hooks and hooks.watch_info else {"mode": None, "reason": "no source repository"}

@@ -60,6 +60,8 @@ def sync_state(
     if head.quarantined:
         return SyncState.INVALID, (f"source content {_short(head.digest)} is quarantined: {head.quarantine_reason}; "
                                    f"{serves}")
+    if policy == Policy.ONDEMAND:  # standby until ensured (controlplane/ondemand.py), or loaded on an older one
+        return SyncState.HELD, f"policy ondemand; `tritonctl ensure {name}` loads {_short(head.digest)}"
     if model.state == ModelState.UNLOADED:
         by = f" by {last.actor}" if last is not None and last.kind == "unload" else ""
         return SyncState.HELD, f"unloaded{by}; `tritonctl load {name}` serves {_short(head.digest)}"

@@ -116,3 +116,4 @@ class Policy(Word):
     AUTO = "auto"
     MANUAL = "manual"
     INHERIT = "inherit"
+    ONDEMAND = "ondemand"  # recorded and validated, loaded only when ensured (controlplane/ondemand.py)

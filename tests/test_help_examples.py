@@ -145,6 +145,10 @@ SCRIPT = [
     "tritonctl status --fleet --db-url postgresql+psycopg://tritonctl@db/tritonctl",
     "tritonctl webhooks",
     "tritonctl webhooks --state failed --json",
+    "tritonctl ensure linear",
+    "tritonctl ensure linear --for 1h --json",
+    "tritonctl lease renew linear 3f2a9c1b2c3d4e5f --for 30m",
+    "tritonctl lease release linear 3f2a9c1b2c3d4e5f",
 ]
 # Run by other means in this module, as written.
 RUN_APART = {
@@ -282,6 +286,11 @@ def _check(served: Served, line: str, result: Result) -> None:
         assert json.loads(result.stdout) == []  # no [[webhook]] here: nothing failed
     elif line == "tritonctl policy linear manual":
         assert row("linear")["policy"] == "manual"
+    elif line == "tritonctl ensure linear --for 1h --json":  # REPLACED: the lease id the help names
+        served.replaced["3f2a9c1b2c3d4e5f"] = json.loads(result.stdout)["lease"]
+        assert row("linear")["state"] == "serving"
+    elif line == "tritonctl lease release linear 3f2a9c1b2c3d4e5f":
+        assert "released" in result.stdout
     elif line == "tritonctl unload sentiment_tokenizer --force":
         assert row("sentiment_tokenizer")["state"] == "unloaded"
     elif line == "tritonctl unload sentiment_pipeline --dependents":

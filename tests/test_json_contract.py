@@ -162,6 +162,10 @@ def documents(daemon: DaemonProcess, receiver: Receiver) -> dict[str, Any]:
     docs["unpin"] = run_json("unpin", "gen", *sd)
     docs["unload"] = run_json("unload", "gen", *sd)
     docs["load-no-wait"] = run_json("load", "gen", "--no-wait", *sd)
+    run_json("policy", "gen", "ondemand", *sd)
+    docs["ensure"] = run_json("ensure", "gen", "--for", "10m", *sd)
+    docs["status-ondemand"] = run_json("status", "gen", *sd)
+    docs["ensure-renewed"] = run_json("lease", "renew", "gen", docs["ensure"]["lease"], "--for", "5m", *sd)
     docs["gc"] = run_json("gc", "--keep", "0", *sd)
     docs["audit"] = run_json("audit", "--limit", "100", *sd)
     docs["audit-at"] = run_json("audit", "--at", "0s", *sd)
@@ -201,7 +205,8 @@ def _status_with_drift(daemon: DaemonProcess) -> dict[str, Any]:
 DAEMON_DOCUMENTS = ["status", "status-late", "status-drift", "versions", "versions-crashy", "versions-invalid",
                     "versions-tagged", "diff", "load", "load-no-wait", "load-failed", "rollback", "unload", "tag",
                     "tag-move", "tags", "tags-at", "policy", "policy-track", "pin", "unpin", "gc", "audit", "audit-at",
-                    "webhooks", "webhooks-pending", "webhooks-redeliver"]
+                    "webhooks", "webhooks-pending", "webhooks-redeliver", "ensure", "ensure-renewed",
+                    "status-ondemand"]
 
 
 @pytest.mark.parametrize("name", DAEMON_DOCUMENTS)
@@ -224,6 +229,8 @@ def test_the_scenario_produced_what_the_contract_describes(documents: dict[str, 
     assert documents["policy-track"]["policy"] == "track:stable"
     assert documents["webhooks-pending"] and {d["state"] for d in documents["webhooks"]} == {"delivered"}
     assert documents["webhooks-redeliver"]["state"] == "pending"
+    assert documents["status-ondemand"]["models"][0]["ondemand"]["state"] == "loaded"
+    assert documents["ensure-renewed"]["lease"] == documents["ensure"]["lease"]
     [drifted] = documents["status-drift"]["models"]
     assert drifted["drift"] == "missing" and "should serve" in drifted["drift_detail"], drifted
 

@@ -31,6 +31,7 @@ from controlplane.results import (
     GcResult,
     HoldResult,
     HostRow,
+    LeaseResult,
     MatrixCell,
     MatrixRow,
     Outcome,
@@ -200,7 +201,8 @@ def _full_documents() -> dict[str, list[Any]]:
     row = StatusRow("m", ModelState.SERVING, [VersionState("1", "READY", "")], D1, T, "track:stable", True,
                     "wrong_digest", "Triton serves d2d2d2d2d2d2, should serve d1d1d1d1d1d1", "load refused", False,
                     source_digest=D2, sync=SyncState.HELD, sync_reason="pinned", next_retry_s=3, tags=["stable"],
-                    footprint=FootprintRecord("m", D1, 97.5, 512.0, "measured", T))
+                    footprint=FootprintRecord("m", D1, 97.5, 512.0, "measured", T),
+                    ondemand={"state": "loaded", "leases": 2, "until": "2026-01-01T00:10:00Z"})
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
@@ -218,6 +220,7 @@ def _full_documents() -> dict[str, list[Any]]:
         "policy": [PolicyResult("m", "track:stable", False, fleet=True, host="h1", tag="stable", digest=D1).to_json()],
         "pin": [PinResult("m", True, D1, fleet=True).to_json(), HoldResult("m", "h1", True, D1).to_json()],
         "gc": [GcResult(1, 2, 300).to_json()],
+        "lease": [LeaseResult("m", D1, "3f2a9c1b2c3d4e5f", T, True, 1400, True).to_json()],
         "db-upgrade": [DbUpgradeResult("0004", "0005").to_json()],
         "hosts": [[HostRow("h1", "127.0.0.1:8001", "0.1.0", T, T, 1.5, True, True, True).to_json()]],
         "rollouts": [[Rollout(3, "m", D1, D2, "rolled_back", "alice", T, T, "canary failed", [step]).to_json()]],

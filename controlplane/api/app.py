@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from controlplane import errors, jsontext
+from controlplane.api.leases import lease_routes
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
 from controlplane.names import validate_model_name
 from controlplane.results import Outcome, Progress, accepted
@@ -66,6 +67,9 @@ RESULT_SCHEMAS: dict[tuple[str, str], tuple[str, str]] = {
     (f"{_P}/hosts", "get"): ("hosts", "application/json"),
     (f"{_P}/rollouts", "get"): ("rollouts", "application/json"),
     (f"{_P}/webhooks/deliveries", "get"): ("webhooks", "application/json"),
+    (f"{_P}/models/{{model}}/lease", "post"): ("lease", "application/json"),
+    (f"{_P}/models/{{model}}/lease/{{lease}}", "put"): ("lease", "application/json"),
+    (f"{_P}/models/{{model}}/lease/{{lease}}", "delete"): ("lease", "application/json"),
     (f"{_P}/webhooks/deliveries/{{delivery_id}}/redeliver", "post"): ("webhooks-redeliver", "application/json"),
 }
 CHOSEN_BY = {"status|status-fleet": "?fleet=true", "audit|audit-at": "?at="}  # the query that picks the second
@@ -384,6 +388,7 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
     app.include_router(models_routes(plane, executor))
     app.include_router(history_routes(plane))
     app.include_router(fleet_routes(plane))
+    app.include_router(lease_routes(plane, actor_of))  # ensure, renew, release (api/leases.py)
     for router in extra:
         app.include_router(router)
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]

@@ -209,6 +209,16 @@ class ControlClient:
     def set_policy(self, model: str, policy: str, host: str = "") -> dict[str, Any]:
         return dict(self.call("PUT", f"{_model(model)}/policy", {"policy": policy, "host": host}))
 
+    def ensure(self, model: str, for_s: float) -> dict[str, Any]:
+        """Load MODEL (or find it loaded) and hold it with a lease; answers once it is READY."""
+        return dict(self.call("POST", f"{_model(model)}/lease", {"for_s": for_s}, timeout_s=3600.0))
+
+    def renew_lease(self, model: str, lease: str, for_s: float) -> dict[str, Any]:
+        return dict(self.call("PUT", f"{_model(model)}/lease/{quote(lease, safe='')}", {"for_s": for_s}))
+
+    def release_lease(self, model: str, lease: str) -> dict[str, Any]:
+        return dict(self.call("DELETE", f"{_model(model)}/lease/{quote(lease, safe='')}"))
+
     def set_pin(self, model: str, pinned: bool, host: str = "") -> dict[str, Any]:
         path = f"{_model(model)}/pin"
         if pinned:

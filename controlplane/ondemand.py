@@ -1,0 +1,255 @@
+"""Models loaded on demand: `ensure` with a lease, and the sweep that unloads idle ones.
+
+Why: a host serves more models than fit when only the ones in use are loaded. A model under policy
+`ondemand` is recorded and validated like any other (decision.py keeps it out of Triton: only `auto`
+deploys on its own); `tritonctl ensure MODEL` / `POST /v1/models/{model}/lease` loads it (or finds it
+loaded), holds it with a lease (controlplane/leases.py) and answers once it is READY, with the digest
+that serves; the lease runs from that answer. Concurrent ensures of one model wait on one lock, so they
+cause one load; the later ones find it loaded. An ensure waits (up to `load_timeout_s`) while leased,
+pinned or protected models hold the memory budget, since a released lease frees room; then it loads or
+fails. What an ensure loads: the model's pinned digest when pinned, else the source's newest valid
+content, else what it served last. Loads go through the Deployer like every load (the memory budget
+makes room first: controlplane/budget.py), audited as action `ondemand`.
+
+The sweep (a thread of the daemon, every `SWEEP_S`) expires leases (audited `lease_expired`) and unloads
+a loaded `ondemand` model after `idle_unload_s` with no inference (Triton's statistics) and no lease
+(audited `evict`), unless it is pinned or its serving digest carries a protected tag (as the budget
+spares it). Counts for the metrics: on-demand loads, evictions (budget, idle), lease expiries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any
+
+from controlplane.deploy import Deployer, Outcome, ProgressFn, admission
+from controlplane.errors import DeployError, NotFoundError, TritonctlError, UsageError
+from controlplane.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
+from controlplane.names import validate_model_name
+from controlplane.results import LeaseResult
+from controlplane.store.records import ModelRecord, iso
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.triton.client import TritonClient
+from controlplane.vocab import SERVING_STATES, Cause, Policy, Result
+
+log = logging.getLogger("tritonctl.ondemand")
+
+SWEEP_S = 1.0
+ROOM_POLL_S = 0.05  # an ensure waiting for room looks again this often
+ONDEMAND_ACTOR = "tritonctl:ondemand"
+
+
+@dataclass(frozen=True)
+class Standing:
+    """`status`'s on-demand column of one model: standby, loading, or loaded with its leases."""
+
+    state: str  # standby | loading | loaded
+    leases: int
+    until: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"state": self.state, "leases": self.leases, "until": iso(_utc(self.until)) if self.until else None}
+
+
+class OnDemand:
+    """Ensure, renew, release; the idle sweep; the counts the metrics read."""
+
+    def __init__(self, registry: Registry, deployer: Deployer, triton: TritonClient, leases: LeaseBook,
+                 policy_of: Callable[[ModelRecord], str], idle_unload_s: Callable[[], float],
+                 spared: Callable[[], Callable[[ModelRecord], bool]] = lambda: lambda _m: False,
+                 fits: Callable[[str, str, dict[str, Any] | None], bool] = lambda _m, _d, _c: True,
+                 refused: Callable[[str], bool] = lambda _m: False,
+                 wait_s: Callable[[], float] = lambda: 120.0) -> None:
+        self.registry = registry
+        self.deployer = deployer
+        self.triton = triton
+        self.leases = leases
+        self.policy_of = policy_of
+        self.idle_unload_s = idle_unload_s
+        self.spared = spared  # pinned or protected-tag models are never unloaded for idleness either
+        self.fits = fits  # the memory budget has room once the evictable models went (controlplane/budget.py)
+        self.wait_s = wait_s  # how long an ensure waits for leases elsewhere to free that room
+        self.refused = refused  # the budget refused the model's last admission (another load took the room)
+        self.counts = {"loads": 0, "evictions_idle": 0, "lease_expiries": 0}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._loading: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- ensure / renew / release -----------------------------------------------------------------
+
+    def _lock(self, model: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(model, threading.Lock())
+
+    def target(self, record: ModelRecord) -> str:
+        """The digest an ensure serves: the pinned one, else the source's newest valid content, else the last."""
+        if record.pinned and record.active_digest:
+            return record.active_digest
+        head = self.registry.source_heads([record.name]).get(record.name)
+        if head is not None and head.valid and not head.quarantined and record.removed_at is None:
+            return head.digest
+        if record.active_digest:
+            return record.active_digest
+        for snap in self.registry.list_snapshots(record.name):  # newest first
+            if admission(snap, force=False, where="Triton") is None and not snap.collected:
+                return snap.digest
+        raise UsageError(f"model '{record.name}' has no valid content to load")
+
+    def _serves(self, record: ModelRecord, digest: str) -> bool:
+        if record.state not in SERVING_STATES or record.active_digest != digest:
+            return False
+        try:
+            return self.triton.version_ready(record.name)
+        except TritonctlError:
+            return False
+
+    def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None) -> LeaseResult:
+        """Load `model` (or find it loaded) and hold it for `for_s` seconds; answers once it is READY."""
+        validate_model_name(model)
+        check_duration(for_s)
+        if self.registry.find_model(model) is None:
+            raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
+        started = time.monotonic()
+        # held from the start (no eviction between its load and the answer), for as long as the wait and load may take
+        lease = self.leases.grant(model, min(MAX_LEASE_S, 2 * self.wait_s() + for_s), actor)
+        try:
+            with self._lock(model):  # concurrent ensures of one model: one load, the others find it loaded
+                record = self.registry.get_model(model)
+                digest = self.target(record)
+                loaded = False
+                with self.deployer.lock(model):  # an eviction decides under this lock, seeing the lease above
+                    serves = self._serves(self.registry.get_model(model), digest)
+                if not serves:
+                    outcome = self._load(model, digest, actor, progress)
+                    if not outcome.succeeded:
+                        raise DeployError(f"{model}: {outcome.message}", outcome.outcome, str(outcome.cause))
+                    loaded = outcome.outcome == Result.OK
+                    if loaded:
+                        self.counts["loads"] += 1
+            lease = self.leases.renew(model, lease.id, for_s)  # the lease runs from the answer
+        except BaseException:
+            self._drop(lease)
+            raise
+        return LeaseResult(model, digest, lease.id, _utc(lease.until), loaded, int((time.monotonic() - started) * 1000))
+
+    def _load(self, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome:
+        """Deploy `digest`. While leased (or pinned, protected, busy) models hold the budget, wait for one
+        to go, up to `wait_s`; a deploy refused because another load took the room meanwhile (the budget
+        still full after it) is tried again within that time; then it ends failed, naming the budget."""
+        config = self.registry.get_snapshot(model, digest).config
+        deadline = time.monotonic() + self.wait_s()
+        with self._guard:
+            self._loading.add(model)
+        try:
+            while True:
+                while not self.fits(model, digest, config) and time.monotonic() < deadline:
+                    time.sleep(ROOM_POLL_S)
+                outcome = self.deployer.deploy(model, digest, actor, kind="ondemand", progress=progress)
+                if (outcome.succeeded or outcome.cause != Cause.ENVIRONMENT or time.monotonic() >= deadline
+                        or not self.refused(model)):
+                    return outcome
+        finally:
+            with self._guard:
+                self._loading.discard(model)
+
+    def _drop(self, lease: Lease) -> None:
+        try:
+            self.leases.release(lease.model, lease.id)
+        except NotFoundError:
+            pass
+
+    def renew(self, model: str, lease_id: str, for_s: float) -> LeaseResult:
+        validate_model_name(model)
+        lease = self.leases.renew(model, lease_id, for_s)
+        record = self.registry.get_model(model)
+        return LeaseResult(model, record.active_digest, lease.id, _utc(lease.until), False, 0)
+
+    def release(self, model: str, lease_id: str) -> LeaseResult:
+        validate_model_name(model)
+        lease = self.leases.release(model, lease_id)
+        record = self.registry.get_model(model)
+        return LeaseResult(model, record.active_digest, lease.id, _utc(lease.until), False, 0, released=True)
+
+    def standing(self, record: ModelRecord) -> Standing | None:
+        """`status`'s view of an on-demand model (None for other policies)."""
+        if self.policy_of(record) != Policy.ONDEMAND:
+            return None
+        with self._guard:
+            loading = record.name in self._loading
+        active = self.leases.active(record.name)
+        until = max((lease.until for lease in active), default=None)
+        if loading:
+            return Standing("loading", len(active), until)
+        if record.state in SERVING_STATES:
+            return Standing("loaded", len(active), until)
+        return Standing("standby", len(active), until)
+
+    # -- the sweep --------------------------------------------------------------------------------
+
+    def on_expiry(self, lease: Lease) -> None:
+        self.counts["lease_expiries"] += 1
+        self.registry.audit(AuditEntry(ONDEMAND_ACTOR, "lease_expired", lease.model, None, Result.OK.value,
+                                       f"lease {lease.id} of {lease.actor} expired"))
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Expire leases; unload the idle on-demand models. Returns the models unloaded."""
+        self.leases.expire()
+        now = time.time() if now is None else now
+        idle_s = self.idle_unload_s()
+        loaded = [m for m in self.registry.list_models(states=SERVING_STATES)
+                  if self.policy_of(m) == Policy.ONDEMAND and not self.leases.held(m.name)
+                  and not self.deployer.lock(m.name).locked()]
+        if not loaded:
+            return []
+        spared = self.spared()
+        loaded = [m for m in loaded if not spared(m)]
+        used = self.leases.last_used()
+        try:
+            for model, when in self.triton.last_inferences().items():
+                used[model] = max(used.get(model, 0.0), when)
+        except TritonctlError as exc:
+            log.debug("inference statistics unavailable: %s", exc)
+            return []
+        unloaded = []
+        for record in loaded:
+            since = record.active_since.replace(tzinfo=timezone.utc).timestamp() if record.active_since else 0.0
+            last = max(used.get(record.name, 0.0), since)
+            if now - last < idle_s:
+                continue
+            with self._lock(record.name):  # not while an ensure of it runs
+                if self.leases.held(record.name):
+                    continue
+                reason = f"policy ondemand: no inference and no lease for {now - last:.0f} s"
+                keep = partial(self.leases.held, record.name)
+                if self.deployer.evict(record.name, ONDEMAND_ACTOR, reason, unless=keep):
+                    self.counts["evictions_idle"] += 1
+                    unloaded.append(record.name)
+        return unloaded
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ondemand", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SWEEP_S):
+            try:
+                self.sweep()
+            except Exception as exc:  # noqa: BLE001 - the registry busy, Triton away: the next round tries again
+                log.warning("on-demand sweep: %s", exc)
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)
