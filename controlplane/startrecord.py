@@ -157,7 +157,8 @@ def _captured(plane: ControlPlane, name: str, steps: StepMembers) -> Captured | 
 def _decide(plane: ControlPlane, records: list[SnapshotRecord], out: Wave) -> None:
     """Each recorded model: done, deployed alone, or handed to the watcher's path."""
     names = [r.model for r in records]
-    models = {m.name: m for m in plane.registry.list_models()}
+    wanted = {*names, *(step for r in records for step in step_models(r.config))}
+    models = {m.name: m for m in plane.registry.list_models(names=sorted(wanted))}
     last = plane.registry.last_deployments(names)
     serving = plane.changesets.serving_ensembles()
     serving_over: dict[str, set[str]] = {}

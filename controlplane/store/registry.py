@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select, update
+from sqlalchemy import Engine, create_engine, event, func, insert, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -308,50 +308,67 @@ class Registry:
 
     def record_contents(self, items: Sequence[tuple[str, str, SnapshotContent, SourceEntry | None]],
                         audit: Callable[[SnapshotRecord], AuditEntry]) -> list[tuple[SnapshotRecord, bool]]:
-        """`record_content` of many contents in ONE transaction (the start-up scan's batches: one commit
-        per model cost most of a first start at 10,000 models): each model's row made if new, each content
-        recorded once (the same content again only updates last_seen), its source entry set, and
-        `audit(record)` added for every content new to the registry. Returns (record, new) per item."""
+        """`record_content` of many contents in ONE transaction, with a few bulk statements (the start-up
+        scan's batches: a commit per model, then the ORM's unit of work per row, cost most of a first start
+        at 10,000 models): each model's row made if new, each content recorded once (the same content again
+        only updates last_seen), its source entry set, and `audit(record)` added for every content new to
+        the registry. Returns (record, new) per item."""
         if not items:
             return []
         names = list(dict.fromkeys(model for model, *_ in items))
         now = self.clock()
         out: list[tuple[SnapshotRecord, bool]] = []
         audits: list[AuditEntry] = []
+        new_rows: list[dict[str, Any]] = []
+        signatures: dict[str, dict[str, Any]] = {}
+        fresh: dict[tuple[str, str], SnapshotRecord] = {}
         with self._session() as session:
             known = set(session.scalars(select(schema.Model.name).where(schema.Model.name.in_(names))))
-            for name in names:
-                if name not in known:
-                    session.add(schema.Model(name=name, pinned=False, state="new", created_at=now, updated_at=now))
-            snapshots = {(row.model, row.digest): row for row in session.scalars(
+            if len(known) < len(names):
+                session.execute(insert(schema.Model), [
+                    {"name": n, "pinned": False, "state": "new", "created_at": now, "updated_at": now}
+                    for n in names if n not in known])
+            existing = {(row.model, row.digest): row for row in session.scalars(
                 select(schema.Snapshot).where(schema.Snapshot.model.in_(names)))}
-            signatures = {row.model: row for row in session.scalars(
-                select(schema.SourceSignature).where(schema.SourceSignature.model.in_(names)))}
+            has_signature = set(session.scalars(
+                select(schema.SourceSignature.model).where(schema.SourceSignature.model.in_(names))))
             for model, digest, content, source in items:
                 if source is not None:
-                    steps = None if source.steps is None else json.dumps(source.steps)
-                    sig = signatures.get(model)
-                    if sig is None:
-                        sig = signatures[model] = schema.SourceSignature(model=model)
-                        session.add(sig)
-                    sig.signature, sig.digest, sig.recorded_at = source.signature, digest, now
-                    sig.trusted, sig.steps = source.trusted, steps
-                row = snapshots.get((model, digest))
+                    signatures[model] = {"model": model, "signature": source.signature, "digest": digest,
+                                         "recorded_at": now, "trusted": source.trusted,
+                                         "steps": None if source.steps is None else json.dumps(source.steps)}
+                if (model, digest) in fresh:  # the same content twice in one batch: recorded once
+                    out.append((fresh[model, digest], False))
+                    continue
+                row = existing.get((model, digest))
                 if row is not None:
                     row.last_seen = now
                     row.collected = False
                     out.append((_snapshot_record(row), False))
                     continue
-                row = snapshots[model, digest] = schema.Snapshot(
-                    model=model, digest=digest, manifest=content.manifest,
-                    config=json.dumps(content.config) if content.config is not None else None,
-                    versions=json.dumps(content.versions), served_versions=json.dumps(content.served_versions),
-                    valid=content.valid, problems=json.dumps(content.problems), total_bytes=content.total_bytes,
-                    first_seen=now, last_seen=now, quarantined=False, collected=False)
-                session.add(row)
-                record = _snapshot_record(row)
+                record = SnapshotRecord(
+                    manifest=content.manifest, config=content.config, versions=list(content.versions),
+                    served_versions=list(content.served_versions), valid=content.valid,
+                    problems=list(content.problems), total_bytes=content.total_bytes, model=model, digest=digest,
+                    first_seen=now, last_seen=now, quarantined=False, quarantine_reason=None, collected=False)
+                fresh[model, digest] = record
+                new_rows.append({
+                    "model": model, "digest": digest, "manifest": content.manifest,
+                    "config": json.dumps(content.config) if content.config is not None else None,
+                    "versions": json.dumps(content.versions), "served_versions": json.dumps(content.served_versions),
+                    "valid": content.valid, "problems": json.dumps(content.problems),
+                    "total_bytes": content.total_bytes, "first_seen": now, "last_seen": now, "quarantined": False,
+                    "collected": False})
                 out.append((record, True))
                 audits.append(audit(record))
+            if new_rows:
+                session.execute(insert(schema.Snapshot), new_rows)
+            update_rows = [v for m, v in signatures.items() if m in has_signature]
+            if update_rows:
+                session.execute(update(schema.SourceSignature), update_rows)  # by primary key
+            insert_rows = [v for m, v in signatures.items() if m not in has_signature]
+            if insert_rows:
+                session.execute(insert(schema.SourceSignature), insert_rows)
             if audits:
                 session.info[AUDIT_ADDED] = True
                 add_audit_events(session, audits, self.host, now, self.outbox)
