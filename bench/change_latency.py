@@ -253,6 +253,7 @@ class StepTimer:
 def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, Any]:
     import controlplane.pipeline as service_module  # validation runs in the shared pipeline
     from controlplane.config import Settings
+    from controlplane.localsource import LocalSource
     from controlplane.publish import ServingRepository
     from controlplane.service import ControlPlane
     from controlplane.snapshot import ContentStore
@@ -273,7 +274,7 @@ def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, 
         triton = TritonClient(server.grpc_url)
         store = ContentStore(state / "store")  # as the daemon makes it (fsync on)
         plane = ControlPlane(settings, registry, store, ServingRepository(state / "serving", state / "published"),
-                             triton)
+                             triton, source=LocalSource(source, settle_s=AT_ONCE_SETTLE_S, commit_marker=MARKER))
         timer = StepTimer()
         timer.wrap(plane.store, "capture", "capture")
         original_validate = service_module.validate_model_dir

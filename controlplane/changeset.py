@@ -13,6 +13,8 @@ model whose content is newer than it waits the same way, and when the root marke
 everything that waited, and everything settling then, deploys as one set. `tritonctl load a b pipe`
 makes one set of the named models. Whether a set may deploy is controlplane.decision's, member by
 member; the set is recorded as one audit event (action `changeset`) beside each member's deployment.
+The source (controlplane/source.py) says what settles and whether its repository level holds a model
+back; which ensembles serve now is controlplane/servingensembles.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
 from controlplane.deploy import Outcome, ProgressFn
@@ -31,8 +32,7 @@ from controlplane.errors import SnapshotError, StoreError, TritonctlError, Usage
 from controlplane.modelconfig import is_ensemble_text, parse_config_text
 from controlplane.names import is_private_name, validate_model_name
 from controlplane.ports import SetPlane
-from controlplane.snapshot import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
-from controlplane.snapshot.fsutil import read_small_text
+from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry
 
@@ -50,27 +50,13 @@ class ChangeSets:
         self._guard = threading.Lock()
         self._held: set[str] = set()  # settled while the repository-level hold was there
         self._release_lock = threading.Lock()  # repository-level holds: settle decisions one at a time
-        self._serving: dict[str, list[str]] | None = None  # serving ensemble -> steps (None: not read yet)
         self._skipped: set[frozenset[tuple[str, str]]] = set()
-        self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
 
     # -- grouping --------------------------------------------------------------------------------
 
-    def _source_config_text(self, model: str) -> str:
-        plane = self.plane
-        try:
-            if plane.source is not None:
-                return str(plane.source.read_text(model, CONFIG_FILE) or "")
-            if plane.settings.repository is None:
-                return ""
-            # the source may be mid-edit: a fifo or a huge file named config.pbtxt is no ensemble here
-            return read_small_text(plane.settings.repository / model / CONFIG_FILE, MAX_CONFIG_BYTES) or ""
-        except (OSError, TritonctlError):
-            return ""
-
     def source_steps(self, model: str) -> list[str] | None:
         """The step models the source's config of `model` names; None when it is no ensemble."""
-        text = self._source_config_text(model)
+        text = self.plane.source.read_text(model, CONFIG_FILE) or ""
         if not is_ensemble_text(text):
             return None
         try:
@@ -83,65 +69,6 @@ class ChangeSets:
                 names.append(step.model_name)
         return names
 
-    def _serving_ensembles(self) -> dict[str, list[str]]:
-        """Each serving ensemble and its steps: read from the registry once, then kept up to date from
-        every outcome (`note`), so a settle costs no registry scan (10,000 models at start-up). A model
-        serving its newest recorded source content takes its steps from the source graph (no query)."""
-        with self._guard:
-            if self._serving is not None:
-                return dict(self._serving)
-        out: dict[str, list[str]] = {}
-        registry = self.plane.registry
-        graph = self.plane.source_graph
-        for record in registry.list_models(states=SERVING_STATES):
-            if not record.active_digest:
-                continue
-            entry = graph.entry(record.name)
-            if entry is not None and entry.digest == record.active_digest:
-                if entry.steps:
-                    out[record.name] = list(entry.steps)
-                continue
-            tree = self.plane.serving.current(record.name)
-            try:  # the published config says cheaply which ones are ensembles; only those are looked up
-                if tree is not None and not is_ensemble_text((tree / CONFIG_FILE).read_text(errors="replace")):
-                    continue
-            except OSError:
-                pass
-            steps = step_models(registry.get_snapshot(record.name, record.active_digest).config)
-            if steps:
-                out[record.name] = steps
-        with self._guard:
-            self._serving = out
-        return dict(out)
-
-    def serving_ensembles(self) -> dict[str, list[str]]:
-        """Each serving ensemble and its steps (a copy; see `_serving_ensembles`)."""
-        return self._serving_ensembles()
-
-    def warm(self) -> None:
-        """Read the serving ensembles now (after the start-up scan), not at the first edit."""
-        self._serving_ensembles()
-
-    def note(self, outcome: Outcome) -> None:
-        """A deploy, rollback, restore or unload ended: what its model serves now is `active_digest`."""
-        if outcome.action == ACTION:
-            return
-        with self._guard:
-            if self._serving is None:
-                return
-        try:
-            steps = step_models(self.plane.registry.get_snapshot(outcome.model, outcome.active_digest).config) \
-                if outcome.active_digest else []
-        except TritonctlError:
-            steps = []
-        with self._guard:
-            if self._serving is None:
-                return
-            if steps:
-                self._serving[outcome.model] = steps
-            else:
-                self._serving.pop(outcome.model, None)
-
     def group(self, models: Sequence[str]) -> list[str]:
         """`models` and the models connected to them through ensembles that a change set must take,
         sorted: every step (of the source's config or the serving one) whose source changed too or that
@@ -150,7 +77,7 @@ class ChangeSets:
         `models` and the models the watcher still settles are read from the source; every other one
         from the registry's recorded configs (controlplane/sourcegraph.py): a change costs what is
         connected to it, not a read of every source config."""
-        serving = self._serving_ensembles()
+        serving = self.plane.serving_ensembles.get()
         serving_over: dict[str, set[str]] = {}
         for ensemble, steps in serving.items():
             for step in steps:
@@ -204,8 +131,7 @@ class ChangeSets:
 
     def _fresh(self, models: Sequence[str]) -> set[str]:
         """`models` and the models the watcher still settles: their source is newer than the registry's."""
-        hooks = self.plane.watch
-        pending = hooks.pending() if hooks and hooks.pending else {}
+        pending = self.plane.source.settling()
         return set(models) | {m for m, due in pending.items() if due is not None}
 
     def _members(self, records: dict[str, SnapshotRecord]) -> list[Member]:
@@ -218,75 +144,12 @@ class ChangeSets:
                               bool(steps) or (record.config or {}).get("platform") == "ensemble", steps))
         return order(out)
 
-    # -- ordering elsewhere: reconcile, restore after a Triton restart, crash recovery -------------------
-
-    def steps_first(self, models: Sequence[str]) -> list[str]:
-        """`models` with every ensemble after the models it names (stable otherwise): what reconcile
-        restores and recovers in, so an ensemble never loads over steps that do not serve yet."""
-        if not models:
-            return []
-        serving = self._serving_ensembles()
-        members = [Member(m, "", None, m in serving, serving.get(m, [])) for m in dict.fromkeys(models)]
-        return [m.model for m in order(members)]
-
-    def levels(self, models: Sequence[str]) -> list[list[str]]:
-        """`models` in waves that may load at once: first every model that needs none of the others,
-        then the ensembles over those, and so on (nested ensembles after their inner ones)."""
-        serving = self._serving_ensembles()
-        wanted = list(dict.fromkeys(models))
-        within = set(wanted)
-        depth: dict[str, int] = {}
-
-        def level(model: str, chain: frozenset[str]) -> int:
-            if model not in depth:
-                inner = [s for s in serving.get(model, []) if s in within and s not in chain and s != model]
-                depth[model] = 1 + max((level(s, chain | {model}) for s in inner), default=-1)
-            return depth[model]
-
-        waves: dict[int, list[str]] = {}
-        for model in wanted:
-            waves.setdefault(level(model, frozenset()), []).append(model)
-        return [waves[k] for k in sorted(waves)]
-
-    def sweep(self) -> None:
-        """Private step names a stopped daemon left behind: removed by the Deployer, once, at the first
-        reconcile that finds none a serving ensemble still uses."""
-        if not self._swept:
-            self._swept = self.plane.deployer.sweep(list(self._serving_ensembles()))
-
     # -- the watcher's path ------------------------------------------------------------------------
-
-    def repository_held(self) -> bool:
-        repo = self.plane.settings.repository
-        return repo is not None and (repo / HOLD_FILE).exists()
-
-    def marker_root(self) -> Path | None:
-        """The repository root when it holds the commit marker (`--commit-marker M` and `<repo>/M`
-        exists): then that marker commits every model, and a model's own marker is not looked at."""
-        repo, marker = self.plane.settings.repository, self.plane.settings.commit_marker
-        if repo is None or not marker or self.plane.source is not None:
-            return None
-        return repo if (repo / marker).is_file() else None
-
-    def _repository_wait(self, model: str) -> str | None:
-        """Why the repository level holds `model` back: the root hold file, or a root commit marker
-        older than its content; None when nothing does."""
-        if self.repository_held():
-            return f"on hold ({HOLD_FILE} present at the repository root)"
-        root = self.marker_root()
-        if root is None or self.plane.settings.commit_marker is None:
-            return None
-        try:
-            self.plane.store.check_marker(root / model, model, self.plane.settings.commit_marker, root)
-        except SnapshotError as exc:
-            return str(exc).removeprefix(f"{model}: ")
-        return None
 
     def still_settling(self, models: Sequence[str]) -> list[str]:
         """Models connected to `models` through ensembles whose source still changes (the watcher has a
         change pending): a fleet leader proposes a set's rollouts once none does."""
-        hooks = self.plane.watch
-        pending = hooks.pending() if hooks and hooks.pending else {}
+        pending = self.plane.source.settling()
         if not any(due is not None for due in pending.values()):
             return []
         try:
@@ -300,7 +163,8 @@ class ChangeSets:
         (True, outcome): the change sets took it (outcome None: deferred, held, or nothing to do)."""
         with self._guard:
             repository_level = bool(self._held)
-        if not repository_level and self.marker_root() is None and not self.repository_held():
+        source = self.plane.source
+        if not repository_level and not source.repository_marked() and not source.repository_held():
             return self._settled(model)
         # a repository-level hold or marker: one worker at a time decides, so a model the hold
         # released cannot deploy alone while another worker deploys the others
@@ -309,15 +173,14 @@ class ChangeSets:
 
     def _settled(self, model: str) -> tuple[bool, Outcome | None]:
         plane = self.plane
-        wait_reason = self._repository_wait(model)
+        wait_reason = plane.source.repository_wait(model)
         if wait_reason is not None:
             with self._guard:
                 self._held.add(model)
             plane.put_off(model, wait_reason, max(plane.settings.settle_s, 0.5))
             return True, None
-        root_marker = self.marker_root() is not None
-        hooks = self.plane.watch  # the watcher's pending checks (WatchHooks.pending)
-        pending = hooks.pending() if hooks and hooks.pending else {}
+        root_marker = plane.source.repository_marked()
+        pending = plane.source.settling()  # model -> seconds since its last change (None: looked at again)
         with self._guard:
             held, self._held = self._held, set()
         # under a root commit marker, everything settling now is one set with what it released
@@ -379,7 +242,7 @@ class ChangeSets:
                 if not settled:
                     raise
                 decision = decide_capture(exc, model, plane.settings.settle_s)
-                if decision.verdict is Verdict.WAIT and plane.watch:
+                if decision.verdict is Verdict.WAIT:
                     plane.capture_failed(model, exc)  # looked at again later, with the reason for `status`
                     return None
                 if isinstance(exc, StoreError):

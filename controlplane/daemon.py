@@ -29,28 +29,26 @@ from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.deploy import Outcome
 from controlplane.errors import StateDirInUseError, TritonctlError
-from controlplane.modelconfig import is_ensemble_dir, is_ensemble_text
+from controlplane.modelconfig import is_ensemble_text
 from controlplane.publish import ServingRepository
-from controlplane.service import ControlPlane, WatchHooks
-from controlplane.snapshot import ContentStore
+from controlplane.service import ControlPlane
+from controlplane.snapshot import CONFIG_FILE, ContentStore
+from controlplane.source import NoSource, Source
 from controlplane.startrecord import deploy_alone, record_wave
 from controlplane.startscan import plan_start
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.sync import settling_reason
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
 from controlplane.vocab import SERVING_STATES
-from controlplane.watcher import RepositoryWatcher
 
 if TYPE_CHECKING:
     from controlplane.api.server import ApiServer
     from controlplane.fleet.member import FleetMember
     from controlplane.fleet.settings import FleetSettings
     from controlplane.metrics import Metrics
-    from controlplane.s3source import S3Source
     from controlplane.webhooks import Webhooks
 
 log = logging.getLogger("tritonctl.daemon")
@@ -84,14 +82,12 @@ class Daemon:
         self._sigint_count = 0
         self._settled: queue.Queue[tuple[str, bool]] = queue.Queue()  # (model, declared complete)
         self._wake = threading.Event()  # the main loop's sleep between ticks, cut short by a hand-on
-        self._handed: dict[str, int] = {}  # models handed on by the watcher and not handled yet: "capturing"
-        self._handed_lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
         self._inflight_lock = threading.Lock()  # reconcile runs in a worker and may submit work too
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
-        self.watcher: RepositoryWatcher | S3Source | None = None  # S3Source for an s3:// repository
+        self.source: Source = NoSource()  # where models come from (controlplane/source.py)
         self.api: ApiServer | None = None
         self.metrics: Metrics | None = None
         self.plane: ControlPlane | None = None
@@ -99,7 +95,6 @@ class Daemon:
         self.webhooks: Webhooks | None = None
         self._state_lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
-        self._startup: set[str] = set()  # models the start-up scan has still to handle
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -188,31 +183,14 @@ class Daemon:
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         store = ContentStore(settings.state_dir / "store")
         serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
-        # The watcher is built (not started) before the plane: the plane's constructor takes its hooks.
-        source = self._object_source() if settings.repository_url else None
-        if source is not None:
-            self.watcher = source
-        elif settings.repository is not None:
-            self.watcher = RepositoryWatcher(
-                settings.repository, self._hand_on, settle_s=settings.settle_s,
-                commit_marker=settings.commit_marker, watch=settings.watch,
-                poll_interval_s=settings.poll_interval_s, rescan_interval_s=settings.rescan_interval_s,
-                on_complete=self._hand_on_complete,
-            )
-        watch = None
-        if self.watcher is not None:
-            watch = WatchHooks(reschedule=self.watcher.reschedule,
-                               watch_info=getattr(self.watcher, "watch_info", None),
-                               signature=self.watcher.signature,
-                               capture_margin_s=getattr(self.watcher, "capture_margin_s", None),
-                               settling=self._settling,
-                               pending=getattr(self.watcher, "settling", None))
+        # The source is built (not watched yet) before the plane, which holds it.
+        self.source = self._source()
         self.webhooks = self._webhooks()
         self.plane = ControlPlane(
             settings, self.registry, store, serving, triton, on_outcome=self._on_outcome, webhooks=self.webhooks,
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
-            source=source, watch=watch,
+            source=self.source,
             http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
             fleet=self._fleet_member if self.fleet_settings is not None else None,
         )
@@ -225,8 +203,7 @@ class Daemon:
         if settings.metrics_port:
             from controlplane.metrics import Metrics
 
-            self.metrics = Metrics(self.plane, settings.metrics_port,
-                                   backlog=self.watcher.backlog if self.watcher is not None else None)
+            self.metrics = Metrics(self.plane, settings.metrics_port, backlog=self.source.backlog)
             self.metrics.start()
         # READY before the deploys: a restart's restores (a fresh tritonserver serves nothing) also go
         # on behind READY, before the initial scan (bench/scale.py --serve-all: restart time)
@@ -239,20 +216,13 @@ class Daemon:
         self.api.start()
         self.webhooks.start()
         self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/ondemand.py)
-        if self.watcher is not None:
-            self.watcher.start()
-            if self.fleet is None:
-                if settings.ready_waits_for_deploys:
-                    self._initial_scan()
-                else:  # READY now; the deploys go on behind it (`status` shows them pending)
-                    self._track(self.executor.submit(self._guarded, lambda _: self._reconcile_then_scan(),
-                                                     "initial scan"))
-                    behind_ready = False
-        if behind_ready:  # no source to scan: the start-up reconcile alone, behind READY
-            self._track(self.executor.submit(self._guarded, lambda _: self.plane and self.plane.reconcile(),
-                                             "reconcile"))
+        self.source.watch(self._hand_on)
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
+        elif settings.ready_waits_for_deploys:
+            self._initial_scan()
+        else:  # READY now; the deploys go on behind it (`status` shows them pending)
+            self._track(self.executor.submit(self._guarded, lambda _: self._reconcile_then_scan(), "initial scan"))
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
         log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, self._inference_urls())
@@ -282,21 +252,28 @@ class Daemon:
             return ""
         return f"; inference: gRPC {server.grpc_url}, HTTP http://{server.http_url}"
 
-    def _object_source(self) -> S3Source:
-        """The s3:// source (docs/object-storage.md). Wrong credentials or bucket are one logged line:
-        what serves keeps serving, and the poller keeps trying (the credentials may be fixed)."""
-        from controlplane.errors import ConfigError
-        from controlplane.s3source import S3Source
-
+    def _source(self) -> Source:
+        """The models' source: an s3:// prefix (docs/object-storage.md), a directory (docs/watching.md),
+        or none. Wrong s3 credentials or bucket are one logged line: what serves keeps serving, and the
+        poller keeps trying (the credentials may be fixed)."""
         s = self.settings
-        assert s.repository_url is not None
-        source = S3Source(s.repository_url, self._hand_on, settle_s=s.settle_s,
-                          poll_interval_s=s.poll_interval_s, commit_marker=s.commit_marker)
-        try:
-            source.check()
-        except ConfigError as exc:
-            log.error("%s; serving is unchanged", exc)
-        return source
+        if s.repository_url:
+            from controlplane.errors import ConfigError
+            from controlplane.s3source import S3Source
+
+            source = S3Source(s.repository_url, settle_s=s.settle_s, poll_interval_s=s.poll_interval_s,
+                              commit_marker=s.commit_marker)
+            try:
+                source.check()
+            except ConfigError as exc:
+                log.error("%s; serving is unchanged", exc)
+            return source
+        if s.repository is not None:
+            from controlplane.localsource import LocalSource
+
+            return LocalSource(s.repository, settle_s=s.settle_s, commit_marker=s.commit_marker, watch=s.watch,
+                               poll_interval_s=s.poll_interval_s, rescan_interval_s=s.rescan_interval_s)
+        return NoSource()
 
     def _reconcile_then_scan(self) -> None:
         assert self.plane is not None
@@ -308,10 +285,10 @@ class Daemon:
         models whose signature differs from the recorded one, or that auto policy owes a deploy
         (controlplane/startscan.py); the others cost nothing. Step models first, `startup_parallelism`
         at once, then the ensembles over them. Progress goes to systemd's STATUS= and `status`."""
-        assert self.watcher is not None and self.plane is not None and self.registry is not None
+        assert self.plane is not None and self.registry is not None
         plane = self.plane
-        names = self.watcher.initial_scan()
-        plan = plan_start(names, self.watcher.signatures(), plane.source_graph.entries(), self.registry,
+        names = self.source.names()
+        plan = plan_start(names, self.source.signatures(), plane.source_graph.entries(), self.registry,
                           plane.effective_policy)
         plane.counts.add("start_unchanged", len(plan.unchanged))
         plane.counts.add("start_changed", len(plan.changed) + len(plan.redeploy))
@@ -323,16 +300,15 @@ class Daemon:
                                                else self._is_ensemble(n)))
         members = sorted(set(todo) - set(ensembles))
         total, done = len(todo), 0
-        with self._handed_lock:
-            self._startup = set(todo)  # `status`: sync pending ("start-up scan") until handled
+        plane.in_hand.starting(set(todo))  # `status`: sync pending ("start-up scan") until handled
         with ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                 thread_name_prefix="startup") as pool:
             for group in (members, ensembles):  # an ensemble loads only once its steps serve
                 # the changed ones recorded in batches (controlplane/startrecord.py); what needs more
                 # than a record, or a deploy alone, goes on model by model
                 wave = record_wave(plane, [n for n in group if n not in redeploy], pool)
-                with self._handed_lock:
-                    self._startup.difference_update(wave.recorded)
+                for name in wave.recorded:
+                    plane.in_hand.started(name)
                 done += len(wave.recorded)
                 futures = [pool.submit(self._startup_one, name) for name in group if name in redeploy]
                 futures += [pool.submit(self._startup_one, name) for name in wave.settle]
@@ -343,9 +319,8 @@ class Daemon:
                     if done % 50 == 0 or done == total:
                         systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed "
                                        f"({len(plan.unchanged)} unchanged)")
-        with self._handed_lock:
-            self._startup = set()
-        plane.changesets.warm()  # the first edit after a start does not pay for reading them
+        plane.in_hand.starting(set())
+        plane.serving_ensembles.warm()  # the first edit after a start does not pay for reading them
 
     def _startup_parallelism(self) -> int:
         """How many start-up models go to Triton at once: `startup_parallelism`, or (0) Triton's own
@@ -354,10 +329,7 @@ class Daemon:
         return self.plane.load_parallelism() if self.plane is not None else 1
 
     def _is_ensemble(self, name: str) -> bool:
-        if self.plane is not None and self.plane.source is not None:  # s3://
-            return is_ensemble_text(self.plane.source.read_text(name, "config.pbtxt") or "")
-        assert self.settings.repository is not None
-        return is_ensemble_dir(self.settings.repository / name)
+        return is_ensemble_text(self.source.read_text(name, CONFIG_FILE) or "")
 
     def _startup_deploy(self, name: str, digest: str) -> None:
         """A model the start-up scan recorded and may deploy alone (controlplane/startrecord.py); the
@@ -367,8 +339,7 @@ class Daemon:
             return
         try:
             if deploy_alone(self.plane, name, digest):
-                with self._handed_lock:
-                    self._startup.discard(name)
+                self.plane.in_hand.started(name)
                 return
         except TritonctlError as exc:
             log.error("%s: %s", name, exc)
@@ -377,8 +348,7 @@ class Daemon:
         else:
             self._startup_one(name)
             return
-        with self._handed_lock:
-            self._startup.discard(name)
+        self.plane.in_hand.started(name)
 
     def _startup_one(self, name: str) -> None:
         assert self.plane is not None
@@ -391,8 +361,7 @@ class Daemon:
         except Exception:  # noqa: BLE001 - one model's bug must not stop the others' start-up
             log.exception("unexpected error handling %s at start-up", name)
         finally:
-            with self._handed_lock:
-                self._startup.discard(name)
+            self.plane.in_hand.started(name)
 
     # -- main loop ------------------------------------------------------------------------------
 
@@ -490,43 +459,20 @@ class Daemon:
             self._track(self.executor.submit(self._guarded, self._handle_handed, model, handler))
 
     def _hand_on(self, model: str, complete: bool = False) -> None:
-        """The watcher's callback (its own thread): queue `model` for capture; until its handler
-        returns, `status` shows it `sync: pending` ("capturing")."""
-        with self._handed_lock:
-            self._handed[model] = self._handed.get(model, 0) + 1
+        """The source's callback (its own thread): queue `model` for capture; until its handler
+        returns, `status` shows it `sync: pending` ("capturing"). `complete`: its writer declared it
+        whole (renamed in, symlink flip, commit marker): captured at once, without the quiet check."""
+        if self.plane is not None:
+            self.plane.in_hand.handed_on(model)
         self._settled.put((model, complete))
         self._wake.set()
-
-    def _hand_on_complete(self, model: str) -> None:
-        """The watcher's callback for a model its writer declared whole (renamed in, symlink flip,
-        commit marker): captured at once, without the settle window's quiet check."""
-        self._hand_on(model, complete=True)
 
     def _handle_handed(self, model: str, handler: Callable[[str], Any]) -> Any:
         try:
             return handler(model)
         finally:
-            with self._handed_lock:
-                left = self._handed.get(model, 0) - 1
-                if left > 0:
-                    self._handed[model] = left
-                else:
-                    self._handed.pop(model, None)
-
-    def _settling(self) -> dict[str, str]:
-        """`status`'s pending reasons: what the watcher is settling (or looks at again) and what it
-        handed on that is not captured yet (plane.settling; controlplane/sync.py)."""
-        settling = getattr(self.watcher, "settling", None)
-        pending = settling() if settling is not None else {}
-        waits = dict(self.plane.capture_waits) if self.plane is not None else {}
-        reasons = {model: settling_reason(since, waits.get(model)) for model, since in pending.items()}
-        with self._handed_lock:
-            handed, startup = list(self._handed), list(self._startup)
-        for model in handed:
-            reasons.setdefault(model, "capturing")
-        for model in startup:
-            reasons.setdefault(model, "start-up scan")
-        return reasons
+            if self.plane is not None:
+                self.plane.in_hand.handled(model)
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -580,7 +526,7 @@ class Daemon:
                 self._track(self.executor.submit(self._guarded, self.plane.retry, model))
         if self.fleet is not None and self.plane.counters.triton_reachable and not was_reachable:
             self.fleet.initial_scan()
-        elif self.plane.counters.triton_reachable and not was_reachable and self.watcher is not None:
+        elif self.plane.counters.triton_reachable and not was_reachable:
             # Triton is back: changes recorded while it was away deploy now (auto policy).
             log.info("tritonserver reachable again; re-checking the source repository")
             self._track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "rescan"))
@@ -602,8 +548,7 @@ class Daemon:
             self.settings = new
             if self.plane is not None:
                 self.plane.reconfigure(new)
-            if self.watcher is not None:
-                self.watcher.set_settle(new.settle_s)
+            self.source.set_settle(new.settle_s)
             if self.fleet is not None:
                 from controlplane.fleet.settings import from_settings
 
@@ -661,8 +606,7 @@ class Daemon:
         systemd.stopping()
         log.info("stopping: no new work; waiting up to %.0fs for deploys in flight", self.settings.shutdown_timeout_s)
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
-        if self.watcher is not None:
-            self.watcher.stop()
+        self.source.stop()
         if self.fleet is not None:
             self.fleet.stop()
         if self.api is not None:
@@ -717,7 +661,7 @@ class Daemon:
     def _cleanup_failed_start(self) -> None:
         """Start-up failed part-way: release what was started (above all a launched tritonserver)."""
         for stop in (
-            lambda: self.watcher.stop() if self.watcher else None,
+            self.source.stop,
             lambda: self.fleet.stop() if self.fleet else None,
             lambda: self.api.stop(grace_s=0.5) if self.api else None,
             lambda: self.webhooks.stop() if self.webhooks else None,

@@ -8,41 +8,24 @@ import circle changeset -> service. Each part names here what it uses, and nothi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from controlplane.config import Settings
 from controlplane.deploy import Deployer, Outcome, ProgressFn
 from controlplane.errors import SnapshotError, StoreError
 from controlplane.publish import ServingRepository
+from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore
+from controlplane.source import Source
 from controlplane.sourcegraph import SourceGraph
 from controlplane.store.records import ModelRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 
-if TYPE_CHECKING:
-    from controlplane.s3source import S3Source
-
-
-@dataclass(frozen=True)
-class WatchHooks:
-    """What the plane asks of the source watcher (a RepositoryWatcher or the s3:// poller)."""
-
-    reschedule: Callable[[str, float], None]  # look at a model again after this many seconds
-    watch_info: Callable[[], dict[str, str]] | None = None  # `status`'s watch mode and why
-    capture_margin_s: Callable[[], float] | None = None  # a network mount's cache margin on the settle window
-    settling: Callable[[], dict[str, str]] | None = None  # models settling or being captured, with a reason
-    # the watcher's own pending checks: model -> seconds since its last change (None: a check asked for);
-    # a change set waits until the last of its members settled (controlplane/changeset.py)
-    pending: Callable[[], dict[str, float | None]] | None = None
-    # a model's stat (or listing) signature in the source now, as recorded with its content (None: gone)
-    signature: Callable[[str], str | None] | None = None
-
 
 class SetPlane(Protocol):
     """What change sets (controlplane/changeset.py) use of the plane: its parts, the capture of a
-    model's source, the decision inputs, and the watcher's "look again"."""
+    model's source (and the source itself: its configs, what settles, its repository-level hold and
+    commit marker), the decision inputs, and the watcher's "look again"."""
 
     @property
     def settings(self) -> Settings: ...
@@ -60,10 +43,10 @@ class SetPlane(Protocol):
     def deployer(self) -> Deployer: ...
 
     @property
-    def source(self) -> S3Source | None: ...
+    def source(self) -> Source: ...
 
     @property
-    def watch(self) -> WatchHooks | None: ...
+    def serving_ensembles(self) -> ServingEnsembles: ...
 
     def capture(self, model: str, actor: str = ..., *, settled: bool = ..., complete: bool = ...,
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...

@@ -23,10 +23,9 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ from controlplane.snapshot.fsutil import write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.snapshot.store import ContentStore
+from controlplane.source import Captured, OnChange
 
 log = logging.getLogger("tritonctl.s3source")
 
@@ -88,15 +88,15 @@ class Listing:
 class S3Source:
     """Poll `s3://BUCKET/PREFIX` and call `on_settled(model)`; capture a model into a ContentStore.
 
-    Offers what the daemon asks of the local `RepositoryWatcher` (start, stop, reschedule, backlog,
-    initial_scan, set_settle, settle_s) plus `exists`, `read_text` and `capture`.
+    A `Source` (controlplane/source.py): watched by polling its listing, captured object by object.
+    `on_settled` may be given here (start then polls) or by `watch`.
     """
 
-    def __init__(self, url: str, on_settled: Callable[[str], None], *, settle_s: float = 1.0,
+    def __init__(self, url: str, on_settled: Callable[[str], None] | None = None, *, settle_s: float = 1.0,
                  poll_interval_s: float = 2.0, commit_marker: str | None = None, client: Any = None) -> None:
         self.location = S3Location.parse(url)
         self._client = client or objectstore.new_client()
-        self._on_settled = on_settled
+        self._on_settled: Callable[[str], None] = on_settled or (lambda _model: None)
         self._settle = float(settle_s)
         self.poll_interval_s = float(poll_interval_s)
         self.commit_marker = commit_marker
@@ -141,7 +141,42 @@ class S3Source:
                 raise ConfigError(str(exc)) from None
             log.warning("%s; serving is unchanged, retrying every %.1f s", exc, self.poll_interval_s)
 
-    # -- what the daemon asks of a watcher -----------------------------------------------------------
+    # -- the Source protocol (controlplane/source.py) --------------------------------------------------
+    def names(self) -> list[str]:
+        return self.initial_scan()
+
+    def has(self, model: str) -> bool:
+        return self.exists(model)
+
+    def missing(self, model: str) -> str:
+        return f"no objects under {self.location.url}{model}/"
+
+    def entry_problem(self, model: str) -> str | None:
+        return None  # a prefix has no entry of its own that could dangle
+
+    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+                     complete: bool = False) -> Captured:
+        snapshot = self.capture(model, store, settled=settled)
+        return Captured(snapshot, self.captured_signature(model), True)  # a listing's ETags name the content
+
+    def watch(self, on_change: OnChange) -> None:
+        self._on_settled = lambda model: on_change(model, False)
+        self.start()
+
+    def watch_info(self) -> Mapping[str, str | None]:
+        return {"mode": "poll", "reason": f"object storage {self.location.url}: listed every "
+                f"{self.poll_interval_s:g} s"}
+
+    def repository_held(self) -> bool:
+        return False  # a hold is per model here (`<model>/.tritonctl-hold`), checked by the capture
+
+    def repository_marked(self) -> bool:
+        return False
+
+    def repository_wait(self, model: str) -> str | None:
+        return None
+
+    # -- watching ------------------------------------------------------------------------------------
     def start(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="tritonctl-s3poll", daemon=True)
@@ -392,7 +427,7 @@ class S3Source:
             if rel.endswith("/"):
                 continue
             sha = cache.get(_cache_key(self.location.key(model, rel), row))
-            if sha is not None and _stored(store, sha, int(row["Size"])):
+            if sha is not None and store.has_object(sha, int(row["Size"])):
                 shas[rel] = sha
             else:
                 todo.append((rel, row))
@@ -409,19 +444,7 @@ class S3Source:
                 raise
             except Exception as exc:
                 raise objectstore.describe(exc, f"{model}: downloading {rel}") from None
-            try:
-                final = store.object_path(sha)
-                if _stored(store, sha, int(row["Size"])):
-                    tmp.unlink()
-                else:
-                    os.chmod(tmp, 0o444)
-                    if store.fsync:
-                        with open(tmp, "rb") as fh:
-                            os.fsync(fh.fileno())
-                    final.parent.mkdir(exist_ok=True)
-                    os.replace(tmp, final)
-            finally:
-                tmp.unlink(missing_ok=True)
+            store.add_object(tmp, sha, int(row["Size"]))
             self.downloads += 1
             self.bytes_downloaded += int(row["Size"])
             return rel, sha
@@ -458,13 +481,6 @@ class S3Source:
 
 def _cache_key(key: str, row: dict[str, Any]) -> str:
     return f"{key}\0{int(row['Size'])}\0{row['ETag']}"
-
-
-def _stored(store: ContentStore, sha: str, size: int) -> bool:
-    try:
-        return os.stat(store.object_path(sha)).st_size == size
-    except OSError:
-        return False
 
 
 def _first_difference(before: Listing, after: Listing) -> str:

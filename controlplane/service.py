@@ -9,13 +9,11 @@ translates and the CLI only renders. Read-only history queries that work without
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane import pipeline, queries, tags
@@ -24,6 +22,7 @@ from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
 from controlplane.decision import Rule, Verdict, decide, decide_capture, refuse_pinned
 from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
+from controlplane.deployset import ACTION as CHANGESET
 from controlplane.ensemblemembers import step_models
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.faults import Retry, RetryBook
@@ -31,8 +30,6 @@ from controlplane.footprint import Meter
 from controlplane.leases import LeaseBook
 from controlplane.names import is_private_name, validate_digest, validate_model_name
 from controlplane.ondemand import OnDemand
-from controlplane.poller import recordable_signature
-from controlplane.ports import WatchHooks
 from controlplane.publish import ServingRepository
 from controlplane.reconcile import Drift, plan
 from controlplane.results import (
@@ -52,17 +49,18 @@ from controlplane.results import (
     VersionState,
 )
 from controlplane.servedview import ServedView
+from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore, Snapshot
+from controlplane.source import Source
 from controlplane.sourcegraph import SourceGraph
 from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
-from controlplane.sync import sync_state, track_sync
+from controlplane.sync import InHand, sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
 from controlplane.triton.host import TritonHost
 from controlplane.vocab import SERVING_STATES, Cause, Policy, Result
 
 if TYPE_CHECKING:
-    from controlplane.s3source import S3Source
     from controlplane.webhooks import Webhooks
 
 log = logging.getLogger("tritonctl.service")
@@ -152,15 +150,14 @@ class ControlPlane:
         triton: TritonClient,
         on_outcome: Callable[[Outcome], None] | None = None,
         *,
+        source: Source,
         host: TritonHost | None = None,
-        source: S3Source | None = None,
-        watch: WatchHooks | None = None,
         http_url: str | None = None,
         webhooks: Webhooks | None = None,
         fleet: Callable[[ControlPlane], FleetStrategy] | None = None,
     ) -> None:
-        """`host`: capability checks and Triton's real reasons; `source`: an s3:// repository;
-        `watch`: the source watcher's hooks; `http_url`: a launched tritonserver's HTTP URL; `fleet`:
+        """`source`: where models come from (controlplane/source.py: a directory, s3://, or none);
+        `host`: capability checks and Triton's real reasons; `http_url`: a launched tritonserver's HTTP URL; `fleet`:
         with --fleet, builds the strategy that takes load, rollback, unload, pin and policy (docs/fleet.md);
         `webhooks`: the daemon's webhook delivery worker, which `tritonctl webhooks` asks."""
         self.settings = settings
@@ -184,7 +181,7 @@ class ControlPlane:
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.source = source
-        self.watch = watch
+        self.in_hand = InHand()  # handed on by the source, not captured yet: `status` says "capturing"
         self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
@@ -192,6 +189,9 @@ class ControlPlane:
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
+        # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
+        self.serving_ensembles = ServingEnsembles(registry, self.source_graph, serving)
+        self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
 
     def _memory_guard(self, settings: Settings, registry: Registry, triton: TritonClient,
@@ -218,7 +218,8 @@ class ControlPlane:
 
     def _note_outcome(self, outcome: Outcome) -> None:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
-        self.changesets.note(outcome)  # its map of serving ensembles
+        if outcome.action != CHANGESET:  # a set's members each end with their own outcome
+            self.serving_ensembles.note(outcome.model, outcome.active_digest)
         if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
             self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):
@@ -256,8 +257,6 @@ class ControlPlane:
         `complete`: the writer declared the model whole (renamed in, symlink flip, commit marker):
         no quiet window; the snapshot's before/after check still refuses a change during the copy."""
         validate_model_name(model)
-        if self.settings.repository is None and self.source is None:
-            raise UsageError("the daemon has no source repository (--repository)")
         with self.capture_lock(model):
             snapshot, signature, trusted = self.snapshot_source(model, settled=settled, complete=complete)
             self.counts.add("validations")
@@ -274,18 +273,7 @@ class ControlPlane:
         controlplane/startrecord.py): the source's content now, as an immutable snapshot, with the
         signature it was captured at and whether a start may trust that signature."""
         self.counts.add("captures")
-        if self.source is not None:  # object storage: same rules, listed instead of stat'ed
-            snapshot = self.source.capture(model, self.store, settled=settled)
-            # the listing it was captured at; a listing's ETags name the content
-            return snapshot, self.source.captured_signature(model), True
-        assert self.settings.repository is not None
-        hooks = self.watch
-        margin = hooks.capture_margin_s() if hooks and hooks.capture_margin_s else 0.0  # network mounts
-        quiet_s = self.settings.settle_s + margin if settled and not complete else 0.0
-        signature, trusted = recordable_signature(self.settings.repository, model)  # before any read
-        snapshot = self.store.capture(self.settings.repository / model, model,
-                                      commit_marker=self.settings.commit_marker,
-                                      quiet_s=quiet_s, marker_dir=self.changesets.marker_root())
+        snapshot, signature, trusted = self.source.capture_into(self.store, model, settled=settled, complete=complete)
         return snapshot, signature, trusted
 
     def source_changed(self, model: str, *, unknown: bool = True) -> bool:
@@ -295,10 +283,9 @@ class ControlPlane:
         entry = self.source_graph.entry(model)
         if entry is None:
             return True
-        hooks = self.watch
-        if entry.signature is None or hooks is None or hooks.signature is None:
+        if entry.signature is None:
             return unknown
-        return hooks.signature(model) != entry.signature
+        return self.source.signature(model) != entry.signature
 
     def handle_settled(self, model: str, *, complete: bool = False) -> Outcome | None:
         """The watcher saw `model` settle: record what it now holds; deploy it if policy says so.
@@ -308,12 +295,11 @@ class ControlPlane:
         except UsageError as exc:
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", None, None, "invalid", str(exc)))
             return None
-        if self.source is None:
-            assert self.settings.repository is not None
-            entry = self.settings.repository / model
-            if entry.is_symlink() and not entry.is_dir():
-                self._report_dangling(model, entry)
-                return None
+        problem = self.source.entry_problem(model)
+        if problem is not None:  # a dangling symlink: whatever serves keeps serving, nothing is removed
+            log.warning("%s: %s", model, problem)
+            self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", problem))
+            return None
         if not self.source_has(model):
             existing = self.registry.find_model(model)
             if existing is not None and existing.removed_at is None:
@@ -330,24 +316,9 @@ class ControlPlane:
         with self.capture_lock(model):
             return self._capture_and_decide(model, complete=complete)
 
-    def _report_dangling(self, model: str, entry: Path) -> None:
-        """A symlink model entry that leads to no directory: one line in the log and the audit;
-        whatever serves keeps serving and the model is not marked removed."""
-        try:
-            target = os.readlink(entry)
-        except OSError:
-            target = "?"
-        what = "a dangling symlink" if not os.path.lexists(os.path.realpath(entry)) else "a symlink to no directory"
-        message = f"model entry {model} is {what} (-> {target}); nothing changed"
-        log.warning("%s: %s", model, message)
-        self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", message))
-
     def source_has(self, model: str) -> bool:
         """Whether the source repository (a directory or object storage) holds `model` now."""
-        if self.source is not None:
-            return bool(self.source.exists(model))
-        assert self.settings.repository is not None
-        return (self.settings.repository / model).is_dir()
+        return self.source.has(model)
 
     def _capture_and_decide(self, model: str, *, complete: bool = False) -> Outcome | None:
         try:
@@ -374,7 +345,7 @@ class ControlPlane:
         or report the failure once in the audit (controlplane.decision.decide_capture)."""
         decision = decide_capture(exc, model, self.settings.settle_s)
         unreachable = isinstance(exc, (StoreError, ObjectStoreError))  # nothing recorded: not the source's state
-        if decision.verdict is Verdict.WAIT and (self.watch is not None or unreachable):
+        if decision.verdict is Verdict.WAIT:
             # A registry or object store that is busy or unreachable is the operator's to see (ERROR);
             # content still changing is the usual settle (INFO).
             log.log(logging.ERROR if unreachable else logging.INFO, "%s: %s; looking again in %.1f s",
@@ -410,15 +381,13 @@ class ControlPlane:
         self.capture_waits.pop(model, None)
 
     def look_again(self, model: str, delay_s: float) -> None:
-        """Have the watcher hand `model` on again after `delay_s` (nothing without a watcher)."""
-        if self.watch is not None:
-            self.watch.reschedule(model, delay_s)
+        """Have the source hand `model` on again after `delay_s` (nothing without a source)."""
+        self.source.reschedule(model, delay_s)
 
     def converge(self, model: str) -> None:
         """Nothing may hold `model` any more: look at its source again (the watcher's path, so the
         usual rules decide), soon and without blocking the caller."""
-        if self.settings.repository is not None:
-            self.look_again(model, 0.0)
+        self.look_again(model, 0.0)
 
     def due_retries(self) -> list[str]:
         return [retry.model for retry in self.retries.due()]
@@ -454,9 +423,8 @@ class ControlPlane:
                                  f"{self._collected_when(snap)}; load the source again with `tritonctl load {model}`")
             target = snap.digest
         else:
-            repository = self.settings.repository
-            if repository is not None and not (repository / model).is_dir():
-                raise NotFoundError(f"model '{model}' is unknown: no directory {repository / model}; "
+            if not self.source_has(model):
+                raise NotFoundError(f"model '{model}' is unknown: {self.source.missing(model)}; "
                                     "`tritonctl status` lists the models")
             target = self.capture(model, actor, settled=False).digest
         current = self.registry.find_model(model)
@@ -479,9 +447,8 @@ class ControlPlane:
         """`tritonctl load a b pipe`: the named models as one change set (controlplane/changeset.py)."""
         if len(models) == 1:
             return self.load(models[0], actor, force=force, progress=progress)
-        if self.fleet is not None or self.settings.repository is None:
-            raise UsageError("loading several models as one change set needs a local source repository "
-                             "and no --fleet")
+        if self.fleet is not None:
+            raise UsageError("loading several models as one change set needs a daemon without --fleet")
         return self.changesets.load(models, actor, force, progress)
 
     def _load_members(self, model: str, digest: str, actor: str, progress: ProgressFn | None,
@@ -604,7 +571,7 @@ class ControlPlane:
         return self.changesets.deploy_records(records, actor, force=force)
 
     def repository_held(self) -> bool:
-        return self.changesets.repository_held()
+        return self.source.repository_held()
 
     def still_settling(self, models: Sequence[str]) -> list[str]:
         return self.changesets.still_settling(models)
@@ -731,16 +698,14 @@ class ControlPlane:
             standing = self.ondemand.standing(model)
             row.ondemand = standing.to_json() if standing is not None else None
             rows.append(row)
-        hooks = self.watch
-        watch = hooks.watch_info() if hooks and hooks.watch_info else {"mode": None, "reason": "no source repository"}
-        return StatusResult(reachable, self.triton.url, self.http_url, watch, rows)
+        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows)
 
     def _sync_inputs(self, names: list[str] | None) -> _SyncInputs:
         """What a model's sync is derived from, for `names` (None: every model), each read once."""
         tag_registry = self.tag_registry()
         return _SyncInputs(self.registry.source_heads(names), self.registry.last_deployments(names),
                            set(self.deployer.busy_models()),
-                           self.watch.settling() if self.watch and self.watch.settling else {},
+                           self.in_hand.reasons(self.source.settling(), dict(self.capture_waits)),
                            tags.by_digest(tag_registry.list_tags()), tag_registry.tracks(),
                            self.retries.all(), self.restores.all())  # one lock each, not two per model
 
@@ -767,7 +732,7 @@ class ControlPlane:
         self.counters.triton_reachable = True
         waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
         opened = self.registry.open_deployments()
-        rank = {m: i for i, m in enumerate(self.changesets.steps_first([d.model for d in opened]))}
+        rank = {m: i for i, m in enumerate(self.serving_ensembles.steps_first([d.model for d in opened]))}
         for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
             if self.deployer.lock(deployment.model).locked() or not self.registry.deployment_open(deployment.id):
                 continue  # in flight in this process, or it finished since `opened` was read: not interrupted
@@ -791,9 +756,10 @@ class ControlPlane:
         due = [m for m in digests if not ((b := self.restores.get(m)) is not None and b.digest == digests[m]
                                           and b.due_at > now)]  # a restore that keeps failing backs off
         # steps before the ensembles over them; each wave at once, as many as Triton loads at once
-        for wave in self.changesets.levels(due):
+        for wave in self.serving_ensembles.levels(due):
             self._each_at_once(wave, lambda model: self._restore(model, digests[model]))
-        self.changesets.sweep()  # after the ensembles stopped using them
+        if not self._swept:  # private step names a stopped daemon left, once none a serving ensemble uses
+            self._swept = self.deployer.sweep(list(self.serving_ensembles.get()))
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift
 
@@ -885,8 +851,7 @@ class ControlPlane:
     def activity(self) -> dict[str, tuple[str, str]]:
         """Models settling (or being captured) or deploying right now: model -> (state, reason). In memory only:
         the event stream samples it often."""
-        hooks = self.watch
-        settling = hooks.settling() if hooks is not None and hooks.settling is not None else {}
+        settling = self.in_hand.reasons(self.source.settling(), dict(self.capture_waits))
         now = {model: ("settling", reason) for model, reason in settling.items()}
         for model in self.deployer.busy_models():
             now[model] = ("deploying", "an operation is in progress")

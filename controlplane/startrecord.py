@@ -57,7 +57,7 @@ def record_wave(plane: ControlPlane, names: Sequence[str], pool: Executor, batch
     """Capture, validate and record `names` (models that may load at once: no one an ensemble over
     another of them), in batches; decide each one's deploy (see the module docstring)."""
     out = Wave()
-    if plane.changesets.repository_held() or plane.changesets.marker_root() is not None:
+    if plane.source.repository_held() or plane.source.repository_marked():
         out.settle = list(names)  # a repository-level hold or commit marker: its own rules, per model
         return out
     steps = StepMembers(plane.registry)  # the steps of this wave's ensembles recorded in an earlier wave
@@ -160,12 +160,12 @@ def _decide(plane: ControlPlane, records: list[SnapshotRecord], out: Wave) -> No
     wanted = {*names, *(step for r in records for step in step_models(r.config))}
     models = {m.name: m for m in plane.registry.list_models(names=sorted(wanted))}
     last = plane.registry.last_deployments(names)
-    serving = plane.changesets.serving_ensembles()
+    serving = plane.serving_ensembles.get()
     serving_over: dict[str, set[str]] = {}
     for ensemble, steps in serving.items():
         for step in steps:
             serving_over.setdefault(step, set()).add(ensemble)
-    pending = plane.watch.pending() if plane.watch is not None and plane.watch.pending else {}
+    pending = plane.source.settling()
     for record in records:
         model = models.get(record.model)
         if model is None or model.removed_at is not None or record.model in pending \

@@ -7,6 +7,7 @@ source changes again or an operator loads).
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 
 from controlplane.decision import rollback_holds
@@ -85,6 +86,49 @@ def settling_reason(since_s: float | None, waits: str | None = None) -> str:
     if since_s is None:
         return f"settling: {waits}" if waits else "settling: the source is looked at again shortly"
     return f"settling: last change {since_s:.1f} s ago" + (f" (last look: {waits})" if waits else "")
+
+
+class InHand:
+    """Models the source handed on and not handled yet ("capturing"), and those the start-up scan
+    still has to handle ("start-up scan"): `status` shows them sync pending. Safe from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handed: dict[str, int] = {}
+        self._startup: set[str] = set()
+
+    def handed_on(self, model: str) -> None:
+        with self._lock:
+            self._handed[model] = self._handed.get(model, 0) + 1
+
+    def handled(self, model: str) -> None:
+        with self._lock:
+            left = self._handed.get(model, 0) - 1
+            if left > 0:
+                self._handed[model] = left
+            else:
+                self._handed.pop(model, None)
+
+    def starting(self, models: set[str]) -> None:
+        """The start-up scan's models (an empty set: the scan is over)."""
+        with self._lock:
+            self._startup = set(models)
+
+    def started(self, model: str) -> None:
+        with self._lock:
+            self._startup.discard(model)
+
+    def reasons(self, settling: dict[str, float | None], waits: dict[str, str]) -> dict[str, str]:
+        """`status`'s pending reasons: what the source is settling (`settling`, with why its last capture
+        was put off, `waits`), then what was handed on and is not captured yet."""
+        reasons = {model: settling_reason(since, waits.get(model)) for model, since in settling.items()}
+        with self._lock:
+            handed, startup = list(self._handed), list(self._startup)
+        for model in handed:
+            reasons.setdefault(model, "capturing")
+        for model in startup:
+            reasons.setdefault(model, "start-up scan")
+        return reasons
 
 
 def track_sync(model: ModelRecord, tag: str, tag_digest: str | None, *, busy: bool = False) -> tuple[SyncState, str]:

@@ -242,8 +242,9 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     import time
 
     from controlplane.config import Settings
+    from controlplane.localsource import LocalSource
     from controlplane.publish import ServingRepository
-    from controlplane.service import ControlPlane, WatchHooks
+    from controlplane.service import ControlPlane
     from controlplane.snapshot import ContentStore
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
@@ -257,10 +258,15 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     migrate.upgrade(registry)
     triton = TritonClient("127.0.0.1:1")  # never reached: policy manual, nothing deploys
     rescheduled: list[tuple[str, float]] = []
+
+    class Source(LocalSource):  # the source, not watching: what the plane asks it to look at again
+        def reschedule(self, model: str, delay_s: float) -> None:
+            rescheduled.append((model, delay_s))
+
     plane = ControlPlane(Settings(repository=repo, state_dir=state, settle_s=0.5, policy="manual"), registry,
                          ContentStore(state / "store", fsync=False),
                          ServingRepository(state / "serving", state / "published"), triton,
-                         watch=WatchHooks(reschedule=lambda name, delay: rescheduled.append((name, delay))))
+                         source=Source(repo, settle_s=0.5))
     try:
         time.sleep(0.6)
         plane.handle_settled("m")  # on time: generation 1 recorded

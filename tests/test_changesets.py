@@ -525,7 +525,7 @@ def test_configs_rewritten_for_the_staged_switch() -> None:
 def test_reconcile_order_puts_steps_before_ensembles() -> None:
     from types import SimpleNamespace
 
-    from controlplane.changeset import ChangeSets
+    from controlplane.servingensembles import ServingEnsembles
 
     configs = {
         "outer": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "pipe"},
@@ -540,8 +540,8 @@ def test_reconcile_order_puts_steps_before_ensembles() -> None:
     )
     serving = SimpleNamespace(current=lambda name: None)  # no published tree: every config is looked up
     graph = SimpleNamespace(entry=lambda name: None)  # no recorded source content: the serving configs decide
-    sets = ChangeSets(SimpleNamespace(registry=registry, serving=serving, source_graph=graph))  # type: ignore[arg-type]
-    ordered = sets.steps_first(["outer", "pipe", "a", "c", "b"])
+    ensembles = ServingEnsembles(registry, graph, serving)  # type: ignore[arg-type]
+    ordered = ensembles.steps_first(["outer", "pipe", "a", "c", "b"])
     assert ordered.index("pipe") > max(ordered.index("a"), ordered.index("b"))
     assert ordered.index("outer") > max(ordered.index("pipe"), ordered.index("c"))
     assert sorted(ordered) == ["a", "b", "c", "outer", "pipe"]

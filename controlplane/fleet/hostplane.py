@@ -2,23 +2,21 @@
 
 The fleet sits beside the service in the layers (neither imports the other; the daemon wires them),
 so it names what it needs as a Protocol instead of taking `Any`: the host's local registry, content
-store and deployer, its Triton's URL, an s3:// source if any, the shared capture pipeline and the
+store and deployer, its Triton's URL, its source (controlplane/source.py), the shared capture pipeline and the
 watcher's "look again later".
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from controlplane.deploy import Outcome, ProgressFn
 from controlplane.ports import TagPlane
 from controlplane.snapshot import ContentStore
+from controlplane.source import Source
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
-
-if TYPE_CHECKING:
-    from controlplane.s3source import S3Source
 
 
 class TritonAddress(Protocol):
@@ -37,7 +35,7 @@ class HostPlane(TagPlane, Protocol):
     def triton(self) -> TritonAddress: ...
 
     @property
-    def source(self) -> S3Source | None: ...
+    def source(self) -> Source: ...
 
     def capture(self, model: str, actor: str = ..., *, settled: bool = ...,
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...

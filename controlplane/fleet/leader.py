@@ -25,8 +25,8 @@ from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.rollouts import RolloutMachine
 from controlplane.fleet.sharedstore import SharedContent
-from controlplane.modelconfig import is_ensemble_dir
-from controlplane.snapshot import is_ignored_name
+from controlplane.modelconfig import is_ensemble_text
+from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.fleet import FleetStore
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
@@ -65,16 +65,13 @@ class Leader:
                 self._settled.append(model)
 
     def _scan(self) -> None:
-        repo = self.settings.repository
-        if self.plane.source is not None:  # an s3:// source (docs/object-storage.md)
-            names = self.plane.source.initial_scan()
-        elif repo is None or not repo.is_dir():
-            return
-        else:
-            names = sorted(p.name for p in repo.iterdir() if p.is_dir() and not is_ignored_name(p.name))
-            names.sort(key=lambda n: is_ensemble_dir(repo / n))  # ensembles after their members (stable)
+        names = self.plane.source.names()
+        names.sort(key=self._is_ensemble)  # ensembles after their members (stable)
         with self._settled_lock:
             self._settled.extend(n for n in names if n not in self._settled)
+
+    def _is_ensemble(self, model: str) -> bool:
+        return is_ensemble_text(self.plane.source.read_text(model, CONFIG_FILE) or "")
 
     def record(self, model: str, members: dict[str, SnapshotRecord] | None = None) -> SnapshotRecord | None:
         """Capture locally, export to the shared store, record in the shared registry (once per content).
@@ -198,9 +195,7 @@ class Leader:
                 if not self._settled:
                     break
                 batch, self._settled = self._settled, []
-            repo = self.settings.repository
-            if repo is not None and self.plane.source is None:  # ensembles after their steps (stable)
-                batch.sort(key=lambda n: is_ensemble_dir(repo / n))
+            batch.sort(key=self._is_ensemble)  # ensembles after their steps (stable)
             for model in batch:
                 try:
                     # an ensemble is checked against the newest recorded content of its steps

@@ -142,6 +142,28 @@ class ContentStore:
     def object_path(self, sha256: str) -> Path:  # read-only; hard-link it, never write through it
         return self.root / "objects" / sha256[:2] / sha256[2:]
 
+    def has_object(self, sha256: str, size: int) -> bool:
+        """Whether the object is stored whole (of the expected size)."""
+        try:
+            return os.stat(self.object_path(sha256)).st_size == size
+        except OSError:
+            return False
+
+    def add_object(self, tmp: Path, sha256: str, size: int) -> None:
+        """A file fetched from elsewhere (object storage), its sha256 verified, made the object of that
+        hash: read-only and, with fsync, durable before it is visible. `tmp` is gone afterwards."""
+        try:
+            if not self.has_object(sha256, size):
+                os.chmod(tmp, 0o444)
+                if self.fsync:
+                    with open(tmp, "rb") as fh:
+                        os.fsync(fh.fileno())
+                final = self.object_path(sha256)
+                final.parent.mkdir(exist_ok=True)
+                os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+
     def tree_path(self, digest: str) -> Path:
         return self.root / "trees" / digest
 
@@ -252,10 +274,11 @@ class ContentStore:
             raise SnapshotAwaitingMarkerError(
                 f"{model}: awaiting commit marker {marker}{where} (older than {newer[0]})")
 
-    def check_marker(self, model_dir: Path, model: str, marker: str, marker_dir: Path) -> None:
+    @staticmethod
+    def check_marker(model_dir: Path, model: str, marker: str, marker_dir: Path) -> None:
         """SnapshotAwaitingMarkerError unless `marker_dir/marker` is newer than every file of the model
         (what a capture checks first; reads no file)."""
-        self._check_marker(marker_dir, model, marker, scan(model_dir, model, frozenset({marker})), True)
+        ContentStore._check_marker(marker_dir, model, marker, scan(model_dir, model, frozenset({marker})), True)
 
     def _ingest(self, item: ScanItem, model: str) -> str:
         """The sha256 of one source file, its content stored as an object (read at most once)."""

@@ -1,0 +1,136 @@
+"""`LocalSource`: a model repository directory as a `Source` (controlplane/source.py).
+
+Why: the local source's parts live in their own modules, each for one concern: the watcher turns
+inotify events, polls and rescans into "model settled" (controlplane/watcher.py, poller.py,
+fswatch.py: inotify, or polling where inotify cannot see writes, and symlink publishes taken at
+once); the content store snapshots a directory (controlplane/snapshot/store.py). This module puts
+them behind the one interface the plane asks, and holds the directory's own rules: the settle
+window's quiet check (plus a network mount's attribute-cache margin), the stat signature recorded
+with the content, the commit marker at a model's directory or at the repository root, and the
+repository-level hold file (docs/watching.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from controlplane.errors import SnapshotError
+from controlplane.poller import recordable_signature
+from controlplane.snapshot import HOLD_FILE, MAX_CONFIG_BYTES, ContentStore
+from controlplane.snapshot.fsutil import read_small_text
+from controlplane.source import Captured, OnChange
+from controlplane.watcher import RepositoryWatcher
+
+
+class LocalSource:
+    """A model repository directory: one subdirectory (or symlink to one) per model."""
+
+    def __init__(self, root: Path, *, settle_s: float = 1.0, commit_marker: str | None = None,
+                 watch: str = "auto", poll_interval_s: float = 2.0, rescan_interval_s: float = 30.0) -> None:
+        self.root = Path(root)
+        self.commit_marker = commit_marker
+        self._on_change: OnChange | None = None
+        self.watcher = RepositoryWatcher(
+            self.root, self._settled, settle_s, commit_marker=commit_marker, watch=watch,
+            poll_interval_s=poll_interval_s, rescan_interval_s=rescan_interval_s, on_complete=self._complete)
+
+    def _settled(self, model: str) -> None:
+        if self._on_change is not None:
+            self._on_change(model, False)
+
+    def _complete(self, model: str) -> None:
+        if self._on_change is not None:
+            self._on_change(model, True)
+
+    # -- listing and reading ------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return self.watcher.initial_scan()
+
+    def has(self, model: str) -> bool:
+        return (self.root / model).is_dir()
+
+    def missing(self, model: str) -> str:
+        return f"no directory {self.root / model}"
+
+    def read_text(self, model: str, name: str) -> str | None:
+        try:  # the source may be mid-edit: a fifo or a huge file is no config here
+            return read_small_text(self.root / model / name, MAX_CONFIG_BYTES)
+        except OSError:
+            return None
+
+    def entry_problem(self, model: str) -> str | None:
+        entry = self.root / model
+        if not entry.is_symlink() or entry.is_dir():
+            return None
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            target = "?"
+        what = "a dangling symlink" if not os.path.lexists(os.path.realpath(entry)) else "a symlink to no directory"
+        return f"model entry {model} is {what} (-> {target}); nothing changed"
+
+    # -- capture --------------------------------------------------------------------------------------
+    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+                     complete: bool = False) -> Captured:
+        # a network mount's stat facts may lag writes made elsewhere: its cache margin on the window
+        quiet_s = self.watcher.settle_s + self.watcher.capture_margin_s() if settled and not complete else 0.0
+        signature, trusted = recordable_signature(self.root, model)  # before any read
+        snapshot = store.capture(self.root / model, model, commit_marker=self.commit_marker,
+                                 quiet_s=quiet_s, marker_dir=self._marker_root())
+        return Captured(snapshot, signature, trusted)
+
+    def signature(self, model: str) -> str | None:
+        return self.watcher.signature(model)
+
+    def signatures(self) -> dict[str, str]:
+        return self.watcher.signatures()
+
+    # -- watching -------------------------------------------------------------------------------------
+    def watch(self, on_change: OnChange) -> None:
+        self._on_change = on_change
+        self.watcher.start()
+
+    def stop(self) -> None:
+        self.watcher.stop()
+
+    def reschedule(self, model: str, delay_s: float) -> None:
+        self.watcher.reschedule(model, delay_s)
+
+    def set_settle(self, settle_s: float) -> None:
+        self.watcher.set_settle(settle_s)
+
+    def watch_info(self) -> Mapping[str, str | None]:
+        return self.watcher.watch_info()
+
+    def settling(self) -> dict[str, float | None]:
+        return self.watcher.settling()
+
+    def backlog(self) -> int:
+        return self.watcher.backlog()
+
+    # -- the repository level -------------------------------------------------------------------------
+    def repository_held(self) -> bool:
+        return (self.root / HOLD_FILE).exists()
+
+    def _marker_root(self) -> Path | None:
+        """The root when it holds the commit marker: that marker then commits every model, and a
+        model's own marker is not looked at."""
+        marker = self.commit_marker
+        return self.root if marker and (self.root / marker).is_file() else None
+
+    def repository_marked(self) -> bool:
+        return self._marker_root() is not None
+
+    def repository_wait(self, model: str) -> str | None:
+        if self.repository_held():
+            return f"on hold ({HOLD_FILE} present at the repository root)"
+        root = self._marker_root()
+        if root is None or self.commit_marker is None:
+            return None
+        try:
+            ContentStore.check_marker(root / model, model, self.commit_marker, root)
+        except SnapshotError as exc:
+            return str(exc).removeprefix(f"{model}: ")
+        return None
