@@ -206,7 +206,9 @@ class Leader:
         from controlplane.fleet.settings import FleetSettings
 
         settings = Settings(db_url=shared.url, host="h1", state_dir=tmp)
-        plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=None)  # a local source
+        from controlplane.source import NoSource
+
+        plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=NoSource())  # no source scanned
         self.member = FleetMember(settings, FleetSettings(shared_store=tmp / "shared", wave_size=2), plane, shared)
         self.member.election._leader.set()
         self.store = self.member.store
@@ -422,6 +424,7 @@ def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: 
     from controlplane.config import Settings
     from controlplane.fleet.member import FleetMember
     from controlplane.fleet.settings import FleetSettings
+    from controlplane.localsource import LocalSource
 
     repo = tmp_path / "repo"
     for name in ("a_pipe", "b_step", "c_step"):
@@ -430,7 +433,7 @@ def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: 
     for name in ("b_step", "c_step"):
         (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n')
     settings = Settings(db_url=shared.url, host="h1", state_dir=tmp_path, repository=repo)
-    plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=None)  # a local source
+    plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=LocalSource(repo))
     member = FleetMember(settings, FleetSettings(shared_store=tmp_path / "shared"), plane, shared)
     member.leader._scan()
     assert member.leader._settled == ["b_step", "c_step", "a_pipe"]
