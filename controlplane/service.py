@@ -51,7 +51,7 @@ from controlplane.results import (
 from controlplane.servedview import ServedView
 from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.source import Source
+from controlplane.source import NoSource, Source
 from controlplane.sourcegraph import SourceGraph
 from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
@@ -150,13 +150,13 @@ class ControlPlane:
         triton: TritonClient,
         on_outcome: Callable[[Outcome], None] | None = None,
         *,
-        source: Source,
+        source: Source | None = None,
         host: TritonHost | None = None,
         http_url: str | None = None,
         webhooks: Webhooks | None = None,
         fleet: Callable[[ControlPlane], FleetStrategy] | None = None,
     ) -> None:
-        """`source`: where models come from (controlplane/source.py: a directory, s3://, or none);
+        """`source`: where models come from (controlplane/source.py: a directory, s3://; default none);
         `host`: capability checks and Triton's real reasons; `http_url`: a launched tritonserver's HTTP URL; `fleet`:
         with --fleet, builds the strategy that takes load, rollback, unload, pin and policy (docs/fleet.md);
         `webhooks`: the daemon's webhook delivery worker, which `tritonctl webhooks` asks."""
@@ -180,7 +180,7 @@ class ControlPlane:
                                  self.guard.refused, lambda: self.settings.load_timeout_s)  # ensure, leases
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
-        self.source = source
+        self.source: Source = source if source is not None else NoSource()
         self.in_hand = InHand()  # handed on by the source, not captured yet: `status` says "capturing"
         self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off

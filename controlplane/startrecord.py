@@ -137,10 +137,7 @@ def _captured(plane: ControlPlane, name: str, steps: StepMembers) -> Captured | 
     must look at it (an invalid name, no directory, a capture that fails or must wait)."""
     try:
         validate_model_name(name)
-        if plane.settings.repository is not None and plane.source is None:
-            if not (plane.settings.repository / name).is_dir():
-                return None
-        elif not plane.source_has(name):
+        if not plane.source_has(name):
             return None
         with plane.capture_lock(name), plane.store.deferred_sync():
             snapshot, signature, trusted = plane.snapshot_source(name)

@@ -42,6 +42,7 @@ def serving_registry(state: Path) -> Iterator[None]:
     from controlplane.publish import ServingRepository
     from controlplane.service import ControlPlane
     from controlplane.snapshot import ContentStore
+    from controlplane.source import NoSource
     from controlplane.store.registry import Registry
     from controlplane.triton.client import TritonClient
 
@@ -49,7 +50,8 @@ def serving_registry(state: Path) -> Iterator[None]:
     registry = Registry(f"sqlite:///{state / 'registry.db'}")
     triton = TritonClient("127.0.0.1:1")
     plane = ControlPlane(settings, registry, ContentStore(state / "store", fsync=False),
-                         ServingRepository(state / "serving", state / "published"), triton)
+                         ServingRepository(state / "serving", state / "published"), triton,
+                         source=NoSource())  # the read routes never look at a source
     executor = futures.ThreadPoolExecutor(max_workers=2)
     server = ApiServer(plane, executor, settings)
     server.start()
