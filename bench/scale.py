@@ -219,6 +219,9 @@ def measure_manual(repo: Path, state: Path, count: int, args: argparse.Namespace
         _start_to_ready(daemon, args, None, out, "restart_")  # its tritonserver adopted
         out["restart_counters"] = _counters(port)
         out["peak_rss_mb"] = rss_mb(daemon.proc.pid, "VmHWM")
+        # (e) at every N, not only where auto policy ran: N models recorded, none serving
+        out["status_json_s"] = _cli_median(daemon, 3, "status", "--json")
+        out["versions_s"] = _cli_median(daemon, 3, "versions", "m00001")
     finally:
         daemon.stop()
         _stop_kept_triton(daemon)
