@@ -115,7 +115,7 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         if live and request.query_params.get("fragment") == "1":
             name = live
         context = {**context, "login": token is not None, "after": newest_audit_id(plane),
-                   "in_fleet": plane.fleet is not None}
+                   "in_fleet": plane.fleet is not None, "live": live}
         return templates.TemplateResponse(request, name, context,
                                           status_code=status_code)
 
@@ -218,7 +218,8 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
             return render(request, "error.html", {"message": "this daemon is not in a fleet (--fleet): "
                                                              "no hosts or rollouts"}, status_code=404)
         view = fleetview.read(plane.fleet.registry)
-        return render(request, "fleet.html", {"view": view, "stamp": view.stamp()}, live="_fleet_live.html")
+        return render(request, "fleet.html", {"view": view, "stamp": view.stamp(),
+                                              "stamp_url": "/ui/stamp?view=fleet"}, live="_fleet_live.html")
 
     @app.get("/ui/audit")
     def audit_page(request: Request, at: str = "", limit: int = 200) -> HTMLResponse:
