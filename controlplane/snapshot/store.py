@@ -81,6 +81,14 @@ def _reflink(src_fd: int, dst_fd: int) -> bool:
     return True
 
 
+def _size(path: Path) -> int | None:
+    """The size of the file at `path`; None when there is none."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return all(getattr(a, f) == getattr(b, f) for f in _SAME_FIELDS)
 
@@ -342,7 +350,9 @@ class ContentStore:
                 self.bytes_read += copied
             sha = digest.hexdigest()
             final = self.object_path(sha)
-            if not final.exists():
+            # an object of the wrong size (written under `deferred_sync`, then a power loss before the
+            # sync: the rename survived, the data did not) is written again, not trusted
+            if _size(final) != copied:
                 os.fchmod(fd, 0o444)
                 if self.fsync and not getattr(self._deferring, "on", False):
                     os.fsync(fd)
@@ -358,6 +368,12 @@ class ContentStore:
         """Build the read-only tree and write the manifest unless this digest is already stored."""
         tree, manifest = self.tree_path(snapshot.digest), self.manifest_path(snapshot.digest)
         with self._lock:
+            if tree.is_dir() and not self._tree_intact(tree, snapshot):
+                # linked to objects a power loss emptied before their `sync` (`deferred_sync`): this
+                # content was never recorded; built again from the objects just written again
+                force_rmtree(tree)
+                with contextlib.suppress(FileNotFoundError):
+                    manifest.unlink()
             if not tree.is_dir():
                 tmp = Path(tempfile.mkdtemp(dir=self.root / "trees", prefix=".tmp-"))
                 try:
@@ -377,6 +393,11 @@ class ContentStore:
                         force_rmtree(tmp)
             if not manifest.exists():
                 write_atomic(manifest, snapshot.manifest_json().encode(), mode=0o444)
+
+    @staticmethod
+    def _tree_intact(tree: Path, snapshot: Snapshot) -> bool:
+        """Every file of a stored tree has its manifest size (one stat per file)."""
+        return all(_size(tree / e.path) == e.size for e in snapshot.entries if e.kind != "dir")
 
     # -- lookup and collection -----------------------------------------------------------------
     def load(self, model: str, digest: str) -> Snapshot:
