@@ -22,13 +22,9 @@ from controlplane.store.records import ModelRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 
 
-class SetPlane(Protocol):
-    """What change sets (controlplane/changeset.py) use of the plane: its parts, the capture of a
-    model's source (and the source itself: its configs, what settles, its repository-level hold and
-    commit marker), the decision inputs, and the watcher's "look again"."""
-
-    @property
-    def settings(self) -> Settings: ...
+class SourcePlane(Protocol):
+    """What change sets and the fleet (fleet/hostplane.py) both use of the plane: its registry, its
+    content store, its source and the watcher's "look again"."""
 
     @property
     def registry(self) -> Registry: ...
@@ -37,21 +33,32 @@ class SetPlane(Protocol):
     def store(self) -> ContentStore: ...
 
     @property
+    def source(self) -> Source: ...
+
+    def source_has(self, model: str) -> bool: ...
+
+    def look_again(self, model: str, delay_s: float) -> None: ...
+
+
+class SetPlane(SourcePlane, Protocol):
+    """What change sets (controlplane/changeset.py) use of the plane: its parts, the capture of a
+    model's source (and the source itself: its configs, what settles, its repository-level hold and
+    commit marker), the decision inputs, and the watcher's "look again"."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
     def serving(self) -> ServingRepository: ...
 
     @property
     def deployer(self) -> Deployer: ...
 
     @property
-    def source(self) -> Source: ...
-
-    @property
     def serving_ensembles(self) -> ServingEnsembles: ...
 
     def capture(self, model: str, actor: str = ..., *, settled: bool = ..., complete: bool = ...,
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
-
-    def source_has(self, model: str) -> bool: ...
 
     @property
     def source_graph(self) -> SourceGraph: ...
@@ -65,8 +72,6 @@ class SetPlane(Protocol):
     def put_off(self, model: str, reason: str, delay_s: float) -> None: ...
 
     def capture_done(self, model: str) -> None: ...
-
-    def look_again(self, model: str, delay_s: float) -> None: ...
 
 
 class TagPlane(Protocol):

@@ -12,11 +12,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from controlplane.deploy import Outcome, ProgressFn
-from controlplane.ports import TagPlane
-from controlplane.snapshot import ContentStore
-from controlplane.source import Source
+from controlplane.ports import SourcePlane, TagPlane
 from controlplane.store.records import SnapshotRecord
-from controlplane.store.registry import Registry
 
 
 class TritonAddress(Protocol):
@@ -24,25 +21,15 @@ class TritonAddress(Protocol):
     def url(self) -> str: ...
 
 
-class HostPlane(TagPlane, Protocol):
-    @property
-    def registry(self) -> Registry: ...
-
-    @property
-    def store(self) -> ContentStore: ...
+class HostPlane(TagPlane, SourcePlane, Protocol):
+    """The host's registry, content store, source and "look again" (ports.SourcePlane), its tags
+    (ports.TagPlane), and what follows."""
 
     @property
     def triton(self) -> TritonAddress: ...
 
-    @property
-    def source(self) -> Source: ...
-
     def capture(self, model: str, actor: str = ..., *, settled: bool = ...,
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
-
-    def source_has(self, model: str) -> bool: ...
-
-    def look_again(self, model: str, delay_s: float) -> None: ...
 
     # this host alone (a rollout step, converge, an operator's `--host` action)
     def deploy_here(self, model: str, digest: str, actor: str, *, force: bool = ...,
