@@ -14,6 +14,8 @@ before every load (`admit`) and after it (`settle`):
   by default), one with a lease or one an operation holds. When that cannot make room it raises
   `BudgetError` (an EnvironmentFault: the deploy ends `failed`, naming the budget, the footprint and
   what holds the memory, and is retried with backoff until room appears).
+  An evicted model's memory is free only once its stub processes exited (Triton's unload returns
+  about 1 s before): a second eviction waits until the first one's stubs exited.
 - `settle` measures the load (controlplane/footprint.py), records the footprint per digest, and, when
   the measurement turned out bigger than the estimate, evicts again until the budget holds: the
   budget is overshot by at most the one load's misestimate, during that eviction.
@@ -28,19 +30,21 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timezone
 from typing import Any
 
 from controlplane.errors import BudgetError
-from controlplane.footprint import DECLARED, Baseline, Footprint, Meter, declared
+from controlplane.footprint import DECLARED, Baseline, Footprint, Meter, declared, stub_pids
 from controlplane.store.records import FootprintRecord, ModelRecord
 from controlplane.store.registry import Registry
 from controlplane.vocab import SERVING_STATES
 
 log = logging.getLogger("tritonctl.budget")
 
+EXIT_WAIT_S = 10.0  # how long a load waits for an evicted model's stub processes to exit
 MEMORY = "memory_mb"
 GPU = "gpu_memory_mb"
 
@@ -84,6 +88,7 @@ class MemoryGuard:
         self._lock = threading.Lock()
         self._reserved: dict[int, Ticket] = {}
         self._refused: set[str] = set()  # models whose last admission found no room
+        self._exiting: list[str] = []  # the model evicted last, while its stub processes may still run
         self.evictions = 0
 
     # -- what is held -----------------------------------------------------------------------------
@@ -215,6 +220,21 @@ class MemoryGuard:
                 return
             if self.hooks.evict(victim, f"memory budget: {why}"):
                 self.evictions += 1
+                self._await_exit(victim)
+
+    def _await_exit(self, model: str) -> None:
+        """Triton's unload returns before the model's stub processes exit (about 1 s later, measured), and
+        only then is the memory free. One evicted model may still be exiting while the next load runs (the
+        budget's overshoot: one footprint, during an eviction); a second eviction waits for the first to
+        exit (at most EXIT_WAIT_S)."""
+        server = self.meter.server_pid()
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while True:
+            self._exiting = [m for m in self._exiting if stub_pids(m, server)]
+            if not self._exiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        self._exiting.append(model)
 
     def _over_total(self) -> bool:
         return bool(self._over(self.holdings(), {}))
