@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli import render
-from cli.options import daemon_options, json_option, reader_options
+from cli.options import daemon_options, host_option, json_option, reader_options
 from controlplane.errors import DeployError, TritonUnavailableError, UsageError
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def failed_models(status: dict[str, Any]) -> list[str]:
 @click.option("--force", is_flag=True, help="Retry a quarantined digest, or reload the active one.")
 @click.option("--failed", "failed", is_flag=True, help="Retry every model whose last deploy failed.")
 @click.option("--no-wait", is_flag=True, help="Return once the daemon accepted the request.")
-@click.option("--host", "host", default="", metavar="H",
-              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
+@host_option
 @json_option
 @daemon_options
 def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, force: bool, failed: bool,
@@ -109,8 +108,7 @@ def _load_failed(client: ControlClient, force: bool, as_json: bool) -> None:
 @click.argument("model")
 @click.option("--dependents", is_flag=True, help="Also unload the ensemble's members no other loaded ensemble uses.")
 @click.option("--force", is_flag=True, help="Unload a member that a serving ensemble needs.")
-@click.option("--host", "host", default="", metavar="H",
-              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
+@host_option
 @json_option
 @daemon_options
 def unload(client: ControlClient, model: str, dependents: bool, force: bool, host: str, as_json: bool) -> None:
@@ -133,8 +131,7 @@ def unload(client: ControlClient, model: str, dependents: bool, force: bool, hos
 @click.option("--to", "to_digest", default="", help="Digest to return to (default: the previous good one).")
 @click.option("--to-tag", "to_tag", default="", metavar="NAME", help="Return to what tag NAME points to.")
 @click.option("--force", is_flag=True, help="Roll back a pinned model anyway.")
-@click.option("--host", "host", default="", metavar="H",
-              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
+@host_option
 @json_option
 @daemon_options
 def rollback(client: ControlClient, model: str, to_digest: str, to_tag: str, force: bool, host: str,
@@ -220,9 +217,8 @@ def status(reader: Any, client: ControlClient, models: tuple[str, ...], watch: b
 
 @click.command()
 @click.argument("model")
-@click.argument("policy", metavar="{auto|manual|inherit|track:TAG}")
-@click.option("--host", "host", default="", metavar="H",
-              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
+@click.argument("policy", metavar="{auto|manual|ondemand|inherit|track:TAG}")
+@host_option
 @json_option
 @daemon_options
 def policy(client: ControlClient, model: str, policy: str, host: str, as_json: bool) -> None:
@@ -244,36 +240,31 @@ def policy(client: ControlClient, model: str, policy: str, host: str, as_json: b
     render.kv(client.set_policy(model, policy, host), as_json)
 
 
-@click.command()
-@click.argument("model")
-@click.option("--host", "host", default="", metavar="H",
-              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
-@json_option
-@daemon_options
-def pin(client: ControlClient, model: str, host: str, as_json: bool) -> None:
-    """Hold MODEL at its active snapshot: changes are recorded but not deployed until `unpin`.
+def _pin_command(name: str, pinned: bool, doc: str) -> click.Command:
+    """`pin` and `unpin`: the same request, the flag set or cleared."""
+
+    @host_option
+    @json_option
+    @daemon_options
+    def command(client: ControlClient, model: str, host: str, as_json: bool) -> None:
+        render.kv(client.set_pin(model, pinned, host), as_json)
+
+    command.__doc__ = doc
+    return click.command(name)(click.argument("model")(command))
+
+
+pin = _pin_command("pin", True, """Hold MODEL at its active snapshot: changes are recorded, not deployed, until `unpin`.
 
     \b
     Example:
       tritonctl pin linear
-    """
-    render.kv(client.set_pin(model, True, host), as_json)
-
-
-@click.command()
-@click.argument("model")
-@click.option("--host", "host", default="", metavar="H",
-              help="Fleet: act on host H only (its daemon's address); the fleet then holds H, not converging it back.")
-@json_option
-@daemon_options
-def unpin(client: ControlClient, model: str, host: str, as_json: bool) -> None:
-    """Release a pinned MODEL.
+    """)
+unpin = _pin_command("unpin", False, """Release a pinned MODEL.
 
     \b
     Example:
       tritonctl unpin linear
-    """
-    render.kv(client.set_pin(model, False, host), as_json)
+    """)
 
 
 @click.command()

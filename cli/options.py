@@ -44,6 +44,13 @@ def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON (a stable contract, see README).")(fn)
 
 
+def host_option(fn: F) -> F:
+    """--host H: a fleet verb acts on one host only (its daemon's address)."""
+    return click.option("--host", "host", default="", metavar="H",
+                        help="Fleet: act on host H only (its daemon's address); the fleet then holds H, "
+                             "not converging it back.")(fn)
+
+
 def _connection_options(fn: F) -> F:
     """--socket, --address, --token-file, --ca-file and --state-dir."""
     for option in (
