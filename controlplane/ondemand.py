@@ -8,7 +8,8 @@ that serves; the lease runs from that answer. Concurrent ensures of one model wa
 cause one load; the later ones find it loaded. An ensure waits (up to `load_timeout_s`) while leased,
 pinned or protected models hold the memory budget, since a released lease frees room; then it loads or
 fails. What an ensure loads: the model's pinned digest when pinned, else the source's newest valid
-content, else what it served last. Loads go through the Deployer like every load (the memory budget
+content, else what it served last; an ensemble's steps are ensured first, under leases that the
+ensemble's lease renews and releases. Loads go through the Deployer like every load (the memory budget
 makes room first: controlplane/budget.py), audited as action `ondemand`.
 
 The sweep (a thread of the daemon, every `SWEEP_S`) expires leases (audited `lease_expired`) and unloads
@@ -29,6 +30,7 @@ from functools import partial
 from typing import Any
 
 from controlplane.deploy import Deployer, Outcome, ProgressFn, admission
+from controlplane.ensemblemembers import step_models
 from controlplane.errors import DeployError, NotFoundError, TritonctlError, UsageError
 from controlplane.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
 from controlplane.names import validate_model_name
@@ -80,6 +82,7 @@ class OnDemand:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._loading: set[str] = set()
+        self._steps: dict[str, list[tuple[str, str]]] = {}  # an ensemble's lease → its steps' (model, lease)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -125,6 +128,11 @@ class OnDemand:
                 record = self.registry.get_model(model)
                 digest = self.target(record)
                 loaded = False
+                steps = step_models(self.registry.get_snapshot(model, digest).config)
+                for step in steps:  # an ensemble's steps first, each under a lease tied to this one
+                    held = self.ensure(step, for_s + 2 * self.wait_s(), actor, progress)
+                    with self._guard:
+                        self._steps.setdefault(lease.id, []).append((step, held.lease))
                 with self.deployer.lock(model):  # an eviction decides under this lock, seeing the lease above
                     serves = self._serves(self.registry.get_model(model), digest)
                 if not serves:
@@ -135,6 +143,7 @@ class OnDemand:
                     if loaded:
                         self.counts["loads"] += 1
             lease = self.leases.renew(model, lease.id, for_s)  # the lease runs from the answer
+            self._each_step(lease.id, lambda step, held: self.leases.renew(step, held, for_s))
         except BaseException:
             self._drop(lease)
             raise
@@ -160,7 +169,18 @@ class OnDemand:
             with self._guard:
                 self._loading.discard(model)
 
+    def _each_step(self, lease_id: str, act: Callable[[str, str], object], forget: bool = False) -> None:
+        """`act(step, step_lease)` on the step leases an ensemble's lease holds (renew, release)."""
+        with self._guard:
+            steps = self._steps.pop(lease_id, []) if forget else list(self._steps.get(lease_id, []))
+        for step, held in steps:
+            try:
+                act(step, held)
+            except NotFoundError:  # expired meanwhile: the ensemble's own lease is what the caller holds
+                pass
+
     def _drop(self, lease: Lease) -> None:
+        self._each_step(lease.id, self.leases.release, forget=True)
         try:
             self.leases.release(lease.model, lease.id)
         except NotFoundError:
@@ -169,12 +189,14 @@ class OnDemand:
     def renew(self, model: str, lease_id: str, for_s: float) -> LeaseResult:
         validate_model_name(model)
         lease = self.leases.renew(model, lease_id, for_s)
+        self._each_step(lease.id, lambda step, held: self.leases.renew(step, held, for_s))
         record = self.registry.get_model(model)
         return LeaseResult(model, record.active_digest, lease.id, _utc(lease.until), False, 0)
 
     def release(self, model: str, lease_id: str) -> LeaseResult:
         validate_model_name(model)
         lease = self.leases.release(model, lease_id)
+        self._each_step(lease.id, self.leases.release, forget=True)
         record = self.registry.get_model(model)
         return LeaseResult(model, record.active_digest, lease.id, _utc(lease.until), False, 0, released=True)
 
@@ -196,6 +218,8 @@ class OnDemand:
 
     def on_expiry(self, lease: Lease) -> None:
         self.counts["lease_expiries"] += 1
+        with self._guard:
+            self._steps.pop(lease.id, None)  # its steps' leases end at the same time, on their own
         self.registry.audit(AuditEntry(ONDEMAND_ACTOR, "lease_expired", lease.model, None, Result.OK.value,
                                        f"lease {lease.id} of {lease.actor} expired"))
 

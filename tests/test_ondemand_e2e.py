@@ -23,7 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.api.client import ControlClient
-from tests.harness import DaemonProcess, gen_config, infer_gen, python_model, wait_for
+from tests.harness import DaemonProcess, copy_example, gen_config, infer_gen, python_model, wait_for
 
 MODELS = [f"m{i}" for i in range(6)]
 ALLOC = "self.hold = np.ones(40 * 1024 * 1024 // 8)"
@@ -48,14 +48,16 @@ def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: 
     repo.mkdir()
     for i, name in enumerate(MODELS):
         write_model(repo, name, i + 1)
+    for name in ("sentiment_tokenizer", "sentiment_classifier", "sentiment_pipeline"):
+        copy_example(name, repo)
     metrics_port = free_port()
     daemon = DaemonProcess(repo, tmp_path / "state", env={"TRITONCTL_IDLE_UNLOAD_S": "2"},
                            extra_args=["--policy", "ondemand", "--memory-budget-mb", "260",
                                        "--metrics-port", str(metrics_port)]).start()
     client = ControlClient(socket=daemon.state_dir / "tritonctl.sock")
     try:
-        wait_for(lambda: len(daemon.status()["models"]) == len(MODELS), 60, 0.3, "every model recorded")
-        rows = {row["model"]: row for row in daemon.status()["models"]}
+        wait_for(lambda: len(daemon.status()["models"]) == len(MODELS) + 3, 60, 0.3, "every model recorded")
+        rows = {row["model"]: row for row in daemon.status()["models"] if row["model"] in MODELS}
         assert all(row["ondemand"]["state"] == "standby" and row["state"] == "new" for row in rows.values()), rows
         assert "standby" in daemon.run("status").output
 
@@ -121,6 +123,13 @@ def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: 
         assert any(e["actor"] == "tritonctl:budget" for e in evictions), f"the budget never evicted: {evictions}"
         assert "m0" not in {e["model"] for e in evictions}, "the protected model was unloaded"
         assert daemon.model_status("m0")["state"] == "serving"
+
+        # an ensemble: its steps are ensured first, under leases its own renews and releases
+        pipeline = client.ensure("sentiment_pipeline", 600)
+        steps = ("sentiment_tokenizer", "sentiment_classifier")
+        assert all(daemon.model_status(s)["ondemand"]["leases"] == 1 for s in steps)
+        client.release_lease("sentiment_pipeline", str(pipeline["lease"]))
+        assert all(daemon.model_status(s)["ondemand"]["leases"] == 0 for s in (*steps, "sentiment_pipeline"))
 
         # a lease that is not renewed expires, then the idle model is unloaded: standby again
         lease = client.ensure("m5", 1)
