@@ -88,6 +88,9 @@ def record_wave(plane: ControlPlane, names: Sequence[str], pool: Executor, batch
             plane.source_graph.recorded(entry)
             plane.capture_done(record.model)
         _decide(plane, records, out)
+    if names:
+        log.info("start-up scan: %d models recorded in batches (%d to deploy alone), %d model by model",
+                 len(names) - len(out.settle), len(out.deploy), len(out.settle))
     return out
 
 
