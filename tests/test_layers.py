@@ -95,6 +95,19 @@ def test_no_import_circles_among_the_core_and_the_cli() -> None:
     assert circles == [], circles
 
 
+def test_parts_are_handed_narrow_protocols_not_the_plane() -> None:
+    """No module of the core takes the plane as `Any` or reaches a private attribute of one of its parts
+    (`plane.deployer._serves`): each part names what it uses as a protocol (controlplane/ports.py,
+    fleet/hostplane.py), so a change to the plane is not a change to them."""
+    import re
+
+    reach = re.compile(r"plane: Any|plane\.[a-z_]*\._")
+    offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                 for path in sorted((ROOT / "controlplane").rglob("*.py"))
+                 for number, line in enumerate(path.read_text().splitlines(), 1) if reach.search(line)]
+    assert offenders == [], offenders
+
+
 def test_head_revision_constant_is_the_head_of_migrations() -> None:
     # Read commands compare the registry's revision with this constant instead of importing Alembic.
     assert migrate.HEAD_REVISION == migrate.head_revision()
