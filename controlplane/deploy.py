@@ -383,12 +383,19 @@ class Deployer:
         with self.lock(model):
             snap = self.registry.get_snapshot(model, digest)
             op = self._operation(model, digest, digest, "tritonctl", "restore")
+            loaded, ticket = False, None
             try:
+                if self.guard is not None:  # a restore loads as a deploy does: within the memory budget
+                    ticket = self.guard.admit(model, digest, snap.config, None)
                 self._load_verified(op, digest, snap.served_versions, record=False, quiet=True)
+                loaded = True
             except TritonctlError as exc:
                 message = f"restore of {digest[:12]} failed ({reason}): {exc}"
                 self.registry.update_model(model, last_error=message)
                 return op.audited(Result.FAILED, message, active=digest)
+            finally:
+                if ticket is not None and self.guard is not None:
+                    self.guard.settle(ticket, loaded)
             message = f"restored {digest[:12]} ({reason})"
             if self.registry.get_model(model).state == ModelState.DEGRADED:
                 self.registry.update_model(model, state=ModelState.SERVING.value)

@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from controlplane.deploy import Deployer, Outcome, Progress
 from controlplane.errors import (
+    BudgetError,
     EnvironmentFault,
     ModelConfigError,
     NotFoundError,
@@ -334,6 +335,39 @@ def test_a_failed_restore_is_recorded_as_the_models_last_error(bench: Bench) -> 
     assert outcome.outcome == Result.FAILED
     assert "restore of" in (bench.registry.get_model("m").last_error or "")
     assert bench.audit()[0] == ("restore", "failed")
+
+
+class Guard:
+    """A stand-in for the memory budget (controlplane/budget.py's MemoryGuard, tested over a real registry
+    in tests/unit/test_budget.py): admits or refuses, and records what it was told."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.refuse = refuse
+        self.admitted: list[str] = []
+        self.settled: list[bool] = []
+
+    def admit(self, model: str, digest: str, config: object, previous: str | None) -> str:
+        if self.refuse:
+            raise BudgetError(self.refuse)
+        self.admitted.append(model)
+        return model
+
+    def settle(self, ticket: object, loaded: bool) -> None:
+        self.settled.append(loaded)
+
+
+def test_a_restore_loads_within_the_memory_budget_like_a_deploy(bench: Bench) -> None:
+    """After Triton restarted, reconcile restores what served: with a budget, through it (room made,
+    the footprint measured), and with no room, not loaded at all — the reason kept as the last error."""
+    digest = bench.serving_now(1)
+    bench.triton.models.clear()
+    bench.deployer.guard = guard = Guard(refuse="memory_budget_mb = 100 MB and m needs 150 MB")
+    outcome = bench.deployer.restore("m", digest, "reconcile")
+    assert outcome.outcome == Result.FAILED and served(bench) is None
+    assert "memory_budget_mb = 100 MB" in (bench.registry.get_model("m").last_error or "")
+    guard.refuse = None
+    assert bench.deployer.restore("m", digest, "reconcile").outcome == Result.OK and served(bench) == digest
+    assert guard.admitted == ["m"] and guard.settled == [True]
 
 
 # -- recover: a deployment a crash interrupted ---------------------------------------------------
