@@ -195,6 +195,10 @@ class DaemonProcess:
         return None
 
     def audit(self, *filters: str) -> list[dict[str, Any]]:
+        """The audit log: asked of the daemon; once it stopped, read from its registry as an operator
+        would after the fact (`--db-url`: the read verbs need no daemon then)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            filters = (*filters, "--db-url", f"sqlite:///{self.state_dir / 'registry.db'}")
         return list(self.json("audit", *filters))
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int | None:
