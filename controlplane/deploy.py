@@ -79,6 +79,16 @@ class LoadGuard(Protocol):
     def settle(self, ticket: Any, loaded: bool) -> None: ...
 
 
+class NoBudget:
+    """The LoadGuard of a Deployer without footprints or a memory budget: admits every load."""
+
+    def admit(self, model: str, digest: str, config: Any, previous: str | None) -> None:
+        return None
+
+    def settle(self, ticket: Any, loaded: bool) -> None:
+        return None
+
+
 class Deployer:
     """Drives one Triton through deploys, rollbacks and unloads, recording each step."""
 
@@ -95,7 +105,7 @@ class Deployer:
         guard: LoadGuard | None = None,
     ) -> None:
         self.registry = registry
-        self.guard = guard  # footprints and the memory budget (None: neither)
+        self.guard: LoadGuard = guard or NoBudget()  # footprints and the memory budget
         self.store = store
         self.serving = serving
         self.triton = triton
@@ -220,8 +230,6 @@ class Deployer:
         op.emit(DeployStep.VALIDATE, StepState.OK)
         if previous == digest and not force and self._serves(model, digest):
             return op.skip(f"already serving {digest[:12]}")
-        if self.guard is None:
-            return self._deploy_admitted(op, snap)
         try:
             ticket = self.guard.admit(model, digest, snap.config, previous)
         except EnvironmentFault as exc:  # no room within the memory budget: nothing was touched
@@ -383,19 +391,18 @@ class Deployer:
         with self.lock(model):
             snap = self.registry.get_snapshot(model, digest)
             op = self._operation(model, digest, digest, "tritonctl", "restore")
-            loaded, ticket = False, None
             try:
-                if self.guard is not None:  # a restore loads as a deploy does: within the memory budget
-                    ticket = self.guard.admit(model, digest, snap.config, None)
-                self._load_verified(op, digest, snap.served_versions, record=False, quiet=True)
-                loaded = True
+                ticket = self.guard.admit(model, digest, snap.config, None)  # a restore loads as a deploy does
+                loaded = False
+                try:
+                    self._load_verified(op, digest, snap.served_versions, record=False, quiet=True)
+                    loaded = True
+                finally:
+                    self.guard.settle(ticket, loaded)
             except TritonctlError as exc:
                 message = f"restore of {digest[:12]} failed ({reason}): {exc}"
                 self.registry.update_model(model, last_error=message)
                 return op.audited(Result.FAILED, message, active=digest)
-            finally:
-                if ticket is not None and self.guard is not None:
-                    self.guard.settle(ticket, loaded)
             message = f"restored {digest[:12]} ({reason})"
             if self.registry.get_model(model).state == ModelState.DEGRADED:
                 self.registry.update_model(model, state=ModelState.SERVING.value)
