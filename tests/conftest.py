@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.store.registry import Registry
 from controlplane.triton.launcher import TritonServer
 from tests.pg import pg_url, postgres  # noqa: F401 - fixtures: a throwaway PostgreSQL server
 
@@ -163,6 +164,17 @@ class _refuse_servers:
     def __exit__(self, *exc: object) -> None:
         if self.active:
             subprocess.Popen.__init__ = self.real  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    """A migrated SQLite registry of the test's own (a test file needing a host or a clock defines its own)."""
+    from controlplane.store import migrate
+
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    migrate.upgrade(reg)
+    yield reg
+    reg.close()
 
 
 @pytest.fixture(scope="session")

@@ -5,16 +5,12 @@ and tests/test_ensemble_daemon.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from controlplane.ensemblecheck import Member, check_ensemble_graph, check_ensemble_members
 from controlplane.ensemblemembers import content_problems, require_members
 from controlplane.errors import EnvironmentFault, ModelConfigError
 from controlplane.modelconfig import parse_config_text
-from controlplane.store import migrate
 from controlplane.store.records import ServingRecord
 from controlplane.store.registry import AuditEntry, Registry
 from tests.corpus_gen import config_text
@@ -52,14 +48,6 @@ def test_graph_rules_need_no_members() -> None:
     config = parse_config_text(pipe(extra_input=', { name: "u" data_type: TYPE_FP32 dims: [ 1 ] }'), "c")
     assert [(f.field, f.message) for f in check_ensemble_graph(config, "pipe")] == [
         ("input", 'ensemble input "u" is not used by any step\'s input_map')]
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    migrate.upgrade(reg)
-    yield reg
-    reg.close()
 
 
 def record(reg: Registry, model: str, digest: str, text: str):  # type: ignore[no-untyped-def]

@@ -7,7 +7,6 @@ registry, as the daemon records them.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import pytest
 from controlplane import queries
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.store import migrate
 from controlplane.store.registry import Registry
 
 REF = datetime(2026, 11, 29, 12, 0, 0)
@@ -78,14 +76,6 @@ def test_parse_time_out_of_range_is_a_usage_error() -> None:
 
 
 # --- audit argument checks --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    migrate.upgrade(reg)
-    yield reg
-    reg.close()
 
 
 @pytest.mark.parametrize(

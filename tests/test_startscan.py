@@ -10,28 +10,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from controlplane import pipeline
 from controlplane.poller import RACY_RECORD_NS, DirectorySource, recordable_signature, stable_signature
 from controlplane.sourcegraph import SourceGraph
 from controlplane.startscan import plan_start
-from controlplane.store import migrate, schema
+from controlplane.store import schema
 from controlplane.store.records import SnapshotContent
 from controlplane.store.registry import Registry
 
 ENSEMBLE = {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "base"}]}}
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    migrate.upgrade(reg)
-    yield reg
-    reg.close()
 
 
 def record(registry: Registry, model: str, digest: str, signature: str | None, *, trusted: bool = True,

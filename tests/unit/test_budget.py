@@ -6,14 +6,13 @@ The host-memory budget against the real tritonserver is tests/test_budget_e2e.py
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from controlplane.budget import Hooks, MemoryGuard
 from controlplane.errors import BudgetError
 from controlplane.footprint import Meter, declared
-from controlplane.store import migrate, schema
+from controlplane.store import schema
 from controlplane.store.registry import Registry, utcnow
 
 GPU = {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "400"}}}
@@ -35,13 +34,6 @@ class Plane:
 
     def hooks(self) -> Hooks:
         return Hooks(last_used=lambda: dict(self.last), held=lambda m: m in self.leased, evict=self.evict)
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    migrate.upgrade(registry)
-    return registry
 
 
 def serve(registry: Registry, model: str, gpu_mb: float, *, pinned: bool = False) -> str:
