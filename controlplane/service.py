@@ -734,8 +734,8 @@ class ControlPlane:
         opened = self.registry.open_deployments()
         rank = {m: i for i, m in enumerate(self.serving_ensembles.steps_first([d.model for d in opened]))}
         for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
-            if self.deployer.lock(deployment.model).locked() or not self.registry.deployment_open(deployment.id):
-                continue  # in flight in this process, or it finished since `opened` was read: not interrupted
+            if self.deployer.lock(deployment.model).locked():
+                continue  # in flight in this process (one that finished since `opened` was read: recover sees it)
             outcome = self.deployer.recover(deployment)  # one model, or a change set's ensemble (rolled forward)
             if outcome is None:
                 waiting.append(deployment.model)
