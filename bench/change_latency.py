@@ -13,7 +13,7 @@ repository, (b) writes a model in place, then creates its marker. Latency: renam
 answer; Triton's own load of that model is read from its log ("loading: m:1" -> "successfully loaded
 'm'"), and the latency less that load is what tritonctl adds (target <= 0.3 s, no settle window).
 
-Part 2, tritonctl's own overhead per change, in-process: the core (`controlplane.service.ControlPlane`
+Part 2, tritonctl's own overhead per change, in-process: the core (`controlplane.control_plane.ControlPlane`
 with its Deployer, content store, SQLite registry and serving repository) against a real tritonserver
 in explicit mode, driven by its real RepositoryWatcher (inotify) with a commit marker and a 5 s settle
 window: each change removes the marker, writes a new generation in place and creates the marker; the
@@ -251,16 +251,16 @@ class StepTimer:
 
 
 def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, Any]:
-    import controlplane.pipeline as service_module  # validation runs in the shared pipeline
+    import controlplane.intake as service_module  # validation runs in the shared pipeline
     from controlplane.config import Settings
-    from controlplane.localsource import LocalSource
-    from controlplane.publish import ServingRepository
-    from controlplane.service import ControlPlane
+    from controlplane.control_plane import ControlPlane
+    from controlplane.deploy.publish import ServingRepository
     from controlplane.snapshot import ContentStore
+    from controlplane.source.inotify import RepositoryWatcher
+    from controlplane.source.local import LocalSource
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
     from controlplane.triton.client import TritonClient
-    from controlplane.watcher import RepositoryWatcher
 
     state, source = base / "inproc-state", base / "inproc-source"
     source.mkdir()

@@ -3,7 +3,7 @@
 In inotify mode the daemon compares every model's stat signature every `rescan_interval_s` (default
 30 s), the safety net for lost events; in poll mode (network and FUSE filesystems) it does the same
 every `poll_interval_s` (default 2 s). A round reads no file: per model it lists every directory and
-stats every entry (`controlplane.poller.DirectorySource`, the code the daemon runs). This script
+stats every entry (`controlplane.source.poller.DirectorySource`, the code the daemon runs). This script
 builds a repository of N python-shaped models (config.pbtxt, 1/model.py), runs warm rounds through
 `SignaturePoller.poll()`, and reports the CPU seconds (process time) and wall time of one round
 (median of the rounds), the cost per model, and what that is as a share of one core at the default
@@ -11,7 +11,7 @@ intervals. It also checks that a round notices one edited model among N.
 
 Target (10,000 models): the rescan as the daemon runs it takes <= 0.4 % of one core, so the daemon's
 idle CPU stays within the 1 % target of the scale benchmark (it idled at 0.57 % without it). The
-daemon paces the rescan to that budget (controlplane.watcher.RESCAN_CPU_BUDGET): where a round costs
+daemon paces the rescan to that budget (controlplane.source.inotify.RESCAN_CPU_BUDGET): where a round costs
 more than 0.4 % of a core at 30 s, it runs less often; the table shows the interval it then keeps.
 
     python bench/rescan_cost.py            # 1,000 and 10,000 models
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as c  # noqa: E402
 
-from controlplane.poller import DirectorySource, SignaturePoller  # noqa: E402
-from controlplane.watcher import RESCAN_CPU_BUDGET  # noqa: E402
+from controlplane.source.inotify import RESCAN_CPU_BUDGET  # noqa: E402
+from controlplane.source.poller import DirectorySource, SignaturePoller  # noqa: E402
 
 NAME = "rescan_cost"
 RESCAN_S = 30.0

@@ -12,7 +12,7 @@ the machine's load falls on both alike:
 
 Once both listed N models in `status` and went quiet, every second for `--sample-s` seconds it reads
 from /proc the process CPU time (utime + stime) of each daemon and of the rescan-on daemon's poll
-thread (named `tritonctl-poll` in the kernel, controlplane/poller.py). Reported: the poll thread's
+thread (named `tritonctl-poll` in the kernel, controlplane/source/poller.py). Reported: the poll thread's
 CPU over the window as a share of one core (the rescan's own cost, target <= 0.4 %), the rounds seen
 (bursts of that thread's CPU) with their CPU and spacing, and both daemons' whole-process shares and
 their difference (what the rescan costs the process, GC and locks included, within the noise of a
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
 from rescan_cost import make_repository  # noqa: E402
 
-from controlplane.watcher import RESCAN_CPU_BUDGET  # noqa: E402
+from controlplane.source.inotify import RESCAN_CPU_BUDGET  # noqa: E402
 
 NAME = "rescan_daemon"
 POLL_THREAD = "tritonctl-poll"
@@ -129,7 +129,7 @@ def sample(on: Any, off: Any, seconds: float) -> dict[str, Any]:
 
 
 def paced_log_line(daemon: Any) -> str:
-    """The daemon's own note when it stretches the rescan interval (controlplane/watcher.py)."""
+    """The daemon's own note when it stretches the rescan interval (controlplane/source/inotify.py)."""
     for line in daemon.log_tail(2_000_000).splitlines():
         if "rescanning every" in line:
             return line.split("] ", 1)[-1].strip()

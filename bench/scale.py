@@ -429,7 +429,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             t = time.monotonic()
             make_repository(repo, count)
             console.print(f"[dim]{count} models written in {time.monotonic() - t:.1f} s[/dim]")
-            time.sleep(1.5)  # older than the racy-signature window (controlplane/poller.py)
+            time.sleep(1.5)  # older than the racy-signature window (controlplane/source/poller.py)
             result: dict[str, Any] = {"models": count}
             if "explicit" in args.parts:
                 result["triton_explicit"] = measure_triton_explicit(repo, base / f"explicit-{count}", count, args,

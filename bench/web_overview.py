@@ -4,7 +4,7 @@ A real `tritonctl daemon --launch-triton --policy manual --web-address 127.0.0.1
 benchmark's repository (bench/scale.py: one python model `base` and N-1 tiny ensembles over it). Its
 registry is filled beforehand by direct inserts, as a first start would have recorded it: every model
 with its content (a snapshot row), the stat signature the start-up scan compares (so the daemon's start
-reads no file of an unchanged model: controlplane/startscan.py) and one audit record. A share of the
+reads no file of an unchanged model: controlplane/startup/scan.py) and one audit record. A share of the
 models is given a different story so that every sync value shows: about 2 % invalid content, 1 %
 unloaded by an operator (held), 1 % removed from the source, 1 % tagged. Nothing is loaded into Triton
 (policy manual): the first start's 10,000 captures and loads are what bench/scale.py measures; here the
@@ -48,7 +48,7 @@ def fill_registry(state: Path, repo: Path, count: int) -> dict[str, int]:
     """The registry a first start over `repo` would leave (see the module docstring); how many of each kind."""
     from sqlalchemy import insert
 
-    from controlplane.poller import recordable_signature
+    from controlplane.source.poller import recordable_signature
     from controlplane.store import migrate, schema
     from controlplane.store.registry import Registry
 
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         repo, state = work / "repo", work / "state"
         t0 = time.monotonic()
         scale.make_repository(repo, args.models)
-        time.sleep(1.1)  # signatures of entries older than a second are trusted (controlplane/poller.py)
+        time.sleep(1.1)  # signatures of entries older than a second are trusted (controlplane/source/poller.py)
         kinds = fill_registry(state, repo, args.models)
         built_s = time.monotonic() - t0
         console.print(f"[dim]repository and registry of {args.models} models built in {built_s:.1f} s: {kinds}[/dim]")

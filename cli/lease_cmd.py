@@ -1,7 +1,7 @@
 """`tritonctl ensure MODEL [--for 10m]` and `tritonctl lease renew|release MODEL LEASE`: on-demand models.
 
 `ensure` returns once MODEL is READY (loaded now, or found loaded) and prints the serving digest and the
-lease that holds it; the lease expires unless renewed (controlplane/ondemand.py, controlplane/leases.py).
+lease that holds it; the lease expires unless renewed (controlplane/memory/ondemand.py, controlplane/memory/leases.py).
 Exit codes as every command (README "Exit codes"): 0 READY, 1 the load failed (a memory budget with no
 room among the causes), 2 bad input or an unknown model or lease, 3 the daemon unreachable, 4 tritonserver
 unreachable.
@@ -15,7 +15,7 @@ import click
 
 from cli import render
 from cli.options import daemon_options, json_option
-from controlplane.leases import DEFAULT_LEASE, parse_duration
+from controlplane.memory.leases import DEFAULT_LEASE, parse_duration
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient

@@ -117,7 +117,7 @@ def validate_cmd(ctx: click.Context, paths: tuple[str, ...], as_json: bool) -> N
       tritonctl validate examples/model_repository --json
     """
     from cli import render
-    from controlplane.modelconfig import validate_paths
+    from controlplane.validation.modelconfig import validate_paths
 
     results = validate_paths(paths)
     render.render_validation(results, as_json=as_json)

@@ -1,7 +1,7 @@
 """Change sets: which models deploy together as one unit, and in what order.
 
 Why: an ensemble and the steps that change with it (a renamed intermediate tensor) serve consistently
-only as one unit; the Deployer runs such a set as one plan (controlplane/deployset.py: staged private
+only as one unit; the Deployer runs such a set as one plan (controlplane/deploy/plans.py: staged private
 names, the old pipeline answering until the new one does). This module only forms the sets.
 
 Grouping (`ChangeSets.settled`): a model the watcher hands on is taken with every model connected
@@ -13,7 +13,7 @@ model whose content is newer than it waits the same way, and when the root marke
 everything that waited, and everything settling then, deploys as one set. `tritonctl load a b pipe`
 makes one set of the named models. Whether a set may deploy is controlplane.decision's, member by
 member; the set is recorded as one audit event (action `changeset`) beside each member's deployment.
-The source (controlplane/source.py) says what settles and whether its repository level holds a model
+The source (controlplane/source/protocol.py) says what settles and whether its repository level holds a model
 back; which ensembles serve now is controlplane/servingensembles.py's.
 """
 
@@ -25,16 +25,16 @@ import threading
 from collections.abc import Sequence
 
 from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
-from controlplane.deploy import Outcome, ProgressFn
-from controlplane.deployset import ACTION, Member, Plan, order
-from controlplane.ensemblemembers import SERVING_STATES, step_models
+from controlplane.deploy.engine import Outcome, ProgressFn
+from controlplane.deploy.plans import ACTION, Member, Plan, order
 from controlplane.errors import SnapshotError, StoreError, TritonctlError, UsageError
-from controlplane.modelconfig import is_ensemble_text, parse_config_text
 from controlplane.names import is_private_name, validate_model_name
 from controlplane.ports import SetPlane
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry
+from controlplane.validation.ensemblemembers import SERVING_STATES, step_models
+from controlplane.validation.modelconfig import is_ensemble_text, parse_config_text
 
 log = logging.getLogger("tritonctl.changeset")
 
@@ -75,7 +75,7 @@ class ChangeSets:
         serves nothing and auto policy may deploy, and every ensemble over a model whose source changed
         (to be staged), transitively.
         `models` and the models the watcher still settles are read from the source; every other one
-        from the registry's recorded configs (controlplane/sourcegraph.py): a change costs what is
+        from the registry's recorded configs (controlplane/source/recorded.py): a change costs what is
         connected to it, not a read of every source config."""
         serving = self.plane.serving_ensembles.get()
         serving_over: dict[str, set[str]] = {}
@@ -225,7 +225,7 @@ class ChangeSets:
         member is still changing or held (it was rescheduled)."""
         plane = self.plane
         present = [m for m in group if plane.source_has(m)]
-        # a member whose source did not change since recorded is not captured again (controlplane/startscan.py)
+        # a member whose source did not change since recorded is not captured again (controlplane/startup/scan.py)
         fresh = self._fresh(fresh_names if fresh_names is not None else group)
         kept = {m: entry.digest for m in present if m not in fresh and not plane.source_changed(m, unknown=False)
                 and (entry := plane.source_graph.entry(m)) is not None}

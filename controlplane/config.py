@@ -113,7 +113,7 @@ class Settings:
     # Signed webhooks (docs/operations.md): `[[webhook]]` tables of the config file only.
     webhook: tuple[WebhookTarget, ...] = ()
     webhook_retry_max_s: float = 300.0  # the longest wait between retries of a failing delivery
-    # Memory budget (controlplane/budget.py): None, the default, is no budget (every model loads).
+    # Memory budget (controlplane/memory/budget.py): None, the default, is no budget (every model loads).
     memory_budget_mb: float | None = None  # host memory the loaded models may hold, in MB
     gpu_memory_budget_mb: float | None = None  # GPU memory per GPU the loaded models may hold, in MB
     protected_tags: str = "stable"  # comma-separated: a serving digest with one of these tags is never evicted
@@ -141,7 +141,7 @@ def _path(value: Any) -> Path:
 def _repository(value: Any) -> Path | str:
     """A local directory, or an s3://BUCKET/PREFIX URL (load_settings moves it to `repository_url`)."""
     if isinstance(value, str) and value.startswith("s3://"):
-        from controlplane.objectstore import S3Location
+        from controlplane.source.objectstore import S3Location
 
         try:
             return S3Location.parse(value).url

@@ -27,21 +27,21 @@ from typing import IO, TYPE_CHECKING, Any
 
 from controlplane import systemd
 from controlplane.config import Settings
-from controlplane.deploy import Outcome
+from controlplane.control_plane import ControlPlane
+from controlplane.deploy.engine import Outcome
+from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import StateDirInUseError, TritonctlError
-from controlplane.modelconfig import is_ensemble_text
-from controlplane.publish import ServingRepository
-from controlplane.service import ControlPlane
 from controlplane.snapshot import CONFIG_FILE, ContentStore
-from controlplane.source import NoSource, Source
-from controlplane.startrecord import deploy_alone, record_wave
-from controlplane.startscan import plan_start
+from controlplane.source.protocol import NoSource, Source
+from controlplane.startup.record import deploy_alone, record_wave
+from controlplane.startup.scan import plan_start
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
+from controlplane.validation.modelconfig import is_ensemble_text
 from controlplane.vocab import SERVING_STATES
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class Daemon:
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
-        self.source: Source = NoSource()  # where models come from (controlplane/source.py)
+        self.source: Source = NoSource()  # where models come from (controlplane/source/protocol.py)
         self.api: ApiServer | None = None
         self.metrics: Metrics | None = None
         self.plane: ControlPlane | None = None
@@ -215,7 +215,7 @@ class Daemon:
         self.api = ApiServer(self.plane, self.executor, settings, loop_age_s=self.loop_age_s)
         self.api.start()
         self.webhooks.start()
-        self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/ondemand.py)
+        self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/memory/ondemand.py)
         self.source.watch(self._hand_on)
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
@@ -259,7 +259,7 @@ class Daemon:
         s = self.settings
         if s.repository_url:
             from controlplane.errors import ConfigError
-            from controlplane.s3source import S3Source
+            from controlplane.source.s3 import S3Source
 
             source = S3Source(s.repository_url, settle_s=s.settle_s, poll_interval_s=s.poll_interval_s,
                               commit_marker=s.commit_marker)
@@ -269,7 +269,7 @@ class Daemon:
                 log.error("%s; serving is unchanged", exc)
             return source
         if s.repository is not None:
-            from controlplane.localsource import LocalSource
+            from controlplane.source.local import LocalSource
 
             return LocalSource(s.repository, settle_s=s.settle_s, commit_marker=s.commit_marker, watch=s.watch,
                                poll_interval_s=s.poll_interval_s, rescan_interval_s=s.rescan_interval_s)
@@ -283,7 +283,7 @@ class Daemon:
     def _initial_scan(self) -> None:
         """Record (and, under auto policy, deploy) what changed in the source since the last start: the
         models whose signature differs from the recorded one, or that auto policy owes a deploy
-        (controlplane/startscan.py); the others cost nothing. Step models first, `startup_parallelism`
+        (controlplane/startup/scan.py); the others cost nothing. Step models first, `startup_parallelism`
         at once, then the ensembles over them. Progress goes to systemd's STATUS= and `status`."""
         assert self.plane is not None and self.registry is not None
         plane = self.plane
@@ -304,7 +304,7 @@ class Daemon:
         with ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                 thread_name_prefix="startup") as pool:
             for group in (members, ensembles):  # an ensemble loads only once its steps serve
-                # the changed ones recorded in batches (controlplane/startrecord.py); what needs more
+                # the changed ones recorded in batches (controlplane/startup/record.py); what needs more
                 # than a record, or a deploy alone, goes on model by model
                 wave = record_wave(plane, [n for n in group if n not in redeploy], pool)
                 for name in wave.recorded:
@@ -332,7 +332,7 @@ class Daemon:
         return is_ensemble_text(self.source.read_text(name, CONFIG_FILE) or "")
 
     def _startup_deploy(self, name: str, digest: str) -> None:
-        """A model the start-up scan recorded and may deploy alone (controlplane/startrecord.py); the
+        """A model the start-up scan recorded and may deploy alone (controlplane/startup/record.py); the
         watcher's path when its source changed meanwhile."""
         assert self.plane is not None
         if self.stop_requested.is_set():
@@ -522,7 +522,7 @@ class Daemon:
             log.error("reconcile: %s", exc)
         self._reconcile_cpu_s = time.thread_time() - cpu_started
         if self.plane.counters.triton_reachable and not self.stop_requested.is_set():
-            for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.faults)
+            for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.deploy.causes)
                 self._track(self.executor.submit(self._guarded, self.plane.retry, model))
         if self.fleet is not None and self.plane.counters.triton_reachable and not was_reachable:
             self.fleet.initial_scan()

@@ -1,7 +1,7 @@
 """Whether a content deploys now: the one rule book every path asks.
 
 Why: the same question (the source holds content X of model M; does M deploy it now?) is asked by the
-single host's watcher path (controlplane.service), a change set (controlplane.changeset), the fleet's
+single host's watcher path (controlplane.control_plane), a change set (controlplane.changeset), the fleet's
 leader before it starts a rollout (controlplane.fleet.leader), a fleet host converging to the fleet's
 target (controlplane.fleet.agent), a retry after an environment fault and a model that tracks a tag
 (controlplane.tags). When each path kept its own copy of the rules they drifted apart; here they are

@@ -157,7 +157,7 @@ class EnvironmentFault(TritonctlError):
 
 
 class BudgetError(EnvironmentFault):
-    """A deploy would exceed this host's memory budget and eviction cannot make room (controlplane/budget.py):
+    """A deploy would exceed this host's memory budget and eviction cannot make room (controlplane/memory/budget.py):
     `failed`, retried when room appears."""
 
 

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from controlplane.deploy import Outcome
+from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
 from controlplane.vocab import ModelState, Result
 
 if TYPE_CHECKING:
-    from controlplane.service import ControlPlane
+    from controlplane.control_plane import ControlPlane
 
 log = logging.getLogger("tritonctl.metrics")
 

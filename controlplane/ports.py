@@ -1,5 +1,5 @@
 """What each part of the control plane is handed of the plane: narrow, typed protocols instead of the
-whole `ControlPlane` (controlplane/service.py implements them; tests hand in small stand-ins).
+whole `ControlPlane` (controlplane/control_plane.py implements them; tests hand in small stand-ins).
 
 Why: parts that reached through the plane for whatever they needed (change sets writing its
 capture waits, tags reaching its fleet) made every change to the plane a change to them, and the
@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from controlplane.config import Settings
-from controlplane.deploy import Deployer, Outcome, ProgressFn
+from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
+from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import SnapshotError, StoreError
-from controlplane.publish import ServingRepository
 from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore
-from controlplane.source import Source
-from controlplane.sourcegraph import SourceGraph
+from controlplane.source.protocol import Source
+from controlplane.source.recorded import SourceGraph
 from controlplane.store.records import ModelRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 

@@ -1,6 +1,7 @@
 """Read-only questions to the registry and the store, answerable while the daemon is down.
 
-versions, diff, audit (with relative times), "what served at T", status rows and gc's selection.
+versions, diff, audit (with relative times), "what served at T" and status rows. gc, which deletes, is
+controlplane.garbage.
 Results are the dataclasses of `controlplane.results` (README "JSON output" is their `to_json()`).
 """
 
@@ -18,7 +19,6 @@ from controlplane.results import (
     DiffResult,
     FileChange,
     FileSize,
-    GcResult,
     ServingAtResult,
     StatusRow,
     VersionRow,
@@ -28,7 +28,7 @@ from controlplane.results import (
 from controlplane.store.records import OUTCOMES, AuditQuery, ModelRecord, utcnow
 
 if TYPE_CHECKING:  # the read commands pass a SqliteReader, which answers the same methods: no SQLAlchemy
-    from controlplane.reconcile import Drift
+    from controlplane.deploy.reconcile import Drift
     from controlplane.snapshot import ContentStore
     from controlplane.store.registry import Registry
 
@@ -168,25 +168,3 @@ def serving_at(registry: Registry, when: str, models: list[str] | None = None) -
         validate_model_name(name)
     rows = registry.serving_at(moment, models or None)
     return ServingAtResult(moment, list(rows))
-
-
-def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> GcResult:
-    """Keep each model's active snapshot, its tagged ones and its `keep` newest; drop the rest's content (not
-    their rows)."""
-    if keep < 0:
-        raise UsageError("--keep: must be 0 or more")
-    kept: set[str] = set()
-    dropped: dict[str, list[str]] = {}
-    tagged = {(t.model, t.digest) for t in registry.list_tags()}  # a tag never names collected content
-    for model in registry.list_models():
-        snaps = [s for s in registry.list_snapshots(model.name) if not s.collected]
-        for index, snap in enumerate(snaps):
-            if index < keep or snap.digest == model.active_digest or (model.name, snap.digest) in tagged:
-                kept.add(snap.digest)
-            else:
-                dropped.setdefault(model.name, []).append(snap.digest)
-    freed = store.gc(kept)
-    for model_name, digests in dropped.items():
-        registry.mark_collected(model_name, [d for d in digests if d not in kept])
-    count = sum(len([d for d in ds if d not in kept]) for ds in dropped.values())
-    return GcResult(snapshots_removed=count, snapshots_kept=len(kept), bytes_freed=freed)

@@ -128,8 +128,9 @@ class StatusRow:
     sync_reason: str = ""
     next_retry_s: int | None = None
     tags: list[str] = field(default_factory=list)  # the tags on the digest that serves (controlplane/tags.py)
-    footprint: FootprintRecord | None = None  # the serving digest's footprint (controlplane/footprint.py)
-    ondemand: dict[str, Any] | None = None  # policy ondemand: {"state", "leases", "until"} (controlplane/ondemand.py)
+    footprint: FootprintRecord | None = None  # the serving digest's footprint (controlplane/memory/footprint.py)
+    # policy ondemand: {"state", "leases", "until"} (controlplane/memory/ondemand.py)
+    ondemand: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -189,7 +190,7 @@ class StatusPage:
 
 @dataclass(frozen=True)
 class LeaseResult:
-    """`ensure --json`, `lease renew|release --json` (controlplane/ondemand.py): the model, the digest that
+    """`ensure --json`, `lease renew|release --json` (controlplane/memory/ondemand.py): the model, the digest that
     serves, the lease and until when it holds; `loaded`: this ensure loaded it (false: found loaded)."""
 
     model: str
@@ -297,7 +298,7 @@ class VersionRow:
     snapshot: SnapshotRecord
     active: bool
     tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/tags.py)
-    footprint: FootprintRecord | None = None  # its memory footprint on this host (controlplane/footprint.py)
+    footprint: FootprintRecord | None = None  # its memory footprint on this host (controlplane/memory/footprint.py)
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()

@@ -4,7 +4,7 @@ Why: forming a change set (controlplane/changeset.py) asks which serving ensembl
 step, and reconcile restores and recovers steps before the ensembles over them. Both read the same
 map, kept here: read from the registry once, then kept up to date from every deploy outcome, so a
 settle costs no registry scan (10,000 models at start-up). A model serving its newest recorded
-source content takes its steps from the source graph (controlplane/sourcegraph.py), without a query.
+source content takes its steps from the source graph (controlplane/source/recorded.py), without a query.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from controlplane.deployset import Member, order
-from controlplane.ensemblemembers import SERVING_STATES, step_models
+from controlplane.deploy.plans import Member, order
+from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonctlError
-from controlplane.modelconfig import is_ensemble_text
-from controlplane.publish import ServingRepository
 from controlplane.snapshot import CONFIG_FILE
-from controlplane.sourcegraph import SourceGraph
+from controlplane.source.recorded import SourceGraph
 from controlplane.store.registry import Registry
+from controlplane.validation.ensemblemembers import SERVING_STATES, step_models
+from controlplane.validation.modelconfig import is_ensemble_text
 
 
 class ServingEnsembles:

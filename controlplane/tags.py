@@ -33,7 +33,7 @@ from controlplane.vocab import Policy
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from controlplane.deploy import ProgressFn
+    from controlplane.deploy.engine import ProgressFn
     from controlplane.ports import TagPlane
     from controlplane.store.registry import Registry
 

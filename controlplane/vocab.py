@@ -88,7 +88,7 @@ class StepState(Word):
 
 
 class SyncState(Word):
-    """`status`'s sync column: is what serves the source's newest content (controlplane.sync)."""
+    """`status`'s sync column: is what serves the source's newest content (controlplane.syncstatus)."""
 
     SYNCED = "synced"
     PENDING = "pending"
@@ -98,7 +98,7 @@ class SyncState(Word):
 
 
 class Cause(Word):
-    """Whose fault a failed operation is (controlplane.faults): the content's is quarantined, the
+    """Whose fault a failed operation is (controlplane.deploy.causes): the content's is quarantined, the
     environment's is retried with backoff, an unreachable tritonserver exits 4 in the CLI."""
 
     NONE = ""
@@ -116,4 +116,4 @@ class Policy(Word):
     AUTO = "auto"
     MANUAL = "manual"
     INHERIT = "inherit"
-    ONDEMAND = "ondemand"  # recorded and validated, loaded only when ensured (controlplane/ondemand.py)
+    ONDEMAND = "ondemand"  # recorded and validated, loaded only when ensured (controlplane/memory/ondemand.py)

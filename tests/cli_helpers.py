@@ -39,10 +39,10 @@ def serving_registry(state: Path) -> Iterator[None]:
 
     from controlplane.api.server import ApiServer
     from controlplane.config import Settings
-    from controlplane.publish import ServingRepository
-    from controlplane.service import ControlPlane
+    from controlplane.control_plane import ControlPlane
+    from controlplane.deploy.publish import ServingRepository
     from controlplane.snapshot import ContentStore
-    from controlplane.source import NoSource
+    from controlplane.source.protocol import NoSource
     from controlplane.store.registry import Registry
     from controlplane.triton.client import TritonClient
 

@@ -103,7 +103,7 @@ def test_scale_quick(tmp_path: Path) -> None:
     assert manual["restart_counters"]["startup_models_total_unchanged"] == 50
     assert ctl["ready_s"] > 0 and ctl["all_serving_s"] is not None and ctl["restart_all_serving_s"] is not None
     # only the renamed-in edit may be captured again: recorded within a second of its last change, its
-    # signature is not trusted across a restart (controlplane/poller.py)
+    # signature is not trusted across a restart (controlplane/source/poller.py)
     assert ctl["restart_counters"]["source_captures_total"] <= len(ctl["edits"])
     assert ctl["restart_counters"]["startup_models_total_unchanged"] >= 50
     assert ctl["peak_rss_mb"] > 0 and ctl["idle_cpu_pct"] >= 0 and ctl["status_json_s"] > 0
@@ -249,10 +249,10 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     import time
 
     from controlplane.config import Settings
-    from controlplane.localsource import LocalSource
-    from controlplane.publish import ServingRepository
-    from controlplane.service import ControlPlane
+    from controlplane.control_plane import ControlPlane
+    from controlplane.deploy.publish import ServingRepository
     from controlplane.snapshot import ContentStore
+    from controlplane.source.local import LocalSource
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
     from controlplane.triton.client import TritonClient

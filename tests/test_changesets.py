@@ -499,7 +499,7 @@ def test_sentiment_pipeline_tensor_rename_and_broken_step(sentiment_daemon: Daem
 
 
 def test_private_step_names_are_reserved_and_never_user_models() -> None:
-    from controlplane.deployset import private_name
+    from controlplane.deploy.plans import private_name
     from controlplane.errors import UsageError
     from controlplane.names import is_private_name, validate_model_name
 
@@ -512,8 +512,8 @@ def test_private_step_names_are_reserved_and_never_user_models() -> None:
 
 
 def test_configs_rewritten_for_the_staged_switch() -> None:
-    from controlplane.deployset import point_steps, rename_config
-    from controlplane.modelconfig import parse_config_text
+    from controlplane.deploy.plans import point_steps, rename_config
+    from controlplane.validation.modelconfig import parse_config_text
 
     step = parse_config_text(rename_config(python_config("a", "x", "t2"), "a__3f2a9c1b"), "config.pbtxt")
     assert step.name == "a__3f2a9c1b" and step.output[0].name == "t2"  # only the model's own name changes

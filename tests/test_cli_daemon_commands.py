@@ -28,7 +28,7 @@ from cli.main import EXIT_FAILED, EXIT_TRITON_UNREACHABLE, EXIT_USAGE
 from controlplane import errors, queries
 from controlplane.api.server import ApiServer
 from controlplane.config import Settings
-from controlplane.deploy import Outcome, Progress
+from controlplane.deploy.engine import Outcome, Progress
 from controlplane.names import validate_model_name
 from controlplane.results import GcResult, PinResult, PolicyResult, StatusResult, VersionState
 from controlplane.store.records import ModelRecord, iso

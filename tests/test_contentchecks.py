@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from cli.main import cli
-from controlplane.modelconfig import validate_model_dir
+from controlplane.validation.modelconfig import validate_model_dir
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane.modelconfig import Problem
 from controlplane.triton.launcher import TritonServer
+from controlplane.validation.modelconfig import Problem
 from tests.differential.cases import all_cases, categories
 from tests.differential.runner import Outcome, run
 from tests.differential.verdicts import (

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.ensemblecheck import Member, check_ensemble_graph, check_ensemble_members
-from controlplane.ensemblemembers import content_problems, require_members
 from controlplane.errors import EnvironmentFault, ModelConfigError
-from controlplane.modelconfig import parse_config_text
 from controlplane.store.records import ServingRecord
 from controlplane.store.registry import AuditEntry, Registry
+from controlplane.validation.ensemblemembers import content_problems, require_members
+from controlplane.validation.ensembles import Member, check_ensemble_graph, check_ensemble_members
+from controlplane.validation.modelconfig import parse_config_text
 from tests.corpus_gen import config_text
 
 STEP = parse_config_text(config_text("step"), "step/config.pbtxt")  # x FP32 [3] -> y FP32 [1], batch 4

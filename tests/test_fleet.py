@@ -15,7 +15,7 @@ import pytest
 from controlplane.errors import SnapshotError
 from controlplane.fleet.election import LeaderElection
 from controlplane.fleet.member import plan_waves
-from controlplane.fleet.sharedstore import SharedStore
+from controlplane.fleet.sharedcontent import SharedStore
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.fleet import FleetStore
@@ -206,7 +206,7 @@ class Leader:
         from controlplane.fleet.settings import FleetSettings
 
         settings = Settings(db_url=shared.url, host="h1", state_dir=tmp)
-        from controlplane.source import NoSource
+        from controlplane.source.protocol import NoSource
 
         plane = SimpleNamespace(triton=SimpleNamespace(url="127.0.0.1:1"), source=NoSource())  # no source scanned
         self.member = FleetMember(settings, FleetSettings(shared_store=tmp / "shared", wave_size=2), plane, shared)
@@ -424,7 +424,7 @@ def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: 
     from controlplane.config import Settings
     from controlplane.fleet.member import FleetMember
     from controlplane.fleet.settings import FleetSettings
-    from controlplane.localsource import LocalSource
+    from controlplane.source.local import LocalSource
 
     repo = tmp_path / "repo"
     for name in ("a_pipe", "b_step", "c_step"):

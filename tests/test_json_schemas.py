@@ -19,8 +19,6 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
-from controlplane.modelchecks import ERROR, WARNING
-from controlplane.modelconfig import Problem, ValidationResult
 from controlplane.results import (
     AuditResult,
     DbUpgradeResult,
@@ -58,6 +56,8 @@ from controlplane.store.records import (
     Step,
     TagRecord,
 )
+from controlplane.validation.fields import ERROR, WARNING
+from controlplane.validation.modelconfig import Problem, ValidationResult
 from controlplane.vocab import Cause, ModelState, Result, SyncState
 from tests import jsonschemas
 

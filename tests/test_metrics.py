@@ -15,10 +15,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.config import WebhookTarget
-from controlplane.deploy import Outcome
+from controlplane.control_plane import Counters
+from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
 from controlplane.metrics import Metrics
-from controlplane.service import Counters
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry

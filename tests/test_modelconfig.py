@@ -12,8 +12,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from controlplane.deploy.smoke import load_smoke_file
 from controlplane.errors import ModelConfigError
-from controlplane.modelconfig import (
+from controlplane.validation.modelconfig import (
     Problem,
     ValidationResult,
     parse_config_text,
@@ -22,7 +23,6 @@ from controlplane.modelconfig import (
     validate_model_dir,
     validate_paths,
 )
-from controlplane.smoke import load_smoke_file
 from tests.corpus_gen import GENERATORS, MODEL_PY, config_text, write_model
 
 CORPUS = Path(__file__).resolve().parent / "corpus"

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from controlplane.deploy.publish import ServingRepository, precompile
 from controlplane.errors import SnapshotError
-from controlplane.publish import ServingRepository, precompile
 from controlplane.snapshot import ContentStore, Snapshot
 from tests.test_snapshot import config_text, make_model, markers
 

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from controlplane import queries
+from controlplane import garbage
 from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
@@ -249,7 +249,7 @@ def test_no_operation_updates_or_deletes_audit_or_serving_rows(registry: Registr
     registry.set_quarantine("linear", D2, "smoke failed")
     deploy(registry, "linear", None, kind="unload", versions=[])
     store = ContentStore(tmp_path / "store", fsync=False)
-    result = queries.collect_garbage(registry, store, keep=0)
+    result = garbage.collect_garbage(registry, store, keep=0)
     assert result.snapshots_removed == 3
 
     for table in ("audit_events", "serving_log"):
@@ -274,12 +274,12 @@ def test_gc_keeps_the_active_and_newest_snapshots(registry: Registry, clock: Clo
         record(registry, "linear", digest)
     deploy(registry, "linear", D1)  # the oldest one serves
     store = ContentStore(tmp_path / "store", fsync=False)
-    result = queries.collect_garbage(registry, store, keep=1)
+    result = garbage.collect_garbage(registry, store, keep=1)
     assert (result.snapshots_removed, result.snapshots_kept) == (1, 2)
     collected = {s.digest: s.collected for s in registry.list_snapshots("linear")}
     assert collected == {D3: False, D2: True, D1: False}
     with pytest.raises(UsageError):
-        queries.collect_garbage(registry, store, keep=-1)
+        garbage.collect_garbage(registry, store, keep=-1)
 
 
 # --- what served when --------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from controlplane.errors import ConfigError, ObjectStoreError, SnapshotError
-from controlplane.fleet.sharedstore import S3SharedStore, open_shared_store
-from controlplane.s3source import S3Source
+from controlplane.fleet.sharedcontent import S3SharedStore, open_shared_store
 from controlplane.snapshot import ContentStore
+from controlplane.source.s3 import S3Source
 from tests.s3server import MotoServer, s3env, s3server  # noqa: F401 - fixtures
 
 # ruff: noqa: F811 - the fixtures imported above are parameters below

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controlplane.errors import ModelConfigError
-from controlplane.smoke import (
+from controlplane.deploy.smoke import (
     InferFn,
     SmokeInput,
     SmokeOutput,
@@ -19,6 +18,7 @@ from controlplane.smoke import (
     load_smoke_file,
     run_smoke,
 )
+from controlplane.errors import ModelConfigError
 from controlplane.triton.client import TritonClient
 from controlplane.triton.launcher import TritonServer
 from tests.conftest import EXAMPLES, install_model

@@ -29,7 +29,7 @@ from controlplane.errors import (
     SnapshotUnsupportedError,
 )
 from controlplane.snapshot import HOLD_FILE, ContentStore, ManifestEntry, Snapshot
-from controlplane.snapshot import store as storemod
+from controlplane.snapshot import content as storemod
 from controlplane.snapshot.scan import ScanItem
 
 GEN_CONFIG = re.compile(r'key: "gen"\s*value \{ string_value: "(\d+)" \}')
@@ -385,7 +385,7 @@ def test_gc_waits_for_captures_and_publishes_in_progress(store: ContentStore, sr
 def test_objects_a_power_loss_emptied_before_their_deferred_sync_are_written_again(
         store: ContentStore, src: Path) -> None:
     """The start-up scan writes objects without an fsync each and syncs the store once per batch before
-    recording any (controlplane/startrecord.py). A power loss in between can leave an object's name with
+    recording any (controlplane/startup/record.py). A power loss in between can leave an object's name with
     no data (the rename survived, the data did not): simulated here by emptying the object. The next
     capture of that content must not trust it: the object and the tree linked to it are written again
     whole, so what is recorded and published holds the model's files."""

@@ -1,7 +1,7 @@
-"""The start-up scan's decisions (controlplane/startscan.py) against a real SQLite registry: which
+"""The start-up scan's decisions (controlplane/startup/scan.py) against a real SQLite registry: which
 models a start captures (new, changed, signature not trusted, back in the source), which one auto
 policy owes a deploy without a capture, and which cost nothing; the stat signature itself
-(controlplane/poller.py): the same in another process, changed by an edit, not trusted within the racy
+(controlplane/source/poller.py): the same in another process, changed by an edit, not trusted within the racy
 window."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from controlplane import pipeline
-from controlplane.poller import RACY_RECORD_NS, DirectorySource, recordable_signature, stable_signature
-from controlplane.sourcegraph import SourceGraph
-from controlplane.startscan import plan_start
+from controlplane import intake
+from controlplane.source.poller import RACY_RECORD_NS, DirectorySource, recordable_signature, stable_signature
+from controlplane.source.recorded import SourceGraph
+from controlplane.startup.scan import plan_start
 from controlplane.store import schema
 from controlplane.store.records import SnapshotContent
 from controlplane.store.registry import Registry
@@ -26,8 +26,8 @@ ENSEMBLE = {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_nam
 def record(registry: Registry, model: str, digest: str, signature: str | None, *, trusted: bool = True,
            config: dict | None = None, valid: bool = True) -> None:
     content = SnapshotContent("{}", config, [1], [1], valid, [], 0)
-    pipeline.record(registry, model, digest, content, "test",
-                    pipeline.source_entry(model, digest, content, signature, trusted))
+    intake.record(registry, model, digest, content, "test",
+                    intake.source_entry(model, digest, content, signature, trusted))
 
 
 def plan(registry: Registry, names: list[str], signatures: dict[str, str], policy: str = "auto"):  # noqa: ANN201
@@ -75,7 +75,7 @@ def test_the_graph_follows_every_record(registry: Registry) -> None:
     graph = SourceGraph(registry)
     record(registry, "e", "a" * 64, "s", config=ENSEMBLE)
     assert graph.steps("e") == ["base"] and graph.ensembles_over("base") == {"e"}
-    entry = pipeline.source_entry("e", "b" * 64, SnapshotContent("{}", {"backend": "python"}, [1], [1], True, [], 0),
+    entry = intake.source_entry("e", "b" * 64, SnapshotContent("{}", {"backend": "python"}, [1], [1], True, [], 0),
                                   "s2")
     graph.recorded(entry)  # the ensemble became a python model
     assert graph.steps("e") is None and graph.ensembles_over("base") == set()
@@ -89,7 +89,7 @@ def test_stat_signature_is_stable_across_processes_and_sees_an_edit(tmp_path: Pa
     here = stable_signature(DirectorySource(tmp_path).signature("m"))
     signature, trusted = recordable_signature(tmp_path, "m")
     assert signature == here and not trusted  # just written: within the racy window
-    code = ("import sys; from controlplane.poller import DirectorySource, stable_signature; "
+    code = ("import sys; from controlplane.source.poller import DirectorySource, stable_signature; "
             f"print(stable_signature(DirectorySource({str(tmp_path)!r}).signature('m')))")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()

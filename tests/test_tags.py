@@ -123,7 +123,7 @@ class StandInFleet:
         self.calls: list[tuple[str, str]] = []
 
     def rollout(self, model: str, record: object, actor: str, *, force: bool, progress: object) -> object:
-        from controlplane.deploy import Outcome
+        from controlplane.deploy.engine import Outcome
 
         digest = record.digest  # type: ignore[attr-defined]
         self.calls.append((model, digest))

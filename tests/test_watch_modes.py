@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from controlplane.fswatch import choose_mode, filesystem_type
-from controlplane.poller import DirectorySource, SignaturePoller
-from controlplane.watcher import RepositoryWatcher
+from controlplane.source.inotify import RepositoryWatcher
+from controlplane.source.poller import DirectorySource, SignaturePoller
+from controlplane.source.watchmode import choose_mode, filesystem_type
 from tests.harness import DaemonProcess, gen_config, request_loop, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
@@ -329,7 +329,7 @@ def test_out_of_watches_switches_to_polling_with_one_warning(
 ) -> None:
     import errno
 
-    import controlplane.watcher as watcher_module
+    import controlplane.source.inotify as watcher_module
 
     class Exhausted:
         def schedule(self, *args: object, **kwargs: object) -> None:
@@ -382,10 +382,10 @@ def test_running_out_of_watches_later_switches_to_polling(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """watchdog skips a new directory it cannot watch without a word: the watcher probes the limit."""
-    from controlplane import fswatch
+    from controlplane.source import watchmode
 
     exhausted = threading.Event()
-    monkeypatch.setattr(fswatch, "watches_exhausted", lambda path: exhausted.is_set())
+    monkeypatch.setattr(watchmode, "watches_exhausted", lambda path: exhausted.is_set())
     calls = Calls()
     watcher = RepositoryWatcher(tmp_path, calls, 0.1, poll_interval_s=0.2, rescan_interval_s=3600)
     with caplog.at_level(logging.WARNING, logger="tritonctl.watcher"):

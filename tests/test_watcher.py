@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.errors import ConfigError
 from controlplane.snapshot import HOLD_FILE, ContentStore
-from controlplane.watcher import RepositoryWatcher
+from controlplane.source.inotify import RepositoryWatcher
 from tests.test_snapshot import make_model
 
 SETTLE = 0.3

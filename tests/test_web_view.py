@@ -104,8 +104,8 @@ def test_a_status_page_holds_the_rows_full_status_would_show_there(tmp_path: Any
     from dataclasses import asdict
 
     from controlplane.config import Settings
-    from controlplane.publish import ServingRepository
-    from controlplane.service import ControlPlane
+    from controlplane.control_plane import ControlPlane
+    from controlplane.deploy.publish import ServingRepository
     from controlplane.snapshot import ContentStore
     from controlplane.store import migrate
     from controlplane.store.registry import Registry

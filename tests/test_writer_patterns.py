@@ -23,7 +23,7 @@ import pytest
 
 from controlplane.errors import SnapshotError, SnapshotSourceGoneError
 from controlplane.snapshot import HOLD_FILE, ContentStore
-from controlplane.watcher import RepositoryWatcher
+from controlplane.source.inotify import RepositoryWatcher
 from tests.test_snapshot import config_text, make_model, markers, model_text
 
 SETTLE = 0.5

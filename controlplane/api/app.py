@@ -29,9 +29,9 @@ from starlette.exceptions import HTTPException
 from controlplane import errors, jsontext
 from controlplane.api.leases import lease_routes
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
+from controlplane.control_plane import ControlPlane
 from controlplane.names import validate_model_name
 from controlplane.results import Outcome, Progress, accepted
-from controlplane.service import ControlPlane
 
 log = logging.getLogger("tritonctl.api")
 

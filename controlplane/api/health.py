@@ -2,7 +2,7 @@
 
 Triton's own `/v2/health/ready` says only that the server is up. Ready here means converged: tritonserver
 is reachable and every model that the daemon deploys on its own (policy `auto` or `track:TAG`) serves
-what it should, in `status` words `synced`, `held`, `invalid` or `removed` (controlplane/sync.py); a
+what it should, in `status` words `synced`, `held`, `invalid` or `removed` (controlplane/syncstatus.py); a
 model `pending` (settling, on hold, capturing, deploying, retrying) is not there yet, and the 503 names
 it and why. Live means the daemon's main loop turns: the loop stamps a heartbeat where it pings the
 systemd watchdog, and a heartbeat older than LIVE_STALE_S answers 503 (the API's own threads would
@@ -19,8 +19,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from controlplane.api.protocol import API_PREFIX
+from controlplane.control_plane import ControlPlane
 from controlplane.results import StatusRow
-from controlplane.service import ControlPlane
 from controlplane.vocab import SyncState
 
 SETTLED = (SyncState.SYNCED.value, SyncState.HELD.value, SyncState.INVALID.value, SyncState.REMOVED.value)

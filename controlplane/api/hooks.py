@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from controlplane import errors
 from controlplane.api.protocol import API_PREFIX
-from controlplane.service import ControlPlane
+from controlplane.control_plane import ControlPlane
 from controlplane.webhooks import Webhooks
 
 

@@ -1,6 +1,6 @@
 """The lease routes of the control API: ensure (`POST /v1/models/{model}/lease`), renew and release.
 
-Why a module of its own: on-demand loads (controlplane/ondemand.py) are one resource, a model's lease,
+Why a module of its own: on-demand loads (controlplane/memory/ondemand.py) are one resource, a model's lease,
 with three verbs; each route is one call of the ControlPlane, as in app.py. `POST` answers once the
 model is READY, with the serving digest and the lease (docs/schemas/lease.schema.json); a load that
 fails answers the error document (409, exit 1 in the CLI), a budget with no room among them.
@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlplane.api.protocol import API_PREFIX
-from controlplane.service import ControlPlane
+from controlplane.control_plane import ControlPlane
 
 DEFAULT_LEASE_S = 600.0
 

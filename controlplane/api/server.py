@@ -36,7 +36,7 @@ from controlplane.api.hooks import webhook_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
 from controlplane.api.stream import EventHub, events_routes
 from controlplane.config import Settings
-from controlplane.service import ControlPlane
+from controlplane.control_plane import ControlPlane
 
 log = logging.getLogger("tritonctl.api")
 

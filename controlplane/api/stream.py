@@ -30,8 +30,8 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.protocol import API_PREFIX
+from controlplane.control_plane import ControlPlane
 from controlplane.events import event_document
-from controlplane.service import ControlPlane
 from controlplane.store.records import AuditRecord, iso, utcnow
 
 SAMPLE_S = 0.05  # how often settling / deploying are sampled while someone follows

@@ -3,7 +3,7 @@ converge to the fleet's target.
 
 A step is claimed (pending → running, by this host only), its snapshot imported from the shared
 store (every object verified) into this host's store and registry, and deployed with the single-host
-state machine (controlplane.deploy, which already rolls itself back on a failure); the outcome is
+state machine (controlplane.deploy.engine, which already rolls itself back on a failure); the outcome is
 reported to the fleet tables. Converge: a model whose fleet target differs from what this host
 serves, with no rollout open, is deployed (a host that was down during a rollout catches up this
 way). A host an operator acted on alone (`--host`, its local pin) is *held*: left alone.
@@ -16,15 +16,15 @@ import threading
 import time
 from dataclasses import dataclass
 
-from controlplane import pipeline
+from controlplane import intake
 from controlplane.decision import decide, held
-from controlplane.deploy import Outcome
+from controlplane.deploy.engine import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.rollouts import FLEET_ACTOR
 from controlplane.fleet.settings import FleetSettings
-from controlplane.fleet.sharedstore import SharedContent
+from controlplane.fleet.sharedcontent import SharedContent
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.registry import Registry
 from controlplane.vocab import Policy, Result
@@ -73,7 +73,7 @@ class HostAgent:
         """Bring a snapshot from the shared store into this host's store and registry (verified)."""
         self.shared.import_into(self.plane.store, model, digest)
         shared = self.registry.get_snapshot(model, digest)
-        self.plane.registry.record_content(model, digest, pipeline.revalidate(self.plane.store, model, digest, shared))
+        self.plane.registry.record_content(model, digest, intake.revalidate(self.plane.store, model, digest, shared))
 
     def _deploy(self, model: str, digest: str | None, kind: str, actor: str) -> Outcome:
         if digest is None:

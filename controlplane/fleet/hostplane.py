@@ -1,8 +1,8 @@
-"""What the fleet uses of its host's own control plane (controlplane.service.ControlPlane).
+"""What the fleet uses of its host's own control plane (controlplane.control_plane.ControlPlane).
 
 The fleet sits beside the service in the layers (neither imports the other; the daemon wires them),
 so it names what it needs as a Protocol instead of taking `Any`: the host's local registry, content
-store and deployer, its Triton's URL, its source (controlplane/source.py), the shared capture pipeline and the
+store and deployer, its Triton's URL, its source (controlplane/source/protocol.py), the shared capture pipeline and the
 watcher's "look again later".
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from controlplane.deploy import Outcome, ProgressFn
+from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.ports import SourcePlane, TagPlane
 from controlplane.store.records import SnapshotRecord
 

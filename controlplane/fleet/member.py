@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from controlplane.config import Settings
-from controlplane.deploy import Outcome, ProgressFn
+from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.errors import TritonctlError
 from controlplane.fleet.agent import HostAgent
 from controlplane.fleet.election import LeaderElection, connect
@@ -23,7 +23,7 @@ from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.leader import Leader
 from controlplane.fleet.rollouts import FLEET_ACTOR, RolloutMachine, plan_waves
 from controlplane.fleet.settings import FleetSettings
-from controlplane.fleet.sharedstore import open_shared_store
+from controlplane.fleet.sharedcontent import open_shared_store
 from controlplane.fleet.verbs import FleetVerbs
 from controlplane.results import HoldResult, PinResult, PolicyResult
 from controlplane.store.fleet import LOOK_PREFIX, FleetStore, Rollout, listen

@@ -1,7 +1,7 @@
 """Change sets in the fleet: which of a host's rollout steps belong together, and in what order.
 
 Why: the fleet rolls out one model per rollout, but an ensemble and the steps that change with it
-(a renamed intermediate tensor) only serve consistently as one unit (controlplane/deployset.py). The
+(a renamed intermediate tensor) only serve consistently as one unit (controlplane/deploy/plans.py). The
 leader proposes a set's rollouts steps first (so their ids, and every host's steps, come in that
 order); a host's agent deploys the steps it claimed that are connected through ensembles as one
 change set, with the host's own staged switch (the old pipeline answering until the new one does),
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.deployset import Member, order
-from controlplane.ensemblemembers import step_models
+from controlplane.deploy.plans import Member, order
 from controlplane.errors import TritonctlError
 from controlplane.store.records import Step
 from controlplane.store.registry import Registry
+from controlplane.validation.ensemblemembers import step_models
 
 
 def members(registry: Registry, pairs: Sequence[tuple[str, str]]) -> list[Member]:

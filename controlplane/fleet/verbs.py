@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 
 from controlplane import tags
 from controlplane.config import Settings
-from controlplane.deploy import Outcome, ProgressFn
+from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.errors import NotFoundError, TritonctlError, UsageError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.results import HoldResult, PinResult, PolicyResult

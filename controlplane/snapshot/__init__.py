@@ -2,19 +2,19 @@
 
 A package by concern: `layout` (on-disk names and limits), `debris` (which names are never content),
 `fsutil` (atomic replace, link-or-copy, forced removal), `scan` (reading a directory that may be
-changing), `manifest` (snapshots and their content-defined digest) and `store` (the content store:
+changing), `manifest` (snapshots and their content-defined digest) and `content` (the content store:
 capture, lookup, gc and the stat-cache journal). Refusals are typed SnapshotError subclasses in
 controlplane.errors, each with `retryable`.
 
 `from controlplane.snapshot import X` keeps working for every name the single module exported.
 """
 
+from controlplane.snapshot.content import FICLONE, ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.fsutil import force_rmtree, link_or_copy, write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, is_digest
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.snapshot.scan import last_change_ns, scan
-from controlplane.snapshot.store import FICLONE, ContentStore
 
 __all__ = [
     "CONFIG_FILE",

@@ -69,7 +69,7 @@ class ModelRecord:
 class SnapshotContent:
     """What is recorded about one captured content: its manifest and what validation found.
 
-    Built from a validation (controlplane.pipeline); a SnapshotRecord is one too, so the fleet records
+    Built from a validation (controlplane.intake); a SnapshotRecord is one too, so the fleet records
     a host's record into the shared registry, and the shared record into a host's, as it is."""
 
     manifest: str
@@ -105,7 +105,7 @@ class SnapshotRecord(SnapshotContent):
 
 @dataclass(frozen=True)
 class FootprintRecord:
-    """A digest's memory footprint (controlplane/footprint.py): host MB, MB per GPU (None: unknown),
+    """A digest's memory footprint (controlplane/memory/footprint.py): host MB, MB per GPU (None: unknown),
     `source` measured | declared."""
 
     model: str
@@ -136,7 +136,7 @@ class SourceHead:
 
 @dataclass(frozen=True)
 class SourceEntry:
-    """A model's newest recorded source content as a start compares it (controlplane/startscan.py)."""
+    """A model's newest recorded source content as a start compares it (controlplane/startup/scan.py)."""
 
     model: str
     signature: str | None  # the stat or listing signature it was captured at (None: unknown)

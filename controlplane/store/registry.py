@@ -463,7 +463,7 @@ class Registry:
         with self._session() as session:
             return int(session.scalar(select(func.count()).where(schema.Snapshot.quarantined.is_(True))) or 0)
 
-    # -- footprints (migration 0008; controlplane/footprint.py measures them) ----------------------------
+    # -- footprints (migration 0008; controlplane/memory/footprint.py measures them) ----------------------------
 
     def record_footprint(self, model: str, digest: str, memory_mb: float | None, gpu_memory_mb: float | None,
                          source: str) -> FootprintRecord:

@@ -2,8 +2,8 @@
 
 A start compares every model's stat signature (or an object store's listing signature) with the one
 recorded with its newest content, and captures only the models whose signature differs or is not
-`trusted` (recorded within the racy window of a change, controlplane/poller.py): a restart with nothing
-changed reads no file (controlplane/startscan.py). `steps` is the ensemble's step models of that
+`trusted` (recorded within the racy window of a change, controlplane/source/poller.py): a restart with nothing
+changed reads no file (controlplane/startup/scan.py). `steps` is the ensemble's step models of that
 content (JSON list; NULL: no ensemble): the change sets' ensemble graph, read in one query instead of
 re-reading every source config.
 

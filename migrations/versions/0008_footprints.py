@@ -1,6 +1,6 @@
 """footprints: each deployed digest's memory footprint, measured at load or declared by the model.
 
-The budget (controlplane/budget.py) makes room for a deploy by the footprints of what it would load and
+The budget (controlplane/memory/budget.py) makes room for a deploy by the footprints of what it would load and
 of what is loaded; `versions` and `status -o wide` show them. One row per (model, digest): a new
 measurement of the same content replaces the old one. `memory_mb` is host memory (the python backend's
 stub processes' resident memory plus the server's growth during the load); `gpu_memory_mb` is per GPU,

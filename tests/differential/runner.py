@@ -23,10 +23,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from controlplane.errors import HostCapabilityError
-from controlplane.modelconfig import Problem, ValidationResult, validate_paths
 from controlplane.triton.capabilities import HostProbe, probe_for
 from controlplane.triton.launcher import TritonServer
 from controlplane.triton.serverlog import LOG_FLUSH_WAIT_S, LogCursor, parse_lines, reasons_for
+from controlplane.validation.modelconfig import Problem, ValidationResult, validate_paths
 from tests.differential.cases import Case
 
 LOAD_TIMEOUT_S = 180.0  # generous: on 2 shared cores under load an ensemble's load took 20 s

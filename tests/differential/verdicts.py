@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from controlplane.modelconfig import Problem
+from controlplane.validation.modelconfig import Problem
 from tests.differential.casekit import Case
 from tests.differential.cases import all_cases
 from tests.differential.runner import Outcome

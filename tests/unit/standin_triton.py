@@ -1,6 +1,6 @@
 """A stand-in for `TritonClient` in unit tests of the deploy state machine (no tritonserver).
 
-It implements only what `controlplane.deploy` calls (load, unload, index, ready_versions,
+It implements only what `controlplane.deploy.engine` calls (load, unload, index, ready_versions,
 served_digest, infer) and behaves like Triton in explicit mode as far as the state machine can see:
 a load serves the tree `serving/MODEL` points at (its stamped digest, its numeric version folders),
 an unload serves nothing. Each failure the state machine must handle is scripted: `load_script`
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
+from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonError, TritonUnavailableError
-from controlplane.modelconfig import parse_config_text
-from controlplane.publish import ServingRepository
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
+from controlplane.validation.modelconfig import parse_config_text
 
 _DIGEST = re.compile(r'key: "' + re.escape(DIGEST_PARAMETER) + r'"\s*value\s*{\s*string_value: "([^"]+)"')
 _GEN = re.compile(r'key: "gen" value { string_value: "(\d+)" }')

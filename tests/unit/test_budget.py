@@ -1,4 +1,4 @@
-"""controlplane/budget.py over a real SQLite registry: the GPU budget, whose footprints this machine cannot
+"""controlplane/memory/budget.py over a real SQLite registry: the GPU budget, whose footprints this machine cannot
 measure (no GPU), exercised with declared footprints as the stand-in (docs: README "Memory budget");
 the eviction order and what is never evicted; the refusal naming the budget, the footprint and the holders.
 The host-memory budget against the real tritonserver is tests/test_budget_e2e.py."""
@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from controlplane.budget import Hooks, MemoryGuard
 from controlplane.errors import BudgetError
-from controlplane.footprint import Meter, declared
+from controlplane.memory.budget import Hooks, MemoryGuard
+from controlplane.memory.footprint import Meter, declared
 from controlplane.store import schema
 from controlplane.store.registry import Registry, utcnow
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controlplane.deploy import Deployer, Outcome, Progress
+from controlplane.deploy.engine import Deployer, Outcome, Progress
+from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import (
     BudgetError,
     EnvironmentFault,
@@ -21,12 +22,11 @@ from controlplane.errors import (
     TritonTimeoutError,
     TritonUnavailableError,
 )
-from controlplane.modelconfig import validate_model_dir
-from controlplane.publish import ServingRepository
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate, schema
 from controlplane.store.records import DeploymentRecord
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
+from controlplane.validation.modelconfig import validate_model_dir
 from controlplane.vocab import Cause, ModelState, Result
 from tests.harness import write_gen_model
 from tests.unit.standin_triton import StandinTriton
@@ -131,7 +131,7 @@ def test_an_ensemble_that_does_not_fit_its_steps_is_the_contents_fault(bench: Be
     def misfit(registry: Registry, snap: object) -> None:
         raise ModelConfigError("ens/config.pbtxt: step 0: input 'x' has no such tensor")
 
-    monkeypatch.setattr("controlplane.deploy.require_members", misfit)
+    monkeypatch.setattr("controlplane.deploy.engine.require_members", misfit)
     outcome = bench.deployer.deploy("m", bench.record(1), "alice")
     assert (outcome.outcome, outcome.cause) == (Result.FAILED, Cause.CONTENT) and not outcome.retried
 
@@ -240,7 +240,7 @@ def test_an_unreachable_triton_on_a_first_deploy_leaves_the_model_failed(bench: 
 
 
 def test_after_a_load_timeout_the_rollback_load_gets_the_grace_on_top(bench: Bench) -> None:
-    from controlplane.deploy import ROLLBACK_GRACE_S
+    from controlplane.deploy.engine import ROLLBACK_GRACE_S
 
     bench.serving_now(1)
     bench.triton.load_script = [TritonTimeoutError("load 'm': deadline exceeded", "DEADLINE_EXCEEDED")]
@@ -338,7 +338,7 @@ def test_a_failed_restore_is_recorded_as_the_models_last_error(bench: Bench) -> 
 
 
 class Guard:
-    """A stand-in for the memory budget (controlplane/budget.py's MemoryGuard, tested over a real registry
+    """A stand-in for the memory budget (controlplane/memory/budget.py's MemoryGuard, tested over a real registry
     in tests/unit/test_budget.py): admits or refuses, and records what it was told."""
 
     def __init__(self, refuse: str | None = None) -> None:
@@ -456,7 +456,7 @@ def test_recover_waits_while_triton_still_loads_the_model(bench: Bench) -> None:
     old = bench.serving_now(1)
     bench.triton.models["m"].state = "LOADING"
     deployment = interrupted(bench, "deploy", bench.record(2), old)
-    from controlplane.deploy import ROLLBACK_GRACE_S
+    from controlplane.deploy.engine import ROLLBACK_GRACE_S
 
     bench.deployer.load_timeout_s = 0.2 - ROLLBACK_GRACE_S  # drain's bound (deadline + grace) is then 0.2 s
     assert bench.deployer.recover(deployment) is None

@@ -1,4 +1,4 @@
-"""The deploy engine's plans (controlplane/deployset.py via `Deployer.run`) against the stand-in Triton:
+"""The deploy engine's plans (controlplane/deploy/plans.py via `Deployer.run`) against the stand-in Triton:
 a model deployed inside a change set is recorded exactly as it is deployed alone; a set's staged loads
 take the host's capability check and load wrapper like any load; crash recovery resumes an interrupted
 set; and no module outside the engine and triton/ drives Triton. The real-server tests
@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from controlplane.deploy import Deployer, Outcome
-from controlplane.deployset import Member, Plan, private_name
+from controlplane.deploy.engine import Deployer, Outcome
+from controlplane.deploy.plans import Member, Plan, private_name
+from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import HostCapabilityError
-from controlplane.modelconfig import validate_model_dir
-from controlplane.publish import ServingRepository
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.registry import AuditQuery, Registry
+from controlplane.validation.modelconfig import validate_model_dir
 from controlplane.vocab import Result
 from tests.harness import gen_config, python_model
 from tests.unit.standin_triton import StandinTriton
@@ -195,15 +195,15 @@ def test_recovery_rolls_an_interrupted_set_forward(benches: tuple[Bench, Bench])
 
 
 def test_only_the_deploy_engine_and_triton_drive_triton() -> None:
-    """No module outside the deploy engine (deploy.py, deployset.py, deploysteps.py) and triton/ calls
-    Triton's load, unload or infer: a deploy step changed there is changed for every path."""
-    engine = {"deploy.py", "deployset.py", "deploysteps.py"}
+    """No module outside the deploy engine (deploy/engine.py, deploy/plans.py, deploy/steps.py) and triton/
+    calls Triton's load, unload or infer: a deploy step changed there is changed for every path."""
+    engine = {"controlplane/deploy/engine.py", "controlplane/deploy/plans.py", "controlplane/deploy/steps.py"}
     # a Triton client (ours: `.triton.load(`; tritonclient's: `load_model(`), never the control API's client
     call = re.compile(r"triton\w*\.(load|unload|infer)\(|\b(load_model|unload_model)\(|\.infer\(")
     offenders = []
     for path in sorted([*(ROOT / "controlplane").rglob("*.py"), *(ROOT / "cli").rglob("*.py")]):
         rel = path.relative_to(ROOT)
-        if rel.parts[1] == "triton" or (len(rel.parts) == 2 and rel.name in engine):
+        if rel.parts[1] == "triton" or rel.as_posix() in engine:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if call.search(line):

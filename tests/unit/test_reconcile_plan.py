@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from controlplane.reconcile import Drift, plan
+from controlplane.deploy.reconcile import Drift, plan
 from controlplane.store.records import ModelRecord
 from controlplane.triton.client import IndexEntry
 

@@ -1,4 +1,4 @@
-"""Sources behind one interface (controlplane/source.py): every kind implements the whole `Source`
+"""Sources behind one interface (controlplane/source/protocol.py): every kind implements the whole `Source`
 protocol with the same parameters, no module outside the source modules and the daemon's choice of
 one asks which kind it has, and a directory's repository-level rules (hold file, root commit marker,
 dangling symlink) are said by `LocalSource`. The watching itself is covered end to end by
@@ -12,10 +12,10 @@ import re
 import time
 from pathlib import Path
 
-from controlplane.localsource import LocalSource
-from controlplane.s3source import S3Source
 from controlplane.snapshot import HOLD_FILE, ContentStore
-from controlplane.source import NoSource, Source
+from controlplane.source.local import LocalSource
+from controlplane.source.protocol import NoSource, Source
+from controlplane.source.s3 import S3Source
 from tests.harness import write_gen_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def test_no_module_branches_on_the_kind_of_source() -> None:
     """Only the daemon's `_source` picks a kind from the settings; everything else asks the `Source`."""
     kind_checks = re.compile(r"\.source is (not )?None|settings\.repository(_url)?\b|\bS3Source\b|\bLocalSource\b"
                              r"|isinstance\([^)]*Source\)|WatchHooks")
-    allowed = {"controlplane/source.py", "controlplane/localsource.py", "controlplane/s3source.py",
+    allowed = {"controlplane/source/protocol.py", "controlplane/source/local.py", "controlplane/source/s3.py",
                "controlplane/config.py"}
     offenders = []
     for path in sorted([*(ROOT / "controlplane").rglob("*.py"), *(ROOT / "cli").rglob("*.py")]):

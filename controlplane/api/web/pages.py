@@ -30,8 +30,8 @@ from markupsafe import Markup
 from controlplane import errors
 from controlplane.api.web import fleetview, gate
 from controlplane.api.web.timeline import MARK_KINDS, build_timeline, config_field_changes, parse_iso
+from controlplane.control_plane import ControlPlane
 from controlplane.names import validate_model_name
-from controlplane.service import ControlPlane
 
 HERE = Path(__file__).resolve().parent
 PAGE_SIZE = 100

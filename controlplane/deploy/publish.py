@@ -25,10 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from controlplane.errors import SnapshotCollectedError, SnapshotError
+from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.fsutil import force_rmtree, link_or_copy
 from controlplane.snapshot.manifest import Snapshot
-from controlplane.snapshot.store import ContentStore
 
 CONFIG_FILE = "config.pbtxt"
 

@@ -5,7 +5,7 @@ the registry before it is taken, so a crash leaves a deployment that `recover` c
 back. A deploy is: publish a fresh tree → load → verify every served version READY and the served
 config carrying the new digest → smoke requests → commit. On any failure the last good snapshot is
 published as a fresh tree and loaded again (Triton ignores a re-point to an old tree; see
-shared/TRITON_NOTES.md). When the content is at fault (controlplane.faults) the failing digest is
+shared/TRITON_NOTES.md). When the content is at fault (controlplane.deploy.causes) the failing digest is
 quarantined and the outcome is `rolled_back`; an environment fault ends `failed`, unquarantined, and
 the control plane retries it later.
 """
@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from controlplane.deployset import Plan, SetRunner
-from controlplane.deploysteps import (
+from controlplane.deploy.causes import classify
+from controlplane.deploy.plans import Plan, SetRunner
+from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.steps import (
     FAULT_POINTS,
     SMOKE_FILE,
     DeployOperation,
@@ -31,7 +33,6 @@ from controlplane.deploysteps import (
     admission,
     fault_point,
 )
-from controlplane.ensemblemembers import require_members
 from controlplane.errors import (
     DeployError,
     EnvironmentFault,
@@ -43,13 +44,12 @@ from controlplane.errors import (
     TritonTimeoutError,
     TritonUnavailableError,
 )
-from controlplane.faults import classify
-from controlplane.publish import ServingRepository
 from controlplane.results import Outcome, Progress  # the operation's result: one definition, in results
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 from controlplane.triton.host import TritonHost
+from controlplane.validation.ensemblemembers import require_members
 from controlplane.vocab import (
     SERVING_STATES,
     Cause,
@@ -71,7 +71,7 @@ ROLLBACK_GRACE_S = 60.0
 
 
 class LoadGuard(Protocol):
-    """Asked around every deploy's load (controlplane/budget.py's MemoryGuard): `admit` makes room or raises
+    """Asked around every deploy's load (controlplane/memory/budget.py's MemoryGuard): `admit` makes room or raises
     an EnvironmentFault (the deploy is refused, `failed`, retried); `settle` measures what loaded."""
 
     def admit(self, model: str, digest: str, config: Any, previous: str | None) -> Any: ...
@@ -118,7 +118,7 @@ class Deployer:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
-    # -- plans: one model, or a change set (controlplane/deployset.py) -------------------------------
+    # -- plans: one model, or a change set (controlplane/deploy/plans.py) -------------------------------
 
     def run(self, plan: Plan, actor: str, progress: ProgressFn | None = None) -> Outcome:
         """Deploy a plan: a single model (a set of one) as `deploy`, a change set with its staged switch."""

@@ -16,7 +16,7 @@ before every load (`admit`) and after it (`settle`):
   what holds the memory, and is retried with backoff until room appears).
   An evicted model's memory is free only once its stub processes exited (Triton's unload returns
   about 1 s before): a second eviction waits until the first one's stubs exited.
-- `settle` measures the load (controlplane/footprint.py), records the footprint per digest, and, when
+- `settle` measures the load (controlplane/memory/footprint.py), records the footprint per digest, and, when
   the measurement turned out bigger than the estimate, evicts again until the budget holds: the
   budget is overshot by at most the one load's misestimate, during that eviction.
 
@@ -37,7 +37,7 @@ from datetime import timezone
 from typing import Any
 
 from controlplane.errors import BudgetError
-from controlplane.footprint import DECLARED, Baseline, Footprint, Meter, declared, stub_pids
+from controlplane.memory.footprint import DECLARED, Baseline, Footprint, Meter, declared, stub_pids
 from controlplane.store.records import FootprintRecord, ModelRecord
 from controlplane.store.registry import Registry
 from controlplane.vocab import SERVING_STATES

@@ -1,6 +1,6 @@
 """Leases: a client's claim that a model stays loaded until a time, renewed or released by its id.
 
-Why: on a host with a memory budget models come and go (controlplane/budget.py evicts idle ones, policy
+Why: on a host with a memory budget models come and go (controlplane/memory/budget.py evicts idle ones, policy
 `ondemand` unloads them after `idle_unload_s`); a client that ensured a model (`tritonctl ensure`,
 `POST /v1/models/{model}/lease`) must not see it unloaded while it uses it, and a client that went
 away must not hold it forever. A lease expires unless renewed (as the Triton Management Service's

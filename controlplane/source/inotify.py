@@ -14,7 +14,7 @@ directory renamed in; inotify does not follow the link, so such entries are also
 `poll_interval_s`. Events are not trusted alone: a `SignaturePoller` rescans every model's stat
 signature every `rescan_interval_s` (an overflow of the inotify queue rescans at once) and hands what
 changed to the same settle path. Where inotify cannot see writes (network and FUSE filesystems,
-`controlplane.fswatch`), or it runs out of watches, the poller is the only source, every
+`controlplane.source.watchmode`), or it runs out of watches, the poller is the only source, every
 `poll_interval_s`: the same settle window, and the capture's own quiescence, hold-file and commit
 marker checks, so the same atomic-snapshot guarantee (docs/watching.md).
 
@@ -42,11 +42,11 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from controlplane import fswatch
 from controlplane.errors import ConfigError
-from controlplane.fswatch import WatchMode, choose_mode
-from controlplane.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller, stable_signature
 from controlplane.snapshot import HOLD_FILE, is_ignored_name
+from controlplane.source import watchmode
+from controlplane.source.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller, stable_signature
+from controlplane.source.watchmode import WatchMode, choose_mode
 
 log = logging.getLogger("tritonctl.watcher")
 
@@ -308,7 +308,7 @@ class RepositoryWatcher:
 
     def _check_watches(self) -> None:
         """Out of inotify watches: new directories go unwatched (watchdog skips them silently)."""
-        if self.mode.mode == "inotify" and not self._stopping and fswatch.watches_exhausted(self.root):
+        if self.mode.mode == "inotify" and not self._stopping and watchmode.watches_exhausted(self.root):
             self._switch_to_poll(f"out of inotify watches (raise {WATCHES_SYSCTL})")
 
     def _on_full_round(self, elapsed_s: float, models: int, changes: dict[str, str]) -> None:

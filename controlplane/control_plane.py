@@ -16,22 +16,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from controlplane import pipeline, queries, tags
-from controlplane.budget import Hooks, MemoryGuard
+from controlplane import garbage, intake, queries, tags
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
 from controlplane.decision import Rule, Verdict, decide, decide_capture, refuse_pinned
-from controlplane.deploy import Deployer, Outcome, Progress, ProgressFn
-from controlplane.deployset import ACTION as CHANGESET
-from controlplane.ensemblemembers import step_models
+from controlplane.deploy.causes import Retry, RetryBook
+from controlplane.deploy.engine import Deployer, Outcome, Progress, ProgressFn
+from controlplane.deploy.plans import ACTION as CHANGESET
+from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.reconcile import Drift, plan
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
-from controlplane.faults import Retry, RetryBook
-from controlplane.footprint import Meter
-from controlplane.leases import LeaseBook
+from controlplane.memory.budget import Hooks, MemoryGuard
+from controlplane.memory.footprint import Meter
+from controlplane.memory.leases import LeaseBook
+from controlplane.memory.ondemand import OnDemand
 from controlplane.names import is_private_name, validate_digest, validate_model_name
-from controlplane.ondemand import OnDemand
-from controlplane.publish import ServingRepository
-from controlplane.reconcile import Drift, plan
 from controlplane.results import (
     AuditResult,
     DiffResult,
@@ -51,13 +50,14 @@ from controlplane.results import (
 from controlplane.servedview import ServedView
 from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.source import NoSource, Source
-from controlplane.sourcegraph import SourceGraph
+from controlplane.source.protocol import NoSource, Source
+from controlplane.source.recorded import SourceGraph
 from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
-from controlplane.sync import InHand, sync_state, track_sync
+from controlplane.syncstatus import InHand, sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
 from controlplane.triton.host import TritonHost
+from controlplane.validation.ensemblemembers import step_models
 from controlplane.vocab import SERVING_STATES, Cause, Policy, Result
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Counters:
 class PipelineCounts:
     """How often the source pipeline ran since the daemon started: captures, validations and records
     (Prometheus counters, controlplane/metrics.py), and what the start-up scan found unchanged by
-    signature (so no file of it was read) or handed to capture (controlplane/startscan.py)."""
+    signature (so no file of it was read) or handed to capture (controlplane/startup/scan.py)."""
 
     NAMES = ("captures", "validations", "records", "start_unchanged", "start_changed")
 
@@ -126,7 +126,7 @@ class FleetStrategy(Protocol):
 
 @dataclass
 class _SyncInputs:
-    """What `sync` is derived from (controlplane/sync.py), read once for many models."""
+    """What `sync` is derived from (controlplane/syncstatus.py), read once for many models."""
 
     heads: dict[str, SourceHead]
     lasts: dict[str, DeploymentRecord]
@@ -156,7 +156,7 @@ class ControlPlane:
         webhooks: Webhooks | None = None,
         fleet: Callable[[ControlPlane], FleetStrategy] | None = None,
     ) -> None:
-        """`source`: where models come from (controlplane/source.py: a directory, s3://; default none);
+        """`source`: where models come from (controlplane/source/protocol.py: a directory, s3://; default none);
         `host`: capability checks and Triton's real reasons; `http_url`: a launched tritonserver's HTTP URL; `fleet`:
         with --fleet, builds the strategy that takes load, rollback, unload, pin and policy (docs/fleet.md);
         `webhooks`: the daemon's webhook delivery worker, which `tritonctl webhooks` asks."""
@@ -168,10 +168,10 @@ class ControlPlane:
         self.counters = Counters()
         self.counts = PipelineCounts()
         self.source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
-        self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.faults)
+        self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.deploy.causes)
         self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
         self._extra_on_outcome = on_outcome
-        self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/leases.py
+        self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/memory/leases.py
         self.guard = self._memory_guard(settings, registry, triton, host)
         self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
                                  on_outcome=self._note_outcome, host=host, guard=self.guard)
@@ -196,7 +196,8 @@ class ControlPlane:
 
     def _memory_guard(self, settings: Settings, registry: Registry, triton: TritonClient,
                       host: TritonHost | None) -> MemoryGuard:
-        """Footprints of every load and, with a budget, room made by evicting idle models (controlplane/budget.py)."""
+        """Footprints of every load and, with a budget, room made by evicting idle models
+        (controlplane/memory/budget.py)."""
         def last_used() -> dict[str, float]:
             used = self.leases.last_used()
             for model, when in triton.last_inferences().items():
@@ -260,17 +261,17 @@ class ControlPlane:
         with self.capture_lock(model):
             snapshot, signature, trusted = self.snapshot_source(model, settled=settled, complete=complete)
             self.counts.add("validations")
-            content = pipeline.validate(self.registry, self.store, snapshot, members)
-            entry = pipeline.source_entry(model, snapshot.digest, content, signature, trusted)
+            content = intake.validate(self.registry, self.store, snapshot, members)
+            entry = intake.source_entry(model, snapshot.digest, content, signature, trusted)
             self.counts.add("records")
-            record = pipeline.record(self.registry, model, snapshot.digest, content, actor, entry)
+            record = intake.record(self.registry, model, snapshot.digest, content, actor, entry)
             self.source_graph.recorded(entry)
             return record
 
     def snapshot_source(self, model: str, *, settled: bool = True,
                         complete: bool = False) -> tuple[Snapshot, str | None, bool]:
         """The capture step of `capture` alone (the start-up scan validates and records many at once,
-        controlplane/startrecord.py): the source's content now, as an immutable snapshot, with the
+        controlplane/startup/record.py): the source's content now, as an immutable snapshot, with the
         signature it was captured at and whether a start may trust that signature."""
         self.counts.add("captures")
         snapshot, signature, trusted = self.source.capture_into(self.store, model, settled=settled, complete=complete)
@@ -547,7 +548,8 @@ class ControlPlane:
     # -- this host alone (the fleet's fleet/hostplane.HostPlane) -------------------------------------
 
     def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None) -> LeaseResult:
-        """Load `model` (or find it loaded) and hold it with a lease for `for_s` seconds (controlplane/ondemand.py)."""
+        """Load `model` (or find it loaded) and hold it with a lease for `for_s` seconds
+        (controlplane/memory/ondemand.py)."""
         return self.ondemand.ensure(model, for_s, actor, progress)
 
     def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult:
@@ -609,7 +611,7 @@ class ControlPlane:
         return PinResult(model, pinned, record.active_digest)
 
     def gc(self, keep: int, actor: str) -> GcResult:
-        result = queries.collect_garbage(self.registry, self.store, keep)
+        result = garbage.collect_garbage(self.registry, self.store, keep)
         self.registry.audit(
             AuditEntry(actor, "gc", None, None, "ok",
                        f"removed {result.snapshots_removed} snapshots, freed {result.bytes_freed} bytes")

@@ -1,9 +1,9 @@
-"""`LocalSource`: a model repository directory as a `Source` (controlplane/source.py).
+"""`LocalSource`: a model repository directory as a `Source` (controlplane/source/protocol.py).
 
 Why: the local source's parts live in their own modules, each for one concern: the watcher turns
-inotify events, polls and rescans into "model settled" (controlplane/watcher.py, poller.py,
-fswatch.py: inotify, or polling where inotify cannot see writes, and symlink publishes taken at
-once); the content store snapshots a directory (controlplane/snapshot/store.py). This module puts
+inotify events, polls and rescans into "model settled" (controlplane/source/inotify.py, poller.py,
+watchmode.py: inotify, or polling where inotify cannot see writes, and symlink publishes taken at
+once); the content store snapshots a directory (controlplane/snapshot/content.py). This module puts
 them behind the one interface the plane asks, and holds the directory's own rules: the settle
 window's quiet check (plus a network mount's attribute-cache margin), the stat signature recorded
 with the content, the commit marker at a model's directory or at the repository root, and the
@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from controlplane.errors import SnapshotError
-from controlplane.poller import recordable_signature
 from controlplane.snapshot import HOLD_FILE, MAX_CONFIG_BYTES, ContentStore
 from controlplane.snapshot.fsutil import read_small_text
-from controlplane.source import Captured, OnChange
-from controlplane.watcher import RepositoryWatcher
+from controlplane.source.inotify import RepositoryWatcher
+from controlplane.source.poller import recordable_signature
+from controlplane.source.protocol import Captured, OnChange
 
 
 class LocalSource:

@@ -7,7 +7,7 @@ ctimes, inodes) is the same before and after every file was copied and hashed, a
 stale commit marker says the writer is not done. Captured files become read-only objects named by
 their sha256 (deduplicated across models and versions); each snapshot gets a manifest whose digest
 is defined by content alone, and a read-only tree of hard links to its objects. Nothing here knows
-about the registry, gRPC or Triton; `controlplane.publish` turns a snapshot into what Triton serves.
+about the registry, gRPC or Triton; `controlplane.deploy.publish` turns a snapshot into what Triton serves.
 
 Also here: gc (drop what no kept manifest references) and the stat cache (dev:ino:size:mtime:ctime →
 sha256, kept in statcache.json plus an append-only journal) that spares re-reading unchanged files.
@@ -129,7 +129,7 @@ class ContentStore:
     def deferred_sync(self) -> Iterator[None]:
         """Captures on this thread write their objects without an fsync each; the caller calls `sync`
         before it records any of them (the start-up scan: one syncfs per batch instead of an fsync per
-        file, 3 ms each here; controlplane/startrecord.py)."""
+        file, 3 ms each here; controlplane/startup/record.py)."""
         self._deferring.on = True
         try:
             yield

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.ensemblecheck import EnsembleFinding, Member, as_config, check_ensemble_members, is_ensemble
 from controlplane.errors import EnvironmentFault, ModelConfigError
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
+from controlplane.validation.ensembles import EnsembleFinding, Member, as_config, check_ensemble_members, is_ensemble
 
 SERVING_STATES = ("serving", "degraded")
 

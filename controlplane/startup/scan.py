@@ -5,7 +5,7 @@ Why: a start used to capture, validate and record every model of the source agai
 change sets, although nothing had changed: 12-16 ms per model, two minutes at 10,000 models on every
 restart (issue 26). The registry keeps, with each model's newest recorded content, the stat signature
 (or object-store listing signature) it was captured at (migration 0007). At start the watcher lists
-the source and takes every model's signature from stat facts alone (controlplane/poller.py); a model
+the source and takes every model's signature from stat facts alone (controlplane/source/poller.py); a model
 whose signature equals the recorded one has that content still, and no file of it is read. Of those,
 only a model under auto policy that does not serve its recorded content, and that the deploy gate
 (controlplane/decision.py) would let deploy, is handed on like a changed one; every other unchanged

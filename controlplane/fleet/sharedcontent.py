@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from controlplane import objectstore
 from controlplane.errors import SnapshotError
-from controlplane.objectstore import S3Location
 from controlplane.snapshot import ContentStore, Snapshot, write_atomic
+from controlplane.source import objectstore
+from controlplane.source.objectstore import S3Location
 
 _CHUNK = 1 << 20
 

@@ -3,7 +3,7 @@
 Why: the plane, change sets, the start-up scan and the fleet leader once branched on the kind of
 source (a directory or s3://) wherever they listed, read, captured or watched one, and the watcher's
 parts reached the plane as a bag of optional callables. Now the daemon builds one `Source`
-(controlplane/localsource.py for a directory, controlplane/s3source.py for object storage, `NoSource`
+(controlplane/source/local.py for a directory, controlplane/source/s3.py for object storage, `NoSource`
 without either) and everything else asks it, whatever its kind. A new kind (GCS, Azure) implements
 this protocol and nothing else: docs/architecture.md "How to: add a source kind".
 
@@ -11,7 +11,7 @@ The rules every kind keeps: a capture refuses, with a SnapshotError subclass, co
 changing (`settled`: within the settle window measured at capture time), on hold or awaiting its
 commit marker, and a change during the copy; `complete` (the writer declared the model whole) skips
 the quiet window only. Signatures are stat or listing facts, compared with the recorded ones so a
-start-up reads no file of an unchanged model (controlplane/startscan.py).
+start-up reads no file of an unchanged model (controlplane/startup/scan.py).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ in one registry transaction per batch; only what then needs more than a record g
 
 Why: a first start recorded each model through the watcher's path (change-set grouping, capture,
 validate, record, decide), one registry transaction per step: 71 ms a model under load, 711 s at 10,000
-models (issue 26). Here every model the start found new or changed (controlplane/startscan.py) is
+models (issue 26). Here every model the start found new or changed (controlplane/startup/scan.py) is
 captured and validated exactly as the watcher's path does (`ControlPlane.snapshot_source`,
-`pipeline.validate`: every snapshot validated), then up to `BATCH` of them are recorded, each with its
-source signature and its audit event, in one transaction (`pipeline.record_many`). Recorded before
+`intake.validate`: every snapshot validated), then up to `BATCH` of them are recorded, each with its
+source signature and its audit event, in one transaction (`intake.record_many`). Recorded before
 anything deploys, as always.
 
 Then each model's deploy decision is the usual `decide`, from the registry read once per batch. A model
@@ -25,14 +25,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from controlplane import pipeline
+from controlplane import intake
+from controlplane.control_plane import ControlPlane
 from controlplane.decision import Rule, decide
-from controlplane.ensemblemembers import step_models
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.names import validate_model_name
-from controlplane.service import ControlPlane
 from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import Registry
+from controlplane.validation.ensemblemembers import step_models
 from controlplane.vocab import SERVING_STATES, ModelState, Policy
 
 log = logging.getLogger("tritonctl.startrecord")
@@ -78,7 +78,7 @@ def record_wave(plane: ControlPlane, names: Sequence[str], pool: Executor, batch
             out.settle.extend(name for name, *_ in captured)
             continue
         try:
-            records = pipeline.record_many(plane.registry, captured, WATCHER_ACTOR)
+            records = intake.record_many(plane.registry, captured, WATCHER_ACTOR)
         except StoreError as exc:  # the per-model path reports it and looks again
             log.warning("start-up scan: recording %d models at once failed (%s); one by one", len(captured), exc)
             out.settle.extend(name for name, *_ in captured)
@@ -95,9 +95,9 @@ def record_wave(plane: ControlPlane, names: Sequence[str], pool: Executor, batch
 
 
 class StepMembers(Mapping[str, SnapshotRecord]):
-    """The step models' contents an ensemble is validated against (`pipeline.validate`'s `members`),
+    """The step models' contents an ensemble is validated against (`intake.validate`'s `members`),
     each read from the registry once per wave instead of twice per ensemble: its serving content, else
-    its newest valid one (controlplane/ensemblemembers.py `_member`). A step the registry cannot say
+    its newest valid one (controlplane/validation/ensemblemembers.py `_member`). A step the registry cannot say
     is left to the registry itself."""
 
     def __init__(self, registry: Registry) -> None:
@@ -145,8 +145,8 @@ def _captured(plane: ControlPlane, name: str, steps: StepMembers) -> Captured | 
         with plane.capture_lock(name), plane.store.deferred_sync():
             snapshot, signature, trusted = plane.snapshot_source(name)
             plane.counts.add("validations")
-            content = pipeline.validate(plane.registry, plane.store, snapshot, steps)
-        return name, snapshot.digest, content, pipeline.source_entry(name, snapshot.digest, content, signature, trusted)
+            content = intake.validate(plane.registry, plane.store, snapshot, steps)
+        return name, snapshot.digest, content, intake.source_entry(name, snapshot.digest, content, signature, trusted)
     except (TritonctlError, OSError):
         return None
     except Exception:  # noqa: BLE001 - one model's bug must not stop the others' start-up: its own path says

@@ -11,7 +11,7 @@ import threading
 from datetime import datetime
 
 from controlplane.decision import rollback_holds
-from controlplane.faults import Retry
+from controlplane.deploy.causes import Retry
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead
 from controlplane.vocab import SERVING_STATES, ModelState, Policy, Result, SyncState
 
@@ -61,7 +61,7 @@ def sync_state(
     if head.quarantined:
         return SyncState.INVALID, (f"source content {_short(head.digest)} is quarantined: {head.quarantine_reason}; "
                                    f"{serves}")
-    if policy == Policy.ONDEMAND:  # standby until ensured (controlplane/ondemand.py), or loaded on an older one
+    if policy == Policy.ONDEMAND:  # standby until ensured (controlplane/memory/ondemand.py), or loaded on an older one
         return SyncState.HELD, f"policy ondemand; `tritonctl ensure {name}` loads {_short(head.digest)}"
     if model.state == ModelState.UNLOADED:
         by = f" by {last.actor}" if last is not None and last.kind == "unload" else ""

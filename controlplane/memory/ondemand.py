@@ -3,14 +3,14 @@
 Why: a host serves more models than fit when only the ones in use are loaded. A model under policy
 `ondemand` is recorded and validated like any other (decision.py keeps it out of Triton: only `auto`
 deploys on its own); `tritonctl ensure MODEL` / `POST /v1/models/{model}/lease` loads it (or finds it
-loaded), holds it with a lease (controlplane/leases.py) and answers once it is READY, with the digest
+loaded), holds it with a lease (controlplane/memory/leases.py) and answers once it is READY, with the digest
 that serves; the lease runs from that answer. Concurrent ensures of one model wait on one lock, so they
 cause one load; the later ones find it loaded. An ensure waits (up to `load_timeout_s`) while leased,
 pinned or protected models hold the memory budget, since a released lease frees room; then it loads or
 fails. What an ensure loads: the model's pinned digest when pinned, else the source's newest valid
 content, else what it served last; an ensemble's steps are ensured first, under leases that the
 ensemble's lease renews and releases. Loads go through the Deployer like every load (the memory budget
-makes room first: controlplane/budget.py), audited as action `ondemand`.
+makes room first: controlplane/memory/budget.py), audited as action `ondemand`.
 
 The sweep (a thread of the daemon, every `SWEEP_S`) expires leases (audited `lease_expired`) and unloads
 a loaded `ondemand` model after `idle_unload_s` with no inference (Triton's statistics) and no lease
@@ -29,15 +29,15 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import Any
 
-from controlplane.deploy import Deployer, Outcome, ProgressFn, admission
-from controlplane.ensemblemembers import step_models
+from controlplane.deploy.engine import Deployer, Outcome, ProgressFn, admission
 from controlplane.errors import DeployError, NotFoundError, TritonctlError, UsageError
-from controlplane.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
+from controlplane.memory.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
 from controlplane.names import validate_model_name
 from controlplane.results import LeaseResult
 from controlplane.store.records import ModelRecord, iso
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import TritonClient
+from controlplane.validation.ensemblemembers import step_models
 from controlplane.vocab import SERVING_STATES, Cause, Policy, Result
 
 log = logging.getLogger("tritonctl.ondemand")
@@ -75,7 +75,7 @@ class OnDemand:
         self.policy_of = policy_of
         self.idle_unload_s = idle_unload_s
         self.spared = spared  # pinned or protected-tag models are never unloaded for idleness either
-        self.fits = fits  # the memory budget has room once the evictable models went (controlplane/budget.py)
+        self.fits = fits  # the memory budget has room once the evictable models went (controlplane/memory/budget.py)
         self.wait_s = wait_s  # how long an ensure waits for leases elsewhere to free that room
         self.refused = refused  # the budget refused the model's last admission (another load took the room)
         self.counts = {"loads": 0, "evictions_idle": 0, "lease_expiries": 0}

@@ -1,10 +1,10 @@
 """The one path from source content to a recorded snapshot: capture → validate → record → audit.
 
-The single-host daemon (controlplane.service) and the fleet (its leader records into the shared
+The single-host daemon (controlplane.control_plane) and the fleet (its leader records into the shared
 registry, its agents import into their own) call these functions. Whether a recorded content then
 deploys is controlplane.decision's `decide`, the same on every path; what differs is only where the
 decided deploy goes: this host's `Deployer`, or a fleet rollout (service.FleetStrategy). The deploy
-itself (publish → load → verify → smoke → commit, or roll back) is controlplane.deploy.
+itself (publish → load → verify → smoke → commit, or roll back) is controlplane.deploy.engine.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from controlplane.ensemblemembers import content_problems, step_models
-from controlplane.modelconfig import validate_model_dir
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store.records import SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import AuditEntry, Registry
+from controlplane.validation.ensemblemembers import content_problems, step_models
+from controlplane.validation.modelconfig import validate_model_dir
 from controlplane.vocab import Result
 
 log = logging.getLogger("tritonctl.pipeline")
@@ -75,7 +75,7 @@ def record(registry: Registry, model: str, digest: str, content: SnapshotContent
 def record_many(registry: Registry, items: Sequence[tuple[str, str, SnapshotContent, SourceEntry | None]],
                 actor: str) -> list[SnapshotRecord]:
     """`record` of many contents in one registry transaction, each audited as `record` audits it (the
-    start-up scan, controlplane/startrecord.py)."""
+    start-up scan, controlplane/startup/record.py)."""
     return [snap for snap, _new in registry.record_contents(items, lambda snap: _recorded(snap, actor))]
 
 

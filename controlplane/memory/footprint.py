@@ -1,6 +1,6 @@
 """How much memory a loaded model holds: measured at load, or declared by the model.
 
-Why: a memory budget (controlplane/budget.py) can only make room by what each model costs, and Triton
+Why: a memory budget (controlplane/memory/budget.py) can only make room by what each model costs, and Triton
 does not say it for the python backend: `get_inference_statistics` carries no `memory_usage` for
 python models (measured on 2.51; Triton reports per-model memory only for some backends). Each python
 instance is its own `triton_python_backend_stub` process, though, whose command line names the

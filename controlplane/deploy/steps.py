@@ -3,8 +3,8 @@ every load takes, whoever asks for it (a model deployed alone, a change set's st
 crash recovery): publish a fresh tree, load it through the host (its capability check and Triton's
 real reasons), verify what Triton serves, run the smoke requests.
 
-Why a module of its own: the Deployer (controlplane.deploy) and the change-set plan runner
-(controlplane.deployset) both drive Triton; with the steps here, each exists once.
+Why a module of its own: the Deployer (controlplane.deploy.engine) and the change-set plan runner
+(controlplane.deploy.plans) both drive Triton; with the steps here, each exists once.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.errors import TritonctlError
-from controlplane.modelconfig import stamp_parameter
-from controlplane.publish import ServingRepository
 from controlplane.results import Outcome, Progress
-from controlplane.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
 from controlplane.triton.host import TritonHost
+from controlplane.validation.modelconfig import stamp_parameter
 from controlplane.vocab import Cause, DeployStep, ModelState, RecordedStep, Result, StepState
 
 log = logging.getLogger("tritonctl.deploy")

@@ -1,7 +1,7 @@
 """S3-compatible object storage: `s3://BUCKET/PREFIX` locations, the client, and one-line errors.
 
-Both users of object storage (the S3 source repository, `controlplane.s3source`, and the fleet's
-shared store on S3, `controlplane.fleet.sharedstore`) get their client here. The endpoint comes from
+Both users of object storage (the S3 source repository, `controlplane.source.s3`, and the fleet's
+shared store on S3, `controlplane.fleet.sharedcontent`) get their client here. The endpoint comes from
 the standard `AWS_ENDPOINT_URL` (MinIO, Ceph, GCS's interoperability endpoint, a test server),
 credentials and region from the standard AWS chain (environment, shared files, instance roles): never
 from a tritonctl flag, so no secret ever lands in a command line or the process table. boto3 signs the

@@ -142,7 +142,7 @@ class DirectorySource:
 def stable_hash(facts: object) -> int:
     """A hash of stat facts (tuples of str and int) that is the same in every process (Python's
     `hash` of a str is salted per process): signatures are recorded in the registry and compared by
-    the next start (controlplane/startscan.py)."""
+    the next start (controlplane/startup/scan.py)."""
     return int.from_bytes(hashlib.blake2b(repr(facts).encode(), digest_size=8).digest(), "big")
 
 

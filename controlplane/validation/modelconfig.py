@@ -7,7 +7,7 @@ of deployed. config.pbtxt is parsed with tritonclient's `model_config_pb2`, the 
 itself uses; the rest of the directory is only stat'ed: nothing but config.pbtxt is ever opened, no
 symlink is followed out of the model directory, and nothing can block on a FIFO or device. Every
 problem is a `Problem` (file, field, one-line reason); the field rules live in
-`controlplane.modelchecks`.
+`controlplane.validation.fields`.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 
-from controlplane.contentchecks import content_problems
-from controlplane.ensemblecheck import Member, as_config, check_ensemble_members, is_ensemble
 from controlplane.errors import ModelConfigError, UsageError
-from controlplane.modelchecks import check_config, check_version_policy
 from controlplane.names import validate_model_name
 from controlplane.results import Problem, ValidationReport, ValidationResult, one_line
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
+from controlplane.validation.content import content_problems
+from controlplane.validation.ensembles import Member, as_config, check_ensemble_members, is_ensemble
+from controlplane.validation.fields import check_config, check_version_policy
+from controlplane.validation.warmup import check_warmup
 from controlplane.vocab import ERROR, WARNING
-from controlplane.warmupcheck import check_warmup
 
 PYTHON_FILE = "model.py"
 MAX_ENTRIES = 100_000  # entries looked at per model before the scan gives up (with a warning)

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane import objectstore
 from controlplane.errors import (
     ConfigError,
     ObjectStoreError,
@@ -44,13 +43,14 @@ from controlplane.errors import (
     SnapshotTooLargeError,
     SnapshotUnsupportedError,
 )
-from controlplane.objectstore import S3Location
+from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.fsutil import write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
-from controlplane.snapshot.store import ContentStore
-from controlplane.source import Captured, OnChange
+from controlplane.source import objectstore
+from controlplane.source.objectstore import S3Location
+from controlplane.source.protocol import Captured, OnChange
 
 log = logging.getLogger("tritonctl.s3source")
 
@@ -88,7 +88,7 @@ class Listing:
 class S3Source:
     """Poll `s3://BUCKET/PREFIX` and call `on_settled(model)`; capture a model into a ContentStore.
 
-    A `Source` (controlplane/source.py): watched by polling its listing, captured object by object.
+    A `Source` (controlplane/source/protocol.py): watched by polling its listing, captured object by object.
     `on_settled` may be given here (start then polls) or by `watch`.
     """
 
@@ -141,7 +141,7 @@ class S3Source:
                 raise ConfigError(str(exc)) from None
             log.warning("%s; serving is unchanged, retrying every %.1f s", exc, self.poll_interval_s)
 
-    # -- the Source protocol (controlplane/source.py) --------------------------------------------------
+    # -- the Source protocol (controlplane/source/protocol.py) --------------------------------------------------
     def names(self) -> list[str]:
         return self.initial_scan()
 

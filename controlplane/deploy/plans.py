@@ -35,18 +35,18 @@ from typing import Any, Protocol
 
 from google.protobuf import text_format
 
-from controlplane.deploysteps import DeployOperation, ProgressFn, TritonSteps, ms_since
-from controlplane.ensemblemembers import require_members, step_models
+from controlplane.deploy.causes import environment_cause
+from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.steps import DeployOperation, ProgressFn, TritonSteps, ms_since
 from controlplane.errors import TritonctlError
-from controlplane.faults import environment_cause
-from controlplane.modelconfig import parse_config_text, stamp_parameter
 from controlplane.names import is_private_name
-from controlplane.publish import ServingRepository
 from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.records import DeploymentRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER
+from controlplane.validation.ensemblemembers import require_members, step_models
+from controlplane.validation.modelconfig import parse_config_text, stamp_parameter
 from controlplane.vocab import Cause, ModelState, RecordedStep, Result
 
 log = logging.getLogger("tritonctl.changeset")
@@ -136,7 +136,7 @@ class SetFailed(TritonctlError):
 
 
 class ModelDeploys(Protocol):
-    """What a plan asks of the Deployer (controlplane.deploy): its parts and its one-model deploy."""
+    """What a plan asks of the Deployer (controlplane.deploy.engine): its parts and its one-model deploy."""
 
     registry: Registry
     serving: ServingRepository

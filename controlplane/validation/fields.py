@@ -1,4 +1,4 @@
-"""The field-by-field checks behind `controlplane.modelconfig.validate_model_dir`.
+"""The field-by-field checks behind `controlplane.validation.modelconfig.validate_model_dir`.
 
 Triton rejects a bad config.pbtxt only when it loads it, and then often with nothing but "failed to
 poll from model repository" (the reason stays in the server log). These checks repeat, offline and
@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from controlplane.ensemblecheck import check_ensemble_graph
 from controlplane.triton.model_config import model_config_pb2 as mc
+from controlplane.validation.ensembles import check_ensemble_graph
 from controlplane.vocab import ERROR, WARNING
 
 KNOWN_BACKENDS = frozenset(
