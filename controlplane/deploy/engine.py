@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 from controlplane.deploy.causes import classify
 from controlplane.deploy.plans import Plan, SetRunner
@@ -26,6 +25,8 @@ from controlplane.deploy.steps import (
     FAULT_POINTS,
     SMOKE_FILE,
     DeployOperation,
+    LoadGuard,
+    NoBudget,
     ProgressFn,
     TritonPort,
     TritonSteps,
@@ -60,33 +61,14 @@ from controlplane.vocab import (
     StepState,
 )
 
-__all__ = ["SMOKE_FILE", "Deployer", "DeployOperation", "Outcome", "Progress", "ProgressFn", "TritonPort",
-           "VerifyError", "admission", "raise_for"]
+__all__ = ["SMOKE_FILE", "Deployer", "DeployOperation", "LoadGuard", "NoBudget", "Outcome", "Progress", "ProgressFn",
+           "TritonPort", "VerifyError", "admission", "raise_for"]
 
 log = logging.getLogger("tritonctl.deploy")
 
 # After a load outlived its deadline, the rollback's load queues behind it in Triton: give it this long
 # on top of the usual deadline before calling the rollback failed (reconcile retries it later anyway).
 ROLLBACK_GRACE_S = 60.0
-
-
-class LoadGuard(Protocol):
-    """Asked around every deploy's load (controlplane/memory/budget.py's MemoryGuard): `admit` makes room or raises
-    an EnvironmentFault (the deploy is refused, `failed`, retried); `settle` measures what loaded."""
-
-    def admit(self, model: str, digest: str, config: Any, previous: str | None) -> Any: ...
-
-    def settle(self, ticket: Any, loaded: bool) -> None: ...
-
-
-class NoBudget:
-    """The LoadGuard of a Deployer without footprints or a memory budget: admits every load."""
-
-    def admit(self, model: str, digest: str, config: Any, previous: str | None) -> None:
-        return None
-
-    def settle(self, ticket: Any, loaded: bool) -> None:
-        return None
 
 
 class Deployer:

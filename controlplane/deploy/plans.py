@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -37,7 +38,7 @@ from google.protobuf import text_format
 
 from controlplane.deploy.causes import environment_cause
 from controlplane.deploy.publish import ServingRepository
-from controlplane.deploy.steps import DeployOperation, ProgressFn, TritonSteps, ms_since
+from controlplane.deploy.steps import DeployOperation, LoadGuard, ProgressFn, TritonSteps, ms_since
 from controlplane.errors import TritonctlError
 from controlplane.names import is_private_name
 from controlplane.results import Outcome, Progress
@@ -141,6 +142,7 @@ class ModelDeploys(Protocol):
     registry: Registry
     serving: ServingRepository
     steps: TritonSteps
+    guard: LoadGuard
 
     def lock(self, model: str) -> AbstractContextManager[Any]: ...
 
@@ -148,6 +150,40 @@ class ModelDeploys(Protocol):
                progress: ProgressFn | None = ...) -> Outcome: ...
 
     def report(self, outcome: Outcome) -> None: ...
+
+
+class Admissions:
+    """The memory budget's tickets for one change set's loads (the Deployer's guard, as for a model
+    deployed alone). A step staged under its private name is admitted before its load, beside the
+    public model's content, and settled (measured) just before the private name is dropped: it counts
+    against the budget for as long as it is loaded. An ensemble is admitted before its interim switch
+    and settled after its switch back (or its put-back). The public steps' deploys admit themselves."""
+
+    def __init__(self, guard: LoadGuard) -> None:
+        self.guard = guard
+        self._tickets: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, key: str, model: str, digest: str, config: Any, previous: str | None,
+              name: str | None = None) -> None:
+        """Raises the guard's EnvironmentFault (BudgetError) when the load does not fit."""
+        ticket = self.guard.admit(model, digest, config, previous, name)
+        with self._lock:
+            self._tickets[key] = ticket
+
+    def settle(self, key: str, loaded: bool) -> None:
+        with self._lock:
+            if key not in self._tickets:
+                return
+            ticket = self._tickets.pop(key)
+        self.guard.settle(ticket, loaded)
+
+    def settle_rest(self) -> None:
+        """Whatever is still admitted when the set ends (a failure path): released, nothing measured."""
+        with self._lock:
+            keys = list(self._tickets)
+        for key in keys:
+            self.settle(key, False)
 
 
 class SetRunner:
@@ -216,6 +252,15 @@ class SetRunner:
 
     def _staged(self, set_id: str, members: list[Member], changed_steps: list[Member], staged: list[Member],
                 actor: str, emit: ProgressFn, force: bool) -> tuple[str, str]:
+        admissions = Admissions(self.d.guard)
+        try:
+            return self._staged_admitted(set_id, members, changed_steps, staged, actor, emit, force, admissions)
+        finally:
+            admissions.settle_rest()
+
+    def _staged_admitted(self, set_id: str, members: list[Member], changed_steps: list[Member],
+                         staged: list[Member], actor: str, emit: ProgressFn, force: bool,
+                         admissions: Admissions) -> tuple[str, str]:
         privates = {step.model: private_name(step.model, step.digest) for step in changed_steps}
         interim: list[Member] = []
         ops: dict[str, DeployOperation] = {}
@@ -224,16 +269,18 @@ class SetRunner:
             for member in sorted(staged, key=lambda m: m.model):
                 stack.enter_context(self.d.lock(member.model))  # reconcile leaves them alone meanwhile
             try:
-                _each(changed_steps, lambda step: self._load_private(step, privates[step.model], emit))
+                _each(changed_steps, lambda step: self._load_private(step, privates[step.model], emit, admissions))
                 for ensemble in staged:
                     if ensemble.changed:
                         ops[ensemble.model] = self.operation(ensemble, actor, None)
                         ops[ensemble.model].begin()
+                    config = self.d.registry.get_snapshot(ensemble.model, ensemble.digest).config
+                    admissions.admit(ensemble.model, ensemble.model, ensemble.digest, config, ensemble.previous)
                     interim.append(ensemble)
                     self._switch(ensemble, privates, f"{ensemble.digest}{stamp}", "interim", emit)
             except TritonctlError as exc:
                 message = self._fail_before_switch(exc, changed_steps, interim, ops, actor, emit)
-                self._drop_privates(privates)
+                self._drop_privates(privates, admissions)
                 return "rolled_back", message
             # The new pipeline answers through the private names: the public steps may change now.
             results = _each(changed_steps, lambda step: self.d.deploy(
@@ -259,7 +306,7 @@ class SetRunner:
                         _quietly(self._switch, back.model, back, privates, f"{back.digest}{stamp}", "interim", emit)
             if failure is not None:
                 self._undo_after_switch(public_done, staged, ops, failure, actor, emit)
-                self._drop_privates(privates)
+                self._drop_privates(privates, admissions)
                 return "rolled_back", f"rolled back: {failure}"
             for ensemble in staged:
                 versions = ready[ensemble.model]
@@ -267,7 +314,8 @@ class SetRunner:
                     ops[ensemble.model].commit(versions, f"serving {ensemble.digest[:12]} "
                                                          f"(versions {', '.join(versions)})")
                 self.d.serving.prune(ensemble.model)
-        self._drop_privates(privates)
+                admissions.settle(ensemble.model, True)
+        self._drop_privates(privates, admissions)
         # changed ensembles that did not need staging (new, or over unchanged steps): as any deploy
         rest = [m for m in members if m.ensemble and m.changed and m not in staged]
         for member in rest:
@@ -277,17 +325,24 @@ class SetRunner:
         names = ", ".join(m.model for m in [*changed_steps, *staged, *rest])
         return "deployed", f"deployed {names} with the old pipeline answering until the new one did"
 
-    def _load_private(self, step: Member, name: str, emit: ProgressFn) -> None:
+    def _load_private(self, step: Member, name: str, emit: ProgressFn, admissions: Admissions) -> None:
+        """Stage `step` under `name`: admitted by the memory budget beside the public model (which keeps
+        serving), then published, loaded, verified and smoke-tested as any load."""
         steps = self.d.steps
         emit(Progress(step.model, "stage", "start", f"as {name}", step.digest))
         try:
             snap = self.d.registry.get_snapshot(step.model, step.digest)
             steps.check(snap.config, step.digest)
-            tree = steps.publish(step.model, step.digest, lambda text: stamp_parameter(
-                rename_config(text, name), DIGEST_PARAMETER, step.digest), name=name)
-            steps.load(name)
-            steps.verify(name, step.digest, snap.served_versions)
-            steps.smoke(name, tree, step.model)
+            admissions.admit(name, step.model, step.digest, snap.config, None, name=name)
+            try:
+                tree = steps.publish(step.model, step.digest, lambda text: stamp_parameter(
+                    rename_config(text, name), DIGEST_PARAMETER, step.digest), name=name)
+                steps.load(name)
+                steps.verify(name, step.digest, snap.served_versions)
+                steps.smoke(name, tree, step.model)
+            except TritonctlError:
+                admissions.settle(name, False)
+                raise
         except TritonctlError as exc:
             emit(Progress(step.model, "stage", "failed", str(exc), step.digest))
             raise SetFailed(f"{step.model} (staged as {name}): {exc}", step.model, True) from exc
@@ -325,6 +380,7 @@ class SetRunner:
         member whose own content failed; record each changed member's deployment as rolled back."""
         at_fault = exc.model if isinstance(exc, SetFailed) and exc.own_fault else None
         environment = _environment(exc)
+        cause = Cause.ENVIRONMENT if environment else Cause.NONE
         for ensemble in reversed(interim):
             self._put_back(ensemble, emit)
         message = f"rolled back, the old pipeline kept answering: {exc}"
@@ -339,9 +395,9 @@ class SetRunner:
             if member.model == at_fault:
                 op = self.operation(member, actor, None)
                 op.begin()
-                _end_back(op, Result.FAILED if environment else Result.ROLLED_BACK, message)
+                _end_back(op, Result.FAILED if environment else Result.ROLLED_BACK, message, cause)
         for model, op in ops.items():
-            _end_back(op, Result.FAILED if environment or model != at_fault else Result.ROLLED_BACK, message)
+            _end_back(op, Result.FAILED if environment or model != at_fault else Result.ROLLED_BACK, message, cause)
         if quarantined:
             message += f" ({quarantined} quarantined)"
         return message
@@ -365,9 +421,15 @@ class SetRunner:
             if ensemble.model in ops:
                 _end_back(ops[ensemble.model], Result.ROLLED_BACK, f"rolled back: {failure}")
 
-    def _drop_privates(self, privates: dict[str, str]) -> None:
+    def _drop_privates(self, privates: dict[str, str], admissions: Admissions | None = None) -> None:
+        """Unload and unpublish the private names; each staged load is settled (measured) first, while
+        it still runs, and stops counting against the budget as it goes."""
         for name in privates.values():
-            self.d.steps.take_out(name)
+            try:
+                if admissions is not None:
+                    admissions.settle(name, True)
+            finally:
+                self.d.steps.take_out(name)
 
     # -- after a crash ---------------------------------------------------------------------------
 
@@ -444,10 +506,12 @@ def _advance(op: DeployOperation | None, step: RecordedStep) -> None:
         op.advance(step)
 
 
-def _end_back(op: DeployOperation, result: Result, message: str) -> None:
-    """A member's deployment ended without its content serving: what served before serves."""
+def _end_back(op: DeployOperation, result: Result, message: str, cause: Cause = Cause.NONE) -> None:
+    """A member's deployment ended without its content serving: what served before serves. `cause`
+    ENVIRONMENT: not the content's fault (no room in the memory budget, a host that lacks a backend):
+    the control plane deploys it again later, as a model deployed alone."""
     op.end(result, message, error=message, state=ModelState.SERVING if op.previous else ModelState.FAILED,
-           active=op.previous)
+           active=op.previous, cause=cause)
 
 
 def _each(members: list[Member], fn: Callable[[Member], Any], raise_first: bool = True) -> list[Any]:

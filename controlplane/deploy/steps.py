@@ -165,6 +165,27 @@ class TritonPort(Protocol):
               output_names: Sequence[str], timeout_s: float | None = None) -> dict[str, np.ndarray]: ...
 
 
+class LoadGuard(Protocol):
+    """Asked around every load (controlplane/memory/budget.py's MemoryGuard): a model's deploy or restore, and each
+    load of a change set (controlplane/deploy/plans.py; `name`: a step staged under its private name).
+    `admit` makes room or raises an EnvironmentFault (the load is refused, `failed`, retried); `settle`
+    measures what loaded."""
+
+    def admit(self, model: str, digest: str, config: Any, previous: str | None, name: str | None = None) -> Any: ...
+
+    def settle(self, ticket: Any, loaded: bool) -> None: ...
+
+
+class NoBudget:
+    """The LoadGuard of a Deployer without footprints or a memory budget: admits every load."""
+
+    def admit(self, model: str, digest: str, config: Any, previous: str | None, name: str | None = None) -> None:
+        return None
+
+    def settle(self, ticket: Any, loaded: bool) -> None:
+        return None
+
+
 class VerifyError(TritonctlError):
     """Triton answered OK but does not serve what was published."""
 

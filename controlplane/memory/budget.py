@@ -51,13 +51,20 @@ GPU = "gpu_memory_mb"
 
 @dataclass
 class Ticket:
-    """One admitted load: what it was estimated to add, and what ran before it."""
+    """One admitted load: what it was estimated to add, and what ran before it. `name`: what Triton loads
+    it under when not the model's own name (a change set's private step name, which holds memory beside
+    the public model's)."""
 
     model: str
     digest: str
     config: Mapping[str, Any] | None
     baseline: Baseline
     reserved: dict[str, float]
+    name: str = ""
+
+    @property
+    def loads(self) -> str:
+        return self.name or self.model
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ class MemoryGuard:
         loaded = self._loaded(exclude)
         held = [(m.name, self._estimate(m.name, m.active_digest, None, known)) for m in loaded]
         names = {m.name for m in loaded}  # committed, not settled yet: counted once, as loaded
-        held += [(t.model, t.reserved) for t in self._reserved.values() if t.model != exclude and t.model not in names]
+        held += [(t.loads, t.reserved) for t in self._reserved.values() if t.loads != exclude and t.loads not in names]
         return held
 
     def _over(self, held: list[tuple[str, dict[str, float]]], need: dict[str, float]) -> list[str]:
@@ -128,11 +135,16 @@ class MemoryGuard:
 
     # -- the deployer's two calls -----------------------------------------------------------------
 
-    def admit(self, model: str, digest: str, config: Mapping[str, Any] | None, previous: str | None) -> Ticket:
-        """Before a load of `digest`: make room (evictions), or raise BudgetError."""
-        baseline = self.meter.before(model)
+    def admit(self, model: str, digest: str, config: Mapping[str, Any] | None, previous: str | None,
+              name: str | None = None) -> Ticket:
+        """Before a load of `digest`: make room (evictions), or raise BudgetError. `name`: the load is
+        staged under that name (controlplane/deploy/plans.py) beside the model's serving content, which
+        stays counted and is not evicted; its footprint is the model's, and it stays counted until
+        settled."""
+        loads = name or model
+        baseline = self.meter.before(loads)
         if not self.budgets:
-            return Ticket(model, digest, config, baseline, {})
+            return Ticket(model, digest, config, baseline, {}, name or "")
         with self._lock:
             known = self.registry.footprints()
             need = self._estimate(model, digest, config, known)
@@ -140,18 +152,18 @@ class MemoryGuard:
                 replaced = self._estimate(model, previous, None, known)
                 need = {k: max(0.0, need[k] - replaced[k]) for k in need}
             self._refused.add(model)  # until admitted below
-            held = self.holdings(exclude=model)
+            held = self.holdings(exclude=loads)
             if self._over(held, need):
                 victims = set(self.candidates(exclude=model))
                 fixed = [(m, f) for m, f in held if m not in victims]
                 over = self._over(fixed, need)
                 if over:  # not even evicting every idle model would make room: evict none
-                    raise BudgetError(self._no_room(model, digest, need, fixed, over))
-                self._make_room(model, need, f"room for {model} {digest[:12]}")
-            over = self._over(self.holdings(exclude=model), need)
+                    raise BudgetError(self._no_room(loads, digest, need, fixed, over))
+                self._make_room(model, need, f"room for {loads} {digest[:12]}", loads)
+            over = self._over(self.holdings(exclude=loads), need)
             if over:  # an eviction failed (the model got busy meanwhile): retried later
-                raise BudgetError(self._no_room(model, digest, need, self.holdings(exclude=model), over))
-            ticket = Ticket(model, digest, config, baseline, need)
+                raise BudgetError(self._no_room(loads, digest, need, self.holdings(exclude=loads), over))
+            ticket = Ticket(model, digest, config, baseline, need, name or "")
             self._reserved[id(ticket)] = ticket
             self._refused.discard(model)
             return ticket
@@ -187,7 +199,7 @@ class MemoryGuard:
                                            DECLARED if footprint.source == DECLARED else footprint.source)
         if self.budgets:
             with self._lock:
-                self._make_room(ticket.model, {}, f"{ticket.model} measured bigger than estimated")
+                self._make_room(ticket.model, {}, f"{ticket.loads} measured bigger than estimated", ticket.loads)
 
     # -- eviction ---------------------------------------------------------------------------------
 
@@ -212,11 +224,14 @@ class MemoryGuard:
 
         return [m.name for m in sorted(loaded, key=used)]
 
-    def _make_room(self, model: str, need: dict[str, float], why: str) -> None:
-        if not self._over(self.holdings(exclude=model), need) and not (need == {} and self._over_total()):
+    def _make_room(self, model: str, need: dict[str, float], why: str, loads: str | None = None) -> None:
+        """Evict until `need` fits beside what is held but `loads` (the name loaded; default the model);
+        the model itself is never evicted."""
+        counted = loads or model
+        if not self._over(self.holdings(exclude=counted), need) and not (need == {} and self._over_total()):
             return
         for victim in self.candidates(exclude=model):
-            if not self._over(self.holdings(exclude=model), need) and not (need == {} and self._over_total()):
+            if not self._over(self.holdings(exclude=counted), need) and not (need == {} and self._over_total()):
                 return
             if self.hooks.evict(victim, f"memory budget: {why}"):
                 self.evictions += 1

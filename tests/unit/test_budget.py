@@ -86,3 +86,23 @@ def test_no_budget_evicts_nothing(registry: Registry) -> None:
     guard = MemoryGuard(registry, Meter(), plane.hooks())
     guard.settle(guard.admit("b", "b" * 64, GPU, None), loaded=True)
     assert plane.evicted == []
+
+
+def test_a_staged_copy_counts_beside_the_serving_model_until_settled(registry: Registry) -> None:
+    """A change set stages a step's new content under a private name while the step still serves
+    (controlplane/deploy/plans.py): both count. Room for the copy is made by evicting another idle model,
+    never the step itself; until the copy is settled it holds its footprint, named as a holder."""
+    plane = Plane(registry)
+    serve(registry, "step", 600)
+    serve(registry, "idle", 300)
+    guard = MemoryGuard(registry, Meter(), plane.hooks(), gpu_memory_budget_mb=1300)
+    copy = guard.admit("step", "n" * 64, GPU, None, name="step__nnnnnnnn")  # the step's own 600 MB: 1500 > 1300
+    assert plane.evicted == ["idle"]
+    plane.leased.add("step")  # in use: the next load cannot evict it
+    small = {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "200"}}}
+    with pytest.raises(BudgetError) as refused:  # 600 + the copy's 600 + 200 > 1300
+        guard.admit("other", "o" * 64, small, None)
+    assert "step__nnnnnnnn 600 MB" in str(refused.value), refused.value
+    guard.settle(copy, loaded=True)  # measured (declared here) just before the copy is dropped
+    guard.settle(guard.admit("other", "o" * 64, small, None), loaded=True)  # 600 + 200 fits
+    assert plane.evicted == ["idle"]

@@ -346,7 +346,7 @@ class Guard:
         self.admitted: list[str] = []
         self.settled: list[bool] = []
 
-    def admit(self, model: str, digest: str, config: object, previous: str | None) -> str:
+    def admit(self, model: str, digest: str, config: object, previous: str | None, name: str | None = None) -> str:
         if self.refuse:
             raise BudgetError(self.refuse)
         self.admitted.append(model)

@@ -1,8 +1,9 @@
 """The deploy engine's plans (controlplane/deploy/plans.py via `Deployer.run`) against the stand-in Triton:
 a model deployed inside a change set is recorded exactly as it is deployed alone; a set's staged loads
-take the host's capability check and load wrapper like any load; crash recovery resumes an interrupted
-set; and no module outside the engine and triton/ drives Triton. The real-server tests
-(tests/test_changesets.py, tests/test_crash.py) cover the same paths end to end."""
+take the host's capability check and load wrapper like any load, and the memory budget's admission like
+a deploy; crash recovery resumes an interrupted set; and no module outside the engine and triton/ drives
+Triton. The real-server tests (tests/test_changesets.py, tests/test_crash.py) cover the same paths end to
+end."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from typing import Any
 import pytest
 
 from controlplane.deploy.engine import Deployer, Outcome
-from controlplane.deploy.plans import Member, Plan, private_name
+from controlplane.deploy.plans import Admissions, Member, Plan, private_name
 from controlplane.deploy.publish import ServingRepository
-from controlplane.errors import HostCapabilityError
+from controlplane.errors import BudgetError, HostCapabilityError
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.registry import AuditQuery, Registry
 from controlplane.validation.modelconfig import validate_model_dir
-from controlplane.vocab import Result
+from controlplane.vocab import Cause, Result
 from tests.harness import gen_config, python_model
 from tests.unit.standin_triton import StandinTriton
 
@@ -172,6 +173,61 @@ def test_staged_loads_take_the_host_check_and_load_wrapper(benches: tuple[Bench,
     assert not bench.registry.get_snapshot("a", other).quarantined  # the host's fault, not the content's
 
 
+class Guard:
+    """A stand-in for the memory budget (controlplane/memory/budget.py's MemoryGuard, whose accounting of a staged
+    copy is tested over a real registry in tests/unit/test_budget.py): it writes what it admits and settles
+    into the host's list of loads, so the order of admissions, loads and settlements is one list."""
+
+    def __init__(self, bench: Bench, refuse: str | None = None) -> None:
+        self.log, self.triton, self.refuse = bench.host.loaded, bench.triton, refuse
+
+    def admit(self, model: str, digest: str, config: object, previous: str | None, name: str | None = None) -> str:
+        loads = name or model
+        if loads == self.refuse:
+            raise BudgetError(f"{loads} needs 600 MB but memory_budget_mb = 1000 MB and 900 MB is held")
+        self.log.append(f"admit {loads}" + (" beside the serving one" if previous is None else ""))
+        return loads
+
+    def settle(self, ticket: str, loaded: bool) -> None:
+        self.log.append(f"settle {ticket} {loaded}" + (" while loaded" if ticket in self.triton.models else ""))
+
+
+def test_every_load_of_a_change_set_is_admitted_by_the_memory_budget(benches: tuple[Bench, Bench]) -> None:
+    """The staged copy of a step is admitted beside the serving step (previous None: counted in full) before
+    its load and settled while still loaded (measured) just before it is dropped; the ensemble's switch is
+    admitted before its interim load and settled after its switch back; the public step deploys as alone.
+    With no room for the staged copy, nothing is published, the old pipeline keeps serving, the content is
+    not quarantined and the step's deployment ends failed, not the content's fault (retried)."""
+    bench, _ = benches
+    new = bench.serving_pipeline()
+    bench.host.loaded.clear()
+    bench.deployer.guard = Guard(bench)
+    staged = private_name("a", new["a"])
+    assert bench.deployer.run(bench.plan(new), "alice").outcome == Result.OK
+    assert bench.host.loaded == [
+        f"admit {staged} beside the serving one", staged,  # the staged copy
+        "admit pipe", "pipe",  # the interim switch to the staged copy
+        "admit a", "a", "settle a True while loaded",  # the public step, deployed as alone
+        "pipe", "settle pipe True while loaded",  # the switch back
+        f"settle {staged} True while loaded",  # measured, then dropped
+    ]
+    assert staged not in bench.triton.models
+
+    other = bench.record("a", gen_config("a", 3), 3)
+    third = bench.record("pipe", PIPE.replace("TENSOR", "THIRD"))
+    bench.deployer.guard = Guard(bench, refuse=private_name("a", other))
+    before = {m: bench.triton.served_digest(m) for m in ("a", "b", "pipe")}
+    bench.host.loaded.clear()
+    outcome = bench.deployer.run(bench.plan({"a": other, "pipe": third}), "alice")
+    assert outcome.outcome == Result.ROLLED_BACK and "memory_budget_mb = 1000 MB" in outcome.message, outcome.message
+    assert bench.host.loaded == []  # nothing was admitted, nothing loaded
+    assert private_name("a", other) not in bench.serving.models()
+    assert {m: bench.triton.served_digest(m) for m in ("a", "b", "pipe")} == before
+    assert not bench.registry.get_snapshot("a", other).quarantined  # the budget's fault, not the content's
+    [failed] = [o for o in bench.outcomes if o.model == "a" and o.digest == other]
+    assert (failed.outcome, failed.cause) == (Result.FAILED, Cause.ENVIRONMENT)  # retried when room appears
+
+
 def test_recovery_rolls_an_interrupted_set_forward(benches: tuple[Bench, Bench]) -> None:
     """A daemon killed after the switch to the private step names: the restarted daemon's one recovery
     deploys the public step and points the ensemble back (rolled forward), then the sweep removes the
@@ -182,7 +238,7 @@ def test_recovery_rolls_an_interrupted_set_forward(benches: tuple[Bench, Bench])
     runner = bench.deployer._plans  # noqa: SLF001 - drive the plan to the moment of the crash
     step, pipe = plan.members
     staged = private_name("a", step.digest)
-    runner._load_private(step, staged, lambda p: None)  # noqa: SLF001
+    runner._load_private(step, staged, lambda p: None, Admissions(bench.deployer.guard))  # noqa: SLF001
     op = runner.operation(pipe, "alice", None)
     deployment = op.begin()
     runner._switch(pipe, {"a": staged}, f"{pipe.digest}+changeset-dead", "interim", lambda p: None)  # noqa: SLF001
