@@ -1,7 +1,9 @@
 """`tritonctl ensure MODEL [--for 10m]` and `tritonctl lease renew|release MODEL LEASE`: on-demand models.
 
 `ensure` returns once MODEL is READY (loaded now, or found loaded) and prints the serving digest and the
-lease that holds it; the lease expires unless renewed (controlplane/memory/ondemand.py, controlplane/memory/leases.py).
+lease that holds it (on a fleet also the host it is placed on and that host's tritonserver URLs); the
+lease expires unless renewed (controlplane/memory/ondemand.py, controlplane/memory/leases.py, and on a
+fleet controlplane/fleet/ondemand.py).
 Exit codes as every command (README "Exit codes"): 0 READY, 1 the load failed (a memory budget with no
 room among the causes), 2 bad input or an unknown model or lease, 3 the daemon unreachable, 4 tritonserver
 unreachable.
@@ -26,8 +28,10 @@ def _show(result: dict[str, Any], as_json: bool) -> None:
         render.kv(result, True)
         return
     what = "released" if result.get("released") else ("loaded" if result.get("loaded") else "ready")
+    where = (f"  on {result['host']} (gRPC {result.get('grpc_url') or '-'}, HTTP {result.get('http_url') or '-'})"
+             if result.get("host") else "")
     click.echo(f"{result['model']} {what}: {str(result.get('digest') or '-')[:12]}  lease {result['lease']}"
-               + ("" if result.get("released") else f" until {result['until']}"))
+               + ("" if result.get("released") else f" until {result['until']}") + where)
 
 
 @click.command()

@@ -443,8 +443,9 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
     from rich.table import Table
 
     hosts = sorted({h for m in data["models"] for h in m["hosts"]})
+    placed = any(m.get("placement") for m in data["models"])
     table = Table(title="fleet: model x host (digest state; * = drift from the fleet's target)", title_justify="left")
-    for column in ("Model", "Target", *hosts):
+    for column in ("Model", "Target", *hosts, *(["Placed"] if placed else [])):
         table.add_column(column)
     for model in data["models"]:
         cells = []
@@ -452,8 +453,18 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
             cell = model["hosts"].get(host)
             cells.append("-" if cell is None else
                          f"{_short(cell['digest'])} {cell['state']}{' *' if cell['drift'] else ''}")
+        if placed:
+            cells.append(_placement(model.get("placement")))
         table.add_row(model["model"], _tagged(model, model["target"]), *cells)
     _console().print(table)
+
+
+def _placement(placement: dict[str, Any] | None) -> str:
+    """An on-demand model's placement: `h2 loaded (leases: 1, until 12:30:00)`; `-` when not placed."""
+    if not placement:
+        return "-"
+    until = f", until {str(placement['until'])[11:19]}" if placement.get("until") else ""
+    return f"{placement['host']} {placement['state']} (leases: {placement['leases']}{until})"
 
 
 

@@ -123,6 +123,13 @@ class FleetStrategy(Protocol):
     def rollout(self, model: str, record: SnapshotRecord | None, actor: str, *, force: bool,
                 progress: ProgressFn | None, kind: str = ...) -> Outcome: ...
 
+    # on-demand models: placed on one host with room; leases through any host (controlplane/fleet/ondemand.py)
+    def ensure(self, model: str, for_s: float, actor: str) -> LeaseResult: ...
+
+    def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult: ...
+
+    def release_lease(self, model: str, lease: str) -> LeaseResult: ...
+
 
 @dataclass
 class _SyncInputs:
@@ -549,14 +556,45 @@ class ControlPlane:
 
     def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None) -> LeaseResult:
         """Load `model` (or find it loaded) and hold it with a lease for `for_s` seconds
-        (controlplane/memory/ondemand.py)."""
+        (controlplane/memory/ondemand.py); on a fleet an on-demand model is placed on one host with room
+        (docs/fleet.md "On-demand models")."""
+        if self.fleet is not None:
+            return self.fleet.ensure(model, for_s, actor)
         return self.ondemand.ensure(model, for_s, actor, progress)
 
     def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult:
+        if self.fleet is not None:
+            return self.fleet.renew_lease(model, lease, for_s)
         return self.ondemand.renew(model, lease, for_s)
 
     def release_lease(self, model: str, lease: str) -> LeaseResult:
+        if self.fleet is not None:
+            return self.fleet.release_lease(model, lease)
         return self.ondemand.release(model, lease)
+
+    def ensure_here(self, model: str, for_s: float, actor: str, digest: str | None = None) -> LeaseResult:
+        """On this host alone (a fleet's placement, or a model the fleet rolls out everywhere)."""
+        return self.ondemand.ensure(model, for_s, actor, digest=digest)
+
+    def renew_here(self, model: str, lease: str, for_s: float) -> LeaseResult:
+        return self.ondemand.renew(model, lease, for_s)
+
+    def release_here(self, model: str, lease: str) -> LeaseResult:
+        return self.ondemand.release(model, lease)
+
+    def holdings_here(self) -> dict[str, tuple[float | None, float | None, bool]]:
+        """What this host's loaded models hold (model → memory_mb, gpu_memory_mb, evictable): the fleet's
+        placement weighs it against this host's budget. Evictable: not pinned, protected, leased or busy."""
+        known = self.registry.footprints()
+        spared = self.guard.spared()
+        held = {}
+        for m in self.registry.list_models(states=SERVING_STATES):
+            if not m.active_digest:
+                continue
+            found = known.get((m.name, m.active_digest))
+            evictable = not (spared(m) or self.leases.held(m.name) or self.deployer.lock(m.name).locked())
+            held[m.name] = (found.memory_mb if found else None, found.gpu_memory_mb if found else None, evictable)
+        return held
 
     def deploy_here(self, model: str, digest: str, actor: str, *, force: bool = False,
                     kind: str = "deploy") -> Outcome:

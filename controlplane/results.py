@@ -200,10 +200,14 @@ class LeaseResult:
     loaded: bool
     duration_ms: int
     released: bool = False
+    host: str | None = None  # on a fleet: the host that serves it (docs/fleet.md "On-demand models")
+    grpc_url: str | None = None  # that host's tritonserver, where the client sends its inferences
+    http_url: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "digest": self.digest, "lease": self.lease, "until": iso(self.until),
-                "loaded": self.loaded, "duration_ms": self.duration_ms, "released": self.released}
+                "loaded": self.loaded, "duration_ms": self.duration_ms, "released": self.released,
+                "host": self.host, "grpc_url": self.grpc_url, "http_url": self.http_url}
 
 
 # --- policy, pin / unpin, gc, db upgrade --------------------------------------------------------------
@@ -576,16 +580,34 @@ class MatrixCell:
                 "drift": self.drift, "held": self.held}
 
 
+@dataclass(frozen=True)
+class PlacementCell:
+    """Where the fleet placed an on-demand model (controlplane/fleet/placement.py): the host, its state
+    (loading, loaded, idle: loaded without a lease, unloaded when idle; failed), the digest, the leases."""
+
+    host: str
+    state: str
+    digest: str
+    leases: int
+    until: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "state": self.state, "digest": self.digest, "leases": self.leases,
+                "until": iso(self.until)}
+
+
 @dataclass
 class MatrixRow:
     model: str
     target: str | None
     hosts: dict[str, MatrixCell]
     tags: tuple[str, ...] = ()  # the tags naming the target digest (controlplane/tags.py)
+    placement: PlacementCell | None = None  # an on-demand model: where it is placed
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "target": self.target,
-                "hosts": {host: cell.to_json() for host, cell in self.hosts.items()}, "tags": list(self.tags)}
+                "hosts": {host: cell.to_json() for host, cell in self.hosts.items()}, "tags": list(self.tags),
+                "placement": self.placement.to_json() if self.placement is not None else None}
 
 
 @dataclass

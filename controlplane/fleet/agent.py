@@ -22,12 +22,13 @@ from controlplane.deploy.engine import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
+from controlplane.fleet.ondemand import PlacedModels
 from controlplane.fleet.rollouts import FLEET_ACTOR
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import SharedContent
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.registry import Registry
-from controlplane.vocab import Policy, Result
+from controlplane.vocab import ModelState, Policy, Result
 
 log = logging.getLogger("tritonctl.fleet")
 
@@ -50,8 +51,17 @@ class HostAgent:
     stopping: threading.Event
     _last_converge: float = 0.0
     _last_report: float = 0.0
+    placed: PlacedModels | None = None  # the on-demand models placed on this host (controlplane/fleet/ondemand.py)
+
+    def __post_init__(self) -> None:
+        self.placed = PlacedModels(self.host, self.plane, self.registry, self._import, self.report)
 
     def tick(self) -> None:
+        if self.placed is not None:
+            try:
+                self.placed.serve()
+            except TritonctlError as exc:
+                log.error("placed models: %s", exc)
         claimed = self.store.claim(self.host)
         if claimed:
             claimed = self._gather(claimed)
@@ -210,6 +220,12 @@ class HostAgent:
             models = self.plane.registry.list_models()
         except StoreError:
             return
-        # A host an operator acted on alone (--host) is pinned here: the fleet shows it `held`.
+        # A host an operator acted on alone (--host) is pinned here: the fleet shows it `held`. A model it
+        # unloaded on its own (evicted, idle) is reported unloaded; with what each holds (placement weighs it).
+        try:
+            holdings = self.plane.holdings_here()
+        except TritonctlError:
+            holdings = {}
         self.store.report(self.host, {m.name: (m.active_digest, "held" if m.pinned else m.state)
-                                      for m in models if m.active_digest or m.pinned})
+                                      for m in models if m.active_digest or m.pinned or m.state == ModelState.UNLOADED},
+                          {m.name: holdings.get(m.name, (None, None, False)) for m in models})

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.ports import SourcePlane, TagPlane
+from controlplane.results import LeaseResult
 from controlplane.store.records import SnapshotRecord
 
 
@@ -28,6 +29,8 @@ class HostPlane(TagPlane, SourcePlane, Protocol):
     @property
     def triton(self) -> TritonAddress: ...
 
+    http_url: str | None  # a launched tritonserver's HTTP URL (None: not known)
+
     def capture(self, model: str, actor: str = ..., *, settled: bool = ...,
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
 
@@ -41,6 +44,15 @@ class HostPlane(TagPlane, SourcePlane, Protocol):
                     progress: ProgressFn | None = ...) -> Outcome: ...
 
     def deploy_set(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = ...) -> Outcome: ...
+
+    # on-demand models on this host alone (a fleet's placement: controlplane/fleet/ondemand.py)
+    def ensure_here(self, model: str, for_s: float, actor: str, digest: str | None = ...) -> LeaseResult: ...
+
+    def renew_here(self, model: str, lease: str, for_s: float) -> LeaseResult: ...
+
+    def release_here(self, model: str, lease: str) -> LeaseResult: ...
+
+    def holdings_here(self) -> dict[str, tuple[float | None, float | None, bool]]: ...
 
     # the change sets' view of the source (controlplane/changeset.py)
     def repository_held(self) -> bool: ...

@@ -21,11 +21,12 @@ from controlplane.fleet.agent import HostAgent
 from controlplane.fleet.election import LeaderElection, connect
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.leader import Leader
+from controlplane.fleet.ondemand import FleetOnDemand
 from controlplane.fleet.rollouts import FLEET_ACTOR, RolloutMachine, plan_waves
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import open_shared_store
 from controlplane.fleet.verbs import FleetVerbs
-from controlplane.results import HoldResult, PinResult, PolicyResult
+from controlplane.results import HoldResult, LeaseResult, PinResult, PolicyResult
 from controlplane.store.fleet import LOOK_PREFIX, FleetStore, Rollout, listen
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry, utcnow
@@ -60,6 +61,7 @@ class FleetMember:
                                                   ("leader", self._leader_tick, None))]
         self._threads.append(threading.Thread(target=self._listen, name="fleet-listen", daemon=True))
         self.verbs = FleetVerbs(self)
+        self.ondemand = FleetOnDemand(self.host, plane, shared_registry, lambda: self.settings, lambda: self.fleet)
 
     def reconfigure(self, fleet: FleetSettings) -> None:
         """SIGHUP: canaries, wave size, liveness window and converge period apply from their next use."""
@@ -138,7 +140,9 @@ class FleetMember:
                     pass
 
     def _heartbeat(self) -> None:
-        self.store.heartbeat(self.host, self.plane.triton.url, _version(), self.started_at)
+        self.store.heartbeat(self.host, self.plane.triton.url, _version(), self.started_at,
+                             http_url=self.plane.http_url or "",
+                             budgets=(self.settings.memory_budget_mb, self.settings.gpu_memory_budget_mb))
 
     def _leader_tick(self) -> None:
         self._wake_leader.wait(self.fleet.poll_s)
@@ -210,6 +214,15 @@ class FleetMember:
 
     def set_policy(self, model: str, policy: str, actor: str, host: str) -> PolicyResult:
         return self.verbs.set_policy(model, policy, actor, host)
+
+    def ensure(self, model: str, for_s: float, actor: str) -> LeaseResult:
+        return self.ondemand.ensure(model, for_s, actor)
+
+    def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult:
+        return self.ondemand.renew(model, lease, for_s)
+
+    def release_lease(self, model: str, lease: str) -> LeaseResult:
+        return self.ondemand.release(model, lease)
 
 
 def _version() -> str:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, RolloutRow
+from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell, RolloutRow
 from controlplane.store.fleet import OPEN_ROLLOUT, FleetStore
 from controlplane.store.registry import Registry
 from controlplane.tags import by_digest
@@ -23,5 +23,6 @@ def matrix(registry: Registry) -> FleetMatrix:
     tagged = by_digest(registry.list_tags())
     return FleetMatrix([MatrixRow(row["model"], row["target"], {host: MatrixCell(**cell) for host, cell in
                                                                  row["hosts"].items()},
-                                  tuple(tagged.get((row["model"], row["target"]), [])))
+                                  tuple(tagged.get((row["model"], row["target"]), [])),
+                                  PlacementCell(**row["placement"]) if row["placement"] else None)
                         for row in FleetStore(registry).matrix()["models"]])

@@ -114,8 +114,10 @@ class OnDemand:
         except TritonctlError:
             return False
 
-    def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None) -> LeaseResult:
-        """Load `model` (or find it loaded) and hold it for `for_s` seconds; answers once it is READY."""
+    def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None,
+               digest: str | None = None) -> LeaseResult:
+        """Load `model` (or find it loaded) and hold it for `for_s` seconds; answers once it is READY.
+        `digest`: that content (a fleet's placement), else `target`'s."""
         validate_model_name(model)
         check_duration(for_s)
         if self.registry.find_model(model) is None:
@@ -126,7 +128,7 @@ class OnDemand:
         try:
             with self._lock(model):  # concurrent ensures of one model: one load, the others find it loaded
                 record = self.registry.get_model(model)
-                digest = self.target(record)
+                digest = digest or self.target(record)
                 loaded = False
                 steps = step_models(self.registry.get_snapshot(model, digest).config)
                 for step in steps:  # an ensemble's steps first, each under a lease tied to this one

@@ -20,12 +20,14 @@ from sqlalchemy.orm import Session
 from controlplane.errors import StoreError
 from controlplane.store import schema
 from controlplane.store.outbox import add_audit_event
+from controlplane.store.placements import PlacementStore
 from controlplane.store.records import Rollout, Step, from_row
 from controlplane.store.registry import AuditEntry, Registry, utcnow
 
 CHANNEL = "tritonctl_fleet"
 LOOK_PREFIX = "look "  # a notification asking the leader to look at a model's source again
 OPEN_ROLLOUT = ("queued", "running", "rolling_back")
+Footprint = tuple[float | None, float | None, bool]  # a host's model: memory_mb, gpu_memory_mb, evictable
 
 # The advisory locks of controlplane.fleet.election, and how pg_locks shows who holds them.
 LEADER_LOCK = 0x7472_6974  # "trit": classid 0, objid this, in pg_locks
@@ -107,17 +109,22 @@ class FleetStore:
 
     # -- hosts ----------------------------------------------------------------------------------
 
-    def heartbeat(self, host: str, triton_url: str, version: str, started_at: datetime) -> None:
+    def heartbeat(self, host: str, triton_url: str, version: str, started_at: datetime, *, http_url: str = "",
+                  budgets: tuple[float | None, float | None] = (None, None)) -> None:
+        """`budgets`: the host's memory_budget_mb and gpu_memory_budget_mb (None: none), which placement reads."""
         with self.session() as session:
             row = session.get(schema.FleetHost, host)
             now = utcnow()
             if row is None:
-                session.add(schema.FleetHost(name=host, triton_url=triton_url, version=version,
-                                             started_at=started_at, last_heartbeat=now))
+                row = schema.FleetHost(name=host, triton_url=triton_url, version=version,
+                                       started_at=started_at, last_heartbeat=now)
+                session.add(row)
             else:
                 row.triton_url, row.version, row.last_heartbeat = triton_url, version, now
                 if row.started_at != started_at:
                     row.started_at = started_at
+            if (row.http_url, row.memory_budget_mb, row.gpu_memory_budget_mb) != (http_url, *budgets):
+                row.http_url, (row.memory_budget_mb, row.gpu_memory_budget_mb) = http_url, budgets
 
     def leader(self) -> str | None:
         if self.registry.engine.dialect.name != "postgresql":
@@ -345,26 +352,31 @@ class FleetStore:
     # -- what each host serves ------------------------------------------------------------------
 
     def _set_host_model(self, session: Session, host: str, model: str, digest: str | None, state: str,
-                        now: datetime) -> None:
+                        now: datetime, footprint: Footprint | None = None) -> None:
         row = session.scalar(select(schema.HostModel).where(schema.HostModel.host == host,
                                                             schema.HostModel.model == model))
         if row is None:
-            session.add(schema.HostModel(host=host, model=model, digest=digest, state=state, updated_at=now))
+            row = schema.HostModel(host=host, model=model, digest=digest, state=state, updated_at=now)
+            session.add(row)
             session.flush()
         elif (row.digest, row.state) != (digest, state):
             row.digest, row.state, row.updated_at = digest, state, now
+        if footprint is not None and (row.memory_mb, row.gpu_memory_mb, row.evictable) != footprint:
+            row.memory_mb, row.gpu_memory_mb, row.evictable = footprint
         last = session.scalar(select(schema.ServingLog.digest).where(schema.ServingLog.model == model,
                                                                      schema.ServingLog.host == host)
                               .order_by(schema.ServingLog.time.desc(), schema.ServingLog.id.desc()).limit(1))
         if digest is not None and last != digest:
             session.add(schema.ServingLog(time=now, model=model, digest=digest, versions="[]", host=host))
 
-    def report(self, host: str, serving: dict[str, tuple[str | None, str]]) -> None:
-        """The host's own view (model → (digest, state)), refreshed periodically."""
+    def report(self, host: str, serving: dict[str, tuple[str | None, str]],
+               footprints: dict[str, Footprint] | None = None) -> None:
+        """The host's own view (model → (digest, state)), refreshed periodically; `footprints`: model →
+        (memory_mb, gpu_memory_mb, evictable) of what it holds, which placement weighs against its budget."""
         now = utcnow()
         with self.session() as session:
             for model, (digest, state) in serving.items():
-                self._set_host_model(session, host, model, digest, state, now)
+                self._set_host_model(session, host, model, digest, state, now, (footprints or {}).get(model))
 
     def matrix(self) -> dict[str, Any]:
         """Model × host: digest, state and drift from the fleet's target."""
@@ -379,6 +391,11 @@ class FleetStore:
                                           "drift": r.digest != targets.get(r.model), "held": r.state == "held"}
             for model, digest in targets.items():
                 models.setdefault(model, {"model": model, "target": digest, "hosts": {}})
+        placed = PlacementStore(self.registry).view()
+        for model in placed:
+            models.setdefault(model, {"model": model, "target": targets.get(model), "hosts": {}})
+        for model, entry in models.items():
+            entry["placement"] = placed.get(model)
         return {"models": [models[m] for m in sorted(models)]}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -192,6 +192,9 @@ class FleetHost(Base):
     version: Mapped[str] = mapped_column(String(32), default="")
     started_at: Mapped[datetime] = mapped_column(DateTime)
     last_heartbeat: Mapped[datetime] = mapped_column(DateTime)
+    http_url: Mapped[str] = mapped_column(String(256), default="", server_default="")  # migration 0009
+    memory_budget_mb: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: no budget
+    gpu_memory_budget_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Rollout(Base):
@@ -239,6 +242,35 @@ class HostModel(Base):
     digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
     updated_at: Mapped[datetime] = mapped_column(DateTime)
+    memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)  # its footprint there (migration 0009)
+    gpu_memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    evictable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # idle, unprotected
+
+
+class Placement(Base):
+    """Where the fleet loaded an on-demand model (controlplane/fleet/placement.py; migration 0009)."""
+
+    __tablename__ = "placements"
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))  # loading | loaded | failed
+    message: Mapped[str] = mapped_column(Text, default="")
+    memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)  # the estimate it was placed by
+    gpu_memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class FleetLease(Base):
+    """A lease taken through any host of a fleet; the host the model is placed on honours it."""
+
+    __tablename__ = "fleet_leases"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    until: Mapped[datetime] = mapped_column(DateTime)
+    actor: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 # -- webhooks (controlplane/webhooks; migration 0006) ---------------------------------------------
