@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -269,9 +270,11 @@ def fleet_documents(postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> 
 
     from controlplane.api.server import ApiServer
     from controlplane.config import Settings
+    from controlplane.fleet.ondemand import FleetOnDemand
     from controlplane.fleet.verbs import FleetVerbs
     from controlplane.store import migrate
     from controlplane.store.fleet import FleetStore, audit_event
+    from controlplane.store.placements import PlacementStore
     from controlplane.store.records import ServingRecord, utcnow
     from controlplane.store.registry import AuditEntry, Registry
 
@@ -284,14 +287,24 @@ def fleet_documents(postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> 
         migrate.upgrade(registry)
         store = FleetStore(registry)
         for host in ("h1", "h2"):
-            store.heartbeat(host, f"127.0.0.1:800{host[1]}", "1.0", utcnow())
+            store.heartbeat(host, f"127.0.0.1:800{host[1]}", "1.0", utcnow(), http_url=f"http://127.0.0.1:900{host[1]}",
+                            budgets=(1000.0, None))
         with store.session() as session:
             store.set_target(session, "m", D1)
         rollout = store.create_rollout("m", D2, D1, "alice", [["h1"], ["h2"]])
         [step] = store.claim("h1")
         store.finish_step(step, "ok", "serving", host="h1", serving=D2,
                           audit=audit_event("fleet", "deploy", "m", D2, "ok", "serving"))
-        store.report("h2", {"m": (D1, "serving")})
+        store.report("h2", {"m": (D1, "serving")}, {"m": (120.0, None, True)})
+        # an on-demand model placed on h2 through h1, loaded there, its lease renewed through h1
+        placements = PlacementStore(registry)
+        lease_id = "0123456789abcdef"
+        placements.place("od", D1, {"memory_mb": 100.0}, ["h1", "h2"], lambda rooms, has_it: ("h2", "placed on h2"),
+                         (lease_id, utcnow() + timedelta(minutes=10), "alice"), "h1")
+        placements.mark("od", "h2", D1, "loaded", "loaded on h2")
+        ondemand = FleetOnDemand("h1", SimpleNamespace(), registry, Settings,  # type: ignore[arg-type]
+                                 lambda: SimpleNamespace(host_timeout_s=10.0))  # type: ignore[arg-type,return-value]
+        docs["ensure-fleet"] = ondemand.renew("od", lease_id, 600).to_json()
         # a second rollout that failed: finished, with its error
         failed = store.create_rollout("m", D1, D2, "bob", [["h2"]])
         store.set_rollout(failed, "rolled_back", "canary h2 failed: load refused")
@@ -339,7 +352,8 @@ def fleet_documents(postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     return docs
 
 
-FLEET_DOCUMENTS = ["pin-fleet", "policy-fleet", "pin-host", "policy-host", "hosts", "rollouts", "status-fleet"]
+FLEET_DOCUMENTS = ["pin-fleet", "policy-fleet", "pin-host", "policy-host", "hosts", "rollouts", "status-fleet",
+                   "ensure-fleet"]
 
 
 @pytest.mark.parametrize("name", FLEET_DOCUMENTS)
@@ -366,6 +380,10 @@ def test_the_fleet_scenario_produced_what_the_contract_describes(fleet_documents
     assert fleet_documents["pin-host"]["held"] is True and fleet_documents["policy-host"]["held"] is True
     assert fleet_documents["pin-host"]["digest"] == D2
     assert fleet_documents["pin-fleet"]["fleet"] is True and fleet_documents["policy-fleet"]["fleet"] is True
+    placed = {row["model"]: row["placement"] for row in matrix["models"]}
+    assert placed["m"] is None and placed["od"]["host"] == "h2" and placed["od"]["leases"] == 1
+    lease = fleet_documents["ensure-fleet"]
+    assert (lease["host"], lease["grpc_url"], lease["http_url"]) == ("h2", "127.0.0.1:8002", "http://127.0.0.1:9002")
 
 
 # --- null proves nothing: every field holds a value somewhere ------------------------------------------------
