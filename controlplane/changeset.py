@@ -33,12 +33,12 @@ from controlplane.ports import SetPlane
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry
-from controlplane.validation.ensemblemembers import SERVING_STATES, step_models
+from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import is_ensemble_text, parse_config_text
+from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR
 
 log = logging.getLogger("tritonctl.changeset")
 
-WATCHER_ACTOR = "watcher"
 
 
 class ChangeSets:

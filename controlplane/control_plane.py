@@ -58,7 +58,7 @@ from controlplane.syncstatus import InHand, sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
 from controlplane.triton.host import TritonHost
 from controlplane.validation.ensemblemembers import step_models
-from controlplane.vocab import SERVING_STATES, Cause, Policy, Result
+from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
 
 if TYPE_CHECKING:
     from controlplane.webhooks import Webhooks
@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonctl.service")
 
 SYSTEM_ACTOR = "tritonctl"
-WATCHER_ACTOR = "watcher"
 
 
 @dataclass

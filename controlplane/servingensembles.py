@@ -18,8 +18,9 @@ from controlplane.errors import TritonctlError
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.source.recorded import SourceGraph
 from controlplane.store.registry import Registry
-from controlplane.validation.ensemblemembers import SERVING_STATES, step_models
+from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import is_ensemble_text
+from controlplane.vocab import SERVING_STATES
 
 
 class ServingEnsembles:

@@ -52,6 +52,9 @@ WARNING = "warning"
 # Registry states in which a model is meant to be loaded in Triton.
 SERVING_STATES: tuple[str, ...] = (ModelState.SERVING.value, ModelState.DEGRADED.value)
 
+# The audit actor of what the source's watcher (or a start-up scan) did, not an operator.
+WATCHER_ACTOR = "watcher"
+
 
 class DeployStep(Word):
     """A step of an operation as streamed to the CLI (`Progress.step`)."""

@@ -23,7 +23,6 @@ from controlplane.deploy.plans import Plan, SetRunner
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import (
     FAULT_POINTS,
-    SMOKE_FILE,
     DeployOperation,
     LoadGuard,
     NoBudget,
@@ -61,7 +60,7 @@ from controlplane.vocab import (
     StepState,
 )
 
-__all__ = ["SMOKE_FILE", "Deployer", "DeployOperation", "LoadGuard", "NoBudget", "Outcome", "Progress", "ProgressFn",
+__all__ = ["Deployer", "DeployOperation", "LoadGuard", "NoBudget", "Outcome", "Progress", "ProgressFn",
            "TritonPort", "VerifyError", "admission", "raise_for"]
 
 log = logging.getLogger("tritonctl.deploy")

@@ -28,9 +28,8 @@ from controlplane.errors import SnapshotCollectedError, SnapshotError
 from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.fsutil import force_rmtree, link_or_copy
+from controlplane.snapshot.layout import CONFIG_FILE
 from controlplane.snapshot.manifest import Snapshot
-
-CONFIG_FILE = "config.pbtxt"
 
 
 def check_model_name(model: str) -> None:

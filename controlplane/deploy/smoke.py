@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # numpy is imported where arrays are built: `validate` checks
 
 from controlplane.errors import ModelConfigError
 
-SMOKE_FILE = "smoke.json"
 DEFAULT_TOLERANCE = 1e-6
 
 # Triton's wire datatypes that numpy can hold (BF16 has no numpy type), with numpy's name for each.

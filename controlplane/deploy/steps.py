@@ -23,7 +23,7 @@ from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.errors import TritonctlError
 from controlplane.results import Outcome, Progress
-from controlplane.snapshot import ContentStore
+from controlplane.snapshot import SMOKE_FILE, ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
@@ -33,7 +33,6 @@ from controlplane.vocab import Cause, DeployStep, ModelState, RecordedStep, Resu
 
 log = logging.getLogger("tritonctl.deploy")
 
-SMOKE_FILE = "smoke.json"
 FAULT_ENV = "TRITONCTL_FAULT"
 # test-only (TRITONCTL_FAULT): the step after which the daemon exits abruptly
 FAULT_POINTS = {RecordedStep.PUBLISHED: "after_publish", RecordedStep.LOADED: "after_load",

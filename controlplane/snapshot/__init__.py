@@ -12,7 +12,7 @@ controlplane.errors, each with `retryable`.
 from controlplane.snapshot.content import FICLONE, ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.fsutil import force_rmtree, link_or_copy, write_atomic
-from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, is_digest
+from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, SMOKE_FILE, is_digest
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.snapshot.scan import last_change_ns, scan
 
@@ -21,6 +21,7 @@ __all__ = [
     "FICLONE",
     "HOLD_FILE",
     "MAX_CONFIG_BYTES",
+    "SMOKE_FILE",
     "ContentStore",
     "ManifestEntry",
     "Snapshot",

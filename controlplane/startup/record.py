@@ -33,11 +33,10 @@ from controlplane.names import validate_model_name
 from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import Registry
 from controlplane.validation.ensemblemembers import step_models
-from controlplane.vocab import SERVING_STATES, ModelState, Policy
+from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, ModelState, Policy
 
 log = logging.getLogger("tritonctl.startrecord")
 
-WATCHER_ACTOR = "watcher"
 BATCH = 500  # models recorded per registry transaction
 
 

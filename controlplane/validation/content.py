@@ -15,9 +15,9 @@ from typing import Any
 
 from controlplane.errors import ModelConfigError
 from controlplane.results import Problem
+from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.vocab import ERROR
 
-SMOKE_FILE = "smoke.json"
 MAX_PY_BYTES = 8 << 20  # larger .py files are left to Triton
 
 

@@ -18,8 +18,7 @@ from controlplane.errors import EnvironmentFault, ModelConfigError
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
 from controlplane.validation.ensembles import EnsembleFinding, Member, as_config, check_ensemble_members, is_ensemble
-
-SERVING_STATES = ("serving", "degraded")
+from controlplane.vocab import SERVING_STATES
 
 
 def step_models(config: dict[str, Any] | None) -> list[str]:
