@@ -16,7 +16,7 @@ from dataclasses import replace
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store.records import SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.validation.ensemblemembers import content_problems, step_models
+from controlplane.validation.ensemblemembers import member_problems, step_models
 from controlplane.validation.modelconfig import validate_model_dir
 from controlplane.vocab import Result
 
@@ -41,7 +41,7 @@ def validate(registry: Registry, store: ContentStore, snapshot: Snapshot,
         }
         for p in result.problems
     ]
-    ensemble = content_problems(registry, model, result.config, members) if result.ok else []
+    ensemble = member_problems(registry, model, result.config, members) if result.ok else []
     return SnapshotContent(snapshot.manifest_json(), result.config, result.versions, result.served_versions,
                            result.ok and not ensemble, problems + ensemble, snapshot.total_bytes)
 

@@ -10,8 +10,8 @@ import pytest
 from controlplane.errors import EnvironmentFault, ModelConfigError
 from controlplane.store.records import ServingRecord
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.validation.ensemblemembers import content_problems, require_members
-from controlplane.validation.ensembles import Member, check_ensemble_graph, check_ensemble_members
+from controlplane.validation.ensemblemembers import member_problems, require_members
+from controlplane.validation.ensembles import StepModel, check_ensemble_graph, check_ensemble_members
 from controlplane.validation.modelconfig import parse_config_text
 from tests.corpus_gen import config_text
 
@@ -28,7 +28,7 @@ def pipe(key: str = "x", mbs: int = 4, version: int = -1, extra_input: str = "")
 
 def members(text: str, served: tuple[int, ...] = (1,)) -> list[str]:
     config = parse_config_text(text, "pipe/config.pbtxt")
-    found = check_ensemble_members(config, "pipe", lambda name: Member(STEP, served) if name == "step" else None)
+    found = check_ensemble_members(config, "pipe", lambda name: StepModel(STEP, served) if name == "step" else None)
     return [f"{f.field}: {f.message}{' [environment]' if f.environment else ''}" for f in found]
 
 
@@ -68,14 +68,14 @@ def serve(reg: Registry, model: str, digest: str) -> None:
 def test_daemon_lookup_environment_vs_content(registry: Registry) -> None:
     good, bad = record(registry, "pipe", "a" * 64, pipe()), record(registry, "pipe", "b" * 64, pipe(key="nosuch"))
     # no step model at all: not the ensemble's fault, nothing to record against its content
-    assert content_problems(registry, "pipe", good.config) == []
-    assert content_problems(registry, "pipe", bad.config) == []
+    assert member_problems(registry, "pipe", good.config) == []
+    assert member_problems(registry, "pipe", bad.config) == []
     with pytest.raises(EnvironmentFault, match=r'step model "step" is not served by this daemon; deploy it first'):
         require_members(registry, good)
     # the step recorded but not deployed: content is checked against it, the deploy still waits
     record(registry, "step", "c" * 64, config_text("step"))
-    assert content_problems(registry, "pipe", good.config) == []
-    assert [p["field"] for p in content_problems(registry, "pipe", bad.config)] == [
+    assert member_problems(registry, "pipe", good.config) == []
+    assert [p["field"] for p in member_problems(registry, "pipe", bad.config)] == [
         "ensemble_scheduling.step[0].input_map", "ensemble_scheduling.step[0].input_map"]
     with pytest.raises(EnvironmentFault):
         require_members(registry, good)

@@ -3,7 +3,7 @@
 The daemon deploys one model at a time, so an ensemble's steps are other models of the registry:
 their config is the one of their active snapshot (what Triton serves), else of their latest valid
 snapshot (what they will serve). A map key or a type that does not fit that config is the
-ensemble's content fault (`content_problems`, recorded with the snapshot); a step model that the
+ensemble's content fault (`member_problems`, recorded with the snapshot); a step model that the
 daemon does not serve is an environment fault (`require_members` raises EnvironmentFault: deploying
 the step first fixes it, and the ensemble's digest must not be quarantined for it). `step_models`
 lists the models an ensemble needs, for `load` (members first) and `unload --dependents`.
@@ -17,7 +17,7 @@ from typing import Any
 from controlplane.errors import EnvironmentFault, ModelConfigError
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
-from controlplane.validation.ensembles import EnsembleFinding, Member, as_config, check_ensemble_members, is_ensemble
+from controlplane.validation.ensembles import EnsembleFinding, StepModel, as_config, check_ensemble_members, is_ensemble
 from controlplane.vocab import SERVING_STATES
 
 
@@ -34,22 +34,22 @@ def step_models(config: dict[str, Any] | None) -> list[str]:
 
 
 def _member(registry: Registry, name: str, *, served_only: bool,
-            overrides: Mapping[str, SnapshotRecord] | None = None) -> Member | None:
+            overrides: Mapping[str, SnapshotRecord] | None = None) -> StepModel | None:
     override = (overrides or {}).get(name)
     if override is not None and override.config is not None:  # a change set's member: its new content
-        return Member(as_config(override.config), override.served_versions)
+        return StepModel(as_config(override.config), override.served_versions)
     record = registry.find_model(name)
     if record is None or record.removed_at is not None:
         return None
     if record.active_digest and record.state in SERVING_STATES:
         snap = registry.get_snapshot(name, record.active_digest)
         if snap.config is not None:
-            return Member(as_config(snap.config), snap.served_versions)
+            return StepModel(as_config(snap.config), snap.served_versions)
     if served_only:
         return None
     for snap in registry.list_snapshots(name):  # newest first
         if snap.valid and snap.config is not None:
-            return Member(as_config(snap.config), snap.served_versions)
+            return StepModel(as_config(snap.config), snap.served_versions)
     return None
 
 
@@ -64,7 +64,7 @@ def _findings(registry: Registry, model: str, config: dict[str, Any] | None, *,
                                                                            overrides=overrides))
 
 
-def content_problems(registry: Registry, model: str, config: dict[str, Any] | None,
+def member_problems(registry: Registry, model: str, config: dict[str, Any] | None,
                      overrides: Mapping[str, SnapshotRecord] | None = None) -> list[dict[str, str]]:
     """The ensemble's problems against its step models' recorded configs, as snapshot problems;
     steps that are not in the registry yet are not the content's fault and are left out. `overrides`:

@@ -13,7 +13,7 @@ to poll from model repository". These checks repeat those rules offline:
   required step input mapped, data types and shapes consistent along the graph, the ensemble's
   max_batch_size not above a batching step's).
 
-`lookup(name)` returns a `Member` (parsed config + the versions it serves) or None when the model is
+`lookup(name)` returns a `StepModel` (parsed config + the versions it serves) or None when the model is
 not there; a finding about a missing or unserved member carries `environment=True`: whether it is
 the content's fault depends on where it is deployed (the daemon records it as an EnvironmentFault).
 """
@@ -43,14 +43,14 @@ class EnsembleFinding(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Member:
+class StepModel:
     """A step model as the ensemble sees it: its (complete) config and the versions it serves."""
 
     config: mc.ModelConfig | None  # None: present, but its config.pbtxt does not parse (reported there)
     served_versions: Sequence[int]
 
 
-Lookup = Callable[[str], "Member | None"]
+Lookup = Callable[[str], "StepModel | None"]
 
 
 def as_config(config: mc.ModelConfig | Mapping[str, Any]) -> mc.ModelConfig:
@@ -255,10 +255,3 @@ def _merge(tensors: dict[str, _Node], tensor: str, node: _Node, where: str) -> I
     problem = _consistent(tensor, known, node)
     if problem:
         yield EnsembleFinding(where, problem)
-
-
-def step_models(config: mc.ModelConfig) -> list[str]:
-    """The model names an ensemble's steps use, in order, once each."""
-    if not is_ensemble(config):
-        return []
-    return list(dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step if s.model_name))

@@ -29,7 +29,7 @@ from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.validation.content import content_problems
-from controlplane.validation.ensembles import Member, as_config, check_ensemble_members, is_ensemble
+from controlplane.validation.ensembles import StepModel, as_config, check_ensemble_members, is_ensemble
 from controlplane.validation.fields import check_config, check_version_policy
 from controlplane.validation.warmup import check_warmup
 from controlplane.vocab import ERROR, WARNING
@@ -469,7 +469,7 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> ValidationReport:
     return ValidationReport(results)
 
 
-def ensemble_problems(result: ValidationResult, lookup: Callable[[str], Member | None]) -> list[Problem]:
+def ensemble_problems(result: ValidationResult, lookup: Callable[[str], StepModel | None]) -> list[Problem]:
     """The cross-repository problems of an ensemble `result` (none for other models), its step
     models found with `lookup`. Content problems are errors; a missing or unserved step model too
     (the repository given is incomplete), flagged in the message."""
@@ -510,12 +510,12 @@ def check_ensembles(results: list[ValidationResult]) -> None:
         if result.config is None or not is_ensemble(as_config(result.config)):
             continue
 
-        def lookup(name: str, ensemble: ValidationResult = result) -> Member | None:
+        def lookup(name: str, ensemble: ValidationResult = result) -> StepModel | None:
             member = find(ensemble, name)
             if member is None:
                 return None
             usable = member.config is not None and member.ok  # an invalid step is reported as such, below
-            return Member(as_config(member.config) if usable else None, member.served_versions)
+            return StepModel(as_config(member.config) if usable else None, member.served_versions)
 
         problems = ensemble_problems(result, lookup)
         for step in as_config(result.config).ensemble_scheduling.step:
