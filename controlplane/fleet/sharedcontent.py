@@ -104,7 +104,7 @@ class _SharedStore:
         for sha in _file_objects(snap):
             if not local.object_path(sha).exists():
                 self._fetch_object(local, model, sha)
-        local._materialize(snap)  # noqa: SLF001 - the store's own tree builder, from verified objects
+        local.add_snapshot(snap)  # the store's own tree builder, from verified objects
         return local.load(model, digest)
 
 

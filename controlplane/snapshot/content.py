@@ -256,7 +256,7 @@ class ContentStore:
         self._check_present(model_dir, model)
         snapshot = Snapshot.from_entries(model, entries)
         try:
-            self._materialize(snapshot)
+            self.add_snapshot(snapshot)
         except OSError as exc:
             raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
         return snapshot
@@ -364,8 +364,10 @@ class ContentStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
-    def _materialize(self, snapshot: Snapshot) -> None:
-        """Build the read-only tree and write the manifest unless this digest is already stored."""
+    def add_snapshot(self, snapshot: Snapshot) -> None:
+        """Build the read-only tree and write the manifest unless this digest is already stored. Every file
+        object of `snapshot` must be in the store already: the capture's own, or `add_object`'s (object
+        storage, a fleet's shared content)."""
         tree, manifest = self.tree_path(snapshot.digest), self.manifest_path(snapshot.digest)
         with self._lock:
             if tree.is_dir() and not self._tree_intact(tree, snapshot):

@@ -358,7 +358,7 @@ class S3Source:
         snapshot = Snapshot.from_entries(model, list(entries.values()))
         try:
             with store.reading():
-                store._materialize(snapshot)  # noqa: SLF001 - the store's own tree builder, from stored objects
+                store.add_snapshot(snapshot)  # the store's own tree builder, from stored objects
         except OSError as exc:
             raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
         with self._lock:
