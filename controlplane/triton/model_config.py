@@ -37,7 +37,7 @@ def _load() -> ModuleType:
     return module
 
 
-if TYPE_CHECKING:  # type checkers see the real module (import-linter is told to skip type-only imports)
+if TYPE_CHECKING:  # type checkers see the real module (.importlinter names this type-only edge)
     from tritonclient.grpc import model_config_pb2
 else:
     model_config_pb2 = _load()
