@@ -439,7 +439,6 @@ def render(report: dict[str, Any], console: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 trials per system, 8 in-process deploys")
     parser.add_argument("--trials", type=int, help="end-to-end trials per system (default 20; 3 with --quick)")
@@ -447,20 +446,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=1.0, help="tritonctl's settle window (s)")
     parser.add_argument("--timeout", type=float, default=30.0, help="per trial (s)")
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.trials = args.trials or (3 if args.quick else 20)
-    args.deploys = args.deploys or (8 if args.quick else 50)
-    console = c.make_console()
-    started = time.monotonic()
-    report = run(args, console)
-    report["runtime_s"] = round(time.monotonic() - started, 1)
-    render(report, console)
-    console.print(f"runtime {report['runtime_s']:.0f} s")
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 1 if args.check and any(r["met"] is False for r in report["rows"]) else 0
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.trials = args.trials or (3 if args.quick else 20)
+        args.deploys = args.deploys or (8 if args.quick else 50)
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, timed=True)
 
 
 if __name__ == "__main__":

@@ -195,26 +195,27 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
     return out
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--edits", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 edits per system")
     parser.add_argument("--settle", type=float, default=0.3, help="tritonctl's settle window")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the new pipeline")
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    if args.quick:
-        args.edits = min(args.edits, 3)
-    console = c.make_console()
-    report = run(args, console)
-    c.render_rows("Change sets: pipe = a → b, intermediate tensor renamed in one edit, a request every 20 ms",
-                  [c.Row(**{k: v for k, v in r.items()}) for r in report["rows"]], console,
-                  c.machine_line(report["machine"]))
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    failed = report["summary"][SYSTEMS[0]]["failed_requests"]
-    return 0 if failed == 0 else 1
+
+    def prepare(args: argparse.Namespace) -> None:
+        if args.quick:
+            args.edits = min(args.edits, 3)
+
+    def render(report: dict[str, Any], console: Any) -> None:
+        c.render_rows("Change sets: pipe = a → b, intermediate tensor renamed in one edit, a request every 20 ms",
+                      [c.Row(**{k: v for k, v in r.items()}) for r in report["rows"]], console,
+                      c.machine_line(report["machine"]))
+
+    def exit_code(args: argparse.Namespace, report: dict[str, Any]) -> int:
+        return 0 if report["summary"][SYSTEMS[0]]["failed_requests"] == 0 else 1
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, check=False, exit_code=exit_code)
 
 
 if __name__ == "__main__":

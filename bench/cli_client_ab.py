@@ -81,18 +81,11 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare", type=Path, required=True, help="the other checkout (PYTHONPATH)")
     parser.add_argument("--compare-label", default="before")
     parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    console = c.make_console()
-    report = run(args, console)
-    c.write_report(c.results_path(NAME, False, args.out), report, console)
-    return 0
+    return c.bench_main(NAME, parser, argv, run, check=False, exit_code=lambda args, report: 0)
 
 
 if __name__ == "__main__":

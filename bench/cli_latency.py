@@ -267,7 +267,6 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20,000 events, 5 runs per command")
     parser.add_argument("--runs", type=int, help="timed runs per command (default 15; 5 with --quick)")
@@ -276,24 +275,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audit-db", help="build the big registry here and keep it (reused when present)")
     parser.add_argument("--compare", type=Path, help="another checkout to run side by side (PYTHONPATH)")
     parser.add_argument("--compare-label", default="before", help="its name in the table (e.g. a commit)")
-    parser.add_argument("--out", type=Path)
     parser.add_argument("--nice", type=int, default=0,
                         help="run this benchmark (and the daemons, tritonserver and every timed process, which "
                              "inherit it) at this niceness, e.g. -10 on a shared machine: other work there then "
                              "waits for a core instead of the measured processes (root only for < 0)")
-    args = parser.parse_args(argv)
-    if args.nice:
-        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
-    args.argv = argv
-    args.runs = args.runs or (5 if args.quick else 15)
-    args.events = args.events or (20_000 if args.quick else 1_000_000)
-    console = c.make_console()
-    report = run(args, console)
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    if report["failures"]:
-        console.print("[bold red]failed commands:[/bold red] " + "; ".join(report["failures"][:5]))
-        return 1
-    return 0
+
+    def prepare(args: argparse.Namespace) -> None:
+        if args.nice:
+            os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+        args.runs = args.runs or (5 if args.quick else 15)
+        args.events = args.events or (20_000 if args.quick else 1_000_000)
+
+    def render(report: dict[str, Any], console: Any) -> None:  # the table itself is printed by run
+        if report["failures"]:
+            console.print("[bold red]failed commands:[/bold red] " + "; ".join(report["failures"][:5]))
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, check=False,
+                        exit_code=lambda args, report: 1 if report["failures"] else 0)
 
 
 if __name__ == "__main__":

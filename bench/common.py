@@ -100,6 +100,42 @@ def write_report(path: Path, report: dict[str, Any], console: Console) -> None:
     console.print(f"results: {path}")
 
 
+def missed_target(args: Any, report: dict[str, Any]) -> int:
+    """The usual exit code: 1 when --check was given and a row missed its target."""
+    return 1 if args.check and any(r["met"] is False for r in report["rows"]) else 0
+
+
+def bench_main(name: str, parser: Any, argv: Sequence[str] | None, run: Callable[[Any, Console], dict[str, Any]],
+               *, prepare: Callable[[Any], None] | None = None,
+               render: Callable[[dict[str, Any], Console], None] | None = None, timed: bool = False,
+               check: bool = True, exit_code: Callable[[Any, dict[str, Any]], int] = missed_target) -> int:
+    """The tail every benchmark's main() shares: parse (`parser` holds the script's own options, --quick
+    among them; --out and, with `check`, --check are added here), `prepare` (sizes that depend on --quick),
+    run, print the table, write the results file with its provenance, and the exit code.
+
+    `timed`: record `runtime_s` around `run` and print it after the table."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser.add_argument("--out", type=Path, help=f"JSON results (default bench/results/{name}.json, "
+                                                 f"{name}-quick.json with --quick)")
+    if check:
+        parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if prepare is not None:
+        prepare(args)
+    console = make_console()
+    started = time.monotonic()
+    report = run(args, console)
+    if timed:
+        report["runtime_s"] = round(time.monotonic() - started, 1)
+    if render is not None:
+        render(report, console)
+    if timed:
+        console.print(f"runtime {report['runtime_s']:.0f} s")
+    write_report(results_path(name, getattr(args, "quick", False), args.out), report, console)
+    return exit_code(args, report)
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
 

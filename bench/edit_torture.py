@@ -368,7 +368,6 @@ def render(report: dict[str, Any], console: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20 edits (CI smoke)")
     parser.add_argument("--edits", type=int, help="edits in all (default 200; 20 with --quick)")
@@ -379,20 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--converge-timeout", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /tmp")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.edits = args.edits or (20 if args.quick else 200)
-    console = c.make_console()
-    started = time.monotonic()
-    report = run(args, console)
-    report["runtime_s"] = round(time.monotonic() - started, 1)
-    render(report, console)
-    console.print(f"runtime {report['runtime_s']:.0f} s")
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    missed = [r for r in report["rows"] if r["met"] is False]
-    return 1 if args.check and missed else 0
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.edits = args.edits or (20 if args.quick else 200)
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, timed=True)
 
 
 if __name__ == "__main__":

@@ -85,19 +85,15 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="40 events")
     parser.add_argument("--events", type=int)
     parser.add_argument("--gap-s", type=float, default=0.05, help="pause between two audited calls")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.events = args.events or (40 if args.quick else 200)
-    console = c.make_console()
-    report = run(args, console)
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 0
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.events = args.events or (40 if args.quick else 200)
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, check=False, exit_code=lambda args, report: 0)
 
 
 if __name__ == "__main__":

@@ -556,7 +556,6 @@ def render(report: dict[str, Any], console: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="200 models, 10 s idle window, 1 edit")
     parser.add_argument("--counts", type=lambda s: [int(x) for x in s.split(",")],
@@ -576,21 +575,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between Triton poll being live and its idle window (its first polls)")
     parser.add_argument("--parts", type=lambda v: v.split(","), default=["explicit", "poll", "manual", "auto"],
                         help="which systems to run, comma separated: explicit, poll, manual, auto (default all)")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.counts = args.counts or ([200] if args.quick else [200, 1000, 2000, 5000, 10_000])
-    args.idle = args.idle or (10.0 if args.quick else 60.0)
-    args.idle_baseline = args.idle_baseline or (5.0 if args.quick else 20.0)
-    args.edits = args.edits or (1 if args.quick else EDIT_TRIALS)
-    args.out_path = c.results_path(NAME, args.quick, args.out)
-    console = c.make_console()
-    report = run(args, console)
-    render(report, console)
-    console.print(f"runtime {report['runtime_s']:.0f} s")
-    c.write_report(args.out_path, report, console)
-    return 1 if args.check and any(r["met"] is False for r in report["rows"]) else 0
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.counts = args.counts or ([200] if args.quick else [200, 1000, 2000, 5000, 10_000])
+        args.idle = args.idle or (10.0 if args.quick else 60.0)
+        args.idle_baseline = args.idle_baseline or (5.0 if args.quick else 20.0)
+        args.edits = args.edits or (1 if args.quick else EDIT_TRIALS)
+        args.out_path = c.results_path(NAME, args.quick, args.out)
+
+    def render_with_runtime(report: dict[str, Any], console: Any) -> None:  # run times itself
+        render(report, console)
+        console.print(f"runtime {report['runtime_s']:.0f} s")
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render_with_runtime)
 
 
 if __name__ == "__main__":

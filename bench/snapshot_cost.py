@@ -209,25 +209,16 @@ def render(report: dict[str, Any], console: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100 MiB")
     parser.add_argument("--size-mib", type=int, help="size of the big file (default 1024; 100 with --quick)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--edits", type=int, default=10, help="config-only edits re-snapshotted")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.size_mib = args.size_mib or (100 if args.quick else 1024)
-    console = c.make_console()
-    started = time.monotonic()
-    report = run(args, console)
-    report["runtime_s"] = round(time.monotonic() - started, 1)
-    render(report, console)
-    console.print(f"runtime {report['runtime_s']:.0f} s")
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 1 if args.check and any(r["met"] is False for r in report["rows"]) else 0
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.size_mib = args.size_mib or (100 if args.quick else 1024)
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, timed=True)
 
 
 if __name__ == "__main__":

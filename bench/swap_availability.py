@@ -265,7 +265,6 @@ def render(report: dict[str, Any], console: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10 + 2 swaps (CI smoke)")
     parser.add_argument("--swaps", type=int, help="successful swaps per system (default 100; 10 with --quick)")
@@ -276,21 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--swap-timeout", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.swaps = args.swaps if args.swaps is not None else (10 if args.quick else 100)
-    args.failing = args.failing if args.failing is not None else (2 if args.quick else 10)
-    args.block = args.block or (4 if args.quick else 10)
-    console = c.make_console()
-    started = time.monotonic()
-    report = run(args, console)
-    report["runtime_s"] = round(time.monotonic() - started, 1)
-    render(report, console)
-    console.print(f"runtime {report['runtime_s']:.0f} s")
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 1 if args.check and any(r["met"] is False for r in report["rows"]) else 0
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.swaps = args.swaps if args.swaps is not None else (10 if args.quick else 100)
+        args.failing = args.failing if args.failing is not None else (2 if args.quick else 10)
+        args.block = args.block or (4 if args.quick else 10)
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, timed=True)
 
 
 if __name__ == "__main__":

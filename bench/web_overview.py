@@ -201,20 +201,18 @@ def _body(port: int, path: str) -> str:
         conn.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=GATE_MODELS)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="1,000 models, 5 rounds")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    if args.quick:
-        args.models, args.rounds = 1000, 5
-    args.argv = sys.argv
-    console = c.make_console()
-    report = run(args, console)
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
+
+    def prepare(args: argparse.Namespace) -> None:
+        if args.quick:
+            args.models, args.rounds = 1000, 5
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, check=False, exit_code=lambda args, report: 0)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
