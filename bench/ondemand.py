@@ -21,6 +21,7 @@ create; the server enters it before exec) caps the server and its stubs below wh
     python bench/ondemand.py                   # full: 40 × 100 MB, 1 GB, 5 minutes (≈ 10 min here)
     python bench/ondemand.py --quick           # 12 × 100 MB, 400 MB, 60 s
     python bench/ondemand.py --plot            # also draw docs/ondemand.png from the run
+    python bench/ondemand.py --replot bench/results/ondemand.json   # only the plot, from a results file
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from tests.harness import DaemonProcess, gen_config, infer_gen, python_model
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 SPACED_S = 2.0  # the pause before each spaced cold ensure
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "ondemand.png"
 PHASES = ("before_s", "admit_s", "publish_s", "load_s", "verify_commit_s", "answer_s")
 
 
@@ -295,22 +297,24 @@ def run_triton(base: Path, names: list[str], limit_mb: int | None, timed: list[s
                 pass
 
 
-def plot(result: dict[str, Any], budget_mb: int, path: Path) -> None:
+def plot(samples: list[list[float]], budget_mb: float, footprint_mb: float, path: Path) -> None:
+    """Memory held against the budget (top) and models loaded (bottom), sampled every 0.5 s."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = [s[0] for s in result["samples"]]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    ax.plot(t, [s[1] for s in result["samples"]], label="memory held (stubs + server growth), MB")
-    ax.axhline(budget_mb, color="red", linestyle="--", label=f"budget {budget_mb} MB")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("MB")
-    ax2 = ax.twinx()
-    ax2.step(t, [s[2] for s in result["samples"]], color="green", where="post", label="models loaded")
-    ax2.set_ylabel("models loaded")
-    fig.legend(loc="upper left")
+    t = [s[0] for s in samples]
+    fig, (mem, count) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, height_ratios=[3, 2])
+    mem.plot(t, [s[1] for s in samples], linewidth=0.8, label="memory held: the stubs' RSS + the server's growth")
+    mem.axhline(budget_mb, color="red", linestyle="--", label=f"budget {budget_mb:.0f} MB")
+    mem.axhline(budget_mb + footprint_mb, color="orange", linestyle=":",
+                label=f"budget + one footprint ({footprint_mb:.0f} MB): the target's bound")
+    mem.set_ylabel("MB")
+    mem.legend(loc="lower right", fontsize=8)
+    count.step(t, [s[2] for s in samples], color="green", where="post", linewidth=0.8)
+    count.set_ylabel("models loaded (stub processes)")
+    count.set_xlabel("seconds into the Zipf phase")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -326,7 +330,12 @@ def main() -> None:
     parser.add_argument("--cold", type=int, default=5, help="cold ensures timed one at a time after the run")
     parser.add_argument("--caps-mb", help="memory cgroup limits for Triton explicit (default: the budget,3584)")
     parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--replot", type=Path, metavar="RESULTS", help="only draw the plot again from a results file")
     args = parser.parse_args()
+    if args.replot:
+        done = json.loads(args.replot.read_text())
+        plot(done["samples"], done["parameters"]["budget_mb"], done["footprint_median_mb"], PLOT)
+        return
     args.models = args.models or (12 if args.quick else 40)
     args.budget_mb = args.budget_mb or (400 if args.quick else 1024)
     args.duration_s = args.duration_s or (60.0 if args.quick else 300.0)
@@ -409,9 +418,8 @@ def main() -> None:
                   samples=ours["samples"], triton_all=free, triton_capped=capped, footprint_median_mb=footprint)
     write_report(results_path("ondemand", args.quick), report, console)
     if args.plot:
-        path = Path(__file__).resolve().parent.parent / "docs" / "ondemand.png"
-        plot(ours, args.budget_mb, path)
-        console.print(f"plot: {path}")
+        plot(ours["samples"], args.budget_mb, footprint, PLOT)
+        console.print(f"plot: {PLOT}")
 
 
 if __name__ == "__main__":
