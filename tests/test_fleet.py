@@ -437,3 +437,43 @@ def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: 
     member = FleetMember(settings, FleetSettings(shared_store=tmp_path / "shared"), plane, shared)
     member.leader._scan()
     assert member.leader._settled == ["b_step", "c_step", "a_pipe"]
+
+
+def test_placements_are_decided_one_at_a_time_across_the_fleet(shared: Registry) -> None:
+    """Ensures through several hosts at once (threads, each its own transaction on the real PostgreSQL):
+    eight models of 150 MB into two hosts with room for one each place exactly two, one per host, and
+    eight ensures of one (10 MB) model place it once (the transaction lock in controlplane/store/placements.py;
+    without it every one of them reads the same free rooms)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import timedelta
+
+    from controlplane.errors import BudgetError
+    from controlplane.fleet.ondemand import host_rooms
+    from controlplane.fleet.placement import place
+    from controlplane.store.placements import PlacementStore, Room
+    from controlplane.store.registry import utcnow
+
+    store, placements = FleetStore(shared), PlacementStore(shared)
+    for host in ("h1", "h2"):
+        store.heartbeat(host, "127.0.0.1:8001", "1.0", utcnow(), budgets=(200.0, None))
+    need = {"memory_mb": 150.0, "gpu_memory_mb": 0.0}
+
+    def ensure(model: str, lease: str, need: dict[str, float] = need) -> tuple[str, bool] | None:
+        def decide(rooms: list[Room], has_it: list[str]) -> tuple[str, str]:
+            time.sleep(0.05)  # a slow decision: the others wait on the lock, they do not decide beside it
+            choice = place(model, need, host_rooms(rooms), has_it)
+            return choice.host, choice.message
+
+        try:
+            row, asked = placements.place(model, "d" * 64, need, ["h1", "h2"], decide,
+                                          (lease, utcnow() + timedelta(minutes=5), "tester"), "h1")
+        except BudgetError:
+            return None
+        return row.host, asked
+
+    with ThreadPoolExecutor(8) as pool:
+        many = list(pool.map(lambda i: ensure(f"m{i}", f"lease-m{i}"), range(8)))
+        one = list(pool.map(lambda i: ensure("same", f"lease-same{i}", {"memory_mb": 10.0}), range(8)))
+    assert sorted(r[0] for r in many if r is not None) == ["h1", "h2"], many
+    assert len({r[0] for r in one if r is not None}) == 1 and [r[1] for r in one if r].count(True) == 1, one
+    assert placements.lease_ends(["same"])["same"][0] == 8  # every caller's lease, on the one placement

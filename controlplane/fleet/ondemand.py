@@ -53,7 +53,8 @@ POLL_S = 0.05  # an ensure waiting for its host's load looks again this often
 LOCAL_SLACK_S = 30.0  # the placed host's local lease outlasts the fleet's by this (its agent renews it)
 
 
-def _rooms(rooms: list[Room]) -> list[HostRoom]:
+def host_rooms(rooms: list[Room]) -> list[HostRoom]:
+    """The fleet tables' rooms as the placement rule's HostRoom values."""
     return [HostRoom(r.host, r.memory_budget_mb, r.gpu_memory_budget_mb,
                      tuple(Holding(m, mem, gpu, evictable) for m, mem, gpu, evictable in r.holdings)) for r in rooms]
 
@@ -126,7 +127,7 @@ class FleetOnDemand:
         live = self.fleet_store.live_hosts(self.fleet().host_timeout_s)
 
         def decide(rooms: list[Room], has_it: list[str]) -> tuple[str, str]:
-            choice = place(model, need, _rooms(rooms), has_it)
+            choice = place(model, need, host_rooms(rooms), has_it)
             return choice.host, choice.message
 
         try:
