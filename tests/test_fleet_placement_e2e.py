@@ -92,6 +92,8 @@ def test_ondemand_models_are_placed_on_one_host_and_leased_through_any(fleet: Fl
     assert "huge needs 5000 MB" in refused.stderr and "memory_budget_mb = 200 MB" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
     assert placement(fleet, "huge") is None
+    [decision] = fleet.cli_json("audit", "--model", "huge", "--action", "place")
+    assert decision["outcome"] == "failed" and "memory_budget_mb" in decision["message"], decision
 
     placed = {m: placement(fleet, m) for m in ("a", "b")}
     assert (placed["a"]["host"], placed["a"]["state"], placed["a"]["leases"]) == (first["host"], "loaded", 1)

@@ -50,6 +50,7 @@ log = logging.getLogger("tritonctl.fleet")
 
 PLACE_ACTOR = "fleet:placement"
 POLL_S = 0.05  # an ensure waiting for its host's load looks again this often
+FOUND = "found "  # a placed host's `loaded` message when the model was loaded there already
 LOCAL_SLACK_S = 30.0  # the placed host's local lease outlasts the fleet's by this (its agent renews it)
 
 
@@ -144,7 +145,8 @@ class FleetOnDemand:
         until = utcnow() + timedelta(seconds=for_s)
         self.store.renew(model, lease_id, until)
         grpc_url, http_url = self._urls(row.host)
-        return LeaseResult(model, row.digest, lease_id, until, asked, int((time.monotonic() - started) * 1000),
+        loaded = asked and not row.message.startswith(FOUND)  # this ensure's ask made its host load it
+        return LeaseResult(model, row.digest, lease_id, until, loaded, int((time.monotonic() - started) * 1000),
                            host=row.host, grpc_url=grpc_url, http_url=http_url)
 
     def _urls(self, host: str) -> tuple[str | None, str | None]:
@@ -238,7 +240,8 @@ class PlacedModels:
             if previous and previous != result.lease:
                 self._release_local(p.model, previous)
             self.report()  # its footprint reaches the fleet before anyone is told it is loaded
-            self.store.mark(p.model, self.host, p.digest, "loaded", f"loaded on {self.host}")
+            self.store.mark(p.model, self.host, p.digest, "loaded",
+                            f"{'' if result.loaded else FOUND}loaded on {self.host}")
         except TritonctlError as exc:
             log.error("%s: placed on %s: %s", p.model, self.host, exc)
             self.store.mark(p.model, self.host, p.digest, "failed", str(exc))
