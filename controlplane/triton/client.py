@@ -139,11 +139,20 @@ class TritonClient:
         ]
 
     def ready_versions(self, model: str) -> list[str]:
-        """Versions of `model` that the index says are READY."""
-        return sorted(
-            (e.version for e in self.index() if e.name == model and e.state == "READY"),
-            key=lambda v: int(v) if v.isdigit() else -1,
-        )
+        """Versions of `model` that Triton has READY: its metadata's versions, which list exactly the READY
+        ones (measured on 2.51: a model not loaded, or unloaded, answers NOT_FOUND "has no available
+        versions"). Not read out of the repository index: that lists every model of the repository, so a
+        verify per deploy cost Triton and this process O(models) each, O(N²) over a start-up (issue 26)."""
+        try:
+            data = self._call(
+                f"metadata of '{model}'",
+                lambda: self._client.get_model_metadata(model, as_json=True, client_timeout=self.timeouts.call_s),
+            )
+        except TritonError as exc:
+            if exc.status == "NOT_FOUND":  # not loaded: no version READY
+                return []
+            raise
+        return sorted((str(v) for v in data.get("versions", [])), key=lambda v: int(v) if v.isdigit() else -1)
 
     def version_ready(self, model: str, version: str = "") -> bool:
         return bool(
