@@ -82,6 +82,19 @@ def held_mb(server_pid: int, server_base_kb: int) -> tuple[float, int]:
     return total / 1024, len(stubs)
 
 
+def stub_models(server_pid: int) -> list[str]:
+    """The model of each python stub of one tritonserver (its argv names `.../<model>/<version>/model.py`)."""
+    names = []
+    for p in descendants(server_pid):
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].decode(errors="replace").endswith("triton_python_backend_stub") and len(argv) > 1:
+            names.append(Path(argv[1].decode(errors="replace")).parent.parent.name)
+    return sorted(names)
+
+
 def _argv0(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
@@ -103,6 +116,7 @@ def run_tritonctl(base: Path, names: list[str], args: argparse.Namespace) -> dic
                            extra_args=["--policy", "ondemand", "--memory-budget-mb", str(args.budget_mb),
                                        "--log-format", "json"]).start()
     samples: list[tuple[float, float, int]] = []
+    crowded: list[tuple[float, float, float, list[str]]] = []  # samples over the budget, with the stubs' models
     ensures: list[dict[str, Any]] = []
     failures: list[str] = []
     try:
@@ -123,6 +137,8 @@ def run_tritonctl(base: Path, names: list[str], args: argparse.Namespace) -> dic
             while not stop.wait(0.5):
                 mb, stubs = held_mb(pid, base_kb)
                 samples.append((time.monotonic() - started, mb, stubs))
+                if mb > args.budget_mb and len(crowded) < 2000:  # over the budget: whose stubs run then
+                    crowded.append((time.monotonic() - started, time.time(), round(mb, 1), stub_models(pid)))
 
         def worker(seed: int) -> None:
             import tritonclient.grpc as grpcclient
@@ -189,12 +205,15 @@ def run_tritonctl(base: Path, names: list[str], args: argparse.Namespace) -> dic
         daemon.stop()
     breakdown = [phases(daemon.log_path, *wall) for wall in walls]
     evictions = [e for e in audit if e["action"] == "evict"]
+    events = [{k: e.get(k) for k in ("time", "actor", "action", "model", "outcome", "message", "duration_ms")}
+              for e in audit if e["action"] in ("evict", "ondemand")]
     loads = [e for e in audit if e["action"] == "ondemand" and e["outcome"] == "ok"]
     return {"samples": samples, "ensures": ensures, "failures": failures, "evictions": len(evictions),
             "protected_evicted": sum(1 for e in evictions if e["model"] == protected),
             "deploy_ms": [e["duration_ms"] for e in loads], "footprints_mb": footprints, "cold_s": cold,
             "cold_models": cold_models, "spaced_s": spaced, "spaced_models": spaced_models,
-            "cold_breakdown": breakdown}
+            "cold_breakdown": breakdown,
+            "crowded": crowded, "events": events}
 
 
 @dataclass
