@@ -45,7 +45,15 @@ from watchdog.observers.api import BaseObserver
 from controlplane.errors import ConfigError
 from controlplane.snapshot import HOLD_FILE, is_ignored_name
 from controlplane.source import watchmode
-from controlplane.source.poller import ADDED, REMOVED, REPLACED, DirectorySource, SignaturePoller, stable_signature
+from controlplane.source.poller import (
+    ADDED,
+    REMOVED,
+    REPLACED,
+    DirectorySource,
+    SignaturePoller,
+    model_entries,
+    stable_signature,
+)
 from controlplane.source.watchmode import WatchMode, choose_mode
 
 log = logging.getLogger("tritonctl.watcher")
@@ -282,8 +290,7 @@ class RepositoryWatcher:
 
     def _entries(self) -> list[str]:
         try:
-            with os.scandir(self.root) as it:
-                return [e.name for e in it if not is_ignored_name(e.name) and (e.is_dir() or e.is_symlink())]
+            return model_entries(self.root)
         except FileNotFoundError:
             return []
 

@@ -53,6 +53,13 @@ class SignatureSource(Protocol):
         """The model's signature now; None when it is gone."""
 
 
+def model_entries(root: os.PathLike[str] | str) -> list[str]:
+    """The names in a repository directory that may be models: directories and symlinks, not debris.
+    Raises OSError (each caller decides what an unreadable or missing repository means to it)."""
+    with os.scandir(root) as it:
+        return [e.name for e in it if not is_ignored_name(e.name) and (e.is_dir() or e.is_symlink())]
+
+
 class DirectorySource:
     """Model entries of a local directory: sub-directories and symlinks (to a directory, or dangling).
 
@@ -73,8 +80,7 @@ class DirectorySource:
 
     def names(self) -> list[str]:
         try:
-            with os.scandir(self.root) as it:
-                return [e.name for e in it if not is_ignored_name(e.name) and (e.is_dir() or e.is_symlink())]
+            return model_entries(self.root)
         except OSError:
             return []
 
