@@ -39,3 +39,12 @@ def test_what_the_fast_encoder_cannot_write_is_written_as_before() -> None:
     assert jsontext.dumps(odd_floats, indent=2) == json.dumps(odd_floats, indent=2)
     with pytest.raises(ValueError):  # an HTTP answer never carries NaN (Starlette's rule)
         jsontext.dumps({"x": math.nan}, compact=True)
+
+
+@pytest.mark.parametrize("text", [json.dumps(DOCUMENT), "[1e-7, 1e22, 5e-324, 0.1, 1.7976931348623157e308, NaN, "
+                                  "-Infinity, -0.0, 123456789012345678901234567890]", '"\\ud800"', '{"a": 1, "a": 2}'])
+def test_loads_reads_what_json_loads_reads(text: str) -> None:
+    """What the CLI reads from the daemon: the same values json.loads gives (a lone surrogate, which
+    the fast reader refuses, by json itself)."""
+    expected, got = json.loads(text), jsontext.loads(text.encode())
+    assert repr(got) == repr(expected)

@@ -284,3 +284,27 @@ def test_settling_lists_a_model_from_its_first_change_until_handed_on(repo: Path
         assert w.settling() == {"m": None}
     finally:
         w.stop()
+
+
+def test_watches_added_later_miss_nothing_changed_before_them(repo: Path) -> None:
+    """The daemon adds its inotify watches behind READY (`start(events=False)`, then `start_events`):
+    a change made after the baseline but before its directory is watched raised no event, and the
+    rescan that follows the watches hands it on; a change after that comes by its event."""
+    make_model(repo, "early", 1)
+    make_model(repo, "late", 1)
+    rec = Recorder()
+    w = RepositoryWatcher(repo, rec, SETTLE, rescan_interval_s=3600.0)  # no periodic rescan in this test
+    w.start(events=False)
+    try:
+        (repo / "early" / "1" / "model.py").write_text("# changed before the watches\n")
+        time.sleep(SETTLE * 2)
+        assert rec.models() == []  # nothing watches yet: no event, no rescan
+        w.start_events()
+        assert rec.wait_for(1) == ["early"]  # the rescan after the watches
+        t0 = time.monotonic()
+        (repo / "late" / "1" / "model.py").write_text("# changed once watched\n")
+        assert rec.wait_for(2) == ["early", "late"]
+        assert rec.calls[1][1] - t0 < SETTLE + 1.5  # its event, not a rescan an hour away
+    finally:
+        w.stop()
+    assert w._events_thread is None and w._observer is None

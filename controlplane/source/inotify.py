@@ -162,6 +162,7 @@ class RepositoryWatcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._observer: BaseObserver | None = None
+        self._events_thread: threading.Thread | None = None  # start_events: the watches being added
         self._thread: threading.Thread | None = None
         self._watch_setting = watch
         self.poll_interval_s = poll_interval_s
@@ -176,7 +177,10 @@ class RepositoryWatcher:
         self._next_watch_check = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, events: bool = True) -> None:
+        """Baseline every model's signature, then watch. `events` False: the inotify watches are added
+        later, by `start_events` (the daemon's, after READY: at 10,000 models adding 20,000 watches
+        costs about 0.7 s of CPU, a third of a restart; bench/scale.py)."""
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root}: not a directory")
         self._stopping = False
@@ -185,7 +189,7 @@ class RepositoryWatcher:
         self._poller.baseline()  # before any event: a change from now on is either seen or polled
         self._thread = threading.Thread(target=self._debounce_loop, name="tritonctl-debounce", daemon=True)
         self._thread.start()
-        if self.mode.mode == "inotify":
+        if self.mode.mode == "inotify" and events:
             self._start_observer()
         if self.mode.mode == "poll":
             self._poller.start(self.poll_interval_s)
@@ -193,7 +197,24 @@ class RepositoryWatcher:
             self._poller.start(self.rescan_interval_s, self.poll_interval_s, self._linked, RESCAN_CPU_BUDGET)
         log.info("watching %s by %s: %s", self.root, self.mode.mode, self.mode.reason)
 
-    def _start_observer(self) -> None:
+    def start_events(self) -> None:
+        """Add the inotify watches that `start(events=False)` left out, in a thread of its own, then
+        rescan at once: a change made between the baseline and its directory's watch raised no event,
+        and the rescan (against that baseline) hands it on, as an overflowed queue's rescan does."""
+        if self.mode.mode != "inotify" or self._observer is not None or self._events_thread is not None:
+            return
+        self._events_thread = threading.Thread(target=self._start_events, name="tritonctl-watch-start",
+                                               daemon=True)
+        self._events_thread.start()
+
+    def _start_events(self) -> None:
+        self._start_observer(refuse=False)
+        if not self._stopping:
+            self._poller.request_full()
+
+    def _start_observer(self, refuse: bool = True) -> None:
+        """`refuse`: a directory that cannot be watched fails the start (ConfigError); False (after
+        READY, too late to refuse): it is polled instead, every `poll_interval_s`."""
         observer = _new_observer()
         observer.schedule(_Handler(self), self._prefix[:-1], recursive=True, event_filter=_EVENT_FILTER)
         self._log_hook = _WatchdogLog(self)
@@ -209,6 +230,9 @@ class RepositoryWatcher:
             if exc.errno == errno.ENOSPC:
                 self._switch_to_poll(f"out of inotify watches (raise {WATCHES_SYSCTL})")
                 return
+            if not refuse:
+                self._switch_to_poll(exc.strerror or str(exc))
+                return
             self.stop()
             raise ConfigError(f"cannot watch {self.root}: {exc.strerror}") from exc
         self._observer = observer
@@ -222,6 +246,9 @@ class RepositoryWatcher:
         if self._log_hook is not None:
             logging.getLogger("watchdog.observers").removeHandler(self._log_hook)
             self._log_hook = None
+        if self._events_thread is not None and self._events_thread is not threading.current_thread():
+            self._events_thread.join()
+        self._events_thread = None
         if self._observer is not None:
             self._observer.stop()
             self._observer.join()

@@ -28,8 +28,10 @@ class LocalSource:
     """A model repository directory: one subdirectory (or symlink to one) per model."""
 
     def __init__(self, root: Path, *, settle_s: float = 1.0, commit_marker: str | None = None,
-                 watch: str = "auto", poll_interval_s: float = 2.0, rescan_interval_s: float = 30.0) -> None:
+                 watch: str = "auto", poll_interval_s: float = 2.0, rescan_interval_s: float = 30.0,
+                 events_later: bool = False) -> None:
         self.root = Path(root)
+        self.events_later = events_later  # the inotify watches added by start_events (the daemon's, after READY)
         self.commit_marker = commit_marker
         self._on_change: OnChange | None = None
         self.watcher = RepositoryWatcher(
@@ -90,7 +92,10 @@ class LocalSource:
     # -- watching -------------------------------------------------------------------------------------
     def watch(self, on_change: OnChange) -> None:
         self._on_change = on_change
-        self.watcher.start()
+        self.watcher.start(events=not self.events_later)
+
+    def start_events(self) -> None:
+        self.watcher.start_events()
 
     def stop(self) -> None:
         self.watcher.stop()

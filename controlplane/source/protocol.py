@@ -79,6 +79,11 @@ class Source(Protocol):
         """Start watching: `on_change(model, complete)` from the source's own thread once a model settled."""
         ...
 
+    def start_events(self) -> None:
+        """Begin the event watching a source built to start it late (LocalSource's `events_later`:
+        the daemon's, after READY); until then, and always, the rescan sees every change."""
+        ...
+
     def stop(self) -> None:
         """Stop watching; pending checks are dropped."""
         ...
@@ -149,6 +154,9 @@ class NoSource:
         return {}
 
     def watch(self, on_change: OnChange) -> None:
+        return None
+
+    def start_events(self) -> None:
         return None
 
     def stop(self) -> None:

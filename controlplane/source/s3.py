@@ -163,6 +163,9 @@ class S3Source:
         self._on_settled = lambda model: on_change(model, False)
         self.start()
 
+    def start_events(self) -> None:
+        return None  # a bucket has no events: the listing poller is the watch
+
     def watch_info(self) -> Mapping[str, str | None]:
         return {"mode": "poll", "reason": f"object storage {self.location.url}: listed every "
                 f"{self.poll_interval_s:g} s"}
