@@ -440,4 +440,5 @@ def test_the_poll_thread_is_named_in_the_kernel(tmp_path: Path) -> None:
         wait_for(lambda: "tritonctl-poll" in _thread_names(), 10, 0.05, "the poll thread named in /proc")
     finally:
         poller.stop()
-    assert "tritonctl-poll" not in _thread_names()
+    # join() returns when Python's side of the thread is done; the kernel's task can outlive it briefly
+    wait_for(lambda: "tritonctl-poll" not in _thread_names(), 10, 0.05, "the poll thread gone from /proc")
