@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 if str(ROOT / "bench") not in sys.path:  # bench/common.py
     sys.path.insert(0, str(ROOT / "bench"))
 
+import common  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -54,7 +55,7 @@ from controlplane.store.records import AuditQuery, iso  # noqa: E402
 from controlplane.store.registry import Registry  # noqa: E402
 from controlplane.store.sqlite_reader import SqliteReader  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+NAME = "audit_query"
 BATCH = 20_000
 
 ACTIONS = [("snapshot", 50), ("deploy", 25), ("policy", 5), ("rollback", 3), ("pin", 2), ("unpin", 1),
@@ -238,8 +239,6 @@ def query_plans(registry: Registry, calls: dict[str, Callable[[], object]]) -> d
 
 def machine_info() -> dict[str, Any]:
     """bench/common.py's machine record (commit, uname, load, Python, tritonserver) plus the databases'."""
-    import common
-
     return {**common.machine_info(), "sqlite": sqlite3.sqlite_version, "sqlalchemy": sa.__version__}
 
 
@@ -414,7 +413,6 @@ def render(report: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI smoke: 100,000 events, fewer repetitions")
     parser.add_argument("--events", type=int, help="audit events (default 1,000,000; 100,000 with --quick)")
@@ -424,25 +422,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, help="timed runs of each main query (default 200; 40 quick)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--db", help="build the registry here and keep it (reused when it exists)")
-    parser.add_argument("--out", type=Path, help="JSON results (default bench/results/audit_query.json, "
-                                                 "audit_query-quick.json with --quick)")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.events = args.events or (100_000 if args.quick else 1_000_000)
-    args.serving_changes = args.serving_changes or (2_000 if args.quick else 20_000)
-    args.repetitions = args.repetitions or (40 if args.quick else 200)
-    out = args.out or RESULTS / ("audit_query-quick.json" if args.quick else "audit_query.json")
-    console = Console(highlight=False)
-    if not console.is_terminal:  # a log or CI: do not fold the table at 80 columns
-        console.width = 132
-    report = run(args, lambda text: console.print(text, style="dim"))
-    render(report, console)
-    import common
 
-    common.write_report(out, report, console)
-    missed = [r["name"] for r in report["results"] if r["met"] is False]
-    return 1 if args.check and missed else 0
+    def prepare(args: argparse.Namespace) -> None:
+        args.events = args.events or (100_000 if args.quick else 1_000_000)
+        args.serving_changes = args.serving_changes or (2_000 if args.quick else 20_000)
+        args.repetitions = args.repetitions or (40 if args.quick else 200)
+
+    def missed(args: argparse.Namespace, report: dict[str, Any]) -> int:
+        return 1 if args.check and any(r["met"] is False for r in report["results"]) else 0
+
+    # common is imported before the timings either way: run()'s first step is machine_info()
+    return common.bench_main(NAME, parser, argv, lambda args, console: run(args, lambda text: console.print(
+        text, style="dim")), prepare=prepare, render=render, exit_code=missed)
 
 
 if __name__ == "__main__":

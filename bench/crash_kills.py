@@ -44,31 +44,42 @@ def rows(result: dict[str, Any]) -> list[c.Row]:
     ]
 
 
-def main(argv: list[str]) -> int:
+def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    machine = c.machine_info()
+    machine["load_average_start"] = c.load_average()
+    with c.workspace(NAME, keep=args.keep) as base:
+        result = random_kills(base, kills=args.kills, seed=args.seed)
+    report = c.base_report(NAME, args.argv, args.quick, machine)
+    report.update({"settings": {"kills": args.kills, "seed": args.seed, "probe_clients": 2},
+                   "result": {k: v for k, v in result.items() if k != "errors"}, "errors": result["errors"]})
+    table = rows(result)
+    report["rows"] = [r.to_json() for r in table]
+    return report
+
+
+def render(report: dict[str, Any], console: Any) -> None:
+    c.render_rows(f"{report['settings']['kills']} random SIGKILLs of the daemon during deploys, two closed-loop "
+                  "probe clients", [c.Row(**r) for r in report["rows"]], console, c.machine_line(report["machine"]))
+
+
+def survived(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    """Exit 1 on any failed or mixed answer, with or without --check (as before the shared tail)."""
+    return 0 if report["result"]["failed"] == 0 and report["result"]["mixed"] == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--seed", type=int, default=1616, help="tests/test_crash.py's slow variant uses 1616")
     parser.add_argument("--quick", action="store_true", help="4 kills")
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.kills = min(args.kills, 4)
-    console = c.make_console()
-    machine = c.machine_info()
-    machine["load_average_start"] = c.load_average()
-    with c.workspace(NAME, keep=args.keep) as base:
-        result = random_kills(base, kills=args.kills, seed=args.seed)
-    report = c.base_report(NAME, argv, args.quick, machine)
-    report.update({"settings": {"kills": args.kills, "seed": args.seed, "probe_clients": 2},
-                   "result": {k: v for k, v in result.items() if k != "errors"}, "errors": result["errors"]})
-    table = rows(result)
-    report["rows"] = [r.to_json() for r in table]
-    c.render_rows(f"{args.kills} random SIGKILLs of the daemon during deploys, two closed-loop probe clients",
-                  table, console, c.machine_line(machine))
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 0 if result["failed"] == 0 and result["mixed"] == 0 else 1
+
+    def prepare(args: argparse.Namespace) -> None:
+        if args.quick:
+            args.kills = min(args.kills, 4)
+
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, check=False, exit_code=survived)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

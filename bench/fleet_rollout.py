@@ -237,28 +237,14 @@ def wave_table(results: list[dict[str, Any]], edits: int) -> Table:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="CI sizes: 2 hosts, 2 edits")
-    parser.add_argument("--sizes", type=int, nargs="+", help="fleet sizes (default 1 2 4 8; 2 with --quick)")
-    parser.add_argument("--edits", type=int, help="edits per fleet size (default 5; 2 with --quick)")
-    parser.add_argument("--wave-size", type=int, default=2)
-    parser.add_argument("--canary-count", type=int, default=1)
-    parser.add_argument("--settle", type=float, default=0.2, help="the daemons' --settle")
-    parser.add_argument("--no-broken", action="store_true", help="skip the broken-version rollback")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    sizes = args.sizes or ([2] if args.quick else [1, 2, 4, 8])
-    edits = args.edits or (2 if args.quick else 5)
-    console = c.make_console()
-    reason = skip_reason()
-    if reason:
-        console.print(f"cannot run: {reason}")
-        return 2
-    started = time.monotonic()
+class CannotRun(Exception):
+    """No PostgreSQL to run the shared registry on (tests/pg.py's skip reason): exit 2, no results file."""
+
+
+def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    sizes, edits = args.sizes, args.edits
     machine = c.machine_info()  # commit, uname, load average at the start, tritonserver and Python versions
-    report = c.base_report(NAME, argv, args.quick, machine)
+    report = c.base_report(NAME, args.argv, args.quick, machine)
     pg = PostgresServer().start()
     results = []
     try:
@@ -275,15 +261,40 @@ def main(argv: list[str] | None = None) -> int:
                      "canary_count": args.canary_count, "settle_s": args.settle, "model": "python (generation)",
                      "reconcile_interval_s": 10, "cpus": os.cpu_count()},
         "results": results, "rows": [r.to_json() for r in rows],
-        "runtime_s": round(time.monotonic() - started, 1),
     })
-    console.print(wave_table(results, edits))
-    c.render_rows("Fleet rollout (all hosts on this machine, sharing its cores)", rows, console,
-                  footer="Per wave: previous wave's last ok (canary: the rollout's creation) → this wave's last ok, "
-                         "from the shared registry's step times.")
-    console.print(f"runtime {report['runtime_s']:.0f} s")
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 0
+    return report
+
+
+def render(report: dict[str, Any], console: Any) -> None:
+    console.print(wave_table(report["results"], report["settings"]["edits"]))
+    c.render_rows("Fleet rollout (all hosts on this machine, sharing its cores)", [c.Row(**r) for r in report["rows"]],
+                  console, footer="Per wave: previous wave's last ok (canary: the rollout's creation) → this wave's "
+                                  "last ok, from the shared registry's step times.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI sizes: 2 hosts, 2 edits")
+    parser.add_argument("--sizes", type=int, nargs="+", help="fleet sizes (default 1 2 4 8; 2 with --quick)")
+    parser.add_argument("--edits", type=int, help="edits per fleet size (default 5; 2 with --quick)")
+    parser.add_argument("--wave-size", type=int, default=2)
+    parser.add_argument("--canary-count", type=int, default=1)
+    parser.add_argument("--settle", type=float, default=0.2, help="the daemons' --settle")
+    parser.add_argument("--no-broken", action="store_true", help="skip the broken-version rollback")
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.sizes = args.sizes or ([2] if args.quick else [1, 2, 4, 8])
+        args.edits = args.edits or (2 if args.quick else 5)
+        reason = skip_reason()
+        if reason:
+            raise CannotRun(reason)
+
+    try:
+        return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, timed=True, check=False,
+                            exit_code=lambda args, report: 0)
+    except CannotRun as exc:
+        c.make_console().print(f"cannot run: {exc}")
+        return 2
 
 
 if __name__ == "__main__":

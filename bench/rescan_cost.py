@@ -127,15 +127,9 @@ def rows_for(m: dict[str, Any]) -> list[c.Row]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1,000 models only")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    console = c.make_console()
+def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     machine = c.machine_info(with_triton=False)
-    report = c.base_report(NAME, argv if argv is not None else sys.argv[1:], args.quick, machine)
+    report = c.base_report(NAME, args.argv, args.quick, machine)
     report["git_commit"] = git_commit()
     report["load_average_1m_end"] = None
     sizes = [1_000] if args.quick else [1_000, 10_000]
@@ -148,10 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_1m_end"] = round(os.getloadavg()[0], 2)
     report["results"] = results
     report["rows"] = [r.to_json() for r in rows]
-    c.render_rows("Rescan cost: stat signatures of every model, no file read", rows, console,
-                  footer=c.machine_line(machine) + f"; commit {report['git_commit']}")
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 0 if all(r.met is not False for r in rows) else 1
+    return report
+
+
+def render(report: dict[str, Any], console: Any) -> None:
+    c.render_rows("Rescan cost: stat signatures of every model, no file read", [c.Row(**r) for r in report["rows"]],
+                  console, footer=c.machine_line(report["machine"]) + f"; commit {report['git_commit']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 models only")
+    parser.add_argument("--rounds", type=int, default=5)
+    # exit 1 on any missed target, with or without --check (as before the shared tail)
+    return c.bench_main(NAME, parser, argv, run, render=render, check=False,
+                        exit_code=lambda args, report: 1 if any(r["met"] is False for r in report["rows"]) else 0)
 
 
 if __name__ == "__main__":

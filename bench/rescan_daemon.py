@@ -158,19 +158,10 @@ def rows_for(m: dict[str, Any]) -> list[c.Row]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1,000 models, 60 s of sampling")
-    parser.add_argument("--models", type=int, default=None)
-    parser.add_argument("--sample-s", type=float, default=None)
-    parser.add_argument("--start-timeout-s", type=float, default=3600.0)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    count = args.models or (1_000 if args.quick else 10_000)
-    seconds = args.sample_s or (60.0 if args.quick else 300.0)
-    console = c.make_console()
+def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    count, seconds = args.models, args.sample_s
     machine = c.machine_info()
-    report = c.base_report(NAME, argv if argv is not None else sys.argv[1:], args.quick, machine)
+    report = c.base_report(NAME, args.argv, args.quick, machine)
     with c.workspace(NAME) as base:
         repo = base / "repo"
         make_repository(repo, count)
@@ -190,10 +181,28 @@ def main(argv: list[str] | None = None) -> int:
     rows = rows_for(m)
     report["results"] = [m]
     report["rows"] = [r.to_json() for r in rows]
-    c.render_rows("Rescan CPU on a running daemon (from /proc, side by side with the rescan off)", rows, console,
-                  footer=c.machine_line(machine))
-    c.write_report(c.results_path(NAME, args.quick, args.out), report, console)
-    return 0 if all(r.met is not False for r in rows) else 1
+    return report
+
+
+def render(report: dict[str, Any], console: Any) -> None:
+    c.render_rows("Rescan CPU on a running daemon (from /proc, side by side with the rescan off)",
+                  [c.Row(**r) for r in report["rows"]], console, footer=c.machine_line(report["machine"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 models, 60 s of sampling")
+    parser.add_argument("--models", type=int, default=None)
+    parser.add_argument("--sample-s", type=float, default=None)
+    parser.add_argument("--start-timeout-s", type=float, default=3600.0)
+
+    def prepare(args: argparse.Namespace) -> None:
+        args.models = args.models or (1_000 if args.quick else 10_000)
+        args.sample_s = args.sample_s or (60.0 if args.quick else 300.0)
+
+    # exit 1 on any missed target, with or without --check (as before the shared tail)
+    return c.bench_main(NAME, parser, argv, run, prepare=prepare, render=render, check=False,
+                        exit_code=lambda args, report: 1 if any(r["met"] is False for r in report["rows"]) else 0)
 
 
 if __name__ == "__main__":
