@@ -32,6 +32,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -42,15 +43,14 @@ from typing import Any
 from common import (  # type: ignore[import-not-found]
     Row,
     base_report,
+    bench_main,
     descendants,
     machine_info,
     machine_line,
     make_console,
     render_rows,
-    results_path,
     status_kb,
     workspace,
-    write_report,
 )
 
 from controlplane.api.client import ControlClient
@@ -338,29 +338,13 @@ def plot(samples: list[list[float]], budget_mb: float, footprint_mb: float, path
     fig.savefig(path, dpi=100)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--models", type=int)
-    parser.add_argument("--mb", type=int, default=100)
-    parser.add_argument("--budget-mb", type=int)
-    parser.add_argument("--duration-s", type=float)
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--cold", type=int, default=5, help="cold ensures timed one at a time after the run")
-    parser.add_argument("--caps-mb", help="memory cgroup limits for Triton explicit (default: the budget,3584)")
-    parser.add_argument("--plot", action="store_true")
-    parser.add_argument("--replot", type=Path, metavar="RESULTS", help="only draw the plot again from a results file")
-    args = parser.parse_args()
-    if args.replot:
-        done = json.loads(args.replot.read_text())
-        plot(done["samples"], done["parameters"]["budget_mb"], done["footprint_median_mb"], PLOT)
-        return
-    args.models = args.models or (12 if args.quick else 40)
-    args.budget_mb = args.budget_mb or (400 if args.quick else 1024)
-    args.duration_s = args.duration_s or (60.0 if args.quick else 300.0)
-    console = make_console()
+class Replotted(Exception):
+    """--replot drew the plot from a results file: nothing runs, no results file is written."""
+
+
+def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     machine = machine_info()
-    report = base_report("ondemand", [a for a in os.sys.argv[1:]], args.quick, machine)
+    report = base_report("ondemand", args.argv, args.quick, machine)
     report["parameters"] = {"models": args.models, "mb": args.mb, "budget_mb": args.budget_mb,
                             "duration_s": args.duration_s, "clients": args.clients}
     with workspace("ondemand") as base:
@@ -431,15 +415,54 @@ def main() -> None:
                     + "; ".join(run["failed"][:2]))
         rows.append(Row(f"--load-model=* in a {run['limit_mb']} MB cgroup", "Triton explicit",
                         f"{run['answering']}/{len(names)} answering", note=note, value=run["answering"]))
-    render_rows(f"On-demand models: {args.models} × {args.mb} MB, budget {args.budget_mb} MB, "
-                f"{args.duration_s:.0f} s, {args.clients} clients", rows, console, machine_line(machine))
     report.update(rows=[r.to_json() for r in rows], tritonctl={k: v for k, v in ours.items() if k != "samples"},
                   samples=ours["samples"], triton_all=free, triton_capped=capped, footprint_median_mb=footprint)
-    write_report(results_path("ondemand", args.quick), report, console)
+    return report
+
+
+def render(report: dict[str, Any], console: Any) -> None:
+    p = report["parameters"]
+    render_rows(f"On-demand models: {p['models']} × {p['mb']} MB, budget {p['budget_mb']} MB, "
+                f"{p['duration_s']:.0f} s, {p['clients']} clients", [Row(**r) for r in report["rows"]], console,
+                machine_line(report["machine"]))
+
+
+def plot_after(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    """After the results file is written: the plot with --plot; the exit code is always 0."""
     if args.plot:
-        plot(ours["samples"], args.budget_mb, footprint, PLOT)
-        console.print(f"plot: {PLOT}")
+        plot(report["samples"], args.budget_mb, report["footprint_median_mb"], PLOT)
+        make_console().print(f"plot: {PLOT}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--models", type=int)
+    parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--budget-mb", type=int)
+    parser.add_argument("--duration-s", type=float)
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--cold", type=int, default=5, help="cold ensures timed one at a time after the run")
+    parser.add_argument("--caps-mb", help="memory cgroup limits for Triton explicit (default: the budget,3584)")
+    parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--replot", type=Path, metavar="RESULTS", help="only draw the plot again from a results file")
+
+    def prepare(args: argparse.Namespace) -> None:
+        if args.replot:
+            done = json.loads(args.replot.read_text())
+            plot(done["samples"], done["parameters"]["budget_mb"], done["footprint_median_mb"], PLOT)
+            raise Replotted
+        args.models = args.models or (12 if args.quick else 40)
+        args.budget_mb = args.budget_mb or (400 if args.quick else 1024)
+        args.duration_s = args.duration_s or (60.0 if args.quick else 300.0)
+
+    try:
+        return bench_main("ondemand", parser, argv, run, prepare=prepare, render=render, check=False,
+                          exit_code=plot_after)
+    except Replotted:
+        return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
