@@ -15,7 +15,9 @@ before every load (`admit`) and after it (`settle`):
   `BudgetError` (an EnvironmentFault: the deploy ends `failed`, naming the budget, the footprint and
   what holds the memory, and is retried with backoff until room appears).
   An evicted model's memory is free only once its stub processes exited (Triton's unload returns
-  about 1 s before): a second eviction waits until the first one's stubs exited.
+  about 1 s before): a second eviction waits until the first one's stubs exited, at most EXIT_WAIT_S;
+  stubs that outlive that wait count as held (their model's footprint) until they exit, so the next
+  admission makes room for them too.
 - `settle` measures the load (controlplane/memory/footprint.py), records the footprint per digest, and, when
   the measurement turned out bigger than the estimate, evicts again until the budget holds: the
   budget is overshot by at most the one load's misestimate, during that eviction.
@@ -34,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timezone
+from pathlib import Path
 from typing import Any
 
 from controlplane.errors import BudgetError
@@ -65,6 +68,20 @@ class Ticket:
     @property
     def loads(self) -> str:
         return self.name or self.model
+
+
+@dataclass
+class Exiting:
+    """A model evicted for room: the stub processes its unload left running, and what they hold."""
+
+    model: str
+    pids: set[int]
+    footprint: dict[str, float]
+
+
+def running(pids: set[int]) -> bool:
+    """Whether any of `pids` still runs."""
+    return any(Path(f"/proc/{pid}").exists() for pid in pids)
 
 
 @dataclass(frozen=True)
@@ -102,7 +119,7 @@ class MemoryGuard:
         self._lock = threading.Lock()
         self._reserved: dict[int, Ticket] = {}
         self._refused: set[str] = set()  # models whose last admission found no room
-        self._exiting: list[str] = []  # the model evicted last, while its stub processes may still run
+        self._exiting: list[Exiting] = []  # evicted models whose stub processes may still run, the last last
         self.evictions = 0
 
     # -- what is held -----------------------------------------------------------------------------
@@ -134,6 +151,8 @@ class MemoryGuard:
         held = [(m.name, self._estimate(m.name, m.active_digest, None, known)) for m in loaded]
         names = {m.name for m in loaded}  # committed, not settled yet: counted once, as loaded
         held += [(t.loads, t.reserved) for t in self._reserved.values() if t.loads != exclude and t.loads not in names]
+        # an evicted model whose stubs outlived the wait for them (all but the one evicted last): still held
+        held += [(f"{e.model} (evicted, exiting)", e.footprint) for e in self._exiting[:-1] if running(e.pids)]
         return held
 
     def _over(self, held: list[tuple[str, dict[str, float]]], need: dict[str, float]) -> list[str]:
@@ -239,25 +258,30 @@ class MemoryGuard:
         if not self._over(self.holdings(exclude=counted), need) and not (need == {} and self._over_total()):
             return
         for victim in self.candidates(exclude=model):
-            if not self._over(self.holdings(exclude=counted), need) and not (need == {} and self._over_total()):
+            held = dict(self.holdings(exclude=counted))
+            if not self._over(list(held.items()), need) and not (need == {} and self._over_total()):
                 return
             if self.hooks.evict(victim, f"memory budget: {why}"):
                 self.evictions += 1
-                self._await_exit(victim)
+                self._await_exit(victim, held.get(victim, {}))
 
-    def _await_exit(self, model: str) -> None:
+    def _await_exit(self, model: str, footprint: dict[str, float]) -> None:
         """Triton's unload returns before the model's stub processes exit (about 1 s later, measured), and
         only then is the memory free. One evicted model may still be exiting while the next load runs (the
         budget's overshoot: one footprint, during an eviction); a second eviction waits for the first to
-        exit (at most EXIT_WAIT_S)."""
+        exit, at most EXIT_WAIT_S. Stubs still running after that (measured: one for 30 s under a load
+        average of 9) stay in `_exiting` and count as held (holdings) until they exit. The evicted
+        model's stubs are told by their pids, taken under the lock right after its unload returned (a
+        reload of the model cannot start meanwhile), so a reload's new stubs are not waited for."""
         server = self.meter.server_pid()
+        pids = stub_pids(model, server)
         deadline = time.monotonic() + EXIT_WAIT_S
         while True:
-            self._exiting = [m for m in self._exiting if stub_pids(m, server)]
+            self._exiting = [e for e in self._exiting if running(e.pids)]
             if not self._exiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        self._exiting.append(model)
+        self._exiting.append(Exiting(model, pids, footprint))
 
     def _over_total(self) -> bool:
         return bool(self._over(self.holdings(), {}))
