@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -112,11 +112,15 @@ class Fleet:
 
 
 @contextmanager
-def running_fleet(base: Path, url: str, hosts: list[str]) -> Iterator[Fleet]:
+def running_fleet(base: Path, url: str, hosts: list[str],
+                  configure: Callable[[Fleet], None] | None = None) -> Iterator[Fleet]:
     """The hosts' daemons started together (each launching its tritonserver), ready and connected; all
-    stopped on leaving (the module fixtures of this file and tests/test_tags_fleet_e2e.py)."""
+    stopped on leaving (the fleet e2e files' fixtures). `configure(fleet)` runs first: models to write,
+    each host's extra arguments and environment (`fleet.daemon(host)`)."""
     fl = Fleet(base, url)
     try:
+        if configure is not None:
+            configure(fl)
         for host in hosts:
             fl.start(host, wait=False)
         for host in hosts:

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.harness import gen_config, infer_gen, python_model, wait_for
 from tests.pg import PostgresServer
-from tests.test_fleet_e2e import Fleet
+from tests.test_fleet_e2e import Fleet, running_fleet
 
 HOSTS = ["h1", "h2"]
 pytestmark = [pytest.mark.triton, pytest.mark.postgres]
@@ -40,21 +40,17 @@ def write_model(repo: Path, name: str, gen: int, footprint_mb: int) -> None:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Iterator[Fleet]:
-    fl = Fleet(tmp_path_factory.mktemp("placement"), postgres.new_database("placement"))
-    for gen, (name, footprint) in enumerate((("a", 150), ("b", 150), ("huge", 5000)), start=1):
-        write_model(fl.repo, name, gen, footprint)
-    try:
+    def configure(fl: Fleet) -> None:
+        for gen, (name, footprint) in enumerate((("a", 150), ("b", 150), ("huge", 5000)), start=1):
+            write_model(fl.repo, name, gen, footprint)
         for host in HOSTS:
             daemon = fl.daemon(host)
             daemon.extra_args += ["--policy", "ondemand", "--memory-budget-mb", "200"]
             daemon.env["TRITONCTL_IDLE_UNLOAD_S"] = "1"
-            fl.start(host, wait=False)
-        for host in HOSTS:
-            fl.daemons[host].wait_ready()
-            fl.connect(host)
+
+    with running_fleet(tmp_path_factory.mktemp("placement"), postgres.new_database("placement"), HOSTS,
+                       configure) as fl:
         yield fl
-    finally:
-        fl.stop_all()
 
 
 def ensure(fleet: Fleet, through: str, model: str, check: bool = True) -> Any:

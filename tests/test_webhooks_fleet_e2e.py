@@ -15,7 +15,7 @@ import pytest
 
 from tests.harness import wait_for, write_gen_model
 from tests.pg import PostgresServer
-from tests.test_fleet_e2e import MODEL, Fleet
+from tests.test_fleet_e2e import MODEL, Fleet, running_fleet
 from tests.test_webhooks_e2e import check_deliveries
 from tests.webhook_receiver import Receiver
 
@@ -40,17 +40,12 @@ def fleet(tmp_path: Path, postgres: PostgresServer, receiver: Receiver) -> Itera
     config = tmp_path / "tritonctl.toml"
     config.write_text(f'webhook_retry_max_s = 1.0\n\n[[webhook]]\nurl = "{receiver.url}"\nevents = ["*"]\n'
                       f'secret_file = "{secret}"\n')
-    fl = Fleet(tmp_path, postgres.new_database("webhooks"))
-    try:
+    def configure(fl: Fleet) -> None:
         for host in HOSTS:
             fl.daemon(host).extra_args += ["--config", str(config)]
-            fl.start(host, wait=False)
-        for host in HOSTS:
-            fl.daemons[host].wait_ready()
-            fl.connect(host)
+
+    with running_fleet(tmp_path, postgres.new_database("webhooks"), HOSTS, configure) as fl:
         yield fl
-    finally:
-        fl.stop_all()
 
 
 def test_the_leader_delivers_the_shared_registrys_events_once_and_a_new_leader_takes_over(
