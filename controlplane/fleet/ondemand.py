@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -33,9 +32,9 @@ from controlplane.config import Settings
 from controlplane.deploy.engine import admission
 from controlplane.errors import BudgetError, DeployError, NotFoundError, TritonctlError, UsageError
 from controlplane.fleet.hostplane import HostPlane
-from controlplane.fleet.placement import GPU, MEMORY, Holding, HostRoom, place
+from controlplane.fleet.placement import Holding, HostRoom, place
 from controlplane.fleet.settings import FleetSettings
-from controlplane.memory.footprint import declared
+from controlplane.memory.footprint import declared, estimate
 from controlplane.memory.leases import MAX_LEASE_S, check_duration
 from controlplane.names import validate_model_name
 from controlplane.results import LeaseResult
@@ -93,22 +92,9 @@ class FleetOnDemand:
         """What a load of `digest` will hold: a host's measurement of it, else of the model, else its declared
         footprint, else the median of every reported footprint, else 0 (as a host's budget estimates)."""
         reported = self.store.reported_footprints()
-        mine = [r for r in reported if r[0] == model]
-        best = [r for r in mine if r[1] == digest] or mine
-        stated = declared(self.registry.get_snapshot(model, digest).config)
-        need: dict[str, float] = {}
-        for key in (MEMORY, GPU):
-            def of(row: tuple[str, str | None, float | None, float | None]) -> float | None:
-                return row[2] if key == MEMORY else row[3]  # noqa: B023 - used within this iteration
-
-            value = of(best[0]) if best else None
-            if value is None and stated is not None:
-                value = stated.memory_mb if key == MEMORY else stated.gpu_memory_mb
-            if value is None:
-                values = [v for v in map(of, reported) if v is not None]
-                value = statistics.median(values) if values else 0.0
-            need[key] = float(value)
-        return need
+        mine = [r for r in reported if r.model == model]
+        best = next((r for r in mine if r.digest == digest), mine[0] if mine else None)
+        return estimate([best, declared(self.registry.get_snapshot(model, digest).config)], reported)
 
     def ensure(self, model: str, for_s: float, actor: str) -> LeaseResult:
         validate_model_name(model)

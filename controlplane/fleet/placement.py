@@ -25,9 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.errors import BudgetError
+from controlplane.memory.footprint import GPU, MEMORY
 
-MEMORY = "memory_mb"
-GPU = "gpu_memory_mb"
 BUDGET_NAMES = {MEMORY: "memory_budget_mb", GPU: "gpu_memory_budget_mb"}
 
 

@@ -30,7 +30,6 @@ declared footprints as a stand-in).
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import BudgetError
-from controlplane.memory.footprint import DECLARED, Baseline, Footprint, Meter, declared, stub_pids
+from controlplane.memory.footprint import DECLARED, GPU, MEMORY, Baseline, Meter, declared, estimate, stub_pids
 from controlplane.store.records import FootprintRecord, ModelRecord
 from controlplane.store.registry import Registry
 from controlplane.vocab import SERVING_STATES
@@ -48,8 +47,6 @@ from controlplane.vocab import SERVING_STATES
 log = logging.getLogger("tritonctl.budget")
 
 EXIT_WAIT_S = 10.0  # how long a load waits for an evicted model's stub processes to exit
-MEMORY = "memory_mb"
-GPU = "gpu_memory_mb"
 
 
 @dataclass
@@ -134,15 +131,7 @@ class MemoryGuard:
         if record is None:  # the model's newest measurement of any content
             mine = sorted((r for (m, _), r in known.items() if m == model), key=lambda r: r.measured_at)
             record = mine[-1] if mine else None
-        stated: Footprint | FootprintRecord | None = record or declared(config)
-        estimate: dict[str, float] = {}
-        for key in (MEMORY, GPU):
-            value = getattr(stated, key, None) if stated is not None else None
-            if value is None:
-                values = [getattr(r, key) for r in known.values() if getattr(r, key) is not None]
-                value = statistics.median(values) if values else 0.0
-            estimate[key] = float(value)
-        return estimate
+        return estimate([record or declared(config)], known.values())
 
     def holdings(self, exclude: str = "") -> list[tuple[str, dict[str, float]]]:
         """(model, footprint) of every loaded model but `exclude`, then the admitted loads not settled."""

@@ -16,7 +16,8 @@ and `tritonctl.gpu_footprint_mb`; a measurement wins over a declaration.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ DECLARED_GPU_MB = "tritonctl.gpu_footprint_mb"
 MEASURED = "measured"
 DECLARED = "declared"
 MB = 1024 * 1024
+MEMORY = "memory_mb"  # the two things a footprint and a budget count, by their attribute names
+GPU = "gpu_memory_mb"
+KINDS = (MEMORY, GPU)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,22 @@ def declared(config: Mapping[str, Any] | None) -> Footprint | None:
     if memory is None and gpu is None:
         return None
     return Footprint(memory, gpu, DECLARED)
+
+
+def estimate(stated: Sequence[Any], known: Iterable[Any]) -> dict[str, float]:
+    """What a load will hold before it is measured, per kind (`memory_mb`, `gpu_memory_mb`): the first of
+    `stated` (best first; None entries skipped: a measurement of this content, of the model, a declaration)
+    that names it, else the median of every `known` footprint that names it, else 0. A host's budget
+    (controlplane/memory/budget.py) and the fleet's placement (controlplane/fleet/ondemand.py) both ask it."""
+    everyone = list(known)
+    need: dict[str, float] = {}
+    for key in KINDS:
+        value = next((v for v in (getattr(s, key) for s in stated if s is not None) if v is not None), None)
+        if value is None:
+            values = [v for v in (getattr(r, key) for r in everyone) if v is not None]
+            value = statistics.median(values) if values else 0.0
+        need[key] = float(value)
+    return need
 
 
 def rss_mb(pid: int) -> float:

@@ -42,6 +42,16 @@ class PlacementRow:
 
 
 @dataclass(frozen=True)
+class ReportedFootprint:
+    """What a host reported one model's content to hold (MB; None: not measured there)."""
+
+    model: str
+    digest: str | None
+    memory_mb: float | None
+    gpu_memory_mb: float | None
+
+
+@dataclass(frozen=True)
 class Room:
     """A live host's budgets and holdings as the fleet tables know them: (model, memory, gpu, evictable)."""
 
@@ -166,14 +176,14 @@ class PlacementStore:
                                     .values(state="idle", updated_at=utcnow()))
             return bool(getattr(moved, "rowcount", 0))
 
-    def reported_footprints(self) -> list[tuple[str, str | None, float | None, float | None]]:
-        """(model, digest, memory_mb, gpu_memory_mb) of every host's reported footprints, newest first."""
+    def reported_footprints(self) -> list[ReportedFootprint]:
+        """Every host's reported footprints, newest first."""
         with self.registry.session() as session:
             rows = session.execute(select(schema.HostModel.model, schema.HostModel.digest, schema.HostModel.memory_mb,
                                           schema.HostModel.gpu_memory_mb)
                                    .where(schema.HostModel.memory_mb.is_not(None))
                                    .order_by(schema.HostModel.updated_at.desc())).all()
-            return [(m, d, mem, gpu) for m, d, mem, gpu in rows]
+            return [ReportedFootprint(m, d, mem, gpu) for m, d, mem, gpu in rows]
 
     def forget(self, model: str, host: str, audit: AuditEntry | None = None, states: tuple[str, ...] = ()) -> bool:
         """The placement is over (the host unloaded it, or its load failed): the next ensure places again."""
