@@ -45,7 +45,7 @@ from controlplane.errors import (
     TritonUnavailableError,
 )
 from controlplane.results import Outcome, Progress  # the operation's result: one definition, in results
-from controlplane.snapshot import ContentStore
+from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 from controlplane.triton.host import TritonHost
@@ -425,7 +425,7 @@ class Deployer:
             snap = self.registry.get_snapshot(model, digest)
             ready = self._verify(model, digest, snap.served_versions)
             tree = self.serving.current(model)
-            if tree is None or digest not in (tree / "config.pbtxt").read_text(errors="replace"):
+            if tree is None or digest not in (tree / CONFIG_FILE).read_text(errors="replace"):
                 return None  # Triton serves it, but serving/ points elsewhere: publish it again
             if smoke:
                 self._smoke(model, tree)

@@ -24,7 +24,7 @@ from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.smoke import SmokeInput, load_smoke_file, run_smoke
 from controlplane.errors import TritonctlError
 from controlplane.results import Outcome, Progress
-from controlplane.snapshot import SMOKE_FILE, ContentStore
+from controlplane.snapshot import CONFIG_FILE, SMOKE_FILE, ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
@@ -245,7 +245,7 @@ class TritonSteps:
         (1,000 ensembles: 34 s one request at a time, 51 s four at once; docs/benchmarks.md)."""
         tree = self.serving.current(name)
         try:
-            return tree is not None and is_ensemble_text((tree / "config.pbtxt").read_text(errors="replace"))
+            return tree is not None and is_ensemble_text((tree / CONFIG_FILE).read_text(errors="replace"))
         except OSError:
             return False
 
