@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane import intake
 from controlplane.decision import decide, held
@@ -51,17 +51,16 @@ class HostAgent:
     stopping: threading.Event
     _last_converge: float = 0.0
     _last_report: float = 0.0
-    placed: PlacedModels | None = None  # the on-demand models placed on this host (controlplane/fleet/ondemand.py)
+    placed: PlacedModels = field(init=False)  # on-demand models placed on this host (controlplane/fleet/ondemand.py)
 
     def __post_init__(self) -> None:
         self.placed = PlacedModels(self.host, self.plane, self.registry, self._import, self.report)
 
     def tick(self) -> None:
-        if self.placed is not None:
-            try:
-                self.placed.serve()
-            except TritonctlError as exc:
-                log.error("placed models: %s", exc)
+        try:
+            self.placed.serve()
+        except TritonctlError as exc:
+            log.error("placed models: %s", exc)
         claimed = self.store.claim(self.host)
         if claimed:
             claimed = self._gather(claimed)
