@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
+from controlplane.memory.footprint import GPU, MEMORY
 from controlplane.store import schema
 from controlplane.store.outbox import add_audit_event
 from controlplane.store.registry import AuditEntry, Registry, utcnow
@@ -124,7 +125,7 @@ class PlacementStore:
                     row = schema.Placement(model=model, created_at=now)
                     session.add(row)
                 row.host, row.digest, row.state, row.message, row.updated_at = host, digest, "loading", message, now
-                row.memory_mb, row.gpu_memory_mb = need.get("memory_mb"), need.get("gpu_memory_mb")
+                row.memory_mb, row.gpu_memory_mb = need.get(MEMORY), need.get(GPU)
                 add_audit_event(session, AuditEntry(lease[2], "place", model, digest, "ok", message), through, now,
                                 self.registry.outbox)
                 asked = True
