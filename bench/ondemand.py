@@ -206,9 +206,12 @@ def run_tritonctl(base: Path, names: list[str], args: argparse.Namespace) -> dic
     breakdown = [phases(daemon.log_path, *wall) for wall in walls]
     evictions = [e for e in audit if e["action"] == "evict"]
     events = [{k: e.get(k) for k in ("time", "actor", "action", "model", "outcome", "message", "duration_ms")}
-              for e in audit if e["action"] in ("evict", "ondemand")]
+              for e in audit if e["action"] in ("evict", "ondemand", "restore")]
     loads = [e for e in audit if e["action"] == "ondemand" and e["outcome"] == "ok"]
+    # a reconcile that reloads an evicted model holds memory the budget does not count (fixed in 2026-12)
+    restores = [e for e in audit if e["action"] == "restore" and e["outcome"] == "ok"]
     return {"samples": samples, "ensures": ensures, "failures": failures, "evictions": len(evictions),
+            "restores": len(restores),
             "protected_evicted": sum(1 for e in evictions if e["model"] == protected),
             "deploy_ms": [e["duration_ms"] for e in loads], "footprints_mb": footprints, "cold_s": cold,
             "cold_models": cold_models, "spaced_s": spaced, "spaced_models": spaced_models,
@@ -402,6 +405,9 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         Row("evictions", "tritonctl", str(ours["evictions"]), value=ours["evictions"]),
         Row("protected model unloaded", "tritonctl", str(ours["protected_evicted"]), "0",
             ours["protected_evicted"] == 0, value=ours["protected_evicted"]),
+        Row("models reloaded by reconcile (restores)", "tritonctl", str(ours.get("restores", 0)), "0",
+            not ours.get("restores"), "nothing restarted: a restore here reloads a model the budget evicted",
+            value=ours.get("restores", 0)),
         Row("memory with every model loaded (--load-model=*)", "Triton explicit", f"{free['held_mb']:.0f} MB",
             note=f"{loaded}/{len(names)} loaded, {free['answering']} answering; stubs + the whole server "
                  f"({free.get('server_rss_mb', 0):.0f} MB); start {free.get('start_s')} s",

@@ -818,6 +818,8 @@ class ControlPlane:
 
     def _restore(self, model: str, digest: str) -> None:
         outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
+        if outcome is None:  # evicted or redeployed since the reconcile read the registry
+            return
         if outcome.outcome == Result.OK:
             log.warning("%s: %s", model, outcome.message)
             return

@@ -367,9 +367,15 @@ class Deployer:
         target = self.registry.get_snapshot(model, to).digest if to else self.previous_good(model)
         return self.deploy(model, target, actor, force=to is not None, kind="rollback", progress=progress)
 
-    def restore(self, model: str, digest: str, reason: str) -> Outcome:
-        """Make Triton serve the registry's active digest again (reconcile, crash recovery)."""
+    def restore(self, model: str, digest: str, reason: str) -> Outcome | None:
+        """Make Triton serve the registry's active digest again (reconcile, crash recovery). None: nothing to
+        do, because the model stopped meaning to serve `digest` since the caller read the registry (an
+        eviction or another deploy took the lock first; measured: a reconcile reloaded a model the memory
+        budget had just evicted, and held memory nobody asked for)."""
         with self.lock(model):
+            current = self.registry.get_model(model)
+            if current.state not in SERVING_STATES or current.active_digest != digest:
+                return None
             snap = self.registry.get_snapshot(model, digest)
             op = self._operation(model, digest, digest, "tritonctl", "restore")
             try:

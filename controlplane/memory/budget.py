@@ -262,14 +262,15 @@ class MemoryGuard:
         average of 9) stay in `_exiting` and count as held (holdings) until they exit. The evicted
         model's stubs are told by their pids, taken under the lock right after its unload returned (a
         reload of the model cannot start meanwhile), so a reload's new stubs are not waited for."""
-        server = self.meter.server_pid()
-        pids = stub_pids(model, server)
-        deadline = time.monotonic() + EXIT_WAIT_S
+        pids = stub_pids(model, self.meter.server_pid())
+        started = time.monotonic()
         while True:
             self._exiting = [e for e in self._exiting if running(e.pids)]
-            if not self._exiting or time.monotonic() >= deadline:
+            if not self._exiting or time.monotonic() >= started + EXIT_WAIT_S:
                 break
             time.sleep(0.05)
+        log.debug("evicted %s (stubs %s) after %.2f s waiting for earlier evictions' stubs; still exiting: %s",
+                  model, sorted(pids), time.monotonic() - started, [e.model for e in self._exiting])
         self._exiting.append(Exiting(model, pids, footprint))
 
     def _over_total(self) -> bool:

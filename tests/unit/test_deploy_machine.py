@@ -337,6 +337,21 @@ def test_a_failed_restore_is_recorded_as_the_models_last_error(bench: Bench) -> 
     assert bench.audit()[0] == ("restore", "failed")
 
 
+def test_a_restore_of_a_model_evicted_since_the_reconcile_read_it_loads_nothing(bench: Bench) -> None:
+    """Reconcile reads what should serve, finds it not in Triton and restores it; an eviction that ran in
+    between (the memory budget, the idle sweep) unloaded it on purpose. Measured in bench/ondemand.py
+    before this was fixed: the restore loaded the evicted model back while the registry still said
+    `unloaded`, so the budget did not count it and 9 models' stubs ran where 7 fit."""
+    digest = bench.serving_now(1)
+    assert bench.deployer.evict("m", "tritonctl:budget", "memory budget: room for n")
+    assert served(bench) is None
+    calls = len(bench.triton.calls)
+    assert bench.deployer.restore("m", digest, "reconcile") is None
+    assert served(bench) is None and bench.triton.calls[calls:] == []
+    assert bench.registry.get_model("m").state == ModelState.UNLOADED
+    assert [a for a, _ in bench.audit()].count("restore") == 0
+
+
 class Guard:
     """A stand-in for the memory budget (controlplane/memory/budget.py's MemoryGuard, tested over a real registry
     in tests/unit/test_budget.py): admits or refuses, and records what it was told."""
