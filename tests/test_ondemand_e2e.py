@@ -23,6 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.api.client import ControlClient
+from controlplane.memory.footprint import STUB, rss_mb
 from tests.harness import DaemonProcess, copy_example, gen_config, infer_gen, python_model, wait_for
 
 MODELS = [f"m{i}" for i in range(6)]
@@ -34,6 +35,20 @@ def write_model(repo: Path, name: str, gen: int) -> None:
     (repo / name / "config.pbtxt").write_text(gen_config(name, gen))
     (repo / name / "1" / "model.py").write_text(
         python_model("np.full_like(x, GEN, dtype=np.float32)", init=ALLOC, prelude=f"\nGEN = {gen}\n"))
+
+
+def held_mb(server: int, server_base_mb: float) -> float:
+    """What the budget bounds, as bench/ondemand.py samples it: every python stub of the server (its
+    argv names the server's pid), an evicted model's still exiting included, plus the server's growth."""
+    stubs = 0.0
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(argv) > 5 and argv[0].endswith(STUB) and argv[5] == str(server):
+            stubs += rss_mb(int(entry.name))
+    return stubs + max(0.0, rss_mb(server) - server_base_mb)
 
 
 def free_port() -> int:
@@ -57,6 +72,8 @@ def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: 
     client = ControlClient(socket=daemon.state_dir / "tritonctl.sock")
     try:
         wait_for(lambda: len(daemon.status()["models"]) == len(MODELS) + 3, 60, 0.3, "every model recorded")
+        server = int(daemon.triton_pid() or 0)
+        server_base_mb = rss_mb(server)  # nothing loaded yet (policy ondemand)
         rows = {row["model"]: row for row in daemon.status()["models"] if row["model"] in MODELS}
         assert all(row["ondemand"]["state"] == "standby" and row["state"] == "new" for row in rows.values()), rows
         assert "standby" in daemon.run("status").output
@@ -113,12 +130,27 @@ def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: 
             finally:
                 grpc.close()
 
+        samples: list[float] = []
+
+        def sampler() -> None:  # every 0.25 s while the clients run, as the benchmark does every 0.5 s
+            while any(t.is_alive() for t in workers):
+                samples.append(held_mb(server, server_base_mb))
+                time.sleep(0.25)
+
         workers = [threading.Thread(target=worker, args=(seed,)) for seed in range(3)]
         for t in workers:
             t.start()
+        watching = threading.Thread(target=sampler)
+        watching.start()
         for t in workers:
             t.join(180)
+        watching.join(10)
         assert failures == [] and done["inferences"] >= 10, (failures, done)
+        # the budget's bound: over it by at most one model's footprint (an evicted model still exiting)
+        footprints = [v["footprint"]["memory_mb"] for m in MODELS for v in daemon.json("versions", m)
+                      if v.get("footprint")]
+        assert samples and max(samples) <= 260 + max(footprints), (max(samples), sorted(footprints))
+        assert not daemon.audit("--action", "restore"), "a reconcile reloaded a model behind the budget's back"
         evictions = daemon.audit("--action", "evict")
         assert any(e["actor"] == "tritonctl:budget" for e in evictions), f"the budget never evicted: {evictions}"
         assert "m0" not in {e["model"] for e in evictions}, "the protected model was unloaded"
