@@ -201,7 +201,11 @@ class DaemonProcess:
             filters = (*filters, "--db-url", f"sqlite:///{self.state_dir / 'registry.db'}")
         return list(self.json("audit", *filters))
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int | None:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0, *,
+             kill_triton: bool | None = None) -> int | None:
+        """Stop the daemon, then kill its tritonserver if it left one. A daemon started with `--keep-triton`
+        that exited cleanly leaves it serving for the next start to adopt (what the flag is for, and what
+        a restart measurement needs); `kill_triton=True` kills it anyway (a test's last stop)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -212,7 +216,9 @@ class DaemonProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         code = self.proc.returncode
-        self._kill_orphans()
+        kept = "--keep-triton" in self.extra_args and code == 0
+        if kill_triton or (kill_triton is None and not kept):
+            self.kill_tritonserver()
         return code
 
     def kill(self) -> None:
@@ -221,7 +227,8 @@ class DaemonProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def _kill_orphans(self) -> None:
+    def kill_tritonserver(self) -> None:
+        """SIGKILL the tritonserver this daemon launched (its process group), wherever the daemon is."""
         pid = self.triton_pid()
         if pid:
             try:

@@ -42,42 +42,48 @@ def test_restart_with_nothing_changed_captures_nothing(tmp_path: Path) -> None:
     time.sleep(1.2)  # older than the racy window: the first start can vouch for every signature
     port = free_port()
     args = ["--metrics-port", str(port), "--keep-triton"]
-    daemon = DaemonProcess(repo, tmp_path / "state", extra_args=args).start()
+    # --keep-triton: each stop leaves the tritonserver serving and the next start adopts it (the third
+    # start, without the flag, stops it); whatever fails on the way, none outlives the test
     try:
-        wait_for(lambda: serving(daemon) == set(MODELS), 120, 0.5, "every model serving")
-        first = counts(port)
-        assert first["changed"] == len(MODELS) and first["unchanged"] == 0
-        assert first["captures"] >= len(MODELS)
-    finally:
-        assert daemon.stop() == 0, daemon.log_tail()
+        daemon = DaemonProcess(repo, tmp_path / "state", extra_args=args).start()
+        try:
+            wait_for(lambda: serving(daemon) == set(MODELS), 120, 0.5, "every model serving")
+            first = counts(port)
+            assert first["changed"] == len(MODELS) and first["unchanged"] == 0
+            assert first["captures"] >= len(MODELS)
+        finally:
+            assert daemon.stop() == 0, daemon.log_tail()
 
-    daemon = DaemonProcess(repo, tmp_path / "state", extra_args=args).start()  # adopts the tritonserver
-    try:
-        again = counts(port)
-        assert again == {"captures": 0, "validations": 0, "records": 0, "unchanged": len(MODELS), "changed": 0,
-                         "deploys": 0}, daemon.log_tail()
-        assert serving(daemon) == set(MODELS)
-        since_start = daemon.audit("--action", "daemon_start")[0]["time"]
-        work = [e for e in daemon.audit("--since", since_start)
-                if e["action"] in ("snapshot", "deploy", "restore", "changeset")]
-        assert work == [], work
-    finally:
-        assert daemon.stop() == 0, daemon.log_tail()
+        daemon = DaemonProcess(repo, tmp_path / "state", extra_args=args).start()  # adopts the tritonserver
+        try:
+            assert "adopted the running tritonserver" in daemon.log_tail(100_000), daemon.log_tail()
+            again = counts(port)
+            assert again == {"captures": 0, "validations": 0, "records": 0, "unchanged": len(MODELS), "changed": 0,
+                             "deploys": 0}, daemon.log_tail()
+            assert serving(daemon) == set(MODELS)
+            since_start = daemon.audit("--action", "daemon_start")[0]["time"]
+            work = [e for e in daemon.audit("--since", since_start)
+                    if e["action"] in ("snapshot", "deploy", "restore", "changeset")]
+            assert work == [], work
+        finally:
+            assert daemon.stop() == 0, daemon.log_tail()
 
-    # one model edited while no daemon ran: the next start captures it alone
-    config = repo / "linear" / "config.pbtxt"
-    config.write_text(config.read_text() + "\n# edited while stopped\n")
-    time.sleep(1.2)
-    daemon = DaemonProcess(repo, tmp_path / "state", extra_args=["--metrics-port", str(port)]).start()
-    try:
-        third = counts(port)
-        assert third["changed"] == 1 and third["unchanged"] == len(MODELS) - 1, daemon.log_tail()
-        # the edit may still be inside its settle window at start-up (a loaded machine): its capture is then
-        # refused as still changing and taken again; wait for the daemon's own record of it
-        wait_for(lambda: counts(port)["records"] >= 1, 60, 0.2, "the edited model recorded")
-        since_start = daemon.audit("--action", "daemon_start")[0]["time"]
-        snapshots = [e["model"] for e in daemon.audit("--since", since_start) if e["action"] == "snapshot"]
-        assert snapshots == ["linear"], snapshots  # captured and recorded alone
-        assert counts(port)["records"] == 1
+        # one model edited while no daemon ran: the next start captures it alone
+        config = repo / "linear" / "config.pbtxt"
+        config.write_text(config.read_text() + "\n# edited while stopped\n")
+        time.sleep(1.2)
+        daemon = DaemonProcess(repo, tmp_path / "state", extra_args=["--metrics-port", str(port)]).start()
+        try:
+            third = counts(port)
+            assert third["changed"] == 1 and third["unchanged"] == len(MODELS) - 1, daemon.log_tail()
+            # the edit may still be inside its settle window at start-up (a loaded machine): its capture is then
+            # refused as still changing and taken again; wait for the daemon's own record of it
+            wait_for(lambda: counts(port)["records"] >= 1, 60, 0.2, "the edited model recorded")
+            since_start = daemon.audit("--action", "daemon_start")[0]["time"]
+            snapshots = [e["model"] for e in daemon.audit("--since", since_start) if e["action"] == "snapshot"]
+            assert snapshots == ["linear"], snapshots  # captured and recorded alone
+            assert counts(port)["records"] == 1
+        finally:
+            assert daemon.stop() == 0, daemon.log_tail()
     finally:
-        assert daemon.stop() == 0, daemon.log_tail()
+        DaemonProcess(repo, tmp_path / "state").kill_tritonserver()
