@@ -481,8 +481,14 @@ class Deployer:
             if previous:
                 if self._serves_verified(model, previous, smoke=False) is None:
                     snap = self.registry.get_snapshot(model, previous)
-                    try:
-                        self._load_verified(op, previous, snap.served_versions, record=False, quiet=True)
+                    try:  # a reload as a restore's: through the memory budget (room made, footprint measured)
+                        ticket = self.guard.admit(model, previous, snap.config, None)
+                        loaded = False
+                        try:
+                            self._load_verified(op, previous, snap.served_versions, record=False, quiet=True)
+                            loaded = True
+                        finally:
+                            self.guard.settle(ticket, loaded)
                     except TritonctlError as exc:
                         message = f"{reason}; restoring {previous[:12]} failed: {exc}"
                         return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED,

@@ -451,6 +451,27 @@ def test_recover_that_cannot_restore_the_previous_digest_leaves_it_degraded(benc
     assert bench.registry.get_model("m").state == ModelState.DEGRADED
 
 
+def test_recover_reloads_the_previous_digest_within_the_memory_budget(bench: Bench) -> None:
+    """A recovery that reloads the previous content loads as a restore does: admitted by the budget
+    first, and with no room it loads nothing and leaves the model degraded, the budget named."""
+    old = bench.serving_now(1)
+    new = bench.record(2)
+    bench.deployer._publish("m", new)
+    bench.triton.models.clear()  # Triton lost it: the previous content must be loaded again
+    deployment = interrupted(bench, "deploy", new, old, step="published")
+    bench.triton.load_script = ["ignore"]  # drain's load of the interrupted tree
+    bench.deployer.guard = guard = Guard(refuse="memory_budget_mb = 100 MB and m needs 150 MB")
+    outcome = recovered(bench, deployment)
+    assert outcome.outcome == Result.FAILED and "memory_budget_mb = 100 MB" in outcome.message
+    assert bench.registry.get_model("m").state == ModelState.DEGRADED and served(bench) is None
+
+    deployment = interrupted(bench, "deploy", new, old, step="published")
+    bench.triton.load_script = ["ignore"]
+    guard.refuse = None
+    assert recovered(bench, deployment).outcome == Result.ROLLED_BACK and served(bench) == old
+    assert guard.admitted == ["m"] and guard.settled == [True]
+
+
 def test_recover_with_no_previous_digest_takes_the_model_out(bench: Bench) -> None:
     new = bench.record(1)
     deployment = interrupted(bench, "deploy", new, None, step="intent")
