@@ -99,7 +99,8 @@ def test_daemon_deploys_and_rolls_back_with_the_registry_on_postgres(tmp_path: P
                 return False
 
         wait_for(lambda: serving(1), 60, 0.1, "generation 1")
-        first = daemon.model_status("pgmodel")["digest"]
+        # Triton answers as soon as the load is verified; the deploy commits (the digest) just after
+        first = wait_for(lambda: daemon.model_status("pgmodel").get("digest"), 30, 0.1, "generation 1 committed")
         write_gen_model(repo, "pgmodel", 2)
         wait_for(lambda: serving(2), 30, 0.1, "generation 2")
         # A broken version is rolled back, quarantined and never answers.

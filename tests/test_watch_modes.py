@@ -103,6 +103,9 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     proc = DaemonProcess(base / "repo", base / "state", settle_s=0.3, env={
         "TRITONCTL_RESCAN_INTERVAL_S": RESCAN_OFF_S, "TRITONCTL_POLL_INTERVAL_S": "0.3",
     }).start()
+    # the watches are added behind READY, then one rescan: a flip made before that rescan would be
+    # found by it (the test asserts no rescan served a flip), so the flips start once it is done
+    wait_for(lambda: "inotify watches in place" in proc.log_tail(1 << 20), 60, 0.1, "the inotify watches")
     yield proc
     assert proc.stop() == 0, proc.log_tail()
 

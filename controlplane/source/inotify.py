@@ -163,6 +163,7 @@ class RepositoryWatcher:
         self._stopping = False
         self._observer: BaseObserver | None = None
         self._events_thread: threading.Thread | None = None  # start_events: the watches being added
+        self._events_rescan = False  # start_events asked for the rescan that follows the watches: not done yet
         self._thread: threading.Thread | None = None
         self._watch_setting = watch
         self.poll_interval_s = poll_interval_s
@@ -210,6 +211,7 @@ class RepositoryWatcher:
     def _start_events(self) -> None:
         self._start_observer(refuse=False)
         if not self._stopping:
+            self._events_rescan = True
             self._poller.request_full()
 
     def _start_observer(self, refuse: bool = True) -> None:
@@ -363,6 +365,10 @@ class RepositoryWatcher:
         else:
             log.debug("%s round of %d models: %.1f ms, %d changed", self.mode.mode, models, elapsed_s * 1000,
                       len(changes))
+        if self._events_rescan:  # from here on every change raises an event (tests wait for this line)
+            self._events_rescan = False
+            log.info("inotify watches in place under %s; the rescan after them is done (%d models)", self.root,
+                     models)
 
     def _on_poll_change(self, model: str, kind: str) -> None:
         """The poller saw `model` change: the same deadlines as for its events."""
