@@ -376,16 +376,9 @@ class Deployer:
             current = self.registry.get_model(model)
             if current.state not in SERVING_STATES or current.active_digest != digest:
                 return None
-            snap = self.registry.get_snapshot(model, digest)
             op = self._operation(model, digest, digest, "tritonctl", "restore")
             try:
-                ticket = self.guard.admit(model, digest, snap.config, None)  # a restore loads as a deploy does
-                loaded = False
-                try:
-                    self._load_verified(op, digest, snap.served_versions, record=False, quiet=True)
-                    loaded = True
-                finally:
-                    self.guard.settle(ticket, loaded)
+                self._reload_admitted(op, model, digest)
             except TritonctlError as exc:
                 message = f"restore of {digest[:12]} failed ({reason}): {exc}"
                 self.registry.update_model(model, last_error=message)
@@ -395,6 +388,18 @@ class Deployer:
                 self.registry.update_model(model, state=ModelState.SERVING.value)
             self.serving.prune(model)
             return op.audited(Result.OK, message, active=digest)
+
+    def _reload_admitted(self, op: DeployOperation, model: str, digest: str) -> None:
+        """Load recorded content again (a restore, a recovery's previous content) as a deploy loads:
+        admitted by the memory budget first (room made, or BudgetError), its footprint measured after."""
+        snap = self.registry.get_snapshot(model, digest)
+        ticket = self.guard.admit(model, digest, snap.config, None)
+        loaded = False
+        try:
+            self._load_verified(op, digest, snap.served_versions, record=False, quiet=True)
+            loaded = True
+        finally:
+            self.guard.settle(ticket, loaded)
 
     def drain(self, model: str, bound_s: float | None = None) -> bool:
         """Wait until Triton runs no load or unload of `model` (one a killed daemon may have left).
@@ -480,15 +485,8 @@ class Deployer:
                     return outcome
             if previous:
                 if self._serves_verified(model, previous, smoke=False) is None:
-                    snap = self.registry.get_snapshot(model, previous)
-                    try:  # a reload as a restore's: through the memory budget (room made, footprint measured)
-                        ticket = self.guard.admit(model, previous, snap.config, None)
-                        loaded = False
-                        try:
-                            self._load_verified(op, previous, snap.served_versions, record=False, quiet=True)
-                            loaded = True
-                        finally:
-                            self.guard.settle(ticket, loaded)
+                    try:
+                        self._reload_admitted(op, model, previous)
                     except TritonctlError as exc:
                         message = f"{reason}; restoring {previous[:12]} failed: {exc}"
                         return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED,
