@@ -191,7 +191,6 @@ class ControlPlane:
         self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
-        self._desired: tuple[int, list[ModelRecord]] | None = None  # (registry writes, models meant to serve)
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
@@ -782,7 +781,7 @@ class ControlPlane:
             log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
         busy = [*self.deployer.busy_models(), *waiting]
         # plan() looks only at models meant to serve: do not list every model of the repository
-        desired = self._desired_models()
+        desired = self.registry.serving_models()
         index, served = self._triton_view(desired)
         result = plan(desired, index, served, busy)
         ready = {e.name for e in index if e.state == "READY"}
@@ -826,17 +825,6 @@ class ControlPlane:
         why = outcome.message.split("): ", 1)[-1]  # Triton's words, not the restore's preamble
         retry = self.restores.failed(model, digest, why, "restore")
         log.warning("%s: %s; retry %d in %d s", model, outcome.message, retry.attempt, retry.seconds_left())
-
-    def _desired_models(self) -> list[ModelRecord]:
-        """The models meant to serve, read again only when the registry was written since (an idle
-        reconcile at 10,000 serving models then costs no 10,000-row read)."""
-        writes = self.registry.writes
-        cached = self._desired
-        if cached is not None and cached[0] == writes:
-            return cached[1]
-        models = self.registry.list_models(states=SERVING_STATES)
-        self._desired = (writes, models)
-        return models
 
     def restart_suspected(self) -> bool:
         """Between reconciles: the model last seen READY is not READY now and no operation of ours

@@ -85,7 +85,6 @@ class OnDemand:
         self._steps: dict[str, list[tuple[str, str]]] = {}  # an ensemble's lease → its steps' (model, lease)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._serving: tuple[int, list[ModelRecord]] | None = None  # (registry.writes, the serving models)
 
     # -- ensure / renew / release -----------------------------------------------------------------
 
@@ -226,22 +225,12 @@ class OnDemand:
         self.registry.audit(AuditEntry(ONDEMAND_ACTOR, "lease_expired", lease.model, None, Result.OK.value,
                                        f"lease {lease.id} of {lease.actor} expired"))
 
-    def _serving_models(self) -> list[ModelRecord]:
-        """The registry's serving models, read again only after a registry write: the sweep runs every
-        SWEEP_S, and reading 1,000 serving rows each time was 42 % of an idle daemon's CPU (py-spy, 1,000
-        models under policy auto, none on demand: 3.9 % of a core idle; issue 26)."""
-        writes = self.registry.writes
-        cached = self._serving
-        if cached is None or cached[0] != writes:
-            cached = self._serving = (writes, self.registry.list_models(states=SERVING_STATES))
-        return cached[1]
-
     def sweep(self, now: float | None = None) -> list[str]:
         """Expire leases; unload the idle on-demand models. Returns the models unloaded."""
         self.leases.expire()
         now = time.time() if now is None else now
         idle_s = self.idle_unload_s()
-        loaded = [m for m in self._serving_models()
+        loaded = [m for m in self.registry.serving_models()
                   if self.policy_of(m) == Policy.ONDEMAND and not self.leases.held(m.name)
                   and not self.deployer.lock(m.name).locked()]
         if not loaded:
