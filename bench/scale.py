@@ -19,7 +19,10 @@ Per N, in this order:
     (medians of 3, through the CLI); (c) one edit while N models serve: a python model directory
     renamed into the repository, time to its first answer less Triton's own load of it (Triton's
     log); (b) a restart with nothing changed (the tritonserver kept serving): to READY and to every
-    model READY again.
+    model READY again; (f) a start after a reboot (the daemon and its tritonserver both stopped): to
+    READY and to every model READY in a fresh tritonserver, once with `launch_loads_serving` (the
+    server loads them in its own start-up, controlplane/startup/preload.py) and once without (one
+    load request each, as before).
 
 Bytecode: the daemons and CLIs run without PYTHONDONTWRITEBYTECODE (set in this machine's environment), as
 an installed tritonctl runs: with it, every restart compiled tritonctl's own modules from source again.
@@ -303,6 +306,17 @@ def measure_auto(repo: Path, state: Path, count: int, args: argparse.Namespace, 
         out["restart_counters"] = seen or _counters(port)
         console.print(f"[dim]  restart, nothing changed: READY {out['restart_ready_s']} s, all serving "
                       f"{out['restart_all_serving_s']} s[/dim]")
+        if args.reboot:  # (f) the daemon and its tritonserver both gone: the next start launches a fresh one
+            ways = [("reboot_", "true")]
+            if count <= args.one_by_one_max:  # 151 s at 1,000 models before; it grows as N squared (Triton)
+                ways.append(("reboot_one_by_one_", "false"))
+            for tag, loads in ways:
+                daemon.stop(kill_triton=True)
+                daemon.env["TRITONCTL_LAUNCH_LOADS_SERVING"] = loads
+                _start_to_ready(daemon, args, count + len(edits), out, tag)
+                console.print(f"[dim]  reboot (launch_loads_serving = {loads}): READY {out[tag + 'ready_s']} s, "
+                              f"all serving {out[tag + 'all_serving_s']} s[/dim]")
+            daemon.env.pop("TRITONCTL_LAUNCH_LOADS_SERVING")
     finally:
         daemon.stop()
         _stop_kept_triton(daemon)
@@ -529,6 +543,12 @@ def _auto_rows(res: dict[str, Any], tag: str, gate: bool, smallest: dict[str, An
                      (restart_auto is not None and restart_auto <= TARGET_RESTART_S) if gate else None,
                      f"{ctl.get('restart_counters', {}).get('source_captures_total', 0):.0f} captures",
                      value=restart_auto))
+    if ctl.get("reboot_all_serving_s") is not None or ctl.get("reboot_one_by_one_all_serving_s") is not None:
+        loaded, one_by_one = ctl.get("reboot_all_serving_s"), ctl.get("reboot_one_by_one_all_serving_s")
+        out.append(c.Row(f"{tag}: (f) start after a reboot (fresh tritonserver) -> READY / every model serving",
+                         "tritonctl", f"{_s(ctl.get('reboot_ready_s'))} / {_s(loaded)}", "-", None,
+                         f"one load request each (launch_loads_serving = false): {_s(one_by_one)}; Triton "
+                         f"explicit {_s(base)}", value=loaded))
     added = ctl.get("edit_added_median_s")
     drift = None
     first = (smallest or {}).get("tritonctl") or {}
@@ -579,6 +599,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--daemon-start-timeout", type=float, default=1200.0)
     parser.add_argument("--triton-start-timeout", type=float, default=240.0, help="up to 1,000 models (s)")
     parser.add_argument("--triton-start-timeout-large", type=float, default=600.0, help="above 1,000 models (s)")
+    parser.add_argument("--no-reboot", dest="reboot", action="store_false",
+                        help="skip (f): auto policy's start after a reboot, with and without launch_loads_serving")
+    parser.add_argument("--one-by-one-max", type=int, default=1000,
+                        help="(f) without launch_loads_serving only up to this many models")
     parser.add_argument("--poll-idle", action="store_true", help="also Triton poll's idle CPU after its start")
     parser.add_argument("--after-live", type=float, default=5.0,
                         help="seconds between Triton poll being live and its idle window (its first polls)")

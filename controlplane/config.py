@@ -101,6 +101,9 @@ class Settings:
     poll_interval_s: float = 2.0  # poll mode, symlinked models, s3:// listings: this often
     rescan_interval_s: float = 30.0  # inotify mode: every model's stat signature, the safety net
     keep_triton: bool = False  # SIGTERM leaves a launched tritonserver serving; the next start adopts it
+    # a freshly launched tritonserver loads the models the registry serves in its own start-up
+    # (--load-model), not one load request each after it (controlplane/startup/preload.py)
+    launch_loads_serving: bool = True
     # Fleet (docs/fleet.md): with `fleet`, `db_url` is the PostgreSQL registry every host shares.
     fleet: bool = False
     shared_store: Path | str | None = None  # fleet content every host reads, the leader writes: a directory or s3://
@@ -338,6 +341,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "poll_interval_s": _positive_float(0.05),
     "rescan_interval_s": _positive_float(0.5),
     "keep_triton": _bool,
+    "launch_loads_serving": _bool,
     "fleet": _bool,
     "shared_store": _repository,  # a directory or s3://BUCKET/PREFIX
     "canary_hosts": _text,

@@ -197,6 +197,7 @@ class ControlPlane:
         # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
         self.serving_ensembles = ServingEnsembles(registry, self.source_graph, serving)
         self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
+        self._preloaded: set[str] = set()  # loaded in a fresh tritonserver's start-up, to verify
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
 
     def _memory_guard(self, settings: Settings, registry: Registry, triton: TritonClient,
@@ -787,6 +788,7 @@ class ControlPlane:
         ready = {e.name for e in index if e.state == "READY"}
         self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
         digests = dict(result.restore)
+        self._audit_preloaded(desired, ready, digests, busy)
         for model, owed in self.restores.all().items():  # serves again, or no longer meant to: no backoff
             if digests.get(model) != owed.digest and model not in busy:
                 self.restores.clear(model)
@@ -800,6 +802,24 @@ class ControlPlane:
             self._swept = self.deployer.sweep(list(self.serving_ensembles.get()))
         self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
         return result.drift
+
+    def preloaded(self, models: Sequence[str]) -> None:
+        """A tritonserver was launched with these models loading in its own start-up
+        (controlplane/startup/preload.py): the next reconcile verifies them and audits each one serving
+        as a `restore` (the rest it restores itself, audited as usual)."""
+        self._preloaded = set(models)
+
+    def _audit_preloaded(self, desired: list[ModelRecord], ready: set[str], restore: dict[str, str],
+                         busy: Sequence[str]) -> None:
+        if not self._preloaded:
+            return
+        pending, self._preloaded = self._preloaded, set()
+        skip = set(busy) | set(restore)
+        self.registry.audit_many([
+            AuditEntry("tritonctl", "restore", m.name, m.active_digest, Result.OK.value,
+                       f"restored {(m.active_digest or '')[:12]} (loaded in tritonserver's start-up, "
+                       "launch_loads_serving; verified READY with this digest)")
+            for m in desired if m.name in pending and m.name in ready and m.name not in skip])
 
     def load_parallelism(self) -> int:
         """How many models go to Triton at once (start-up, restores): `startup_parallelism`, or (0)

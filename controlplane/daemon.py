@@ -30,16 +30,17 @@ from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.engine import Outcome
 from controlplane.deploy.publish import ServingRepository
-from controlplane.errors import StateDirInUseError, TritonctlError
+from controlplane.errors import LauncherError, StateDirInUseError, TritonctlError
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
+from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.startup.record import deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
-from controlplane.triton.launcher import RECORD_FILE, TritonServer
+from controlplane.triton.launcher import RECORD_FILE, WAIT_CALLBACK_S, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
 from controlplane.validation.modelconfig import is_ensemble_text
 from controlplane.vocab import SERVING_STATES
@@ -92,6 +93,8 @@ class Daemon:
         self.metrics: Metrics | None = None
         self.plane: ControlPlane | None = None
         self.registry: Registry | None = None
+        self.serving: ServingRepository | None = None  # the serving root a launched tritonserver reads
+        self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
         self.webhooks: Webhooks | None = None
         self._state_lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
@@ -131,7 +134,7 @@ class Daemon:
             self._state_lock.close()
             self._state_lock = None
 
-    def _start_triton(self) -> tuple[str, str | None]:
+    def _start_triton(self, serving: ServingRepository) -> tuple[str, str | None]:
         if self.settings.launch_triton:
             workdir = self.settings.state_dir / "triton"
             server = self.triton_server = TritonServer(
@@ -154,12 +157,45 @@ class Daemon:
                                 ", ".join(changed))
             else:
                 server.grpc_port, server.http_port, server.metrics_port = launch_ports(self.settings)
-                server.start()
+                self._preloaded = self._launch(server, serving)
                 log.info("launched tritonserver pid %s on %s", server.pid, server.grpc_url)
             return server.grpc_url, server.restricted_key
         if not self.settings.triton_url:
             raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
         return self.settings.triton_url, self.settings.triton_key
+
+    def _launch(self, server: TritonServer, serving: ServingRepository) -> list[str]:
+        """Start a fresh tritonserver (the daemon's start, a relaunch after it died) with the models the
+        registry serves loading in its own start-up (controlplane/startup/preload.py): one pass of its
+        load threads instead of a load request each. If those loads stall or the server does not come
+        up with them, it is launched without them and the reconcile restores each model, as before.
+        Returns the models it loaded in its start-up (the next reconcile verifies and audits them)."""
+        assert self.registry is not None
+        preload = models_to_preload(self.settings, self.registry, serving)
+        if preload:
+            log.info("launching tritonserver with the %d models the registry serves loading in its start-up",
+                     len(preload))
+            progress = LoadProgress(server.log_path, len(preload), stall_s=self.settings.load_timeout_s)
+
+            def waiting() -> None:
+                progress.check()  # raises when no load finished for load_timeout_s
+                # loads are finishing: systemd's start timeout and watchdog wait for them
+                systemd.notify(f"STATUS=tritonserver start-up: {progress.finished} of {len(preload)} models "
+                               "loaded", f"EXTEND_TIMEOUT_USEC={int(6 * WAIT_CALLBACK_S * 1e6)}")
+                systemd.watchdog_ping()
+
+            started = time.monotonic()
+            try:
+                server.start(live_timeout_s=preload_timeout_s(self.settings, len(preload)), load=preload,
+                             on_wait=waiting)
+            except LauncherError as exc:
+                log.error("%s; launching tritonserver without them: the reconcile restores each model", exc)
+            else:
+                log.info("tritonserver live %.1f s after launch, its start-up loads done (%d of %d finished; "
+                         "the reconcile verifies each)", time.monotonic() - started, progress.poll(), len(preload))
+                return preload
+        server.start()
+        return []
 
     def start(self) -> None:
         settings = self.settings
@@ -179,10 +215,10 @@ class Daemon:
         if self.fleet_settings is not None:
             self.shared_registry = Registry(settings.registry_url, host=settings.host)
             migrate.upgrade_shared(self.shared_registry)
-        url, key = self._start_triton()
-        triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         store = ContentStore(settings.state_dir / "store")
-        serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
+        serving = self.serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
+        url, key = self._start_triton(serving)
+        triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.
         self.source = self._source()
         self.webhooks = self._webhooks()
@@ -194,6 +230,7 @@ class Daemon:
             http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
             fleet=self._fleet_member if self.fleet_settings is not None else None,
         )
+        self.plane.preloaded(self._preloaded)
         if self.triton_server is not None and self.triton_server.adopted_pid:
             # only this daemon can load into the server it launched: it serves what the registry says,
             # but for interrupted deployments, which the first reconcile recovers from Triton itself
@@ -515,7 +552,8 @@ class Daemon:
             self.plane.counters.triton_reachable = False  # a fresh server: re-check the source below
             try:
                 server.stop()
-                server.start()
+                assert self.serving is not None
+                self.plane.preloaded(self._launch(server, self.serving))
             except TritonctlError as exc:
                 log.error("restarting tritonserver: %s", exc)
                 return

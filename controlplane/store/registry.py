@@ -613,6 +613,14 @@ class Registry:
         with self._session() as session:
             self._add_audit(session, entry, self.clock())
 
+    def audit_many(self, entries: Sequence[AuditEntry]) -> None:
+        """Many audit events in one transaction (bulk INSERTs), in order."""
+        if not entries:
+            return
+        with self._session() as session:
+            session.info[AUDIT_ADDED] = True
+            add_audit_events(session, entries, self.host, self.clock(), self.outbox)
+
     def events_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
         """Audit events with an id above `after_id`, oldest first (the event stream's catch-up)."""
         table = schema.AuditEvent

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from controlplane.errors import LauncherError
 RESTRICTED_HEADER = "tritonctl-key"
 RECORD_FILE = "server.json"
 _LOG_TAIL_CHARS = 2000
+WAIT_CALLBACK_S = 5.0  # how often start() calls on_wait while the server is not live yet
 
 
 def _wheel_root() -> Path | None:
@@ -261,7 +262,10 @@ class TritonServer:
             return False
         return True
 
-    def command(self, server: Path, backend_dir: Path) -> list[str]:
+    def command(self, server: Path, backend_dir: Path, load: Sequence[str] = ()) -> list[str]:
+        """The command line; `load`: models Triton loads during its own start-up, in one pass of its
+        model-load threads (as `--load-model=*` does), before it goes live; a model that fails to load
+        leaves the others serving (`--exit-on-error=false`)."""
         args = [
             str(server),
             f"--model-repository={self.model_repository}",
@@ -285,6 +289,8 @@ class TritonServer:
             rule = f"model-repository:{RESTRICTED_HEADER}={self.restricted_key}"
             args += [f"--grpc-restricted-protocol={rule}", f"--http-restricted-api={rule}"]
         args += list(self.extra_args)
+        if load:
+            args += ["--exit-on-error=false", *(f"--load-model={name}" for name in load)]
         return args
 
     def _environment(self, server: Path) -> dict[str, str]:
@@ -297,8 +303,13 @@ class TritonServer:
         env.update(self.env)
         return env
 
-    def start(self, live_timeout_s: float = 60.0) -> TritonServer:
-        """Start the server and return once it is live; raise LauncherError with the log tail if not."""
+    def start(self, live_timeout_s: float = 60.0, load: Sequence[str] = (),
+              on_wait: Callable[[], object] | None = None) -> TritonServer:
+        """Start the server and return once it is live; raise LauncherError with the log tail if not.
+
+        `load`: models to load during Triton's own start-up (see `command`); it goes live only once
+        they loaded or failed, so `live_timeout_s` must cover them. `on_wait` is called about every
+        `WAIT_CALLBACK_S` while waiting (the daemon extends systemd's start timeout)."""
         if self.is_running():
             return self
         self.adopted_pid = self._adopted_start = None
@@ -316,9 +327,9 @@ class TritonServer:
             if self.metrics_port == 0:
                 self.metrics_port = free_port(self.host)
             try:
-                self._spawn(server, backend_dir)
+                self._spawn(server, backend_dir, load)
                 self.write_record()  # now, not once live: a daemon killed meanwhile leaves no unrecorded server
-                self.wait_live(live_timeout_s)
+                self.wait_live(live_timeout_s, on_wait)
                 return self
             except LauncherError as exc:
                 last_error = exc
@@ -328,11 +339,11 @@ class TritonServer:
         assert last_error is not None
         raise last_error
 
-    def _spawn(self, server: Path, backend_dir: Path) -> None:
+    def _spawn(self, server: Path, backend_dir: Path, load: Sequence[str] = ()) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log_handle = log
         self.process = subprocess.Popen(
-            self.command(server, backend_dir),
+            self.command(server, backend_dir, load),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -348,10 +359,11 @@ class TritonServer:
             return ""
         return data[-chars:].decode("utf-8", "replace")
 
-    def wait_live(self, timeout_s: float = 60.0) -> None:
+    def wait_live(self, timeout_s: float = 60.0, on_wait: Callable[[], object] | None = None) -> None:
         import tritonclient.grpc as grpcclient  # deferred: heavy import
 
         deadline = time.monotonic() + timeout_s
+        next_call = time.monotonic() + WAIT_CALLBACK_S
         client = grpcclient.InferenceServerClient(self.grpc_url)
         try:
             while time.monotonic() < deadline:
@@ -366,6 +378,9 @@ class TritonServer:
                         return
                 except Exception:  # noqa: BLE001 - not up yet; any transport error means retry
                     pass
+                if on_wait is not None and time.monotonic() >= next_call:
+                    on_wait()
+                    next_call = time.monotonic() + WAIT_CALLBACK_S
                 time.sleep(0.05)
         finally:
             client.close()

@@ -1,0 +1,120 @@
+"""A tritonserver the daemon launches fresh loads the models the registry serves in its own start-up
+(`--load-model`, controlplane/startup/preload.py), not one load request each afterwards (issue 26: a
+restart onto a fresh server restored 1,000 models in 151 s where Triton's own start-up loads them in about
+a second). Against a real tritonserver: the second start (its server stopped with the first daemon, as
+after a reboot) restores nothing, every model serves at READY; a model that fails to load there leaves
+the others serving and is restored (and fails) as before; with `launch_loads_serving = false` every model
+is restored one by one (what the first test would see without the change); a start-up load that hangs
+makes the daemon launch the server without preloads."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import DaemonProcess, copy_example, triton_client, wait_for, write_gen_model
+
+MODELS = ("linear", "sentiment_tokenizer", "sentiment_classifier", "sentiment_pipeline")
+
+
+def serving(daemon: DaemonProcess) -> set[str]:
+    return {m["model"] for m in daemon.status()["models"] if m["state"] == "serving"}
+
+
+def restores(daemon: DaemonProcess, messages: bool = False) -> dict[str, list[Any]]:
+    """model -> its restores' outcomes (`messages`: (outcome, message)), oldest first."""
+    out: dict[str, list[Any]] = {}
+    for event in reversed(daemon.audit("--action", "restore", "--limit", "100")):
+        out.setdefault(event["model"], []).append((event["outcome"], event["message"]) if messages
+                                                  else event["outcome"])
+    return out
+
+
+def first_start(tmp_path: Path, init: str = "pass", env: dict[str, str] | None = None) -> tuple[Path, Path]:
+    """A repository of the examples and `flaky` (initialize() body `init`), every model served once by a
+    daemon that then stopped, its tritonserver with it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in MODELS:
+        copy_example(name, repo)
+    write_gen_model(repo, "flaky", 1, init=init)
+    state = tmp_path / "state"
+    daemon = DaemonProcess(repo, state, env=env or {}).start()
+    try:
+        wait_for(lambda: serving(daemon) == {*MODELS, "flaky"}, 120, 0.5, "every model serving")
+    finally:
+        assert daemon.stop(kill_triton=True) == 0, daemon.log_tail()
+    return repo, state
+
+
+FLAG_INIT = "import os\n        if os.path.exists({flag!r}): raise RuntimeError('flag file present')"
+
+
+@pytest.mark.triton
+def test_a_fresh_tritonserver_loads_what_the_registry_serves_in_its_own_start_up(tmp_path: Path) -> None:
+    flag = tmp_path / "broken"
+    repo, state = first_start(tmp_path, init=FLAG_INIT.format(flag=str(flag)))
+    flag.write_text("")  # from now on `flaky` fails to load, wherever it is loaded
+    daemon = DaemonProcess(repo, state).start()  # READY after the reconcile (ready_waits_for_deploys)
+    try:
+        log = daemon.log_tail(200_000)
+        assert "launching tritonserver with the 5 models the registry serves loading in its start-up" in log, log
+        assert "tritonserver live" in log and "its start-up loads done (5 of 5 finished" in log, log
+        assert serving(daemon) >= set(MODELS)
+        with triton_client(daemon) as client:  # Triton serves them, and has not gone down for `flaky`
+            for name in MODELS:
+                assert client.is_model_ready(name), name
+            assert not client.is_model_ready("flaky")
+        # the four loaded in Triton's start-up: the reconcile verified them (READY, the recorded digest)
+        # and audited each as restored there; `flaky` it restored itself, by a load request that failed
+        wait_for(lambda: "flaky" in restores(daemon), 30, 0.5, "the reconcile's restore of flaky")
+        done = restores(daemon, messages=True)
+        assert set(done) == {*MODELS, "flaky"}, done
+        for name in MODELS:
+            assert len(done[name]) == 1 and done[name][0][0] == "ok", done
+            assert "loaded in tritonserver's start-up" in done[name][0][1], done
+        assert done["flaky"][0][0] == "failed" and "start-up" not in done["flaky"][0][1], done
+        row = daemon.model_status("flaky")  # owed a restore, with Triton's reason, retried with backoff
+        assert "flag file present" in str(row), row
+    finally:
+        assert daemon.stop() == 0, daemon.log_tail()
+
+
+@pytest.mark.triton
+def test_without_launch_loads_serving_each_model_is_restored_by_its_own_load(tmp_path: Path) -> None:
+    env = {"TRITONCTL_LAUNCH_LOADS_SERVING": "false"}
+    repo, state = first_start(tmp_path, env=env)
+    daemon = DaemonProcess(repo, state, env=env).start()
+    try:
+        assert "launching tritonserver with the" not in daemon.log_tail(200_000)
+        assert serving(daemon) == {*MODELS, "flaky"}
+        done = restores(daemon)
+        assert set(done) == {*MODELS, "flaky"} and all(o == ["ok"] for o in done.values()), done
+    finally:
+        assert daemon.stop() == 0, daemon.log_tail()
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_a_start_up_load_that_hangs_makes_the_daemon_launch_without_preloads(tmp_path: Path) -> None:
+    flag = tmp_path / "hang"
+    hang = f"import os, time\n        while os.path.exists({str(flag)!r}): time.sleep(0.2)"
+    repo, state = first_start(tmp_path, init=hang)
+    flag.write_text("")  # `flaky`'s initialize() now waits for the flag to go
+    env = {"TRITONCTL_LOAD_TIMEOUT_S": "6"}
+    started = time.monotonic()
+    daemon = DaemonProcess(repo, state, env=env).start(wait=False)
+    try:
+        daemon.wait_ready(120)
+        log = daemon.log_tail(200_000)
+        assert "none in the last" in log and "launching tritonserver without them" in log, log
+        assert serving(daemon) >= set(MODELS)
+        done = restores(daemon)  # the plain server's restores: each good model by its own load request
+        assert set(MODELS) <= set(done) and all(done[m] == ["ok"] for m in MODELS), done
+        assert time.monotonic() - started < 100
+    finally:
+        flag.unlink(missing_ok=True)
+        assert daemon.stop() == 0, daemon.log_tail()
