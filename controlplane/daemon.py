@@ -285,7 +285,8 @@ class Daemon:
         # the fleet member is built with the plane, after this: asked at each round
         active = (lambda: self.fleet is not None and self.fleet.is_leader) if self.fleet_settings else (lambda: True)
         return Webhooks(self.shared_registry or self.registry, self.settings.webhook, active=active,
-                        backoff=Backoff(max_s=self.settings.webhook_retry_max_s))
+                        backoff=Backoff(max_s=self.settings.webhook_retry_max_s),
+                        wake_on_audit=self.shared_registry is None)  # a fleet's events come from every host
 
     def _inference_urls(self) -> str:
         server = self.triton_server

@@ -275,3 +275,29 @@ def test_the_same_url_twice_is_refused(tmp_path: Path) -> None:
     path = config(tmp_path, f"{table}\n\n[[webhook]]\n{table}")
     with pytest.raises(ConfigError, match="http://x/h is configured twice"):
         load_settings({}, env={}, config_file=path)
+
+
+def test_an_idle_worker_sleeps_until_an_audit_event_wakes_it(registry: Registry, receiver: Receiver) -> None:
+    """The daemon's worker (`wake_on_audit`: only this daemon writes its registry) no longer looks at the
+    outbox every half second while nothing is pending (a third of an idle daemon's CPU at 1,000 serving
+    models; issue 26): an audit event's commit wakes it, and the event is still POSTed at once."""
+    import time
+
+    from tests.harness import wait_for
+
+    webhooks = Webhooks(registry, [target(receiver)], backoff=Backoff(first_s=1.0, max_s=60.0),
+                        wake_on_audit=True)
+    rounds: list[float] = []
+    real = webhooks.store.fan_out
+    webhooks.store.fan_out = lambda *a, **k: rounds.append(time.monotonic()) or real(*a, **k)  # type: ignore[method-assign]
+    webhooks.start()
+    try:
+        time.sleep(3.0)
+        assert len(rounds) <= 3, f"{len(rounds)} rounds in 3 s while idle (polling every 0.5 s: 6)"
+        before = len(rounds)
+        posted_at = time.monotonic()
+        deploy(registry, "resnet")
+        wait_for(lambda: receiver.deliveries(), 2.0, 0.02, "the event POSTed")
+        assert time.monotonic() - posted_at < 1.0 and len(rounds) > before
+    finally:
+        webhooks.stop()

@@ -134,6 +134,10 @@ class DeliveryStore:
     def due(self, now: datetime, urls: Sequence[str], limit: int = 10_000) -> list[Outgoing]:
         """For each (url, model) lane of the configured `urls`, its oldest pending delivery, if its next
         attempt is due: a delivery waiting for a retry holds back the later ones of its model."""
+        return self.lanes(now, urls, limit)[0]
+
+    def lanes(self, now: datetime, urls: Sequence[str], limit: int = 10_000) -> tuple[list[Outgoing], bool]:
+        """`due`, and whether any delivery to `urls` is pending at all (due now or waiting for a retry)."""
         stmt = (select(schema.WebhookDelivery).where(schema.WebhookDelivery.state == PENDING,
                                                      schema.WebhookDelivery.url.in_(list(urls)))
                 .order_by(schema.WebhookDelivery.audit_id, schema.WebhookDelivery.created_at).limit(limit))
@@ -143,7 +147,7 @@ class DeliveryStore:
                 heads.setdefault((row.url, row.model), row)
             return [Outgoing(r.id, r.audit_id, r.action, r.model, r.url, r.body.encode("utf-8"), r.attempts,
                              r.created_at, r.retry_until)
-                    for r in heads.values() if r.next_attempt_at <= now]
+                    for r in heads.values() if r.next_attempt_at <= now], bool(heads)
 
     def finish_attempt(self, delivery_id: str, *, state: str, status_code: int | None, answer: str,
                        now: datetime, next_attempt_at: datetime | None = None) -> None:

@@ -14,6 +14,7 @@ from controlplane.memory import budget
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter, declared
 from controlplane.store import schema
+from controlplane.store.records import ModelRecord
 from controlplane.store.registry import Registry, utcnow
 
 GPU = {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "400"}}}
@@ -158,3 +159,43 @@ def test_the_idle_sweep_reads_the_serving_models_again_only_after_a_registry_wri
     assert sweep() == [] and sweep() == [] and len(reads) == 1  # nothing on demand; read once
     registry.update_model("b", policy="ondemand")  # a write: the next sweep reads again, and sees it
     assert sweep() == [] and len(reads) == 2
+
+
+def test_the_idle_sweep_looks_at_each_serving_models_policy_only_after_a_change(registry: Registry) -> None:
+    """Picking the on-demand models out of every serving one each second grows with N (issue 26: idle CPU
+    at 10,000 serving models): the sweep does it again only after a registry write or a new default
+    policy (a reload), and still finds a model whose policy became ondemand."""
+    import threading
+    import time
+
+    from controlplane.memory.leases import LeaseBook
+    from controlplane.memory.ondemand import OnDemand
+
+    for name in ("a", "b", "c"):
+        serve(registry, name, 100)
+    default = ["auto"]
+    asked: list[str] = []
+
+    def policy_of(m: ModelRecord) -> str:
+        asked.append(m.name)
+        return m.policy or default[0]
+
+    evicted: list[str] = []
+
+    def evict(model: str, actor: str, reason: str, unless: object = None) -> bool:
+        evicted.append(model)
+        return True
+
+    deployer = type("Deployer", (), {"lock": staticmethod(lambda _m: threading.Lock()),
+                                     "evict": staticmethod(evict)})()
+    triton = type("Triton", (), {"last_inferences": staticmethod(lambda: {"b": time.time()})})()  # b: in use
+    ondemand = OnDemand(registry, deployer, triton, LeaseBook(), policy_of, lambda: 60.0)  # type: ignore[arg-type]
+    assert ondemand.sweep() == []
+    looked = len(asked)
+    assert ondemand.sweep() == [] and ondemand.sweep() == []
+    assert [n for n in asked[looked:] if n] == []  # only the default policy was asked, no model's
+    registry.update_model("b", policy="ondemand")  # a write: looked at again; b is in use, so it stays
+    looked = len(asked)
+    assert ondemand.sweep() == [] and {"a", "b", "c"} <= set(asked[looked:]) and evicted == []
+    default[0] = "ondemand"  # a reload: a and c follow the default now, idle since they served an hour ago
+    assert sorted(ondemand.sweep()) == ["a", "c"] and sorted(evicted) == ["a", "c"]
