@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -314,6 +315,11 @@ def measure_auto(repo: Path, state: Path, count: int, args: argparse.Namespace, 
                 daemon.stop(kill_triton=True)
                 daemon.env["TRITONCTL_LAUNCH_LOADS_SERVING"] = loads
                 _start_to_ready(daemon, args, count + len(edits), out, tag)
+                # the daemon's own line: Triton live, its start-up loads done (controlplane/daemon.py)
+                live = re.search(r"tritonserver live ([0-9.]+) s after launch, its start-up loads done \((\d+) of",
+                                 daemon.log_tail(10**7))
+                out[tag + "triton_live_s"] = float(live.group(1)) if live else None
+                out[tag + "start_up_loads"] = int(live.group(2)) if live else 0
                 console.print(f"[dim]  reboot (launch_loads_serving = {loads}): READY {out[tag + 'ready_s']} s, "
                               f"all serving {out[tag + 'all_serving_s']} s[/dim]")
             daemon.env.pop("TRITONCTL_LAUNCH_LOADS_SERVING")
