@@ -70,8 +70,17 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
       tritonctl daemon --repository examples/model_repository --state-dir .state --launch-triton
       tritonctl daemon --config /etc/tritonctl/tritonctl.toml --triton-url 127.0.0.1:8001
     """
+    import gc
+
+    # The daemon's imports (about 200,000 objects: modules, classes, functions) made with the collector
+    # off, then moved to its permanent generation, which later collections do not traverse: a restart
+    # at 10,000 models reached READY in 1.85 s instead of 2.28 s (medians of 3; issue 26).
+    gc.disable()
     from controlplane import logs
     from controlplane.daemon import Daemon  # deferred: the other commands need not import it
+
+    gc.freeze()
+    gc.enable()
 
     settings = load_settings(flags, config_file=config_file)
     fleet = None
