@@ -74,9 +74,8 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
 
     # The daemon's imports (about 70,000 objects the collector tracks: classes, functions, dicts) are
     # made with the collector off, then moved to its permanent generation, which later collections do
-    # not traverse: a restart
-    # at 10,000 models reached READY in 2.08 s instead of 2.36 s (medians of 5 in turns, idle machine:
-    # bench/results/restart_ab.json; issue 26).
+    # not traverse: a restart at 10,000 models reached READY in 2.08 s instead of 2.36 s (medians of 5
+    # in turns, idle machine: bench/results/restart_ab.json; issue 26).
     gc.disable()
     from controlplane import logs
     from controlplane.daemon import Daemon  # deferred: the other commands need not import it
