@@ -815,7 +815,7 @@ class ControlPlane:
             return
         pending, self._preloaded = self._preloaded, set()
         skip = set(busy) | set(restore)
-        self.registry.audit_many([
+        self.registry.audit(*[
             AuditEntry("tritonctl", "restore", m.name, m.active_digest, Result.OK.value,
                        f"restored {(m.active_digest or '')[:12]} (loaded in tritonserver's start-up, "
                        "launch_loads_serving; verified READY with this digest)")
