@@ -21,6 +21,7 @@ import hmac
 import logging
 import random
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -133,6 +134,7 @@ class Webhooks:
         self.send = send
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._posted = threading.Event()  # a POST ended since the last round
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight: set[str] = set()
@@ -179,6 +181,7 @@ class Webhooks:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()  # before the round: a wake during it makes the wait below return at once
+            started = time.monotonic()
             try:
                 if self.active():
                     self.run_once()
@@ -191,6 +194,11 @@ class Webhooks:
             with self._lock:
                 busy = self._pending or bool(self._in_flight)
             self._wake.wait(POLL_S if busy else self._idle_s)
+            # At most one round per POLL_S, as when it only polled (a deploy's audit events must not
+            # each cost a round), except after a POST ended: its lane's next delivery may go at once.
+            if not self._posted.is_set():
+                self._stop.wait(max(0.0, started + POLL_S - time.monotonic()))
+            self._posted.clear()
 
     def run_once(self, wait: bool = False) -> int:
         """One round: fan new events out, end deliveries to removed webhooks, delete those ended 30 days
@@ -253,6 +261,7 @@ class Webhooks:
         finally:
             with self._lock:
                 self._in_flight.discard(outgoing.id)
+            self._posted.set()
             self._wake.set()  # the lane's next delivery may go now
 
     # -- what the CLI asks (through the control API) -----------------------------------------------
