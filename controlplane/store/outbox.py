@@ -131,13 +131,10 @@ class DeliveryStore:
                         next_attempt_at=now, retry_until=now + retry_for, answer=""))
             return taken
 
-    def due(self, now: datetime, urls: Sequence[str], limit: int = 10_000) -> list[Outgoing]:
-        """For each (url, model) lane of the configured `urls`, its oldest pending delivery, if its next
-        attempt is due: a delivery waiting for a retry holds back the later ones of its model."""
-        return self.lanes(now, urls, limit)[0]
-
     def lanes(self, now: datetime, urls: Sequence[str], limit: int = 10_000) -> tuple[list[Outgoing], bool]:
-        """`due`, and whether any delivery to `urls` is pending at all (due now or waiting for a retry)."""
+        """For each (url, model) lane of the configured `urls`, its oldest pending delivery, if its next
+        attempt is due (a delivery waiting for a retry holds back the later ones of its model); and
+        whether any delivery to `urls` is pending at all (due now or waiting for a retry)."""
         stmt = (select(schema.WebhookDelivery).where(schema.WebhookDelivery.state == PENDING,
                                                      schema.WebhookDelivery.url.in_(list(urls)))
                 .order_by(schema.WebhookDelivery.audit_id, schema.WebhookDelivery.created_at).limit(limit))
