@@ -615,10 +615,7 @@ class Registry:
         if not entries:
             return
         with self._session() as session:
-            if len(entries) == 1:
-                self._add_audit(session, entries[0], self.clock())
-                return
-            session.info[AUDIT_ADDED] = True
+            session.info[AUDIT_ADDED] = True  # followers of the event stream are woken after the commit
             add_audit_events(session, entries, self.host, self.clock(), self.outbox)
 
     def events_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
