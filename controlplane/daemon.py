@@ -20,8 +20,9 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import IO, TYPE_CHECKING, Any
 
@@ -95,6 +96,7 @@ class Daemon:
         self.registry: Registry | None = None
         self.serving: ServingRepository | None = None  # the serving root a launched tritonserver reads
         self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
+        self._scans_reporting = 0  # start-up scans writing their own progress to STATUS= (under _inflight_lock)
         self.webhooks: Webhooks | None = None
         self._state_lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
@@ -344,8 +346,8 @@ class Daemon:
         members = sorted(set(todo) - set(ensembles))
         total, done = len(todo), 0
         plane.in_hand.starting(set(todo))  # `status`: sync pending ("start-up scan") until handled
-        with ThreadPoolExecutor(max_workers=self._startup_parallelism(),
-                                thread_name_prefix="startup") as pool:
+        with self._scan_reporting(), ThreadPoolExecutor(max_workers=self._startup_parallelism(),
+                                                        thread_name_prefix="startup") as pool:
             for group in (members, ensembles):  # an ensemble loads only once its steps serve
                 # the changed ones recorded in batches (controlplane/startup/record.py); what needs more
                 # than a record, or a deploy alone, goes on model by model
@@ -364,6 +366,19 @@ class Daemon:
                                        f"({len(plan.unchanged)} unchanged)")
         plane.in_hand.starting(set())
         plane.serving_ensembles.warm()  # the first edit after a start does not pay for reading them
+
+    @contextmanager
+    def _scan_reporting(self) -> Iterator[None]:
+        """While a start-up scan deploys, STATUS= is its progress line, and an outcome does not write the
+        serving count over it (a registry count per deploy: 1,000 of them in a first start)."""
+        with self._inflight_lock:
+            self._scans_reporting += 1
+        try:
+            yield
+        finally:
+            with self._inflight_lock:
+                self._scans_reporting -= 1
+            systemd.status(self.status_line())
 
     def _startup_parallelism(self) -> int:
         """How many start-up models go to Triton at once: `startup_parallelism`, or (0) Triton's own
@@ -618,7 +633,8 @@ class Daemon:
         )
         if self.metrics is not None:
             self.metrics.observe(outcome)
-        systemd.status(self.status_line())
+        if not self._scans_reporting:
+            systemd.status(self.status_line())
 
     def status_line(self) -> str:
         if self.plane is None or self.registry is None:

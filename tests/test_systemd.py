@@ -132,6 +132,11 @@ def test_ready_only_once_started(service: Service) -> None:
     # The initial reconcile and deploy finished before READY: the STATUS line already says so.
     assert ready.fields["STATUS"].startswith("1 models serving, triton reachable"), ready.fields
     assert service.daemon.model_status("linear")["state"] == "serving"
+    # While the start-up scan deploys, STATUS= is its progress; a deploy's outcome does not write the
+    # serving count over it (one registry count per deploy: 1,000 in a first start at 1,000 models).
+    statuses = [m.fields["STATUS"] for m in before if "STATUS" in m.fields]
+    scan_done = next(i for i, s in enumerate(statuses) if s.startswith("initial scan: 1/1 "))
+    assert not any("models serving" in s for s in statuses[:scan_done]), statuses
     starts = service.daemon.audit("--action", "daemon_start")
     assert len(starts) == 1 and starts[0]["outcome"] == "ok"
 
