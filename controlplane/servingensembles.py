@@ -60,6 +60,14 @@ class ServingEnsembles:
             self._serving = out
         return dict(out)
 
+    def _steps(self, model: str, digest: str) -> list[str]:
+        """The steps the content `digest` of `model` names: from the source graph when that is the
+        model's newest recorded source content (no query), else from its recorded config."""
+        entry = self.graph.entry(model)
+        if entry is not None and entry.digest == digest:
+            return list(entry.steps or [])
+        return step_models(self.registry.snapshot_content(model, digest)[0])
+
     def warm(self) -> None:
         """Read the map now (after the start-up scan), not at the first edit."""
         self.get()
@@ -70,7 +78,7 @@ class ServingEnsembles:
             if self._serving is None:
                 return
         try:
-            steps = step_models(self.registry.get_snapshot(model, active_digest).config) if active_digest else []
+            steps = self._steps(model, active_digest) if active_digest else []
         except TritonctlError:
             steps = []
         with self._guard:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from controlplane.errors import ConfigError, NotFoundError, StoreError, UsageError
 from controlplane.store import schema
+from controlplane.store.contentmemo import ContentMemo
 from controlplane.store.outbox import add_audit_event, add_audit_events
 from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-exported, they live in records
     AuditEntry,
@@ -108,6 +109,7 @@ class Registry:
         # read (the reconcile's serving models) reads again only when this moved
         self.writes = 0
         self._serving: tuple[int, list[ModelRecord]] | None = None  # (writes, the serving models)
+        self.contents = ContentMemo()  # what recorded contents hold: never changes once recorded
 
         @event.listens_for(self.engine, "after_cursor_execute")
         def _count_writes(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -402,6 +404,16 @@ class Registry:
             if len(rows) > 1:
                 raise UsageError(f"digest prefix {digest} is ambiguous for model '{model}'")
             return _snapshot_record(rows[0])
+
+    def snapshot_content(self, model: str, digest: str) -> tuple[dict[str, Any] | None, list[int]]:
+        """(config, served versions) of a recorded snapshot: read once per full digest, then kept
+        (controlplane/store/contentmemo.py). The config is shared: read it, never change it."""
+        def read() -> tuple[tuple[dict[str, Any] | None, list[int]], bool]:
+            snap = self.get_snapshot(model, digest)
+            return (snap.config, list(snap.served_versions)), snap.digest == digest
+
+        value: tuple[dict[str, Any] | None, list[int]] = self.contents.get(("content", model, digest), read)
+        return value
 
     def list_snapshots(self, model: str) -> list[SnapshotRecord]:
         with self._session() as session:

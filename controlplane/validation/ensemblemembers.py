@@ -33,6 +33,16 @@ def step_models(config: dict[str, Any] | None) -> list[str]:
     return names
 
 
+def _served_step(registry: Registry, name: str, digest: str) -> StepModel | None:
+    """The step model a recorded content makes, parsed once per digest (Registry.contents)."""
+    def parse() -> tuple[StepModel | None, bool]:
+        config, served = registry.snapshot_content(name, digest)
+        return (StepModel(as_config(config), served) if config is not None else None), True
+
+    step: StepModel | None = registry.contents.get(("step", name, digest), parse)
+    return step
+
+
 def _member(registry: Registry, name: str, *, served_only: bool,
             overrides: Mapping[str, SnapshotRecord] | None = None) -> StepModel | None:
     override = (overrides or {}).get(name)
@@ -42,9 +52,9 @@ def _member(registry: Registry, name: str, *, served_only: bool,
     if record is None or record.removed_at is not None:
         return None
     if record.active_digest and record.state in SERVING_STATES:
-        snap = registry.get_snapshot(name, record.active_digest)
-        if snap.config is not None:
-            return StepModel(as_config(snap.config), snap.served_versions)
+        step = _served_step(registry, name, record.active_digest)
+        if step is not None:
+            return step
     if served_only:
         return None
     for snap in registry.list_snapshots(name):  # newest first
