@@ -9,6 +9,10 @@ Per N, in this order:
   * Triton explicit, `--model-control-mode=explicit --load-model=*`: start to live and to every model
     READY in its index; idle CPU and RSS (the baseline tritonctl's auto policy is held against).
   * Triton poll (`--repository-poll-secs=1`): its own start-up, to live (bounded).
+  * Triton explicit started with no model, then every model loaded by its own `load_model` request,
+    `base` first, the ensembles one at a time and then four at a time (up to `--one-by-one-max`
+    models): what any control plane that loads models one request at a time pays in Triton alone,
+    since Triton's cost per request grows with the models it holds.
   * tritonctl, `--policy manual` (record only, nothing to load), its own launched tritonserver:
     (a) first start to READY; (b) restart with nothing changed to READY; with the daemon's counters
     (tritonctl_source_captures_total, tritonctl_startup_models_total) from its metrics endpoint.
@@ -361,6 +365,49 @@ def measure_triton_explicit(repo: Path, work: Path, count: int, args: argparse.N
     return out
 
 
+def measure_triton_requests(repo: Path, work: Path, count: int, args: argparse.Namespace,
+                            console: Any) -> dict[str, Any]:
+    """Triton explicit with no model at start; then `base` and each ensemble by its own load request:
+    the ensembles in turn (one request at a time), then, on a fresh server, four at a time. Per
+    concurrency: first request to the last answered, and the mean request time over each tenth."""
+    import concurrent.futures
+
+    import tritonclient.grpc as grpcclient
+
+    names = [f"m{i:05d}" for i in range(1, count)]
+    out: dict[str, Any] = {"models": count}
+    for concurrency in (1, 4):
+        (work / f"c{concurrency}").mkdir(parents=True, exist_ok=True)
+        server = c.triton_server(repo, work / f"c{concurrency}", mode="explicit")
+        try:
+            server.start(live_timeout_s=args.triton_start_timeout)
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            t0 = time.monotonic()
+            client.load_model("base")
+            clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(concurrency)]
+
+            def load(i: int, clients: list[Any] = clients) -> float:
+                t = time.monotonic()
+                clients[i % len(clients)].load_model(names[i])
+                return time.monotonic() - t
+
+            with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+                took = list(pool.map(load, range(len(names))))
+            total = round(time.monotonic() - t0, 2)
+            ok = c.wait_until(_all_ready(server.grpc_url, count), 60, 0.5)
+            tenth = max(1, len(took) // 10)
+            out[f"concurrency_{concurrency}"] = {
+                "all_loaded_s": total if ok is not None else None,
+                "request_ms_by_tenth": [round(1000 * sum(took[i:i + tenth]) / len(took[i:i + tenth]), 1)
+                                        for i in range(0, len(took), tenth)]}
+            console.print(f"[dim]Triton explicit, {count} load requests, {concurrency} at a time: {total} s[/dim]")
+        except Exception as exc:  # noqa: BLE001 - a server that does not finish is a result
+            out[f"concurrency_{concurrency}"] = {"all_loaded_s": None, "error": " ".join(str(exc).split())[:300]}
+        finally:
+            server.stop(timeout_s=30)
+    return out
+
+
 def _exit_text(code: int | None) -> str:
     if code is not None and code < 0:
         import signal
@@ -463,6 +510,9 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             if "explicit" in args.parts:
                 result["triton_explicit"] = measure_triton_explicit(repo, base / f"explicit-{count}", count, args,
                                                                     console)
+            if "requests" in args.parts and count <= args.one_by_one_max:
+                result["triton_requests"] = measure_triton_requests(repo, base / f"requests-{count}", count, args,
+                                                                    console)
             if "poll" in args.parts:
                 timeout = args.triton_start_timeout if count <= 1000 else args.triton_start_timeout_large
                 result["triton_poll"] = measure_triton_poll(repo, base / f"poll-{count}", count, args, console,
@@ -524,6 +574,16 @@ def _manual_rows(res: dict[str, Any], tag: str, gate: bool) -> list[c.Row]:
         out.append(c.Row(f"{tag}: start -> live / every model READY", "Triton explicit --load-model=*",
                          f"{_s(ex.get('live_s'))} / {_s(ex.get('all_ready_s'))}", value=ex.get("all_ready_s"),
                          note=ex.get("error", "")[:80]))
+    requests = res.get("triton_requests") or {}
+    one, four = requests.get("concurrency_1") or {}, requests.get("concurrency_4") or {}
+    if one or four:
+        out.append(c.Row(f"{tag}: every model loaded by its own load request, one / four at a time",
+                         "Triton explicit, load_model",
+                         f"{_s(one.get('all_loaded_s'))} / {_s(four.get('all_loaded_s'))}",
+                         value=one.get("all_loaded_s"),
+                         note=(f"one request: {one['request_ms_by_tenth'][0]:g} ms in the first tenth, "
+                               f"{one['request_ms_by_tenth'][-1]:g} ms in the last")
+                         if one.get("request_ms_by_tenth") else (one.get("error") or "")[:80]))
     if poll is not None:
         out.append(c.Row(f"{tag}: start -> live (every model loaded)", "Triton poll", _s(poll.get("live_s")),
                          value=poll.get("live_s"), note=(poll.get("error", "") or "")[:80]))
@@ -537,11 +597,15 @@ def _auto_rows(res: dict[str, Any], tag: str, gate: bool, smallest: dict[str, An
         return out
     base = ex.get("all_ready_s")
     ratio = round(ctl["all_serving_s"] / base, 2) if ctl.get("all_serving_s") and base else None
+    floor = ((res.get("triton_requests") or {}).get("concurrency_1") or {}).get("all_loaded_s")
+    note = f"{ratio}x Triton explicit's start-up" if ratio else ""
+    if floor and ctl.get("all_serving_s"):
+        note += f"; {ctl['all_serving_s'] / floor:.2f}x Triton's own load requests, one at a time"
     out.append(c.Row(f"{tag}: (a) first start -> READY / every model serving, policy auto", "tritonctl",
                      f"{_s(ctl['ready_s'])} / {_s(ctl['all_serving_s'])}",
                      f"<= {TARGET_SERVING_RATIO:g}x Triton explicit" if gate else "-",
                      (ratio is not None and ratio <= TARGET_SERVING_RATIO) if gate else None,
-                     f"{ratio}x Triton explicit's start-up" if ratio else "", value=ctl.get("all_serving_s")))
+                     note, value=ctl.get("all_serving_s")))
     restart_auto = ctl.get("restart_ready_s")
     out.append(c.Row(f"{tag}: (b) restart, nothing changed, tritonserver kept -> READY / all serving",
                      "tritonctl", f"{_s(restart_auto)} / {_s(ctl.get('restart_all_serving_s'))}",
@@ -608,12 +672,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reboot", dest="reboot", action="store_false",
                         help="skip (f): auto policy's start after a reboot, with and without launch_loads_serving")
     parser.add_argument("--one-by-one-max", type=int, default=1000,
-                        help="(f) without launch_loads_serving only up to this many models")
+                        help="(f) without launch_loads_serving, and Triton's own load requests, only up to "
+                             "this many models (their cost grows as N squared, in Triton)")
     parser.add_argument("--poll-idle", action="store_true", help="also Triton poll's idle CPU after its start")
     parser.add_argument("--after-live", type=float, default=5.0,
                         help="seconds between Triton poll being live and its idle window (its first polls)")
-    parser.add_argument("--parts", type=lambda v: v.split(","), default=["explicit", "poll", "manual", "auto"],
-                        help="which systems to run, comma separated: explicit, poll, manual, auto (default all)")
+    parser.add_argument("--parts", type=lambda v: v.split(","),
+                        default=["explicit", "requests", "poll", "manual", "auto"],
+                        help="which systems to run, comma separated: explicit, requests, poll, manual, auto "
+                             "(default all)")
 
     def prepare(args: argparse.Namespace) -> None:
         args.counts = args.counts or ([200] if args.quick else [200, 1000, 2000, 5000, 10_000])

@@ -110,6 +110,9 @@ def test_scale_quick(tmp_path: Path) -> None:
     assert ctl["edits"][0]["latency_s"] is not None
     assert explicit["live_s"] is not None and explicit["all_ready_s"] is not None
     assert poll["live_s"] is not None
+    for concurrency in (1, 4):  # Triton's own load requests, one per model
+        loads = res["triton_requests"][f"concurrency_{concurrency}"]
+        assert loads["all_loaded_s"] is not None and len(loads["request_ms_by_tenth"]) >= 10, loads
 
 
 def test_cli_latency_quick(tmp_path: Path) -> None:
