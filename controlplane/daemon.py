@@ -219,6 +219,8 @@ class Daemon:
             migrate.upgrade_shared(self.shared_registry)
         store = ContentStore(settings.state_dir / "store")
         serving = self.serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
+        if swept := serving.sweep_temp_links():
+            log.info("removed %d temporary serving links a stop left mid-swap", swept)
         url, key = self._start_triton(serving)
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.

@@ -164,6 +164,27 @@ def test_link_swap_is_atomic(state: tuple[ContentStore, ServingRepository, Path]
     assert not [p for p in serving.serving_root.iterdir() if p.name != "m"]  # no temp links left
 
 
+def test_a_start_sweeps_the_temporary_links_a_stop_left_mid_swap(
+    state: tuple[ContentStore, ServingRepository, Path],
+) -> None:
+    """A daemon that died between making a swap's temporary link and renaming it into place leaves
+    `.link-<model>-*` behind (in the published root; in the serving root where a rename across file
+    systems failed first): the next start removes them, and a deploy never lists the roots for them."""
+    store, serving, src = state
+    tree = serving.publish(capture(store, src, "m", 1), store)
+    target = os.path.relpath(tree, serving.serving_root)
+    os.symlink(target, serving.published_root / ".link-m-dead1")
+    os.symlink(target, serving.serving_root / ".link-m-dead2")
+    serving.publish(capture(store, src, "m", 2), store)
+    assert serving.prune("m") == 1
+    assert (serving.published_root / ".link-m-dead1").is_symlink()  # a deploy leaves them to the start
+    assert serving.sweep_temp_links() == 2
+    assert sorted(p.name for p in serving.published_root.iterdir()) == ["m"]
+    assert sorted(p.name for p in serving.serving_root.iterdir()) == ["m"]
+    assert markers(serving.serving_root / "m") == ("2", "2")
+    assert serving.sweep_temp_links() == 0
+
+
 def test_no_dangling_links_and_unpublish(state: tuple[ContentStore, ServingRepository, Path]) -> None:
     store, serving, src = state
     for name in ("m1", "m2"):

@@ -208,8 +208,22 @@ class ServingRepository:
                     continue
                 force_rmtree(tree)
                 removed += 1
-            for stale in self.published_root.glob(f".link-{model}-*"):
-                stale.unlink(missing_ok=True)
+        return removed
+
+    def sweep_temp_links(self) -> int:
+        """Remove the temporary links a swap (`_swap`) left when the daemon died between making one and
+        renaming it into place; returns how many went. Called once by the daemon's start, under its
+        state directory lock: a deploy's own temporary link lives only inside its swap, and listing
+        the published root (one entry per model) on every deploy cost O(N) per deploy (issue 26)."""
+        removed = 0
+        with self._lock:
+            for root in (self.published_root, self.serving_root):
+                if not root.is_dir():
+                    continue
+                for stale in root.glob(".link-*"):
+                    if stale.is_symlink():
+                        stale.unlink(missing_ok=True)
+                        removed += 1
         return removed
 
     def models(self) -> list[str]:
