@@ -115,6 +115,15 @@ def test_scale_quick(tmp_path: Path) -> None:
         assert loads["all_loaded_s"] is not None and len(loads["request_ms_by_tenth"]) >= 10, loads
 
 
+def test_first_start_ab_quick(tmp_path: Path) -> None:
+    """Two trees' first starts in turns; here both are this checkout."""
+    report = run_bench("first_start_ab", tmp_path, "--other", str(BENCH.parent))
+    for key in ("this", "other"):
+        (run,) = report["runs"][key]
+        assert run["all_serving_s"] > 0 and run["daemon_cpu_s"] > 0 and run["triton_cpu_s"] > 0, run
+    assert report["trees"]["this"]["git_commit"] == report["trees"]["other"]["git_commit"]
+
+
 def test_cli_latency_quick(tmp_path: Path) -> None:
     report = run_bench("cli_latency", tmp_path, "--runs", "2", "--warmup", "0", "--events", "2000")  # quick: 5, 20k
     assert report["failures"] == []  # every command answered (exit 0) against the real daemon and registry

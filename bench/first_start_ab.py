@@ -1,0 +1,134 @@
+"""First start under auto policy → every model serving, two trees side by side (issue 26): this checkout
+and another (`--other`, a worktree at an earlier commit with its own virtualenv).
+
+One repository (bench/scale.py's: one python model and ensembles over it). Each tree's daemon starts on
+a fresh state directory with its own freshly launched tritonserver, in turns, A B A B ..., and is
+stopped once its log shows every model's `deploy ok`. Per start: the wall time from spawning `tritonctl
+daemon` to the last `deploy ok`, and the CPU time (utime + stime) of the daemon and of its tritonserver
+then: on 2 cores, the daemon's CPU per deploy is what a first start under auto policy costs beyond
+Triton's own load requests (bench/scale.py, part `requests`). Medians per tree; the machine's load is
+recorded.
+
+    python bench/first_start_ab.py --other /work/wt/engine                 # 1,000 models, 3 rounds each
+    python bench/first_start_ab.py --other /work/wt/engine --quick         # 50 models, 1 round each
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common as c  # noqa: E402
+import restart_ab  # noqa: E402
+import scale  # noqa: E402
+
+NAME = "first_start_ab"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _first_start(tritonctl: Path, repo: Path, state: Path, log: Path, models: int,
+                 timeout_s: float) -> dict[str, float]:
+    """One first start: seconds to every model's `deploy ok`, and the CPU seconds of the daemon and of
+    its tritonserver then."""
+    from tests.harness import FREE_PORTS
+
+    args = [str(tritonctl), "daemon", "--repository", str(repo), "--state-dir", str(state), "--settle", "1.0",
+            "--launch-triton", *FREE_PORTS, "--policy", "auto"]
+    env = dict(os.environ, TRITONCTL_RECONCILE_INTERVAL_S="10", TRITONCTL_READY_WAITS_FOR_DEPLOYS="false")
+    env.pop("NOTIFY_SOCKET", None)
+    with open(log, "w") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        while log.read_text(errors="replace").count(" deploy ok ") < models:
+            if proc.poll() is not None:
+                raise SystemExit(f"daemon exited {proc.returncode}: {log.read_text()[-2000:]}")
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"not every model deployed within {timeout_s:g} s")
+            time.sleep(0.05)
+        wall = time.monotonic() - started
+        triton = [p for p in c.descendants(proc.pid) if "tritonserver" in _comm(p)]
+        return {"all_serving_s": round(wall, 2), "daemon_cpu_s": round(c.cpu_seconds(proc.pid), 2),
+                "triton_cpu_s": round(sum(c.cpu_seconds(p) for p in triton), 2)}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed tritonctl: bytecode read (bench/scale.py)
+    trees = {"this": ROOT, "other": Path(args.other).resolve()}
+    if args.quick:
+        args.models, args.rounds = 50, 1
+    report = c.base_report(NAME, args.argv, args.quick, c.machine_info())
+    report["trees"] = {k: {"path": str(v), "git_commit": restart_ab._commit(v)} for k, v in trees.items()}
+    runs: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
+    with c.workspace(NAME) as base:
+        repo = base / "repo"
+        scale.make_repository(repo, args.models)
+        time.sleep(1.5)  # older than the racy-signature window (controlplane/source/poller.py)
+        for turn in range(args.rounds):
+            for key in ("other", "this"):
+                state = base / f"state-{key}-{turn}"
+                result = _first_start(trees[key] / ".venv" / "bin" / "tritonctl", repo, state,
+                                      base / f"start-{key}-{turn}.log", args.models, args.timeout)
+                runs[key].append(result)
+                console.print(f"[dim]{key}: every model serving {result['all_serving_s']:.2f} s, daemon CPU "
+                              f"{result['daemon_cpu_s']:.2f} s, tritonserver CPU {result['triton_cpu_s']:.2f} s[/dim]")
+                shutil.rmtree(state, ignore_errors=True)
+    report["models"] = args.models
+    report["runs"] = runs
+    for key, items in runs.items():
+        for field in ("all_serving_s", "daemon_cpu_s", "triton_cpu_s"):
+            report[f"{key}_{field}_median"] = c.median([r[field] for r in items])
+    report["machine"]["load_average_end"] = c.load_average()
+    report["rows"] = [r.to_json() for r in rows(report)]
+    return report
+
+
+def rows(report: dict[str, Any]) -> list[c.Row]:
+    out = []
+    for key in ("other", "this"):
+        commit = report["trees"][key]["git_commit"][:8]
+        wall = report[f"{key}_all_serving_s_median"]
+        cpu = report[f"{key}_daemon_cpu_s_median"]
+        out.append(c.Row(f"{report['models']:,} models: first start, policy auto -> every model serving, median of "
+                         f"{len(report['runs'][key])} ({key}: {commit})", "tritonctl", f"{wall:.2f} s", "-", None,
+                         f"daemon CPU {cpu:.2f} s ({1000 * cpu / report['models']:.1f} ms a model); tritonserver "
+                         f"CPU {report[f'{key}_triton_cpu_s_median']:.2f} s", value=wall))
+    return out
+
+
+def render(report: dict[str, Any], console: Any) -> None:
+    c.render_rows("First start under auto policy, two trees in turns", rows(report), console,
+                  c.machine_line(report["machine"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--other", required=True, help="the other tree (a worktree with its own .venv)")
+    parser.add_argument("--quick", action="store_true", help="50 models, 1 round")
+    parser.add_argument("--models", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a first start may take")
+    return c.bench_main(NAME, parser, argv, run, render=render, check=False, exit_code=lambda *_: 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
