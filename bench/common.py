@@ -12,6 +12,7 @@ Nothing here fakes Triton: every system is the real binary from the nvidia-pytri
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -134,6 +135,44 @@ def bench_main(name: str, parser: Any, argv: Sequence[str] | None, run: Callable
         console.print(f"runtime {report['runtime_s']:.0f} s")
     write_report(results_path(name, getattr(args, "quick", False), args.out), report, console)
     return exit_code(args, report)
+
+
+def two_trees_parser(doc: str | None, models: int, rounds: int) -> argparse.ArgumentParser:
+    """The options of a benchmark that runs this checkout and another in turns (restart_ab, first_start_ab)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--other", required=True, help="the other tree (a worktree with its own .venv)")
+    parser.add_argument("--models", type=int, default=models)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
+
+
+def per_tree(report: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """("other", its commit), then ("this", its commit): the order a two-tree benchmark's rows go in."""
+    for key in ("other", "this"):
+        yield key, report["trees"][key]["git_commit"][:8]
+
+
+def two_trees_report(report: dict[str, Any], models: int, runs: dict[str, list[dict[str, float]]],
+                     fields: Sequence[str], rows: Callable[[dict[str, Any]], list[Row]]) -> dict[str, Any]:
+    """A two-tree benchmark's report completed: its runs, each field's median per tree
+    (`<tree>_<field>_median`), the load average at the end, and its rows."""
+    report["models"] = models
+    report["runs"] = runs
+    for key, items in runs.items():
+        for name in fields:
+            report[f"{key}_{name}_median"] = median([r[name] for r in items])
+    report["machine"]["load_average_end"] = load_average()
+    report["rows"] = [r.to_json() for r in rows(report)]
+    return report
+
+
+def two_trees_main(name: str, parser: Any, argv: Sequence[str] | None, run: Callable[[Any, Console], dict[str, Any]],
+                   title: str, rows: Callable[[dict[str, Any]], list[Row]]) -> int:
+    """bench_main for a two-tree benchmark: its table titled `title`, exit 0 (a comparison has no target)."""
+    def render(report: dict[str, Any], console: Console) -> None:
+        render_rows(title, rows(report), console, machine_line(report["machine"]))
+
+    return bench_main(name, parser, argv, run, render=render, check=False, exit_code=lambda *_: 0)
 
 
 def now_iso() -> str:

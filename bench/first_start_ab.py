@@ -92,20 +92,12 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                 console.print(f"[dim]{key}: every model serving {result['all_serving_s']:.2f} s, daemon CPU "
                               f"{result['daemon_cpu_s']:.2f} s, tritonserver CPU {result['triton_cpu_s']:.2f} s[/dim]")
                 shutil.rmtree(state, ignore_errors=True)
-    report["models"] = args.models
-    report["runs"] = runs
-    for key, items in runs.items():
-        for field in ("all_serving_s", "daemon_cpu_s", "triton_cpu_s"):
-            report[f"{key}_{field}_median"] = c.median([r[field] for r in items])
-    report["machine"]["load_average_end"] = c.load_average()
-    report["rows"] = [r.to_json() for r in rows(report)]
-    return report
+    return c.two_trees_report(report, args.models, runs, ("all_serving_s", "daemon_cpu_s", "triton_cpu_s"), rows)
 
 
 def rows(report: dict[str, Any]) -> list[c.Row]:
     out = []
-    for key in ("other", "this"):
-        commit = report["trees"][key]["git_commit"][:8]
+    for key, commit in c.per_tree(report):
         wall = report[f"{key}_all_serving_s_median"]
         cpu = report[f"{key}_daemon_cpu_s_median"]
         out.append(c.Row(f"{report['models']:,} models: first start, policy auto -> every model serving, median of "
@@ -115,19 +107,11 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
     return out
 
 
-def render(report: dict[str, Any], console: Any) -> None:
-    c.render_rows("First start under auto policy, two trees in turns", rows(report), console,
-                  c.machine_line(report["machine"]))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--other", required=True, help="the other tree (a worktree with its own .venv)")
+    parser = c.two_trees_parser(__doc__, models=1000, rounds=3)
     parser.add_argument("--quick", action="store_true", help="50 models, 1 round")
-    parser.add_argument("--models", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a first start may take")
-    return c.bench_main(NAME, parser, argv, run, render=render, check=False, exit_code=lambda *_: 0)
+    return c.two_trees_main(NAME, parser, argv, run, "First start under auto policy, two trees in turns", rows)
 
 
 if __name__ == "__main__":

@@ -90,20 +90,12 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                     console.print(f"[dim]{key}: READY {wall:.2f} s, CPU {cpu:.2f} s[/dim]")
         finally:
             scale._stop_kept_triton(daemon)
-    report["models"] = args.models
-    report["runs"] = runs
-    for key, items in runs.items():
-        report[f"{key}_ready_s_median"] = c.median([r["ready_s"] for r in items])
-        report[f"{key}_ready_cpu_s_median"] = c.median([r["ready_cpu_s"] for r in items])
-    report["machine"]["load_average_end"] = c.load_average()
-    report["rows"] = [r.to_json() for r in rows(report)]
-    return report
+    return c.two_trees_report(report, args.models, runs, ("ready_s", "ready_cpu_s"), rows)
 
 
 def rows(report: dict[str, Any]) -> list[c.Row]:
     out = []
-    for key in ("other", "this"):
-        commit = report["trees"][key]["git_commit"][:8]
+    for key, commit in c.per_tree(report):
         wall = report[f"{key}_ready_s_median"]
         out.append(c.Row(f"{report['models']:,} models: restart, nothing changed -> READY, median of "
                          f"{len(report['runs'][key])} ({key}: {commit})", "tritonctl", f"{wall:.2f} s",
@@ -112,17 +104,9 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
     return out
 
 
-def render(report: dict[str, Any], console: Any) -> None:
-    c.render_rows("Restart with nothing changed, two trees in turns", rows(report), console,
-                  c.machine_line(report["machine"]))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--other", required=True, help="the other tree (a worktree with its own .venv)")
-    parser.add_argument("--models", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    return c.bench_main(NAME, parser, argv, run, render=render, check=False, exit_code=lambda *_: 0)
+    parser = c.two_trees_parser(__doc__, models=10_000, rounds=5)
+    return c.two_trees_main(NAME, parser, argv, run, "Restart with nothing changed, two trees in turns", rows)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,9 @@
 """Registry.contents: what a recorded content holds is read from the registry once per digest, then kept
-(controlplane/store/contentmemo.py), and only what a full digest names."""
+(controlplane/store/contentmemo.py), and only what a full digest names. `registry`: tests/conftest.py."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +12,6 @@ from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
 
 CONFIG = {"name": "m", "backend": "python", "max_batch_size": 4}
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    from controlplane.store import migrate
-
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    migrate.upgrade(reg)
-    yield reg
-    reg.close()
 
 
 def _record(registry: Registry, digest: str) -> None:
