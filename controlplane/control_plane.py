@@ -240,6 +240,9 @@ class ControlPlane:
             self.retries.clear(outcome.model)  # an operator's unload: nothing retries what it took out
         if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore", "unload"):
             self.restores.clear(outcome.model)  # it serves what the registry says now (or nothing, meant)
+        if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore") \
+                and outcome.active_digest:
+            self.served_view.note(outcome.model, outcome.active_digest)  # its verification read it just now
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
 

@@ -12,6 +12,11 @@ Triton again only where that can have changed or matters:
   on it, so a deploy between rounds is never mistaken for drift;
 - and a rotating slice of the rest (`recheck_per_round`), so a change no index shows (a reload with
   a config override that stayed READY throughout) is still found within a bounded number of rounds.
+
+A deploy, rollback or restore that ended OK has just read the served digest itself (its
+verification): `note` hands that reading on, so the first round after a start that deployed N models
+does not read N configs again (5,000 at 5,000 models: the first `status` after such a start took
+seconds, issue 26). A note newer than a round's index call outlives that round's own readings.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class ServedView:
         self._known: dict[str, str | None] = {}  # READY last round -> digest read then
         self._cursor = 0
         self._lock = threading.Lock()
+        self._seq = 0  # notes so far
+        self._notes: dict[str, tuple[int, str | None]] = {}  # model -> (seq, digest) noted since a round began
         self.calls_last_round = 0  # served-digest calls made by the last view() (bench/scale.py reads it)
 
     def assume(self, digests: Mapping[str, str | None]) -> None:
@@ -50,11 +57,21 @@ class ServedView:
         with self._lock:
             self._known = dict(digests)
 
+    def note(self, model: str, digest: str | None) -> None:
+        """Triton was just verified to serve `digest` for `model` (a deploy's, rollback's or restore's
+        own reading of the stamped config, after its load): taken as read, as a round's reading is."""
+        with self._lock:
+            self._seq += 1
+            self._known[model] = digest
+            self._notes[model] = (self._seq, digest)
+
     def view(
         self, triton: _Triton, wanted: Mapping[str, str | None] | None = None
     ) -> tuple[list[IndexEntry], dict[str, str | None]]:
         """The index and {READY model: served digest}. `wanted`: the registry's digest per model
         (None: read every READY model's digest fresh, the old behaviour)."""
+        with self._lock:
+            began = self._seq  # notes after this are newer than the index below
         index = triton.index()
         ready = sorted({e.name for e in index if e.state == "READY"})
         with self._lock:
@@ -78,6 +95,9 @@ class ServedView:
             else:
                 served[name] = known[name]
         with self._lock:
-            self._known = dict(served)
+            known = dict(served)
+            newer = {m: note for m, note in self._notes.items() if note[0] > began}
+            known.update({m: digest for m, (_, digest) in newer.items()})
+            self._known, self._notes = known, newer
             self.calls_last_round = len(fresh)
         return index, served

@@ -73,3 +73,48 @@ def test_without_the_registry_view_every_digest_is_read() -> None:
     triton.digest_calls.clear()
     view.view(triton, None)
     assert sorted(triton.digest_calls) == ["a", "b"]
+
+
+def test_a_deploys_own_verification_is_taken_as_read() -> None:
+    """A first start that deployed N models: each deploy verified its served digest, and noted it, so
+    the next round reads none of them again (it read all N before: seconds for the first `status`)."""
+    names = [f"m{i:04d}" for i in range(500)]
+    triton = StandIn({})
+    view = ServedView(recheck_per_round=5)
+    view.view(triton, {})
+    for name in names:  # deployed one by one between two rounds, each verified
+        triton.served[name] = "d1"
+        triton.ready.add(name)
+        view.note(name, "d1")
+    _, served = view.view(triton, dict.fromkeys(names, "d1"))
+    assert served == dict.fromkeys(names, "d1")
+    assert len(triton.digest_calls) == 5  # the rotating slice only
+
+
+def test_a_note_newer_than_the_rounds_index_outlives_the_round() -> None:
+    """A deploy that ends while a round runs (after its index call, which did not show the model READY
+    yet) keeps its note; a note older than the round's index gives way to what the round read."""
+    triton = StandIn({"old": "d1"})
+    view = ServedView(recheck_per_round=0)
+    view.view(triton, {"old": "d1"})
+
+    class MidRound(StandIn):
+        def index(self) -> list[IndexEntry]:
+            entries = super().index()
+            view.note("new", "d5")  # verified right after this round's index call
+            return entries
+
+    mid = MidRound({"old": "d1"})
+    mid.served["new"] = "d5"
+    mid.ready.discard("new")
+    view.view(mid, {"old": "d1", "new": "d5"})
+    mid.ready.add("new")
+    mid.digest_calls.clear()
+    _, served = view.view(mid, {"old": "d1", "new": "d5"})
+    assert served["new"] == "d5" and mid.digest_calls == []  # the note held across the round
+
+    view.note("old", "d1")  # then Triton is found serving another digest for it: the reading wins
+    mid.served["old"] = "d9"
+    view.recheck_per_round = 2
+    _, served = view.view(mid, {"old": "d1", "new": "d5"})
+    assert served["old"] == "d9"
