@@ -479,6 +479,8 @@ class SetRunner:
         """Unload and unpublish private step names a stopped daemon left behind, except those a loaded
         ensemble of `ensembles` still uses (unloading a step unloads its ensemble). (removed, all gone)."""
         names = [n for n in self.d.serving.models() if is_private_name(n)]
+        if not names:  # the usual start: nothing to sweep, and no ensemble's config to read (N calls at N models)
+            return [], True
         used: set[str] = set()
         for ensemble in ensembles:
             try:

@@ -250,6 +250,24 @@ def test_recovery_rolls_an_interrupted_set_forward(benches: tuple[Bench, Bench])
     assert bench.deployer.sweep(["pipe"]) and staged not in bench.serving.models()
 
 
+def test_a_sweep_with_no_private_names_reads_no_ensemble(benches: tuple[Bench, Bench],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every start's first reconcile sweeps private step names; with none left behind (the usual start)
+    it reads no ensemble's served config: at 5,000 serving ensembles that was one gRPC call each, seconds
+    before READY."""
+    bench, _ = benches
+    bench.serving_pipeline()
+    reads: list[str] = []
+    real = bench.triton.served_config
+
+    def counted(model: str) -> dict[str, Any]:
+        reads.append(model)
+        return real(model)
+
+    monkeypatch.setattr(bench.triton, "served_config", counted)
+    assert bench.deployer.sweep(["pipe"]) and reads == []
+
+
 def test_only_the_deploy_engine_and_triton_drive_triton() -> None:
     """No module outside the deploy engine (deploy/engine.py, deploy/plans.py, deploy/steps.py) and triton/
     calls Triton's load, unload or infer: a deploy step changed there is changed for every path."""
