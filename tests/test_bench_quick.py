@@ -124,6 +124,17 @@ def test_first_start_ab_quick(tmp_path: Path) -> None:
     assert report["trees"]["this"]["git_commit"] == report["trees"]["other"]["git_commit"]
 
 
+def test_edit_split_quick(tmp_path: Path) -> None:
+    """One edit's time split between the daemon and Triton, from both logs; the parts add up."""
+    report = run_bench("edit_split", tmp_path)
+    assert len(report["edits"]) == 2 and report["start"]["fresh"]
+    for edit in report["edits"]:
+        parts = [edit[k] for k in ("daemon_before_s", "triton_before_load_s", "triton_load_s", "triton_after_load_s",
+                                   "daemon_after_s")]
+        assert edit["triton_load_s"] > 0 and edit["daemon_before_s"] > 0, edit
+        assert abs(sum(parts) - edit["total_s"]) < 0.01, edit
+
+
 def test_cli_latency_quick(tmp_path: Path) -> None:
     report = run_bench("cli_latency", tmp_path, "--runs", "2", "--warmup", "0", "--events", "2000")  # quick: 5, 20k
     assert report["failures"] == []  # every command answered (exit 0) against the real daemon and registry
