@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -38,7 +36,6 @@ import common as c  # noqa: E402
 import scale  # noqa: E402
 
 NAME = "edit_split"
-ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("daemon_before_s", "triton_before_load_s", "triton_load_s", "triton_after_load_s", "daemon_after_s")
 TRITON_LINE = re.compile(r"^I(\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})")
 
@@ -50,31 +47,6 @@ def _triton_time(line: str, year: int) -> float | None:
         return None
     month, day, hour, minute, second, micro = (int(g) for g in m.groups())
     return datetime(year, month, day, hour, minute, second, micro, tzinfo=timezone.utc).timestamp()
-
-
-def _daemon(workdir: Path, models: int, log: Path) -> subprocess.Popen[bytes]:
-    from tests.harness import FREE_PORTS
-
-    args = [str(ROOT / ".venv" / "bin" / "tritonctl"), "daemon", "--repository", str(workdir / "repo"),
-            "--state-dir", str(workdir / "state"), "--settle", "1.0", "--launch-triton", *FREE_PORTS,
-            "--policy", "auto", "--keep-triton"]
-    env = dict(os.environ, TRITONCTL_RECONCILE_INTERVAL_S="10", TRITONCTL_READY_WAITS_FOR_DEPLOYS="true")
-    env.pop("NOTIFY_SOCKET", None)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    with open(log, "w") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _stop_kept_triton(state: Path) -> None:
-    """--keep-triton left the daemon's tritonserver serving: stop it (a scratch workdir goes away)."""
-    wanted = f"--model-repository={state / 'serving'}"
-    for pid in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if Path(cmdline[0]).name == "tritonserver" and wanted in cmdline:
-            os.kill(int(pid), signal.SIGTERM)
 
 
 def _edit(workdir: Path, log: Path, name: str, timeout_s: float) -> dict[str, float]:
@@ -117,6 +89,7 @@ def _edit(workdir: Path, log: Path, name: str, timeout_s: float) -> dict[str, fl
 
 
 def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed tritonctl: bytecode read (bench/scale.py)
     if args.quick:
         args.models, args.edits = 50, 2
     report = c.base_report(NAME, args.argv, args.quick, c.machine_info())
@@ -127,13 +100,15 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             scale.make_repository(workdir / "repo", args.models)
             (workdir / "staging").mkdir(parents=True, exist_ok=True)
             time.sleep(1.5)  # older than the racy-signature window (controlplane/source/poller.py)
-        log = workdir / "daemon.log"
+        daemon = c.daemon_process(workdir / "repo", workdir / "state", 1.0, policy="auto", extra=["--keep-triton"])
+        log = daemon.log_path
+        log.unlink(missing_ok=True)  # the harness appends: a READY line of an earlier run must not count
         started = time.monotonic()
-        proc = _daemon(workdir, args.models, log)
+        daemon.start(wait=False)
         try:
             while "ready: control socket" not in log.read_text(errors="replace"):
-                if proc.poll() is not None or time.monotonic() - started > args.start_timeout:
-                    raise SystemExit(f"daemon not READY: {log.read_text(errors='replace')[-2000:]}")
+                if daemon.proc.poll() is not None or time.monotonic() - started > args.start_timeout:
+                    raise SystemExit(f"daemon not READY: {daemon.log_tail()}")
                 time.sleep(0.2)
             report["start"] = {"fresh": fresh, "ready_s": round(time.monotonic() - started, 2)}
             console.print(f"[dim]{args.models} models {'deployed' if fresh else 'adopted'}: READY after "
@@ -146,10 +121,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                 console.print(f"[dim]{name}: {edits[-1]}[/dim]")
                 time.sleep(2.0)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
-            if not args.workdir:
-                _stop_kept_triton(workdir / "state")
+            daemon.stop(kill_triton=not args.workdir)  # a kept --workdir keeps its tritonserver for the next run
     report["models"] = args.models
     report["edits"] = edits
     report["medians"] = {part: c.median([e[part] for e in edits]) for part in (*PARTS, "total_s")}
