@@ -43,17 +43,14 @@ class ServingEnsembles:
             if not record.active_digest:
                 continue
             entry = self.graph.entry(record.name)
-            if entry is not None and entry.digest == record.active_digest:
-                if entry.steps:
-                    out[record.name] = list(entry.steps)
-                continue
-            tree = self.serving.current(record.name)
-            try:  # the published config says cheaply which ones are ensembles; only those are looked up
-                if tree is not None and not is_ensemble_text((tree / CONFIG_FILE).read_text(errors="replace")):
-                    continue
-            except OSError:
-                pass
-            steps = step_models(self.registry.get_snapshot(record.name, record.active_digest).config)
+            if entry is None or entry.digest != record.active_digest:
+                tree = self.serving.current(record.name)
+                try:  # the published config says cheaply which ones are ensembles; only those are looked up
+                    if tree is not None and not is_ensemble_text((tree / CONFIG_FILE).read_text(errors="replace")):
+                        continue
+                except OSError:
+                    pass
+            steps = self._steps(record.name, record.active_digest)
             if steps:
                 out[record.name] = steps
         with self._guard:

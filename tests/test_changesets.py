@@ -536,7 +536,7 @@ def test_reconcile_order_puts_steps_before_ensembles() -> None:
     }
     registry = SimpleNamespace(
         list_models=lambda states: [SimpleNamespace(name=n, active_digest="d" * 64) for n in configs],
-        get_snapshot=lambda name, digest: SimpleNamespace(config=configs[name]),
+        snapshot_content=lambda name, digest: (configs[name], []),
     )
     serving = SimpleNamespace(current=lambda name: None)  # no published tree: every config is looked up
     graph = SimpleNamespace(entry=lambda name: None)  # no recorded source content: the serving configs decide
