@@ -452,12 +452,14 @@ class Registry:
 
     def last_deployments(self, models: Sequence[str] | None = None) -> dict[str, DeploymentRecord]:
         """Each model's newest deployment (finished or not), in one query."""
-        newest = select(func.max(schema.Deployment.id)).group_by(schema.Deployment.model)
+        d = schema.Deployment  # columns, not ORM objects: two thirds of the cost (`status` of 5,000 models)
+        newest = select(func.max(d.id)).group_by(d.model)
         if models is not None:
-            newest = newest.where(schema.Deployment.model.in_(list(models)))
+            newest = newest.where(d.model.in_(list(models)))
+        query = select(d.id, d.model, d.kind, d.digest, d.previous_digest, d.step, d.actor, d.started_at,
+                       d.finished_at, d.outcome, d.error).where(d.id.in_(newest.scalar_subquery()))
         with self._session() as session:
-            rows = session.scalars(select(schema.Deployment).where(schema.Deployment.id.in_(newest.scalar_subquery())))
-            return {row.model: from_row(DeploymentRecord, row) for row in rows}
+            return {row[1]: DeploymentRecord(*row) for row in session.execute(query)}
 
     def set_quarantine(self, model: str, digest: str, reason: str | None) -> None:
         with self._session() as session:
