@@ -130,13 +130,10 @@ class TritonClient:
         data = self._call(
             "repository index",
             lambda: self._client.get_model_repository_index(
-                headers=self._headers, as_json=True, client_timeout=self.timeouts.call_s
+                headers=self._headers, client_timeout=self.timeouts.call_s
             ),
-        )
-        return [
-            IndexEntry(m.get("name", ""), m.get("version", ""), m.get("state", ""), m.get("reason", ""))
-            for m in data.get("models", [])
-        ]
+        )  # the message itself, not as_json: protobuf's pure-Python JSON printer was two thirds of this call
+        return [IndexEntry(m.name, m.version, m.state, m.reason) for m in data.models]
 
     def ready_versions(self, model: str) -> list[str]:
         """Versions of `model` that Triton has READY: its metadata's versions, which list exactly the READY
@@ -170,9 +167,14 @@ class TritonClient:
         return dict(data.get("config", {}))
 
     def served_digest(self, model: str) -> str | None:
-        """The snapshot digest stamped into the config Triton serves (None if not stamped)."""
-        params = self.served_config(model).get("parameters", {})
-        value = params.get(DIGEST_PARAMETER, {}).get("string_value")
+        """The snapshot digest stamped into the config Triton serves (None if not stamped): read from the
+        message itself, not its JSON form (protobuf's pure-Python printer of the whole config)."""
+        data = self._call(
+            f"config of '{model}'",
+            lambda: self._client.get_model_config(model, client_timeout=self.timeouts.call_s),
+        )
+        params = data.config.parameters
+        value = params[DIGEST_PARAMETER].string_value if DIGEST_PARAMETER in params else ""
         return str(value) if value else None
 
     def last_inferences(self, model: str = "") -> dict[str, float]:
