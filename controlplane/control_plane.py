@@ -54,7 +54,7 @@ from controlplane.source.protocol import NoSource, Source
 from controlplane.source.recorded import SourceGraph
 from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
-from controlplane.syncstatus import InHand, sync_state, track_sync
+from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, track_sync
 from controlplane.triton.client import IndexEntry, TritonClient
 from controlplane.triton.host import TritonHost
 from controlplane.validation.ensemblemembers import step_models
@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonctl.service")
 
 SYSTEM_ACTOR = "tritonctl"
+LASTS_BY_NAME = 500  # `status`: up to this many models not in sync have their last deployments read by name
 
 
 @dataclass
@@ -691,8 +692,9 @@ class ControlPlane:
         view's overview). State and name are filtered and the page cut in SQL, so only the page's models
         are looked at; sync is derived per model, so filtering by it derives every model's sync first."""
         if sync:  # derived per model, not stored: every model's sync (not its whole status row), then the page's rows
-            inputs = self._sync_inputs(None)
-            matching = [m.name for m in self.registry.list_models(states=[state] if state else None)
+            candidates = self.registry.list_models(states=[state] if state else None)
+            inputs = self._sync_inputs(candidates, None)
+            matching = [m.name for m in candidates
                         if name.lower() in m.name.lower() and self._sync_of(m, inputs)[0] == sync]
             pages = max((len(matching) + size - 1) // size, 1)
             page = min(max(page, 1), pages)
@@ -721,7 +723,7 @@ class ControlPlane:
             index, served, reachable = [], {}, False
         drift = {d.model: d for d in plan(records, index, served).drift} if reachable else {}
         names = [m.name for m in records] if wanted is not None else None
-        inputs = self._sync_inputs(names)
+        inputs = self._sync_inputs(records, names)
         footprints = self.registry.footprints(names)
         by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
         for e in index:
@@ -742,10 +744,15 @@ class ControlPlane:
             rows.append(row)
         return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows)
 
-    def _sync_inputs(self, names: list[str] | None) -> _SyncInputs:
-        """What a model's sync is derived from, for `names` (None: every model), each read once."""
+    def _sync_inputs(self, records: list[ModelRecord], names: list[str] | None) -> _SyncInputs:
+        """What the sync of `records` (named `names`; None: every model) is derived from, each read once.
+        Last deployments only of the models not in sync (none when all are): by name while they are few,
+        else all of `names` in one query."""
         tag_registry = self.tag_registry()
-        return _SyncInputs(self.registry.source_heads(names), self.registry.last_deployments(names),
+        heads = self.registry.source_heads(names)
+        owed = [m.name for m in records if needs_last_deployment(m, heads.get(m.name))]
+        lasts = self.registry.last_deployments(owed if len(owed) <= LASTS_BY_NAME else names) if owed else {}
+        return _SyncInputs(heads, lasts,
                            set(self.deployer.busy_models()),
                            self.in_hand.reasons(self.source.settling(), dict(self.capture_waits)),
                            tags.by_digest(tag_registry.list_tags()), tag_registry.tracks(),

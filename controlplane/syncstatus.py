@@ -80,6 +80,12 @@ def sync_state(
     return SyncState.PENDING, f"{_short(head.digest)} is waiting to be deployed"
 
 
+def needs_last_deployment(model: ModelRecord, head: SourceHead | None) -> bool:
+    """Whether `sync_state` can look at the model's last deployment: not when it serves the source's
+    newest content (synced), so `status` of 10,000 synced models reads no deployment at all."""
+    return not (head is not None and head.digest == model.active_digest and model.state in SERVING_STATES)
+
+
 def settling_reason(since_s: float | None, waits: str | None = None) -> str:
     """`sync_reason` of a model the watcher has a check pending for: the seconds since its last change
     seen (None: none since the watcher was asked to look again) and why its last capture was put off."""
