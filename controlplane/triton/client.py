@@ -143,13 +143,13 @@ class TritonClient:
         try:
             data = self._call(
                 f"metadata of '{model}'",
-                lambda: self._client.get_model_metadata(model, as_json=True, client_timeout=self.timeouts.call_s),
+                lambda: self._client.get_model_metadata(model, client_timeout=self.timeouts.call_s),
             )
         except TritonError as exc:
             if exc.status == "NOT_FOUND":  # not loaded: no version READY
                 return []
             raise
-        return sorted((str(v) for v in data.get("versions", [])), key=lambda v: int(v) if v.isdigit() else -1)
+        return sorted((str(v) for v in data.versions), key=lambda v: int(v) if v.isdigit() else -1)
 
     def version_ready(self, model: str, version: str = "") -> bool:
         return bool(
@@ -182,12 +182,11 @@ class TritonClient:
         Triton's inference statistics; `model` "" asks for every loaded model in one call."""
         data = self._call(
             "inference statistics",
-            lambda: self._client.get_inference_statistics(model, as_json=True, client_timeout=self.timeouts.call_s),
-        )
+            lambda: self._client.get_inference_statistics(model, client_timeout=self.timeouts.call_s),
+        )  # the message itself: every loaded model's statistics through the pure-Python JSON printer is not free
         last: dict[str, float] = {}
-        for row in data.get("model_stats", []):
-            name = row.get("name", "")
-            last[name] = max(last.get(name, 0.0), int(row.get("last_inference", 0) or 0) / 1000.0)
+        for row in data.model_stats:
+            last[row.name] = max(last.get(row.name, 0.0), row.last_inference / 1000.0)
         return last
 
     # -- inference ------------------------------------------------------------------------------
