@@ -492,7 +492,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                           "edits": args.edits, "reconcile_interval_s": 10.0, "triton_poll_secs": 1,
                           "triton_load_threads": 4}
     report["settings"]["bytecode"] = "read (.pyc), PYTHONDONTWRITEBYTECODE unset"
-    report["results"] = results
+    report["results"], report["rows"], report["runtime_s"] = results, [], 0.0
     # An installed tritonctl reads its bytecode (pip compiles at install). This machine's environment sets
     # PYTHONDONTWRITEBYTECODE, under which every daemon start compiled tritonctl's own ~90 modules from
     # source again: 0.3-0.5 s of CPU of every restart (cProfile: source_to_code), no installed daemon pays.
@@ -507,31 +507,45 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             console.print(f"[dim]{count} models written in {time.monotonic() - t:.1f} s[/dim]")
             time.sleep(1.5)  # older than the racy-signature window (controlplane/source/poller.py)
             result: dict[str, Any] = {"models": count}
+            results.append(result)
+
+            def keep() -> None:
+                _write_so_far(report, started, args, console)
+
             if "explicit" in args.parts:
                 result["triton_explicit"] = measure_triton_explicit(repo, base / f"explicit-{count}", count, args,
                                                                     console)
+                keep()
             if "requests" in args.parts and count <= args.one_by_one_max:
                 result["triton_requests"] = measure_triton_requests(repo, base / f"requests-{count}", count, args,
                                                                     console)
+                keep()
             if "poll" in args.parts:
                 timeout = args.triton_start_timeout if count <= 1000 else args.triton_start_timeout_large
                 result["triton_poll"] = measure_triton_poll(repo, base / f"poll-{count}", count, args, console,
                                                             timeout)
+                keep()
             if "manual" in args.parts:
                 result["tritonctl_manual"] = measure_manual(repo, base / f"manual-{count}", count, args, console)
                 shutil.rmtree(base / f"manual-{count}", ignore_errors=True)
+                keep()
             if "auto" in args.parts:
                 result["tritonctl"] = measure_auto(repo, base / f"auto-{count}", count, args, console)
                 shutil.rmtree(base / f"auto-{count}", ignore_errors=True)
-            results.append(result)
+                keep()
             shutil.rmtree(repo, ignore_errors=True)
             subprocess.run(["sync"], check=False)
-            report["rows"] = [r.to_json() for r in rows(report)]
-            report["runtime_s"] = round(time.monotonic() - started, 1)
-            report["machine"]["load_average_end"] = c.load_average()
-            if args.out_path is not None:  # a run cut short keeps the sizes it finished
-                c.write_report(args.out_path, report, console)
     return report
+
+
+def _write_so_far(report: dict[str, Any], started: float, args: argparse.Namespace, console: Any) -> None:
+    """The report as it stands, written after every part of every size: a run cut short keeps what it
+    finished (10,000 models under auto policy take most of an hour, in Triton's own load requests)."""
+    report["rows"] = [r.to_json() for r in rows(report)]
+    report["runtime_s"] = round(time.monotonic() - started, 1)
+    report["machine"]["load_average_end"] = c.load_average()
+    if args.out_path is not None:
+        c.write_report(args.out_path, report, console)
 
 
 def _s(v: Any) -> str:
