@@ -34,8 +34,8 @@ an installed tritonctl runs: with it, every restart compiled tritonctl's own mod
 Targets at 10,000 models (on this 2-core machine): first start -> READY <= 20 s (manual); restart,
 nothing changed -> READY <= 2 s; every model serving (auto) within 1.2x Triton explicit's start-up;
 one edit's overhead within 50 ms of its overhead at the smallest N; idle CPU <= 1 % of one core;
-daemon RSS <= 300 MB; `status --json` <= 1 s. The report is written after every N, so a run cut
-short keeps the sizes it finished.
+daemon RSS <= 300 MB; `status --json` <= 1 s. The report is written after every part of every N,
+so a run cut short keeps what it finished.
 
     python bench/scale.py                        # 200,1000,2000,5000,10000
     python bench/scale.py --counts 200,1000      # some sizes
