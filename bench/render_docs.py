@@ -89,7 +89,7 @@ def placeholder(spec: str, blocks: Path = c.RESULTS) -> str:
     name, sep, path = where.partition(":")
     if not sep:
         raise RenderError(f"{{{{{spec}}}}}: a placeholder is FILE:PATH or FILE:PATH|FORMAT")
-    value = lookup(name.strip(), path.strip())
+    value = lookup(name.strip(), path.strip(), blocks)
     fmt = fmt.strip()
     if fmt in AGGREGATES:
         if not isinstance(value, list) or not value:
