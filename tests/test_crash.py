@@ -276,7 +276,10 @@ def test_thirty_random_sigkills_never_serve_a_mixed_model(tmp_path: Path) -> Non
     result = random_kills(tmp_path, kills=30, seed=1616)
     assert result["mixed"] == 0 and result["failed"] == 0, result
     assert result["ok"] > 0, result
-    assert {"published", "loaded", "verified"} <= set(result["steps"]), result
+    # 'loaded' lasts only as long as the READY and digest checks, a millisecond or two since they read
+    # protobuf messages: chance no longer finds it in 30 kills. tests/test_faults.py kills the daemon
+    # right after the load (after_load), three times, deterministically.
+    assert {"published", "verified"} <= set(result["steps"]), result
 
 
 def test_sigkilled_daemon_leaves_its_launched_tritonserver_serving_and_adopts_it(tmp_path: Path) -> None:
