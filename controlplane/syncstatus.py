@@ -53,7 +53,7 @@ def sync_state(
                            f"next retry in {retry.seconds_left()} s")
     if head is None:
         return SyncState.PENDING, "the source's content is not recorded yet"
-    if head.digest == model.active_digest and model.state in SERVING_STATES:
+    if not needs_last_deployment(model, head):  # synced: one rule, the one `status` reads deployments by
         note = "; degraded: " + (model.last_error or "") if model.state == ModelState.DEGRADED else ""
         return SyncState.SYNCED, f"serving the source's newest content {_short(head.digest)}{note}"
     if not head.valid:
