@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from controlplane.deploy.publish import ServingRepository
-from controlplane.deploy.smoke import SmokeInput, load_smoke_file, run_smoke
+from controlplane.deploy.smoke import run_smoke
+from controlplane.validation.smokefile import SmokeInput, load_smoke_file
 from controlplane.errors import TritonctlError
 from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE, SMOKE_FILE, ContentStore
