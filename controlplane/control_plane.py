@@ -63,7 +63,7 @@ from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Res
 if TYPE_CHECKING:
     from controlplane.webhooks import Webhooks
 
-log = logging.getLogger("tritonctl.service")
+log = logging.getLogger("tritonctl.plane")
 
 SYSTEM_ACTOR = "tritonctl"
 LASTS_BY_NAME = 500  # `status`: up to this many models not in sync have their last deployments read by name
@@ -241,8 +241,8 @@ class ControlPlane:
             self.retries.clear(outcome.model)  # an operator's unload: nothing retries what it took out
         if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore", "unload"):
             self.restores.clear(outcome.model)  # it serves what the registry says now (or nothing, meant)
-        if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore") \
-                and outcome.active_digest:
+        if (outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore")
+                and outcome.active_digest):
             self.served_view.note(outcome.model, outcome.active_digest)  # its verification read it just now
         if self._extra_on_outcome:
             self._extra_on_outcome(outcome)
