@@ -31,6 +31,7 @@ from controlplane.memory.footprint import Meter
 from controlplane.memory.leases import LeaseBook
 from controlplane.memory.ondemand import OnDemand
 from controlplane.names import is_private_name, validate_digest, validate_model_name
+from controlplane.outcomes import Outcomes
 from controlplane.results import (
     AuditResult,
     DiffResult,
@@ -122,7 +123,7 @@ class ControlPlane:
         store: ContentStore,
         serving: ServingRepository,
         triton: TritonClient,
-        on_outcome: Callable[[Outcome], None] | None = None,
+        outcomes: Outcomes | None = None,
         *,
         source: Source | None = None,
         host: TritonHost | None = None,
@@ -130,7 +131,9 @@ class ControlPlane:
         webhooks: Webhooks | None = None,
         target: Callable[[ControlPlane], Target] | None = None,
     ) -> None:
-        """`source`: where models come from (controlplane/source/protocol.py: a directory, s3://; default none);
+        """`outcomes`: where every finished operation is reported (the plane subscribes its own bookkeeping
+        first; the daemon then subscribes what reports it); `source`: where models come from
+        (controlplane/source/protocol.py: a directory, s3://; default none);
         `host`: capability checks and Triton's real reasons; `http_url`: a launched tritonserver's HTTP URL;
         `target`: where the verbs' changes go, built with the plane (with --fleet, daemon.py builds a
         targets.FleetTarget; default this host alone, a targets.HostTarget); `webhooks`: the daemon's webhook
@@ -145,11 +148,12 @@ class ControlPlane:
         self.source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.deploy.causes)
         self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
-        self._extra_on_outcome = on_outcome
+        self.outcomes = outcomes if outcomes is not None else Outcomes()
+        self.outcomes.subscribe(self._note_outcome)
         self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/memory/leases.py
         self.guard = self._memory_guard(settings, registry, triton, host)
         self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
-                                 on_outcome=self._note_outcome, host=host, guard=self.guard)
+                                 on_outcome=self.outcomes.publish, host=host, guard=self.guard)
         self.ondemand = OnDemand(registry, self.deployer, triton, self.leases, self.effective_policy,
                                  lambda: self.settings.idle_unload_s, self.guard.spared, self.guard.fits,
                                  self.guard.refused, lambda: self.settings.load_timeout_s)  # ensure, leases
@@ -221,8 +225,6 @@ class ControlPlane:
         if (outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore")
                 and outcome.active_digest):
             self.served_view.note(outcome.model, outcome.active_digest)  # its verification read it just now
-        if self._extra_on_outcome:
-            self._extra_on_outcome(outcome)
 
     def capture_lock(self, model: str) -> threading.RLock:
         """Serializes a model's capture-and-decide pipeline, so two settled events for the same

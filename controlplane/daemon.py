@@ -32,6 +32,7 @@ from controlplane.control_plane import ControlPlane
 from controlplane.deploy.engine import Outcome
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import LauncherError, StateDirInUseError, TritonctlError
+from controlplane.outcomes import Outcomes
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
@@ -227,14 +228,16 @@ class Daemon:
         # The source is built (not watched yet) before the plane, which holds it.
         self.source = self._source()
         self.webhooks = self._webhooks()
+        self.outcomes = Outcomes()  # every finished operation, to the subscribers wired here and in the plane
         self.plane = ControlPlane(
-            settings, self.registry, store, serving, triton, on_outcome=self._on_outcome, webhooks=self.webhooks,
+            settings, self.registry, store, serving, triton, outcomes=self.outcomes, webhooks=self.webhooks,
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
             source=self.source,
             http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
             target=self._fleet_target if self.fleet_settings is not None else None,
         )
+        self.outcomes.subscribe(self._on_outcome)  # after the plane's own bookkeeping (its last action)
         self.plane.preloaded(self._preloaded)
         if self.triton_server is not None and self.triton_server.adopted_pid:
             # only this daemon can load into the server it launched: it serves what the registry says,
