@@ -117,7 +117,6 @@ def db_upgrade(db_url: str | None, dry_run: bool, state_dir: Path, as_json: bool
     from controlplane.results import DbUpgradeResult, MigrationRow
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
-
     from controlplane.store.sqlite_reader import sqlite_path
 
     settings = Settings(state_dir=state_dir, db_url=db_url)
@@ -142,8 +141,8 @@ def db_upgrade(db_url: str | None, dry_run: bool, state_dir: Path, as_json: bool
         done = migrate.run_upgrade(registry)
     finally:
         registry.close()
-    render.db_upgrade(DbUpgradeResult(done.before, done.after, [MigrationRow(m.revision, m.title) for m in done.migrations],
-                                      str(done.backup) if done.backup else None), as_json)
+    ran = [MigrationRow(m.revision, m.title) for m in done.migrations]
+    render.db_upgrade(DbUpgradeResult(done.before, done.after, ran, str(done.backup) if done.backup else None), as_json)
 
 
 COMMANDS = [versions, diff, audit, db]
