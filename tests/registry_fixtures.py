@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 
 from controlplane.store import migrate
 from controlplane.store.registry import Registry
+from controlplane.store.sqlite_reader import sqlite_path
 
 T0 = datetime(2026, 11, 29, 10, 0, 0, 123456)
 D1, D2, D3 = "a" * 64, "b" * 64, "c" * 64
@@ -169,6 +171,10 @@ def build(url: str, revision: str, bulk_models: int = 0) -> dict[str, int]:
         return counts
     finally:
         registry.close()
+
+
+def sqlite_file(url: str) -> Path | None:
+    return sqlite_path(url)
 
 
 def table_counts(url: str) -> dict[str, int]:
