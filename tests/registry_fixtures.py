@@ -173,6 +173,16 @@ def build(url: str, revision: str, bulk_models: int = 0) -> dict[str, int]:
         registry.close()
 
 
+def break_migration_0008(url: str) -> None:
+    """Make migration 0008 fail on purpose, as a database refuses: a table of the name it creates is there."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE footprints (stray INTEGER)"))
+    finally:
+        engine.dispose()
+
+
 def sqlite_file(url: str) -> Path | None:
     return sqlite_path(url)
 

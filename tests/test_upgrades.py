@@ -131,14 +131,6 @@ def _migration_module(name: str) -> object:
     return module
 
 
-def _break_0008(url: str) -> None:
-    """Make migration 0008 fail on purpose: a table of the name it creates is already there."""
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE footprints (stray INTEGER)"))
-    engine.dispose()
-
-
 def _files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
@@ -148,7 +140,7 @@ def test_a_failed_sqlite_migration_leaves_the_registry_byte_for_byte(tmp_path: P
     state.mkdir()
     url = f"sqlite:///{state / 'registry.db'}"
     fx.build(url, "0005")
-    _break_0008(url)
+    fx.break_migration_0008(url)
     before = _files(state)
     assert list(before) == ["registry.db"]  # no WAL left: the last connection checkpointed
     registry = Registry(url)
@@ -175,7 +167,7 @@ def test_a_failed_sqlite_migration_leaves_the_registry_byte_for_byte(tmp_path: P
 @pytest.mark.postgres
 def test_a_failed_postgresql_migration_stays_at_the_revision_before_it(pg_url: str) -> None:
     written = fx.build(pg_url, "0005")
-    _break_0008(pg_url)
+    fx.break_migration_0008(pg_url)
     registry = Registry(pg_url)
     try:
         with pytest.raises(MigrationError, match="migration 0008_footprints failed: .*the registry stays at 0007"):
@@ -228,7 +220,7 @@ def test_db_upgrade_failure_is_one_line_and_exit_2(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     fx.build(f"sqlite:///{state / 'registry.db'}", "0006")
-    _break_0008(f"sqlite:///{state / 'registry.db'}")
+    fx.break_migration_0008(f"sqlite:///{state / 'registry.db'}")
     result = invoke(["db", "upgrade", "--state-dir", str(state)])
     assert_one_line_error(result, 2, "migration 0008_footprints failed", str(state / "registry.db.before-0006"))
 
@@ -242,7 +234,7 @@ def test_the_daemon_refuses_to_start_on_a_failed_migration(tmp_path: Path) -> No
     repo.mkdir()
     url = f"sqlite:///{state / 'registry.db'}"
     fx.build(url, "0006")
-    _break_0008(url)
+    fx.break_migration_0008(url)
     before = (state / "registry.db").read_bytes()
     proc = subprocess.run(
         [sys.executable, "-m", "cli.main", "daemon", "--repository", str(repo), "--state-dir", str(state),
