@@ -248,3 +248,19 @@ def test_the_daemon_refuses_to_start_on_a_failed_migration(tmp_path: Path) -> No
     assert "copied the registry to" in proc.stderr  # the daemon says it took the copy
     assert (state / "registry.db").read_bytes() == before
 
+
+
+def test_a_registry_from_a_newer_release_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A schema revision this tritonctl does not know (a newer release upgraded it): one line, nothing done."""
+    state = tmp_path / "state"
+    state.mkdir()
+    url = f"sqlite:///{state / 'registry.db'}"
+    fx.build(url, migrate.HEAD_REVISION)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    for args in (["db", "upgrade"], ["db", "upgrade", "--dry-run"]):
+        assert_one_line_error(invoke([*args, "--state-dir", str(state)]), 1,
+                              "registry schema is at 9999, which this tritonctl does not know")
+    assert sorted(p.name for p in state.iterdir()) == ["registry.db"]

@@ -77,8 +77,16 @@ def pending(current: str | None, revision: str = "head") -> list[Migration]:
     """The migrations from schema revision `current` (None: none yet) to `revision`, oldest first."""
     from alembic.script import ScriptDirectory
 
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+
     script = ScriptDirectory.from_config(_config())
-    steps = list(script.iterate_revisions(revision, current or "base"))
+    try:
+        steps = list(script.iterate_revisions(revision, current or "base"))
+    except (CommandError, RevisionError) as exc:  # a registry a newer tritonctl upgraded: this one knows no way from there
+        raise StoreError(f"registry schema is at {current}, which this tritonctl does not know (it goes up to "
+                         f"{HEAD_REVISION}): run the release that upgraded it, or put back its copy from before "
+                         "(docs/operations.md \"Upgrading\")") from exc
     return [Migration(str(step.revision), Path(step.path).stem,
                       (step.doc or "").strip().splitlines()[0] if step.doc else "")
             for step in reversed(steps) if step.revision != current]
