@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa

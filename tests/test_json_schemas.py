@@ -22,7 +22,6 @@ from cli.main import cli
 from controlplane.results import (
     AuditResult,
     DbUpgradeResult,
-    MigrationRow,
     DiffResult,
     FileChange,
     FileSize,
@@ -33,6 +32,7 @@ from controlplane.results import (
     LeaseResult,
     MatrixCell,
     MatrixRow,
+    MigrationRow,
     Outcome,
     PinResult,
     PlacementCell,

@@ -76,14 +76,13 @@ def plan(registry: Registry, revision: str = "head") -> list[Migration]:
 def pending(current: str | None, revision: str = "head") -> list[Migration]:
     """The migrations from schema revision `current` (None: none yet) to `revision`, oldest first."""
     from alembic.script import ScriptDirectory
-
     from alembic.script.revision import RevisionError
     from alembic.util import CommandError
 
     script = ScriptDirectory.from_config(_config())
     try:
         steps = list(script.iterate_revisions(revision, current or "base"))
-    except (CommandError, RevisionError) as exc:  # a registry a newer tritonctl upgraded: this one knows no way from there
+    except (CommandError, RevisionError) as exc:  # a newer tritonctl upgraded it: no way from there here
         raise StoreError(f"registry schema is at {current}, which this tritonctl does not know (it goes up to "
                          f"{HEAD_REVISION}): run the release that upgraded it, or put back its copy from before "
                          "(docs/operations.md \"Upgrading\")") from exc
@@ -175,7 +174,7 @@ def run_upgrade(registry: Registry, revision: str = "head") -> Upgrade:
                 # Python's sqlite3 opens a transaction only before INSERT/UPDATE/DELETE, so a migration's
                 # CREATE TABLE would commit on its own: here the driver opens none and BEGIN IMMEDIATE
                 # opens one that the DDL and the data roll back in together.
-                raw = conn.connection.driver_connection
+                raw: Any = conn.connection.driver_connection
                 level = raw.isolation_level
                 raw.isolation_level = None
                 try:
