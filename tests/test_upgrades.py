@@ -264,3 +264,25 @@ def test_a_registry_from_a_newer_release_is_refused_in_one_line(tmp_path: Path) 
         assert_one_line_error(invoke([*args, "--state-dir", str(state)]), 1,
                               "registry schema is at 9999, which this tritonctl does not know")
     assert sorted(p.name for p in state.iterdir()) == ["registry.db"]
+
+
+def test_the_leftovers_of_an_earlier_releases_failed_upgrade_are_taken_back(db_url: str) -> None:
+    """The release before this one could fail in 0007 (on SQLite) and leave 0006's tables behind with the
+    registry still at 0005; every later start then failed on `table webhook_outbox already exists`. Those
+    empty tables are taken back and the upgrade goes through with every row."""
+    written = fx.build(db_url, "0005")
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:  # 0006's DDL, as the interrupted upgrade committed it
+        conn.execute(sa.text("CREATE TABLE webhook_outbox (id INTEGER NOT NULL PRIMARY KEY, audit_id INTEGER NOT NULL, "
+                             "created_at TIMESTAMP NOT NULL)"))
+        conn.execute(sa.text("CREATE TABLE webhook_deliveries (id VARCHAR(32) NOT NULL PRIMARY KEY)"))
+        conn.execute(sa.text("CREATE INDEX ix_webhook_deliveries_created ON webhook_deliveries (id)"))
+    engine.dispose()
+    registry = Registry(db_url)
+    try:
+        assert migrate.upgrade(registry) == ("0005", migrate.HEAD_REVISION)
+        counts = fx.table_counts(db_url)
+        assert {table: counts[table] for table in written} == written
+        assert _answers(registry, True) == _expected("0005")
+    finally:
+        registry.close()
