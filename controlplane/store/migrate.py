@@ -107,7 +107,7 @@ def backup_sqlite(database: Path, revision: str) -> Path:
     partial = target.with_name(target.name + ".partial")
     partial.unlink(missing_ok=True)
     try:
-        source = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+        source = sqlite3.connect(database)  # it exists (it has a revision); the copy only reads it
         try:
             copy = sqlite3.connect(partial)
             try:
