@@ -32,7 +32,8 @@ def follow_audit(client: ControlClient, filters: dict[str, str | None], as_json:
                 continue
             if any(value is not None and event.data.get(key) != value for key, value in filters.items()):
                 continue
-            click.echo(json.dumps(event.data, ensure_ascii=False) if as_json else audit_line(clean_document(event.data)))
+            click.echo(json.dumps(event.data, ensure_ascii=False) if as_json
+                       else audit_line(clean_document(event.data)))
     except KeyboardInterrupt:
         pass
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
 from datetime import datetime, timezone
+from typing import Any
 
 from controlplane.text import clean
 

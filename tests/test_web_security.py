@@ -110,7 +110,8 @@ def test_a_ten_mib_login_body_is_refused_at_once(daemon: tuple[DaemonProcess, in
         assert time.monotonic() - started < 2
     # chunked, no length: reading stops at the first chunk past the limit
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        conn.sendall(f"POST /ui/login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+        conn.sendall(f"POST /ui/login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n".encode())
         chunk = b"a" * 65536
         answer = b""
         try:

@@ -13,7 +13,6 @@ refused unless `allow_insecure_http` says plain HTTP is meant.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import os
 import pwd
@@ -35,6 +34,7 @@ from controlplane.api.health import health_routes
 from controlplane.api.hooks import webhook_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
 from controlplane.api.stream import EventHub, events_routes
+from controlplane.api.web.gate import is_loopback
 from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 
@@ -108,15 +108,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise errors.ConfigError(f"listen: '{listen}' is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Listener:

@@ -60,14 +60,15 @@ def host_names(bound_host: str, configured: str | None) -> frozenset[str]:
     address answers to any IP literal too (`host_allowed`)."""
     names = {n.strip().lower().rstrip(".") for n in (configured or "").split(",") if n.strip()}
     bound = bound_host.strip("[]").lower()
-    if bound in WILDCARDS or _is_loopback(bound):
+    if bound in WILDCARDS or is_loopback(bound):
         names |= LOOPBACK_NAMES
     if bound not in WILDCARDS:
         names.add(bound)
     return frozenset(names)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP literal (the TCP listeners' rule too: controlplane/api/server.py)."""
     if host == "localhost":
         return True
     try:

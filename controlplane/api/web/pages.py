@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from math import ceil
 from datetime import datetime, timezone
+from math import ceil
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -155,10 +155,10 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         client = request.client.host if request.client else ""
         wait_s = throttle.wait_s(client)
         if wait_s > 0:  # before the body is read: a client guessing tokens waits, whatever it sends
-            response = render(request, "login.html", {"next": "/ui/", "wrong": True, "wait_s": ceil(wait_s)},
-                              status_code=429)
-            response.headers["retry-after"] = str(ceil(wait_s))
-            return response
+            waiting = render(request, "login.html", {"next": "/ui/", "wrong": True, "wait_s": ceil(wait_s)},
+                             status_code=429)
+            waiting.headers["retry-after"] = str(ceil(wait_s))
+            return waiting
         body = await _small_body(request, gate.LOGIN_BODY_LIMIT)
         if body is None:
             return PlainTextResponse(f"413 the login form takes at most {gate.LOGIN_BODY_LIMIT} bytes\n",
