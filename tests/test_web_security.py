@@ -48,6 +48,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonPro
         "--listen", f"127.0.0.1:{api_port}"]).start()
     found = wait_for(lambda: re.search(r"web view: http://127\.0\.0\.1:(\d+)/ui/", proc.log_path.read_text()), 10,
                      what="the daemon's `web view:` log line")
+    wait_for(lambda: proc.model_status("gen").get("state") == "serving", 60, what="gen serving")
     yield proc, int(found.group(1)), api_port
     assert proc.stop() == 0, proc.log_tail()
 

@@ -199,9 +199,9 @@ class LoginThrottle:
 
 
 def cookie_header(session: str, secure: bool) -> str:
-    """The Set-Cookie value of a session (it ends with the browser, at logout or after its lifetime)."""
-    return (f"{COOKIE}={session}; Path=/ui/; Max-Age={SESSION_LIFETIME_S}; HttpOnly; SameSite=Strict"
-            + ("; Secure" if secure else ""))
+    """The Set-Cookie value of a session: a browser-session cookie (no Max-Age: it goes when the browser
+    closes); the session itself ends at logout or after its lifetime, on the server."""
+    return f"{COOKIE}={session}; Path=/ui/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
 
 
 def logout_header(secure: bool) -> str:
