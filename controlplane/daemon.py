@@ -39,6 +39,7 @@ from controlplane.startup.record import deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
+from controlplane.targets import FleetTarget
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, WAIT_CALLBACK_S, TritonServer
@@ -232,7 +233,7 @@ class Daemon:
                           log_path=settings.triton_log_path),
             source=self.source,
             http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
-            fleet=self._fleet_member if self.fleet_settings is not None else None,
+            target=self._fleet_target if self.fleet_settings is not None else None,
         )
         self.plane.preloaded(self._preloaded)
         if self.triton_server is not None and self.triton_server.adopted_pid:
@@ -272,13 +273,14 @@ class Daemon:
         # the rescan that follows them (controlplane/source/inotify.py, start_events).
         self.source.start_events()
 
-    def _fleet_member(self, plane: ControlPlane) -> FleetMember:
-        """The fleet strategy the plane is built with (--fleet): this daemon's part in the fleet."""
+    def _fleet_target(self, plane: ControlPlane) -> FleetTarget:
+        """Where the plane's verbs send changes with --fleet: this daemon's part in the fleet (a rollout over
+        every host, or one host the fleet holds)."""
         from controlplane.fleet.member import FleetMember
 
         assert self.fleet_settings is not None and self.shared_registry is not None
         self.fleet = FleetMember(self.settings, self.fleet_settings, plane, self.shared_registry)
-        return self.fleet
+        return FleetTarget(self.fleet, plane.registry, plane.deployer, plane.retries)
 
     def _webhooks(self) -> Webhooks:
         """The delivery worker: this registry's events; in a fleet the shared registry's, sent by the
