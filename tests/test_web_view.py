@@ -200,3 +200,17 @@ def test_a_status_page_holds_the_rows_full_status_would_show_there(tmp_path: Any
     finally:
         triton_client.close()
         registry.close()
+
+
+def test_web_host_names_take_a_list_or_commas_and_refuse_a_port_in_one_line(tmp_path: Any) -> None:
+    import pytest
+
+    from controlplane import errors
+    from controlplane.config import load_settings
+
+    config = tmp_path / "tritonctl.toml"
+    config.write_text('web_host_names = ["View.Example.com.", "[2001:db8::1]"]\n')
+    assert load_settings({}, config_file=config, env={}).web_host_names == "view.example.com,2001:db8::1"
+    assert load_settings({"web_host_names": "a.example, b.example"}, env={}).web_host_names == "a.example,b.example"
+    with pytest.raises(errors.ConfigError, match=r"web_host_names: .*without ports"):
+        load_settings({"web_host_names": "view.example.com:8080"}, env={})
