@@ -262,7 +262,7 @@ def _host_names(value: Any) -> str:
             ipaddress.ip_address(text)
         except ValueError:
             if not _HOST_NAME.match(text):
-                raise ValueError(f"expected host names without ports (view.example.com), got {name!r}") from None
+                raise ValueError("expected host names without ports, e.g. view.example.com") from None
         cleaned.append(text)
     if not cleaned:
         raise ValueError("expected at least one host name")
