@@ -5,7 +5,9 @@ docs/kubernetes.md says what each piece is for and what was not run here (a clus
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from packaging.version import Version
 from tritonclient.utils import InferenceServerException
 
 from tests.harness import answers, request_loop, wait_for, write_gen_model
-from tests.kubelet import Kubelet, render
+from tests.kubelet import BIN, Kubelet, render
 
 OVERLAYS = ("single", "fleet")
 OLDEST = Version("1.30")
@@ -64,6 +66,7 @@ def test_overlay_renders_and_validates_strictly(overlay: str) -> None:
     assert any(a.startswith("--grpc-restricted-protocol=model-repository:") for a in triton["args"])
     assert _by_name(triton["volumeMounts"], "state")["readOnly"] is True  # tritonctl alone writes serving/
     assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["shareProcessNamespace"] is True  # footprints: tritonctl sees Triton's python stubs
     ports = {s["metadata"]["name"]: {p["port"] for p in s["spec"]["ports"]} for s in objects if s["kind"] == "Service"}
     assert ports == {"triton": {8000, 8001}, "triton-metrics": {8002}}
     assert "tritonctl.toml" in _one(objects, "ConfigMap")["data"]
@@ -120,6 +123,11 @@ def test_single_pod_survives_a_killed_sidecar(tmp_path: Path) -> None:
         with pytest.raises(InferenceServerException):
             client.unload_model("gen")  # no key: only tritonctl loads and unloads
         triton_pid = triton.proc.pid
+        # the budget can count: the sidecar sees Triton's stubs (shareProcessNamespace) and measured the load
+        status = subprocess.run([str(BIN / "tritonctl"), "status", "--json", "--state-dir",
+                                 str(kubelet.volume_dir("state"))], capture_output=True, text=True, timeout=60)
+        row = next(r for r in json.loads(status.stdout)["models"] if r["model"] == "gen")
+        assert row["footprint"]["source"] == "measured" and row["footprint"]["memory_mb"] > 0, row
 
         with request_loop(url, "gen") as stats:
             wait_for(lambda: stats["ok"] >= 20, 30, what="requests answered")
