@@ -163,7 +163,8 @@ class Kubelet:
             raise AssertionError(f"{container} declares no {resource}: the node's allocatable would be used")
         return str(math.ceil(quantity(value) / quantity(divisor)))
 
-    def _environment(self, c: Container) -> dict[str, str]:
+    def environment(self, c: Container) -> dict[str, str]:
+        """The container's declared environment, resolved as the kubelet resolves it."""
         env: dict[str, str] = {}
         for source in c.spec.get("envFrom", []):
             ref = source.get("secretRef")
@@ -218,7 +219,7 @@ class Kubelet:
 
     # --- running ------------------------------------------------------------------------------------
     def _start(self, c: Container) -> None:
-        c.env = self._environment(c)
+        c.env = self.environment(c)
         c.argv = self._argv(c, c.env)
         log = open(self.workdir / f"{c.name}.log", "ab")  # noqa: SIM115 - owned by the process
         c.proc = subprocess.Popen(c.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,

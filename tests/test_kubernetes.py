@@ -18,8 +18,10 @@ import tritonclient.grpc as grpcclient
 from packaging.version import Version
 from tritonclient.utils import InferenceServerException
 
+from controlplane.config import load_settings
+from controlplane.fleet.settings import from_settings as fleet_settings_from
 from tests.harness import answers, request_loop, wait_for, write_gen_model
-from tests.kubelet import BIN, Kubelet, render
+from tests.kubelet import BIN, Kubelet, expand, render
 
 OVERLAYS = ("single", "fleet")
 OLDEST = Version("1.30")
@@ -92,6 +94,33 @@ def test_strict_validation_rejects_what_the_schema_lacks() -> None:
     sidecar["restartPolcy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError, match="restartPolcy"):
         kubernetes_validate.validate(statefulset, str(OLDEST), strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_gives_tritonctl_settings_it_accepts(overlay: str, tmp_path: Path) -> None:
+    """The sidecar's ConfigMap, environment and flags as the daemon merges them: valid, and what the pod means."""
+    objects = render(overlay)
+    statefulset = _one(objects, "StatefulSet")
+    fake = {"tritonctl-triton-key": {"key": "k" * 32},
+            "tritonctl-fleet": {"db-url": "postgresql+psycopg://tritonctl@db/tritonctl"}}
+    kubelet = Kubelet("triton-1", statefulset["spec"]["template"]["spec"], objects, fake, tmp_path)
+    sidecar = kubelet.container("tritonctl")
+    env = kubelet.environment(sidecar)
+    args = [expand(a, env) for a in sidecar.spec["args"]]
+    assert args[:2] == ["daemon", "--config"]
+    flags: dict[str, Any] = {"fleet": True if "--fleet" in args else None,
+                             "host": args[args.index("--host") + 1] if "--host" in args else None}
+    settings = load_settings(flags, env, Path(kubelet.translate(args[2])))
+    assert settings.triton_url == f"127.0.0.1:{kubelet.ports[8001]}" and not settings.launch_triton
+    assert settings.triton_key == "k" * 32
+    assert settings.memory_budget_mb == 8192.0
+    assert settings.state_dir == kubelet.volume_dir("state")
+    if overlay == "single":
+        assert settings.repository == kubelet.volume_dir("models") and not settings.fleet
+    else:
+        fleet_settings_from(settings)  # what --fleet needs is all there
+        assert settings.fleet and settings.host == "triton-1"  # the pod's name
+        assert str(settings.repository_url).startswith("s3://") and str(settings.shared_store).startswith("s3://")
 
 
 def _loads(path: Path) -> int:
