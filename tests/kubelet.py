@@ -49,6 +49,10 @@ _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, 
 
 def render(overlay: str) -> list[dict[str, Any]]:
     """`kubectl kustomize deploy/kubernetes/overlays/OVERLAY`: the objects it renders."""
+    if shutil.which("kubectl") is None:
+        import pytest
+
+        pytest.fail("kubectl is not installed: run .ci/install-test-deps (Debian's kubernetes-client)")
     out = subprocess.run(["kubectl", "kustomize", str(KUSTOMIZE / "overlays" / overlay)], capture_output=True,
                          text=True, timeout=60, check=True)
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
