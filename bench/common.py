@@ -237,6 +237,17 @@ def git_commit() -> str:
     return head + ("-dirty" if dirty else "")
 
 
+DIRTY = "-dirty"
+
+
+def short_commit(commit: object, length: int = 8) -> str:
+    """A recorded git commit cut to `length` hex digits, its `-dirty` mark kept: a run from a tree with
+    uncommitted changes never reads as a clean commit."""
+    text = str(commit)
+    head = text.removesuffix(DIRTY)
+    return head[:length] + (DIRTY if text.endswith(DIRTY) else "")
+
+
 def load_average() -> list[float]:
     """1, 5 and 15 minute load averages (a shared machine: other work runs alongside)."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -91,6 +91,8 @@ def placeholder(spec: str, blocks: Path = c.RESULTS) -> str:
         raise RenderError(f"{{{{{spec}}}}}: a placeholder is FILE:PATH or FILE:PATH|FORMAT")
     value = lookup(name.strip(), path.strip(), blocks)
     fmt = fmt.strip()
+    if isinstance(value, str) and value.endswith(c.DIRTY) and re.fullmatch(r"\.\d+", fmt):
+        return c.short_commit(value, int(fmt[1:]))  # a commit cut short keeps its `-dirty`
     if fmt in AGGREGATES:
         if not isinstance(value, list) or not value:
             raise RenderError(f"bench/results/{name.strip()}.json {path.strip()} is not a list of numbers")

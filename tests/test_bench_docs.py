@@ -6,6 +6,7 @@ writes new results shows up as a page to re-render (and reread), not as docs tha
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -52,3 +53,50 @@ def test_a_placeholder_names_a_file_and_a_value_that_exist() -> None:
     value = render_docs.lookup("audit_query", "results.0.median_ms")
     assert render_docs.render("{{audit_query:results.0.median_ms*1000|,.0f}} µs") == f"{value * 1000:,.0f} µs"
     assert re.fullmatch(r"\d+", render_docs.render("{{changeset:summary.Triton poll.failed_per_edit|max}}"))
+
+
+def recorded_commits(value: object) -> list[str]:
+    """Every `git_commit` a results file records (a comparison records one per run, per tree)."""
+    if isinstance(value, dict):
+        return [c for k, v in value.items()
+                for c in ([str(v)] if k == "git_commit" and isinstance(v, str) else recorded_commits(v))]
+    if isinstance(value, list):
+        return [c for v in value for c in recorded_commits(v)]
+    return []
+
+
+# results files whose commits are not in the repository yet, each with who reruns it; the test fails
+# once one names a commit that exists, so the entry cannot outlive its rerun
+RERUN_PENDING = {"cli_client_ab.json": "bench/cli_client_ab.py, rerun with the CLI benchmarks"}
+
+
+def test_every_results_file_names_a_commit_in_the_repository() -> None:
+    """A results file names the commit it ran at, and that commit is in the repository's history: a run
+    from a commit later rebased away cannot be checked out again, so nobody can reproduce it."""
+    missing: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        commits = recorded_commits(json.loads(path.read_text()))
+        assert commits, f"{path.name} records no git_commit"
+        for commit in commits:
+            head = re.match(r"[0-9a-f]{7,40}", commit)
+            assert head, f"{path.name}: git_commit {commit!r} names no commit"
+            if subprocess.run(["git", "cat-file", "-e", f"{head.group(0)}^{{commit}}"], cwd=ROOT,
+                              capture_output=True).returncode != 0:
+                missing.setdefault(path.name, []).append(commit)
+    assert {name: commits for name, commits in missing.items() if name not in RERUN_PENDING} == {}, (
+        "results files name commits that are not in the repository: rerun them at a commit that is, or remove them")
+    assert set(RERUN_PENDING) <= set(missing), "a pending rerun landed: drop it from RERUN_PENDING"
+
+
+def test_a_dirty_commit_reads_as_dirty_in_the_docs() -> None:
+    """A run from a tree with uncommitted changes keeps its `-dirty` mark when the page cuts the hash."""
+    dirty = render_docs.lookup("scale", "runs.1.git_commit")
+    assert dirty.endswith("-dirty")
+    assert render_docs.render("{{scale:runs.1.git_commit|.8}}") == dirty[:8] + "-dirty"
+    page = render_docs.DOCS.read_text()
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        for commit in recorded_commits(json.loads(path.read_text())):
+            if commit.endswith("-dirty"):
+                short = commit.removesuffix("-dirty")[:7]
+                assert not re.search(rf"\b{short}[0-9a-f]*\b(?!-dirty)", page), (
+                    f"{path.name}: {commit} is quoted in docs/benchmarks.md without its -dirty")
