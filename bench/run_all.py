@@ -150,9 +150,10 @@ def markdown(quick: bool, reports: dict[str, dict[str, Any]], runtimes: dict[str
         m = report.get("machine", {})
         load_start = m.get("load_average_start") or [m.get("load_average_1m", "?")]
         load_end = m.get("load_average_end") or ["?"]
+        commit = c.short_commit(report.get("git_commit") or m.get("git_commit") or "not recorded", 12)
         lines.append(f"`{report.get('command', name)}` — {when}"
                      + (f", {runtime:.0f} s" if isinstance(runtime, (int, float)) else "")
-                     + f"; commit {c.short_commit(report.get('git_commit') or m.get('git_commit') or 'not recorded', 12)}"
+                     + f"; commit {commit}"
                      + f"; load average (1 min) at start {load_start[0]}, at end {load_end[0]}.")
         if report.get("plot"):
             lines += ["", f"![{PLOT_ALT.get(name, name)}]({report['plot']})"]
