@@ -27,13 +27,26 @@ def test_the_committed_page_is_what_the_results_render() -> None:
                                   + "\nrun `python bench/render_docs.py` and commit docs/benchmarks.md")
 
 
-def test_the_template_types_no_measured_figure() -> None:
-    """A decimal figure or a percentage in the template's text is a number nobody can trace to a run."""
-    assert render_docs.bare_figures(render_docs.TEMPLATE.read_text()) == []
-    # what the check finds, and what it leaves (a target, a setting, a placeholder, a code block)
-    found = render_docs.bare_figures("took 3.15 ms, 0.4 % of a core\n≤ 0.3 s, target 1 %, every 10 s "
-                                     "{{audit_query:results.0.median_ms|.2f}}\n```\n1.5 s\n```\n")
-    assert [f.split(": ", 1)[1].split(" in ")[0] for f in found] == ["'3.15'", "'0.4'"]
+def test_no_page_types_a_measured_figure() -> None:
+    """A figure typed into a template's text, or into a page that is not rendered, is a number nobody can
+    trace to a run: decimals, percentages, whole numbers with a unit and counts with thousands separators."""
+    for template in render_docs.PAGES:
+        assert render_docs.typed_figures(template.read_text(), str(template.relative_to(ROOT))) == []
+    for page in render_docs.UNRENDERED:
+        assert render_docs.typed_figures(page.read_text(), str(page.relative_to(ROOT))) == []
+
+
+def test_what_the_typed_figure_check_finds_and_leaves() -> None:
+    found = render_docs.typed_figures(
+        "took 3.15 ms, 0.4 % of a core, 17 ms of `status`, 145 s; 236 MB over, in 16 of about 600\n"
+        "with 7,437 of the models, 1,224 MB against 1,160\n"
+        "≤ 0.3 s, target 1 %, every 10 s, within 50 ms, a 5 s window, at 10,000 models, 2,000 and 5,000 models\n"
+        "| 1,000 | Triton 2.51 `--idle 60 s` {{=40 s}} {{audit_query:results.0.median_ms|.2f}} ms\n"
+        "```\n1.5 s\n```\n", "doc.md")
+    assert [f.split(": ", 1)[1].split(" in ")[0] for f in found] == [
+        "'3.15'", "'0.4'", "'17'", "'145'", "'236'", "'7,437'", "'1,224'", "'1,160'"]
+    assert found[0].startswith("doc.md:1: ")
+    assert render_docs.render("{{=40 s}}") == "40 s"  # typed on purpose: rendered as written
 
 
 def test_every_results_file_is_cited_by_the_page() -> None:
