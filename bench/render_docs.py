@@ -69,9 +69,8 @@ NOT_MEASURED_BEFORE = re.compile(
     re.IGNORECASE)
 NOT_MEASURED_AFTER = re.compile(r"\s?(?:s|ms|min|h)\s+(?:settle\s+|poll\s+)?(?:windows?|bound|clock)\b|\s?-model\b")
 RUN_SIZE = re.compile(r"(?:\bat|\band|^\s*\|)\s*$")  # before a count: `at 10,000`, `2,000 and 5,000 models`
-SIZE_NOUN = re.compile(r"\s?(?:models?|ensembles|serving|hosts?|events|changes|-model)\b|\s+and\s+\d{1,3}(?:,\d{3})+\s+models")
-TARGET = NOT_MEASURED_BEFORE  # the name bench/run_all.py and older callers know
-BARE_FIGURE = TYPED_FIGURE
+SIZE_NOUN = re.compile(r"\s?(?:models?|ensembles|serving|hosts?|events|changes|-model)\b"
+                       r"|\s+and\s+\d{1,3}(?:,\d{3})+\s+models")
 
 
 class RenderError(Exception):
