@@ -61,14 +61,14 @@ AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {"min": min, "max": max, "le
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 UNIT = r"(?:ms|µs|s|sec|seconds?|min|minutes?|h|hours?|B|kB|KB|MB|MiB|GB|GiB)(?![\w])|%"
 TYPED_FIGURE = re.compile(rf"(?<![\w.:/,#-])(?:(?:{NUMBER})(?=\s?(?:{UNIT}))"
-                          rf"|\d{{1,3}}(?:,\d{{3}})+(?![\d,])|\d+\.\d+(?![\w.:/-]|\.\d))")
+                          rf"|\d{{1,3}}(?:,\d{{3}})+(?!\d|,\d)|\d+\.\d+(?![\w.:/-]|\.\d))")
 NOT_MEASURED_BEFORE = re.compile(
     r"(≤|<=|≥|>=|<|>|\btarget|\btargets?:|\bbudget of|\bbound of|\bevery|\bwithin|\bunder|\babove|\bbelow|"
     r"\bover|\bbefore|\bup to|\bat most|\bat least|\bcapped at|\btarget's|\btarget \(|\bwindow|"
     r"\bload average \(|\bTriton|\btritonserver|\bPython|\bpytriton|^\s*\|)(?:\s+the)?\s*$",
     re.IGNORECASE)
 NOT_MEASURED_AFTER = re.compile(r"\s?(?:s|ms|min|h)\s+(?:settle\s+|poll\s+)?(?:windows?|bound|clock)\b|\s?-model\b")
-RUN_SIZE = re.compile(r"(?:\bat|\band|^\s*\|)\s*$")  # before a count: `at 10,000`, `2,000 and 5,000 models`
+RUN_SIZE = re.compile(r"(?:\bat(?:\s+[\d,]+\s+and)?|^\s*\|)\s*$")  # `at 10,000`, `at 200 and 1,000`, a table's
 SIZE_NOUN = re.compile(r"\s?(?:models?|ensembles|serving|hosts?|events|changes|-model)\b"
                        r"|\s+and\s+\d{1,3}(?:,\d{3})+\s+models")
 

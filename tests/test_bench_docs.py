@@ -39,12 +39,14 @@ def test_no_page_types_a_measured_figure() -> None:
 def test_what_the_typed_figure_check_finds_and_leaves() -> None:
     found = render_docs.typed_figures(
         "took 3.15 ms, 0.4 % of a core, 17 ms of `status`, 145 s; 236 MB over, in 16 of about 600\n"
-        "with 7,437 of the models, 1,224 MB against 1,160\n"
-        "≤ 0.3 s, target 1 %, every 10 s, within 50 ms, a 5 s window, at 10,000 models, 2,000 and 5,000 models\n"
+        "with 7,437 of the models, 1,224 MB against 1,160, 17 ms and 7,438 of them\n"
+        "≤ 0.3 s, target 1 %, every 10 s, within 50 ms, a 5 s window, at 10,000 models,\n"
+        "2,000 and 5,000 models, at 200 and 1,000\n"
         "| 1,000 | Triton 2.51 `--idle 60 s` {{=40 s}} {{audit_query:results.0.median_ms|.2f}} ms\n"
         "```\n1.5 s\n```\n", "doc.md")
     assert [f.split(": ", 1)[1].split(" in ")[0] for f in found] == [
-        "'3.15'", "'0.4'", "'17'", "'145'", "'236'", "'7,437'", "'1,224'", "'1,160'"]
+        "'3.15'", "'0.4'", "'17'", "'145'", "'236'", "'7,437'", "'1,224'", "'1,160'", "'17'",
+        "'7,438'"]
     assert found[0].startswith("doc.md:1: ")
     assert render_docs.render("{{=40 s}}") == "40 s"  # typed on purpose: rendered as written
 
