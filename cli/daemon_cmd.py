@@ -60,6 +60,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 @click.option("--memory-budget-mb", type=float,
               help="Host memory (MB) the loaded models may hold; beyond it idle models are evicted [off].")
 @click.option("--gpu-memory-budget-mb", type=float, help="GPU memory (MB) per GPU the loaded models may hold [off].")
+@click.option("--bake", "bake_s", metavar="DURATION",
+              help="Bake every new digest this long on Triton's figures; roll back by itself (docs/bake.md) [off].")
 @click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML config file [default: /etc/tritonctl/tritonctl.toml if present]. Env: TRITONCTL_CONFIG.")
 def daemon(config_file: Path | None, **flags: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from controlplane.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
+from controlplane.text import duration_s
 
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
 ENV_PREFIX = "TRITONCTL_"
@@ -26,6 +27,7 @@ POLICIES = ("auto", "manual", "ondemand")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 WATCH_MODES = ("auto", "inotify", "poll")
+BAKE_INCONCLUSIVE = ("keep", "rollback")  # what an inconclusive bake does (docs/bake.md)
 # TRITONCTL_* variables that are not daemon settings: the config file's path, the CLI client's
 # daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
 NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE", "TRITONCTL_FAULT")
@@ -36,7 +38,8 @@ TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
-              "webhook_retry_max_s")
+              "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
+              "bake_min_requests", "bake_inconclusive")
 # An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
 ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
 WEBHOOK_KEYS = ("url", "events", "secret_file")
@@ -123,6 +126,13 @@ class Settings:
     gpu_memory_budget_mb: float | None = None  # GPU memory per GPU the loaded models may hold, in MB
     protected_tags: str = "stable"  # comma-separated: a serving digest with one of these tags is never evicted
     idle_unload_s: float = 300.0  # policy ondemand: unloaded after this long with no inference and no lease
+    # Bake (docs/bake.md, controlplane/bake.py): a new digest serves this long on Triton's figures before its
+    # deploy is done; 0, the default, is no bake.
+    bake_s: float = 0.0
+    bake_max_failure_ratio: float = 0.01  # failed requests over all requests to the new digest
+    bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
+    bake_min_requests: int = 20  # fewer by the end: inconclusive
+    bake_inconclusive: str = "keep"  # an inconclusive bake keeps the version, or "rollback"
 
     @property
     def registry_url(self) -> str:
@@ -187,6 +197,23 @@ def _positive_float(minimum: float) -> Callable[[Any], float]:
         return number
 
     return parse
+
+
+def _duration(value: Any) -> float:
+    """Seconds: a number, or a duration like 90s, 5m, 1h; 0 or more."""
+    if isinstance(value, bool):
+        raise ValueError("expected seconds or a duration like 30s, 5m")
+    seconds = float(value) if isinstance(value, (int, float)) else duration_s(str(value))
+    if seconds is None or seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ValueError("expected seconds or a duration like 30s, 5m")
+    return seconds
+
+
+def _ratio(value: Any) -> float:
+    number = _positive_float(0.0)(value)
+    if number > 1.0:
+        raise ValueError("expected a ratio from 0 to 1")
+    return number
 
 
 def _whole_number(expected: str, minimum: int = 0, maximum: int | None = None) -> Callable[[Any], int]:
@@ -385,6 +412,11 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gpu_memory_budget_mb": _positive_float(1.0),
     "protected_tags": _text,
     "idle_unload_s": _positive_float(1.0),
+    "bake_s": _duration,
+    "bake_max_failure_ratio": _ratio,
+    "bake_max_latency_ratio": _positive_float(1.0),
+    "bake_min_requests": _whole_int,
+    "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 

@@ -16,6 +16,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str) -> float | None:
+    """A duration people type ('90', '90s', '10m', '2h', '1d') in seconds, or None when it is not one
+    (a lease's `--for`, a deploy's `--bake`, the `bake_s` setting)."""
+    match = _DURATION.match(text.strip())
+    return float(match.group(1)) * _UNITS[match.group(2)] if match else None
+
 # C0 controls but tab and newline, DEL, the C1 controls (U+009B is an 8-bit CSI), the bidirectional
 # embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) and marks (U+200E, U+200F, U+061C),
 # and the line and paragraph separators (a newline to some terminals and log readers).

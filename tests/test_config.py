@@ -160,7 +160,8 @@ def test_reloaded_takes_only_reloadable_settings() -> None:
     assert (merged.load_timeout_s, merged.state_dir) == (120.0, Path("/a"))
     assert set(RELOADABLE) == {"policy", "settle_s", "log_level", "reconcile_interval_s",
                                "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s",
-                               "webhook", "webhook_retry_max_s"}
+                               "webhook", "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio",
+                               "bake_max_latency_ratio", "bake_min_requests", "bake_inconclusive"}
 
 
 def test_example_config_has_every_key_and_parses(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ as an expiry; it renews or ensures again.
 
 from __future__ import annotations
 
-import re
 import secrets
 import threading
 import time
@@ -21,11 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.errors import NotFoundError, UsageError
+from controlplane.text import duration_s
 
 MAX_LEASE_S = 7 * 24 * 3600.0
 DEFAULT_LEASE = "10m"
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass(frozen=True)
@@ -38,10 +36,10 @@ class Lease:
 
 def parse_duration(text: str, field: str = "--for") -> float:
     """'90', '90s', '10m', '2h', '1d' → seconds (a lease's length, more than 0 and at most a week)."""
-    match = _DURATION.match(text.strip())
-    if not match:
+    seconds = duration_s(text)
+    if seconds is None:
         raise UsageError(f"{field}: '{text}' is not a duration like 30s, 10m, 2h")
-    return check_duration(float(match.group(1)) * _UNITS[match.group(2)])
+    return check_duration(seconds)
 
 
 def check_duration(for_s: float) -> float:
