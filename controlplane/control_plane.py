@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from controlplane import garbage, intake, queries, tags
+from controlplane.bake import Baker
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
 from controlplane.counters import Counters, PipelineCounts
@@ -143,6 +144,9 @@ class ControlPlane:
         self.reconciler = Reconciler(registry, triton, self.deployer, self.serving_ensembles, self.served_view,
                                      self.counters, self.restores, self.load_parallelism)
         self.outcomes.subscribe(self.reconciler.note)
+        # a new digest served on live figures, rolled back by itself (controlplane/bake.py)
+        self.baker = Baker(registry, self.deployer, triton, lambda: self.settings)
+        self.outcomes.subscribe(self.baker.note)
         # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
         self.target: Target = target(self) if target else HostTarget(
             registry, self.deployer, self.changesets, self.ondemand, self.retries,
@@ -372,14 +376,23 @@ class ControlPlane:
 
     def load(
         self, model: str, actor: str, digest: str = "", force: bool = False, progress: ProgressFn | None = None,
-        host: str = "",
+        host: str = "", bake_s: float | None = None,
     ) -> Outcome:
+        """`bake_s`: this deploy's own bake (`load --bake 5m`; 0: none), else the daemon's `bake_s`."""
         validate_model_name(model)
+        if bake_s is not None and not 0 <= bake_s < float("inf"):
+            raise UsageError(f"--bake: {bake_s:g} s: expected 0 or more seconds")
         if digest:
             target = recorded_digest(self.registry, model, validate_digest(digest))
         else:
             target = self._source_content(model, actor)
+        self.baker.ask(model, bake_s)
         return self.target.load(model, target, actor, force, progress, host)
+
+    def promote(self, model: str, actor: str) -> dict[str, Any]:
+        """`tritonctl promote MODEL`: the bake in progress ends `passed` now (controlplane/bake.py)."""
+        validate_model_name(model)
+        return self.baker.promote(model, actor)
 
     def _source_content(self, model: str, actor: str) -> str:
         """The digest of what `model`'s source holds now, captured and recorded (`tritonctl load MODEL`)."""
@@ -568,6 +581,11 @@ class ControlPlane:
             row.footprint = footprints.get((model.name, model.active_digest or ""))
             standing = self.ondemand.standing(model)
             row.ondemand = standing.to_json() if standing is not None else None
+            bake = self.baker.of(model.name)
+            row.bake = bake.to_json() if bake is not None else None
+            if bake is not None and bake.state == "baking":
+                left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
+                row.sync_reason = f"{row.sync_reason}; {left}" if row.sync_reason else left
             rows.append(row)
         return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows)
 

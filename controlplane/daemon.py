@@ -261,6 +261,7 @@ class Daemon:
         self.api.start()
         self.webhooks.start()
         self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/memory/ondemand.py)
+        self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake.py)
         self.source.watch(self._hand_on)
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
@@ -682,6 +683,7 @@ class Daemon:
             self.webhooks.stop()
         if self.plane is not None:
             self.plane.ondemand.stop()
+            self.plane.baker.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
         with self._inflight_lock:
             inflight = list(self._inflight)

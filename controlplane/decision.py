@@ -22,7 +22,7 @@ from enum import Enum
 
 from controlplane.errors import ObjectStoreError, SnapshotError, StoreError
 from controlplane.store.records import DeploymentRecord, ModelRecord, SnapshotRecord
-from controlplane.vocab import SERVING_STATES, ModelState, Policy, Result
+from controlplane.vocab import BAKE_ACTOR, SERVING_STATES, ModelState, Policy, Result
 
 TRACK_POLICY = "track"  # models.policy of a model that serves what a tag names (controlplane.tags)
 
@@ -98,11 +98,12 @@ def refuse_pinned(current: ModelRecord | None, digest: str | None, *, force: boo
 
 
 def rollback_holds(last: DeploymentRecord | None, first_seen: datetime | None) -> bool:
-    """An operator's rollback holds the model until content first seen after it (or an operator's load)."""
+    """An operator's rollback holds the model until content first seen after it (or an operator's load);
+    so does a bake's rollback (controlplane/bake.py), which ends `rolled_back`."""
     return (
         last is not None
         and last.kind == "rollback"
-        and last.outcome == Result.OK
+        and (last.outcome == Result.OK or (last.outcome == Result.ROLLED_BACK and last.actor == BAKE_ACTOR))
         and last.finished_at is not None
         and first_seen is not None
         and first_seen <= last.finished_at

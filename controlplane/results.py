@@ -131,6 +131,9 @@ class StatusRow:
     footprint: FootprintRecord | None = None  # the serving digest's footprint (controlplane/memory/footprint.py)
     # policy ondemand: {"state", "leases", "until"} (controlplane/memory/ondemand.py)
     ondemand: dict[str, Any] | None = None
+    # the last bake of the serving (or just rolled-back) digest (controlplane/bake.py): {"state", "digest",
+    # "started", "until", "requests", "failures", "failure_ratio", "latency_ms", "baseline_latency_ms", "reason"}
+    bake: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -152,6 +155,7 @@ class StatusRow:
             "tags": list(self.tags),
             "footprint": self.footprint.to_json() if self.footprint else None,
             "ondemand": dict(self.ondemand) if self.ondemand else None,
+            "bake": dict(self.bake) if self.bake else None,
         }
 
 

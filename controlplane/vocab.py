@@ -54,6 +54,8 @@ SERVING_STATES: tuple[str, ...] = (ModelState.SERVING.value, ModelState.DEGRADED
 
 # The audit actor of what the source's watcher (or a start-up scan) did, not an operator.
 WATCHER_ACTOR = "watcher"
+# The audit actor of a bake's own rollback (controlplane/bake.py): it holds the model like an operator's.
+BAKE_ACTOR = "tritonctl:bake"
 
 
 class DeployStep(Word):
@@ -108,6 +110,7 @@ class Cause(Word):
     CONTENT = "content"
     ENVIRONMENT = "environment"
     TRITON_UNREACHABLE = "triton_unreachable"
+    ANALYSIS = "analysis"  # live traffic failed a bake (controlplane/bake.py): rolled back, not quarantined
 
     @property
     def retried(self) -> bool:

@@ -345,6 +345,32 @@ class Deployer:
         target = self.registry.get_snapshot(model, to).digest if to else self.previous_good(model)
         return self.deploy(model, target, actor, force=to is not None, kind="rollback", progress=progress)
 
+    def roll_back_analysis(self, model: str, digest: str, previous: str, actor: str, reason: str) -> Outcome | None:
+        """Live traffic failed `digest`'s bake (controlplane/bake.py): bring `previous` up again as a
+        rollback does (recorded, verified, smoke-tested), ended `rolled_back` with cause `analysis` and
+        `reason` (the figures). `digest` is not quarantined: `load --digest` may try it again. None when
+        `digest` no longer serves (another operation came first)."""
+        with self.lock(model):
+            current = self.registry.get_model(model)
+            if current.state not in SERVING_STATES or current.active_digest != digest:
+                return None
+            op = self._operation(model, previous, digest, actor, "rollback")
+            op.begin()
+            op.emit(DeployStep.ROLLBACK, StepState.START, f"restoring {previous[:12]}: {reason}", previous)
+            try:
+                ready = self._bring_up_recorded(op, model, previous, reload=True).ready
+            except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
+                message = f"{reason}; rollback to {previous[:12]} failed: {exc}"
+                op.emit(DeployStep.ROLLBACK, StepState.FAILED, str(exc), previous)
+                return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED, active=digest,
+                              cause=Cause.ANALYSIS)
+            message = f"rolled back to {previous[:12]}: {reason}"
+            self.serving.prune(model)
+            op.emit(DeployStep.ROLLBACK, StepState.OK, message, previous)
+            return op.end(Result.ROLLED_BACK, message, error=reason, state=ModelState.SERVING, active=previous,
+                          serving=ServingRecord(model, previous, [int(v) for v in ready if v.isdigit()]),
+                          cause=Cause.ANALYSIS)
+
     def restore(self, model: str, digest: str, reason: str) -> Outcome | None:
         """Make Triton serve the registry's active digest again (reconcile, crash recovery). None: nothing to
         do, because the model stopped meaning to serve `digest` since the caller read the registry (an

@@ -35,6 +35,17 @@ class IndexEntry:
 
 
 @dataclass(frozen=True)
+class RequestCounts:
+    """Triton's cumulative figures of one model version: requests that succeeded, that failed (Triton's
+    own count: an exception in a python model's `execute`, not an error response it returns), and the
+    nanoseconds the successful ones took."""
+
+    success: int
+    failure: int
+    success_ns: int
+
+
+@dataclass(frozen=True)
 class Timeouts:
     """Deadlines in seconds for each kind of call."""
 
@@ -188,6 +199,22 @@ class TritonClient:
         for row in data.model_stats:
             last[row.name] = max(last.get(row.name, 0.0), row.last_inference / 1000.0)
         return last
+
+    def request_counts(self, model: str) -> dict[tuple[str, str], RequestCounts]:
+        """(model, version) → Triton's cumulative request figures (its inference statistics) of `model` ("":
+        every loaded model): successes, failures, and the time successful requests took. A reload or a
+        restarted server starts them at 0."""
+        data = self._call(
+            "inference statistics",
+            lambda: self._client.get_inference_statistics(model, client_timeout=self.timeouts.call_s),
+        )
+        counts: dict[tuple[str, str], RequestCounts] = {}
+        for row in data.model_stats:
+            if not model or row.name == model:
+                stats = row.inference_stats
+                counts[(row.name, row.version)] = RequestCounts(stats.success.count, stats.fail.count,
+                                                                stats.success.ns)
+        return counts
 
     # -- inference ------------------------------------------------------------------------------
 

@@ -1,0 +1,363 @@
+"""Bake: a new digest serves for `bake_s` seconds on Triton's own figures before its deploy is done, and is
+rolled back by itself when live traffic fails it (docs/bake.md).
+
+A deploy that ends `ok` (reported to `Outcomes`) starts a bake when `bake_s` (or the deploy's own
+`load --bake`) is above 0. The bake holds no lock: the model serves the new digest and may be rolled back,
+unloaded or deployed again meanwhile (any of these ends the bake). A thread of its own (`start`/`stop`,
+like the on-demand sweep) reads Triton's inference statistics of each baking model every `TICK_S` and
+compares them with the limits:
+
+- failures over requests since the digest began serving (`bake_max_failure_ratio`), judged once there are
+  `bake_min_requests`; a counter that went down (a reload, a restarted tritonserver) is a reset: what it
+  counts from then on is added, never a negative figure;
+- the mean latency of successful requests (their cumulative time over their count) over the previous
+  digest's, measured over the last `bake_s` before the switch (`bake_max_latency_ratio`, off by default;
+  while it is set, every serving model's figures are sampled each tick to have that baseline).
+
+A crossed limit ends the bake `failed` at once and rolls back to the previous digest (the Deployer's
+`roll_back_analysis`: recorded, verified, smoke-tested; outcome `rolled_back`, cause `analysis`; the
+digest is not quarantined). At `until`, fewer than `bake_min_requests` requests end it `inconclusive`
+(kept, or rolled back with `bake_inconclusive = "rollback"`), else `passed`. Each end is audited as
+action `bake` (`ok`, `failed`, `inconclusive`). Bakes live in this process: a daemon restart forgets a
+bake in progress (the digest keeps serving, as with no bake); the audit keeps every bake's end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from controlplane.config import Settings
+from controlplane.deploy.engine import Deployer
+from controlplane.errors import NotFoundError, TritonctlError
+from controlplane.results import Outcome
+from controlplane.store.records import iso
+from controlplane.store.registry import AuditEntry, Registry
+from controlplane.triton.client import RequestCounts, TritonClient
+from controlplane.vocab import BAKE_ACTOR, Result
+
+log = logging.getLogger("tritonctl.bake")
+
+TICK_S = 0.5
+BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
+AUDIT_OUTCOME = {PASSED: Result.OK.value, FAILED: Result.FAILED.value, INCONCLUSIVE: "inconclusive"}
+BAKE_OUTCOMES = tuple(AUDIT_OUTCOME.values())  # tritonctl_bakes_total{outcome}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a bake is judged by (the daemon's settings when it began, or the deploy's own `--bake`)."""
+
+    bake_s: float
+    max_failure_ratio: float
+    max_latency_ratio: float | None
+    min_requests: int
+    inconclusive: str  # "keep" or "rollback"
+
+    @classmethod
+    def of(cls, settings: Settings, bake_s: float | None = None) -> Limits:
+        return cls(settings.bake_s if bake_s is None else bake_s, settings.bake_max_failure_ratio,
+                   settings.bake_max_latency_ratio, settings.bake_min_requests, settings.bake_inconclusive)
+
+
+@dataclass
+class Tally:
+    """Cumulative figures summed over a model's versions, counters that reset counted as resets."""
+
+    requests: int = 0
+    failures: int = 0
+    success: int = 0
+    success_ns: int = 0
+    last: dict[tuple[str, str], RequestCounts] = field(default_factory=dict)
+
+    def add(self, now: dict[tuple[str, str], RequestCounts]) -> None:
+        for version, counts in now.items():
+            before = self.last.get(version)
+            if before is not None and (counts.success < before.success or counts.failure < before.failure):
+                before = None  # a reset: its figures count from 0 again
+            success = counts.success - (before.success if before else 0)
+            failure = counts.failure - (before.failure if before else 0)
+            self.success += success
+            self.success_ns += max(0, counts.success_ns - (before.success_ns if before else 0))
+            self.failures += failure
+            self.requests += success + failure
+            self.last[version] = counts
+
+    def mean_ms(self) -> float | None:
+        return self.success_ns / self.success / 1e6 if self.success else None
+
+
+@dataclass
+class Bake:
+    """One digest's bake, from its deploy to its end."""
+
+    model: str
+    digest: str
+    previous: str | None
+    limits: Limits
+    started: float  # seconds since the epoch
+    tally: Tally
+    baseline_latency_ms: float | None = None
+    state: str = BAKING
+    reason: str = ""
+    ended: float | None = None
+
+    @property
+    def until(self) -> float:
+        return self.started + self.limits.bake_s
+
+    @property
+    def failure_ratio(self) -> float | None:
+        return self.tally.failures / self.tally.requests if self.tally.requests else None
+
+    def seconds_left(self, now: float | None = None) -> int:
+        return max(0, int(round(self.until - (time.time() if now is None else now))))
+
+    def figures(self) -> str:
+        ratio = self.failure_ratio
+        text = (f"failure ratio {ratio:.2f} over {self.tally.requests} requests ({self.tally.failures} failed)"
+                if ratio is not None else "no requests")
+        latency = self.tally.mean_ms()
+        if latency is not None and self.baseline_latency_ms:
+            text += f", mean latency {latency:.1f} ms (before: {self.baseline_latency_ms:.1f} ms)"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        latency = self.tally.mean_ms()
+        ratio = self.failure_ratio
+        return {
+            "state": self.state,
+            "digest": self.digest,
+            "started": iso(_utc(self.started)),
+            "until": iso(_utc(self.until)),
+            "requests": self.tally.requests,
+            "failures": self.tally.failures,
+            "failure_ratio": round(ratio, 4) if ratio is not None else None,
+            "latency_ms": round(latency, 3) if latency is not None else None,
+            "baseline_latency_ms": round(self.baseline_latency_ms, 3) if self.baseline_latency_ms else None,
+            "reason": self.reason,
+        }
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)
+
+
+class Baker:
+    """Every bake of this daemon: started by deploy outcomes, judged by its thread, shown by `status`."""
+
+    def __init__(self, registry: Registry, deployer: Deployer, triton: TritonClient,
+                 settings: Callable[[], Settings], clock: Callable[[], float] = time.time) -> None:
+        self.registry = registry
+        self.deployer = deployer
+        self.triton = triton
+        self.settings = settings
+        self.clock = clock
+        self.counts: dict[str, int] = {outcome: 0 for outcome in BAKE_OUTCOMES}
+        self._bakes: dict[str, Bake] = {}  # the last bake of each model
+        self._asked: dict[str, float] = {}  # a deploy's own --bake, taken by its outcome
+        self._history: dict[str, deque[tuple[float, int, int]]] = {}  # latency baseline samples
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what starts and ends a bake --------------------------------------------------------------
+
+    def ask(self, model: str, bake_s: float | None) -> None:
+        """`load MODEL --bake 5m`: the next deploy of `model` bakes this long (0: not at all)."""
+        with self._lock:
+            if bake_s is None:
+                self._asked.pop(model, None)
+            else:
+                self._asked[model] = bake_s
+
+    def note(self, outcome: Outcome) -> None:
+        """An outcome subscriber: a deploy that ended `ok` begins a bake; any other operation that changed
+        what the model serves (a rollback, an unload, another deploy) ends the bake in progress."""
+        if outcome.action not in ("deploy", "rollback", "unload", "evict", "restore"):
+            return
+        with self._lock:
+            asked = self._asked.pop(outcome.model, None) if outcome.action == "deploy" else None
+            bake = self._bakes.get(outcome.model)
+        if outcome.action == "restore" or outcome.outcome not in (Result.OK, Result.ROLLED_BACK):
+            return
+        if bake is not None and bake.state == BAKING and outcome.active_digest != bake.digest:
+            how = f"{outcome.action} to {(outcome.active_digest or 'nothing')[:12]}"
+            self._end(bake, FAILED if outcome.action == "rollback" else INCONCLUSIVE, f"ended by a {how}")
+        if outcome.action != "deploy" or outcome.outcome != Result.OK or not outcome.digest:
+            return
+        settings = self.settings()
+        limits = Limits.of(settings, asked)
+        if limits.bake_s <= 0 or settings.fleet:  # a fleet's rollouts do not bake yet (docs/bake.md)
+            return
+        self._begin(outcome.model, outcome.digest, limits)
+
+    def _begin(self, model: str, digest: str, limits: Limits) -> None:
+        previous = self._previous(model, digest)
+        tally = Tally()
+        try:
+            tally.add(self.triton.request_counts(model))  # the smoke requests and before: not the bake's
+        except TritonctlError as exc:
+            log.warning("%s: bake: no figures at its start (%s); counting from 0", model, exc)
+        tally.requests = tally.failures = tally.success = tally.success_ns = 0
+        now = self.clock()
+        bake = Bake(model, digest, previous, limits, now, tally, self._baseline_ms(model, now, limits.bake_s))
+        with self._lock:
+            self._bakes[model] = bake
+        log.info("%s: baking %s for %.0f s (previous %s)", model, digest[:12], limits.bake_s,
+                 (previous or "none")[:12])
+
+    def _previous(self, model: str, digest: str) -> str | None:
+        """The digest that served before `digest` (what a failed bake returns to)."""
+        for entry in self.registry.serving_history(model, limit=20):
+            if entry.digest and entry.digest != digest:
+                return str(entry.digest)
+        return None
+
+    def promote(self, model: str, actor: str) -> dict[str, Any]:
+        """`tritonctl promote MODEL`: the bake in progress ends `passed` now."""
+        with self._lock:
+            bake = self._bakes.get(model)
+        if bake is None or bake.state != BAKING:
+            raise NotFoundError(f"model '{model}' has no bake in progress")
+        self._end(bake, PASSED, f"promoted by {actor}: {bake.figures()}", actor=actor)
+        return bake.to_json()
+
+    def of(self, model: str) -> Bake | None:
+        with self._lock:
+            return self._bakes.get(model)
+
+    def baking(self) -> list[str]:
+        with self._lock:
+            return [m for m, b in self._bakes.items() if b.state == BAKING]
+
+    # -- judging ----------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Read each baking model's figures; end the bakes whose limits were crossed or whose time is up."""
+        self._sample()
+        for model in self.baking():
+            bake = self.of(model)
+            if bake is None or bake.state != BAKING:
+                continue
+            try:
+                bake.tally.add(self.triton.request_counts(model))
+            except TritonctlError as exc:
+                log.info("%s: bake: figures unavailable this round: %s", model, exc)
+                continue
+            self._judge(bake)
+
+    def _judge(self, bake: Bake) -> None:
+        limits, tally = bake.limits, bake.tally
+        ratio = bake.failure_ratio
+        if ratio is not None and tally.requests >= limits.min_requests and ratio > limits.max_failure_ratio:
+            self._fail(bake, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
+                             f"requests ({tally.failures} failed)")
+            return
+        latency = tally.mean_ms()
+        if (limits.max_latency_ratio is not None and bake.baseline_latency_ms and latency is not None
+                and tally.success >= limits.min_requests
+                and latency / bake.baseline_latency_ms > limits.max_latency_ratio):
+            self._fail(bake, f"latency ratio {latency / bake.baseline_latency_ms:.2f} > {limits.max_latency_ratio:g}"
+                             f" (mean {latency:.1f} ms, before {bake.baseline_latency_ms:.1f} ms) over "
+                             f"{tally.success} requests")
+            return
+        if self.clock() < bake.until:
+            return
+        if tally.requests < limits.min_requests:
+            reason = f"inconclusive: {tally.requests} requests < bake_min_requests {limits.min_requests}"
+            if limits.inconclusive == "rollback":
+                self._fail(bake, reason, state=INCONCLUSIVE)
+            else:
+                self._end(bake, INCONCLUSIVE, f"{reason}; kept")
+            return
+        self._end(bake, PASSED, f"passed: {bake.figures()}")
+
+    def _fail(self, bake: Bake, reason: str, state: str = FAILED) -> None:
+        """End the bake and roll back to the previous digest (when there is one)."""
+        self._end(bake, state, reason)
+        if bake.previous is None:
+            log.warning("%s: bake %s: %s; nothing to roll back to: it keeps serving", bake.model, state, reason)
+            return
+        try:
+            outcome = self.deployer.roll_back_analysis(bake.model, bake.digest, bake.previous, BAKE_ACTOR, reason)
+        except TritonctlError as exc:
+            log.error("%s: bake: rollback to %s: %s", bake.model, bake.previous[:12], exc)
+            return
+        if outcome is None:
+            log.info("%s: bake: %s no longer serves; nothing rolled back", bake.model, bake.digest[:12])
+
+    def _end(self, bake: Bake, state: str, reason: str, actor: str = BAKE_ACTOR) -> None:
+        with self._lock:
+            if bake.state != BAKING:
+                return
+            bake.state, bake.reason, bake.ended = state, reason, self.clock()
+            self.counts[AUDIT_OUTCOME[state]] += 1
+        log.log(logging.INFO if state == PASSED else logging.WARNING, "%s: bake of %s %s: %s", bake.model,
+                bake.digest[:12], state, reason)
+        try:
+            self.registry.audit(AuditEntry(actor, "bake", bake.model, bake.digest, AUDIT_OUTCOME[state], reason,
+                                           int((self.clock() - bake.started) * 1000)))
+        except TritonctlError as exc:
+            log.error("%s: bake: audit: %s", bake.model, exc)
+
+    # -- the latency baseline -----------------------------------------------------------------------
+
+    def _sample(self) -> None:
+        """With `bake_max_latency_ratio` and `bake_s` set: every serving model's cumulative successes and
+        their time, kept for `bake_s`, so a bake knows the previous digest's mean latency before the switch."""
+        settings = self.settings()
+        if settings.bake_max_latency_ratio is None:
+            self._history.clear()
+            return
+        keep_s = max(settings.bake_s, *self._asked.values(), 1.0) if self._asked else max(settings.bake_s, 1.0)
+        try:
+            every = self.triton.request_counts("")
+        except TritonctlError:
+            return
+        now = self.clock()
+        totals: dict[str, tuple[int, int]] = {}
+        for (model, _version), counts in every.items():
+            success, ns = totals.get(model, (0, 0))
+            totals[model] = (success + counts.success, ns + counts.success_ns)
+        with self._lock:
+            for model, (success, ns) in totals.items():
+                samples = self._history.setdefault(model, deque())
+                samples.append((now, success, ns))
+                while samples and samples[0][0] < now - keep_s:
+                    samples.popleft()
+
+    def _baseline_ms(self, model: str, now: float, window_s: float) -> float | None:
+        """The mean latency of `model`'s successful requests over the last `window_s` before now (the
+        previous digest's: the samples end at the switch), or None without samples or requests."""
+        with self._lock:
+            samples = [s for s in self._history.pop(model, deque()) if s[0] >= now - window_s]
+        success = ns = 0
+        for (_, s0, n0), (_, s1, n1) in zip(samples, samples[1:], strict=False):
+            if s1 >= s0 and n1 >= n0:  # a reset (the switch's reload) between two samples adds nothing
+                success, ns = success + s1 - s0, ns + n1 - n0
+        return ns / success / 1e6 if success else None
+
+    # -- the thread ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="bake", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - the registry busy, Triton away: the next round tries again
+                log.warning("bake: %s", exc)
