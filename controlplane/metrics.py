@@ -20,6 +20,7 @@ Metrics (names are a contract; see docs/operations.md):
   tritonctl_source_captures_total           model sources captured (snapshot taken) since the daemon started
   tritonctl_source_validations_total        captured contents validated since the daemon started
   tritonctl_source_records_total            captured contents recorded in the registry since the daemon started
+  tritonctl_bakes_total{outcome}            bakes ended since the daemon started: ok (passed), failed, inconclusive
   tritonctl_startup_models_total{result}    models the start-up scans found `unchanged` (by signature; no file
                                             read) or `changed` (new, changed, or owed a deploy: captured)
 """
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from controlplane.bake import BAKE_OUTCOMES
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
 from controlplane.vocab import ModelState, Result
@@ -50,6 +52,7 @@ MODEL_STATES = tuple(s.value for s in ModelState)
 DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 STORE_SIZE_TTL_S = 15.0  # walking the object store on every scrape would cost I/O for nothing
 HELP = {
+    "bakes": "Bakes of new digests ended, by outcome (ok: passed; failed: rolled back; inconclusive)",
     "deploys": "Deploy and rollback operations by outcome",
     "rollbacks": "Failed deploys rolled back to the last good snapshot",
     "duration": "Duration of deploy and rollback operations (noops excluded)",
@@ -118,7 +121,8 @@ class StateCollector:
     def collect(self) -> Iterator[Metric]:
         # Each family on its own: one failing query must not fail the whole scrape.
         for build in (self._model_state, self._quarantined, self._snapshots, self._store_bytes,
-                      self._backlog, self._reachable, self._webhooks, self._pipeline, self._ondemand):
+                      self._backlog, self._reachable, self._webhooks, self._pipeline, self._ondemand,
+                      self._bakes):
             try:
                 yield from build()
             except Exception as exc:  # noqa: BLE001 - e.g. the database is locked; a scrape must still answer
@@ -186,6 +190,15 @@ class StateCollector:
         yield CounterMetricFamily("tritonctl_ondemand_loads", HELP["ondemand_loads"], value=counts.get("loads", 0))
         yield CounterMetricFamily("tritonctl_lease_expiries", HELP["lease_expiries"],
                                   value=counts.get("lease_expiries", 0))
+
+
+    def _bakes(self) -> Iterable[Metric]:
+        baker = getattr(self.plane, "baker", None)
+        counts = dict(baker.counts) if baker is not None else {}
+        family = CounterMetricFamily("tritonctl_bakes", HELP["bakes"], labels=["outcome"])
+        for outcome in BAKE_OUTCOMES:
+            family.add_metric([outcome], float(counts.get(outcome, 0)))
+        yield family
 
 
 class Metrics:

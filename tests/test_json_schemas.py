@@ -200,7 +200,11 @@ def _full_documents() -> dict[str, list[Any]]:
                     "wrong_digest", "Triton serves d2d2d2d2d2d2, should serve d1d1d1d1d1d1", "load refused", False,
                     source_digest=D2, sync=SyncState.HELD, sync_reason="pinned", next_retry_s=3, tags=["stable"],
                     footprint=FootprintRecord("m", D1, 97.5, 512.0, "measured", T),
-                    ondemand={"state": "loaded", "leases": 2, "until": "2026-01-01T00:10:00Z"})
+                    ondemand={"state": "loaded", "leases": 2, "until": "2026-01-01T00:10:00Z"},
+                    bake={"state": "failed", "digest": D1, "started": "2026-01-01T00:00:00Z",
+                          "until": "2026-01-01T00:05:00Z", "requests": 312, "failures": 66, "failure_ratio": 0.2115,
+                          "latency_ms": 4.2, "baseline_latency_ms": 3.9,
+                          "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"})
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
