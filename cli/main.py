@@ -30,7 +30,8 @@ exit_code_for = protocol.exit_code_for
 # module's COMMANDS list (tests/test_layers.py checks this table is complete).
 LAZY_COMMANDS: dict[str, str] = {
     **{name: "cli.operations" for name in
-       ("load", "unload", "rollback", "status", "policy", "pin", "unpin", "gc", "hosts", "rollouts")},
+       ("load", "unload", "rollback", "status", "policy", "pin", "unpin", "gc", "hosts", "rollouts",
+        "promote")},
     **{name: "cli.history" for name in ("versions", "diff", "audit", "db")},
     "daemon": "cli.daemon_cmd",
     "tag": "cli.tags_cmd",

@@ -11,6 +11,7 @@ import click
 from cli import render
 from cli.options import daemon_options, host_option, json_option, reader_options
 from controlplane.errors import DeployError, TritonUnavailableError, UsageError
+from controlplane.text import clean, duration_s
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
@@ -44,11 +45,13 @@ def failed_models(status: dict[str, Any]) -> list[str]:
 @click.option("--force", is_flag=True, help="Retry a quarantined digest, or reload the active one.")
 @click.option("--failed", "failed", is_flag=True, help="Retry every model whose last deploy failed.")
 @click.option("--no-wait", is_flag=True, help="Return once the daemon accepted the request.")
+@click.option("--bake", "bake", metavar="DURATION", default=None,
+              help="Bake this deploy this long on live traffic (5m; 0: no bake) [the daemon's bake_s].")
 @host_option
 @json_option
 @daemon_options
 def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, force: bool, failed: bool,
-         no_wait: bool, host: str, as_json: bool) -> None:
+         no_wait: bool, bake: str | None, host: str, as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
     Several MODELs (an ensemble and its steps) deploy as one change set: the old pipeline answers
@@ -60,12 +63,14 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
       tritonctl load linear --digest 3f2a9c1b
       tritonctl load linear --tag stable
       tritonctl load linear --force      # retry a quarantined digest
+      tritonctl load linear --bake 5m    # serve it 5 minutes on live traffic; roll back if it fails
       tritonctl load --failed            # retry every model whose last deploy failed
     """
     model = models[0] if models else None
+    bake_s = _bake_seconds(bake)
     if len(models) > 1:
-        if digest or tag or host or failed:
-            raise UsageError("--digest, --tag, --host and --failed take one MODEL, not a change set of several")
+        if digest or tag or host or failed or bake_s is not None:
+            raise UsageError("--digest, --tag, --host, --failed and --bake take one MODEL, not a change set of several")
         with render.progress_display(as_json) as show:
             result = client.load(models[0], "", force, wait=not no_wait, on_progress=show, models=list(models))
         _finish(result, as_json)
@@ -81,8 +86,32 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
     if digest and tag:
         raise UsageError("give --digest or --tag, not both")
     with render.progress_display(as_json) as show:
-        result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host, tag=tag)
+        result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host, tag=tag,
+                             bake_s=bake_s)
     _finish(result, as_json)
+
+
+def _bake_seconds(text: str | None) -> float | None:
+    if text is None:
+        return None
+    seconds = duration_s(text)
+    if seconds is None:
+        raise UsageError(f"--bake: '{text}' is not a duration like 30s, 5m, 1h (0: no bake)")
+    return seconds
+
+
+@click.command()
+@click.argument("model")
+@daemon_options
+def promote(client: ControlClient, model: str) -> None:
+    """End MODEL's bake in progress as passed: the new version stays (docs/bake.md).
+
+    \b
+    Examples:
+      tritonctl promote linear
+    """
+    bake = client.promote(model)
+    click.echo(clean(f"{model}: bake of {str(bake.get('digest') or '')[:12]} passed: {bake.get('reason', '')}"))
 
 
 def _load_failed(client: ControlClient, force: bool, as_json: bool) -> None:
@@ -325,4 +354,4 @@ def rollouts(reader: Any, only_open: bool, watch: bool, interval: float, limit: 
         time.sleep(interval)
 
 
-COMMANDS = [load, unload, rollback, status, policy, pin, unpin, gc, hosts, rollouts]
+COMMANDS = [load, unload, rollback, status, policy, pin, unpin, gc, hosts, rollouts, promote]

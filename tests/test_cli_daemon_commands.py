@@ -73,7 +73,8 @@ class StandInPlane:
             progress(Progress(model, step, state, text, digest))
         return Outcome(model, action, outcome, digest, digest if outcome == "ok" else "1" * 64, message, 42)
 
-    def load(self, model: str, actor: str, digest: str, force: bool, progress: Callable[[Progress], None]) -> Outcome:
+    def load(self, model: str, actor: str, digest: str, force: bool, progress: Callable[[Progress], None],
+             bake_s: float | None = None) -> Outcome:
         self.calls.append(("load", model, actor, digest, force))
         return self._operate("deploy", model, digest or "9" * 64, progress)
 

@@ -87,6 +87,7 @@ class LoadBody(BaseModel):
     force: bool = False  # retry a quarantined digest / reload the active one
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
+    bake_s: float | None = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
 
 
 class ChangeSetBody(BaseModel):
@@ -229,7 +230,7 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
             digest = plane.tag_digest(model, body.tag) if body.tag else body.digest
-            return plane.load(model, actor, digest, body.force, progress, **_host(body.host))
+            return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s)
 
         return stream_operation(run) if body.wait else submit([model], run)
 
@@ -253,6 +254,11 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
             return plane.rollback(model, actor, to, progress, body.force, **_host(body.host))
 
         return stream_operation(run)
+
+    @router.post("/models/{model}/promote", tags=["models"],
+                 summary="promote: end the model's bake in progress as passed (docs/bake.md); answers the bake")
+    def promote(model: str, request: Request) -> JSONResponse:
+        return JSONResponse(plane.promote(model, actor_of(request)))
 
     @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)")
     def unload(model: str, request: Request, body: UnloadBody | None = None) -> Response:
