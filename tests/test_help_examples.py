@@ -121,6 +121,8 @@ SCRIPT = [
     "tritonctl tags linear --json",
     "tritonctl diff linear stable canary",
     "tritonctl rollback linear",
+    "tritonctl load linear --bake 5m",
+    "tritonctl promote linear",
     "tritonctl load linear",
     "tritonctl load linear --digest 3f2a9c1b",
     "tritonctl load linear --force",
@@ -268,6 +270,12 @@ def _check(served: Served, line: str, result: Result) -> None:
         assert not row("linear")["pinned"]
     elif line == "tritonctl rollback linear":
         assert a is not None and str(row("linear")["digest"]).startswith(a)
+    elif line == "tritonctl load linear --bake 5m":
+        bake = row("linear")["bake"]
+        assert bake["state"] == "baking" and b is not None and bake["digest"].startswith(b), bake
+        assert "baking" in row("linear")["sync_reason"] and "s left" in row("linear")["sync_reason"]
+    elif line == "tritonctl promote linear":
+        assert row("linear")["bake"]["state"] == "passed" and "passed" in result.output
     elif line in ("tritonctl load linear", "tritonctl load linear --force"):
         assert b is not None and str(row("linear")["digest"]).startswith(b)
     elif line in ("tritonctl load linear --digest 3f2a9c1b", "tritonctl rollback linear --to 3f2a9c1b"):

@@ -1,0 +1,199 @@
+"""Bake (issue 38, docs/bake.md) against the real daemon and tritonserver, clients sending requests throughout.
+
+One daemon with `--bake 4s` (min 20 requests, failure limit 0.01), one model per test:
+- a version that raises in `execute` on about a fifth of its inputs (what Triton counts as a failure)
+  but passes its smoke test is rolled back within the bake with nobody acting (outcome `rolled_back`,
+  cause `analysis`, not quarantined), and no request fails after the rollback finished;
+- a good version passes its bake;
+- a version nobody sends requests to ends `inconclusive` and keeps serving;
+- `load --bake 1h` bakes one deploy, `promote` ends it `passed`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.harness import DaemonProcess, gen_config, python_model, wait_for
+
+BAKE_S = "4"
+# Generation GEN answers GEN; with FAILING, inputs above 0.8 raise in execute (about 20 % of uniform inputs).
+PRELUDE = """
+GEN = {gen}
+FAILING = {failing}
+
+def answer(x):
+    if FAILING and float(x.flat[0]) > 0.8:
+        raise ValueError("this version fails on inputs above 0.8")
+    return np.full_like(x, GEN, dtype=np.float32)
+"""
+
+
+def write_model(repo: Path, name: str, gen: int, *, failing: bool = False) -> None:
+    """A python model answering its generation; its smoke test (input 0) passes either way."""
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(gen_config(name, gen))
+    (repo / name / "1" / "model.py").write_text(
+        python_model("answer(x)", prelude=PRELUDE.format(gen=gen, failing=failing)))
+    smoke = {"requests": [{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0]}],
+                           "outputs": [{"name": "gen", "data": [gen]}]}]}
+    (repo / name / "smoke.json").write_text(json.dumps(smoke))
+
+
+@contextmanager
+def clients(url: str, model: str, threads: int = 2) -> Iterator[dict[str, Any]]:
+    """Clients sending uniform random inputs in a closed loop; each result with the time it came back."""
+    seen: dict[str, Any] = {"ok": [], "failed": []}  # (monotonic time, generation or error)
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            while not stop.is_set():
+                x = grpcclient.InferInput("x", [1, 1], "FP32")
+                x.set_data_from_numpy(np.array([[rng.random()]], dtype=np.float32))
+                try:
+                    gen = float(client.infer(model, [x]).as_numpy("gen")[0][0])
+                    with lock:
+                        seen["ok"].append((time.monotonic(), gen))
+                except Exception as exc:  # noqa: BLE001 - counted and reported by the test
+                    with lock:
+                        seen["failed"].append((time.monotonic(), str(exc)))
+                time.sleep(0.005)
+        finally:
+            client.close()
+
+    workers = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(15)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    base = tmp_path_factory.mktemp("bake")
+    repo = base / "repo"
+    repo.mkdir()
+    proc = DaemonProcess(repo, base / "state", extra_args=["--bake", f"{BAKE_S}s"],
+                         env={"TRITONCTL_BAKE_MIN_REQUESTS": "20", "TRITONCTL_BAKE_MAX_FAILURE_RATIO": "0.01"}).start()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.log_tail()
+
+
+def serving(daemon: DaemonProcess, name: str, gen_digest: str | None = None) -> str | None:
+    """The digest `name` serves once it serves something other than `gen_digest` (None: anything)."""
+    row = daemon.model_status(name)
+    if row.get("state") == "serving" and row.get("digest") and row["digest"] != gen_digest:
+        return str(row["digest"])
+    return None
+
+
+def bake_of(daemon: DaemonProcess, name: str) -> dict[str, Any]:
+    return dict(daemon.model_status(name).get("bake") or {})
+
+
+def first_version_baked(daemon: DaemonProcess, name: str) -> str:
+    """Write generation 1 of `name`, wait until it serves and its own bake (no requests) ended."""
+    write_model(daemon.repository, name, 1)
+    d1 = str(wait_for(lambda: serving(daemon, name), 90, 0.3, f"{name} gen 1 serving"))
+    wait_for(lambda: bake_of(daemon, name).get("state") == "inconclusive", 30, 0.3, f"{name} gen 1's bake ended")
+    return d1
+
+
+@pytest.mark.triton
+def test_a_version_failing_a_fifth_of_requests_is_rolled_back_by_its_bake(daemon: DaemonProcess) -> None:
+    d1 = first_version_baked(daemon, "fails")
+    with clients(daemon.triton_url(), "fails") as seen:
+        wait_for(lambda: len(seen["ok"]) >= 20, 30, 0.1, "gen 1 answering")
+        write_model(daemon.repository, "fails", 2, failing=True)
+        # the bad version serves (its smoke test passes), then its bake fails it: nobody acts
+        d2 = str(wait_for(lambda: bake_of(daemon, "fails").get("digest", d1) != d1
+                          and bake_of(daemon, "fails")["digest"], 90, 0.2, "gen 2 baking"))
+        wait_for(lambda: bake_of(daemon, "fails").get("state") == "failed"
+                 and daemon.model_status("fails")["digest"] == d1, 60, 0.1, "the bake's rollback to gen 1")
+        rolled_back = time.monotonic()
+        time.sleep(2.0)  # clients keep sending to the restored version
+    bake = bake_of(daemon, "fails")
+    assert bake["digest"] == d2 and bake["failures"] > 0 and bake["failure_ratio"] > 0.01, bake
+    assert bake["reason"].startswith("failure ratio ") and "> 0.01 over " in bake["reason"], bake
+    assert bake["requests"] >= 20, bake
+    # within the bake: it started at most BAKE_S ago when it ended
+    started, ended = bake["started"], daemon.audit("--model", "fails", "--action", "bake")[0]
+    assert ended["outcome"] == "failed" and ended["digest"] == d2 and ended["duration_ms"] < float(BAKE_S) * 1000, \
+        (started, ended)
+    late = [f for f in seen["failed"] if f[0] > rolled_back]
+    assert not late, late[:3]
+    assert seen["failed"], "the bad version failed no request: the test proved nothing"
+    assert any(gen == 2.0 for _, gen in seen["ok"]) and seen["ok"][-1][1] == 1.0
+    rollback = daemon.audit("--model", "fails", "--action", "rollback")[0]
+    assert (rollback["outcome"], rollback["actor"]) == ("rolled_back", "tritonctl:bake"), rollback
+    assert "failure ratio" in rollback["message"], rollback
+    # not quarantined: held (not redeployed by the watcher), and `load --digest` may try it again
+    versions = {v["digest"]: v for v in daemon.json("versions", "fails")}
+    assert versions[d2]["quarantined"] is False, versions[d2]
+    row = daemon.model_status("fails")
+    assert row["sync"] == "held" and "rolled back by tritonctl:bake" in row["sync_reason"], row
+
+
+@pytest.mark.triton
+def test_a_good_version_passes_its_bake(daemon: DaemonProcess) -> None:
+    d1 = first_version_baked(daemon, "good")
+    with clients(daemon.triton_url(), "good") as seen:
+        write_model(daemon.repository, "good", 2)
+        d2 = str(wait_for(lambda: serving(daemon, "good", d1), 90, 0.2, "gen 2 serving"))
+        assert "baking" in daemon.model_status("good")["sync_reason"]
+        wait_for(lambda: bake_of(daemon, "good").get("state") == "passed", 30, 0.2, "gen 2's bake passed")
+    bake = bake_of(daemon, "good")
+    assert bake["digest"] == d2 and bake["failures"] == 0 and bake["requests"] >= 20, bake
+    assert bake["latency_ms"] > 0 and bake["reason"].startswith("passed: failure ratio 0.00"), bake
+    assert daemon.model_status("good")["digest"] == d2
+    assert not seen["failed"], seen["failed"][:3]
+    assert daemon.audit("--model", "good", "--action", "bake")[0]["outcome"] == "ok"
+
+
+@pytest.mark.triton
+def test_a_version_without_requests_ends_inconclusive_and_keeps_serving(daemon: DaemonProcess) -> None:
+    d1 = first_version_baked(daemon, "quiet")
+    bake = bake_of(daemon, "quiet")
+    assert (bake["digest"], bake["requests"]) == (d1, 0), bake
+    assert bake["reason"] == "inconclusive: 0 requests < bake_min_requests 20; kept", bake
+    assert serving(daemon, "quiet") == d1
+    assert daemon.audit("--model", "quiet", "--action", "bake")[0]["outcome"] == "inconclusive"
+
+
+@pytest.mark.triton
+def test_load_bake_bakes_one_deploy_and_promote_ends_it(daemon: DaemonProcess) -> None:
+    d1 = first_version_baked(daemon, "promoted")
+    assert daemon.run("policy", "promoted", "manual").exit_code == 0
+    write_model(daemon.repository, "promoted", 2)
+    loaded = daemon.run("load", "promoted", "--bake", "1h")
+    assert loaded.exit_code == 0, loaded.output
+    bake = bake_of(daemon, "promoted")
+    assert bake["state"] == "baking" and bake["digest"] != d1, bake
+    assert "s left" in daemon.model_status("promoted")["sync_reason"]
+    promoted = daemon.run("promote", "promoted")
+    assert promoted.exit_code == 0 and "passed" in promoted.output, promoted.output
+    assert bake_of(daemon, "promoted")["state"] == "passed"
+    again = daemon.run("promote", "promoted")
+    assert again.exit_code == 2 and "has no bake in progress" in again.output, again.output
+    bad = daemon.run("load", "promoted", "--bake", "soon")
+    assert bad.exit_code == 2 and "--bake: 'soon' is not a duration" in bad.output, bad.output
