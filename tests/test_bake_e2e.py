@@ -7,6 +7,8 @@ One daemon with `--bake 4s` (min 20 requests, failure limit 0.01), one model per
 - a good version passes its bake;
 - a version nobody sends requests to ends `inconclusive` and keeps serving;
 - `load --bake 1h` bakes one deploy, `promote` ends it `passed`.
+And with `bake_max_latency_ratio = 2` (a daemon of its own): a version 50 ms slower per request is rolled
+back by the latency limit.
 """
 
 from __future__ import annotations
@@ -29,22 +31,27 @@ from tests.harness import DaemonProcess, gen_config, python_model, wait_for
 BAKE_S = "4"
 # Generation GEN answers GEN; with FAILING, inputs above 0.8 raise in execute (about 20 % of uniform inputs).
 PRELUDE = """
+import time
+
 GEN = {gen}
 FAILING = {failing}
+DELAY_S = {delay_s}
 
 def answer(x):
+    if DELAY_S:
+        time.sleep(DELAY_S)
     if FAILING and float(x.flat[0]) > 0.8:
         raise ValueError("this version fails on inputs above 0.8")
     return np.full_like(x, GEN, dtype=np.float32)
 """
 
 
-def write_model(repo: Path, name: str, gen: int, *, failing: bool = False) -> None:
-    """A python model answering its generation; its smoke test (input 0) passes either way."""
+def write_model(repo: Path, name: str, gen: int, *, failing: bool = False, delay_s: float = 0.0) -> None:
+    """A python model answering its generation (`delay_s` late); its smoke test (input 0) passes either way."""
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
     (repo / name / "config.pbtxt").write_text(gen_config(name, gen))
     (repo / name / "1" / "model.py").write_text(
-        python_model("answer(x)", prelude=PRELUDE.format(gen=gen, failing=failing)))
+        python_model("answer(x)", prelude=PRELUDE.format(gen=gen, failing=failing, delay_s=delay_s)))
     smoke = {"requests": [{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0]}],
                            "outputs": [{"name": "gen", "data": [gen]}]}]}
     (repo / name / "smoke.json").write_text(json.dumps(smoke))
@@ -197,3 +204,35 @@ def test_load_bake_bakes_one_deploy_and_promote_ends_it(daemon: DaemonProcess) -
     assert again.exit_code == 2 and "has no bake in progress" in again.output, again.output
     bad = daemon.run("load", "promoted", "--bake", "soon")
     assert bad.exit_code == 2 and "--bake: 'soon' is not a duration" in bad.output, bad.output
+    # `rollback` during a bake rolls back as always; the bake ends with it
+    write_model(daemon.repository, "promoted", 3)
+    assert daemon.run("load", "promoted", "--bake", "1h").exit_code == 0
+    d3 = bake_of(daemon, "promoted")["digest"]
+    rolled = daemon.run("rollback", "promoted")
+    assert rolled.exit_code == 0, rolled.output
+    bake = bake_of(daemon, "promoted")
+    assert (bake["digest"], bake["state"]) == (d3, "failed") and bake["reason"].startswith("ended by a rollback"), bake
+    assert daemon.model_status("promoted")["digest"] != d3
+
+
+@pytest.mark.triton
+def test_a_version_50_ms_slower_is_rolled_back_by_the_latency_limit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    slow = DaemonProcess(repo, tmp_path / "state", extra_args=["--bake", f"{BAKE_S}s"],
+                         env={"TRITONCTL_BAKE_MAX_LATENCY_RATIO": "2"}).start()
+    try:
+        d1 = first_version_baked(slow, "slow")
+        with clients(slow.triton_url(), "slow") as seen:
+            time.sleep(float(BAKE_S) + 1)  # the previous version's latency over the last bake_s before the switch
+            write_model(repo, "slow", 2, delay_s=0.05)
+            wait_for(lambda: bake_of(slow, "slow").get("state") == "failed"
+                     and slow.model_status("slow")["digest"] == d1, 90, 0.1, "the latency limit's rollback")
+        bake = bake_of(slow, "slow")
+        assert bake["latency_ms"] >= 50 and bake["baseline_latency_ms"] < 25, bake
+        assert bake["reason"].startswith("latency ratio ") and "> 2 (mean " in bake["reason"], bake
+        assert not seen["failed"], seen["failed"][:3]
+        rollback = slow.audit("--model", "slow", "--action", "rollback")[0]
+        assert (rollback["outcome"], rollback["actor"]) == ("rolled_back", "tritonctl:bake"), rollback
+    finally:
+        assert slow.stop() == 0, slow.log_tail()
