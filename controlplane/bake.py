@@ -36,6 +36,7 @@ from typing import Any
 from controlplane.config import Settings
 from controlplane.deploy.engine import Deployer
 from controlplane.errors import NotFoundError, TritonctlError
+from controlplane.periodic import Periodic
 from controlplane.results import Outcome
 from controlplane.store.records import iso
 from controlplane.store.registry import AuditEntry, Registry
@@ -164,8 +165,7 @@ class Baker:
         self._asked: dict[str, float] = {}  # a deploy's own --bake, taken by its outcome
         self._history: dict[str, deque[tuple[float, int, int]]] = {}  # latency baseline samples
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._judge_thread = Periodic("bake", TICK_S, self.tick, log)
 
     # -- what starts and ends a bake --------------------------------------------------------------
 
@@ -347,17 +347,7 @@ class Baker:
     # -- the thread ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="bake", daemon=True)
-        self._thread.start()
+        self._judge_thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(TICK_S):
-            try:
-                self.tick()
-            except Exception as exc:  # noqa: BLE001 - the registry busy, Triton away: the next round tries again
-                log.warning("bake: %s", exc)
+        self._judge_thread.stop()

@@ -263,25 +263,36 @@ class Deployer:
             # Not the content's fault (docs/operations.md "Failed deploys"): never quarantined, retried.
             error = f"{fault.reason}: {error}"
         if previous:
-            op.emit(DeployStep.ROLLBACK, StepState.START, f"restoring {previous[:12]}", previous)
-            try:
-                # Triton cannot cancel a load that outlived our deadline; it finishes it before it
-                # takes ours, so the rollback's load gets room for both.
-                timeout = self.load_timeout_s + ROLLBACK_GRACE_S if isinstance(exc, TritonTimeoutError) else None
-                self._bring_up_recorded(op, model, previous, reload=True, timeout_s=timeout, record=False)
-            except TritonctlError as rollback_exc:
-                message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
-                op.emit(DeployStep.ROLLBACK, StepState.FAILED, str(rollback_exc), previous)
-                return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED, active=previous,
-                              cause=fault.cause)
-            message = f"rolled back to {previous[:12]}: {error}"
-            self.serving.prune(model)
-            op.emit(DeployStep.ROLLBACK, StepState.OK, message, previous)
-            return op.end(Result.FAILED if fault.cause is Cause.ENVIRONMENT else Result.ROLLED_BACK, message,
-                          error=error, state=ModelState.SERVING, active=previous, cause=fault.cause)
+            # Triton cannot cancel a load that outlived our deadline; it finishes it before it
+            # takes ours, so the rollback's load gets room for both.
+            timeout = self.load_timeout_s + ROLLBACK_GRACE_S if isinstance(exc, TritonTimeoutError) else None
+            return self._back_to(op, previous, error, fault.cause, timeout_s=timeout,
+                                 result=Result.FAILED if fault.cause is Cause.ENVIRONMENT else Result.ROLLED_BACK)
         self._take_out(model)
         return op.end(Result.FAILED, f"failed, nothing to roll back to: {error}", error=error,
                       state=ModelState.FAILED, active=None, serving=ServingRecord(model, None, []), cause=fault.cause)
+
+    def _back_to(self, op: DeployOperation, previous: str, error: str, cause: Cause, *, result: Result,
+                 timeout_s: float | None = None, committed: bool = False) -> Outcome:
+        """Bring `previous` up again after `error` and end `op` with `result` (or `failed`, degraded, when it
+        does not come up). `committed`: the digest left had been committed (a bake's rollback), so the
+        operation is recorded step by step and `previous` serves again in the serving history."""
+        model = op.model
+        op.emit(DeployStep.ROLLBACK, StepState.START, f"restoring {previous[:12]}", previous)
+        try:
+            ready = self._bring_up_recorded(op, model, previous, reload=True, timeout_s=timeout_s,
+                                            record=committed).ready
+        except TritonctlError as rollback_exc:
+            message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
+            op.emit(DeployStep.ROLLBACK, StepState.FAILED, str(rollback_exc), previous)
+            return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED, active=previous,
+                          cause=cause)
+        message = f"rolled back to {previous[:12]}: {error}"
+        self.serving.prune(model)
+        op.emit(DeployStep.ROLLBACK, StepState.OK, message, previous)
+        serving = ServingRecord(model, previous, [int(v) for v in ready if v.isdigit()]) if committed else None
+        return op.end(result, message, error=error, state=ModelState.SERVING, active=previous, serving=serving,
+                      cause=cause)
 
     def _take_out(self, model: str) -> None:
         """Nothing good to return to: take the broken model out of Triton and the serving repository."""
@@ -356,20 +367,7 @@ class Deployer:
                 return None
             op = self._operation(model, previous, digest, actor, "rollback")
             op.begin()
-            op.emit(DeployStep.ROLLBACK, StepState.START, f"restoring {previous[:12]}: {reason}", previous)
-            try:
-                ready = self._bring_up_recorded(op, model, previous, reload=True).ready
-            except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
-                message = f"{reason}; rollback to {previous[:12]} failed: {exc}"
-                op.emit(DeployStep.ROLLBACK, StepState.FAILED, str(exc), previous)
-                return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED, active=digest,
-                              cause=Cause.ANALYSIS)
-            message = f"rolled back to {previous[:12]}: {reason}"
-            self.serving.prune(model)
-            op.emit(DeployStep.ROLLBACK, StepState.OK, message, previous)
-            return op.end(Result.ROLLED_BACK, message, error=reason, state=ModelState.SERVING, active=previous,
-                          serving=ServingRecord(model, previous, [int(v) for v in ready if v.isdigit()]),
-                          cause=Cause.ANALYSIS)
+            return self._back_to(op, previous, reason, Cause.ANALYSIS, result=Result.ROLLED_BACK, committed=True)
 
     def restore(self, model: str, digest: str, reason: str) -> Outcome | None:
         """Make Triton serve the registry's active digest again (reconcile, crash recovery). None: nothing to

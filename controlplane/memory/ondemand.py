@@ -33,6 +33,7 @@ from controlplane.deploy.engine import Deployer, Outcome, ProgressFn, admission
 from controlplane.errors import DeployError, NotFoundError, TritonctlError, UsageError
 from controlplane.memory.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
 from controlplane.names import validate_model_name
+from controlplane.periodic import Periodic
 from controlplane.results import LeaseResult
 from controlplane.store.records import ModelRecord, iso
 from controlplane.store.registry import AuditEntry, Registry
@@ -85,8 +86,7 @@ class OnDemand:
         self._guard = threading.Lock()
         self._loading: set[str] = set()
         self._steps: dict[str, list[tuple[str, str]]] = {}  # an ensemble's lease → its steps' (model, lease)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sweeper = Periodic("on-demand sweep", SWEEP_S, self.sweep, log)
         # (the registry's serving list, the default policy, its ondemand models): see _ondemand_serving
         self._ondemand: tuple[list[ModelRecord], str, list[ModelRecord]] | None = None
 
@@ -276,20 +276,10 @@ class OnDemand:
         return unloaded
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ondemand", daemon=True)
-        self._thread.start()
+        self._sweeper.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(SWEEP_S):
-            try:
-                self.sweep()
-            except Exception as exc:  # noqa: BLE001 - the registry busy, Triton away: the next round tries again
-                log.warning("on-demand sweep: %s", exc)
+        self._sweeper.stop()
 
 
 def _utc(epoch: float) -> datetime:
