@@ -77,6 +77,11 @@ class Tally:
     success_ns: int = 0
     last: dict[tuple[str, str], RequestCounts] = field(default_factory=dict)
 
+    @classmethod
+    def starting_at(cls, now: dict[tuple[str, str], RequestCounts]) -> Tally:
+        """Figures counted from `now` on (what came before is not the bake's: the smoke requests, say)."""
+        return cls(last=dict(now))
+
     def add(self, now: dict[tuple[str, str], RequestCounts]) -> None:
         for version, counts in now.items():
             before = self.last.get(version)
@@ -200,12 +205,11 @@ class Baker:
 
     def _begin(self, model: str, digest: str, limits: Limits) -> None:
         previous = self._previous(model, digest)
-        tally = Tally()
         try:
-            tally.add(self.triton.request_counts(model))  # the smoke requests and before: not the bake's
+            tally = Tally.starting_at(self.triton.request_counts(model))  # the smoke requests: not the bake's
         except TritonctlError as exc:
             log.warning("%s: bake: no figures at its start (%s); counting from 0", model, exc)
-        tally.requests = tally.failures = tally.success = tally.success_ns = 0
+            tally = Tally()
         now = self.clock()
         bake = Bake(model, digest, previous, limits, now, tally, self._baseline_ms(model, now, limits.bake_s))
         with self._lock:

@@ -117,6 +117,12 @@ def test_client_only_environment_is_ignored() -> None:
         ('repository = ""', "repository", "expected a path"),
         ("triton_key = 1234", "triton_key", "expected a string"),
         ("shutdown_timeout_s = 0", "shutdown_timeout_s", "must be at least 1.0"),
+        ('bake_s = "soon"', "bake_s", "expected seconds or a duration like 30s, 5m"),
+        ("bake_s = -1", "bake_s", "expected seconds or a duration like 30s, 5m"),
+        ("bake_max_failure_ratio = 1.5", "bake_max_failure_ratio", "expected a ratio from 0 to 1"),
+        ("bake_max_latency_ratio = 0.5", "bake_max_latency_ratio", "must be at least 1.0"),
+        ("bake_min_requests = -3", "bake_min_requests", "expected a whole number (0 or more)"),
+        ('bake_inconclusive = "maybe"', "bake_inconclusive", "expected one of keep, rollback"),
     ],
 )
 def test_bad_file_value_names_the_key(tmp_path: Path, line: str, key: str, reason: str) -> None:
@@ -135,6 +141,16 @@ def test_bad_environment_value_names_the_variable_and_key() -> None:
 def test_bad_flag_value_names_the_key() -> None:
     message = one_line_error(load_settings, {"settle_s": -1.0}, env={})
     assert message == "flag: settle_s: invalid value -1.0 (must be at least 0.05)"
+
+
+def test_bake_settings_from_the_flag_the_environment_and_the_file(tmp_path: Path) -> None:
+    """`--bake 5m` (a duration), TRITONCTL_BAKE_S in seconds, the file's keys; off by default."""
+    assert (Settings().bake_s, Settings().bake_max_latency_ratio, Settings().bake_inconclusive) == (0.0, None, "keep")
+    assert load_settings({"bake_s": "5m"}, env={}).bake_s == 300.0
+    assert load_settings({}, env={"TRITONCTL_BAKE_S": "90"}).bake_s == 90.0
+    path = write(tmp_path, 'bake_s = "1h"\nbake_max_failure_ratio = 0.05\nbake_inconclusive = "rollback"\n')
+    settings = load_settings({}, env={}, config_file=path)
+    assert (settings.bake_s, settings.bake_max_failure_ratio, settings.bake_inconclusive) == (3600.0, 0.05, "rollback")
 
 
 def test_invalid_toml_is_one_line(tmp_path: Path) -> None:

@@ -80,6 +80,16 @@ def test_a_rollback_holds_until_content_first_seen_after_it() -> None:
     assert rollback_holds(rollback(done), before.first_seen) and not rollback_holds(None, before.first_seen)
 
 
+def test_a_bakes_rollback_holds_like_an_operators_but_a_failed_deploys_does_not() -> None:
+    """A bake's rollback (controlplane/bake.py) ends `rolled_back` by `tritonctl:bake`: the digest that failed
+    on live traffic is not quarantined, so only the hold keeps the watcher from deploying it again."""
+    done = T0 + timedelta(hours=2)
+    before = snap(first_seen=T0 + timedelta(hours=1))
+    baked = replace(rollback(done, outcome="rolled_back"), actor="tritonctl:bake")
+    assert decide(model(), before, policy="auto", last=baked).rule is Rule.ROLLBACK_HOLDS
+    assert decide(model(), before, policy="auto", last=rollback(done, outcome="rolled_back")) == DEPLOY
+
+
 def test_a_chosen_target_skips_only_for_a_pin_bad_content_or_a_healthy_serving() -> None:
     """A fleet host converging, a retry, a tracked tag: policy, unload and a rollback's hold were the
     operator's or the fleet's to weigh already."""
