@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests import jsonschemas
 from tests.harness import DaemonProcess, gen_config, python_model, wait_for
 
 BAKE_S = "4"
@@ -139,6 +140,7 @@ def test_a_version_failing_a_fifth_of_requests_is_rolled_back_by_its_bake(daemon
                  and daemon.model_status("fails")["digest"] == d1, 60, 0.1, "the bake's rollback to gen 1")
         rolled_back = time.monotonic()
         time.sleep(2.0)  # clients keep sending to the restored version
+    jsonschemas.assert_valid("status", daemon.status())
     bake = bake_of(daemon, "fails")
     assert bake["digest"] == d2 and bake["failures"] > 0 and bake["failure_ratio"] > 0.01, bake
     assert bake["reason"].startswith("failure ratio ") and "> 0.01 over " in bake["reason"], bake
@@ -168,6 +170,7 @@ def test_a_good_version_passes_its_bake(daemon: DaemonProcess) -> None:
         write_model(daemon.repository, "good", 2)
         d2 = str(wait_for(lambda: serving(daemon, "good", d1), 90, 0.2, "gen 2 serving"))
         assert "baking" in daemon.model_status("good")["sync_reason"]
+        jsonschemas.assert_valid("status", daemon.status())  # a bake in progress
         wait_for(lambda: bake_of(daemon, "good").get("state") == "passed", 30, 0.2, "gen 2's bake passed")
     bake = bake_of(daemon, "good")
     assert bake["digest"] == d2 and bake["failures"] == 0 and bake["requests"] >= 20, bake
@@ -228,7 +231,10 @@ def test_a_version_50_ms_slower_is_rolled_back_by_the_latency_limit(tmp_path: Pa
             write_model(repo, "slow", 2, delay_s=0.05)
             wait_for(lambda: bake_of(slow, "slow").get("state") == "failed"
                      and slow.model_status("slow")["digest"] == d1, 90, 0.1, "the latency limit's rollback")
+        status = slow.status()
+        jsonschemas.assert_valid("status", status)  # every field of `bake` filled (tests/test_json_contract.py)
         bake = bake_of(slow, "slow")
+        assert all(value is not None for value in bake.values()), bake
         assert bake["latency_ms"] >= 50 and bake["baseline_latency_ms"] < 25, bake
         assert bake["reason"].startswith("latency ratio ") and "> 2 (mean " in bake["reason"], bake
         assert not seen["failed"], seen["failed"][:3]
