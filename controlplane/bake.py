@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from controlplane.config import Settings
+from controlplane.config import Settings, bake_parameters
 from controlplane.deploy.engine import Deployer
 from controlplane.errors import NotFoundError, TritonctlError
 from controlplane.periodic import Periodic
@@ -62,9 +62,14 @@ class Limits:
     inconclusive: str  # "keep" or "rollback"
 
     @classmethod
-    def of(cls, settings: Settings, bake_s: float | None = None) -> Limits:
-        return cls(settings.bake_s if bake_s is None else bake_s, settings.bake_max_failure_ratio,
-                   settings.bake_max_latency_ratio, settings.bake_min_requests, settings.bake_inconclusive)
+    def of(cls, settings: Settings, bake_s: float | None = None, model: dict[str, Any] | None = None) -> Limits:
+        """The daemon's `settings`, overridden by the model's own config parameters (`model`:
+        config.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
+        own = {**(model or {}), **({} if bake_s is None else {"bake_s": bake_s})}
+        return cls(own.get("bake_s", settings.bake_s),
+                   own.get("bake_max_failure_ratio", settings.bake_max_failure_ratio),
+                   own.get("bake_max_latency_ratio", settings.bake_max_latency_ratio),
+                   settings.bake_min_requests, settings.bake_inconclusive)
 
 
 @dataclass
@@ -198,10 +203,19 @@ class Baker:
         if outcome.action != "deploy" or outcome.outcome != Result.OK or not outcome.digest:
             return
         settings = self.settings()
-        limits = Limits.of(settings, asked)
+        limits = Limits.of(settings, asked, self._parameters(outcome.model, outcome.digest))
         if limits.bake_s <= 0 or settings.fleet:  # a fleet's rollouts do not bake yet (docs/bake.md)
             return
         self._begin(outcome.model, outcome.digest, limits)
+
+    def _parameters(self, model: str, digest: str) -> dict[str, Any]:
+        """The model's own bake settings in the deployed config (validation refused bad ones)."""
+        try:
+            config = self.registry.get_snapshot(model, digest).config or {}
+            return bake_parameters(config.get("parameters") or {})
+        except (TritonctlError, ValueError) as exc:
+            log.warning("%s: bake: the config's bake parameters are not used: %s", model, exc)
+            return {}
 
     def _begin(self, model: str, digest: str, limits: Limits) -> None:
         previous = self._previous(model, digest)

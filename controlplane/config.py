@@ -421,6 +421,28 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
 
+# A model's own bake settings, `parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }` in its
+# config.pbtxt: parsed as the daemon's settings are (docs/bake.md); validation refuses a bad one.
+BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio")
+PARAMETER_PREFIX = "tritonctl."
+
+
+def bake_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The bake settings a model's config parameters set (key → parsed value), from `parameters` as a parsed
+    config holds them (key → {"string_value": text}, or key → text). ValueError names the parameter."""
+    found: dict[str, Any] = {}
+    for key in BAKE_PARAMETERS:
+        value = parameters.get(PARAMETER_PREFIX + key)
+        if value is None:
+            continue
+        text = value.get("string_value", "") if isinstance(value, Mapping) else value
+        try:
+            found[key] = PARSERS[key](text)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f'parameters["{PARAMETER_PREFIX}{key}"]: "{text}": {exc}') from None
+    return found
+
+
 def _parse(key: str, value: Any, source: str) -> Any:
     try:
         return PARSERS[key](value)

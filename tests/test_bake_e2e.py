@@ -6,7 +6,8 @@ One daemon with `--bake 4s` (min 20 requests, failure limit 0.01), one model per
   cause `analysis`, not quarantined), and no request fails after the rollback finished;
 - a good version passes its bake;
 - a version nobody sends requests to ends `inconclusive` and keeps serving;
-- `load --bake 1h` bakes one deploy, `promote` ends it `passed`.
+- `load --bake 1h` bakes one deploy, `promote` ends it `passed`;
+- a model's own `tritonctl.bake_s` parameter overrides the daemon's.
 And with `bake_max_latency_ratio = 2` (a daemon of its own): a version 50 ms slower per request is rolled
 back by the latency limit.
 """
@@ -19,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +218,18 @@ def test_load_bake_bakes_one_deploy_and_promote_ends_it(daemon: DaemonProcess) -
     bake = bake_of(daemon, "promoted")
     assert (bake["digest"], bake["state"]) == (d3, "failed") and bake["reason"].startswith("ended by a rollback"), bake
     assert daemon.model_status("promoted")["digest"] != d3
+
+
+@pytest.mark.triton
+def test_a_models_own_bake_parameter_overrides_the_daemons(daemon: DaemonProcess) -> None:
+    write_model(daemon.repository, "own", 1)
+    config = daemon.repository / "own" / "config.pbtxt"
+    config.write_text(config.read_text() + 'parameters { key: "tritonctl.bake_s" value { string_value: "1h" } }\n')
+    wait_for(lambda: serving(daemon, "own"), 90, 0.3, "own serving")
+    bake = bake_of(daemon, "own")
+    started, until = (datetime.fromisoformat(bake[k].replace("Z", "+00:00")) for k in ("started", "until"))
+    assert bake["state"] == "baking" and (until - started).total_seconds() == 3600, bake
+    assert daemon.run("promote", "own").exit_code == 0
 
 
 @pytest.mark.triton

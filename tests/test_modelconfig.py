@@ -161,6 +161,19 @@ def test_partly_absent_specific_is_a_warning(tmp_path: Path) -> None:
     assert warning.field == "version_policy.specific.versions" and "[ 5 ] absent" in warning.message
 
 
+def test_a_models_own_bake_settings_are_checked_as_the_daemons_are(tmp_path: Path) -> None:
+    """`tritonctl.bake_s` and the limits in config.pbtxt (docs/bake.md): Triton ignores them, tritonctl would
+    bake on the daemon's limits; a bad one is an error naming the parameter, a good one passes."""
+    good = ('parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }\n'
+            'parameters { key: "tritonctl.bake_max_failure_ratio" value { string_value: "0.05" } }')
+    assert validate_model_dir(write_model(tmp_path / "good", extra=good)).ok
+    bad = 'parameters { key: "tritonctl.bake_max_failure_ratio" value { string_value: "5%" } }'
+    result = validate_model_dir(write_model(tmp_path / "bad", extra=bad))
+    [error] = result.errors
+    assert (error.field, error.message) == ('parameters["tritonctl.bake_max_failure_ratio"]',
+                                            '"5%": expected a number'), error
+
+
 # --- stamp_parameter ------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+from controlplane.config import BAKE_PARAMETERS, PARAMETER_PREFIX, bake_parameters
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.validation.ensembles import check_ensemble_graph
 from controlplane.vocab import ERROR, WARNING
@@ -61,7 +62,21 @@ def check_config(
     findings += _check_sequence_controls(config)
     findings += _check_batch_inputs(config)
     findings += [Finding(f.field, f.message, f.severity) for f in check_ensemble_graph(config, model_name)]
+    findings += _check_bake_parameters(config)
     return findings
+
+
+def _check_bake_parameters(config: mc.ModelConfig) -> Iterator[Finding]:
+    """The model's own bake settings (`tritonctl.bake_s` ...; docs/bake.md): Triton ignores them, a bad one
+    would quietly bake the model on the daemon's limits."""
+    for key in BAKE_PARAMETERS:
+        name = PARAMETER_PREFIX + key
+        if name in config.parameters:
+            try:
+                bake_parameters({name: config.parameters[name].string_value})
+            except ValueError as exc:
+                field, _, message = str(exc).partition(": ")
+                yield Finding(field, message)
 
 
 def _check_identity(config: mc.ModelConfig, model_name: str, inferred: tuple[str, str] | None) -> Iterator[Finding]:

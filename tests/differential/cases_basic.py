@@ -92,6 +92,8 @@ def identity(b: Builder) -> None:
     b.one("default_filename_ok", c, simple('default_model_filename: "main.py"'), True, python=False,
           files={"1/main.py": MODEL_PY.encode()})
     b.one("parameters_plain", c, simple('parameters { key: "k" value { string_value: "v" } }'), True)
+    b.one("parameters_bake_bad", c, simple('parameters { key: "tritonctl.bake_s" value { string_value: "soon" } }'),
+          True, "stricter: tritonctl's own bake setting (docs/bake.md), which Triton ignores")  # noqa: E501
 
 
 def instances(b: Builder) -> None:

@@ -58,6 +58,8 @@ STRICTER = {
     "instances_count_zero": "instance count 0: Triton silently runs 1 instance",
     "instances_count_negative": "instance count < 0: Triton silently runs 1 instance",
     "dyn_no_batching": "dynamic_batching with max_batch_size 0: Triton loads it and never batches",
+    "parameters_bake_bad": "a bad tritonctl.bake_s: Triton ignores tritonctl's parameters; the model would bake on "
+                           "the daemon's limits",
 }
 
 # Both refuse, for reasons that name different fields, and why that is right. Empty: none today.
