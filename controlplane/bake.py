@@ -18,19 +18,23 @@ A crossed limit ends the bake `failed` at once and rolls back to the previous di
 `roll_back_analysis`: recorded, verified, smoke-tested; outcome `rolled_back`, cause `analysis`; the
 digest is not quarantined). At `until`, fewer than `bake_min_requests` requests end it `inconclusive`
 (kept, or rolled back with `bake_inconclusive = "rollback"`), else `passed`. Each end is audited as
-action `bake` (`ok`, `failed`, `inconclusive`). Bakes live in this process: a daemon restart forgets a
-bake in progress (the digest keeps serving, as with no bake); the audit keeps every bake's end.
+action `bake` (`ok`, `failed`, `inconclusive`). Each model's last bake is kept in `<state>/bakes.json`:
+a restarted daemon resumes a bake in progress (its figures so far, Triton's from the restart on) and
+ends it by its figures at its own `until`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from controlplane.config import Settings, bake_parameters
@@ -46,6 +50,7 @@ from controlplane.vocab import BAKE_ACTOR, Result
 log = logging.getLogger("tritonctl.bake")
 
 TICK_S = 0.5
+BAKES_FILE = "bakes.json"  # in the state directory: each model's last bake, kept across a restart
 BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
 AUDIT_OUTCOME = {PASSED: Result.OK.value, FAILED: Result.FAILED.value, INCONCLUSIVE: "inconclusive"}
 BAKE_OUTCOMES = tuple(AUDIT_OUTCOME.values())  # tritonctl_bakes_total{outcome}
@@ -156,6 +161,23 @@ class Bake:
         }
 
 
+    def to_record(self) -> dict[str, Any]:
+        """What `Baker` keeps in its state file (a restart resumes a bake from it)."""
+        t = self.tally
+        return {"model": self.model, "digest": self.digest, "previous": self.previous, "limits": asdict(self.limits),
+                "started": self.started, "baseline_latency_ms": self.baseline_latency_ms, "state": self.state,
+                "reason": self.reason, "ended": self.ended,
+                "tally": [t.requests, t.failures, t.success, t.success_ns]}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Bake:
+        requests, failures, success, success_ns = (int(n) for n in record["tally"])
+        return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
+                   float(record["started"]), Tally(requests, failures, success, success_ns),
+                   record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
+                   record.get("ended"))
+
+
 def _utc(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)
 
@@ -164,7 +186,10 @@ class Baker:
     """Every bake of this daemon: started by deploy outcomes, judged by its thread, shown by `status`."""
 
     def __init__(self, registry: Registry, deployer: Deployer, triton: TritonClient,
-                 settings: Callable[[], Settings], clock: Callable[[], float] = time.time) -> None:
+                 settings: Callable[[], Settings], clock: Callable[[], float] = time.time,
+                 path: Path | None = None) -> None:
+        """`path`: the state file that keeps each model's last bake across a restart (None: memory only)."""
+        self.path = path
         self.registry = registry
         self.deployer = deployer
         self.triton = triton
@@ -228,6 +253,7 @@ class Baker:
         bake = Bake(model, digest, previous, limits, now, tally, self._baseline_ms(model, now, limits.bake_s))
         with self._lock:
             self._bakes[model] = bake
+        self._save()
         log.info("%s: baking %s for %.0f s (previous %s)", model, digest[:12], limits.bake_s,
                  (previous or "none")[:12])
 
@@ -260,7 +286,8 @@ class Baker:
     def tick(self) -> None:
         """Read each baking model's figures; end the bakes whose limits were crossed or whose time is up."""
         self._sample()
-        for model in self.baking():
+        baking = self.baking()
+        for model in baking:
             bake = self.of(model)
             if bake is None or bake.state != BAKING:
                 continue
@@ -270,6 +297,8 @@ class Baker:
                 log.info("%s: bake: figures unavailable this round: %s", model, exc)
                 continue
             self._judge(bake)
+        if baking:
+            self._save()  # the figures so far: a restart resumes from them
 
     def _judge(self, bake: Bake) -> None:
         limits, tally = bake.limits, bake.tally
@@ -317,6 +346,7 @@ class Baker:
                 return
             bake.state, bake.reason, bake.ended = state, reason, self.clock()
             self.counts[AUDIT_OUTCOME[state]] += 1
+        self._save()
         log.log(logging.INFO if state == PASSED else logging.WARNING, "%s: bake of %s %s: %s", bake.model,
                 bake.digest[:12], state, reason)
         try:
@@ -362,9 +392,53 @@ class Baker:
                 success, ns = success + s1 - s0, ns + n1 - n0
         return ns / success / 1e6 if success else None
 
+    # -- across a restart ----------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        """Every model's last bake to the state file (written whole, then renamed over the old one)."""
+        if self.path is None:
+            return
+        with self._lock:
+            records = [bake.to_record() for bake in self._bakes.values()]
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            temp.write_text(json.dumps(records))
+            os.replace(temp, self.path)
+        except OSError as exc:
+            log.warning("bake: cannot write %s: %s", self.path, exc)
+
+    def resume(self) -> None:
+        """At the daemon's start: the last bakes from the state file. A bake still in progress resumes (its
+        figures so far kept, Triton's counted from now: what came while no daemon looked is not counted)
+        when its digest still serves; it then ends by its figures, at its own `until`. One whose digest no
+        longer serves is forgotten."""
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            bakes = [Bake.from_record(r) for r in json.loads(self.path.read_text())]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("bake: %s unreadable, no bake resumed: %s", self.path, exc)
+            return
+        for bake in bakes:
+            try:
+                current = self.registry.find_model(bake.model)
+            except TritonctlError:
+                current = None
+            if current is None or current.active_digest != bake.digest:
+                continue
+            if bake.state == BAKING:
+                try:
+                    bake.tally.last = dict(self.triton.request_counts(bake.model))
+                except TritonctlError:
+                    pass
+                log.info("%s: bake of %s resumed, %d s left", bake.model, bake.digest[:12], bake.seconds_left())
+            with self._lock:
+                self._bakes[bake.model] = bake
+
     # -- the thread ---------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.resume()
         self._judge_thread.start()
 
     def stop(self) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from controlplane import garbage, intake, queries, tags
-from controlplane.bake import Baker
+from controlplane.bake import BAKES_FILE, Baker
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
 from controlplane.counters import Counters, PipelineCounts
@@ -145,7 +145,8 @@ class ControlPlane:
                                      self.counters, self.restores, self.load_parallelism)
         self.outcomes.subscribe(self.reconciler.note)
         # a new digest served on live figures, rolled back by itself (controlplane/bake.py)
-        self.baker = Baker(registry, self.deployer, triton, lambda: self.settings)
+        self.baker = Baker(registry, self.deployer, triton, lambda: self.settings,
+                           path=settings.state_dir / BAKES_FILE)
         self.outcomes.subscribe(self.baker.note)
         # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
         self.target: Target = target(self) if target else HostTarget(

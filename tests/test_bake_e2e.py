@@ -8,6 +8,7 @@ One daemon with `--bake 4s` (min 20 requests, failure limit 0.01), one model per
 - a version nobody sends requests to ends `inconclusive` and keeps serving;
 - `load --bake 1h` bakes one deploy, `promote` ends it `passed`;
 - a model's own `tritonctl.bake_s` parameter overrides the daemon's.
+A daemon of its own: a bake in progress resumes after a restart, with its window.
 And with `bake_max_latency_ratio = 2` (a daemon of its own): a version 50 ms slower per request is rolled
 back by the latency limit.
 """
@@ -230,6 +231,33 @@ def test_a_models_own_bake_parameter_overrides_the_daemons(daemon: DaemonProcess
     started, until = (datetime.fromisoformat(bake[k].replace("Z", "+00:00")) for k in ("started", "until"))
     assert bake["state"] == "baking" and (until - started).total_seconds() == 3600, bake
     assert daemon.run("promote", "own").exit_code == 0
+
+
+@pytest.mark.triton
+def test_a_bake_in_progress_resumes_after_a_daemon_restart(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_model(repo, "kept", 1)
+    first = DaemonProcess(repo, tmp_path / "state", extra_args=["--bake", "1h"]).start()
+    try:
+        wait_for(lambda: bake_of(first, "kept").get("state") == "baking", 90, 0.3, "kept baking")
+        before = bake_of(first, "kept")
+    finally:
+        assert first.stop() == 0, first.log_tail()
+    second = DaemonProcess(repo, tmp_path / "state", extra_args=["--bake", "1h"]).start()
+    try:
+        after = bake_of(second, "kept")
+        assert after["state"] == "baking", after
+        assert (after["digest"], after["started"], after["until"]) == \
+               (before["digest"], before["started"], before["until"]), (before, after)
+        assert second.run("promote", "kept").exit_code == 0
+    finally:
+        assert second.stop() == 0, second.log_tail()
+    third = DaemonProcess(repo, tmp_path / "state", extra_args=["--bake", "1h"]).start()
+    try:  # the last bake is shown after a restart too, ended
+        assert bake_of(third, "kept")["state"] == "passed"
+    finally:
+        assert third.stop() == 0, third.log_tail()
 
 
 @pytest.mark.triton
