@@ -35,6 +35,21 @@ def test_a_digest_serves_until_the_next_deploy_and_a_failed_deploy_is_a_rollback
     assert [m.kind for m in bands["aaa"].marks] == ["deploy", "tag"]
 
 
+def test_a_bake_is_a_mark_on_its_digest_and_a_failed_bakes_rollback_serves_the_previous_again() -> None:
+    """docs/bake.md: the bake's end is audited `bake` on the baked digest; its rollback is `rollback`
+    `rolled_back` by tritonctl:bake naming the digest that serves again."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 4, "deploy", "bbb"),
+              event(3, 5, "bake", "bbb", "failed", "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"),
+              {**event(4, 5, "rollback", "aaa", "rolled_back"), "actor": "tritonctl:bake"}]
+    line = build_timeline([version("bbb", 3), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert bands["bbb"].segments == [(40.0, 10.0)] and not bands["bbb"].serving_now
+    assert bands["aaa"].segments == [(0.0, 40.0), (50.0, 50.0)] and bands["aaa"].serving_now
+    (bake,) = [m for m in bands["bbb"].marks if m.kind == "bake"]
+    assert bake.letter == "B" and "failure ratio 0.21" in bake.title
+    assert [m.kind for m in bands["aaa"].marks] == ["deploy", "rollback"]
+
+
 def test_an_unload_ends_the_band_and_a_skip_is_a_quarantine_mark() -> None:
     events = [event(1, 0, "deploy", "aaa"), event(2, 5, "unload", "aaa"), event(3, 6, "skip", "bbb", "invalid")]
     line = build_timeline([version("aaa", 0), version("bbb", 6)], events, NOW)

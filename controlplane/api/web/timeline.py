@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from controlplane.vocab import BAKE_ACTOR  # a failed bake's rollback (docs/bake.md): `rolled_back`, its digest serves
+
 # Which audit actions put a mark on the timeline, and the letter the mark shows (colour is never the only
 # signal: each mark is a letter with its kind spelled out in the legend and the title).
 MARK_KINDS = {"deploy": "D", "rollback": "R", "quarantine": "Q", "tag": "T", "changeset": "C", "unload": "U",
-              "pin": "P", "unpin": "P", "policy": "P"}
+              "pin": "P", "unpin": "P", "policy": "P", "bake": "B"}
 SERVES = ("deploy", "rollback")
 GOOD = ("ok", "noop")
 
@@ -93,7 +95,8 @@ def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]],
             if band is None and digest:
                 band = bands.setdefault(digest, Band(digest))
             (band.marks if band else other).append(mark)
-        ends_serving = (event["action"] in SERVES and event["outcome"] in GOOD and digest) or (
+        took = event["outcome"] in GOOD or (event["outcome"] == "rolled_back" and event["actor"] == BAKE_ACTOR)
+        ends_serving = (event["action"] in SERVES and took and digest) or (
             event["action"] == "unload" and event["outcome"] in GOOD)
         if ends_serving:
             starts = event["action"] != "unload"  # a deploy or rollback starts its digest's band
