@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from controlplane.api.client import UnixHTTPConnection
 from tests import jsonschemas
 from tests.harness import DaemonProcess, gen_config, python_model, wait_for
 
@@ -108,6 +109,15 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         yield proc
     finally:
         assert proc.stop() == 0, proc.log_tail()
+
+
+def ready(daemon: DaemonProcess, path: str) -> int:
+    conn = UnixHTTPConnection(str(daemon.state_dir / "tritonctl.sock"), 30)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
 
 
 def serving(daemon: DaemonProcess, name: str, gen_digest: str | None = None) -> str | None:
@@ -203,6 +213,8 @@ def test_load_bake_bakes_one_deploy_and_promote_ends_it(daemon: DaemonProcess) -
     bake = bake_of(daemon, "promoted")
     assert bake["state"] == "baking" and bake["digest"] != d1, bake
     assert "s left" in daemon.model_status("promoted")["sync_reason"]
+    # a baking model serves the newest content: converged, so /v1/ready keeps its pod in the Service
+    assert ready(daemon, "/v1/ready") == 200 and ready(daemon, "/v1/models/promoted/ready") == 200
     promoted = daemon.run("promote", "promoted")
     assert promoted.exit_code == 0 and "passed" in promoted.output, promoted.output
     assert bake_of(daemon, "promoted")["state"] == "passed"
