@@ -227,6 +227,8 @@ class Baker:
             self._end(bake, FAILED if outcome.action == "rollback" else INCONCLUSIVE, f"ended by a {how}")
         if outcome.action != "deploy" or outcome.outcome != Result.OK or not outcome.digest:
             return
+        if self.deployer.in_change_set():  # a change set does not bake yet, nor its members one by one
+            return
         settings = self.settings()
         limits = Limits.of(settings, asked, self._parameters(outcome.model, outcome.digest))
         if limits.bake_s <= 0 or settings.fleet:  # a fleet's rollouts do not bake yet (docs/bake.md)

@@ -96,6 +96,7 @@ class Deployer:
         self.steps = TritonSteps(store, serving, triton, host, load_timeout_s)
         self._plans = SetRunner(self)
         self._sets = threading.Lock()
+        self._set_thread = threading.local()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -108,7 +109,16 @@ class Deployer:
             return self.deploy(member.model, member.digest, actor, force=plan.force, kind=plan.kind,
                                progress=progress)
         with self._sets:  # one change set at a time
-            return self._plans.run(plan, actor, progress)
+            self._set_thread.active = True  # its members' outcomes are reported in this thread
+            try:
+                return self._plans.run(plan, actor, progress)
+            finally:
+                self._set_thread.active = False
+
+    def in_change_set(self) -> bool:
+        """Whether the calling thread runs a change set now (an outcome subscriber tells a set's member from a
+        deploy of its own: a bake does not bake a set's members one by one)."""
+        return bool(getattr(self._set_thread, "active", False))
 
     def sweep(self, ensembles: Iterable[str]) -> bool:
         """Private step names a stopped daemon left behind, removed unless a set runs now or a loaded
