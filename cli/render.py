@@ -235,7 +235,8 @@ def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
 def _status_title(data: dict[str, Any]) -> str:
     reachable = data.get("triton_reachable")
     urls = " ".join(f"{k.split('_')[1]} {data[k]}" for k in ("triton_grpc_url", "triton_http_url") if data.get(k))
-    return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)")
+    exposed = " (KEY EXPOSED: other users can read its command line)" if data.get("triton_key_exposed") else ""
+    return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)") + exposed
 
 
 def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:

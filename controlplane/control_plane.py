@@ -190,6 +190,8 @@ class ControlPlane:
         self.source: Source = source if source is not None else NoSource()
         self.in_hand = InHand()  # handed on by the source, not captured yet: `status` says "capturing"
         self.http_url = http_url
+        # the daemon launched tritonserver and other local users can read its command line (its key)
+        self.triton_key_exposed = False
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
@@ -742,7 +744,8 @@ class ControlPlane:
             standing = self.ondemand.standing(model)
             row.ondemand = standing.to_json() if standing is not None else None
             rows.append(row)
-        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows)
+        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows,
+                            triton_key_exposed=self.triton_key_exposed)
 
     def _sync_inputs(self, records: list[ModelRecord], names: list[str] | None) -> _SyncInputs:
         """What the sync of `records` (named `names`; None: every model) is derived from, each read once.

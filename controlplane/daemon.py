@@ -31,7 +31,7 @@ from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.engine import Outcome
 from controlplane.deploy.publish import ServingRepository
-from controlplane.errors import LauncherError, StateDirInUseError, TritonctlError
+from controlplane.errors import ConfigError, LauncherError, StateDirInUseError, TritonctlError
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
@@ -40,6 +40,7 @@ from controlplane.startup.scan import plan_start
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import Timeouts, TritonClient
+from controlplane.triton.exposure import key_exposure
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, WAIT_CALLBACK_S, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
@@ -89,6 +90,7 @@ class Daemon:
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
+        self.triton_key_exposed = False  # other local users can read the launched tritonserver's key
         self.source: Source = NoSource()  # where models come from (controlplane/source/protocol.py)
         self.api: ApiServer | None = None
         self.metrics: Metrics | None = None
@@ -199,8 +201,23 @@ class Daemon:
         server.start()
         return []
 
+    def _check_key_exposure(self) -> None:
+        """Before a tritonserver is launched (or adopted): can other local users read its command line,
+        and with it its key? One WARNING line, or with `launch_triton_exposed_key = "refuse"` no start."""
+        if not self.settings.launch_triton:
+            return
+        exposure = key_exposure()
+        self.triton_key_exposed = exposure.exposed
+        if not exposure.exposed:
+            log.info("tritonserver's key: %s", exposure.reason)
+        elif self.settings.launch_triton_exposed_key == "refuse":
+            raise ConfigError(f"launch_triton_exposed_key = \"refuse\": {exposure.reason}; not launching tritonserver")
+        else:
+            log.warning("tritonserver's key is exposed: %s", exposure.reason)
+
     def start(self) -> None:
         settings = self.settings
+        self._check_key_exposure()  # before anything is created or launched
         self._prepare_state_dir()
         # In a fleet the host's own deploy state stays in its local registry; --db-url is the fleet's.
         local_url = f"sqlite:///{settings.state_dir / 'registry.db'}" if self.fleet_settings else settings.registry_url
@@ -217,7 +234,7 @@ class Daemon:
         if self.fleet_settings is not None:
             self.shared_registry = Registry(settings.registry_url, host=settings.host)
             migrate.upgrade_shared(self.shared_registry)
-        store = ContentStore(settings.state_dir / "store")
+        store = ContentStore(settings.state_dir / "store", max_model_bytes=settings.max_model_bytes)
         serving = self.serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
         if swept := serving.sweep_temp_links():
             log.info("removed %d temporary serving links a stop left mid-swap", swept)
@@ -235,6 +252,7 @@ class Daemon:
             fleet=self._fleet_member if self.fleet_settings is not None else None,
         )
         self.plane.preloaded(self._preloaded)
+        self.plane.triton_key_exposed = self.triton_key_exposed  # status's triton_key_exposed
         if self.triton_server is not None and self.triton_server.adopted_pid:
             # only this daemon can load into the server it launched: it serves what the registry says,
             # but for interrupted deployments, which the first reconcile recovers from Triton itself
@@ -319,7 +337,8 @@ class Daemon:
 
             return LocalSource(s.repository, settle_s=s.settle_s, commit_marker=s.commit_marker, watch=s.watch,
                                poll_interval_s=s.poll_interval_s, rescan_interval_s=s.rescan_interval_s,
-                               events_later=True)  # the inotify watches after READY (start)
+                               events_later=True,  # the inotify watches after READY (start)
+                               allowed_link_roots=s.allowed_link_roots)
         return NoSource()
 
     def _reconcile_then_scan(self) -> None:

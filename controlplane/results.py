@@ -164,6 +164,7 @@ class StatusResult:
     triton_http_url: str | None
     watch: dict[str, Any]  # {"mode": "inotify" | "poll" | null, "reason": str}
     models: list[StatusRow]
+    triton_key_exposed: bool = False  # a launched tritonserver's command line (its key) is readable by other users
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -171,6 +172,7 @@ class StatusResult:
             "triton_url": self.triton_url,
             "triton_grpc_url": self.triton_url,
             "triton_http_url": self.triton_http_url,
+            "triton_key_exposed": self.triton_key_exposed,
             "watch": dict(self.watch),
             "models": [row.to_json() for row in self.models],
         }
