@@ -58,7 +58,7 @@ from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, t
 from controlplane.triton.client import IndexEntry, TritonClient
 from controlplane.triton.host import TritonHost
 from controlplane.validation.ensemblemembers import step_models
-from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
+from controlplane.vocab import CAPTURE_REFUSED, SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
 
 if TYPE_CHECKING:
     from controlplane.webhooks import Webhooks
@@ -343,6 +343,8 @@ class ControlPlane:
         current = self.registry.ensure_model(model)
         if current.removed_at is not None:
             self.registry.update_model(model, removed_at=None)
+        if (current.last_error or "").startswith(CAPTURE_REFUSED):  # the source is capturable again
+            self.registry.update_model(model, last_error=None)
         decision = decide(current, record, policy=self.effective_policy(current),
                           last=self.registry.last_deployment(model))
         if decision.rule is Rule.TRACKS_TAG:  # it serves what its tag names, not the source (controlplane/tags.py)
@@ -370,6 +372,8 @@ class ControlPlane:
             return
         self.capture_done(model)
         self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", str(exc)))
+        if not unreachable:  # refused content (a link out of the repository, too big, ...): `status` says why
+            self.registry.update_model(model, last_error=f"{CAPTURE_REFUSED}{exc}")
 
     def _note_quarantined(self, record: SnapshotRecord) -> None:
         """A quarantined digest is in the source (again): say so once, in the log and the audit."""
