@@ -22,7 +22,7 @@ from controlplane import jsontext
 if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
-    from controlplane.results import ValidationReport
+    from controlplane.results import DbUpgradeResult, ValidationReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
@@ -146,6 +146,22 @@ def kv(data: Any, as_json: bool) -> None:
         return
     for key, value in data.items():
         click.echo(f"{key}: {value}")
+
+
+def db_upgrade(result: DbUpgradeResult, as_json: bool) -> None:
+    """`db upgrade`: from and to, then each migration run (--dry-run: that would run), then the copy taken."""
+    if as_json:
+        _print_json(document(result))
+        return
+    click.echo(f"from: {result.before}")
+    click.echo(f"to: {result.after}")
+    verb = "would run" if result.dry_run else "ran"
+    if not result.migrations:
+        click.echo("migrations: none, the schema is current" if result.before else "migrations: none")
+    for migration in result.migrations:
+        click.echo(f"{verb}: {migration.revision} {migration.title}")
+    if result.backup:
+        click.echo(f"backup: {result.backup}")
 
 
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}

@@ -284,14 +284,28 @@ class GcResult:
 
 
 @dataclass(frozen=True)
+class MigrationRow:
+    """One migration `db upgrade` ran (or, --dry-run, would run): its revision and title."""
+
+    revision: str
+    title: str
+
+
+@dataclass(frozen=True)
 class DbUpgradeResult:
-    """`db upgrade --json`: the schema revision before (null: a new registry) and after."""
+    """`db upgrade --json`: the schema revision before (null: a new registry) and after (--dry-run: the
+    one it would reach), the migrations run (would run), the copy of a SQLite registry taken first."""
 
     before: str | None
     after: str
+    migrations: list[MigrationRow] = field(default_factory=list)
+    backup: str | None = None
+    dry_run: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"from": self.before, "to": self.after}
+        return {"from": self.before, "to": self.after,
+                "migrations": [{"revision": m.revision, "title": m.title} for m in self.migrations],
+                "backup": self.backup, "dry_run": self.dry_run}
 
 
 # --- history: versions, diff, audit, audit --at ---------------------------------------------------------
