@@ -206,3 +206,24 @@ def test_the_test_suites_switches_are_not_settings() -> None:
     starts under it (or TRITONCTL_TEST_NO_MOUNT, TRITONCTL_TEST_DROP_EVENTS) must not refuse to run."""
     env = {"TRITONCTL_TEST_NO_SKIP": "1", "TRITONCTL_TEST_NO_MOUNT": "1", "TRITONCTL_TEST_DROP_EVENTS": "1"}
     assert load_settings({}, env=env) == Settings()
+
+
+def test_the_security_keys_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    """Issue 43's keys: link roots as a TOML list or a ':'-separated variable, the size cap in bytes
+    (20 GiB by default), what to do with an exposed Triton key (warn by default)."""
+    defaults = load_settings({}, env={})
+    assert (defaults.allowed_link_roots, defaults.max_model_bytes, defaults.launch_triton_exposed_key) == \
+           ((), 20 * 1024**3, "warn")
+    path = write(tmp_path, 'allowed_link_roots = ["/srv/releases", "/srv/more"]\nmax_model_bytes = 1000\n'
+                           'launch_triton_exposed_key = "refuse"\n')
+    settings = load_settings({}, env={}, config_file=path)
+    assert settings.allowed_link_roots == (Path("/srv/releases"), Path("/srv/more"))
+    assert (settings.max_model_bytes, settings.launch_triton_exposed_key) == (1000, "refuse")
+    env = load_settings({}, env={"TRITONCTL_ALLOWED_LINK_ROOTS": "/a:/b", "TRITONCTL_MAX_MODEL_BYTES": "5"})
+    assert (env.allowed_link_roots, env.max_model_bytes) == ((Path("/a"), Path("/b")), 5)
+    assert "launch_triton_exposed_key: invalid value 'ignore' (expected one of warn, refuse)" in one_line_error(
+        load_settings, {}, env={"TRITONCTL_LAUNCH_TRITON_EXPOSED_KEY": "ignore"})
+    assert "max_model_bytes: invalid value 0" in one_line_error(
+        load_settings, {}, env={}, config_file=write(tmp_path, "max_model_bytes = 0\n", "zero.toml"))
+    assert "allowed_link_roots: invalid value 3" in one_line_error(
+        load_settings, {}, env={}, config_file=write(tmp_path, "allowed_link_roots = 3\n", "three.toml"))
