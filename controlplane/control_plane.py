@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from controlplane import garbage, intake, queries, tags
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
+from controlplane.counters import Counters, PipelineCounts
 from controlplane.decision import Rule, Verdict, decide, decide_capture
 from controlplane.deploy.causes import Retry, RetryBook
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
@@ -32,6 +31,7 @@ from controlplane.memory.leases import LeaseBook
 from controlplane.memory.ondemand import OnDemand
 from controlplane.names import is_private_name, validate_digest, validate_model_name
 from controlplane.outcomes import Outcomes
+from controlplane.reconciler import Reconciler
 from controlplane.results import (
     AuditResult,
     DiffResult,
@@ -57,7 +57,7 @@ from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecor
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, track_sync
 from controlplane.targets import FleetStrategy, HostTarget, Target, recorded_digest
-from controlplane.triton.client import IndexEntry, TritonClient
+from controlplane.triton.client import TritonClient
 from controlplane.triton.host import TritonHost
 from controlplane.vocab import CAPTURE_REFUSED, SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
 
@@ -68,35 +68,6 @@ log = logging.getLogger("tritonctl.plane")
 
 SYSTEM_ACTOR = "tritonctl"
 LASTS_BY_NAME = 500  # `status`: up to this many models not in sync have their last deployments read by name
-
-
-@dataclass
-class Counters:
-    """What the daemon tells systemd and metrics about itself."""
-
-    last_action: str = "starting"
-    triton_reachable: bool = False
-    drift: tuple[Drift, ...] = ()
-
-
-class PipelineCounts:
-    """How often the source pipeline ran since the daemon started: captures, validations and records
-    (Prometheus counters, controlplane/metrics.py), and what the start-up scan found unchanged by
-    signature (so no file of it was read) or handed to capture (controlplane/startup/scan.py)."""
-
-    NAMES = ("captures", "validations", "records", "start_unchanged", "start_changed")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(self.NAMES, 0)
-
-    def add(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[name] += amount
-
-    def get(self, name: str) -> int:
-        with self._lock:
-            return self._counts[name]
 
 
 @dataclass
@@ -166,13 +137,14 @@ class ControlPlane:
         self.triton_key_exposed = False
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
-        self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
         self.serving_ensembles = ServingEnsembles(registry, self.source_graph, serving)
-        self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
-        self._preloaded: set[str] = set()  # loaded in a fresh tritonserver's start-up, to verify
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
+        # Triton made to serve what the registry says: recoveries, restores, the sentinel (controlplane/reconciler.py)
+        self.reconciler = Reconciler(registry, triton, self.deployer, self.serving_ensembles, self.served_view,
+                                     self.counters, self.restores, self.load_parallelism)
+        self.outcomes.subscribe(self.reconciler.note)
         # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
         self.target: Target = target(self) if target else HostTarget(
             registry, self.deployer, self.changesets, self.ondemand, self.retries,
@@ -211,8 +183,6 @@ class ControlPlane:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
         if outcome.action != CHANGESET:  # a set's members each end with their own outcome
             self.serving_ensembles.note(outcome.model, outcome.active_digest)
-        if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
-            self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):
             if outcome.retried and outcome.digest:
                 retry = self.retries.failed(outcome.model, outcome.digest, outcome.message)
@@ -537,19 +507,6 @@ class ControlPlane:
 
     # -- state ----------------------------------------------------------------------------------
 
-    def _triton_view(
-        self, models: Iterable[ModelRecord] | None = None, wanted: dict[str, str | None] | None = None
-    ) -> tuple[list[IndexEntry], dict[str, str | None]]:
-        """One repository-index call; served digests read only where they can have changed
-        (controlplane/servedview.py). `models`: the registry's view (None: read every digest); `wanted`:
-        every model's active digest when `models` is only some (a digest missing from it is read fresh).
-        A change set's private step names are no models of their own (controlplane/changeset.py)."""
-        if wanted is None:
-            wanted = None if models is None else {m.name: m.active_digest for m in models}
-        index, served = self.served_view.view(self.triton, wanted)
-        return [e for e in index if not is_private_name(e.name)], {
-            name: digest for name, digest in served.items() if not is_private_name(name)}
-
     def status(self, models: list[str] | None = None) -> StatusResult:
         for name in models or []:
             validate_model_name(name)
@@ -593,7 +550,7 @@ class ControlPlane:
         """The status rows of `records`; `wanted`: every model's active digest, when `records` is not
         every model (None: `records` is; see _triton_view)."""
         try:
-            index, served = self._triton_view(records, wanted)
+            index, served = self.served_view.public(self.triton, records, wanted)
             reachable = True
         except TritonctlError:
             index, served, reachable = [], {}, False
@@ -652,100 +609,24 @@ class ControlPlane:
 
     def reconcile(self) -> list[Drift]:
         """Compare desired and actual; restore what should serve; finish interrupted deployments."""
-        if not self.triton.server_live():
-            self.counters.triton_reachable = False
-            return []
-        self.counters.triton_reachable = True
-        waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
-        opened = self.registry.open_deployments()
-        rank = {m: i for i, m in enumerate(self.serving_ensembles.steps_first([d.model for d in opened]))}
-        for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
-            if self.deployer.lock(deployment.model).locked():
-                continue  # in flight in this process (one that finished since `opened` was read: recover sees it)
-            outcome = self.deployer.recover(deployment)  # one model, or a change set's ensemble (rolled forward)
-            if outcome is None:
-                waiting.append(deployment.model)
-                continue
-            log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
-        busy = [*self.deployer.busy_models(), *waiting]
-        # plan() looks only at models meant to serve: do not list every model of the repository
-        desired = self.registry.serving_models()
-        index, served = self._triton_view(desired)
-        result = plan(desired, index, served, busy)
-        ready = {e.name for e in index if e.state == "READY"}
-        self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
-        digests = dict(result.restore)
-        self._audit_preloaded(desired, ready, digests, busy)
-        for model, owed in self.restores.all().items():  # serves again, or no longer meant to: no backoff
-            if digests.get(model) != owed.digest and model not in busy:
-                self.restores.clear(model)
-        now = time.time()
-        due = [m for m in digests if not ((b := self.restores.get(m)) is not None and b.digest == digests[m]
-                                          and b.due_at > now)]  # a restore that keeps failing backs off
-        # steps before the ensembles over them; each wave at once, as many as Triton loads at once
-        for wave in self.serving_ensembles.levels(due):
-            self._each_at_once(wave, lambda model: self._restore(model, digests[model]))
-        if not self._swept:  # private step names a stopped daemon left, once none a serving ensemble uses
-            self._swept = self.deployer.sweep(list(self.serving_ensembles.get()))
-        self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
-        return result.drift
+        return self.reconciler.reconcile()
 
     def preloaded(self, models: Sequence[str]) -> None:
-        """A tritonserver was launched with these models loading in its own start-up
-        (controlplane/startup/preload.py): the next reconcile verifies them and audits each one serving
-        as a `restore` (the rest it restores itself, audited as usual)."""
-        self._preloaded = set(models)
-
-    def _audit_preloaded(self, desired: list[ModelRecord], ready: set[str], restore: dict[str, str],
-                         busy: Sequence[str]) -> None:
-        if not self._preloaded:
-            return
-        pending, self._preloaded = self._preloaded, set()
-        skip = set(busy) | set(restore)
-        self.registry.audit(*[
-            AuditEntry("tritonctl", "restore", m.name, m.active_digest, Result.OK.value,
-                       f"restored {(m.active_digest or '')[:12]} (loaded in tritonserver's start-up, "
-                       "launch_loads_serving; verified READY with this digest)")
-            for m in desired if m.name in pending and m.name in ready and m.name not in skip])
+        """A tritonserver was launched with these models loading in its own start-up (reconciler.py)."""
+        self.reconciler.preloaded(models)
 
     def load_parallelism(self) -> int:
         """How many models go to Triton at once (start-up, restores): `startup_parallelism`, or (0)
         Triton's own model-load thread count, `triton_load_threads`."""
         return self.settings.startup_parallelism or self.settings.triton_load_threads
 
-    def _each_at_once(self, models: list[str], fn: Callable[[str], None]) -> None:
-        workers = min(self.load_parallelism(), len(models))
-        if workers <= 1:
-            for model in models:
-                fn(model)
-            return
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="restore") as pool:
-            list(pool.map(fn, models))
-
-    def _restore(self, model: str, digest: str) -> None:
-        outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
-        if outcome is None:  # evicted or redeployed since the reconcile read the registry
-            return
-        if outcome.outcome == Result.OK:
-            log.warning("%s: %s", model, outcome.message)
-            return
-        why = outcome.message.split("): ", 1)[-1]  # Triton's words, not the restore's preamble
-        retry = self.restores.failed(model, digest, why, "restore")
-        log.warning("%s: %s; retry %d in %d s", model, outcome.message, retry.attempt, retry.seconds_left())
-
     def restart_suspected(self) -> bool:
-        """Between reconciles: the model last seen READY is not READY now and no operation of ours
-        holds it. An external tritonserver restarted faster than a supervision round could see it
-        down answers live but serves nothing (explicit mode); this is one readiness call."""
-        name = self.sentinel
-        if name is None or self.deployer.lock(name).locked():
-            return False
-        try:
-            if self.triton.version_ready(name):
-                return False
-            return self.registry.get_model(name).state in SERVING_STATES  # not an operator's unload
-        except TritonctlError:
-            return False
+        return self.reconciler.restart_suspected()
+
+    @property
+    def sentinel(self) -> str | None:
+        """A model seen READY: supervision asks Triton for it (restart_suspected)."""
+        return self.reconciler.sentinel
 
     # -- reads (the API's GET routes; the CLI's read commands query the registry itself, daemon or not) ------
 

@@ -19,23 +19,19 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
+from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
 from controlplane.results import (
     AuditResult,
     DbUpgradeResult,
     DiffResult,
     FileChange,
     FileSize,
-    FleetMatrix,
     GcResult,
     HoldResult,
-    HostRow,
     LeaseResult,
-    MatrixCell,
-    MatrixRow,
     MigrationRow,
     Outcome,
     PinResult,
-    PlacementCell,
     PolicyResult,
     ServingAtResult,
     StatusResult,
