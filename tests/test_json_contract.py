@@ -32,7 +32,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from controlplane.triton.launcher import RECORD_FILE, RESTRICTED_HEADER
-from tests import jsonschemas
+from tests import jsonschemas, registry_fixtures
 from tests.cli_helpers import invoke
 from tests.harness import DaemonProcess, answers, example_daemon, wait_for, write_gen_model
 from tests.test_cli_daemon_commands import StandInPlane
@@ -245,10 +245,13 @@ def offline_documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     docs = {"validate": run_json("validate", str(EXAMPLES / "linear"), str(EXAMPLES / "README.md")),
             "db-upgrade": run_json("db", "upgrade", "--state-dir", str(state))}
     docs["db-upgrade-again"] = run_json("db", "upgrade", "--state-dir", str(state))
+    earlier = tmp_path_factory.mktemp("db-upgrade-earlier")  # a registry an earlier release wrote: copied first
+    registry_fixtures.build(f"sqlite:///{earlier / 'registry.db'}", "0005")
+    docs["db-upgrade-earlier"] = run_json("db", "upgrade", "--state-dir", str(earlier))
     return docs
 
 
-@pytest.mark.parametrize("name", ["validate", "db-upgrade", "db-upgrade-again"])
+@pytest.mark.parametrize("name", ["validate", "db-upgrade", "db-upgrade-again", "db-upgrade-earlier"])
 def test_offline_documents_match_their_schema(offline_documents: dict[str, Any], name: str) -> None:
     jsonschemas.assert_valid(schema_of(name), offline_documents[name])
 
@@ -258,6 +261,8 @@ def test_the_offline_runs_produced_what_the_contract_describes(offline_documents
     new, again = offline_documents["db-upgrade"], offline_documents["db-upgrade-again"]
     assert new["from"] is None and new["to"], new  # a new registry: from null
     assert again["from"] == again["to"] == new["to"], again
+    earlier = offline_documents["db-upgrade-earlier"]
+    assert earlier["from"] == "0005" and earlier["to"] == new["to"] and earlier["backup"], earlier
 
 
 # --- the fleet views, from a real PostgreSQL registry -----------------------------------------------------
