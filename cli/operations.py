@@ -247,7 +247,7 @@ def _pin_command(name: str, pinned: bool, doc: str) -> click.Command:
     @json_option
     @daemon_options
     def command(client: ControlClient, model: str, host: str, as_json: bool) -> None:
-        render.kv(client.set_pin(model, pinned, host), as_json)
+        render.pin(client.set_pin(model, pinned, host), as_json)
 
     command.__doc__ = doc
     return click.command(name)(click.argument("model")(command))

@@ -148,6 +148,22 @@ def kv(data: Any, as_json: bool) -> None:
         click.echo(f"{key}: {value}")
 
 
+def pin(data: Any, as_json: bool) -> None:
+    """`pin` / `unpin`: one line, `linear pinned at 0123456789ab`, `linear unpinned` (`held on host H`
+    with --host)."""
+    data = document(data)
+    if as_json:
+        _print_json(data)
+        return
+    held = data["held"] if "host" in data else data["pinned"]
+    if "host" in data:
+        word = f"held on host {data['host']}" if held else f"released on host {data['host']}"
+    else:
+        word = "pinned" if held else "unpinned"
+    at = f" at {_short(data['digest'])}" if held and data.get("digest") else ""
+    click.echo(f"{data['model']} {word}{at}")
+
+
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
 _SYNC_STYLE = {"synced": "green", "pending": "cyan", "held": "yellow", "invalid": "bold red", "removed": "dim"}
 _STATUS_COLUMNS = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
