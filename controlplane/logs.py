@@ -1,5 +1,9 @@
-"""Log lines for journald and for shippers: `LEVEL logger: message` on stderr (journald adds the time),
-or one JSON object per line with `--log-format json`."""
+"""Log lines for people, journald and shippers: `TIME LEVEL logger: message` on stderr, TIME in ISO 8601
+UTC to the millisecond (`2026-12-03T06:59:01.123Z`), or one JSON object per line with `--log-format json`.
+
+Levels (docs/operations.md "Logs"): INFO says what finished (one line per deploy: model, digest, outcome,
+duration) and what the daemon is doing; WARNING what needs a look (invalid content, a failed smoke test,
+a rollback, a quarantine); the step-by-step lines of each deploy are DEBUG (`--log-level debug`)."""
 
 from __future__ import annotations
 
@@ -9,10 +13,24 @@ import sys
 from datetime import datetime, timezone
 
 
+def _utc(created: float, timespec: str = "auto") -> str:
+    return datetime.fromtimestamp(created, timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+class PlainFormatter(logging.Formatter):
+    """`2026-12-03T06:59:01.123Z INFO tritonctl.daemon: ready: ...`"""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
+        return _utc(record.created, "milliseconds")
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat().replace("+00:00", "Z"),
+            "time": _utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -27,7 +45,7 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(PlainFormatter())
     root = logging.getLogger("tritonctl")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
