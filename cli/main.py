@@ -16,7 +16,7 @@ import click
 from controlplane import errors
 from controlplane.api import protocol
 
-# Exit codes are a contract (README "Exit codes"): scripts and systemd units rely on them. The table
+# Exit codes are a contract (docs/cli.md "Exit codes"): scripts and systemd units rely on them. The table
 # lives with the control API's error document (controlplane/api/protocol.py), which carries the code.
 EXIT_OK = 0
 EXIT_FAILED = protocol.EXIT_FAILED

@@ -4,7 +4,7 @@ Why a module of its own: the core returns these (queries, the control plane's st
 gc, the fleet's verbs and views, `validate`), the API server serializes them with `to_json()`, and
 cli/render.py prints the same documents (from the dataclass, or from the dict the API client
 received). The shape of each document is written here once and published as a JSON Schema,
-docs/schemas/<command>.schema.json (README "JSON output"): a field added here is added there too
+docs/schemas/<command>.schema.json (docs/json.md): a field added here is added there too
 (tests/test_json_schemas.py fails otherwise); fields may be added, never removed or retyped.
 
 Imports only the standard library, `controlplane.store.records` (stdlib-only row views) and
