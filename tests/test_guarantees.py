@@ -1,4 +1,5 @@
-"""Every row of the Guarantees table (docs/guarantees.md, the README links it) names the tests that prove it, and those tests exist and run.
+"""Every row of the Guarantees table (docs/guarantees.md, the README links it) names the tests that prove
+it, and those tests exist and run.
 
 A promise is only as good as the test behind it: a renamed test, a typo in the table, a `skip` mark
 or an unconditional `pytest.skip()` would leave a row proving nothing while CI stays green. The

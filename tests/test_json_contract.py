@@ -243,7 +243,8 @@ def test_the_scenario_produced_what_the_contract_describes(documents: dict[str, 
 def offline_documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     state = tmp_path_factory.mktemp("db-upgrade")
     # a plain file beside model directories passes in silence (issue 47): given alone, it gets its warning
-    docs = {"validate": run_json("validate", str(EXAMPLES / "linear")) + run_json("validate", str(EXAMPLES / "README.md")),
+    docs = {"validate": run_json("validate", str(EXAMPLES / "linear"))
+            + run_json("validate", str(EXAMPLES / "README.md")),
             "db-upgrade": run_json("db", "upgrade", "--state-dir", str(state))}
     docs["db-upgrade-again"] = run_json("db", "upgrade", "--state-dir", str(state))
     return docs
