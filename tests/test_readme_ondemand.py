@@ -1,6 +1,6 @@
 """docs/cli.md "Memory budget and on-demand models" (the README links it) runs verbatim in a clone: the
-daemon line in the first terminal, the others in a second; `ensure` returns with the model READY under its lease, and `status -o
-wide` shows it loaded with the lease and a measured footprint."""
+daemon line in the first terminal, the others in a second; `ensure` returns with the model READY under
+its lease, and `status -o wide` shows it loaded with the lease and a measured footprint."""
 
 from __future__ import annotations
 
