@@ -114,19 +114,19 @@ def _check_ports(settings: Settings) -> None:
                     check_port_free(port, flag)
                 except LauncherError as exc:
                     raise ConfigError(str(exc)) from None
-    if settings.metrics_port:
-        _check_bind("metrics_port", HOST, settings.metrics_port)
+    if settings.metrics_port:  # the same lines the servers would write when they bind
+        _check_bind(HOST, settings.metrics_port, f"metrics_port: cannot listen on {HOST}:{settings.metrics_port}")
     for key, address in (("listen", settings.listen), ("web_address", settings.web_address)):
         if address:
             host, port = parse_listen(address)
-            _check_bind(key, host, port)
+            _check_bind(host, port, f"{key}: cannot bind {address}")
 
 
-def _check_bind(key: str, host: str, port: int) -> None:
+def _check_bind(host: str, port: int, refusal: str) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise ConfigError(f"{key}: cannot bind {host}:{port}: {exc.strerror}") from None
+            raise ConfigError(f"{refusal}: {exc.strerror or exc}") from None
