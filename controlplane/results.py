@@ -18,21 +18,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controlplane.events import event_document
-from controlplane.store.records import (
-    AuditRecord,
-    DeliveryRecord,
-    FootprintRecord,
-    Rollout,
-    ServingRecord,
-    SnapshotRecord,
-    Step,
-    TagRecord,
-    iso,
-)
+from controlplane.jsontext import iso
 from controlplane.vocab import ERROR, SUCCEEDED, WARNING, Cause
+
+if TYPE_CHECKING:  # annotations only: `validate` loads neither the registry's records nor the events
+    from controlplane.store.records import (
+        AuditRecord,
+        DeliveryRecord,
+        FootprintRecord,
+        Rollout,
+        ServingRecord,
+        SnapshotRecord,
+        Step,
+        TagRecord,
+    )
 
 # --- load / rollback / unload ------------------------------------------------------------------------
 
@@ -379,6 +380,8 @@ class AuditResult:
         return len(self.events)
 
     def to_json(self) -> list[dict[str, Any]]:
+        from controlplane.events import event_document
+
         return [event_document(event) for event in self.events]  # the webhook body and SSE data too
 
 
@@ -449,9 +452,19 @@ class TagResult:
                 "message": self.message}
 
 
-# `rollouts --json`: the fleet store's own rows (controlplane/store/records.py), one definition.
-RolloutRow = Rollout
-RolloutStepRow = Step
+# `rollouts --json`: the fleet store's own rows (controlplane/store/records.py), one definition; read
+# from there when first asked for (PEP 562), so `validate` does not load the registry's records.
+if TYPE_CHECKING:
+    RolloutRow = Rollout
+    RolloutStepRow = Step
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RolloutRow", "RolloutStepRow"):
+        from controlplane.store import records
+
+        return records.Rollout if name == "RolloutRow" else records.Step
+    raise AttributeError(f"module 'controlplane.results' has no attribute {name!r}")
 
 
 # --- validate --------------------------------------------------------------------------------------------
