@@ -628,8 +628,8 @@ class Daemon:
         systemd.ready(self.status_line())
 
     def _on_outcome(self, outcome: Outcome) -> None:
-        log.log(
-            logging.INFO if outcome.succeeded else logging.WARNING,
+        log.log(  # a rollback (automatic or an operator's) and any failure stand out: WARNING
+            logging.INFO if outcome.succeeded and outcome.action != "rollback" else logging.WARNING,
             "%s %s %s digest %s active %s in %d ms: %s", outcome.model, outcome.action, outcome.outcome,
             (outcome.digest or "-")[:12], (outcome.active_digest or "-")[:12], outcome.duration_ms,
             outcome.message,
