@@ -24,16 +24,7 @@ from controlplane.jsontext import iso
 from controlplane.vocab import ERROR, SUCCEEDED, WARNING, Cause
 
 if TYPE_CHECKING:  # annotations only: `validate` loads neither the registry's records nor the events
-    from controlplane.store.records import (
-        AuditRecord,
-        DeliveryRecord,
-        FootprintRecord,
-        Rollout,
-        ServingRecord,
-        SnapshotRecord,
-        Step,
-        TagRecord,
-    )
+    from controlplane.store import records
 
 # --- load / rollback / unload ------------------------------------------------------------------------
 
@@ -129,7 +120,7 @@ class StatusRow:
     sync_reason: str = ""
     next_retry_s: int | None = None
     tags: list[str] = field(default_factory=list)  # the tags on the digest that serves (controlplane/tags.py)
-    footprint: FootprintRecord | None = None  # the serving digest's footprint (controlplane/memory/footprint.py)
+    footprint: records.FootprintRecord | None = None  # the serving digest's footprint (memory/footprint.py)
     # policy ondemand: {"state", "leases", "until"} (controlplane/memory/ondemand.py)
     ondemand: dict[str, Any] | None = None
 
@@ -300,10 +291,10 @@ class DbUpgradeResult:
 class VersionRow:
     """One distinct content of a model (`versions --json` prints a list of these)."""
 
-    snapshot: SnapshotRecord
+    snapshot: records.SnapshotRecord
     active: bool
     tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/tags.py)
-    footprint: FootprintRecord | None = None  # its memory footprint on this host (controlplane/memory/footprint.py)
+    footprint: records.FootprintRecord | None = None  # its footprint on this host (memory/footprint.py)
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
@@ -371,9 +362,9 @@ class DiffResult:
 class AuditResult:
     """`audit --json`: a list of events, newest first."""
 
-    events: list[AuditRecord]
+    events: list[records.AuditRecord]
 
-    def __iter__(self) -> Iterator[AuditRecord]:
+    def __iter__(self) -> Iterator[records.AuditRecord]:
         return iter(self.events)
 
     def __len__(self) -> int:
@@ -389,9 +380,9 @@ class AuditResult:
 class WebhookDeliveriesResult:
     """`webhooks --json`: deliveries, newest first (pending, delivered, failed with the receiver's answer)."""
 
-    deliveries: list[DeliveryRecord]
+    deliveries: list[records.DeliveryRecord]
 
-    def __iter__(self) -> Iterator[DeliveryRecord]:
+    def __iter__(self) -> Iterator[records.DeliveryRecord]:
         return iter(self.deliveries)
 
     def __len__(self) -> int:
@@ -406,7 +397,7 @@ class ServingAtResult:
     """`audit --at T --json`: what each model (on a fleet: each model and host) served at `at`."""
 
     at: datetime
-    models: list[ServingRecord]
+    models: list[records.ServingRecord]
     tags: dict[tuple[str, str | None], list[str]] = field(default_factory=dict)  # (model, digest) -> tags at `at`
 
     def to_json(self) -> dict[str, Any]:
@@ -422,7 +413,7 @@ class TagsResult:
     """`tags [MODEL] [--at T] --json`: where each tag points (at T, when asked), who moved it there and when."""
 
     at: datetime | None
-    tags: list[TagRecord]
+    tags: list[records.TagRecord]
 
     def to_json(self) -> dict[str, Any]:
         return {"at": iso(self.at), "tags": [row.to_json() for row in self.tags]}
@@ -455,8 +446,8 @@ class TagResult:
 # `rollouts --json`: the fleet store's own rows (controlplane/store/records.py), one definition; read
 # from there when first asked for (PEP 562), so `validate` does not load the registry's records.
 if TYPE_CHECKING:
-    RolloutRow = Rollout
-    RolloutStepRow = Step
+    RolloutRow = records.Rollout
+    RolloutStepRow = records.Step
 
 
 def __getattr__(name: str) -> Any:
