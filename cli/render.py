@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from controlplane import jsontext
+from controlplane.text import clean, clean_document
 
 if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
-    from controlplane.results import ValidationReport
+    from controlplane.results import DbUpgradeResult, ValidationReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
@@ -63,9 +64,10 @@ def render_validation(results: ValidationReport, as_json: bool = False) -> None:
     for result in results:
         if result.ok and result.config is not None:
             served = ", ".join(map(str, result.served_versions)) or "none"
-            click.echo(styled("ok", "green") + f" {result.model} (serving version {served})")
-        for problem in result.problems:
-            click.echo(styled(problem.severity, _SEVERITY_STYLE.get(problem.severity, "")) + f" {problem.line()}")
+            click.echo(styled("ok", "green") + f" {clean(result.model)} (serving version {served})")
+        for problem in result.problems:  # a file's name and a config's text are the model author's
+            click.echo(styled(problem.severity, _SEVERITY_STYLE.get(problem.severity, ""))
+                       + f" {clean(problem.line())}")
     failed = sum(1 for r in results if not r.ok)
     errors = sum(len(r.errors) for r in results)
     warnings = sum(len(r.warnings) for r in results)
@@ -96,6 +98,12 @@ def document(result: Any) -> Any:
     return result
 
 
+def shown(result: Any) -> Any:
+    """The document human output is drawn from: every string cleaned of control characters, escape
+    sequences and bidirectional controls (controlplane/text.py). `--json` prints the raw document."""
+    return clean_document(document(result))
+
+
 def _print_json(data: Any) -> None:
     click.echo(jsontext.dumps(document(data), indent=2))  # json.dumps's text, faster (status of 10,000 models)
 
@@ -111,9 +119,10 @@ class _ProgressDisplay:
             return
         from cli.plain import styled
 
-        click.echo(styled(f"{message.state:>7} ", _STATE_STYLE.get(message.state, ""))
-                   + styled(f"{message.step:<8} ", "bold") + f"{message.model} " + styled(_short(message.digest), "dim")
-                   + (f"  {message.message}" if message.message else ""))
+        click.echo(styled(f"{clean(message.state):>7} ", _STATE_STYLE.get(message.state, ""))
+                   + styled(f"{clean(message.step):<8} ", "bold") + f"{clean(message.model)} "
+                   + styled(clean(_short(message.digest)), "dim")
+                   + (f"  {clean(message.message)}" if message.message else ""))
 
 
 class progress_display:  # noqa: N801 - used as `with render.progress_display(...) as show`
@@ -132,6 +141,7 @@ def outcome(result: Any, as_json: bool) -> None:
     if as_json:
         _print_json(result)
         return
+    result = clean_document(result)
     from cli.plain import styled
 
     state = str(result.get("outcome", ""))
@@ -144,6 +154,7 @@ def kv(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     for key, value in data.items():
         click.echo(f"{key}: {value}")
 
@@ -162,6 +173,22 @@ def pin(data: Any, as_json: bool) -> None:
         word = "pinned" if held else "unpinned"
     at = f" at {_short(data['digest'])}" if held and data.get("digest") else ""
     click.echo(f"{data['model']} {word}{at}")
+
+
+def db_upgrade(result: DbUpgradeResult, as_json: bool) -> None:
+    """`db upgrade`: from and to, then each migration run (--dry-run: that would run), then the copy taken."""
+    if as_json:
+        _print_json(document(result))
+        return
+    click.echo(f"from: {result.before}")
+    click.echo(f"to: {result.after}")
+    verb = "would run" if result.dry_run else "ran"
+    if not result.migrations:
+        click.echo("migrations: none, the schema is current" if result.before else "migrations: none")
+    for migration in result.migrations:
+        click.echo(f"{verb}: {migration.revision} {migration.title}")
+    if result.backup:
+        click.echo(f"backup: {result.backup}")
 
 
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
@@ -283,6 +310,7 @@ def status(data: Any, as_json: bool, wide: bool = False) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     click.echo("\n".join(status_lines(data, wide)))
     watch = data.get("watch") or {}
     if watch.get("mode"):
@@ -314,7 +342,7 @@ class live_status:  # noqa: N801 - a context manager named for how it reads at t
         self.live = Live(console=console, auto_refresh=False)
         self.live.__enter__()
         return lambda data: self.live.update(
-            Text.from_ansi("\n".join(status_lines(data, self.wide, console.width))), refresh=True)
+            Text.from_ansi("\n".join(status_lines(shown(data), self.wide, console.width))), refresh=True)
 
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(None, None, None)
@@ -347,6 +375,7 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     cells = []
     for row in rows:
         note = row.get("first_error") or ""
@@ -368,6 +397,7 @@ def diff(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     click.echo(f"{data['model']}: {_short(data['a'])} -> {_short(data['b'])}")
     for item in data["added"]:
         click.echo(f"  added    {item['path']} ({item['size']} bytes)")
@@ -387,6 +417,7 @@ def audit(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     cells = [[(_when(row["time"]), ""), (row["actor"], ""), (row["action"], ""), (row.get("model") or "", ""),
               (_short(row.get("digest")), ""), (row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")),
               (f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else "", ""),
@@ -400,6 +431,7 @@ def serving_at(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     hosts = any(row.get("host") for row in data["models"])  # a fleet: one row per model and host
     cells = [[(row["model"], ""), *(((row.get("host") or "", ""),) if hosts else ()),
               (_tagged(row, row["digest"]), ""), (", ".join(str(v) for v in row["versions"]), ""),
@@ -416,6 +448,7 @@ def fleet_hosts(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     cells = [[(row["host"], ""), ("yes" if row["leader"] else "", ""),
               ("yes" if row["alive"] else "NO", "" if row["alive"] else "bold red"),
               (f"{_when(row['last_heartbeat'])} ({row['age_s']}s ago)", ""), (row["triton_url"], ""),
@@ -428,6 +461,7 @@ def fleet_rollouts(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     for rollout in rows:
         click.echo(f"rollout {rollout['id']} {rollout['model']} {_short(rollout['digest'])} "
                    f"(from {_short(rollout['previous_digest'])}): {rollout['state']}"
@@ -443,13 +477,15 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     from rich.table import Table
+    from rich.text import Text
 
     hosts = sorted({h for m in data["models"] for h in m["hosts"]})
     placed = any(m.get("placement") for m in data["models"])
     table = Table(title="fleet: model x host (digest state; * = drift from the fleet's target)", title_justify="left")
     for column in ("Model", "Target", *hosts, *(["Placed"] if placed else [])):
-        table.add_column(column)
+        table.add_column(Text(column))
     for model in data["models"]:
         cells = []
         for host in hosts:
@@ -458,7 +494,7 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
                          f"{_short(cell['digest'])} {cell['state']}{' *' if cell['drift'] else ''}")
         if placed:
             cells.append(_placement(model.get("placement")))
-        table.add_row(model["model"], _tagged(model, model["target"]), *cells)
+        table.add_row(*(Text(cell) for cell in (model["model"], _tagged(model, model["target"]), *cells)))
     _console().print(table)
 
 
@@ -492,6 +528,7 @@ def webhook_deliveries(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     if not rows:
         click.echo("no webhook deliveries")
         return
@@ -502,9 +539,10 @@ def webhook_deliveries(rows: Any, as_json: bool) -> None:
     for column in ("Delivery", "State", "Event", "Action", "Model", "Tries", "Last answer", "URL"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row["id"][:12], Text(row["state"], _DELIVERY_STYLE.get(row["state"], "")),
-                      str(row["event_id"]), row["action"], row.get("model") or "", str(row["attempts"]),
-                      _answer(row), row["url"])
+        # Text, never markup: the receiver's answer is its own text (`[/x]` would stop rich's parser)
+        table.add_row(Text(row["id"][:12]), Text(row["state"], _DELIVERY_STYLE.get(row["state"], "")),
+                      *(Text(cell) for cell in (str(row["event_id"]), row["action"], row.get("model") or "",
+                                                str(row["attempts"]), _answer(row), row["url"])))
     _console().print(table)
 
 
@@ -514,5 +552,6 @@ def redelivery(row: Any, as_json: bool) -> None:
     if as_json:
         _print_json(row)
         return
+    row = clean_document(row)
     click.echo(f"delivery {row['id'][:12]} (event {row['event_id']} {row['action']} {row.get('model') or '-'}) "
                f"to {row['url']}: sent again with the same id")

@@ -1,5 +1,5 @@
 """Settings: flag > TRITONCTL_* environment > TOML file > defaults; unknown keys and bad values are
-one-line errors that name the key; the example config and the README cover every key."""
+one-line errors that name the key; the example config and docs/configuration.md cover every key."""
 
 from __future__ import annotations
 
