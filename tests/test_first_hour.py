@@ -79,14 +79,12 @@ def tritonctl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[
                                          "--triton-metrics-port", "0"]], ids=["no-triton", "launch-triton"])
 def test_a_missing_repository_is_one_line_before_anything_exists(tmp_path: Path, launch: list[str]) -> None:
     state = tmp_path / "D"
-    started = time.monotonic()
     result = subprocess.run([TRITONCTL, "daemon", "--repository", "/nonexistent", "--state-dir", str(state), *launch],
                             capture_output=True, text=True, timeout=60, env=clean_env())
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     assert result.stderr.splitlines() == ["error: repository /nonexistent: no such directory"]
     assert not state.exists()
     assert tritonservers_on(state / "serving") == []
-    assert time.monotonic() - started < 2.5, "refused before a tritonserver could start (2.9 s)"
 
 
 def test_no_tritonserver_named_before_the_state_directory_exists(tmp_path: Path) -> None:
@@ -108,8 +106,8 @@ def test_log_lines_carry_their_time_and_a_deploy_is_one_info_line(daemon: Daemon
     deploys = [line for line in lines if " INFO tritonctl.daemon: linear deploy ok digest " in line]
     assert len(deploys) == 1 and re.search(r" in \d+ ms: serving ", deploys[0]), deploys
     assert not [line for line in lines if " tritonctl.deploy: linear " in line], "the steps are DEBUG"
-    assert any(" WARNING tritonctl.pipeline: bad snapshot " in line and " invalid: " in line for line in lines)
-    assert any(" WARNING tritonctl.service: leaky: capture refused: " in line for line in lines)
+    assert any(" WARNING tritonctl." in line and ": bad snapshot " in line and " invalid: " in line for line in lines)
+    assert any(" WARNING tritonctl." in line and ": leaky: capture refused: " in line for line in lines)
 
 
 # -- item 7: a model whose every capture is refused has a row ----------------------------------------------
