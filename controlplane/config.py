@@ -1,6 +1,6 @@
 """Daemon settings: flag > TRITONCTL_* environment > TOML config file > defaults, validated once.
 
-Each setting is declared once in `FIELDS` with its type, default, unit and doc; the README's
+Each setting is declared once in `FIELDS` with its type, default, unit and doc; docs/configuration.md's
 configuration table is the same list. Unknown keys and bad values are one-line `ConfigError`s that
 name the key and where it came from.
 """

@@ -31,10 +31,11 @@ from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.engine import Outcome
 from controlplane.deploy.publish import ServingRepository
-from controlplane.errors import ConfigError, LauncherError, StateDirInUseError, TritonctlError
+from controlplane.errors import ConfigError, LauncherError, TritonctlError
 from controlplane.outcomes import Outcomes
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
+from controlplane.startup import preflight
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.startup.record import deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
@@ -63,7 +64,7 @@ TICK_S = 0.1
 # liveness), apart from the full reconcile every reconcile_interval_s: a dead or restarted server is
 # noticed within about this long and reconciled at once.
 SUPERVISE_INTERVAL_S = 1.0
-LOCK_FILE = "daemon.lock"  # in the state directory: flock-ed by the daemon that runs on it
+LOCK_FILE = preflight.LOCK_FILE  # in the state directory: flock-ed by the daemon that runs on it
 # The periodic reconcile takes at most this share of one core: when one costs more CPU than that
 # allows at reconcile_interval_s (one repository-index call over many thousands of models), the next
 # waits longer. Supervision (every SUPERVISE_INTERVAL_S: a dead, restarted or emptied tritonserver)
@@ -128,8 +129,7 @@ class Daemon:
         except OSError:
             holder = handle.read().strip() or "?"
             handle.close()
-            raise StateDirInUseError(f"state directory {self.settings.state_dir} is in use by another tritonctl "
-                                     f"daemon (pid {holder}): stop it, or give another --state-dir") from None
+            raise preflight.in_use_error(self.settings.state_dir, holder) from None
         handle.truncate(0)
         handle.write(f"{os.getpid()}\n")
         handle.flush()
@@ -219,6 +219,7 @@ class Daemon:
 
     def start(self) -> None:
         settings = self.settings
+        preflight.check(settings)  # a bad argument stops the start before anything exists
         self._check_key_exposure()  # before anything is created or launched
         self._prepare_state_dir()
         # In a fleet the host's own deploy state stays in its local registry; --db-url is the fleet's.
@@ -651,8 +652,8 @@ class Daemon:
         systemd.ready(self.status_line())
 
     def _on_outcome(self, outcome: Outcome) -> None:
-        log.log(
-            logging.INFO if outcome.succeeded else logging.WARNING,
+        log.log(  # a rollback (automatic or an operator's) and any failure stand out: WARNING
+            logging.INFO if outcome.succeeded and outcome.action != "rollback" else logging.WARNING,
             "%s %s %s digest %s active %s in %d ms: %s", outcome.model, outcome.action, outcome.outcome,
             (outcome.digest or "-")[:12], (outcome.active_digest or "-")[:12], outcome.duration_ms,
             outcome.message,

@@ -13,7 +13,7 @@ from datetime import datetime
 from controlplane.decision import rollback_holds
 from controlplane.deploy.causes import Retry
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead
-from controlplane.vocab import CAPTURE_REFUSED, SERVING_STATES, ModelState, Policy, Result, SyncState
+from controlplane.vocab import SERVING_STATES, ModelState, Policy, Result, SyncState
 
 SYNC_STATES = tuple(state.value for state in SyncState)
 
@@ -51,8 +51,6 @@ def sync_state(
     if retry is not None:
         return SyncState.PENDING, (f"last {retry.action} of {_short(retry.digest)} failed ({retry.reason}); "
                            f"next retry in {retry.seconds_left()} s")
-    if (model.last_error or "").startswith(CAPTURE_REFUSED):  # the source's content was refused
-        return SyncState.INVALID, f"{model.last_error}; {serves}"
     if head is None:
         return SyncState.PENDING, "the source's content is not recorded yet"
     if not needs_last_deployment(model, head):  # synced: one rule, the one `status` reads deployments by

@@ -35,7 +35,7 @@ STATUS_FOR_ERROR: list[tuple[type[errors.TritonctlError], int]] = [
 ]
 DEFAULT_ERROR_STATUS = 409
 
-# The CLI's exit code for each class (README "Exit codes"; cli/main.py uses this table).
+# The CLI's exit code for each class (docs/cli.md "Exit codes"; cli/main.py uses this table).
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DAEMON_UNREACHABLE = 3
