@@ -77,7 +77,7 @@ def test_another_user_reads_the_key_and_the_daemon_says_so(host: tuple[DaemonPro
     assert f"{RESTRICTED_HEADER}=".encode() in read.stdout  # the key, as the attacker sees it
     assert daemon.status()["triton_key_exposed"] is True
     warnings = [line for line in daemon.log_tail(200_000).splitlines() if EXPOSED_WARNING in line]
-    assert len(warnings) == 1 and warnings[0].startswith("WARNING"), warnings
+    assert len(warnings) == 1 and warnings[0].split()[1] == "WARNING", warnings  # TIME LEVEL logger: message
     assert "hidepid" in warnings[0]
     shown = daemon.run("status")
     assert "KEY EXPOSED" in shown.stdout
@@ -136,10 +136,9 @@ def test_a_model_linked_outside_the_repository_is_refused_and_shown(host: tuple[
     daemon, base = host
     row = wait_for(lambda: daemon.model_status("stolen") or None, 30, what="stolen in status")
     assert (row["state"], row["digest"], row["sync"]) == ("new", None, "invalid"), row
-    assert row["sync_reason"].startswith("capture refused: stolen: model entry is a symlink to "
+    assert row["sync_reason"].startswith("capture refused: model entry is a symlink to "
                                          f"{base / 'secret' / 'stolen'}, outside the repository and "
                                          "allowed_link_roots; refusing to follow it"), row
-    assert row["last_error"] in row["sync_reason"]
     assert daemon.json("versions", "stolen") == []  # nothing of it was captured
     [refusal] = daemon.audit("--model", "stolen")
     assert (refusal["action"], refusal["outcome"]) == ("snapshot", "failed")

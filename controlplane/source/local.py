@@ -16,7 +16,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from controlplane.errors import SnapshotError
+from controlplane.config import Settings
+from controlplane.errors import ConfigError, SnapshotError
 from controlplane.snapshot import HOLD_FILE, MAX_CONFIG_BYTES, ContentStore
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.source.inotify import RepositoryWatcher
@@ -146,3 +147,18 @@ class LocalSource:
         except SnapshotError as exc:
             return str(exc).removeprefix(f"{model}: ")
         return None
+
+
+def check_repository(settings: Settings) -> None:
+    """Before the daemon creates anything (controlplane/startup/preflight.py): a repository directory
+    that is missing, not a directory or unreadable is one line. Another kind of source checks itself
+    when it first answers."""
+    repository = settings.repository
+    if repository is None:
+        return
+    if not repository.exists():
+        raise ConfigError(f"repository {repository}: no such directory")
+    if not repository.is_dir():
+        raise ConfigError(f"repository {repository}: not a directory")
+    if not os.access(repository, os.R_OK | os.X_OK):
+        raise ConfigError(f"repository {repository}: cannot read it (permission denied)")

@@ -18,6 +18,7 @@ from controlplane.api.protocol import read_token
 from controlplane.api.server import insecure_listen_refusal, parse_listen
 from controlplane.config import Settings
 from controlplane.errors import ConfigError, LauncherError, StateDirInUseError
+from controlplane.source.local import check_repository
 from controlplane.triton import launcher
 from controlplane.triton.ports import HOST, PORT_FLAGS, check_port_free, requested_ports
 
@@ -31,24 +32,12 @@ def in_use_error(state_dir: Path, holder: str) -> StateDirInUseError:
 
 def check(settings: Settings) -> None:
     """Raise the first problem of the settings, as one line; create nothing."""
-    _check_repository(settings)
+    check_repository(settings)  # a directory source's own check (source/local.py)
     if not settings.triton_url and not settings.launch_triton:
         raise ConfigError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
     _check_state_dir(settings.state_dir)
     _check_files(settings)
     _check_ports(settings)
-
-
-def _check_repository(settings: Settings) -> None:
-    repository = settings.repository
-    if repository is None:
-        return
-    if not repository.exists():
-        raise ConfigError(f"repository {repository}: no such directory")
-    if not repository.is_dir():
-        raise ConfigError(f"repository {repository}: not a directory")
-    if not os.access(repository, os.R_OK | os.X_OK):
-        raise ConfigError(f"repository {repository}: cannot read it (permission denied)")
 
 
 def _check_state_dir(state: Path) -> None:
