@@ -60,7 +60,7 @@ from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, t
 from controlplane.targets import FleetStrategy, HostTarget, Target, recorded_digest
 from controlplane.triton.client import TritonClient
 from controlplane.triton.host import TritonHost
-from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
+from controlplane.vocab import CAPTURE_REFUSED, SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result, SyncState
 
 if TYPE_CHECKING:
     from controlplane.webhooks import Webhooks
@@ -134,7 +134,10 @@ class ControlPlane:
         self.source: Source = source if source is not None else NoSource()
         self.in_hand = InHand()  # handed on by the source, not captured yet: `status` says "capturing"
         self.http_url = http_url
+        # the daemon launched tritonserver and other local users can read its command line (its key)
+        self.triton_key_exposed = False
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
+        self.capture_refusals: dict[str, str] = {}  # why the watcher's last capture of a model was refused
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
@@ -263,9 +266,11 @@ class ControlPlane:
         problem = self.source.entry_problem(model)
         if problem is not None:  # a dangling symlink: whatever serves keeps serving, nothing is removed
             log.warning("%s: %s", model, problem)
+            self._capture_refused(model, problem)
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", problem))
             return None
         if not self.source_has(model):
+            self.capture_refusals.pop(model, None)
             existing = self.registry.find_model(model)
             if existing is not None and existing.removed_at is None:
                 self.retries.clear(model)  # nothing retries content the source no longer holds
@@ -321,7 +326,17 @@ class ControlPlane:
                 self.put_off(model, decision.reason, decision.delay_s)
             return
         self.capture_done(model)
+        log.warning("%s: capture refused: %s", model, decision.reason)
+        self._capture_refused(model, decision.reason)
         self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", str(exc)))
+
+    def _capture_refused(self, model: str, reason: str) -> None:
+        """The source's content of `model` was refused (not put off): `status` and the web view show the
+        model, sync `invalid` with this reason, until a capture succeeds or the source drops it. A model
+        whose every capture is refused gets its registry row here (state `new`, nothing serving)."""
+        self.capture_refusals[model] = reason
+        if self.registry.ensure_model(model).removed_at is not None:
+            self.registry.update_model(model, removed_at=None)
 
     def _note_quarantined(self, record: SnapshotRecord) -> None:
         """A quarantined digest is in the source (again): say so once, in the log and the audit."""
@@ -344,6 +359,7 @@ class ControlPlane:
     def capture_done(self, model: str) -> None:
         """`model`'s source was captured: nothing puts it off any more."""
         self.capture_waits.pop(model, None)
+        self.capture_refusals.pop(model, None)
 
     def look_again(self, model: str, delay_s: float) -> None:
         """Have the source hand `model` on again after `delay_s` (nothing without a source)."""
@@ -588,7 +604,8 @@ class ControlPlane:
                 left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
                 row.sync_reason = f"{row.sync_reason}; {left}" if row.sync_reason else left
             rows.append(row)
-        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows)
+        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows,
+                            triton_key_exposed=self.triton_key_exposed)
 
     def _sync_inputs(self, records: list[ModelRecord], names: list[str] | None) -> _SyncInputs:
         """What the sync of `records` (named `names`; None: every model) is derived from, each read once.
@@ -609,6 +626,9 @@ class ControlPlane:
         policy = self.effective_policy(model)
         retry = inputs.retries.get(model.name) or inputs.restores.get(model.name)
         busy = model.name in inputs.busy
+        refused = self.capture_refusals.get(model.name)
+        if refused is not None and not busy:  # the source's newest content could not even be captured
+            return SyncState.INVALID, f"{CAPTURE_REFUSED}{refused}", policy, retry
         track = inputs.tracks.get(model.name)
         if track:
             tag_digest = next((d for (m, d), names in inputs.tagged.items() if m == model.name and track in names),

@@ -56,6 +56,9 @@ SERVING_STATES: tuple[str, ...] = (ModelState.SERVING.value, ModelState.DEGRADED
 WATCHER_ACTOR = "watcher"
 # The audit actor of a bake's own rollback (controlplane/bake.py): it holds the model like an operator's.
 BAKE_ACTOR = "tritonctl:bake"
+# A model's last_error starts with this when the source's content was refused at capture (a symlink out
+# of the repository, over max_model_bytes, a fifo, ...): status shows it `invalid` until a capture succeeds.
+CAPTURE_REFUSED = "capture refused: "
 
 
 class DeployStep(Word):

@@ -13,10 +13,11 @@ repository-level hold file (docs/watching.md).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from controlplane.errors import SnapshotError
+from controlplane.config import Settings
+from controlplane.errors import ConfigError, SnapshotError
 from controlplane.snapshot import HOLD_FILE, MAX_CONFIG_BYTES, ContentStore
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.source.inotify import RepositoryWatcher
@@ -29,8 +30,10 @@ class LocalSource:
 
     def __init__(self, root: Path, *, settle_s: float = 1.0, commit_marker: str | None = None,
                  watch: str = "auto", poll_interval_s: float = 2.0, rescan_interval_s: float = 30.0,
-                 events_later: bool = False) -> None:
+                 events_later: bool = False, allowed_link_roots: Sequence[Path] = ()) -> None:
         self.root = Path(root)
+        # where a model entry may resolve to: the repository, and the directories `allowed_link_roots` names
+        self.allowed_link_roots = tuple(allowed_link_roots)
         self.events_later = events_later  # the inotify watches added by start_events (the daemon's, after READY)
         self.commit_marker = commit_marker
         self._on_change: OnChange | None = None
@@ -80,8 +83,13 @@ class LocalSource:
         quiet_s = self.watcher.settle_s + self.watcher.capture_margin_s() if settled and not complete else 0.0
         signature, trusted = recordable_signature(self.root, model)  # before any read
         snapshot = store.capture(self.root / model, model, commit_marker=self.commit_marker,
-                                 quiet_s=quiet_s, marker_dir=self._marker_root())
+                                 quiet_s=quiet_s, marker_dir=self._marker_root(), link_roots=self.link_roots())
         return Captured(snapshot, signature, trusted)
+
+    def link_roots(self) -> list[str]:
+        """The resolved directories a model entry may lie in (resolved at each capture: a root that is
+        itself a symlink may be re-pointed)."""
+        return [os.path.realpath(root) for root in (self.root, *self.allowed_link_roots)]
 
     def signature(self, model: str) -> str | None:
         return self.watcher.signature(model)
@@ -139,3 +147,18 @@ class LocalSource:
         except SnapshotError as exc:
             return str(exc).removeprefix(f"{model}: ")
         return None
+
+
+def check_repository(settings: Settings) -> None:
+    """Before the daemon creates anything (controlplane/startup/preflight.py): a repository directory
+    that is missing, not a directory or unreadable is one line. Another kind of source checks itself
+    when it first answers."""
+    repository = settings.repository
+    if repository is None:
+        return
+    if not repository.exists():
+        raise ConfigError(f"repository {repository}: no such directory")
+    if not repository.is_dir():
+        raise ConfigError(f"repository {repository}: not a directory")
+    if not os.access(repository, os.R_OK | os.X_OK):
+        raise ConfigError(f"repository {repository}: cannot read it (permission denied)")
