@@ -223,8 +223,9 @@ class Baker:
         if outcome.action == "restore" or outcome.outcome not in (Result.OK, Result.ROLLED_BACK):
             return
         if bake is not None and bake.state == BAKING and outcome.active_digest != bake.digest:
-            how = f"{outcome.action} to {(outcome.active_digest or 'nothing')[:12]}"
-            self._end(bake, FAILED if outcome.action == "rollback" else INCONCLUSIVE, f"ended by a {how}")
+            how = f"{'an' if outcome.action[0] in 'aeiou' else 'a'} {outcome.action}"
+            self._end(bake, FAILED if outcome.action == "rollback" else INCONCLUSIVE,
+                      f"ended by {how} to {(outcome.active_digest or 'nothing')[:12]}")
         if outcome.action != "deploy" or outcome.outcome != Result.OK or not outcome.digest:
             return
         if self.deployer.in_change_set():  # a change set does not bake yet, nor its members one by one

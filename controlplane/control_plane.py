@@ -404,7 +404,11 @@ class ControlPlane:
         else:
             target = self._source_content(model, actor)
         self.baker.ask(model, bake_s)
-        return self.target.load(model, target, actor, force, progress, host)
+        try:
+            return self.target.load(model, target, actor, force, progress, host)
+        except BaseException:
+            self.baker.ask(model, None)  # refused before any deploy: the next deploy bakes as configured
+            raise
 
     def promote(self, model: str, actor: str) -> dict[str, Any]:
         """`tritonctl promote MODEL`: the bake in progress ends `passed` now (controlplane/bake.py)."""
