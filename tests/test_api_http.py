@@ -126,7 +126,7 @@ def test_fleet_resources_need_a_fleet(served: ApiServer) -> None:
         conn.request("GET", path)
         answer = conn.getresponse()
         error = json.loads(answer.read())["error"]
-        assert (answer.status, error["class"], error["exit_code"]) == (400, "UsageError", 2), path
+        assert (answer.status, error["class"], error["exit_code"]) == (404, "NotFoundError", 2), path
         assert "not in a fleet" in error["message"]
 
 
