@@ -25,7 +25,7 @@ from controlplane.deploy.engine import Deployer, Outcome, Progress, ProgressFn
 from controlplane.deploy.plans import ACTION as CHANGESET
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.reconcile import Drift, plan
-from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.errors import ConflictError, NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
 from controlplane.memory.leases import LeaseBook
@@ -430,7 +430,7 @@ class ControlPlane:
             digest = validate_digest(digest)
             snap = self.registry.get_snapshot(model, digest)
             if snap.collected:
-                raise UsageError(f"snapshot {snap.digest[:12]} of '{model}' was collected by gc"
+                raise ConflictError(f"snapshot {snap.digest[:12]} of '{model}' was collected by gc"
                                  f"{self._collected_when(snap)}; load the source again with `tritonctl load {model}`")
             target = snap.digest
         else:
@@ -442,7 +442,7 @@ class ControlPlane:
         fleet_wide = self.fleet is not None and not host  # the fleet's pin is checked by the rollout
         refused = None if fleet_wide else refuse_pinned(current, target, force=force)
         if refused is not None:
-            raise UsageError(refused)
+            raise ConflictError(refused)
         if self.fleet is not None and host:
             return self.fleet.held(model, host, actor, lambda: self.deployer.deploy(
                 model, target, actor, force=force, progress=progress))
@@ -505,7 +505,7 @@ class ControlPlane:
         ensembles = self._serving_ensembles()
         needed_by = sorted(e for e, names in ensembles.items() if model in names and e != model)
         if needed_by and not force:
-            raise UsageError(f"'{model}' is a member of serving ensemble(s) {', '.join(needed_by)}: unload "
+            raise ConflictError(f"'{model}' is a member of serving ensemble(s) {', '.join(needed_by)}: unload "
                              f"{needed_by[0]} first (--dependents unloads its members too) or use --force")
         outcome = self.deployer.unload(model, actor, dependents, progress)
         if not dependents or not outcome.succeeded or model not in ensembles:
@@ -533,7 +533,7 @@ class ControlPlane:
             raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
         refused = refuse_pinned(current, None, force=force)
         if refused is not None:
-            raise UsageError(refused)
+            raise ConflictError(refused)
         return self.deployer.rollback(model, actor, to or None, progress)
 
     def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> PolicyResult:
@@ -643,7 +643,7 @@ class ControlPlane:
         if existing is None:
             raise NotFoundError(f"model '{model}' is unknown to the registry")
         if pinned and not existing.active_digest:
-            raise UsageError(f"model '{model}' serves nothing to pin")
+            raise ConflictError(f"model '{model}' serves nothing to pin")
         record = self.registry.update_model(model, pinned=pinned)
         action = "pin" if pinned else "unpin"
         self.registry.audit(AuditEntry(actor, action, model, record.active_digest, "ok", f"{action}ned"))

@@ -20,17 +20,17 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from controlplane import errors, jsontext
 from controlplane.api.leases import lease_routes
 from controlplane.api.params import (DigestField, KeepField, LimitQuery, ModelField, ModelPath, ModelQuery,
-                                     ModelsQuery, OutcomeQuery, PolicyField, RefField, RefQuery, TagField, TagPath,
-                                     TimeQuery)
+                                     ModelsQuery, OutcomeQuery, PolicyField, RefField, RefQuery, STRICT, TagField, TagPath,
+                                     TimeQuery, TRACK_TAKES_NO_HOST)
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
 from controlplane.control_plane import ControlPlane
 from controlplane.names import validate_model_name
@@ -85,6 +85,8 @@ DESCRIPTION = (
 
 
 class LoadBody(BaseModel):
+    model_config = STRICT
+
     digest: DigestField = ""  # empty: snapshot the source now
     tag: TagField = ""  # deploy what this tag points to
     force: bool = False  # retry a quarantined digest / reload the active one
@@ -93,12 +95,16 @@ class LoadBody(BaseModel):
 
 
 class ChangeSetBody(BaseModel):
+    model_config = STRICT
+
     models: Annotated[list[ModelField], Field(min_length=1)]
     force: bool = False
     wait: bool = True
 
 
 class RollbackBody(BaseModel):
+    model_config = STRICT
+
     to: DigestField = ""  # empty: the previous good digest
     to_tag: TagField = ""
     force: bool = False  # roll back a pinned model anyway
@@ -106,25 +112,35 @@ class RollbackBody(BaseModel):
 
 
 class UnloadBody(BaseModel):
+    model_config = STRICT
+
     dependents: bool = False
     force: bool = False  # unload a member a serving ensemble needs
     host: str = ""
 
 
 class PolicyBody(BaseModel):
+    model_config = ConfigDict(strict=True, json_schema_extra=TRACK_TAKES_NO_HOST)
+
     policy: PolicyField  # auto | manual | ondemand | inherit | track:TAG
     host: str = ""
 
 
 class PinBody(BaseModel):
+    model_config = STRICT
+
     host: str = ""
 
 
 class GcBody(BaseModel):
+    model_config = STRICT
+
     keep: KeepField = 10
 
 
 class TagBody(BaseModel):
+    model_config = STRICT
+
     digest: RefField = ""  # a digest (prefix) or another tag; empty: what serves now
 
 

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from controlplane.api.params import LeaseSeconds, ModelPath
+from controlplane.api.params import STRICT, LeaseSeconds, ModelPath
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
 
@@ -22,6 +22,8 @@ DEFAULT_LEASE_S = 600.0
 
 
 class LeaseBody(BaseModel):
+    model_config = STRICT
+
     for_s: LeaseSeconds = DEFAULT_LEASE_S  # how long the lease holds the model loaded, in seconds
 
 

@@ -3,7 +3,7 @@
 Why: a client generator or a validator reads `GET /v1/openapi.json` alone; a `$ref` to a file the daemon does
 not serve leaves a 200 answer undescribed. Each route's result is the JSON Schema published for the CLI's
 `--json` document (docs/schemas/NAME.schema.json, the one source of truth), copied in as
-`components.schemas.<Name>` with its `$defs` as `<Name>.<def>` and every `$ref` rewritten to point there.
+`components.schemas.<Name>` with its `$defs` as `<Name>_<def>` and every `$ref` rewritten to point there.
 Streamed operations (application/x-ndjson) document their line: a progress step, the result, or an error;
 the event stream documents its two event types and their data.
 """
@@ -21,7 +21,7 @@ SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 COMPONENTS = "#/components/schemas/"
 PROGRESS_LINE = "ProgressLine"
 ERROR_LINE = "ErrorLine"
-AUDIT_EVENT = "Audit.event"
+AUDIT_EVENT = "Audit_event"
 STATE_EVENT = "StateEvent"
 
 PROGRESS_SCHEMA: dict[str, Any] = {
@@ -59,12 +59,12 @@ def component_name(stem: str) -> str:
 
 
 def _rewrite(node: Any, name: str) -> Any:
-    """The schema with its own `#/$defs/X` references pointing at `components.schemas.<name>.X`."""
+    """The schema with its own `#/$defs/X` references pointing at `components.schemas.<name>_X`."""
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
             if key == "$ref" and isinstance(value, str) and value.startswith("#/$defs/"):
-                out[key] = f"{COMPONENTS}{name}.{value.removeprefix('#/$defs/')}"
+                out[key] = f"{COMPONENTS}{name}_{value.removeprefix('#/$defs/')}"
             else:
                 out[key] = _rewrite(value, name)
         return out
@@ -86,7 +86,7 @@ def bundle(stem: str, schemas: dict[str, Any], directory: Path = SCHEMAS_DIR) ->
                                f"(docs/schemas/{stem}.schema.json)").strip()
     schemas[name] = _rewrite(document, name)
     for key, value in defs.items():
-        schemas[f"{name}.{key}"] = _rewrite(value, name)
+        schemas[f"{name}_{key}"] = _rewrite(value, name)
     return name
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Path, Query
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from controlplane.defaults import OUTCOMES
 from controlplane.memory.leases import MAX_LEASE_S
@@ -40,13 +40,20 @@ RELATIVE_TIME_PATTERN = r"^[0-9]{1,5}(?:\.[0-9]{1,3})?[smhdw]$"
 TIME_DESCRIPTION = ("ISO 8601 (without a zone: UTC), or back from now: a number and s, m, h, d or w "
                     "(30m, 2h, 7d)")
 POLICY_PATTERN = f"^(?:auto|manual|ondemand|inherit|track:{TAG_NAME_PATTERN[1:-1]})$"
+# JSON bodies are read strictly: `"wait": 0` is not false, `"keep": false` is not 0 (what the document says).
+STRICT = ConfigDict(strict=True)
+# policy track:TAG is fleet-wide: it takes no host (controlplane/tags.refuse_host).
+TRACK_TAKES_NO_HOST = {"not": {"required": ["policy", "host"], "properties": {
+    "policy": {"type": "string", "pattern": "^track:"}, "host": {"type": "string", "minLength": 1}}}}
 MAX_LIMIT = 100_000  # rows a listing answers at most (audit, rollouts, webhook deliveries)
 MAX_KEEP = 1_000_000  # gc --keep
 
 
 def _time_schema(description: str) -> dict[str, Any]:
     return {"anyOf": [{"type": "string", "format": "date-time"},
-                      {"type": "string", "pattern": RELATIVE_TIME_PATTERN}], "description": description}
+                      {"type": "string", "pattern": RELATIVE_TIME_PATTERN},
+                      {"type": "string", "maxLength": 0, "description": "empty: as if absent"}],
+            "description": description}
 
 
 ModelPath = Annotated[str, Path(description="a model name", min_length=1, max_length=MAX_NAME_LENGTH,

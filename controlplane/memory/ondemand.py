@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn, admission
-from controlplane.errors import DeployError, NotFoundError, TritonctlError, UsageError
+from controlplane.errors import ConflictError, DeployError, NotFoundError, TritonctlError, UsageError
 from controlplane.memory.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
 from controlplane.names import validate_model_name
 from controlplane.results import LeaseResult
@@ -108,7 +108,7 @@ class OnDemand:
         for snap in self.registry.list_snapshots(record.name):  # newest first
             if admission(snap, force=False, where="Triton") is None and not snap.collected:
                 return snap.digest
-        raise UsageError(f"model '{record.name}' has no valid content to load")
+        raise ConflictError(f"model '{record.name}' has no valid content to load")
 
     def _serves(self, record: ModelRecord, digest: str) -> bool:
         if record.state not in SERVING_STATES or record.active_digest != digest:
