@@ -235,3 +235,97 @@ def test_tls_on_a_non_loopback_listener(state: Path) -> None:
             untrusted.request("GET", "/v1/models")
     finally:
         server.stop(0.1)
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def test_the_served_document_is_self_contained(served: ApiServer) -> None:
+    """Every `$ref` points inside the document (the published --json schemas are bundled under components), so a
+    client generator or a validator needs nothing but `GET /v1/openapi.json`."""
+    document = ControlClient(socket=served.settings.socket_path).call("GET", OPENAPI_PATH.removeprefix("/v1"))
+    refs = set(_refs(document))
+    assert refs and all(ref.startswith("#/components/schemas/") for ref in refs), sorted(refs)
+    assert all(ref.rsplit("/", 1)[1] in document["components"]["schemas"] for ref in refs)
+    versions = document["paths"]["/v1/models/{model}/versions"]["get"]["responses"]["200"]["content"]
+    assert versions["application/json"]["schema"] == {"$ref": "#/components/schemas/Versions"}
+    load = document["paths"]["/v1/models/{model}/load"]["post"]["responses"]["200"]["content"]["application/x-ndjson"]
+    assert [ref["$ref"].rsplit("/", 1)[1] for ref in load["schema"]["oneOf"]] == ["ProgressLine", "LoadLine",
+                                                                                  "ErrorLine"]
+    events = document["paths"]["/v1/events"]["get"]["responses"]["200"]["content"]["text/event-stream"]
+    assert set(events["x-events"]) == {"audit", "state"}
+
+
+def test_parameters_carry_the_constraints_the_core_enforces(served: ApiServer) -> None:
+    import re
+
+    from controlplane.api.params import DIGEST_PATTERN, MODEL_NAME_PATTERN, REF_PATTERN, TAG_NAME_PATTERN
+    from controlplane.errors import UsageError
+    from controlplane.names import validate_digest, validate_model_name
+    from controlplane.tags import validate_tag_name
+
+    for name in ("linear", "a.b-c_1", "_x", "x" * 128, "a__deadbeef", ".x", "-x", "a..b", "a b", "é", "x" * 129,
+                 "__deadbeef", "a/b", ""):
+        try:
+            validate_model_name(name)
+            accepted = True
+        except UsageError:
+            accepted = False
+        assert bool(re.search(MODEL_NAME_PATTERN, name)) == accepted, name
+    for tag in ("stable", "v-1.2", "abcdef", "abcde", "Stable", "-x", "x" * 63, "x" * 64, "deadbeefg"):
+        try:
+            validate_tag_name(tag)
+            accepted = True
+        except UsageError:
+            accepted = False
+        assert bool(re.search(TAG_NAME_PATTERN, tag)) == accepted, tag
+    for digest in ("abcdef", "ABCDEF", "sha256:" + "a" * 64, "SHA256:abcdef", "abcde", "a" * 65, "xyzxyz"):
+        try:
+            validate_digest(digest)
+            accepted = True
+        except UsageError:
+            accepted = False
+        assert bool(re.search(DIGEST_PATTERN, digest)) == accepted, digest
+        assert not accepted or re.search(REF_PATTERN, digest), digest
+
+
+@pytest.mark.parametrize("path", ["/v1/webhooks/deliveries?state=delivered&limit=36893488147419103231",
+                                  "/v1/audit?limit=36893488147419103231", "/v1/rollouts?limit=0",
+                                  "/v1/events?after=36893488147419103231", "/v1/audit?model=",
+                                  "/v1/models/a..b", "/v1/models/a%20b", "/v1/models/linear/diff?a=&b="])
+def test_an_out_of_range_or_malformed_parameter_is_a_400_json_error(served: ApiServer, path: str) -> None:
+    conn = _unix(served.settings.socket_path)
+    conn.request("GET", path)
+    answer = conn.getresponse()
+    assert (answer.status, answer.getheader("content-type")) == (400, "application/json"), path
+    assert json.loads(answer.read())["error"]["class"] == "UsageError"
+
+
+def test_a_405_names_every_method_the_path_answers(served: ApiServer) -> None:
+    conn = _unix(served.settings.socket_path)
+    conn.request("TRACE", "/v1/models/linear/pin")
+    answer = conn.getresponse()
+    assert answer.status == 405 and json.loads(answer.read())["error"]["class"] == "UsageError"
+    assert answer.getheader("allow") == "DELETE, PUT"
+
+
+def test_an_unexpected_exception_is_a_500_json_error(served: ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(model: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(served.plane, "versions", boom, raising=False)
+    conn = _unix(served.settings.socket_path)
+    conn.request("GET", "/v1/models/linear/versions")
+    answer = conn.getresponse()
+    assert (answer.status, answer.getheader("content-type")) == (500, "application/json")
+    assert json.loads(answer.read())["error"] == {"class": "TritonctlError", "exit_code": 1,
+                                                  "message": "internal error: RuntimeError: a bug"}
