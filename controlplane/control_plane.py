@@ -25,7 +25,15 @@ from controlplane.deploy.engine import Deployer, Outcome, Progress, ProgressFn
 from controlplane.deploy.plans import ACTION as CHANGESET
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.reconcile import Drift, plan
-from controlplane.errors import ConflictError, NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.errors import (
+    ConflictError,
+    NotFoundError,
+    ObjectStoreError,
+    SnapshotError,
+    StoreError,
+    TritonctlError,
+    UsageError,
+)
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
 from controlplane.memory.leases import LeaseBook

@@ -26,11 +26,26 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from controlplane import errors, jsontext
+from controlplane import errors, jsontext, queries
 from controlplane.api.leases import lease_routes
-from controlplane.api.params import (DigestField, KeepField, LimitQuery, ModelField, ModelPath, ModelQuery,
-                                     ModelsQuery, OutcomeQuery, PolicyField, RefField, RefQuery, STRICT, TagField, TagPath,
-                                     TimeQuery, TRACK_TAKES_NO_HOST)
+from controlplane.api.params import (
+    STRICT,
+    TRACK_TAKES_NO_HOST,
+    DigestField,
+    KeepField,
+    LimitQuery,
+    ModelField,
+    ModelPath,
+    ModelQuery,
+    ModelsQuery,
+    OutcomeQuery,
+    PolicyField,
+    RefField,
+    RefQuery,
+    TagField,
+    TagPath,
+    TimeQuery,
+)
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
 from controlplane.control_plane import ControlPlane
 from controlplane.names import validate_model_name
@@ -314,7 +329,8 @@ def history_routes(plane: ControlPlane) -> APIRouter:
     def audit(model: ModelQuery = None, action: str | None = None, outcome: OutcomeQuery = None,
               actor: str | None = None, since: TimeQuery = None, until: TimeQuery = None,
               limit: LimitQuery = 100, at: TimeQuery = None) -> JSONResponse:
-        if at:
+        if at:  # the other filters do not apply, but a malformed one is still refused
+            queries.audit_query(model=model, outcome=outcome, since=since, until=until, limit=limit)
             return _json(plane.serving_at(at, model))
         return _json(plane.audit(model=model, action=action, outcome=outcome, actor=actor, since=since,
                                  until=until, limit=limit))

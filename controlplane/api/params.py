@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import Path, Query
 from pydantic import ConfigDict, Field
+from pydantic.config import JsonDict
 
 from controlplane.defaults import OUTCOMES
 from controlplane.memory.leases import MAX_LEASE_S
@@ -43,7 +44,7 @@ POLICY_PATTERN = f"^(?:auto|manual|ondemand|inherit|track:{TAG_NAME_PATTERN[1:-1
 # JSON bodies are read strictly: `"wait": 0` is not false, `"keep": false` is not 0 (what the document says).
 STRICT = ConfigDict(strict=True)
 # policy track:TAG is fleet-wide: it takes no host (controlplane/tags.refuse_host).
-TRACK_TAKES_NO_HOST = {"not": {"required": ["policy", "host"], "properties": {
+TRACK_TAKES_NO_HOST: JsonDict = {"not": {"required": ["policy", "host"], "properties": {
     "policy": {"type": "string", "pattern": "^track:"}, "host": {"type": "string", "minLength": 1}}}}
 MAX_LIMIT = 100_000  # rows a listing answers at most (audit, rollouts, webhook deliveries)
 MAX_KEEP = 1_000_000  # gc --keep

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 from controlplane.config import Settings
 from controlplane.deploy.engine import admission
-from controlplane.errors import ConflictError, BudgetError, DeployError, NotFoundError, TritonctlError, UsageError
+from controlplane.errors import BudgetError, ConflictError, DeployError, NotFoundError, TritonctlError, UsageError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.placement import Holding, HostRoom, place
 from controlplane.fleet.settings import FleetSettings

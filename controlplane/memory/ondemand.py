@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn, admission
-from controlplane.errors import ConflictError, DeployError, NotFoundError, TritonctlError, UsageError
+from controlplane.errors import ConflictError, DeployError, NotFoundError, TritonctlError
 from controlplane.memory.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
 from controlplane.names import validate_model_name
 from controlplane.results import LeaseResult
