@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Path, Query
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 from pydantic.config import JsonDict
 
 from controlplane.defaults import OUTCOMES
@@ -88,6 +88,18 @@ ModelField = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, patt
                                   json_schema_extra={"pattern": MODEL_NAME_PATTERN})]
 PolicyField = Annotated[str, Field(description="auto, manual, ondemand, inherit or track:TAG",
                                    json_schema_extra={"pattern": POLICY_PATTERN})]
-LeaseSeconds = Annotated[float, Field(gt=0, le=MAX_LEASE_S, allow_inf_nan=False,
-                                      description=f"seconds, more than 0 and at most {MAX_LEASE_S:.0f}")]
-KeepField = Annotated[int, Field(ge=0, le=MAX_KEEP, description="keep each model's newest N snapshots")]
+# A lease over the API lasts at least a second (the core takes any positive length): one shorter would end
+# before its holder could use or renew it.
+LeaseSeconds = Annotated[float, Field(ge=1, le=MAX_LEASE_S, allow_inf_nan=False,
+                                      description=f"seconds, at least 1 and at most {MAX_LEASE_S:.0f}")]
+
+
+def _a_number(value: Any) -> Any:
+    """JSON's integer is a number without a fraction (5.0 is one, `false` and "5" are not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected an integer")
+    return value
+
+
+KeepField = Annotated[int, Field(ge=0, le=MAX_KEEP, strict=False, description="keep each model's newest N snapshots"),
+                      BeforeValidator(_a_number)]
