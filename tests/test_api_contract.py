@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.triton.launcher import free_port
-from tests.harness import DaemonProcess, copy_example, wait_for
+from tests.harness import DaemonProcess, copy_example, token_daemon, wait_for
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 MODELS = ("linear", "sentiment_tokenizer", "sentiment_classifier", "sentiment_pipeline")
@@ -40,12 +39,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonPro
     repo.mkdir()
     for name in MODELS:
         copy_example(name, repo)
-    token_file = base / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    address = f"127.0.0.1:{free_port()}"
-    proc = DaemonProcess(repo, base / "state", extra_args=["--listen", address, "--token-file", str(token_file)])
-    proc.start()
+    proc, address, _ = token_daemon(repo, base, TOKEN)
     for name in MODELS:
         wait_for(lambda n=name: proc.model_status(n).get("state") == "serving", 90, 0.5, f"{name} serving")
     yield proc, address
