@@ -29,7 +29,7 @@ TOKEN = "0123456789abcdef0123456789abcdef"
 MODELS = ("linear", "sentiment_tokenizer", "sentiment_classifier", "sentiment_pipeline")
 BIN = Path(sys.executable).parent
 SEED = 45
-MAX_EXAMPLES = 10
+MAX_EXAMPLES = 20
 
 
 @pytest.fixture(scope="module")
