@@ -324,3 +324,15 @@ def test_an_unexpected_exception_is_a_500_json_error(served: ApiServer, monkeypa
     assert (answer.status, answer.getheader("content-type")) == (500, "application/json")
     assert json.loads(answer.read())["error"] == {"class": "TritonctlError", "exit_code": 1,
                                                   "message": "internal error: RuntimeError: a bug"}
+
+
+def test_a_state_refusal_is_a_409_with_the_usage_exit_code() -> None:
+    """A well-formed request the model's state refuses (pinned, serves nothing, ...) is not a malformed one:
+    409, and still exit 2 in the CLI."""
+    from controlplane.api.protocol import error_document, error_from_document, exit_code_for, status_for
+    from controlplane.errors import ConflictError, UsageError
+
+    refusal = ConflictError("model 'linear' serves nothing to pin")
+    assert (status_for(refusal), exit_code_for(refusal)) == (409, 2)
+    assert (status_for(UsageError("bad")), exit_code_for(UsageError("bad"))) == (400, 2)
+    assert isinstance(error_from_document(error_document(refusal), ""), ConflictError)
