@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from controlplane import errors
 from controlplane.api.protocol import NDJSON
 
-SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+# docs/schemas in a clone (an editable install); an installed wheel carries them in share/ (setup.cfg data_files).
+SCHEMAS_DIRS = (Path(__file__).resolve().parents[2] / "docs" / "schemas",
+                Path(sys.prefix) / "share" / "tritonctl" / "schemas")
 COMPONENTS = "#/components/schemas/"
 PROGRESS_LINE = "ProgressLine"
 ERROR_LINE = "ErrorLine"
@@ -73,12 +77,21 @@ def _rewrite(node: Any, name: str) -> Any:
     return node
 
 
-def bundle(stem: str, schemas: dict[str, Any], directory: Path = SCHEMAS_DIR) -> str:
+def schema_file(stem: str) -> Path:
+    """docs/schemas/<stem>.schema.json where this copy of tritonctl has it."""
+    for directory in SCHEMAS_DIRS:
+        if (directory / f"{stem}.schema.json").is_file():
+            return directory / f"{stem}.schema.json"
+    raise errors.ConfigError(f"{stem}.schema.json: not in {' or '.join(str(d) for d in SCHEMAS_DIRS)}; "
+                             "reinstall tritonctl")
+
+
+def bundle(stem: str, schemas: dict[str, Any]) -> str:
     """Copy docs/schemas/<stem>.schema.json and its $defs into `schemas`; the component's name."""
     name = component_name(stem)
     if name in schemas:
         return name
-    document = json.loads((directory / f"{stem}.schema.json").read_text(encoding="utf-8"))
+    document = json.loads(schema_file(stem).read_text(encoding="utf-8"))
     defs = document.pop("$defs", {})
     for key in ("$schema", "$id"):
         document.pop(key, None)
