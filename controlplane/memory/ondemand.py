@@ -136,7 +136,7 @@ class OnDemand:
                 loaded = False
                 steps = step_models(self.registry.get_snapshot(model, digest).config)
                 for step in steps:  # an ensemble's steps first, each under a lease tied to this one
-                    held = self.ensure(step, for_s + 2 * self.wait_s(), actor, progress)
+                    held = self.ensure(step, min(MAX_LEASE_S, for_s + 2 * self.wait_s()), actor, progress)
                     with self._guard:
                         self._steps.setdefault(lease.id, []).append((step, held.lease))
                 with self.deployer.lock(model):  # an eviction decides under this lock, seeing the lease above
