@@ -41,6 +41,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from controlplane.triton.launcher import TritonServer  # noqa: E402
+from tests.harness import descendants  # noqa: E402,F401 - bench scripts use c.descendants
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -235,6 +236,17 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
+
+
+DIRTY = "-dirty"
+
+
+def short_commit(commit: object, length: int = 8) -> str:
+    """A recorded git commit cut to `length` hex digits, its `-dirty` mark kept: a run from a tree with
+    uncommitted changes never reads as a clean commit."""
+    text = str(commit)
+    head = text.removesuffix(DIRTY)
+    return head[:length] + (DIRTY if text.endswith(DIRTY) else "")
 
 
 def load_average() -> list[float]:
@@ -650,27 +662,6 @@ def status_kb(pid: int, key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     return 0
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process whose parent chain reaches `pid` (python stubs of a tritonserver, say)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-            parents[int(entry)] = int(text[text.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parents.items() if pp == p]
-        found += kids
-        frontier += kids
-    return found
 
 
 # --- temp dirs ----------------------------------------------------------------------------------------

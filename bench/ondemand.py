@@ -44,7 +44,6 @@ from common import (  # type: ignore[import-not-found]
     Row,
     base_report,
     bench_main,
-    descendants,
     machine_info,
     machine_line,
     make_console,
@@ -56,7 +55,7 @@ from common import (  # type: ignore[import-not-found]
 from controlplane.api.client import ControlClient
 from controlplane.memory.footprint import stub_pids
 from controlplane.triton.launcher import TritonServer
-from tests.harness import DaemonProcess, gen_config, infer_gen, python_model
+from tests.harness import DaemonProcess, gen_config, infer_gen, python_model, python_stubs
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 SPACED_S = 2.0  # the pause before each spaced cold ensure
@@ -77,7 +76,7 @@ def write_catalogue(repo: Path, n: int, mb: int) -> list[str]:
 
 def held_mb(server_pid: int, server_base_kb: int) -> tuple[float, int]:
     """(the stubs' RSS + the server's growth since start, in MB; how many stubs) of one tritonserver."""
-    stubs = [p for p in descendants(server_pid) if _argv0(p).endswith("triton_python_backend_stub")]
+    stubs = python_stubs(server_pid)
     total = sum(_rss_kb(p) for p in stubs) + max(0, _rss_kb(server_pid) - server_base_kb)
     return total / 1024, len(stubs)
 
@@ -85,21 +84,14 @@ def held_mb(server_pid: int, server_base_kb: int) -> tuple[float, int]:
 def stub_models(server_pid: int) -> list[str]:
     """The model of each python stub of one tritonserver (its argv names `.../<model>/<version>/model.py`)."""
     names = []
-    for p in descendants(server_pid):
+    for p in python_stubs(server_pid):
         try:
             argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv[0].decode(errors="replace").endswith("triton_python_backend_stub") and len(argv) > 1:
+        if len(argv) > 1:
             names.append(Path(argv[1].decode(errors="replace")).parent.parent.name)
     return sorted(names)
-
-
-def _argv0(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _rss_kb(pid: int) -> int:

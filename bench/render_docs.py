@@ -1,10 +1,11 @@
 """Render docs/benchmarks.md from bench/results/*.json: every figure in it comes from a results file.
 
-    python bench/render_docs.py            # write docs/benchmarks.md
-    python bench/render_docs.py --check    # exit 1, with the diff, when docs/benchmarks.md is not what renders
+    python bench/render_docs.py            # write docs/benchmarks.md and docs/ondemand.md
+    python bench/render_docs.py --check    # exit 1, with the diff, when a page is not what renders
 
 Why: figures typed by hand drift from the runs behind them (an audit figure of an old run stayed in
-the docs after the results file moved on). The text lives in bench/benchmarks.md.in; a measured
+the docs after the results file moved on). The text lives in bench/benchmarks.md.in (and
+bench/ondemand.md.in for docs/ondemand.md: `PAGES`); a measured
 figure in it is a placeholder naming the results file and the value in it, and the blocks of
 bench/run_all.py (the summary and per-benchmark tables) are rendered from the same files:
 
@@ -13,12 +14,16 @@ bench/run_all.py (the summary and per-benchmark tables) are rendered from the sa
   (`rows.3.value`, `systems.tritonctl.failed_requests`), and may end in `*1000` or `/1000` to change
   units (seconds to milliseconds); FORMAT `min`, `max`, `len` or `sum` reduces a list. A missing file
   or path stops the rendering with its name.
+- `{{=TEXT}}`: TEXT as typed, a figure that is no measurement (a setting of a test or a run, a constant)
+  where the sentence cannot show it as one (`typed_figures` lets targets, settings and run sizes pass).
 - `{{run_all:full}}` / `{{run_all:quick}}`: bench/run_all.py's generated block (`quick` from the
   `*-quick.json` files only; without them the block says there are none).
 
-tests/test_bench_docs.py fails when the committed docs differ from what this renders, and when the
-template holds a decimal figure or a percentage outside a placeholder (a target written `≤ 20 ms`, a
-setting like `every 10 s`, is text, not a measurement).
+tests/test_bench_docs.py fails when the committed docs differ from what this renders, and when a
+template or an unrendered page (`UNRENDERED`) types a measured figure outside a placeholder: a decimal, a
+percentage, a whole number with a unit (`17 ms`, `236 MB`) or a count with thousands separators
+(`7,437`); a target written `≤ 20 ms`, a setting like `every 10 s`, a run's size `at 10,000 models`, is
+text, not a measurement. `typed_figures(text, source)` checks any doc (README.md, say).
 """
 
 from __future__ import annotations
@@ -40,13 +45,32 @@ import run_all  # noqa: E402
 
 TEMPLATE = c.ROOT / "bench" / "benchmarks.md.in"
 DOCS = c.ROOT / "docs" / "benchmarks.md"
+# every page rendered from bench/results, by its template: the same placeholders in each
+PAGES = {TEMPLATE: DOCS, c.ROOT / "bench" / "ondemand.md.in": c.ROOT / "docs" / "ondemand.md"}
+# pages that are not rendered and quote no measured figure (tests/test_bench_docs.py checks them)
+UNRENDERED = [c.ROOT / "docs" / "validation.md"]
 PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 # FORMAT for a list: `failed_per_edit|max`
 AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {"min": min, "max": max, "len": len, "sum": sum}
-# Outside placeholders and code blocks the template holds no decimal figure and no percentage: a
-# measured number is a placeholder. Targets (`≤ 20 ms`) and settings (`every 10 s`) are whole numbers.
-TARGET = re.compile(r"(≤|<=|≥|>=|target|budget of)\s*$")  # a target is text: `≤ 0.3 s`, `target 1 %`
-BARE_FIGURE = re.compile(r"(?<![\w.:/-])\d+\.\d+(?![\w.:/-]|\.\d)|\d\s?%")
+# Outside placeholders and code a doc types no measured figure: a measured number is a placeholder. A
+# typed figure is a decimal, a percentage, a whole number with a unit of time, size or memory (`17 ms`,
+# `145 s`, `236 MB`) or a count with thousands separators (`7,437`). Not figures: a target or a
+# threshold (`≤ 20 ms`, `within 50 ms`), a setting (`every 10 s`, `a 5 s window`), the size of a run
+# (`at 10,000`, `10,000 models`, a table's first column), a version (`Triton 2.51`), and what
+# `{{=TEXT}}` marks as typed on purpose (a setting the sentence cannot show as one).
+NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+UNIT = r"(?:ms|µs|s|sec|seconds?|min|minutes?|h|hours?|B|kB|KB|MB|MiB|GB|GiB)(?![\w])|%"
+TYPED_FIGURE = re.compile(rf"(?<![\w.:/,#-])(?:(?:{NUMBER})(?=\s?(?:{UNIT}))"
+                          rf"|\d{{1,3}}(?:,\d{{3}})+(?!\d|,\d)|\d+\.\d+(?![\w.:/-]|\.\d))")
+NOT_MEASURED_BEFORE = re.compile(
+    r"(≤|<=|≥|>=|<|>|\btarget|\btargets?:|\bbudget of|\bbound of|\bevery|\bwithin|\bunder|\babove|\bbelow|"
+    r"\bover|\bbefore|\bup to|\bat most|\bat least|\bcapped at|\btarget's|\btarget \(|\bwindow|"
+    r"\bload average \(|\bTriton|\btritonserver|\bPython|\bpytriton|^\s*\|)(?:\s+the)?\s*$",
+    re.IGNORECASE)
+NOT_MEASURED_AFTER = re.compile(r"\s?(?:s|ms|min|h)\s+(?:settle\s+|poll\s+)?(?:windows?|bound|clock)\b|\s?-model\b")
+RUN_SIZE = re.compile(r"(?:\bat(?:\s+[\d,]+\s+and)?|^\s*\|)\s*$")  # `at 10,000`, `at 200 and 1,000`, a table's
+SIZE_NOUN = re.compile(r"\s?(?:models?|ensembles|serving|hosts?|events|changes|-model)\b"
+                       r"|\s+and\s+\d{1,3}(?:,\d{3})+\s+models")
 
 
 class RenderError(Exception):
@@ -82,6 +106,8 @@ def lookup(name: str, path: str, directory: Path = c.RESULTS) -> Any:
 
 def placeholder(spec: str, blocks: Path = c.RESULTS) -> str:
     spec = spec.strip()
+    if spec.startswith("="):  # typed on purpose: a setting or a constant, not a measurement
+        return spec[1:].strip()
     if spec in ("run_all:full", "run_all:quick"):
         block = generated_block(spec.endswith("quick"), blocks).rstrip("\n")
         return "\n\n" + block if block and spec.endswith("quick") else block
@@ -91,6 +117,8 @@ def placeholder(spec: str, blocks: Path = c.RESULTS) -> str:
         raise RenderError(f"{{{{{spec}}}}}: a placeholder is FILE:PATH or FILE:PATH|FORMAT")
     value = lookup(name.strip(), path.strip(), blocks)
     fmt = fmt.strip()
+    if isinstance(value, str) and value.endswith(c.DIRTY) and re.fullmatch(r"\.\d+", fmt):
+        return c.short_commit(value, int(fmt[1:]))  # a commit cut short keeps its `-dirty`
     if fmt in AGGREGATES:
         if not isinstance(value, list) or not value:
             raise RenderError(f"bench/results/{name.strip()}.json {path.strip()} is not a list of numbers")
@@ -122,20 +150,43 @@ def generated_block(quick: bool, directory: Path = c.RESULTS) -> str:
     return run_all.markdown(quick, reports, runtimes)
 
 
-def bare_figures(template: str) -> list[str]:
-    """Decimal figures and percentages typed into the template's text (not in a placeholder, not in a
-    code block): each should be a placeholder naming its results file."""
-    found, fenced = [], False
-    for number, line in enumerate(template.splitlines(), 1):
-        if line.startswith("```"):
+def typed_figures(text: str, source: str) -> list[str]:
+    """Measured figures typed into a doc's text (not a placeholder, not in a code block or a code span),
+    one `source:line: 'figure' in 'the line'` each: each should be a placeholder naming its results file.
+    Point it at any doc: a template, or a page that is not rendered (which then may quote none)."""
+    lines, fenced = text.splitlines(), False
+    plain: list[str | None] = []  # each line's text without placeholders and code; None: in a code block
+    for line in lines:
+        if line.lstrip().startswith("```"):
             fenced = not fenced
+            plain.append(None)
+        else:
+            plain.append(None if fenced else re.sub(r"`[^`]*`", "", PLACEHOLDER.sub("", line)))
+    found = []
+    for number, text_line in enumerate(plain, 1):
+        if text_line is None:
             continue
-        if fenced:
-            continue
-        text = PLACEHOLDER.sub("", line)
-        found += [f"bench/benchmarks.md.in:{number}: {m.group(0)!r} in {line.strip()[:80]!r}"
-                  for m in BARE_FIGURE.finditer(text) if not TARGET.search(text[:m.start()])]
+        previous = plain[number - 2] if number > 1 else None
+        following = plain[number] if number < len(plain) else None
+        for m in TYPED_FIGURE.finditer(text_line):
+            figure = m.group(0)
+            # a sentence goes on across lines: what it says before and after the figure
+            before = text_line[: m.start()] if text_line[: m.start()].strip() or previous is None \
+                else previous.rstrip() + " "
+            after = text_line[m.end():] if text_line[m.end():].strip() or following is None \
+                else " " + following.lstrip()
+            if NOT_MEASURED_BEFORE.search(before) or NOT_MEASURED_AFTER.match(after):
+                continue
+            if "," in figure and "." not in figure and not re.match(rf"\s?(?:{UNIT})", after) and (
+                    RUN_SIZE.search(before) or SIZE_NOUN.match(after)):
+                continue  # the size of a run, a setting of the benchmark
+            found.append(f"{source}:{number}: {figure!r} in {lines[number - 1].strip()[:80]!r}")
     return found
+
+
+def bare_figures(template: str) -> list[str]:
+    """The template's typed figures (`typed_figures` on bench/benchmarks.md.in)."""
+    return typed_figures(template, "bench/benchmarks.md.in")
 
 
 def render(template: str, blocks: Path = c.RESULTS) -> str:
@@ -145,27 +196,30 @@ def render(template: str, blocks: Path = c.RESULTS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with docs/benchmarks.md, write nothing")
-    parser.add_argument("--docs", type=Path, default=DOCS)
+    parser.add_argument("--check", action="store_true", help="compare with the rendered pages, write nothing")
+    parser.add_argument("--docs", type=Path, help=f"render {TEMPLATE.name} to this file only (default: every page)")
     parser.add_argument("--results", type=Path, default=c.RESULTS,
                         help="where bench/run_all.py's blocks come from (placeholders: bench/results)")
     args = parser.parse_args(argv)
-    try:
-        text = render(TEMPLATE.read_text(), args.results)
-    except RenderError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.check:
-        current = args.docs.read_text() if args.docs.exists() else ""
-        if current == text:
-            return 0
-        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True),
-                                                   str(args.docs), "rendered"))
-        print(f"{args.docs} is not what bench/render_docs.py renders from bench/results: run it", file=sys.stderr)
-        return 1
-    args.docs.write_text(text)
-    print(f"wrote {args.docs}")
-    return 0
+    pages = {TEMPLATE: args.docs} if args.docs else PAGES
+    stale = 0
+    for template, docs in pages.items():
+        try:
+            text = render(template.read_text(), args.results)
+        except RenderError as exc:
+            print(f"error: {template.name}: {exc}", file=sys.stderr)
+            return 2
+        if args.check:
+            current = docs.read_text() if docs.exists() else ""
+            if current != text:
+                stale += 1
+                sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True),
+                                                           str(docs), "rendered"))
+                print(f"{docs} is not what bench/render_docs.py renders from bench/results: run it", file=sys.stderr)
+            continue
+        docs.write_text(text)
+        print(f"wrote {docs}")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

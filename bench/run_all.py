@@ -150,9 +150,10 @@ def markdown(quick: bool, reports: dict[str, dict[str, Any]], runtimes: dict[str
         m = report.get("machine", {})
         load_start = m.get("load_average_start") or [m.get("load_average_1m", "?")]
         load_end = m.get("load_average_end") or ["?"]
+        commit = c.short_commit(report.get("git_commit") or m.get("git_commit") or "not recorded", 12)
         lines.append(f"`{report.get('command', name)}` — {when}"
                      + (f", {runtime:.0f} s" if isinstance(runtime, (int, float)) else "")
-                     + f"; commit {str(report.get('git_commit') or m.get('git_commit') or 'not recorded')[:12]}"
+                     + f"; commit {commit}"
                      + f"; load average (1 min) at start {load_start[0]}, at end {load_end[0]}.")
         if report.get("plot"):
             lines += ["", f"![{PLOT_ALT.get(name, name)}]({report['plot']})"]
@@ -224,7 +225,7 @@ def plot_cli_latency(report: dict[str, Any], path: Path) -> None:
     m = report.get("machine", {})
     ax.set_title(f"tritonctl CLI latency, median of {report['settings']['runs']} runs; {m.get('nproc')} CPUs, "
                  f"load {(m.get('load_average_start') or ['?'])[0]} at start; "
-                 f"commit {str(report.get('git_commit', '?'))[:8]}", fontsize=9)
+                 f"commit {c.short_commit(report.get('git_commit', '?'))}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +276,7 @@ def plot_edit_timeline(report: dict[str, Any], path: Path) -> None:
                         "red: mixed; pink: errors)")
     m = report.get("machine", {})
     fig.suptitle(f"Edit torture timeline, {report['settings']['edits']} edits; commit "
-                 f"{str(report.get('git_commit', '?'))[:8]}, load {(m.get('load_average_start') or ['?'])[0]} "
+                 f"{c.short_commit(report.get('git_commit', '?'))}, load {(m.get('load_average_start') or ['?'])[0]} "
                  "at start", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -336,7 +337,7 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(unit)
         ax.legend(fontsize=7)
     m = report.get("machine", {})
-    fig.suptitle(f"Scale: 1 python model + ensembles over it; commit {str(report.get('git_commit', '?'))[:8]}, "
+    fig.suptitle(f"Scale: 1 python model + ensembles over it; commit {c.short_commit(report.get('git_commit', '?'))}, "
                  f"load {(m.get('load_average_start') or ['?'])[0]} at start", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

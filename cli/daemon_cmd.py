@@ -44,6 +44,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
               "a non-loopback address needs --token-file, and TLS or --allow-insecure-http).")
 @click.option("--web-require-token", is_flag=True, default=None,
               help="Ask for the token on a loopback --web-address too.")
+@click.option("--web-host-names", help="Comma-separated Host names the web view answers to besides its address's "
+              "own (the name a browser uses for a non-loopback view); any other Host gets 421.")
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port (off by default).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), help="[default: plain]")

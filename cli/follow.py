@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from controlplane.text import clean_document
+
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
 
@@ -30,7 +32,8 @@ def follow_audit(client: ControlClient, filters: dict[str, str | None], as_json:
                 continue
             if any(value is not None and event.data.get(key) != value for key, value in filters.items()):
                 continue
-            click.echo(json.dumps(event.data, ensure_ascii=False) if as_json else audit_line(event.data))
+            click.echo(json.dumps(event.data, ensure_ascii=False) if as_json
+                       else audit_line(clean_document(event.data)))
     except KeyboardInterrupt:
         pass
 

@@ -99,29 +99,50 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--db-url", envvar="TRITONCTL_DB_URL", help="SQLAlchemy URL (default sqlite:///<state-dir>/registry.db).")
+@click.option("--dry-run", is_flag=True, help="Say which migrations would run; change nothing.")
 @state_option
 @json_option
-def db_upgrade(db_url: str | None, state_dir: Path, as_json: bool) -> None:
-    """Create or upgrade the registry schema (the daemon also does this at start).
+def db_upgrade(db_url: str | None, dry_run: bool, state_dir: Path, as_json: bool) -> None:
+    """Create or upgrade the registry schema (the daemon does the same at start).
+
+    A SQLite registry is first copied to registry.db.before-<revision>; a failed migration changes
+    nothing (exit 2, naming the migration and the copy).
 
     \b
-    Example:
+    Examples:
+      tritonctl db upgrade --dry-run --state-dir /var/lib/tritonctl
       tritonctl db upgrade --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
     from controlplane.config import Settings
-    from controlplane.results import DbUpgradeResult
+    from controlplane.results import DbUpgradeResult, MigrationRow
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
+    from controlplane.store.sqlite_reader import sqlite_path
 
     settings = Settings(state_dir=state_dir, db_url=db_url)
+    url = settings.registry_url
+    if dry_run:
+        path = sqlite_path(url)
+        if path is not None and not path.exists():  # a new registry: every migration, nothing created
+            before, todo = None, migrate.pending(None)
+        else:
+            registry = Registry(url)
+            try:
+                before, todo = migrate.current_revision(registry), migrate.plan(registry)
+            finally:
+                registry.close()
+        render.db_upgrade(DbUpgradeResult(before, todo[-1].revision if todo else before or "",
+                                          [MigrationRow(m.revision, m.title) for m in todo], dry_run=True), as_json)
+        return
     if settings.db_url is None:
         state_dir.mkdir(parents=True, exist_ok=True)
-    registry = Registry(settings.registry_url)
+    registry = Registry(url)
     try:
-        before, after = migrate.upgrade(registry)
+        done = migrate.run_upgrade(registry)
     finally:
         registry.close()
-    render.kv(DbUpgradeResult(before, after), as_json)
+    ran = [MigrationRow(m.revision, m.title) for m in done.migrations]
+    render.db_upgrade(DbUpgradeResult(done.before, done.after, ran, str(done.backup) if done.backup else None), as_json)
 
 
 COMMANDS = [versions, diff, audit, db]

@@ -27,6 +27,7 @@ def _show(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         render.kv(result, True)
         return
+    result = render.shown(result)
     what = "released" if result.get("released") else ("loaded" if result.get("loaded") else "ready")
     where = (f"  on {result['host']} (gRPC {result.get('grpc_url') or '-'}, HTTP {result.get('http_url') or '-'})"
              if result.get("host") else "")

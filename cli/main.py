@@ -80,7 +80,9 @@ class TritonctlGroup(click.Group):
         except errors.TritonctlError as exc:
             if ctx.meta.get("tritonctl.debug"):
                 raise
-            click.echo(f"error: {exc}", err=True)
+            from controlplane.text import clean  # a reason may carry Triton's or a model's text
+
+            click.echo(f"error: {clean(str(exc))}", err=True)
             ctx.exit(exit_code_for(exc))
 
 

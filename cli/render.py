@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from controlplane import jsontext
+from controlplane.text import clean, clean_document
 
 if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
-    from controlplane.results import ValidationReport
+    from controlplane.results import DbUpgradeResult, ValidationReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
@@ -63,9 +64,10 @@ def render_validation(results: ValidationReport, as_json: bool = False) -> None:
     for result in results:
         if result.ok and result.config is not None:
             served = ", ".join(map(str, result.served_versions)) or "none"
-            click.echo(styled("ok", "green") + f" {result.model} (serving version {served})")
-        for problem in result.problems:
-            click.echo(styled(problem.severity, _SEVERITY_STYLE.get(problem.severity, "")) + f" {problem.line()}")
+            click.echo(styled("ok", "green") + f" {clean(result.model)} (serving version {served})")
+        for problem in result.problems:  # a file's name and a config's text are the model author's
+            click.echo(styled(problem.severity, _SEVERITY_STYLE.get(problem.severity, ""))
+                       + f" {clean(problem.line())}")
     failed = sum(1 for r in results if not r.ok)
     errors = sum(len(r.errors) for r in results)
     warnings = sum(len(r.warnings) for r in results)
@@ -96,6 +98,12 @@ def document(result: Any) -> Any:
     return result
 
 
+def shown(result: Any) -> Any:
+    """The document human output is drawn from: every string cleaned of control characters, escape
+    sequences and bidirectional controls (controlplane/text.py). `--json` prints the raw document."""
+    return clean_document(document(result))
+
+
 def _print_json(data: Any) -> None:
     click.echo(jsontext.dumps(document(data), indent=2))  # json.dumps's text, faster (status of 10,000 models)
 
@@ -111,9 +119,10 @@ class _ProgressDisplay:
             return
         from cli.plain import styled
 
-        click.echo(styled(f"{message.state:>7} ", _STATE_STYLE.get(message.state, ""))
-                   + styled(f"{message.step:<8} ", "bold") + f"{message.model} " + styled(_short(message.digest), "dim")
-                   + (f"  {message.message}" if message.message else ""))
+        click.echo(styled(f"{clean(message.state):>7} ", _STATE_STYLE.get(message.state, ""))
+                   + styled(f"{clean(message.step):<8} ", "bold") + f"{clean(message.model)} "
+                   + styled(clean(_short(message.digest)), "dim")
+                   + (f"  {clean(message.message)}" if message.message else ""))
 
 
 class progress_display:  # noqa: N801 - used as `with render.progress_display(...) as show`
@@ -132,6 +141,7 @@ def outcome(result: Any, as_json: bool) -> None:
     if as_json:
         _print_json(result)
         return
+    result = clean_document(result)
     from cli.plain import styled
 
     state = str(result.get("outcome", ""))
@@ -144,8 +154,25 @@ def kv(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     for key, value in data.items():
         click.echo(f"{key}: {value}")
+
+
+def db_upgrade(result: DbUpgradeResult, as_json: bool) -> None:
+    """`db upgrade`: from and to, then each migration run (--dry-run: that would run), then the copy taken."""
+    if as_json:
+        _print_json(document(result))
+        return
+    click.echo(f"from: {result.before}")
+    click.echo(f"to: {result.after}")
+    verb = "would run" if result.dry_run else "ran"
+    if not result.migrations:
+        click.echo("migrations: none, the schema is current" if result.before else "migrations: none")
+    for migration in result.migrations:
+        click.echo(f"{verb}: {migration.revision} {migration.title}")
+    if result.backup:
+        click.echo(f"backup: {result.backup}")
 
 
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
@@ -224,7 +251,7 @@ def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=_status_title(data), title_justify="left", box=None, pad_edge=False, header_style="bold")
+    table = Table(title=Text(_status_title(data)), title_justify="left", box=None, pad_edge=False, header_style="bold")
     for column in _STATUS_COLUMNS + (_WIDE_COLUMNS if wide else []):
         table.add_column(column, overflow="fold", no_wrap=column in ("MODEL", "DIGEST", "SINCE"))
     for row in data.get("models", []):
@@ -266,6 +293,7 @@ def status(data: Any, as_json: bool, wide: bool = False) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     lines = _plain_status(data, wide)
     if lines is None:  # too wide to fit without folding: rich folds the long cells
         console = _status_console(wide)
@@ -303,7 +331,7 @@ class live_status:  # noqa: N801 - a context manager named for how it reads at t
 
         self.live = Live(console=_status_console(self.wide), auto_refresh=False)
         self.live.__enter__()
-        return lambda data: self.live.update(_status_table(data, self.wide), refresh=True)
+        return lambda data: self.live.update(_status_table(shown(data), self.wide), refresh=True)
 
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(None, None, None)
@@ -331,7 +359,7 @@ def _draw(title: str, headers: tuple[str, ...], rows: list[list[tuple[str, str]]
     from rich.table import Table
     from rich.text import Text
 
-    rich_table = Table(title=title, title_justify="left")
+    rich_table = Table(title=Text(title), title_justify="left")
     for column in headers:
         rich_table.add_column(column, overflow="fold")
     for row in rows:
@@ -344,6 +372,7 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     cells = []
     for row in rows:
         note = row.get("first_error") or ""
@@ -365,6 +394,7 @@ def diff(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     click.echo(f"{data['model']}: {_short(data['a'])} -> {_short(data['b'])}")
     for item in data["added"]:
         click.echo(f"  added    {item['path']} ({item['size']} bytes)")
@@ -384,6 +414,7 @@ def audit(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     cells = [[(_when(row["time"]), ""), (row["actor"], ""), (row["action"], ""), (row.get("model") or "", ""),
               (_short(row.get("digest")), ""), (row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")),
               (f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else "", ""),
@@ -397,6 +428,7 @@ def serving_at(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     hosts = any(row.get("host") for row in data["models"])  # a fleet: one row per model and host
     cells = [[(row["model"], ""), *(((row.get("host") or "", ""),) if hosts else ()),
               (_tagged(row, row["digest"]), ""), (", ".join(str(v) for v in row["versions"]), ""),
@@ -413,6 +445,7 @@ def fleet_hosts(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     cells = [[(row["host"], ""), ("yes" if row["leader"] else "", ""),
               ("yes" if row["alive"] else "NO", "" if row["alive"] else "bold red"),
               (f"{_when(row['last_heartbeat'])} ({row['age_s']}s ago)", ""), (row["triton_url"], ""),
@@ -425,6 +458,7 @@ def fleet_rollouts(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     for rollout in rows:
         click.echo(f"rollout {rollout['id']} {rollout['model']} {_short(rollout['digest'])} "
                    f"(from {_short(rollout['previous_digest'])}): {rollout['state']}"
@@ -440,13 +474,15 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    data = clean_document(data)
     from rich.table import Table
+    from rich.text import Text
 
     hosts = sorted({h for m in data["models"] for h in m["hosts"]})
     placed = any(m.get("placement") for m in data["models"])
     table = Table(title="fleet: model x host (digest state; * = drift from the fleet's target)", title_justify="left")
     for column in ("Model", "Target", *hosts, *(["Placed"] if placed else [])):
-        table.add_column(column)
+        table.add_column(Text(column))
     for model in data["models"]:
         cells = []
         for host in hosts:
@@ -455,7 +491,7 @@ def fleet_matrix(data: Any, as_json: bool) -> None:
                          f"{_short(cell['digest'])} {cell['state']}{' *' if cell['drift'] else ''}")
         if placed:
             cells.append(_placement(model.get("placement")))
-        table.add_row(model["model"], _tagged(model, model["target"]), *cells)
+        table.add_row(*(Text(cell) for cell in (model["model"], _tagged(model, model["target"]), *cells)))
     _console().print(table)
 
 
@@ -489,6 +525,7 @@ def webhook_deliveries(rows: Any, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
+    rows = clean_document(rows)
     if not rows:
         click.echo("no webhook deliveries")
         return
@@ -499,9 +536,10 @@ def webhook_deliveries(rows: Any, as_json: bool) -> None:
     for column in ("Delivery", "State", "Event", "Action", "Model", "Tries", "Last answer", "URL"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row["id"][:12], Text(row["state"], _DELIVERY_STYLE.get(row["state"], "")),
-                      str(row["event_id"]), row["action"], row.get("model") or "", str(row["attempts"]),
-                      _answer(row), row["url"])
+        # Text, never markup: the receiver's answer is its own text (`[/x]` would stop rich's parser)
+        table.add_row(Text(row["id"][:12]), Text(row["state"], _DELIVERY_STYLE.get(row["state"], "")),
+                      *(Text(cell) for cell in (str(row["event_id"]), row["action"], row.get("model") or "",
+                                                str(row["attempts"]), _answer(row), row["url"])))
     _console().print(table)
 
 
@@ -511,5 +549,6 @@ def redelivery(row: Any, as_json: bool) -> None:
     if as_json:
         _print_json(row)
         return
+    row = clean_document(row)
     click.echo(f"delivery {row['id'][:12]} (event {row['event_id']} {row['action']} {row.get('model') or '-'}) "
                f"to {row['url']}: sent again with the same id")

@@ -60,7 +60,7 @@ def tags(reader: Any, model: str | None, at: str | None, as_json: bool) -> None:
     if as_json:
         render.kv(data, True)
         return
-    rows = data["tags"]
+    rows = render.shown(data["tags"])  # moved_by is an actor: as a client declared it
     if not rows:
         click.echo("no tags" + (f" at {data['at']}" if data["at"] else ""))
         return

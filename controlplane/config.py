@@ -7,6 +7,7 @@ name the key and where it came from.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import stat
@@ -84,6 +85,7 @@ class Settings:
     allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
     web_address: str | None = None  # the read-only web view at /ui/ on HOST:PORT (off when unset)
     web_require_token: bool = False  # ask for the token on a loopback web address too (it always does elsewhere)
+    web_host_names: str | None = None  # comma-separated Host names the web view answers to beyond its address's
     metrics_port: int | None = None
     log_level: str = "info"
     log_format: str = "plain"
@@ -241,6 +243,32 @@ def _web_address(value: Any) -> str:
     return _host_port(value, _port_or_zero)
 
 
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
+
+
+def _host_names(value: Any) -> str:
+    """DNS names or IP literals (a list, or a comma-separated string), without ports: `view.example.com`."""
+    names = value if isinstance(value, list) else _text(value).split(",")
+    cleaned = []
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError("expected host names")
+        text = name.strip().lower().rstrip(".")
+        if not text:
+            continue
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            if not _HOST_NAME.match(text):
+                raise ValueError("expected host names without ports, e.g. view.example.com") from None
+        cleaned.append(text)
+    if not cleaned:
+        raise ValueError("expected at least one host name")
+    return ",".join(cleaned)
+
+
 def read_secret(path: Path) -> str:
     """A webhook's secret: a regular file, not writable by its group nor open to others (like a token
     file: whoever reads it can sign events), at least 16 characters."""
@@ -326,6 +354,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "allow_insecure_http": _bool,
     "web_address": _web_address,
     "web_require_token": _bool,
+    "web_host_names": _host_names,
     "metrics_port": _port,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),

@@ -10,35 +10,28 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from controlplane import garbage, intake, queries, tags
 from controlplane.changeset import ChangeSets
 from controlplane.config import Settings
-from controlplane.decision import Rule, Verdict, decide, decide_capture, refuse_pinned
+from controlplane.counters import Counters, PipelineCounts
+from controlplane.decision import Rule, Verdict, decide, decide_capture
 from controlplane.deploy.causes import Retry, RetryBook
-from controlplane.deploy.engine import Deployer, Outcome, Progress, ProgressFn
+from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
 from controlplane.deploy.plans import ACTION as CHANGESET
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.reconcile import Drift, plan
-from controlplane.errors import (
-    ConflictError,
-    NotFoundError,
-    ObjectStoreError,
-    SnapshotError,
-    StoreError,
-    TritonctlError,
-    UsageError,
-)
+from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
 from controlplane.memory.leases import LeaseBook
 from controlplane.memory.ondemand import OnDemand
 from controlplane.names import is_private_name, validate_digest, validate_model_name
+from controlplane.outcomes import Outcomes
+from controlplane.reconciler import Reconciler
 from controlplane.results import (
     AuditResult,
     DiffResult,
@@ -63,80 +56,18 @@ from controlplane.source.recorded import SourceGraph
 from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, track_sync
-from controlplane.triton.client import IndexEntry, TritonClient
+from controlplane.targets import FleetStrategy, HostTarget, Target, recorded_digest
+from controlplane.triton.client import TritonClient
 from controlplane.triton.host import TritonHost
-from controlplane.validation.ensemblemembers import step_models
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
 
 if TYPE_CHECKING:
     from controlplane.webhooks import Webhooks
 
-log = logging.getLogger("tritonctl.service")
+log = logging.getLogger("tritonctl.plane")
 
 SYSTEM_ACTOR = "tritonctl"
 LASTS_BY_NAME = 500  # `status`: up to this many models not in sync have their last deployments read by name
-
-
-@dataclass
-class Counters:
-    """What the daemon tells systemd and metrics about itself."""
-
-    last_action: str = "starting"
-    triton_reachable: bool = False
-    drift: tuple[Drift, ...] = ()
-
-
-class PipelineCounts:
-    """How often the source pipeline ran since the daemon started: captures, validations and records
-    (Prometheus counters, controlplane/metrics.py), and what the start-up scan found unchanged by
-    signature (so no file of it was read) or handed to capture (controlplane/startup/scan.py)."""
-
-    NAMES = ("captures", "validations", "records", "start_unchanged", "start_changed")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(self.NAMES, 0)
-
-    def add(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[name] += amount
-
-    def get(self, name: str) -> int:
-        with self._lock:
-            return self._counts[name]
-
-
-class FleetStrategy(Protocol):
-    """Where a decided change goes in a fleet (controlplane.fleet.member.FleetMember): a rollout over
-    every host, or with `host` this host alone, which the fleet then holds. Passed to ControlPlane
-    as a factory, so the fleet gets the plane it serves and the plane its strategy at construction."""
-
-    def load(self, model: str, digest: str, actor: str, force: bool, progress: ProgressFn | None) -> Outcome: ...
-
-    def held(self, model: str, host: str, actor: str, action: Callable[[], Outcome]) -> Outcome: ...
-
-    def rollback(self, model: str, actor: str, to: str | None, progress: ProgressFn | None,
-                 host: str) -> Outcome: ...
-
-    def unload(self, model: str, actor: str, dependents: bool, progress: ProgressFn | None,
-               host: str) -> Outcome: ...
-
-    def set_pin(self, model: str, pinned: bool, actor: str, host: str) -> PinResult | HoldResult: ...
-
-    def set_policy(self, model: str, policy: str, actor: str, host: str) -> PolicyResult: ...
-
-    @property
-    def registry(self) -> Registry: ...  # the shared registry (tags live there)
-
-    def rollout(self, model: str, record: SnapshotRecord | None, actor: str, *, force: bool,
-                progress: ProgressFn | None, kind: str = ...) -> Outcome: ...
-
-    # on-demand models: placed on one host with room; leases through any host (controlplane/fleet/ondemand.py)
-    def ensure(self, model: str, for_s: float, actor: str) -> LeaseResult: ...
-
-    def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult: ...
-
-    def release_lease(self, model: str, lease: str) -> LeaseResult: ...
 
 
 @dataclass
@@ -163,18 +94,21 @@ class ControlPlane:
         store: ContentStore,
         serving: ServingRepository,
         triton: TritonClient,
-        on_outcome: Callable[[Outcome], None] | None = None,
+        outcomes: Outcomes | None = None,
         *,
         source: Source | None = None,
         host: TritonHost | None = None,
         http_url: str | None = None,
         webhooks: Webhooks | None = None,
-        fleet: Callable[[ControlPlane], FleetStrategy] | None = None,
+        target: Callable[[ControlPlane], Target] | None = None,
     ) -> None:
-        """`source`: where models come from (controlplane/source/protocol.py: a directory, s3://; default none);
-        `host`: capability checks and Triton's real reasons; `http_url`: a launched tritonserver's HTTP URL; `fleet`:
-        with --fleet, builds the strategy that takes load, rollback, unload, pin and policy (docs/fleet.md);
-        `webhooks`: the daemon's webhook delivery worker, which `tritonctl webhooks` asks."""
+        """`outcomes`: where every finished operation is reported (the plane subscribes its own bookkeeping
+        first; the daemon then subscribes what reports it); `source`: where models come from
+        (controlplane/source/protocol.py: a directory, s3://; default none);
+        `host`: capability checks and Triton's real reasons; `http_url`: a launched tritonserver's HTTP URL;
+        `target`: where the verbs' changes go, built with the plane (with --fleet, daemon.py builds a
+        targets.FleetTarget; default this host alone, a targets.HostTarget); `webhooks`: the daemon's webhook
+        delivery worker, which `tritonctl webhooks` asks."""
         self.settings = settings
         self.registry = registry
         self.store = store
@@ -185,11 +119,12 @@ class ControlPlane:
         self.source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.deploy.causes)
         self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
-        self._extra_on_outcome = on_outcome
+        self.outcomes = outcomes if outcomes is not None else Outcomes()
+        self.outcomes.subscribe(self._note_outcome)
         self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/memory/leases.py
         self.guard = self._memory_guard(settings, registry, triton, host)
         self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
-                                 on_outcome=self._note_outcome, host=host, guard=self.guard)
+                                 on_outcome=self.outcomes.publish, host=host, guard=self.guard)
         self.ondemand = OnDemand(registry, self.deployer, triton, self.leases, self.effective_policy,
                                  lambda: self.settings.idle_unload_s, self.guard.spared, self.guard.fits,
                                  self.guard.refused, lambda: self.settings.load_timeout_s)  # ensure, leases
@@ -200,14 +135,18 @@ class ControlPlane:
         self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
-        self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
-        self.fleet: FleetStrategy | None = fleet(self) if fleet is not None else None
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
         self.serving_ensembles = ServingEnsembles(registry, self.source_graph, serving)
-        self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
-        self._preloaded: set[str] = set()  # loaded in a fresh tritonserver's start-up, to verify
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together (controlplane/changeset.py)
+        # Triton made to serve what the registry says: recoveries, restores, the sentinel (controlplane/reconciler.py)
+        self.reconciler = Reconciler(registry, triton, self.deployer, self.serving_ensembles, self.served_view,
+                                     self.counters, self.restores, self.load_parallelism)
+        self.outcomes.subscribe(self.reconciler.note)
+        # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
+        self.target: Target = target(self) if target else HostTarget(
+            registry, self.deployer, self.changesets, self.ondemand, self.retries,
+            capture=self._source_content, converge=self.converge, policy_of=self.effective_policy)
 
     def _memory_guard(self, settings: Settings, registry: Registry, triton: TritonClient,
                       host: TritonHost | None) -> MemoryGuard:
@@ -228,6 +167,12 @@ class ControlPlane:
                            gpu_memory_budget_mb=settings.gpu_memory_budget_mb,
                            protected_tags=[t.strip() for t in settings.protected_tags.split(",") if t.strip()])
 
+    @property
+    def fleet(self) -> FleetStrategy | None:
+        """The fleet this daemon is a member of (--fleet), else None: the web view and the fleet routes
+        read its shared registry."""
+        return self.target.fleet
+
     def reconfigure(self, settings: Settings) -> None:
         """SIGHUP: the settings that change without a restart (policy, settle window, ...) apply from now."""
         self.settings = settings
@@ -236,8 +181,6 @@ class ControlPlane:
         self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
         if outcome.action != CHANGESET:  # a set's members each end with their own outcome
             self.serving_ensembles.note(outcome.model, outcome.active_digest)
-        if self.sentinel is None and outcome.outcome == "ok" and outcome.action in ("deploy", "restore"):
-            self.sentinel = outcome.model
         if outcome.action in ("deploy", "rollback"):
             if outcome.retried and outcome.digest:
                 retry = self.retries.failed(outcome.model, outcome.digest, outcome.message)
@@ -249,11 +192,9 @@ class ControlPlane:
             self.retries.clear(outcome.model)  # an operator's unload: nothing retries what it took out
         if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore", "unload"):
             self.restores.clear(outcome.model)  # it serves what the registry says now (or nothing, meant)
-        if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore") \
-                and outcome.active_digest:
+        if (outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore")
+                and outcome.active_digest):
             self.served_view.note(outcome.model, outcome.active_digest)  # its verification read it just now
-        if self._extra_on_outcome:
-            self._extra_on_outcome(outcome)
 
     def capture_lock(self, model: str) -> threading.RLock:
         """Serializes a model's capture-and-decide pipeline, so two settled events for the same
@@ -352,7 +293,7 @@ class ControlPlane:
         decision = decide(current, record, policy=self.effective_policy(current),
                           last=self.registry.last_deployment(model))
         if decision.rule is Rule.TRACKS_TAG:  # it serves what its tag names, not the source (controlplane/tags.py)
-            tags.follow(self, model, WATCHER_ACTOR)
+            tags.follow(self.target, model, WATCHER_ACTOR)
         elif decision.rule is Rule.QUARANTINED:
             self._note_quarantined(record)
         if not decision.deploys:
@@ -435,133 +376,45 @@ class ControlPlane:
     ) -> Outcome:
         validate_model_name(model)
         if digest:
-            digest = validate_digest(digest)
-            snap = self.registry.get_snapshot(model, digest)
-            if snap.collected:
-                raise ConflictError(f"snapshot {snap.digest[:12]} of '{model}' was collected by gc"
-                                 f"{self._collected_when(snap)}; load the source again with `tritonctl load {model}`")
-            target = snap.digest
+            target = recorded_digest(self.registry, model, validate_digest(digest))
         else:
-            if not self.source_has(model):
-                raise NotFoundError(f"model '{model}' is unknown: {self.source.missing(model)}; "
-                                    "`tritonctl status` lists the models")
-            target = self.capture(model, actor, settled=False).digest
-        current = self.registry.find_model(model)
-        fleet_wide = self.fleet is not None and not host  # the fleet's pin is checked by the rollout
-        refused = None if fleet_wide else refuse_pinned(current, target, force=force)
-        if refused is not None:
-            raise ConflictError(refused)
-        if self.fleet is not None and host:
-            return self.fleet.held(model, host, actor, lambda: self.deployer.deploy(
-                model, target, actor, force=force, progress=progress))
-        if self.fleet is not None:
-            return self.fleet.load(model, target, actor, force, progress)
-        failed = self._load_members(model, target, actor, progress, (model,))
-        if failed is not None:
-            return failed
-        return self.deployer.deploy(model, target, actor, force=force, progress=progress)
+            target = self._source_content(model, actor)
+        return self.target.load(model, target, actor, force, progress, host)
+
+    def _source_content(self, model: str, actor: str) -> str:
+        """The digest of what `model`'s source holds now, captured and recorded (`tritonctl load MODEL`)."""
+        if not self.source_has(model):
+            raise NotFoundError(f"model '{model}' is unknown: {self.source.missing(model)}; "
+                                "`tritonctl status` lists the models")
+        return self.capture(model, actor, settled=False).digest
 
     def load_set(self, models: list[str], actor: str, force: bool = False,
                  progress: ProgressFn | None = None) -> Outcome:
         """`tritonctl load a b pipe`: the named models as one change set (controlplane/changeset.py)."""
         if len(models) == 1:
             return self.load(models[0], actor, force=force, progress=progress)
-        if self.fleet is not None:
-            raise UsageError("loading several models as one change set needs a daemon without --fleet")
-        return self.changesets.load(models, actor, force, progress)
-
-    def _load_members(self, model: str, digest: str, actor: str, progress: ProgressFn | None,
-                      chain: tuple[str, ...]) -> Outcome | None:
-        """An ensemble's members that do not serve are loaded first, in step order (recursively).
-        Returns the failed outcome of a member that could not be loaded (the ensemble is then not tried)."""
-        for member in step_models(self.registry.get_snapshot(model, digest).config):
-            if member in chain:
-                continue  # a cycle: Triton refuses it at load, with its own message
-            record = self.registry.find_model(member)
-            if record is not None and record.state in SERVING_STATES and record.active_digest:
-                continue
-            if progress:
-                progress(Progress(member, "member", "start", f"needed by ensemble {model}"))
-            outcome = self.load(member, actor, progress=progress) if len(chain) < 8 else None
-            if outcome is None or not outcome.succeeded:
-                message = f"member {member} could not be loaded: {outcome.message if outcome else 'too deep'}"
-                self.registry.audit(AuditEntry(actor, "deploy", model, digest, "failed", message))
-                return Outcome(model, "deploy", "failed", digest, None, message,
-                               cause=Cause(outcome.cause) if outcome else Cause.NONE)
-        return None
-
-    def _collected_when(self, snap: SnapshotRecord) -> str:
-        for event in self.registry.query_audit(AuditQuery(action="gc", since=snap.last_seen, limit=1000))[::-1]:
-            return f" at {iso(event.time)}"
-        return ""
-
-    def _serving_ensembles(self) -> dict[str, list[str]]:
-        """Each serving ensemble and the members its active config names."""
-        out: dict[str, list[str]] = {}
-        for record in self.registry.list_models(states=SERVING_STATES):
-            if record.active_digest:
-                names = step_models(self.registry.get_snapshot(record.name, record.active_digest).config)
-                if names:
-                    out[record.name] = names
-        return out
+        return self.target.load_set(models, actor, force, progress)
 
     def unload(self, model: str, actor: str, dependents: bool = False, progress: ProgressFn | None = None,
                force: bool = False, host: str = "") -> Outcome:
         validate_model_name(model)
-        if self.fleet is not None:
-            return self.fleet.unload(model, actor, dependents, progress, host)
-        ensembles = self._serving_ensembles()
-        needed_by = sorted(e for e, names in ensembles.items() if model in names and e != model)
-        if needed_by and not force:
-            raise ConflictError(f"'{model}' is a member of serving ensemble(s) {', '.join(needed_by)}: unload "
-                             f"{needed_by[0]} first (--dependents unloads its members too) or use --force")
-        outcome = self.deployer.unload(model, actor, dependents, progress)
-        if not dependents or not outcome.succeeded or model not in ensembles:
-            return outcome
-        others = {name for e, names in ensembles.items() if e != model for name in names}
-        for member in ensembles[model]:
-            record = self.registry.find_model(member)
-            if member in others or record is None or record.state not in SERVING_STATES:
-                continue
-            result = self.deployer.unload(member, actor, False, None)
-            text = f"member of {model}: {result.message}"
-            if progress:
-                progress(Progress(member, "unload", "ok" if result.succeeded else "failed", text))
-        return outcome
+        return self.target.unload(model, actor, dependents, progress, force, host)
 
     def rollback(self, model: str, actor: str, to: str = "", progress: ProgressFn | None = None,
                  force: bool = False, host: str = "") -> Outcome:
         validate_model_name(model)
-        if to:
-            to = validate_digest(to)
-        if self.fleet is not None:
-            return self.fleet.rollback(model, actor, to or None, progress, host)
-        current = self.registry.find_model(model)
-        if current is None:
-            raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
-        refused = refuse_pinned(current, None, force=force)
-        if refused is not None:
-            raise ConflictError(refused)
-        return self.deployer.rollback(model, actor, to or None, progress)
+        return self.target.rollback(model, actor, validate_digest(to) if to else None, progress, force, host)
 
     def set_policy(self, model: str, policy: str, actor: str, host: str = "") -> PolicyResult:
         validate_model_name(model)
         if policy.startswith(tags.TRACK_PREFIX):
             tags.refuse_host(policy, host)
-            if self.fleet is not None:  # audited like every fleet policy change (controlplane.fleet.verbs)
-                return self.fleet.set_policy(model, policy, actor, host)
-            return tags.set_track(self, model, policy, actor)
+            return self.target.set_track(model, policy, actor, host)
         if policy not in ("auto", "manual", "ondemand", "inherit"):
             raise UsageError(f"policy '{policy}': expected auto, manual, ondemand, inherit or track:TAG")
         if not host:
-            tags.untrack(self, model)
-        if self.fleet is not None:
-            return self.fleet.set_policy(model, policy, actor, host)
-        record = self.registry.update_model(model, policy=None if policy == "inherit" else policy)
-        self.registry.audit(AuditEntry(actor, "policy", model, record.active_digest, "ok", f"policy {policy}"))
-        if self.effective_policy(record) == "auto":
-            self.converge(model)
-        return PolicyResult(model, self.effective_policy(record), inherited=record.policy is None)
+            tags.untrack(self.target, model)
+        return self.target.set_policy(model, policy, actor, host)
 
     # -- this host alone (the fleet's fleet/hostplane.HostPlane) -------------------------------------
 
@@ -569,19 +422,13 @@ class ControlPlane:
         """Load `model` (or find it loaded) and hold it with a lease for `for_s` seconds
         (controlplane/memory/ondemand.py); on a fleet an on-demand model is placed on one host with room
         (docs/fleet.md "On-demand models")."""
-        if self.fleet is not None:
-            return self.fleet.ensure(model, for_s, actor)
-        return self.ondemand.ensure(model, for_s, actor, progress)
+        return self.target.ensure(model, for_s, actor, progress)
 
     def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult:
-        if self.fleet is not None:
-            return self.fleet.renew_lease(model, lease, for_s)
-        return self.ondemand.renew(model, lease, for_s)
+        return self.target.renew_lease(model, lease, for_s)
 
     def release_lease(self, model: str, lease: str) -> LeaseResult:
-        if self.fleet is not None:
-            return self.fleet.release_lease(model, lease)
-        return self.ondemand.release(model, lease)
+        return self.target.release_lease(model, lease)
 
     def ensure_here(self, model: str, for_s: float, actor: str, digest: str | None = None) -> LeaseResult:
         """On this host alone (a fleet's placement, or a model the fleet rolls out everywhere)."""
@@ -631,33 +478,18 @@ class ControlPlane:
 
     def tag_registry(self) -> Registry:
         """Where tags live: the shared registry on a fleet, this host's otherwise."""
-        return self.fleet.registry if self.fleet is not None else self.registry
+        return self.target.tag_registry()
 
     def deploy_tagged(self, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome:
         """A tracked tag's digest, deployed the usual way; on a fleet as a rollout (canary, waves)."""
-        if self.fleet is not None:
-            return self.fleet.rollout(model, self.fleet.registry.get_snapshot(model, digest), actor, force=False,
-                                      progress=progress)
-        return self.load(model, actor, digest, progress=progress)
+        return self.target.deploy_tagged(model, digest, actor, progress)
 
     def forget_retry(self, model: str) -> None:
         self.retries.clear(model)
 
     def set_pin(self, model: str, pinned: bool, actor: str, host: str = "") -> PinResult | HoldResult:
         validate_model_name(model)
-        if self.fleet is not None:
-            return self.fleet.set_pin(model, pinned, actor, host)
-        existing = self.registry.find_model(model)
-        if existing is None:
-            raise NotFoundError(f"model '{model}' is unknown to the registry")
-        if pinned and not existing.active_digest:
-            raise ConflictError(f"model '{model}' serves nothing to pin")
-        record = self.registry.update_model(model, pinned=pinned)
-        action = "pin" if pinned else "unpin"
-        self.registry.audit(AuditEntry(actor, action, model, record.active_digest, "ok", f"{action}ned"))
-        if not pinned:
-            self.converge(model)
-        return PinResult(model, pinned, record.active_digest)
+        return self.target.set_pin(model, pinned, actor, host)
 
     def gc(self, keep: int, actor: str) -> GcResult:
         result = garbage.collect_garbage(self.registry, self.store, keep)
@@ -668,19 +500,6 @@ class ControlPlane:
         return result
 
     # -- state ----------------------------------------------------------------------------------
-
-    def _triton_view(
-        self, models: Iterable[ModelRecord] | None = None, wanted: dict[str, str | None] | None = None
-    ) -> tuple[list[IndexEntry], dict[str, str | None]]:
-        """One repository-index call; served digests read only where they can have changed
-        (controlplane/servedview.py). `models`: the registry's view (None: read every digest); `wanted`:
-        every model's active digest when `models` is only some (a digest missing from it is read fresh).
-        A change set's private step names are no models of their own (controlplane/changeset.py)."""
-        if wanted is None:
-            wanted = None if models is None else {m.name: m.active_digest for m in models}
-        index, served = self.served_view.view(self.triton, wanted)
-        return [e for e in index if not is_private_name(e.name)], {
-            name: digest for name, digest in served.items() if not is_private_name(name)}
 
     def status(self, models: list[str] | None = None) -> StatusResult:
         for name in models or []:
@@ -725,7 +544,7 @@ class ControlPlane:
         """The status rows of `records`; `wanted`: every model's active digest, when `records` is not
         every model (None: `records` is; see _triton_view)."""
         try:
-            index, served = self._triton_view(records, wanted)
+            index, served = self.served_view.public(self.triton, records, wanted)
             reachable = True
         except TritonctlError:
             index, served, reachable = [], {}, False
@@ -783,129 +602,53 @@ class ControlPlane:
 
     def reconcile(self) -> list[Drift]:
         """Compare desired and actual; restore what should serve; finish interrupted deployments."""
-        if not self.triton.server_live():
-            self.counters.triton_reachable = False
-            return []
-        self.counters.triton_reachable = True
-        waiting: list[str] = []  # Triton still loads them: nothing may re-point them this round
-        opened = self.registry.open_deployments()
-        rank = {m: i for i, m in enumerate(self.serving_ensembles.steps_first([d.model for d in opened]))}
-        for deployment in sorted(opened, key=lambda d: rank[d.model]):  # steps before ensembles
-            if self.deployer.lock(deployment.model).locked():
-                continue  # in flight in this process (one that finished since `opened` was read: recover sees it)
-            outcome = self.deployer.recover(deployment)  # one model, or a change set's ensemble (rolled forward)
-            if outcome is None:
-                waiting.append(deployment.model)
-                continue
-            log.warning("%s: recovered interrupted %s: %s", deployment.model, deployment.kind, outcome.message)
-        busy = [*self.deployer.busy_models(), *waiting]
-        # plan() looks only at models meant to serve: do not list every model of the repository
-        desired = self.registry.serving_models()
-        index, served = self._triton_view(desired)
-        result = plan(desired, index, served, busy)
-        ready = {e.name for e in index if e.state == "READY"}
-        self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
-        digests = dict(result.restore)
-        self._audit_preloaded(desired, ready, digests, busy)
-        for model, owed in self.restores.all().items():  # serves again, or no longer meant to: no backoff
-            if digests.get(model) != owed.digest and model not in busy:
-                self.restores.clear(model)
-        now = time.time()
-        due = [m for m in digests if not ((b := self.restores.get(m)) is not None and b.digest == digests[m]
-                                          and b.due_at > now)]  # a restore that keeps failing backs off
-        # steps before the ensembles over them; each wave at once, as many as Triton loads at once
-        for wave in self.serving_ensembles.levels(due):
-            self._each_at_once(wave, lambda model: self._restore(model, digests[model]))
-        if not self._swept:  # private step names a stopped daemon left, once none a serving ensemble uses
-            self._swept = self.deployer.sweep(list(self.serving_ensembles.get()))
-        self.counters.drift = tuple(d for d in result.drift if d.kind == "unmanaged")
-        return result.drift
+        return self.reconciler.reconcile()
 
     def preloaded(self, models: Sequence[str]) -> None:
-        """A tritonserver was launched with these models loading in its own start-up
-        (controlplane/startup/preload.py): the next reconcile verifies them and audits each one serving
-        as a `restore` (the rest it restores itself, audited as usual)."""
-        self._preloaded = set(models)
-
-    def _audit_preloaded(self, desired: list[ModelRecord], ready: set[str], restore: dict[str, str],
-                         busy: Sequence[str]) -> None:
-        if not self._preloaded:
-            return
-        pending, self._preloaded = self._preloaded, set()
-        skip = set(busy) | set(restore)
-        self.registry.audit(*[
-            AuditEntry("tritonctl", "restore", m.name, m.active_digest, Result.OK.value,
-                       f"restored {(m.active_digest or '')[:12]} (loaded in tritonserver's start-up, "
-                       "launch_loads_serving; verified READY with this digest)")
-            for m in desired if m.name in pending and m.name in ready and m.name not in skip])
+        """A tritonserver was launched with these models loading in its own start-up (reconciler.py)."""
+        self.reconciler.preloaded(models)
 
     def load_parallelism(self) -> int:
         """How many models go to Triton at once (start-up, restores): `startup_parallelism`, or (0)
         Triton's own model-load thread count, `triton_load_threads`."""
         return self.settings.startup_parallelism or self.settings.triton_load_threads
 
-    def _each_at_once(self, models: list[str], fn: Callable[[str], None]) -> None:
-        workers = min(self.load_parallelism(), len(models))
-        if workers <= 1:
-            for model in models:
-                fn(model)
-            return
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="restore") as pool:
-            list(pool.map(fn, models))
-
-    def _restore(self, model: str, digest: str) -> None:
-        outcome = self.deployer.restore(model, digest, "reconcile: Triton did not serve it")
-        if outcome is None:  # evicted or redeployed since the reconcile read the registry
-            return
-        if outcome.outcome == Result.OK:
-            log.warning("%s: %s", model, outcome.message)
-            return
-        why = outcome.message.split("): ", 1)[-1]  # Triton's words, not the restore's preamble
-        retry = self.restores.failed(model, digest, why, "restore")
-        log.warning("%s: %s; retry %d in %d s", model, outcome.message, retry.attempt, retry.seconds_left())
-
     def restart_suspected(self) -> bool:
-        """Between reconciles: the model last seen READY is not READY now and no operation of ours
-        holds it. An external tritonserver restarted faster than a supervision round could see it
-        down answers live but serves nothing (explicit mode); this is one readiness call."""
-        name = self.sentinel
-        if name is None or self.deployer.lock(name).locked():
-            return False
-        try:
-            if self.triton.version_ready(name):
-                return False
-            return self.registry.get_model(name).state in SERVING_STATES  # not an operator's unload
-        except TritonctlError:
-            return False
+        return self.reconciler.restart_suspected()
+
+    @property
+    def sentinel(self) -> str | None:
+        """A model seen READY: supervision asks Triton for it (restart_suspected)."""
+        return self.reconciler.sentinel
 
     # -- reads (the API's GET routes; the CLI's read commands query the registry itself, daemon or not) ------
 
     def versions(self, model: str) -> VersionsResult:
         validate_model_name(model)
-        return tags.annotate_versions(tags.tag_registry(self), model, queries.versions(self.registry, model))
+        return tags.annotate_versions(tags.tag_registry(self.target), model, queries.versions(self.registry, model))
 
     def audit(self, **filters: Any) -> AuditResult:
         return queries.audit(self.registry, **filters)
 
     def serving_at(self, at: str, model: str | None = None) -> ServingAtResult:
         result = queries.serving_at(self.registry, at, [model] if model else None)
-        return tags.annotate_serving_at(tags.tag_registry(self), result, model)
+        return tags.annotate_serving_at(tags.tag_registry(self.target), result, model)
 
     def tag_listing(self, model: str | None = None, at: str | None = None) -> TagsResult:
-        return tags.listing(tags.tag_registry(self), model, at)
+        return tags.listing(tags.tag_registry(self.target), model, at)
 
     def diff(self, model: str, ref_a: str, ref_b: str) -> DiffResult:
         validate_model_name(model)
-        digest_a, digest_b = (tags.resolve_ref(tags.tag_registry(self), model, ref) for ref in (ref_a, ref_b))
+        digest_a, digest_b = (tags.resolve_ref(tags.tag_registry(self.target), model, ref) for ref in (ref_a, ref_b))
         return queries.diff(self.registry, self.store, model, digest_a, digest_b)
 
     def tag_digest(self, model: str, name: str) -> str:
         """The digest tag NAME of MODEL points to (`load --tag`, `rollback --to-tag`)."""
-        return tags.tag_digest(tags.tag_registry(self), model, name)
+        return tags.tag_digest(tags.tag_registry(self.target), model, name)
 
     def move_tag(self, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
                  delete: bool = False) -> TagResult:
-        return tags.move(self, model, name, ref, actor, progress, delete=delete)
+        return tags.move(self.target, model, name, ref, actor, progress, delete=delete)
 
     # -- the event stream (controlplane/api/stream.py) ---------------------------------------------
 

@@ -112,6 +112,16 @@ class StoreError(TritonctlError):
     """The registry database failed (locked, unreachable, out of space)."""
 
 
+class MigrationError(StoreError):
+    """A schema migration failed and changed nothing: the message names the migration and, for a SQLite
+    registry, the copy taken before it (`backup`)."""
+
+    def __init__(self, message: str, revision: str = "", backup: object = None) -> None:
+        super().__init__(message)
+        self.revision = revision
+        self.backup = backup
+
+
 class TritonError(TritonctlError):
     """tritonserver answered with an error; `status` is its gRPC status name."""
 

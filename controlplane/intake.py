@@ -3,7 +3,7 @@
 The single-host daemon (controlplane.control_plane) and the fleet (its leader records into the shared
 registry, its agents import into their own) call these functions. Whether a recorded content then
 deploys is controlplane.decision's `decide`, the same on every path; what differs is only where the
-decided deploy goes: this host's `Deployer`, or a fleet rollout (service.FleetStrategy). The deploy
+decided deploy goes: this host's `Deployer`, or a fleet rollout (targets.FleetStrategy). The deploy
 itself (publish → load → verify → smoke → commit, or roll back) is controlplane.deploy.engine.
 """
 
@@ -20,7 +20,7 @@ from controlplane.validation.ensemblemembers import member_problems, step_models
 from controlplane.validation.modelconfig import validate_model_dir
 from controlplane.vocab import Result
 
-log = logging.getLogger("tritonctl.pipeline")
+log = logging.getLogger("tritonctl.intake")
 
 
 def validate(registry: Registry, store: ContentStore, snapshot: Snapshot,

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,9 +40,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
 from controlplane.vocab import ModelState, Result
-
-if TYPE_CHECKING:
-    from controlplane.control_plane import ControlPlane
 
 log = logging.getLogger("tritonctl.metrics")
 
@@ -98,10 +95,21 @@ class _StoreSize:
             return total
 
 
+class Observed(Protocol):
+    """What the gauges read at scrape time (the daemon passes its control plane; metrics imports no
+    module above its layer): the registry, the content store's root, the Triton and pipeline counters,
+    and, where the daemon has them, the webhook worker, the on-demand book and the memory guard."""
+
+    registry: Any
+    store: Any
+    counters: Any
+    counts: Any
+
+
 class StateCollector:
     """Gauges read from the registry and the running plane at scrape time."""
 
-    def __init__(self, plane: ControlPlane, backlog: Callable[[], int | None]) -> None:
+    def __init__(self, plane: Observed, backlog: Callable[[], int | None]) -> None:
         self.plane = plane
         self.backlog = backlog
         self.store_size = _StoreSize(plane.store.root / "objects")
@@ -183,7 +191,7 @@ class StateCollector:
 class Metrics:
     """The daemon's metrics and their HTTP endpoint (`start` / `stop`)."""
 
-    def __init__(self, plane: ControlPlane, port: int, host: str = LISTEN_HOST, *,
+    def __init__(self, plane: Observed, port: int, host: str = LISTEN_HOST, *,
                  backlog: Callable[[], int] | None = None) -> None:
         """`backlog`: the watcher's count of models waiting for their settle check (None: no watcher)."""
         self.port = port

@@ -8,14 +8,15 @@ import circle changeset -> service. Each part names here what it uses, and nothi
 
 from __future__ import annotations
 
-from typing import Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from controlplane.config import Settings
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import SnapshotError, StoreError
 from controlplane.servingensembles import ServingEnsembles
-from controlplane.snapshot import ContentStore
+from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.source.protocol import Source
 from controlplane.source.recorded import SourceGraph
 from controlplane.store.records import ModelRecord, SnapshotRecord
@@ -72,6 +73,25 @@ class SetPlane(SourcePlane, Protocol):
     def put_off(self, model: str, reason: str, delay_s: float) -> None: ...
 
     def capture_done(self, model: str) -> None: ...
+
+
+class Counted(Protocol):
+    """The pipeline's counters (captures, validations, records, ...: Prometheus counters)."""
+
+    def add(self, name: str, amount: int = 1) -> None: ...
+
+
+class WavePlane(SetPlane, Protocol):
+    """What the start-up scan's batched records (controlplane/startup/record.py) use of the plane, beyond
+    a change set's: a model's capture lock, the capture step alone, and the pipeline's counters."""
+
+    @property
+    def counts(self) -> Counted: ...
+
+    def capture_lock(self, model: str) -> AbstractContextManager[Any]: ...
+
+    def snapshot_source(self, model: str, *, settled: bool = ...,
+                        complete: bool = ...) -> tuple[Snapshot, str | None, bool]: ...
 
 
 class TagPlane(Protocol):

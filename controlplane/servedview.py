@@ -22,11 +22,15 @@ seconds, issue 26). A note newer than a round's index call outlives that round's
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from controlplane.errors import TritonctlError
+from controlplane.names import is_private_name
 from controlplane.triton.client import IndexEntry
+
+if TYPE_CHECKING:
+    from controlplane.store.records import ModelRecord
 
 RECHECK_PER_ROUND = 10
 
@@ -64,6 +68,18 @@ class ServedView:
             self._seq += 1
             self._known[model] = digest
             self._notes[model] = (self._seq, digest)
+
+    def public(
+        self, triton: _Triton, models: Iterable[ModelRecord] | None = None, wanted: dict[str, str | None] | None = None
+    ) -> tuple[list[IndexEntry], dict[str, str | None]]:
+        """`view` without a change set's private step names, which are no models of their own
+        (controlplane/changeset.py). `models`: the registry's view (None: read every digest); `wanted`:
+        every model's active digest when `models` is only some (a digest missing from it is read fresh)."""
+        if wanted is None:
+            wanted = None if models is None else {m.name: m.active_digest for m in models}
+        index, served = self.view(triton, wanted)
+        return [e for e in index if not is_private_name(e.name)], {
+            name: digest for name, digest in served.items() if not is_private_name(name)}
 
     def view(
         self, triton: _Triton, wanted: Mapping[str, str | None] | None = None

@@ -120,3 +120,10 @@ class Policy(Word):
     MANUAL = "manual"
     INHERIT = "inherit"
     ONDEMAND = "ondemand"  # recorded and validated, loaded only when ensured (controlplane/memory/ondemand.py)
+
+
+# The two things a footprint and a memory budget count, by their attribute names (controlplane/memory/
+# footprint.py measures them; store/placements.py and the fleet's placement record them per host).
+MEMORY = "memory_mb"
+GPU = "gpu_memory_mb"
+MEMORY_KINDS = (MEMORY, GPU)

@@ -25,7 +25,14 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        # controlplane/store/migrate.py: SQLite runs every migration in the caller's one transaction;
+        # PostgreSQL one transaction per migration. on_version_apply tells it which migration failed.
+        options = {}
+        if config.attributes.get("on_version_apply") is not None:
+            options["on_version_apply"] = config.attributes["on_version_apply"]
+        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
+                          transaction_per_migration=bool(config.attributes.get("transaction_per_migration")),
+                          **options)
         with context.begin_transaction():
             context.run_migrations()
         return

@@ -100,6 +100,41 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: 
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate} (last: {last!r})")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process whose parent chain reaches `pid` (python stubs of a tritonserver, say)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+            parents[int(entry)] = int(text[text.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        frontier += kids
+    return found
+
+
+def python_stubs(server_pid: int) -> list[int]:
+    """The python backend stubs of one tritonserver: processes below it whose program is the stub (found
+    by the process tree, not by a position in their argv)."""
+    stubs = []
+    for pid in descendants(server_pid):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if Path(argv0).name == "triton_python_backend_stub":
+            stubs.append(pid)
+    return stubs
+
+
 @dataclass
 class DaemonProcess:
     repository: Path

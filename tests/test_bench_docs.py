@@ -6,6 +6,7 @@ writes new results shows up as a page to re-render (and reread), not as docs tha
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -26,13 +27,28 @@ def test_the_committed_page_is_what_the_results_render() -> None:
                                   + "\nrun `python bench/render_docs.py` and commit docs/benchmarks.md")
 
 
-def test_the_template_types_no_measured_figure() -> None:
-    """A decimal figure or a percentage in the template's text is a number nobody can trace to a run."""
-    assert render_docs.bare_figures(render_docs.TEMPLATE.read_text()) == []
-    # what the check finds, and what it leaves (a target, a setting, a placeholder, a code block)
-    found = render_docs.bare_figures("took 3.15 ms, 0.4 % of a core\n≤ 0.3 s, target 1 %, every 10 s "
-                                     "{{audit_query:results.0.median_ms|.2f}}\n```\n1.5 s\n```\n")
-    assert [f.split(": ", 1)[1].split(" in ")[0] for f in found] == ["'3.15'", "'0.4'"]
+def test_no_page_types_a_measured_figure() -> None:
+    """A figure typed into a template's text, or into a page that is not rendered, is a number nobody can
+    trace to a run: decimals, percentages, whole numbers with a unit and counts with thousands separators."""
+    for template in render_docs.PAGES:
+        assert render_docs.typed_figures(template.read_text(), str(template.relative_to(ROOT))) == []
+    for page in render_docs.UNRENDERED:
+        assert render_docs.typed_figures(page.read_text(), str(page.relative_to(ROOT))) == []
+
+
+def test_what_the_typed_figure_check_finds_and_leaves() -> None:
+    found = render_docs.typed_figures(
+        "took 3.15 ms, 0.4 % of a core, 17 ms of `status`, 145 s; 236 MB over, in 16 of about 600\n"
+        "with 7,437 of the models, 1,224 MB against 1,160, 17 ms and 7,438 of them\n"
+        "≤ 0.3 s, target 1 %, every 10 s, within 50 ms, a 5 s window, at 10,000 models,\n"
+        "2,000 and 5,000 models, at 200 and 1,000\n"
+        "| 1,000 | Triton 2.51 `--idle 60 s` {{=40 s}} {{audit_query:results.0.median_ms|.2f}} ms\n"
+        "```\n1.5 s\n```\n", "doc.md")
+    assert [f.split(": ", 1)[1].split(" in ")[0] for f in found] == [
+        "'3.15'", "'0.4'", "'17'", "'145'", "'236'", "'7,437'", "'1,224'", "'1,160'", "'17'",
+        "'7,438'"]
+    assert found[0].startswith("doc.md:1: ")
+    assert render_docs.render("{{=40 s}}") == "40 s"  # typed on purpose: rendered as written
 
 
 def test_every_results_file_is_cited_by_the_page() -> None:
@@ -52,3 +68,50 @@ def test_a_placeholder_names_a_file_and_a_value_that_exist() -> None:
     value = render_docs.lookup("audit_query", "results.0.median_ms")
     assert render_docs.render("{{audit_query:results.0.median_ms*1000|,.0f}} µs") == f"{value * 1000:,.0f} µs"
     assert re.fullmatch(r"\d+", render_docs.render("{{changeset:summary.Triton poll.failed_per_edit|max}}"))
+
+
+def recorded_commits(value: object) -> list[str]:
+    """Every `git_commit` a results file records (a comparison records one per run, per tree)."""
+    if isinstance(value, dict):
+        return [c for k, v in value.items()
+                for c in ([str(v)] if k == "git_commit" and isinstance(v, str) else recorded_commits(v))]
+    if isinstance(value, list):
+        return [c for v in value for c in recorded_commits(v)]
+    return []
+
+
+# results files whose commits are not in the repository yet, each with who reruns it; the test fails
+# once one names a commit that exists, so the entry cannot outlive its rerun
+RERUN_PENDING = {"cli_client_ab.json": "bench/cli_client_ab.py, rerun with the CLI benchmarks"}
+
+
+def test_every_results_file_names_a_commit_in_the_repository() -> None:
+    """A results file names the commit it ran at, and that commit is in the repository's history: a run
+    from a commit later rebased away cannot be checked out again, so nobody can reproduce it."""
+    missing: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        commits = recorded_commits(json.loads(path.read_text()))
+        assert commits, f"{path.name} records no git_commit"
+        for commit in commits:
+            head = re.match(r"[0-9a-f]{7,40}", commit)
+            assert head, f"{path.name}: git_commit {commit!r} names no commit"
+            if subprocess.run(["git", "cat-file", "-e", f"{head.group(0)}^{{commit}}"], cwd=ROOT,
+                              capture_output=True).returncode != 0:
+                missing.setdefault(path.name, []).append(commit)
+    assert {name: commits for name, commits in missing.items() if name not in RERUN_PENDING} == {}, (
+        "results files name commits that are not in the repository: rerun them at a commit that is, or remove them")
+    assert set(RERUN_PENDING) <= set(missing), "a pending rerun landed: drop it from RERUN_PENDING"
+
+
+def test_a_dirty_commit_reads_as_dirty_in_the_docs() -> None:
+    """A run from a tree with uncommitted changes keeps its `-dirty` mark when the page cuts the hash."""
+    dirty = render_docs.lookup("scale", "runs.1.git_commit")
+    assert dirty.endswith("-dirty")
+    assert render_docs.render("{{scale:runs.1.git_commit|.8}}") == dirty[:8] + "-dirty"
+    page = render_docs.DOCS.read_text()
+    commits = {c for path in (ROOT / "bench" / "results").glob("*.json")
+               for c in recorded_commits(json.loads(path.read_text()))}
+    for commit in sorted(c for c in commits if c.endswith("-dirty") and c.removesuffix("-dirty") not in commits):
+        short = commit[:7]  # a run only from a dirty tree at that commit: quoted anywhere, it says so
+        found = re.search(rf"(?<![-\w]){short}[0-9a-f]*\b(?!-dirty)", page)
+        assert not found, f"{commit} is quoted in docs/benchmarks.md without its -dirty: {found.group(0)}"

@@ -435,10 +435,11 @@ def test_db_upgrade_creates_then_reports_nothing_to_do(tmp_path: Path) -> None:
     head = migrate.head_revision()
     first = invoke(["db", "upgrade", "--state-dir", str(state)])
     assert first.exit_code == 0, first.output
-    assert first.output == f"from: None\nto: {head}\n"
+    assert first.output.startswith(f"from: None\nto: {head}\nran: 0001 Initial registry")
+    assert len(first.output.splitlines()) == 2 + int(head)  # one line per migration run, no copy of a new one
     assert (state / "registry.db").exists()
     again = invoke(["db", "upgrade", "--state-dir", str(state), "--json"])
-    assert json.loads(again.output) == {"from": head, "to": head}
+    assert json.loads(again.output) == {"from": head, "to": head, "migrations": [], "backup": None, "dry_run": False}
     url = ["--db-url", f"sqlite:///{state / 'registry.db'}"]
     assert_one_line_error(invoke(["versions", "linear", *url]), EXIT_USAGE, "unknown")
     assert invoke(["audit", "--json", *url]).output.strip() == "[]"

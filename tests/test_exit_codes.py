@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.triton.launcher import TritonServer
+from tests import registry_fixtures
 from tests.harness import TRITONCTL, DaemonProcess, wait_for, write_gen_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,8 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
     assert rc == 1 and "weights missing" in err, (rc, err)
     assert code(daemon, "status")[0] == 0
     # 2: usage: bad arguments, bad model name or digest, an unknown model or digest, a pinned model without
-    # --force, a bad setting, a tag error, a missing optional dependency (collected content: below)
+    # --force, a bad setting, a tag error, a missing optional dependency, a failed schema migration (collected
+    # content: below)
     roles = digests(daemon)
     for args in (["status", "--no-such-flag"], ["load"], ["gc", "--keep", "-1"],
                  ["status", "ghost"], ["load", "ghost"], ["rollback", "ghost"], ["unload", "ghost"],
@@ -115,6 +117,13 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
                    env={"PYTHONPATH": str(shim)})
     assert rc == 2 and one_line(err) == ("error: postgresql+psycopg://u@127.0.0.1:1/db needs the psycopg driver, "
                                          "which is not installed; pip install 'tritonctl[postgres]'"), err
+    # a schema migration that failed and changed nothing (`db upgrade`, as the daemon's start)
+    registry = tmp_path / "old-registry"
+    registry.mkdir()
+    registry_fixtures.build(f"sqlite:///{registry / 'registry.db'}", "0007")
+    registry_fixtures.break_migration_0008(f"sqlite:///{registry / 'registry.db'}")
+    rc, err = code(daemon, "db", "upgrade", "--state-dir", str(registry))
+    assert rc == 2 and one_line(err).startswith("error: registry: migration 0008_footprints failed: "), err
     # 3: the daemon is unreachable; the error says how to fix it
     rc, err = code(daemon, "status", "--state-dir", str(tmp_path / "none"))
     assert rc == 3 and "start one" in one_line(err) and "TRITONCTL_STATE_DIR" in err, err

@@ -138,6 +138,7 @@ SCRIPT = [
     "tritonctl audit --model linear --since 2h",
     "tritonctl audit --outcome rolled_back --since 7d --json",
     "tritonctl audit --at 2026-11-29T03:00:00Z",
+    "tritonctl db upgrade --dry-run --state-dir /var/lib/tritonctl",
     "tritonctl db upgrade --state-dir /var/lib/tritonctl",
     "tritonctl db upgrade --db-url postgresql+psycopg://tritonctl@db/tritonctl",
     "tritonctl hosts --db-url postgresql+psycopg://tritonctl@db/tritonctl",

@@ -19,22 +19,19 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
+from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
 from controlplane.results import (
     AuditResult,
     DbUpgradeResult,
     DiffResult,
     FileChange,
     FileSize,
-    FleetMatrix,
     GcResult,
     HoldResult,
-    HostRow,
     LeaseResult,
-    MatrixCell,
-    MatrixRow,
+    MigrationRow,
     Outcome,
     PinResult,
-    PlacementCell,
     PolicyResult,
     ServingAtResult,
     StatusResult,
@@ -223,7 +220,8 @@ def _full_documents() -> dict[str, list[Any]]:
         "gc": [GcResult(1, 2, 300).to_json()],
         "lease": [LeaseResult("m", D1, "3f2a9c1b2c3d4e5f", T, True, 1400, True, "h2", "10.0.0.2:8001",
                               "http://10.0.0.2:8000").to_json()],
-        "db-upgrade": [DbUpgradeResult("0004", "0005").to_json()],
+        "db-upgrade": [DbUpgradeResult("0004", "0005", [MigrationRow("0005", "Tags")], "/s/registry.db.before-0004")
+                       .to_json(), DbUpgradeResult(None, "0009", [], None, dry_run=True).to_json()],
         "hosts": [[HostRow("h1", "127.0.0.1:8001", "0.1.0", T, T, 1.5, True, True, True).to_json()]],
         "rollouts": [[Rollout(3, "m", D1, D2, "rolled_back", "alice", T, T, "canary failed", [step]).to_json()]],
         "status-fleet": [FleetMatrix([MatrixRow("m", D1, {"h1": MatrixCell(D2, "serving", T, True, True)},

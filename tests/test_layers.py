@@ -94,6 +94,27 @@ def test_no_import_circles_among_the_core_and_the_cli() -> None:
     assert circles == [], circles
 
 
+def test_only_the_daemon_and_the_api_import_the_control_plane() -> None:
+    """The control plane is verbs over the parts below it: the daemon builds it and the control API calls
+    it; no other module of controlplane/ imports it (TYPE_CHECKING and function-level imports included),
+    so no part reaches back up into the plane it serves."""
+    import grimp
+
+    graph = grimp.build_graph("controlplane", exclude_type_checking_imports=False)
+    importers = graph.find_modules_that_directly_import("controlplane.control_plane")
+    allowed = {m for m in importers if m == "controlplane.daemon" or m.startswith("controlplane.api.")}
+    assert sorted(importers - allowed) == []
+    assert "controlplane.daemon" in importers  # the rule reads the real graph
+
+
+def test_no_verb_asks_whether_it_runs_on_a_fleet() -> None:
+    """The verbs hand every change to the target the daemon chose once (controlplane/targets.py: this host or
+    the fleet): the verbs' module has no branch on the fleet."""
+    text = (ROOT / "controlplane" / "control_plane.py").read_text()
+    assert [line.strip() for line in text.splitlines() if "fleet is None" in line or "fleet is not None" in line] == []
+    assert "self.target." in text
+
+
 def test_parts_are_handed_narrow_protocols_not_the_plane() -> None:
     """No module of the core takes the plane as `Any` or reaches a private attribute of one of its parts
     (`plane.deployer._serves`): each part names what it uses as a protocol (controlplane/ports.py,

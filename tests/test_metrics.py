@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.config import WebhookTarget
-from controlplane.control_plane import Counters
+from controlplane.counters import Counters
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
 from controlplane.metrics import Metrics

@@ -12,7 +12,6 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from controlplane.deploy.smoke import load_smoke_file
 from controlplane.errors import ModelConfigError
 from controlplane.validation.modelconfig import (
     Problem,
@@ -23,6 +22,7 @@ from controlplane.validation.modelconfig import (
     validate_model_dir,
     validate_paths,
 )
+from controlplane.validation.smokefile import load_smoke_file
 from tests.corpus_gen import GENERATORS, MODEL_PY, config_text, write_model
 
 CORPUS = Path(__file__).resolve().parent / "corpus"

@@ -23,9 +23,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.api.client import ControlClient
-from controlplane.memory.footprint import STUB, rss_mb
+from controlplane.memory.footprint import rss_mb
 from controlplane.memory.leases import MAX_LEASE_S
-from tests.harness import DaemonProcess, copy_example, gen_config, infer_gen, python_model, wait_for
+from tests.harness import DaemonProcess, copy_example, gen_config, infer_gen, python_model, python_stubs, wait_for
 
 MODELS = [f"m{i}" for i in range(6)]
 ALLOC = "self.hold = np.ones(40 * 1024 * 1024 // 8)"
@@ -38,18 +38,12 @@ def write_model(repo: Path, name: str, gen: int) -> None:
         python_model("np.full_like(x, GEN, dtype=np.float32)", init=ALLOC, prelude=f"\nGEN = {gen}\n"))
 
 
-def held_mb(server: int, server_base_mb: float) -> float:
-    """What the budget bounds, as bench/ondemand.py samples it: every python stub of the server (its
-    argv names the server's pid), an evicted model's still exiting included, plus the server's growth."""
-    stubs = 0.0
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if len(argv) > 5 and argv[0].endswith(STUB) and argv[5] == str(server):
-            stubs += rss_mb(int(entry.name))
-    return stubs + max(0.0, rss_mb(server) - server_base_mb)
+def held_mb(server: int, server_base_mb: float) -> tuple[float, int]:
+    """What the budget bounds, as bench/ondemand.py samples it: every python stub of the server, an
+    evicted model's still exiting included, plus the server's growth; and how many stubs that was (none
+    counted: the sample measured nothing)."""
+    stubs = python_stubs(server)
+    return sum(rss_mb(p) for p in stubs) + max(0.0, rss_mb(server) - server_base_mb), len(stubs)
 
 
 def free_port() -> int:
@@ -131,7 +125,7 @@ def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: 
             finally:
                 grpc.close()
 
-        samples: list[float] = []
+        samples: list[tuple[float, int]] = []
 
         def sampler() -> None:  # every 0.25 s while the clients run, as the benchmark does every 0.5 s
             while any(t.is_alive() for t in workers):
@@ -150,7 +144,9 @@ def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: 
         # the budget's bound: over it by at most one model's footprint (an evicted model still exiting)
         footprints = [v["footprint"]["memory_mb"] for m in MODELS for v in daemon.json("versions", m)
                       if v.get("footprint")]
-        assert samples and max(samples) <= 260 + max(footprints), (max(samples), sorted(footprints))
+        assert samples and max(n for _, n in samples) > 0, "no sample counted a python stub: nothing was measured"
+        held = max(mb for mb, _ in samples)
+        assert held <= 260 + max(footprints), (held, sorted(footprints))
         assert not daemon.audit("--action", "restore"), "a reconcile reloaded a model behind the budget's back"
         evictions = daemon.audit("--action", "evict")
         assert any(e["actor"] == "tritonctl:budget" for e in evictions), f"the budget never evicted: {evictions}"

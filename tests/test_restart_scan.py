@@ -29,6 +29,15 @@ def counts(port: int) -> dict[str, float]:
     }
 
 
+def rescanned(daemon: DaemonProcess, starts: int) -> None:
+    """Wait for the evidence that the `starts`-th start's inotify watches are in place and the rescan
+    after them ran (both run behind READY; the log holds every start's lines), then one settle window
+    more, for a change that rescan found to be captured: counters read after this count what it did."""
+    wait_for(lambda: daemon.log_tail(1 << 24).count("inotify watches in place") >= starts, 60, 0.2,
+             f"start {starts}: the inotify watches in place and the rescan after them done")
+    time.sleep(daemon.settle_s + 1.0)
+
+
 def serving(daemon: DaemonProcess) -> set[str]:
     return {m["model"] for m in daemon.status()["models"] if m["state"] == "serving"}
 
@@ -48,6 +57,7 @@ def test_restart_with_nothing_changed_captures_nothing(tmp_path: Path) -> None:
         daemon = DaemonProcess(repo, tmp_path / "state", extra_args=args).start()
         try:
             wait_for(lambda: serving(daemon) == set(MODELS), 120, 0.5, "every model serving")
+            rescanned(daemon, 1)
             first = counts(port)
             assert first["changed"] == len(MODELS) and first["unchanged"] == 0
             assert first["captures"] >= len(MODELS)
@@ -57,12 +67,15 @@ def test_restart_with_nothing_changed_captures_nothing(tmp_path: Path) -> None:
         daemon = DaemonProcess(repo, tmp_path / "state", extra_args=args).start()  # adopts the tritonserver
         try:
             assert "adopted the running tritonserver" in daemon.log_tail(100_000), daemon.log_tail()
+            rescanned(daemon, 2)
+            assert "found changes without an event" not in daemon.log_tail(1 << 24), daemon.log_tail()
             again = counts(port)
             assert again == {"captures": 0, "validations": 0, "records": 0, "unchanged": len(MODELS), "changed": 0,
                              "deploys": 0}, daemon.log_tail()
             assert serving(daemon) == set(MODELS)
-            since_start = daemon.audit("--action", "daemon_start")[0]["time"]
-            work = [e for e in daemon.audit("--since", since_start)
+            # since the last stop: the start's own `daemon_start` entry is written after its start-up scan
+            since_stop = daemon.audit("--action", "daemon_stop")[0]["time"]
+            work = [e for e in daemon.audit("--since", since_stop)
                     if e["action"] in ("snapshot", "deploy", "restore", "changeset")]
             assert work == [], work
         finally:
@@ -79,8 +92,9 @@ def test_restart_with_nothing_changed_captures_nothing(tmp_path: Path) -> None:
             # the edit may still be inside its settle window at start-up (a loaded machine): its capture is then
             # refused as still changing and taken again; wait for the daemon's own record of it
             wait_for(lambda: counts(port)["records"] >= 1, 60, 0.2, "the edited model recorded")
-            since_start = daemon.audit("--action", "daemon_start")[0]["time"]
-            snapshots = [e["model"] for e in daemon.audit("--since", since_start) if e["action"] == "snapshot"]
+            rescanned(daemon, 3)  # and the rescan behind READY captured nothing more
+            since_stop = daemon.audit("--action", "daemon_stop")[0]["time"]
+            snapshots = [e["model"] for e in daemon.audit("--since", since_stop) if e["action"] == "snapshot"]
             assert snapshots == ["linear"], snapshots  # captured and recorded alone
             assert counts(port)["records"] == 1
         finally:

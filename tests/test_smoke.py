@@ -10,17 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controlplane.deploy.smoke import (
-    InferFn,
-    SmokeInput,
-    SmokeOutput,
-    SmokeRequest,
-    load_smoke_file,
-    run_smoke,
-)
+from controlplane.deploy.smoke import InferFn, run_smoke
 from controlplane.errors import ModelConfigError
 from controlplane.triton.client import TritonClient
 from controlplane.triton.launcher import TritonServer
+from controlplane.validation.smokefile import SmokeInput, SmokeOutput, SmokeRequest, load_smoke_file
 from tests.conftest import EXAMPLES, install_model
 
 LOAD_TIMEOUT_S = 60.0

@@ -51,23 +51,77 @@ def test_changed_config_fields_are_paired_by_name() -> None:
     assert config_field_changes(None) == []
 
 
-def test_the_gate_opens_with_the_session_cookie_or_the_bearer_token_only() -> None:
+def test_the_gate_opens_with_a_live_session_cookie_or_the_bearer_token_only() -> None:
     token = "s3cret-token-0123456789"
+    sessions = gate.Sessions()
 
     def scope(path: str = "/ui/", **headers: str) -> dict[str, Any]:
         return {"path": path, "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
 
-    assert gate.allowed(scope(), None)  # a loopback view without login
-    assert not gate.allowed(scope(), token)
-    assert gate.allowed(scope("/ui/login"), token) and gate.allowed(scope("/ui/static/web.css"), token)
-    assert gate.allowed(scope(cookie=f"a=b; tritonctl_web={gate.session_value(token)}"), token)
-    assert not gate.allowed(scope(cookie=f"tritonctl_web={gate.session_value('another-token-0000')}"), token)
-    assert not gate.allowed(scope(cookie=f"tritonctl_web={token}"), token)  # the cookie is not the token
-    assert gate.allowed(scope(authorization=f"Bearer {token}"), token)
-    assert not gate.allowed(scope(authorization="Bearer nope"), token)
-    header = gate.cookie_header(token, secure=True)
+    assert gate.allowed(scope(), None, sessions)  # a loopback view without login
+    assert not gate.allowed(scope(), token, sessions)
+    assert gate.allowed(scope("/ui/login"), token, sessions)
+    assert gate.allowed(scope("/ui/static/web.css"), token, sessions)
+    first, second = sessions.open(), sessions.open()
+    assert first != second and token not in first and len(first) >= 40  # random, not derived from the token
+    assert gate.allowed(scope(cookie=f"a=b; tritonctl_web={first}"), token, sessions)
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={'0' * 43}"), token, sessions)
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={token}"), token, sessions)  # the cookie is not the token
+    sessions.end(first)  # logout: the same cookie opens nothing from now on
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={first}"), token, sessions)
+    assert gate.allowed(scope(cookie=f"tritonctl_web={second}"), token, sessions)
+    assert gate.allowed(scope(authorization=f"Bearer {token}"), token, sessions)
+    assert not gate.allowed(scope(authorization="Bearer nope"), token, sessions)
+    header = gate.cookie_header(second, secure=True)
     assert "HttpOnly" in header and "SameSite=Strict" in header and "Secure" in header
-    assert token not in header
+    assert "Max-Age" not in header and token not in header  # gone with the browser; expired by the server
+
+
+def test_a_session_expires_after_its_lifetime() -> None:
+    now = [1000.0]
+    sessions = gate.Sessions(lifetime_s=60, clock=lambda: now[0])
+    session = sessions.open()
+    now[0] += 59
+    assert sessions.valid(session)
+    now[0] += 1
+    assert not sessions.valid(session)
+
+
+def test_wrong_tokens_make_a_client_wait_longer_each_time() -> None:
+    now = [0.0]
+    throttle = gate.LoginThrottle(clock=lambda: now[0])
+    for _ in range(gate.FREE_FAILURES):
+        assert throttle.wait_s("10.0.0.1") == 0
+        throttle.failed("10.0.0.1")
+    assert throttle.wait_s("10.0.0.1") == 1.0 and throttle.wait_s("10.0.0.2") == 0  # per client
+    throttle.failed("10.0.0.1")
+    assert throttle.wait_s("10.0.0.1") == 2.0
+    for _ in range(20):
+        throttle.failed("10.0.0.1")
+    assert throttle.wait_s("10.0.0.1") == gate.MAX_WAIT_S
+    now[0] += gate.FAILURES_FORGOTTEN_S + 1
+    assert throttle.wait_s("10.0.0.1") == 0
+    throttle.failed("10.0.0.3")
+    throttle.succeeded("10.0.0.3")
+    assert throttle.wait_s("10.0.0.3") == 0
+
+
+def test_the_view_answers_only_to_the_host_names_of_its_address() -> None:
+    def ok(bound: str, host: str, configured: str | None = None) -> bool:
+        check = gate.HostCheck(None, bound, configured)  # type: ignore[arg-type]
+        return gate.host_allowed({"headers": [(b"host", host.encode())]}, check.names, check.any_ip)
+
+    for host in ("localhost", "localhost:8080", "127.0.0.1:8080", "127.0.0.1", "[::1]:8080", "[::1]", "LocalHost."):
+        assert ok("127.0.0.1", host) and ok("::1", host), host
+    for host in ("attacker.example", "attacker.example:8080", "127.0.0.2:8080", "localhost.attacker.example",
+                 "10.1.2.3:8080", ""):
+        assert not ok("127.0.0.1", host), host
+    assert ok("10.1.2.3", "10.1.2.3:8080") and not ok("10.1.2.3", "localhost:8080")
+    assert not ok("10.1.2.3", "view.example.com") and ok("10.1.2.3", "view.example.com:443", "view.example.com")
+    assert ok("0.0.0.0", "10.9.8.7:80") and ok("0.0.0.0", "localhost") and not ok("0.0.0.0", "attacker.example")
+    assert not gate.host_allowed({"headers": []}, frozenset({"localhost"}), False)  # no Host: refused
+    two = {"headers": [(b"host", b"localhost"), (b"host", b"attacker.example")]}
+    assert not gate.host_allowed(two, frozenset({"localhost"}), False)
 
 
 def test_a_non_loopback_web_address_needs_the_token_and_tls_or_the_insecure_switch(tmp_path: Any) -> None:
@@ -146,3 +200,17 @@ def test_a_status_page_holds_the_rows_full_status_would_show_there(tmp_path: Any
     finally:
         triton_client.close()
         registry.close()
+
+
+def test_web_host_names_take_a_list_or_commas_and_refuse_a_port_in_one_line(tmp_path: Any) -> None:
+    import pytest
+
+    from controlplane import errors
+    from controlplane.config import load_settings
+
+    config = tmp_path / "tritonctl.toml"
+    config.write_text('web_host_names = ["View.Example.com.", "[2001:db8::1]"]\n')
+    assert load_settings({}, config_file=config, env={}).web_host_names == "view.example.com,2001:db8::1"
+    assert load_settings({"web_host_names": "a.example, b.example"}, env={}).web_host_names == "a.example,b.example"
+    with pytest.raises(errors.ConfigError, match=r"web_host_names: .*without ports"):
+        load_settings({"web_host_names": "view.example.com:8080"}, env={})

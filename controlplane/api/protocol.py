@@ -47,6 +47,7 @@ EXIT_CODES: list[tuple[type[errors.TritonctlError], int]] = [
     (errors.UsageError, EXIT_USAGE),
     (errors.NotFoundError, EXIT_USAGE),  # an unknown model or digest
     (errors.ConfigError, EXIT_USAGE),
+    (errors.MigrationError, EXIT_USAGE),  # nothing changed: the registry is as it was
 ]
 
 

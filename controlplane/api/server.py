@@ -13,7 +13,6 @@ refused unless `allow_insecure_http` says plain HTTP is meant.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import os
 import pwd
@@ -35,6 +34,7 @@ from controlplane.api.health import health_routes
 from controlplane.api.hooks import webhook_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
 from controlplane.api.stream import EventHub, events_routes
+from controlplane.api.web.gate import is_loopback
 from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 
@@ -73,20 +73,21 @@ class PeerCredentialsProtocol(H11Protocol):
 
 
 class TokenGate:
-    """Every request on the TCP listener needs `authorization: Bearer <token>`; the actor is `token:NAME`."""
+    """Every request on the TCP listener needs `authorization: Bearer <token>`, whatever its scope type (a
+    websocket without it is closed before it is accepted: 403); the actor is `token:NAME`."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
         headers = dict(scope.get("headers") or ())
         if not hmac.compare_digest(headers.get(TOKEN_HEADER.encode(), b""), self._expected):
-            await _send_json(send, 401, error_document(errors.PermissionDeniedError("missing or wrong token")))
-            return
+            if scope["type"] == "http":
+                await _send_json(send, 401, error_document(errors.PermissionDeniedError("missing or wrong token")))
+            elif scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            return  # any other scope (lifespan is off on this listener) never reaches the app
         declared = headers.get(ACTOR_HEADER.encode(), b"unknown").decode("utf-8", "replace")
         scope[ACTOR_SCOPE_KEY] = f"token:{declared}"[:64]
         await self.app(scope, receive, send)
@@ -107,15 +108,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise errors.ConfigError(f"listen: '{listen}' is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Listener:
@@ -196,6 +188,7 @@ class ApiServer:
     def _start_web(self, address: str) -> None:
         """The read-only web view (controlplane/api/web) on a listener of its own: no login on a loopback
         address, the daemon's token elsewhere (or with web_require_token)."""
+        from controlplane.api.web.gate import HostCheck
         from controlplane.api.web.pages import build_web_app
 
         host, _port = parse_listen(address)
@@ -207,7 +200,8 @@ class ApiServer:
         sock = self._tcp_socket(address, "web_address")
         tls = self._tls()
         app = build_web_app(self.plane, token, secure=bool(tls), events=events_routes(self.plane, self.hub))
-        web = _Listener(app, sock, "web", http="h11", **tls)
+        # only the Host names of its own address (and web_host_names): no DNS rebinding (421 before any page)
+        web = _Listener(HostCheck(app, host, self.settings.web_host_names), sock, "web", http="h11", **tls)
         web.start()
         self.listeners.append(web)
         bound_host, bound_port = sock.getsockname()[:2]

@@ -15,14 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 from controlplane.deploy.causes import classify
 from controlplane.deploy.plans import Plan, SetRunner
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import (
     FAULT_POINTS,
+    BringUp,
     DeployOperation,
     LoadGuard,
     NoBudget,
@@ -132,47 +132,30 @@ class Deployer:
         with self._locks_guard:
             return sorted(model for model, lock in self._locks.items() if lock.locked())
 
-    # -- the steps ------------------------------------------------------------------------------
+    # -- the bring-up (controlplane/deploy/steps.py BRING_UP: the one sequence every path runs) ----------
 
-    def _publish(self, model: str, digest: str) -> Path:
-        return self.steps.publish(model, digest)
+    def _bring_up(self, op: DeployOperation, b: BringUp, *, record: bool = True, quiet: bool = False,
+                  start: str | None = None) -> BringUp:
+        """Bring `b` up for the operation `op` (its own digest, or the one a rollback restores). `record`:
+        advance the operation's deployment at each recorded step (and its kill point); `quiet`: stream no
+        progress."""
 
-    def _verify(self, model: str, digest: str, served_versions: Sequence[int]) -> list[str]:
-        return self.steps.verify(model, digest, served_versions)
-
-    def _smoke(self, model: str, tree: Path) -> None:
-        self.steps.smoke(model, tree)
-
-    def _load_verified(self, op: DeployOperation, digest: str, served_versions: Sequence[int],
-                       load_timeout_s: float | None = None, *, record: bool = True, quiet: bool = False
-                       ) -> tuple[Path, list[str]]:
-        """Publish → load → verify `digest` (the operation's target, or the one a rollback restores).
-        `record`: advance the operation's deployment at each step; `quiet`: stream no progress."""
-        model = op.model
-
-        def emit(step: DeployStep, state: StepState, message: str = "") -> None:
-            if not quiet:
-                op.emit(step, state, message, digest)
+        def emit(step: DeployStep, state: StepState, message: str) -> None:
+            op.emit(step, state, message, b.digest)
 
         def reached(step: RecordedStep) -> None:
-            if record:
-                op.advance(step)
-                fault_point(FAULT_POINTS[step])
+            op.advance(step)
+            fault_point(FAULT_POINTS[step])
 
-        emit(DeployStep.PUBLISH, StepState.START)
-        tree = self._publish(model, digest)
-        reached(RecordedStep.PUBLISHED)
-        emit(DeployStep.PUBLISH, StepState.OK, str(tree))
-        emit(DeployStep.LOAD, StepState.START)
+        return self.steps.bring_up(b, reached=reached if record else None, emit=None if quiet else emit,
+                                   start=start)
 
-        self.steps.load(model, load_timeout_s)
-        reached(RecordedStep.LOADED)
-        emit(DeployStep.LOAD, StepState.OK)
-        emit(DeployStep.VERIFY, StepState.START)
-        ready = self._verify(model, digest, served_versions)
-        reached(RecordedStep.VERIFIED)
-        emit(DeployStep.VERIFY, StepState.OK, f"READY versions {', '.join(ready)}")
-        return tree, ready
+    def _bring_up_recorded(self, op: DeployOperation, model: str, digest: str, *, reload: bool,
+                           timeout_s: float | None = None, record: bool = True, quiet: bool = False) -> BringUp:
+        """`digest` of `model` as the registry recorded it (its config and served versions), brought up."""
+        snap = self.registry.get_snapshot(model, digest)
+        return self._bring_up(op, BringUp(model, digest, snap.config, snap.served_versions, reload=reload,
+                                          timeout_s=timeout_s), record=record, quiet=quiet)
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -226,11 +209,7 @@ class Deployer:
         model, digest = op.model, snap.digest
         op.begin()
         try:
-            self.steps.check(snap.config, digest)  # a backend or GPU the server lacks: before anything is published
-            tree, ready = self._load_verified(op, digest, snap.served_versions)
-            op.emit(DeployStep.SMOKE, StepState.START)
-            self._smoke(model, tree)
-            op.emit(DeployStep.SMOKE, StepState.OK)
+            ready = self._bring_up(op, BringUp(model, digest, snap.config, snap.served_versions)).ready
         except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
             return self._recover_from_failure(op, exc)
         fault_point("before_commit")
@@ -273,7 +252,7 @@ class Deployer:
             # Not the content's fault: no quarantine. Put the serving repository back to what the
             # registry says serves; reconcile loads it when Triton is back.
             if previous:
-                self._publish(model, previous)
+                self.steps.publish(model, previous)
             message = f"tritonserver unreachable: {error}"
             return op.end(Result.FAILED, message, error=message,
                           state=ModelState.SERVING if previous else ModelState.FAILED, active=previous,
@@ -286,11 +265,10 @@ class Deployer:
         if previous:
             op.emit(DeployStep.ROLLBACK, StepState.START, f"restoring {previous[:12]}", previous)
             try:
-                prev_snap = self.registry.get_snapshot(model, previous)
                 # Triton cannot cancel a load that outlived our deadline; it finishes it before it
                 # takes ours, so the rollback's load gets room for both.
                 timeout = self.load_timeout_s + ROLLBACK_GRACE_S if isinstance(exc, TritonTimeoutError) else None
-                self._load_verified(op, previous, prev_snap.served_versions, timeout, record=False)
+                self._bring_up_recorded(op, model, previous, reload=True, timeout_s=timeout, record=False)
             except TritonctlError as rollback_exc:
                 message = f"{error}; rollback to {previous[:12]} failed: {rollback_exc}"
                 op.emit(DeployStep.ROLLBACK, StepState.FAILED, str(rollback_exc), previous)
@@ -396,7 +374,8 @@ class Deployer:
         ticket = self.guard.admit(model, digest, snap.config, None)
         loaded = False
         try:
-            self._load_verified(op, digest, snap.served_versions, record=False, quiet=True)
+            self._bring_up(op, BringUp(model, digest, snap.config, snap.served_versions, reload=True),
+                           record=False, quiet=True)
             loaded = True
         finally:
             self.guard.settle(ticket, loaded)
@@ -430,17 +409,17 @@ class Deployer:
             log.warning("%s: load of the interrupted tree after restart: %s", model, exc)
         return True
 
-    def _serves_verified(self, model: str, digest: str, smoke: bool) -> list[str] | None:
-        """READY versions when Triton serves `digest` as recorded (and its smoke passes), else None."""
+    def _serves_verified(self, op: DeployOperation, digest: str, smoke: bool) -> list[str] | None:
+        """READY versions when Triton serves `digest` as recorded (and, with `smoke`, it passes the fresh
+        content's steps from "verify" on), else None."""
+        model = op.model
         try:
             snap = self.registry.get_snapshot(model, digest)
-            ready = self._verify(model, digest, snap.served_versions)
             tree = self.serving.current(model)
             if tree is None or digest not in (tree / CONFIG_FILE).read_text(errors="replace"):
                 return None  # Triton serves it, but serving/ points elsewhere: publish it again
-            if smoke:
-                self._smoke(model, tree)
-            return ready
+            b = BringUp(model, digest, snap.config, snap.served_versions, reload=not smoke, tree=tree)
+            return self._bring_up(op, b, record=False, quiet=True, start="verify").ready
         except OSError:
             return None
         except TritonctlError as exc:
@@ -477,14 +456,14 @@ class Deployer:
                 return op.end(Result.OK, f"finished after restart; {reason}", state=ModelState.UNLOADED,
                               active=None, serving=ServingRecord(model, None, []))
             if digest and deployment.step != RecordedStep.ROLLING_BACK:
-                ready = self._serves_verified(model, digest, smoke=True)
+                ready = self._serves_verified(op, digest, smoke=True)
                 if ready is not None:
                     message = f"rolled forward: serving {digest[:12]} (versions {', '.join(ready)}); {reason}"
                     outcome = op.commit(ready, message)
                     self.serving.prune(model)
                     return outcome
             if previous:
-                if self._serves_verified(model, previous, smoke=False) is None:
+                if self._serves_verified(op, previous, smoke=False) is None:
                     try:
                         self._reload_admitted(op, model, previous)
                     except TritonctlError as exc:

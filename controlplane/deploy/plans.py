@@ -38,7 +38,7 @@ from google.protobuf import text_format
 
 from controlplane.deploy.causes import environment_cause
 from controlplane.deploy.publish import ServingRepository
-from controlplane.deploy.steps import DeployOperation, LoadGuard, ProgressFn, TritonSteps, ms_since
+from controlplane.deploy.steps import BringUp, DeployOperation, LoadGuard, ProgressFn, TritonSteps, ms_since
 from controlplane.errors import TritonctlError
 from controlplane.names import is_private_name
 from controlplane.results import Outcome, Progress
@@ -48,7 +48,7 @@ from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER
 from controlplane.validation.ensemblemembers import require_members, step_models
 from controlplane.validation.modelconfig import parse_config_text, stamp_parameter
-from controlplane.vocab import Cause, ModelState, RecordedStep, Result
+from controlplane.vocab import Cause, ModelState, Result
 
 log = logging.getLogger("tritonctl.changeset")
 
@@ -327,19 +327,15 @@ class SetRunner:
 
     def _load_private(self, step: Member, name: str, emit: ProgressFn, admissions: Admissions) -> None:
         """Stage `step` under `name`: admitted by the memory budget beside the public model (which keeps
-        serving), then published, loaded, verified and smoke-tested as any load."""
-        steps = self.d.steps
+        serving), then brought up as any load (checked, published, loaded, verified, smoke-tested)."""
         emit(Progress(step.model, "stage", "start", f"as {name}", step.digest))
         try:
             snap = self.d.registry.get_snapshot(step.model, step.digest)
-            steps.check(snap.config, step.digest)
             admissions.admit(name, step.model, step.digest, snap.config, None, name=name)
             try:
-                tree = steps.publish(step.model, step.digest, lambda text: stamp_parameter(
-                    rename_config(text, name), DIGEST_PARAMETER, step.digest), name=name)
-                steps.load(name)
-                steps.verify(name, step.digest, snap.served_versions)
-                steps.smoke(name, tree, step.model)
+                self.d.steps.bring_up(BringUp(
+                    step.model, step.digest, snap.config, snap.served_versions, name=name,
+                    rewrite=lambda text: stamp_parameter(rename_config(text, name), DIGEST_PARAMETER, step.digest)))
             except TritonctlError:
                 admissions.settle(name, False)
                 raise
@@ -350,21 +346,15 @@ class SetRunner:
 
     def _switch(self, ensemble: Member, names: dict[str, str], stamp: str, what: str, emit: ProgressFn,
                 op: DeployOperation | None = None) -> list[str]:
-        """Publish and load the ensemble's content with its steps mapped through `names`; verify and
-        smoke-test it. `op`: the ensemble's deployment, advanced like a deploy of it alone."""
-        steps = self.d.steps
+        """Bring the ensemble's content up with its steps mapped through `names`, stamped `stamp`. `op`: the
+        ensemble's deployment, advanced like a deploy of it alone."""
         emit(Progress(ensemble.model, what, "start", digest=ensemble.digest))
         try:
             snap = self.d.registry.get_snapshot(ensemble.model, ensemble.digest)
-            steps.check(snap.config, ensemble.digest)
-            tree = steps.publish(ensemble.model, ensemble.digest,
-                                 lambda text: stamp_parameter(point_steps(text, names), DIGEST_PARAMETER, stamp))
-            _advance(op, RecordedStep.PUBLISHED)
-            steps.load(ensemble.model)
-            _advance(op, RecordedStep.LOADED)
-            ready = steps.verify(ensemble.model, stamp, snap.served_versions)
-            _advance(op, RecordedStep.VERIFIED)
-            steps.smoke(ensemble.model, tree)
+            ready = self.d.steps.bring_up(BringUp(
+                ensemble.model, ensemble.digest, snap.config, snap.served_versions, stamp=stamp,
+                rewrite=lambda text: stamp_parameter(point_steps(text, names), DIGEST_PARAMETER, stamp)),
+                reached=op.advance if op is not None else None).ready
         except TritonctlError as exc:
             emit(Progress(ensemble.model, what, "failed", str(exc), ensemble.digest))
             raise SetFailed(f"{ensemble.model}: {exc}", ensemble.model, ensemble.changed) from exc
@@ -501,11 +491,6 @@ def _environment(exc: BaseException) -> str | None:
 
 def _steps_of(config: dict[str, Any]) -> list[str]:
     return [str(step.get("model_name")) for step in config.get("ensemble_scheduling", {}).get("step", [])]
-
-
-def _advance(op: DeployOperation | None, step: RecordedStep) -> None:
-    if op is not None:
-        op.advance(step)
 
 
 def _end_back(op: DeployOperation, result: Result, message: str, cause: Cause = Cause.NONE) -> None:

@@ -1,10 +1,12 @@
-"""The deploy engine's parts below the Deployer: one operation's record (`DeployOperation`) and the steps
-every load takes, whoever asks for it (a model deployed alone, a change set's staged names and switches,
-crash recovery): publish a fresh tree, load it through the host (its capability check and Triton's
-real reasons), verify what Triton serves, run the smoke requests.
+"""The deploy engine's parts below the Deployer: one operation's record (`DeployOperation`), the steps
+every load takes (`TritonSteps`: publish a fresh tree, load it through the host, verify what Triton
+serves, run the smoke requests) and the one sequence they run in (`BRING_UP`, run by
+`TritonSteps.bring_up`) whoever brings a digest up: a model deployed alone, a rollback's or restore's
+reload, a change set's staged names and switches, either crash recovery, a fleet host's step.
 
 Why a module of its own: the Deployer (controlplane.deploy.engine) and the change-set plan runner
-(controlplane.deploy.plans) both drive Triton; with the steps here, each exists once.
+(controlplane.deploy.plans) both drive Triton; with the steps and their order here, each exists once,
+and a new step is one entry of `BRING_UP` (docs/architecture.md "Add a deploy step").
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from controlplane.deploy.publish import ServingRepository
-from controlplane.deploy.smoke import SmokeInput, load_smoke_file, run_smoke
+from controlplane.deploy.smoke import run_smoke
 from controlplane.errors import TritonctlError
 from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE, SMOKE_FILE, ContentStore
@@ -30,6 +32,7 @@ from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
 from controlplane.triton.host import TritonHost
 from controlplane.validation.modelconfig import is_ensemble_text, stamp_parameter
+from controlplane.validation.smokefile import SmokeInput, load_smoke_file
 from controlplane.vocab import Cause, DeployStep, ModelState, RecordedStep, Result, StepState
 
 log = logging.getLogger("tritonctl.deploy")
@@ -204,6 +207,91 @@ def stamp_digest(digest: str) -> Callable[[str], str]:
     return lambda text: stamp_parameter(text, DIGEST_PARAMETER, digest)
 
 
+@dataclass
+class BringUp:
+    """One digest brought up under one name: what the steps of `BRING_UP` read, and what each leaves
+    for the next (the published tree, the READY versions).
+
+    `name`: the name Triton serves it under (default the model's; a change set's private step name);
+    `stamp`: what the served config must carry (default the digest; a change set's interim stamp);
+    `rewrite`: the config text's rewrite at publish (default: stamped with the digest);
+    `reload`: content that served here before, loaded again (a rollback's or a restore's reload): not
+    checked against the host or smoke-tested again."""
+
+    model: str
+    digest: str
+    config: dict[str, Any] | None
+    served_versions: Sequence[int]
+    name: str | None = None
+    stamp: str | None = None
+    rewrite: Callable[[str], str] | None = None
+    reload: bool = False
+    timeout_s: float | None = None
+    tree: Path | None = None
+    ready: list[str] = field(default_factory=list)
+
+    @property
+    def served_as(self) -> str:
+        return self.name or self.model
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of bringing a digest up. `take` runs it and returns its progress message; `word`: how it
+    is streamed (None: not streamed); `recorded`: written to the operation's deployment once taken, so
+    crash recovery knows it was reached; `applies`: whether this bring-up takes it (default: every one)."""
+
+    name: str
+    take: Callable[[TritonSteps, BringUp], str]
+    word: DeployStep | None = None
+    recorded: RecordedStep | None = None
+    applies: Callable[[BringUp], bool] | None = None
+
+
+def _check(steps: TritonSteps, b: BringUp) -> str:
+    steps.check(b.config, b.digest)
+    return ""
+
+
+def _publish(steps: TritonSteps, b: BringUp) -> str:
+    b.tree = steps.publish(b.model, b.digest, b.rewrite, name=b.name)
+    return str(b.tree)
+
+
+def _load(steps: TritonSteps, b: BringUp) -> str:
+    steps.load(b.served_as, b.timeout_s)
+    return ""
+
+
+def _verify(steps: TritonSteps, b: BringUp) -> str:
+    b.ready = steps.verify(b.served_as, b.stamp or b.digest, b.served_versions)
+    return f"READY versions {', '.join(b.ready)}"
+
+
+def _smoke(steps: TritonSteps, b: BringUp) -> str:
+    if b.tree is None:
+        raise VerifyError(f"'{b.served_as}': no published tree to smoke-test")
+    steps.smoke(b.served_as, b.tree, label=b.model)
+    return ""
+
+
+def _fresh(b: BringUp) -> bool:
+    return not b.reload
+
+
+# The steps that bring a digest up, in order: the one list every path runs (TritonSteps.bring_up).
+BRING_UP: tuple[Step, ...] = (
+    Step("check", _check, applies=_fresh),  # a backend or GPU the host lacks: before anything is published
+    Step("publish", _publish, DeployStep.PUBLISH, RecordedStep.PUBLISHED),
+    Step("load", _load, DeployStep.LOAD, RecordedStep.LOADED),
+    Step("verify", _verify, DeployStep.VERIFY, RecordedStep.VERIFIED),
+    Step("smoke", _smoke, DeployStep.SMOKE, applies=_fresh),
+)
+
+Reached = Callable[[RecordedStep], None]
+Emit = Callable[[DeployStep, StepState, str], None]
+
+
 class TritonSteps:
     """The steps of every load on this host, for a public name or a change set's private one."""
 
@@ -215,6 +303,27 @@ class TritonSteps:
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
         self.load_timeout_s = load_timeout_s
         self._ensemble_loads = threading.Lock()  # ensembles go to Triton one at a time (`_bookkeeping_only`)
+
+    def bring_up(self, b: BringUp, *, reached: Reached | None = None, emit: Emit | None = None,
+                 start: str | None = None) -> BringUp:
+        """Take the steps of `BRING_UP` that apply to `b`, in order, from the one named `start` (a
+        recovery checks what already serves from "verify" on). `reached` is told each recorded step once
+        taken (the operation's deployment advances); `emit` streams each step's start and end. A step's
+        failure raises (TritonctlError): the caller decides what to undo."""
+        sequence = BRING_UP
+        if start is not None:
+            sequence = sequence[[step.name for step in sequence].index(start):]
+        for step in sequence:
+            if step.applies is not None and not step.applies(b):
+                continue
+            if emit is not None and step.word is not None:
+                emit(step.word, StepState.START, "")
+            message = step.take(self, b)
+            if reached is not None and step.recorded is not None:
+                reached(step.recorded)
+            if emit is not None and step.word is not None:
+                emit(step.word, StepState.OK, message)
+        return b
 
     def publish(self, model: str, digest: str, rewrite: Callable[[str], str] | None = None,
                 name: str | None = None) -> Path:

@@ -1,5 +1,5 @@
 """One daemon's part in a fleet: its threads (heartbeat, LISTEN, agent, leader), its election, and the
-plane's fleet strategy (service.FleetStrategy: load, rollback, unload, pin, policy act on the fleet).
+plane's fleet strategy (targets.FleetStrategy: load, rollback, unload, pin, policy act on the fleet).
 
 The duties themselves live in their own rooms: the leader's (controlplane.fleet.leader: record what
 the source holds through the shared pipeline, start rollouts), the rollout state machine
@@ -189,7 +189,7 @@ class FleetMember:
     def report_now(self) -> None:
         self.agent.report()
 
-    # -- the fleet as the plane's strategy (service.FleetStrategy) --------------------------------
+    # -- the fleet as the plane's strategy (targets.FleetStrategy) --------------------------------
 
     def load(self, model: str, digest: str, actor: str, force: bool, progress: ProgressFn | None) -> Outcome:
         """`tritonctl load` on any host of a fleet: roll `digest` out to every host, streaming each step."""

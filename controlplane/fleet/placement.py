@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.errors import BudgetError
-from controlplane.memory.footprint import GPU, MEMORY
+from controlplane.vocab import GPU, MEMORY
 
 BUDGET_NAMES = {MEMORY: "memory_budget_mb", GPU: "gpu_memory_budget_mb"}
 

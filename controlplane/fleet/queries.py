@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from controlplane.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell, RolloutRow
+from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
+from controlplane.results import RolloutRow
 from controlplane.store.fleet import OPEN_ROLLOUT, FleetStore
 from controlplane.store.registry import Registry
 from controlplane.tags import by_digest

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import BudgetError
-from controlplane.memory.footprint import DECLARED, GPU, MEMORY, Baseline, Meter, declared, estimate, stub_pids
+from controlplane.memory.footprint import DECLARED, Baseline, Meter, declared, estimate, stub_pids
 from controlplane.store.records import FootprintRecord, ModelRecord
 from controlplane.store.registry import Registry
-from controlplane.vocab import SERVING_STATES
+from controlplane.vocab import GPU, MEMORY, SERVING_STATES
 
 log = logging.getLogger("tritonctl.budget")
 

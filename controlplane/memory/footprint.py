@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.vocab import MEMORY_KINDS
+
 STUB = "triton_python_backend_stub"
 DECLARED_MB = "tritonctl.footprint_mb"
 DECLARED_GPU_MB = "tritonctl.gpu_footprint_mb"
 MEASURED = "measured"
 DECLARED = "declared"
 MB = 1024 * 1024
-MEMORY = "memory_mb"  # the two things a footprint and a budget count, by their attribute names
-GPU = "gpu_memory_mb"
-KINDS = (MEMORY, GPU)
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ def estimate(stated: Sequence[Any], known: Iterable[Any]) -> dict[str, float]:
     (controlplane/memory/budget.py) and the fleet's placement (controlplane/fleet/ondemand.py) both ask it."""
     everyone = list(known)
     need: dict[str, float] = {}
-    for key in KINDS:
+    for key in MEMORY_KINDS:
         value = next((v for v in (getattr(s, key) for s in stated if s is not None) if v is not None), None)
         if value is None:
             values = [v for v in (getattr(r, key) for r in everyone) if v is not None]

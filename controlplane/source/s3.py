@@ -333,8 +333,8 @@ class S3Source:
             return True
         with self._lock:
             state = self._models.get(model)
-            return state is not None and state.signature == signature and \
-                time.monotonic() - state.changed_at >= self._settle
+            return (state is not None and state.signature == signature
+                    and time.monotonic() - state.changed_at >= self._settle)
 
     # -- capture -----------------------------------------------------------------------------------
     def capture(self, model: str, store: ContentStore, *, settled: bool = True) -> Snapshot:

@@ -26,10 +26,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from controlplane import intake
-from controlplane.control_plane import ControlPlane
 from controlplane.decision import Rule, decide
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.names import validate_model_name
+from controlplane.ports import WavePlane
 from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import Registry
 from controlplane.validation.ensemblemembers import step_models
@@ -52,7 +52,7 @@ class Wave:
 Captured = tuple[str, str, SnapshotContent, SourceEntry]
 
 
-def record_wave(plane: ControlPlane, names: Sequence[str], pool: Executor, batch: int = BATCH) -> Wave:
+def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: int = BATCH) -> Wave:
     """Capture, validate and record `names` (models that may load at once: no one an ensemble over
     another of them), in batches; decide each one's deploy (see the module docstring)."""
     out = Wave()
@@ -134,7 +134,7 @@ class StepMembers(Mapping[str, SnapshotRecord]):
             return sum(1 for v in self._known.values() if v is not None)
 
 
-def _captured(plane: ControlPlane, name: str, steps: StepMembers) -> Captured | None:
+def _captured(plane: WavePlane, name: str, steps: StepMembers) -> Captured | None:
     """`name`'s source captured and validated as the watcher's capture does; None: the per-model path
     must look at it (an invalid name, no directory, a capture that fails or must wait)."""
     try:
@@ -153,7 +153,7 @@ def _captured(plane: ControlPlane, name: str, steps: StepMembers) -> Captured | 
         return None
 
 
-def _decide(plane: ControlPlane, records: list[SnapshotRecord], out: Wave) -> None:
+def _decide(plane: WavePlane, records: list[SnapshotRecord], out: Wave) -> None:
     """Each recorded model: done, deployed alone, or handed to the watcher's path."""
     names = [r.model for r in records]
     wanted = {*names, *(step for r in records for step in step_models(r.config))}
@@ -167,8 +167,8 @@ def _decide(plane: ControlPlane, records: list[SnapshotRecord], out: Wave) -> No
     pending = plane.source.settling()
     for record in records:
         model = models.get(record.model)
-        if model is None or model.removed_at is not None or record.model in pending \
-                or not _alone(plane, record, models, serving, serving_over, pending):
+        if (model is None or model.removed_at is not None or record.model in pending
+                or not _alone(plane, record, models, serving, serving_over, pending)):
             out.settle.append(record.model)
             continue
         decision = decide(model, record, policy=plane.effective_policy(model), last=last.get(record.model))
@@ -180,7 +180,7 @@ def _decide(plane: ControlPlane, records: list[SnapshotRecord], out: Wave) -> No
             out.recorded.append(record.model)
 
 
-def _alone(plane: ControlPlane, record: SnapshotRecord, models: dict[str, ModelRecord],
+def _alone(plane: WavePlane, record: SnapshotRecord, models: dict[str, ModelRecord],
            serving: dict[str, list[str]], serving_over: dict[str, set[str]],
            pending: dict[str, float | None]) -> bool:
     """Whether the watcher's change-set grouping would take `record`'s model alone: no ensemble (recorded
@@ -198,7 +198,7 @@ def _alone(plane: ControlPlane, record: SnapshotRecord, models: dict[str, ModelR
     return True
 
 
-def _owed(plane: ControlPlane, model: ModelRecord) -> bool:
+def _owed(plane: WavePlane, model: ModelRecord) -> bool:
     """Auto policy may deploy `model` and it does not serve its newest recorded content."""
     if plane.effective_policy(model) != Policy.AUTO or model.pinned or model.state == ModelState.UNLOADED:
         return False
@@ -207,7 +207,7 @@ def _owed(plane: ControlPlane, model: ModelRecord) -> bool:
                 and (entry is None or entry.digest == model.active_digest))
 
 
-def deploy_alone(plane: ControlPlane, model: str, digest: str) -> bool:
+def deploy_alone(plane: WavePlane, model: str, digest: str) -> bool:
     """Deploy a model `record_wave` recorded, under its capture lock, if its source still holds that
     content (the watcher may have handed on a newer one meanwhile). False: it did not; the caller hands
     it to the watcher's path."""

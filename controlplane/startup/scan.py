@@ -43,8 +43,8 @@ def plan_start(names: Sequence[str], signatures: Mapping[str, str], entries: Map
     for name in names:
         entry, model = entries.get(name), models.get(name)
         signature = signatures.get(name)
-        if entry is None or model is None or not entry.trusted or entry.signature is None \
-                or signature != entry.signature or model.removed_at is not None:
+        if (entry is None or model is None or not entry.trusted or entry.signature is None
+                or signature != entry.signature or model.removed_at is not None):
             out.changed.append(name)
         elif _owes_deploy(model, entry, policy_of(model)):
             out.redeploy.append(name)

@@ -8,10 +8,11 @@ against `HEAD_REVISION`, a constant tests/test_layers.py keeps equal to the head
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controlplane.errors import NotFoundError, StoreError
+from controlplane.errors import MigrationError, NotFoundError, StoreError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -57,20 +58,149 @@ def current_revision(registry: Registry) -> str | None:
         raise StoreError(f"registry: cannot read the schema revision: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class Migration:
+    """One migration of migrations/versions/: its revision, file name (`0007_source_signatures`) and the
+    first line of its docstring."""
+
+    revision: str
+    name: str
+    title: str
+
+
+def plan(registry: Registry, revision: str = "head") -> list[Migration]:
+    """The migrations an upgrade of the registry to `revision` would run, oldest first (imports Alembic)."""
+    return pending(current_revision(registry), revision)
+
+
+def pending(current: str | None, revision: str = "head") -> list[Migration]:
+    """The migrations from schema revision `current` (None: none yet) to `revision`, oldest first."""
+    from alembic.script import ScriptDirectory
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+
+    script = ScriptDirectory.from_config(_config())
+    try:
+        steps = list(script.iterate_revisions(revision, current or "base"))
+    except (CommandError, RevisionError) as exc:  # a newer tritonctl upgraded it: no way from there here
+        raise StoreError(f"registry schema is at {current}, which this tritonctl does not know (it goes up to "
+                         f"{HEAD_REVISION}): run the release that upgraded it, or put back its copy from before "
+                         "(docs/operations.md \"Upgrading\")") from exc
+    return [Migration(str(step.revision), Path(step.path).stem,
+                      (step.doc or "").strip().splitlines()[0] if step.doc else "")
+            for step in reversed(steps) if step.revision != current]
+
+
+def backup_path(database: Path, revision: str) -> Path:
+    """Where the copy of a SQLite registry taken before migrating it from `revision` goes."""
+    return database.with_name(f"{database.name}.before-{revision}")
+
+
+def backup_sqlite(database: Path, revision: str) -> Path:
+    """Copy a SQLite registry aside through SQLite's backup API (a consistent copy, WAL included,
+    even while another connection reads it); a copy from an earlier attempt at the same revision is
+    replaced. Written to a temporary name first, so a crash never leaves a half copy under the name."""
+    import os
+    import sqlite3
+
+    target = backup_path(database, revision)
+    partial = target.with_name(target.name + ".partial")
+    partial.unlink(missing_ok=True)
+    try:
+        source = sqlite3.connect(database)  # it exists (it has a revision); the copy only reads it
+        try:
+            copy = sqlite3.connect(partial)
+            try:
+                source.backup(copy)
+            finally:
+                copy.close()
+        finally:
+            source.close()
+        os.replace(partial, target)
+    except (OSError, sqlite3.Error) as exc:
+        partial.unlink(missing_ok=True)
+        raise StoreError(f"registry: cannot copy {database} to {target} before migrating it: {exc}") from exc
+    return target
+
+
 def upgrade(registry: Registry, revision: str = "head") -> tuple[str | None, str]:
-    """Upgrade the registry's schema; returns (revision before, revision after)."""
+    """Upgrade the registry's schema; returns (revision before, revision after) (see `run_upgrade`)."""
+    done = run_upgrade(registry, revision)
+    return done.before, done.after
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What an upgrade did: the revisions before (None: no schema) and after, the migrations it ran and
+    the copy of the SQLite registry it took first (None: none needed)."""
+
+    before: str | None
+    after: str
+    migrations: list[Migration]
+    backup: Path | None
+
+
+def run_upgrade(registry: Registry, revision: str = "head") -> Upgrade:
+    """Upgrade the registry's schema to `revision`.
+
+    A failed migration changes nothing: SQLite runs every pending migration in one transaction (its DDL
+    is transactional), after copying the registry aside (`registry.db.before-<revision>`); PostgreSQL
+    runs each migration in its own transaction (Alembic's transaction_per_migration), so a failure
+    leaves it at the revision before the failing one. The failure (MigrationError) names the migration
+    and, on SQLite, the copy."""
+    import logging
+
     from alembic import command
-    from sqlalchemy.exc import SQLAlchemyError
+
+    from controlplane.store import sqlite_reader
 
     before = current_revision(registry)
+    todo = pending(before, revision)
+    if not todo:
+        return Upgrade(before, before or "", [], None)
+    database = sqlite_reader.sqlite_path(str(registry.engine.url))
+    backup: Path | None = None
+    if database is not None and before is not None:
+        backup = backup_sqlite(database, before)
+        logging.getLogger("tritonctl.store").info(
+            "registry schema %s -> %s: copied the registry to %s first (to go back: stop the daemon and copy it "
+            "over %s)", before, todo[-1].revision, backup, database.name)
+    applied: list[str] = []
     config = _config()
+    config.attributes["on_version_apply"] = lambda **kw: applied.append(str(kw["step"].up_revision_id))
     try:
-        with registry.engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, revision)
-    except SQLAlchemyError as exc:
-        raise StoreError(f"registry: migration failed: {str(exc).splitlines()[0]}") from exc
-    return before, current_revision(registry) or ""
+        if registry.engine.dialect.name == "sqlite":
+            with registry.engine.connect() as conn:
+                # Python's sqlite3 opens a transaction only before INSERT/UPDATE/DELETE, so a migration's
+                # CREATE TABLE would commit on its own: here the driver opens none and BEGIN IMMEDIATE
+                # opens one that the DDL and the data roll back in together.
+                raw: Any = conn.connection.driver_connection
+                level = raw.isolation_level
+                raw.isolation_level = None
+                try:
+                    with conn.begin():
+                        conn.exec_driver_sql("BEGIN IMMEDIATE")
+                        config.attributes["connection"] = conn
+                        command.upgrade(config, revision)
+                finally:
+                    raw.isolation_level = level
+        else:
+            with registry.engine.connect() as conn:
+                config.attributes["connection"] = conn
+                config.attributes["transaction_per_migration"] = True
+                command.upgrade(config, revision)
+    except Exception as exc:  # a migration's own bug is as much a failure as the database's refusal
+        failed = todo[min(len(applied), len(todo) - 1)]
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if registry.engine.dialect.name == "sqlite":
+            where = f"the registry is unchanged at {before or 'no schema'}"
+            if backup is not None:
+                where += f"; its copy from before the upgrade is {backup}"
+        else:
+            where = f"the registry stays at {current_revision(registry) or 'no schema'}"
+        raise MigrationError(f"registry: migration {failed.name} failed: {reason}; {where}",
+                             revision=failed.revision, backup=backup) from exc
+    return Upgrade(before, current_revision(registry) or "", todo, backup)
 
 
 def check_revision(revision: str | None, close: Any) -> None:

@@ -19,11 +19,10 @@ from typing import Any
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
-from controlplane.memory.footprint import GPU, MEMORY
 from controlplane.store import schema
 from controlplane.store.outbox import add_audit_event
 from controlplane.store.registry import AuditEntry, Registry, utcnow
-from controlplane.vocab import SERVING_STATES
+from controlplane.vocab import GPU, MEMORY, SERVING_STATES
 
 PLACEMENT_LOCK = 0x7472_706C  # "trpl": one placement decision at a time, fleet-wide
 PLACE_PREFIX = "place "  # the notification that wakes the host a model was placed on

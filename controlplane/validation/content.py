@@ -62,7 +62,7 @@ def smoke_problems(root: str, label: str, config: dict[str, Any] | None) -> list
     path = Path(root) / SMOKE_FILE
     if not path.is_file():
         return []
-    from controlplane.deploy.smoke import load_smoke_file
+    from controlplane.validation.smokefile import load_smoke_file
 
     shown = f"{label}/{SMOKE_FILE}"
     try:

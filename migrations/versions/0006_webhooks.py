@@ -25,7 +25,20 @@ branch_labels = None
 depends_on = None
 
 
+def _drop_leftovers() -> None:
+    """An upgrade by an earlier tritonctl that failed in 0007 left these tables behind with the registry
+    still at 0005 (its migrations did not run in a transaction: SQLite's driver committed each CREATE
+    TABLE). Empty, they are that upgrade's leftovers (nothing writes them below 0006): drop them and
+    create them again. With rows they are something else: left alone, the CREATE fails and says so."""
+    conn = op.get_bind()
+    tables = set(sa.inspect(conn).get_table_names())
+    for name in ("webhook_deliveries", "webhook_outbox"):
+        if name in tables and conn.execute(sa.text(f"SELECT count(*) FROM {name}")).scalar_one() == 0:
+            op.drop_table(name)  # its indexes go with it
+
+
 def upgrade() -> None:
+    _drop_leftovers()
     op.create_table(
         "webhook_outbox",
         sa.Column("id", sa.Integer(), primary_key=True),

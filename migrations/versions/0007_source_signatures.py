@@ -28,6 +28,8 @@ down_revision = "0006"
 branch_labels = None
 depends_on = None
 
+BATCH = 500  # models per backfill batch
+
 
 def _steps(config_json: str | None) -> str | None:
     try:
@@ -54,14 +56,29 @@ def upgrade() -> None:
         sa.Column("trusted", sa.Boolean(), nullable=False),
         sa.Column("recorded_at", sa.DateTime(), nullable=False),
     )
+    # Read and written through typed columns (a SQLite DATETIME is text the DateTime type parses and
+    # writes back; selected through text() it came back a str the insert refused), a batch of models at a
+    # time: a large registry never sits in memory whole.
     conn = op.get_bind()
-    rows = conn.execute(sa.text(
-        "SELECT model, digest, config, last_seen FROM snapshots ORDER BY model, last_seen, id")).fetchall()
-    heads = {row[0]: row for row in rows}  # the last row per model is its newest content
-    if heads:
-        op.bulk_insert(table, [{"model": m, "signature": None, "digest": d, "steps": _steps(c), "trusted": False,
-                                "recorded_at": t}
-                               for m, d, c, t in heads.values()])
+    snapshots = sa.table("snapshots", sa.column("id", sa.Integer()), sa.column("model", sa.String()),
+                         sa.column("digest", sa.String()), sa.column("config", sa.Text()),
+                         sa.column("last_seen", sa.DateTime()))
+    after = ""
+    while True:
+        models = [row[0] for row in conn.execute(
+            sa.select(snapshots.c.model).where(snapshots.c.model > after).distinct()
+            .order_by(snapshots.c.model).limit(BATCH))]
+        if not models:
+            break
+        heads = {}  # the last row per model is its newest content
+        for model, digest, config, last_seen in conn.execute(
+                sa.select(snapshots.c.model, snapshots.c.digest, snapshots.c.config, snapshots.c.last_seen)
+                .where(snapshots.c.model.in_(models))
+                .order_by(snapshots.c.model, snapshots.c.last_seen, snapshots.c.id)):
+            heads[model] = {"model": model, "signature": None, "digest": digest, "steps": _steps(config),
+                            "trusted": False, "recorded_at": last_seen}
+        conn.execute(table.insert(), list(heads.values()))
+        after = models[-1]
 
 
 def downgrade() -> None:

@@ -406,7 +406,7 @@ def recovered(bench: Bench, deployment: DeploymentRecord) -> Outcome:
 def test_recover_rolls_forward_what_triton_serves_as_recorded(bench: Bench) -> None:
     old = bench.serving_now(1)
     new = bench.record(2)
-    bench.deployer._publish("m", new)
+    bench.deployer.steps.publish("m", new)
     bench.triton.load("m")  # the crash came after the load
     deployment = interrupted(bench, "deploy", new, old)
     outcome = recovered(bench, deployment)
@@ -417,7 +417,7 @@ def test_recover_rolls_forward_what_triton_serves_as_recorded(bench: Bench) -> N
 def test_recover_rolls_back_to_the_previous_digest_reloading_it_when_needed(bench: Bench) -> None:
     old = bench.serving_now(1)
     new = bench.record(2)
-    bench.deployer._publish("m", new)  # published, never loaded: Triton still serves old
+    bench.deployer.steps.publish("m", new)  # published, never loaded: Triton still serves old
     deployment = interrupted(bench, "deploy", new, old, step="published")
     bench.triton.load_script = ["ignore"]  # drain's load of the interrupted tree: Triton keeps old
     loads = len(bench.triton.calls)
@@ -432,7 +432,7 @@ def test_recover_rolls_back_to_the_previous_digest_reloading_it_when_needed(benc
 def test_recover_of_a_rollback_in_progress_never_rolls_forward(bench: Bench) -> None:
     old = bench.serving_now(1)
     new = bench.record(2)
-    bench.deployer._publish("m", new)
+    bench.deployer.steps.publish("m", new)
     bench.triton.load("m")
     deployment = interrupted(bench, "deploy", new, old, step="rolling_back")
     outcome = recovered(bench, deployment)
@@ -442,7 +442,7 @@ def test_recover_of_a_rollback_in_progress_never_rolls_forward(bench: Bench) -> 
 def test_recover_that_cannot_restore_the_previous_digest_leaves_it_degraded(bench: Bench) -> None:
     old = bench.serving_now(1)
     new = bench.record(2)
-    bench.deployer._publish("m", new)
+    bench.deployer.steps.publish("m", new)
     bench.triton.models.clear()
     deployment = interrupted(bench, "deploy", new, old, step="published")
     bench.triton.load_script = ["ignore", CONTENT_FAILURE]  # drain's load of the tree, then the restore
@@ -456,7 +456,7 @@ def test_recover_reloads_the_previous_digest_within_the_memory_budget(bench: Ben
     first, and with no room it loads nothing and leaves the model degraded, the budget named."""
     old = bench.serving_now(1)
     new = bench.record(2)
-    bench.deployer._publish("m", new)
+    bench.deployer.steps.publish("m", new)
     bench.triton.models.clear()  # Triton lost it: the previous content must be loaded again
     deployment = interrupted(bench, "deploy", new, old, step="published")
     bench.triton.load_script = ["ignore"]  # drain's load of the interrupted tree

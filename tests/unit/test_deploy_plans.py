@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from controlplane.deploy import steps as deploy_steps
 from controlplane.deploy.engine import Deployer, Outcome
 from controlplane.deploy.plans import Admissions, Member, Plan, private_name
 from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.steps import BringUp, Step, TritonSteps
 from controlplane.errors import BudgetError, HostCapabilityError
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
@@ -248,6 +250,46 @@ def test_recovery_rolls_an_interrupted_set_forward(benches: tuple[Bench, Bench])
     assert bench.triton.served_digest("pipe") == new["pipe"] and bench.triton.served_digest("a") == new["a"]
     assert bench.registry.get_model("pipe").active_digest == new["pipe"]
     assert bench.deployer.sweep(["pipe"]) and staged not in bench.serving.models()
+
+
+def test_a_step_added_to_the_bring_up_runs_on_every_path(benches: tuple[Bench, Bench],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/architecture.md "Add a deploy step": a step is one entry of deploy/steps.py's BRING_UP, and every
+    path that brings a digest up takes it: a model deployed alone, each load of a change set (the staged
+    copy, the interim switch, the public step, the switch back), a restore's reload and a crash recovery."""
+    bench, _ = benches
+    taken: list[tuple[str, str]] = []
+
+    def note(steps: TritonSteps, b: BringUp) -> str:
+        taken.append((b.served_as, b.digest))
+        return "noted"
+
+    monkeypatch.setattr(deploy_steps, "BRING_UP", (*deploy_steps.BRING_UP, Step("note", note)))
+    new = bench.serving_pipeline()  # a, b and pipe deployed alone
+    first_b = bench.registry.get_model("b").active_digest
+    assert [model for model, _ in taken] == ["a", "b", "pipe"]
+
+    taken.clear()
+    assert bench.deployer.run(bench.plan(new), "alice").outcome == Result.OK
+    staged = private_name("a", new["a"])
+    assert taken == [(staged, new["a"]), ("pipe", new["pipe"]), ("a", new["a"]), ("pipe", new["pipe"])]
+
+    taken.clear()
+    bench.triton.unload("b")  # Triton lost it: reconcile's restore loads it again
+    restored = bench.deployer.restore("b", first_b, "reconcile")
+    assert restored is not None and restored.outcome == Result.OK
+    assert taken == [("b", first_b)]
+
+    taken.clear()  # a deploy of b's new content killed after its load: recovery rolls it forward
+    second_b = bench.record("b", gen_config("b", 2), 2)
+    begun = bench.registry.begin_deployment("b", "deploy", second_b, first_b, "alice")
+    bench.deployer.steps.publish("b", second_b)
+    bench.triton.load("b")
+    bench.registry.advance(begun.id, "loaded")
+    [deployment] = bench.registry.open_deployments()
+    recovered = bench.deployer.recover(deployment)
+    assert recovered is not None and recovered.message.startswith("rolled forward"), recovered
+    assert taken == [("b", second_b)]
 
 
 def test_a_sweep_with_no_private_names_reads_no_ensemble(benches: tuple[Bench, Bench],

@@ -1,51 +1,232 @@
-"""Who may see the web view: everyone on a loopback listener; elsewhere only a holder of the daemon's token.
+"""Who may see the web view: the Host it is asked by, then the login (docs/web.md, docs/operations.md "Security").
 
-The token is typed once into the login form; the browser then keeps a session cookie (HttpOnly,
-SameSite=Strict, Secure when the listener serves TLS) whose value is an HMAC of the token, not the token
-itself: the cookie opens the read-only view and nothing else (the control API wants the token). A
-`authorization: Bearer <token>` header is accepted too (curl). Static files and the login form are open.
+Host names. Every request (http and websocket alike) first shows a Host header the view answers to, or
+gets 421 before any page is built: the names of its own address, so a page elsewhere that rebinds its
+own DNS name to this address (DNS rebinding) reads nothing through a visitor's browser. A loopback address
+answers to `localhost`, `127.0.0.1` and `[::1]`; any address to its own IP literal; a wildcard address
+(0.0.0.0, ::) to any IP literal and the loopback names; and every address to the names of the config key
+`web_host_names` (the name a browser uses for a non-loopback view). The port is not compared.
+
+Login. On a loopback listener without `web_require_token` everyone is let in. Elsewhere the token is typed
+once into the login form (a body of at most LOGIN_BODY_LIMIT bytes: 413 beyond, unread); a client's wrong
+tokens slow it down (`LoginThrottle`: after FREE_FAILURES, 429 for a wait that doubles with each further
+failure). A right one opens a session: a random id (not derived from the token) kept in this process's
+memory, for SESSION_LIFETIME_S at most, ended at logout (and by a restart of the daemon). The browser keeps
+it in a cookie (HttpOnly, SameSite=Strict, Secure when the listener serves TLS) that opens this read-only
+view and nothing else. `authorization: Bearer <token>` is accepted too (curl). Static files and the login
+form are open.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-from collections.abc import Mapping
+import ipaddress
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 COOKIE = "tritonctl_web"
 OPEN_PREFIXES = ("/ui/login", "/ui/static/")
-COOKIE_CONTEXT = b"tritonctl web view session"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+SESSION_LIFETIME_S = 8 * 3600  # a working day; then the token is asked for again
+MAX_SESSIONS = 1000  # the oldest session ends when more are opened (only token holders open one)
+LOGIN_BODY_LIMIT = 4096  # the form holds a token and a path: 4 KiB is plenty
+FREE_FAILURES = 5  # wrong tokens a client may send before it waits
+MAX_WAIT_S = 300.0  # the longest wait between tries after wrong tokens
+FAILURES_FORGOTTEN_S = 900.0  # a client's wrong tokens are forgotten after this long without another
+# What a page may load: its own scripts and styles (style attributes: the timeline's positions), images
+# of its own or data: (the empty icon), fetches and the event stream of its own origin; no frames, no
+# plugins, forms posted to itself only.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
+                           "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+                           "base-uri 'none'")
+SECURITY_HEADERS = ((b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+                    (b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"no-referrer"))
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
-def session_value(token: str) -> str:
-    return hmac.new(token.encode(), COOKIE_CONTEXT, hashlib.sha256).hexdigest()
+# --- Host names --------------------------------------------------------------------------------------
 
 
-def cookie_header(token: str, secure: bool) -> str:
-    """The Set-Cookie value of a session (a browser session: it ends when the browser closes)."""
-    return f"{COOKIE}={session_value(token)}; Path=/ui/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
+def host_names(bound_host: str, configured: str | None) -> frozenset[str]:
+    """The names (lower case, IPv6 without brackets) a view bound to `bound_host` answers to; a wildcard
+    address answers to any IP literal too (`host_allowed`)."""
+    names = {n.strip().lower().rstrip(".") for n in (configured or "").split(",") if n.strip()}
+    bound = bound_host.strip("[]").lower()
+    if bound in WILDCARDS or is_loopback(bound):
+        names |= LOOPBACK_NAMES
+    if bound not in WILDCARDS:
+        names.add(bound)
+    return frozenset(names)
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP literal (the TCP listeners' rule too: controlplane/api/server.py)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_of(header: str) -> str:
+    """The name of a Host header without its port: `[::1]:8080` -> `::1`, `Example.COM.:80` -> `example.com`."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    if value.count(":") == 1:
+        value = value.partition(":")[0]
+    return value.rstrip(".")
+
+
+def host_allowed(scope: Mapping[str, Any], names: frozenset[str], any_ip: bool) -> bool:
+    """Whether the request's Host header (exactly one) names this view; `any_ip`: a wildcard listener."""
+    hosts = [value for key, value in scope.get("headers") or () if key.lower() == b"host"]
+    if len(hosts) != 1:
+        return False
+    name = host_of(hosts[0].decode("latin-1"))
+    if name in names:
+        return True
+    if any_ip:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
+    return False
+
+
+class HostCheck:
+    """ASGI middleware: a request whose Host is not one of the view's names gets 421, before anything else
+    runs (a websocket is closed before it is accepted: 403)."""
+
+    def __init__(self, app: ASGIApp, bound_host: str, configured: str | None) -> None:
+        self.app = app
+        self.names = host_names(bound_host, configured)
+        self.any_ip = bound_host.strip("[]") in WILDCARDS
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket") or host_allowed(scope, self.names, self.any_ip):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = b"421 Misdirected Request: this web view does not answer to that Host name\n"
+        await send({"type": "http.response.start", "status": 421,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode()), *SECURITY_HEADERS]})
+        await send({"type": "http.response.body", "body": body})
+
+
+# --- sessions and the login ----------------------------------------------------------------------------
+
+
+class Sessions:
+    """Random session ids in memory: each expires SESSION_LIFETIME_S after login and ends at logout."""
+
+    def __init__(self, lifetime_s: float = SESSION_LIFETIME_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lifetime_s = lifetime_s
+        self.clock = clock
+        self._expiry: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def open(self) -> str:
+        session = secrets.token_urlsafe(32)
+        with self._lock:
+            self._expiry[session] = self.clock() + self.lifetime_s
+            while len(self._expiry) > MAX_SESSIONS:
+                self._expiry.popitem(last=False)
+        return session
+
+    def valid(self, session: str) -> bool:
+        if not session:
+            return False
+        with self._lock:
+            expiry = self._expiry.get(session)
+            if expiry is None:
+                return False
+            if self.clock() >= expiry:
+                del self._expiry[session]
+                return False
+            return True
+
+    def end(self, session: str) -> None:
+        with self._lock:
+            self._expiry.pop(session, None)
+
+
+class LoginThrottle:
+    """Per client address: FREE_FAILURES wrong tokens, then a wait of 1 s, 2 s, 4 s ... (MAX_WAIT_S at
+    most) after each further one; forgotten FAILURES_FORGOTTEN_S after the last, or at a right token."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_clients: int = 10_000) -> None:
+        self.clock = clock
+        self.max_clients = max_clients
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()  # client -> (count, last failure)
+        self._lock = threading.Lock()
+
+    def wait_s(self, client: str) -> float:
+        """Seconds `client` must wait before its next try (0: it may try now)."""
+        with self._lock:
+            count, last = self._failures.get(client, (0, 0.0))
+            now = self.clock()
+            if count and now - last > FAILURES_FORGOTTEN_S:
+                del self._failures[client]
+                return 0.0
+            if count < FREE_FAILURES:
+                return 0.0
+            return max(0.0, last + min(MAX_WAIT_S, 2.0 ** (count - FREE_FAILURES)) - now)
+
+    def failed(self, client: str) -> None:
+        with self._lock:
+            count, _ = self._failures.pop(client, (0, 0.0))
+            self._failures[client] = (count + 1, self.clock())
+            while len(self._failures) > self.max_clients:
+                self._failures.popitem(last=False)
+
+    def succeeded(self, client: str) -> None:
+        with self._lock:
+            self._failures.pop(client, None)
+
+
+def cookie_header(session: str, secure: bool) -> str:
+    """The Set-Cookie value of a session: a browser-session cookie (no Max-Age: it goes when the browser
+    closes); the session itself ends at logout or after its lifetime, on the server."""
+    return f"{COOKIE}={session}; Path=/ui/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
 
 
 def logout_header(secure: bool) -> str:
     return f"{COOKIE}=; Path=/ui/; Max-Age=0; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
 
 
-def _cookie(headers: dict[bytes, bytes], name: str) -> str:
-    for part in headers.get(b"cookie", b"").decode("latin-1").split(";"):
-        key, _, value = part.strip().partition("=")
-        if key == name:
-            return value
+def session_of(scope: Mapping[str, Any]) -> str:
+    """The session id the request's cookie carries ('' when none)."""
+    for key, value in scope.get("headers") or ():
+        if key.lower() != b"cookie":
+            continue
+        for part in value.decode("latin-1").split(";"):
+            name, _, content = part.strip().partition("=")
+            if name == COOKIE:
+                return content
     return ""
 
 
-def allowed(scope: Mapping[str, Any], token: str | None) -> bool:
+def allowed(scope: Mapping[str, Any], token: str | None, sessions: Sessions) -> bool:
     """Whether this request may see the view (`token` None: no login, a loopback listener)."""
     if token is None or str(scope.get("path", "")).startswith(OPEN_PREFIXES):
         return True
-    headers = dict(scope.get("headers") or ())
-    if hmac.compare_digest(_cookie(headers, COOKIE).encode(), session_value(token).encode()):
+    if sessions.valid(session_of(scope)):
         return True
+    headers = dict(scope.get("headers") or ())
     return hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {token}".encode())
 
 

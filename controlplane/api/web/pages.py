@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timezone
+from math import ceil
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
@@ -104,6 +105,7 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
     """The view's own application (its own listener): `token` None means no login (a loopback address);
     `events`: the control API's /v1/events router, served here as /ui/v1/events behind the same gate."""
     app = FastAPI(title="tritonctl web view", docs_url=None, redoc_url=None, openapi_url=None)
+    sessions, throttle = gate.Sessions(), gate.LoginThrottle()
     if events is not None:
         app.include_router(events, prefix=EVENTS_PREFIX)
     templates = make_templates()
@@ -121,16 +123,19 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
 
     @app.middleware("http")
     async def only_with_token(request: Request, call_next: Any) -> Response:
-        if gate.allowed(request.scope, token):
-            response: Response = await call_next(request)
+        response: Response
+        if gate.allowed(request.scope, token, sessions):
+            response = await call_next(request)
             response.headers["cache-control"] = "no-store"
-            response.headers["x-frame-options"] = "DENY"
-            return response
-        path = request.url.path
-        if path.startswith(("/ui/stamp", EVENTS_PREFIX + "/v1/")) or request.query_params.get("fragment") == "1":
-            return JSONResponse({"error": {"class": "PermissionDeniedError", "message": "log in to the web view",
-                                           "exit_code": 77}}, status_code=401)
-        return RedirectResponse("/ui/login?" + urlencode({"next": page_link(request)}), status_code=303)
+        elif (request.scope["path"].startswith(("/ui/stamp", EVENTS_PREFIX + "/v1/"))
+              or request.query_params.get("fragment") == "1"):
+            response = JSONResponse({"error": {"class": "PermissionDeniedError", "message": "log in to the web view",
+                                               "exit_code": 77}}, status_code=401)
+        else:
+            response = RedirectResponse("/ui/login?" + urlencode({"next": page_link(request)}), status_code=303)
+        for name, value in gate.SECURITY_HEADERS:
+            response.headers[name.decode()] = value.decode()
+        return response
 
     @app.exception_handler(errors.TritonctlError)
     async def core_error(request: Request, exc: errors.TritonctlError) -> HTMLResponse:
@@ -147,17 +152,31 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
 
     @app.post("/ui/login")
     async def login(request: Request) -> Response:
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        client = request.client.host if request.client else ""
+        wait_s = throttle.wait_s(client)
+        if wait_s > 0:  # before the body is read: a client guessing tokens waits, whatever it sends
+            waiting = render(request, "login.html", {"next": "/ui/", "wrong": True, "wait_s": ceil(wait_s)},
+                             status_code=429)
+            waiting.headers["retry-after"] = str(ceil(wait_s))
+            return waiting
+        body = await _small_body(request, gate.LOGIN_BODY_LIMIT)
+        if body is None:
+            return PlainTextResponse(f"413 the login form takes at most {gate.LOGIN_BODY_LIMIT} bytes\n",
+                                     status_code=413, headers={"connection": "close"})
+        form = parse_qs(body.decode("utf-8", "replace"))
         given, target = form.get("token", [""])[0], _safe_next(form.get("next", ["/ui/"])[0])
         if token is None or gate.token_matches(given, token):
+            throttle.succeeded(client)
             response = RedirectResponse(target, status_code=303)
             if token is not None:
-                response.headers["set-cookie"] = gate.cookie_header(token, secure)
+                response.headers["set-cookie"] = gate.cookie_header(sessions.open(), secure)
             return response
+        throttle.failed(client)
         return render(request, "login.html", {"next": target, "wrong": True}, status_code=401)
 
     @app.post("/ui/logout")
-    def logout() -> RedirectResponse:
+    def logout(request: Request) -> RedirectResponse:
+        sessions.end(gate.session_of(request.scope))  # the cookie opens nothing from now on, kept or not
         response = RedirectResponse("/ui/login", status_code=303)
         response.headers["set-cookie"] = gate.logout_header(secure)
         return response
@@ -232,6 +251,20 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
                       live="_audit_live.html")
 
     return app
+
+
+async def _small_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it is known to exceed `limit` bytes (a Content-Length
+    above it: nothing is read; else reading stops at the first chunk past it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 def _safe_next(target: str) -> str:
