@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from controlplane.api.params import ModelPath
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
 from controlplane.results import StatusRow
@@ -62,7 +63,7 @@ def health_routes(plane: ControlPlane, loop_age_s: Callable[[], float | None]) -
         return JSONResponse(document, status_code=200 if ok else 503)
 
     @router.get("/models/{model}/ready", summary="200 when this model serves what it should; else 503 and why")
-    def model_ready(model: str) -> JSONResponse:
+    def model_ready(model: ModelPath) -> JSONResponse:
         ok, document = readiness(plane, model)
         return JSONResponse(document, status_code=200 if ok else 503)
 
