@@ -53,6 +53,7 @@ from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.source.protocol import NoSource, Source
 from controlplane.source.recorded import SourceGraph
+from controlplane.store.health import RegistryHealth
 from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, track_sync
@@ -134,6 +135,7 @@ class ControlPlane:
         self.in_hand = InHand()  # handed on by the source, not captured yet: `status` says "capturing"
         self.http_url = http_url
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
+        self._tags_seen: tuple[list[Any], dict[str, str]] = ([], {})  # the last tags and tracks read
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
@@ -569,20 +571,40 @@ class ControlPlane:
             standing = self.ondemand.standing(model)
             row.ondemand = standing.to_json() if standing is not None else None
             rows.append(row)
-        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows)
+        outage = self.registry_outage()
+        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows,
+                            registry_reachable=outage is None,
+                            registry_unreachable_since=iso(outage.since) if outage and outage.since else None,
+                            registry_reason=f"registry {outage.name}: {outage.reason}" if outage else "")
+
+    def registry_outage(self) -> RegistryHealth | None:
+        """The registry this plane reads that does not answer now (this host's, or where its tags live: a
+        fleet's shared one), else None (controlplane/store/health.py)."""
+        return next((h for h in (self.registry.health, self.tag_registry().health) if not h.reachable), None)
+
+    def _tags_read(self) -> tuple[list[Any], dict[str, str]]:
+        """The tags and the tracks; while their registry does not answer, the last ones read (status
+        answers from what this host knows)."""
+        registry = self.tag_registry()
+        try:
+            self._tags_seen = (registry.list_tags(), registry.tracks())
+        except StoreError:
+            if registry.health.reachable:
+                raise
+        return self._tags_seen
 
     def _sync_inputs(self, records: list[ModelRecord], names: list[str] | None) -> _SyncInputs:
         """What the sync of `records` (named `names`; None: every model) is derived from, each read once.
         Last deployments only of the models not in sync (none when all are): by name while they are few,
         else all of `names` in one query."""
-        tag_registry = self.tag_registry()
+        tagged, tracks = self._tags_read()
         heads = self.registry.source_heads(names)
         owed = [m.name for m in records if needs_last_deployment(m, heads.get(m.name))]
         lasts = self.registry.last_deployments(owed if len(owed) <= LASTS_BY_NAME else names) if owed else {}
         return _SyncInputs(heads, lasts,
                            set(self.deployer.busy_models()),
                            self.in_hand.reasons(self.source.settling(), dict(self.capture_waits)),
-                           tags.by_digest(tag_registry.list_tags()), tag_registry.tracks(),
+                           tags.by_digest(tagged), tracks,
                            self.retries.all(), self.restores.all())  # one lock each, not two per model
 
     def _sync_of(self, model: ModelRecord, inputs: _SyncInputs) -> tuple[str, str, str, Retry | None]:

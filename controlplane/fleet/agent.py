@@ -60,7 +60,8 @@ class HostAgent:
         try:
             self.placed.serve()
         except TritonctlError as exc:
-            log.error("placed models: %s", exc)
+            if not self.registry.health.told(exc):
+                log.error("placed models: %s", exc)
         claimed = self.store.claim(self.host)
         if claimed:
             claimed = self._gather(claimed)
@@ -208,7 +209,8 @@ class HostAgent:
             try:
                 outcome = self._deploy(model, target, "deploy", CONVERGE_ACTOR)
             except TritonctlError as exc:
-                log.error("%s: converge: %s", model, exc)
+                if not self.registry.health.told(exc):
+                    log.error("%s: converge: %s", model, exc)
                 continue
             self._finish(Step(0, 0, self.host, 0, "deploy", target, "", "", model),
                          "ok" if outcome.succeeded else "failed", outcome.message, str(outcome.outcome),

@@ -50,7 +50,7 @@ class FleetMember:
         self._wake_agent = threading.Event()
         self._wake_leader = threading.Event()
         self.election = LeaderElection(settings.db_url or "", self.host, self._on_leadership,
-                                       interval_s=fleet.heartbeat_s)
+                                       interval_s=fleet.heartbeat_s, health=shared_registry.health)
         self.machine = RolloutMachine(self.store, shared_registry, fleet, self.host)
         self.leader = Leader(settings, plane, shared_registry, self.store, self.shared, self.machine,
                              lambda: self.is_leader, self._stop)
@@ -97,14 +97,16 @@ class FleetMember:
             try:
                 self.registry.audit(AuditEntry(FLEET_ACTOR, "leader", None, None, "ok", f"{self.host} leads the fleet"))
             except TritonctlError as exc:
-                log.error("audit: %s", exc)
+                if not self.registry.health.told(exc):
+                    log.error("audit: %s", exc)
 
     def _guard(self, fn: Callable[[], None], period: float | None) -> None:
         while not self._stop.is_set():
             try:
                 fn()
             except TritonctlError as exc:
-                log.error("fleet %s: %s", fn.__name__.strip("_"), exc)
+                if not self.registry.health.told(exc):  # an outage is told once, by the registry's health
+                    log.error("fleet %s: %s", fn.__name__.strip("_"), exc)
             except Exception:  # noqa: BLE001 - one bad tick must not stop the fleet duties
                 log.exception("fleet %s failed", fn.__name__.strip("_"))
             if period is not None:

@@ -106,7 +106,12 @@ class RolloutMachine:
     def skip_silent_hosts(self, rid: int, steps: list[Step]) -> None:
         """A dead host does not hold the fleet: its steps not yet done (waiting ones too) are skipped
         as soon as its daemon's session is gone or its heartbeat ages past the liveness window; the
-        host converges to the fleet's target when it is back."""
+        host converges to the fleet's target when it is back. Nobody is judged dead for a time in which
+        the leader itself could not reach the registry (nobody could heartbeat then): from the moment it
+        answers the leader again, every host has `liveness_s` to heartbeat before any step is skipped,
+        and the rollout resumes in its own order."""
+        if self.registry.health.in_grace(self.fleet.host_timeout_s):
+            return
         live = set(self.store.live_hosts(self.fleet.host_timeout_s))
         for step in steps:
             if step.state in ("waiting", "pending", "running") and step.host not in live:
