@@ -6,9 +6,11 @@ what it should, in `status` words `synced`, `held`, `invalid` or `removed` (cont
 model `pending` (settling, on hold, capturing, deploying, retrying) is not there yet, and the 503 names
 it and why. A registry that does not answer (a fleet's shared PostgreSQL down, a SQLite registry
 that cannot be written) is not ready either: 503 with `"registry_reachable": false` and why, while
-tritonserver goes on serving what it serves (docs/fleet.md "When the database is down"). Live means the daemon's main loop turns: the loop stamps a heartbeat where it pings the
-systemd watchdog, and a heartbeat older than LIVE_STALE_S answers 503 (the API's own threads would
-answer even with the loop hung, so answering at all proves nothing).
+tritonserver goes on serving what it serves (docs/fleet.md "When the database is down").
+
+Live means the daemon's main loop turns: the loop stamps a heartbeat where it pings the systemd
+watchdog, and a heartbeat older than LIVE_STALE_S answers 503 (the API's own threads would answer even
+with the loop hung, so answering at all proves nothing).
 """
 
 from __future__ import annotations

@@ -22,12 +22,13 @@ from controlplane.deploy.engine import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
+from controlplane.fleet.journal import Journal
 from controlplane.fleet.ondemand import PlacedModels
 from controlplane.fleet.rollouts import FLEET_ACTOR
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import SharedContent
 from controlplane.store.fleet import FleetStore, Step, audit_event
-from controlplane.store.registry import Registry
+from controlplane.store.registry import Registry, utcnow
 from controlplane.vocab import ModelState, Policy, Result
 
 log = logging.getLogger("tritonctl.fleet")
@@ -49,6 +50,8 @@ class HostAgent:
     shared: SharedContent
     fleet: FleetSettings
     stopping: threading.Event
+    journal: Journal | None = None  # this host's records while the registry is away (controlplane/fleet/journal.py)
+    _again: list[Step] = field(default_factory=list)  # steps the registry's outage cut short: run again
     _last_converge: float = 0.0
     _last_report: float = 0.0
     placed: PlacedModels = field(init=False)  # on-demand models placed on this host (controlplane/fleet/ondemand.py)
@@ -62,7 +65,7 @@ class HostAgent:
         except TritonctlError as exc:
             if not self.registry.health.told(exc):
                 log.error("placed models: %s", exc)
-        claimed = self.store.claim(self.host)
+        claimed, self._again = self._again + self.store.claim(self.host), []
         if claimed:
             claimed = self._gather(claimed)
             self._converge_steps_of(claimed)
@@ -95,9 +98,16 @@ class HostAgent:
                 started: float | None = None, actor: str = FLEET_ACTOR, action: str = "") -> None:
         """A step's end on the fleet's tables and its audit event (one transaction: FleetStore.finish_step)."""
         prefix = f"rollout {step.rollout_id}: " if step.rollout_id else "converge: "
-        self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit_event(
-            actor, action or step.action, step.model, step.digest, result, prefix + message,
-            int((time.monotonic() - started) * 1000) if started is not None else None))
+        audit = audit_event(actor, action or step.action, step.model, step.digest, result, prefix + message,
+                            int((time.monotonic() - started) * 1000) if started is not None else None)
+        at = utcnow()
+        try:
+            self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit)
+        except StoreError:
+            if self.journal is None or not self.registry.health.quiet():
+                raise
+            # done here, whatever the database does: kept, and written once when the registry answers
+            self.journal.append(step, state, message, self.host, serving, audit, at)
 
     def run_step(self, step: Step) -> None:
         started = time.monotonic()
@@ -113,6 +123,13 @@ class HostAgent:
             outcome = self._deploy(step.model, step.digest or None, step.action, FLEET_ACTOR)
             state = "ok" if outcome.succeeded else "failed"
             message, result, serving = outcome.message, str(outcome.outcome), outcome.active_digest
+        except StoreError:
+            if not self.registry.health.quiet():
+                raise
+            # not the step's failure: the shared registry went away under its import; it runs again when
+            # the registry answers (still running on the fleet's tables, this host's to finish)
+            self._again.append(step)
+            return
         except TritonctlError as exc:
             state, message, result = "failed", str(exc), Result.FAILED.value
             found = self.plane.registry.find_model(step.model)

@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.store.health import RegistryHealth
 from controlplane.store.fleet import (  # connect, take_host_lock: imported from here by tests
     APPLICATION_PREFIX,
     check_session,
@@ -28,6 +27,7 @@ from controlplane.store.fleet import (  # connect, take_host_lock: imported from
     take_host_lock,
     try_leader_lock,
 )
+from controlplane.store.health import RegistryHealth
 
 __all__ = ["APPLICATION_PREFIX", "LeaderElection", "connect", "take_host_lock"]
 

@@ -337,17 +337,24 @@ class FleetStore:
             return claimed
 
     def finish_step(self, step: Step, state: str, message: str, *, host: str, serving: str | None,
-                    audit: AuditEntry) -> None:
-        """A host's step ends: its state, what the host serves now, the serving log and the audit event."""
-        now = utcnow()
+                    audit: AuditEntry, at: datetime | None = None) -> bool:
+        """A host's step ends: its state, what the host serves now, the serving log and the audit event.
+        `at`: when it ended, for a record written late (controlplane/fleet/journal.py): written once, so
+        an entry whose audit event (host, time, action, model) is already there writes nothing (False)."""
+        now = at or utcnow()
         with self.session() as session:
+            if at is not None and session.scalar(select(schema.AuditEvent.id).where(
+                    schema.AuditEvent.host == host, schema.AuditEvent.time == at,
+                    schema.AuditEvent.action == audit.action, schema.AuditEvent.model == audit.model).limit(1)):
+                return False
             row = session.get(schema.RolloutHost, step.id)
-            if row is not None:
+            if row is not None and (at is None or row.state in ("waiting", "pending", "running")):
                 row.state, row.message, row.finished_at = state, " ".join(message.split()), now
             self._set_host_model(session, host, step.model, serving,
                                  "serving" if serving else ("unloaded" if state == "ok" else "failed"), now)
             add_audit_event(session, audit, host, now, self.registry.outbox)
             self.notify(session, f"step {step.id} {state}")
+        return True
 
     # -- what each host serves ------------------------------------------------------------------
 
