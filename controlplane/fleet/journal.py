@@ -69,7 +69,7 @@ class Journal:
 
     def replay(self, store: FleetStore) -> int:
         """Write every entry to the registry, once; keep those it could not write. Returns how many it
-        wrote (entries already there count as written, never twice)."""
+        wrote (an entry already there is dropped, not written again)."""
         with self._lock:
             pending = [] if self._replaying else self.entries()
             if not pending:
@@ -87,10 +87,10 @@ class Journal:
         written = 0
         for i, entry in enumerate(pending):
             try:
-                store.finish_step(Step(**entry["step"]), entry["state"], entry["message"], host=entry["host"],
-                                  serving=entry["serving"], audit=AuditEntry(**entry["audit"]),
-                                  at=datetime.fromisoformat(entry["at"]))
-                written += 1
+                written += store.finish_step(
+                    Step(**entry["step"]), entry["state"], entry["message"], host=entry["host"],
+                    serving=entry["serving"], audit=AuditEntry(**entry["audit"]),
+                    at=datetime.fromisoformat(entry["at"]))
             except StoreError:  # away again: the rest waits for the next return
                 return written, pending[i:]
         return written, []
