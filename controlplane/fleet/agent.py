@@ -65,15 +65,25 @@ class HostAgent:
         except TritonctlError as exc:
             if not self.registry.health.told(exc):
                 log.error("placed models: %s", exc)
-        claimed, self._again = self._again + self.store.claim(self.host), []
-        if claimed:
-            claimed = self._gather(claimed)
-            self._converge_steps_of(claimed)
-        for batch in sets.batches(claimed, self.registry):  # a change set as one unit, steps first
-            if len(batch) > 1:
-                self.run_set(batch)
-            else:
-                self.run_step(batch[0])
+        # claimed steps stay this host's until each is finished: a round an outage cuts short (a failed
+        # read, an import) leaves them running on the fleet's tables, and the next round runs them again
+        claimed = self._again = self._again + self.store.claim(self.host)
+        try:
+            if claimed:
+                claimed = self._gather(claimed)
+                self._converge_steps_of(claimed)
+            for batch in sets.batches(claimed, self.registry):  # a change set as one unit, steps first
+                if len(batch) > 1:
+                    self.run_set(batch)
+                else:
+                    self.run_step(batch[0])
+        except StoreError:
+            if not self.registry.health.quiet():
+                self._again = []
+            raise
+        except BaseException:
+            self._again = []
+            raise
         now = time.monotonic()
         if now - self._last_converge >= self.fleet.converge_s:
             self._last_converge = now
@@ -101,6 +111,7 @@ class HostAgent:
         audit = audit_event(actor, action or step.action, step.model, step.digest, result, prefix + message,
                             int((time.monotonic() - started) * 1000) if started is not None else None)
         at = utcnow()
+        self._again = [s for s in self._again if not step.id or s.id != step.id]
         try:
             self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit)
         except StoreError:
@@ -127,8 +138,7 @@ class HostAgent:
             if not self.registry.health.quiet():
                 raise
             # not the step's failure: the shared registry went away under its import; it runs again when
-            # the registry answers (still running on the fleet's tables, this host's to finish)
-            self._again.append(step)
+            # the registry answers (still running on the fleet's tables, this host's to finish: _again)
             return
         except TritonctlError as exc:
             state, message, result = "failed", str(exc), Result.FAILED.value
@@ -154,7 +164,8 @@ class HostAgent:
             if waited >= GATHER_MIN_S and (not others or not sets.related(self.registry, mine, others)):
                 return claimed
             time.sleep(0.1)
-            claimed = claimed + self.store.claim(self.host)
+            more = self.store.claim(self.host)
+            claimed, self._again = claimed + more, self._again + more
         return claimed
 
     def run_set(self, steps: list[Step]) -> None:
@@ -179,6 +190,10 @@ class HostAgent:
                 records, FLEET_ACTOR, force=any(s.action == "rollback" for s in steps))
             message, result = outcome.message, str(outcome.outcome)
             succeeded = outcome.succeeded
+        except StoreError as exc:
+            if self.registry.health.quiet():
+                return  # the registry went away under the set's imports: run again when it answers (_again)
+            message, result, succeeded = str(exc), Result.FAILED.value, False
         except TritonctlError as exc:
             message, result, succeeded = str(exc), Result.FAILED.value, False
         for step in steps:
