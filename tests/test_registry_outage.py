@@ -24,6 +24,7 @@ from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.health import RegistryHealth
 from controlplane.store.registry import AuditQuery, Registry, utcnow
 from tests.pg import PostgresServer, skip_reason
+from tests.test_storage_faults import small_fs  # noqa: F401 - the fixture
 
 
 class Clock:
@@ -123,5 +124,33 @@ def test_the_journal_writes_each_record_once(pg_url: str, tmp_path: Path) -> Non
         assert [(e.host, e.time, e.duration_ms) for e in events] == [("h1", at, 2304)]
         served = [(r.host, r.digest) for r in registry.serving_at(at + timedelta(seconds=1), ["m"])]
         assert served == [("h1", "ab" * 32)]  # `audit --at` during the outage is right
+    finally:
+        registry.close()
+
+
+def test_a_full_disk_under_sqlite_is_an_outage_until_a_write_commits(small_fs: Path) -> None:  # noqa: F811
+    """A SQLite registry on a filesystem that fills and frees (the storage-fault fixture): it still reads,
+    so only a write that commits ends the outage."""
+    registry = Registry(f"sqlite:///{small_fs / 'registry.db'}")
+    migrate.upgrade(registry)
+    try:
+        registry.ensure_model("m")
+        filler = small_fs / "filler"
+        with filler.open("wb") as f:  # every block the filesystem has left
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        with pytest.raises(StoreError):
+            for i in range(200):  # until the database's own pages run out too
+                registry.ensure_model(f"model{i}-" + "x" * 100)
+        assert not registry.health.reachable and "full" in registry.health.reason
+        assert registry.find_model("m") is not None  # it reads
+        assert not registry.health.reachable
+        filler.unlink()
+        registry.ensure_model("after")
+        assert registry.health.reachable
     finally:
         registry.close()

@@ -2,7 +2,8 @@
 that speaks about an outage.
 
 The registry's own transactions report here (`Registry._session`: a connection that fails is an
-outage, any transaction that commits ends it), and so do the fleet's own connections (the election's,
+outage, a transaction that commits ends it; a write, when the registry could read but not write),
+and so do the fleet's own connections (the election's,
 controlplane/fleet/election.py). The log gets one WARNING when the registry becomes unreachable, at
 most one line a minute while it stays so, and one INFO when it answers again, with how long it was
 gone; the callers whose round failed stay quiet while `quiet(exc)` says the outage is already told.
@@ -39,6 +40,7 @@ class RegistryHealth:
         self._down_at: float | None = None  # monotonic, while unreachable
         self._since: datetime | None = None  # UTC, while unreachable
         self._reason = ""
+        self._reads_end_it = True  # False: the registry reads but cannot be written (a full disk)
         self._last_line = 0.0
         self.regained_at: float | None = None  # monotonic: the last time it answered again
         self.outages = 0
@@ -57,11 +59,13 @@ class RegistryHealth:
     def reason(self) -> str:
         return self._reason
 
-    def failed(self, reason: str) -> None:
+    def failed(self, reason: str, reads_end_it: bool = True) -> None:
         """A connection to the registry failed: the first failure starts an outage (one WARNING); later
-        ones say so again at most once a minute."""
+        ones say so again at most once a minute. `reads_end_it` False: it reads but cannot be written
+        (a full disk), so only a write that commits ends this outage."""
         now = self.clock()
         with self._lock:
+            self._reads_end_it = reads_end_it
             first = self._down_at is None
             if first:
                 self._down_at, self._since, self.outages = now, utcnow(), self.outages + 1
@@ -76,9 +80,10 @@ class RegistryHealth:
         else:
             log.warning("registry %s still unreachable after %.0f s: %s", self.name, down_for, reason)
 
-    def answered(self) -> None:
-        """A transaction on the registry committed: an outage, if one was on, is over (one INFO)."""
-        if self._down_at is None:  # the common case, without the lock
+    def answered(self, wrote: bool = True) -> None:
+        """A transaction on the registry committed (`wrote`: one that wrote): an outage, if one was on,
+        is over (one INFO)."""
+        if self._down_at is None or not (wrote or self._reads_end_it):  # the common case, without the lock
             return
         now = self.clock()
         with self._lock:

@@ -54,6 +54,9 @@ def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
                     collected=bool(row.collected))
 
 
+FULL_WORDS = ("full", "readonly", "read-only", "disk i/o")
+
+
 def unreachable(exc: BaseException) -> bool:
     """The registry could not be reached or written (a lost connection, a full disk), not a refused
     statement; SQLite's "database is locked" is contention, not an outage."""
@@ -105,10 +108,11 @@ class Registry(History):
     @contextmanager
     def _session(self) -> Iterator[Session]:
         session = self._sessions()
+        writes = self.writes
         try:
             yield session
             session.commit()
-            self.health.answered()
+            self.health.answered(wrote=self.writes != writes)
             if session.info.pop(AUDIT_ADDED, False):
                 self._audit_committed()
         except SQLAlchemyError as exc:
@@ -117,8 +121,8 @@ class Registry(History):
             except SQLAlchemyError:  # the connection is gone: nothing to roll back
                 pass
             reason = str(getattr(exc, "orig", None) or exc).splitlines()[0] or type(exc).__name__
-            if unreachable(exc):
-                self.health.failed(reason)
+            if unreachable(exc):  # a full disk still reads: only a write that commits ends that outage
+                self.health.failed(reason, reads_end_it=not any(w in reason.lower() for w in FULL_WORDS))
             raise StoreError(f"registry {redact(self.url)}: {reason}") from exc
         except BaseException:
             session.rollback()
