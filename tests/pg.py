@@ -137,9 +137,7 @@ class PostgresServer:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """The session's PostgreSQL server (skips where PostgreSQL or psycopg is missing)."""
+def _served() -> Iterator[PostgresServer]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
@@ -151,6 +149,18 @@ def postgres() -> Iterator[PostgresServer]:
         raise
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server (skips where PostgreSQL or psycopg is missing)."""
+    yield from _served()
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A server of the module's own, which its tests may crash (`crash`, `start_again`)."""
+    yield from _served()
 
 
 @pytest.fixture

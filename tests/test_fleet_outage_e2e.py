@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 
 from controlplane.api.client import UnixHTTPConnection
 from tests.harness import DaemonProcess, request_loop, wait_for, write_gen_model
-from tests.pg import PostgresServer, skip_reason
+from tests.pg import PostgresServer, own_postgres  # noqa: F401 - the fixture
 from tests.test_fleet_e2e import MODEL, Fleet, running_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.triton]
@@ -47,21 +46,12 @@ def ready(daemon: DaemonProcess) -> tuple[int, dict[str, Any]]:
         conn.close()
 
 
-@pytest.fixture(scope="module")
-def database() -> Iterator[PostgresServer]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    server = PostgresServer().start()
-    yield server
-    server.stop()
-
-
 def log_lines(fleet: Fleet, host: str) -> list[str]:
     return fleet.daemons[host].log_path.read_text(errors="replace").splitlines()
 
 
-def test_a_crashed_database_mid_rollout_loses_nothing(tmp_path: Path, database: PostgresServer) -> None:
+def test_a_crashed_database_mid_rollout_loses_nothing(tmp_path: Path, own_postgres: PostgresServer) -> None:  # noqa: F811
+    database = own_postgres
     url = database.new_database("outage")
 
     def configure(fl: Fleet) -> None:

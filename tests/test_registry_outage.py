@@ -9,7 +9,6 @@ this module's own (the session's server is shared with other tests).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from controlplane.store import migrate
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.health import RegistryHealth
 from controlplane.store.registry import AuditQuery, Registry, utcnow
-from tests.pg import PostgresServer, skip_reason
+from tests.pg import PostgresServer, own_postgres  # noqa: F401 - the fixture
 from tests.test_storage_faults import small_fs  # noqa: F401 - the fixture
 
 
@@ -58,19 +57,9 @@ def test_an_outage_is_one_warning_a_line_a_minute_at_most_and_one_info(caplog: p
     assert not health.in_grace(10)
 
 
-@pytest.fixture(scope="module")
-def own_postgres() -> Iterator[PostgresServer]:
-    """A server this module may crash."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    server = PostgresServer().start()
-    yield server
-    server.stop()
-
-
 @pytest.mark.postgres
-def test_a_crashed_database_is_an_outage_and_nobody_is_judged_dead_for_it(own_postgres: PostgresServer) -> None:
+def test_a_crashed_database_is_an_outage_and_nobody_is_judged_dead_for_it(
+        own_postgres: PostgresServer) -> None:  # noqa: F811
     registry = Registry(own_postgres.new_database("outage"), host="h1")
     migrate.upgrade_shared(registry)
     clock = Clock()
