@@ -143,3 +143,20 @@ def test_a_full_disk_under_sqlite_is_an_outage_until_a_write_commits(small_fs: P
         assert registry.health.reachable
     finally:
         registry.close()
+
+
+def test_status_during_an_outage_says_so_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tritonctl status` while the registry is down: a first line naming the outage and since when, then
+    the table of what this host knows (the document comes from the daemon: tests/test_fleet_outage_e2e.py)."""
+    from cli import render
+    from controlplane.results import StatusResult
+
+    down = StatusResult(True, "127.0.0.1:8001", None, {"mode": None, "reason": ""}, [], registry_reachable=False,
+                        registry_unreachable_since="2026-12-03T07:12:02Z",
+                        registry_reason="registry postgresql://db/fleet: connection refused")
+    render.status(down.to_json(), False)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("registry unreachable since 2026-12-03T07:12:02Z (registry postgresql://db/fleet: "
+                            "connection refused); showing what this host knows"), first
+    render.status(StatusResult(True, "u", None, {"mode": None, "reason": ""}, []).to_json(), False)
+    assert "unreachable" not in capsys.readouterr().out
