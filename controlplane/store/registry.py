@@ -58,11 +58,17 @@ FULL_WORDS = ("full", "readonly", "read-only", "disk i/o")
 
 
 def unreachable(exc: BaseException) -> bool:
-    """The registry could not be reached or written (a lost connection, a full disk), not a refused
-    statement; SQLite's "database is locked" is contention, not an outage."""
-    if isinstance(exc, InterfaceError):
+    """The registry could not be reached or written (a lost connection, a server shutting down or
+    starting, a full disk), not a refused statement: PostgreSQL's SQLSTATE classes 08, 57P and 53
+    (none at all: the client never reached it); SQLite's "database is locked" is contention."""
+    if isinstance(exc, InterfaceError) or getattr(exc, "connection_invalidated", False):
         return True
-    return isinstance(exc, OperationalError) and "locked" not in str(exc.orig or "")
+    if not isinstance(exc, OperationalError):
+        return False
+    state = getattr(exc.orig, "sqlstate", None)
+    if state is not None:
+        return str(state).startswith(("08", "57P", "53"))
+    return "locked" not in str(exc.orig or "")
 
 
 class Registry(History):
