@@ -81,12 +81,15 @@ def test_a_crashed_database_is_an_outage_and_nobody_is_judged_dead_for_it(
         clock.now += 15.0
         store.heartbeat("h1", "grpc://127.0.0.1:1", "dev", utcnow())
         assert registry.health.reachable
-        # liveness_s of grace after the leader reaches the registry again: nobody's step is skipped
+        # liveness_s of grace after the leader reaches the registry again: nobody's step is skipped, and
+        # a new rollout's waves count the hosts by heartbeat (no daemon's session is back yet: here none)
         machine.drive(store.rollout(rid))
         assert [s.state for s in store.rollout(rid).steps] == ["pending"]
+        assert machine.waves() == [["h1"]]
         clock.now += 10.5  # past it, a host still silent is dead as ever
         machine.drive(store.rollout(rid))
         assert [s.state for s in store.rollout(rid).steps] == ["skipped"]
+        assert machine.waves() == []  # and a host without its session too
     finally:
         registry.close()
 

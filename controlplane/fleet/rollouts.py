@@ -41,9 +41,13 @@ class RolloutMachine:
         self.host = host  # the leader's name, on the audit events it writes
 
     def waves(self) -> list[list[str]]:
-        """The waves a rollout started now would take, over the hosts alive now."""
-        f = self.fleet
-        return plan_waves(self.store.live_hosts(f.host_timeout_s), f.canary_hosts, f.canary_count, f.wave_size)
+        """The waves a rollout started now would take, over the hosts alive now. Within `liveness_s` of a
+        registry outage, the hosts that heartbeat within `liveness_s` before it began: nobody could
+        heartbeat or hold a session during it, and a rollout then leaves no host out for that."""
+        f, health = self.fleet, self.registry.health
+        grace = health.in_grace(f.host_timeout_s)
+        hosts = self.store.live_hosts(f.host_timeout_s + (health.last_outage_s if grace else 0.0), by_session=not grace)
+        return plan_waves(hosts, f.canary_hosts, f.canary_count, f.wave_size)
 
     def drive(self, rollout: Rollout) -> None:
         rid, model, digest = rollout.id, rollout.model, rollout.digest

@@ -159,14 +159,15 @@ class FleetStore:
                 for r in rows
             ]
 
-    def live_hosts(self, timeout_s: float) -> list[str]:
+    def live_hosts(self, timeout_s: float, by_session: bool = True) -> list[str]:
         """Hosts that heartbeat within `timeout_s` and (PostgreSQL) whose daemon's session is alive:
-        a daemon that dies is dead as soon as PostgreSQL sees its connection close."""
+        a daemon that dies is dead as soon as PostgreSQL sees its connection close. `by_session` False:
+        by heartbeat alone (after a database outage, while every daemon opens its session again)."""
         cutoff = utcnow() - timedelta(seconds=timeout_s)
         with self.session() as session:
             recent = list(session.scalars(select(schema.FleetHost.name).where(schema.FleetHost.last_heartbeat >= cutoff)
                                           .order_by(schema.FleetHost.name)))
-        sessions = self._with_session()
+        sessions = self._with_session() if by_session else None
         return recent if sessions is None else [h for h in recent if h in sessions]
 
     # -- the fleet's target per model ---------------------------------------------------------------

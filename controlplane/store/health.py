@@ -44,6 +44,7 @@ class RegistryHealth:
         self._last_line = 0.0
         self.regained_at: float | None = None  # monotonic: the last time it answered again
         self.outages = 0
+        self.last_outage_s = 0.0  # how long the last outage lasted
         self.on_return: list[Callable[[float], str]] = []  # called with the outage's length; says what it did
 
     @property
@@ -91,6 +92,7 @@ class RegistryHealth:
                 return
             length = now - self._down_at
             self._down_at, self._since, self._reason, self.regained_at = None, None, "", now
+            self.last_outage_s = length
         done = [said for said in (callback(length) for callback in list(self.on_return)) if said]
         log.info("registry %s reachable again after %.1f s%s", self.name, length,
                  f"; {'; '.join(done)}" if done else "")
