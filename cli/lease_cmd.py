@@ -4,7 +4,7 @@
 lease that holds it (on a fleet also the host it is placed on and that host's tritonserver URLs); the
 lease expires unless renewed (controlplane/memory/ondemand.py, controlplane/memory/leases.py, and on a
 fleet controlplane/fleet/ondemand.py).
-Exit codes as every command (README "Exit codes"): 0 READY, 1 the load failed (a memory budget with no
+Exit codes as every command (docs/cli.md "Exit codes"): 0 READY, 1 the load failed (a memory budget with no
 room among the causes), 2 bad input or an unknown model or lease, 3 the daemon unreachable, 4 tritonserver
 unreachable.
 """

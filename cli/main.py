@@ -7,15 +7,16 @@ traceback instead.
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from controlplane import errors
 from controlplane.api import protocol
 
-# Exit codes are a contract (README "Exit codes"): scripts and systemd units rely on them. The table
+# Exit codes are a contract (docs/cli.md "Exit codes"): scripts and systemd units rely on them. The table
 # lives with the control API's error document (controlplane/api/protocol.py), which carries the code.
 EXIT_OK = 0
 EXIT_FAILED = protocol.EXIT_FAILED
@@ -74,9 +75,18 @@ class TritonctlGroup(click.Group):
             self.add_command(command)
         return command
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:  # --help, --version and usage errors print here
+            return super().make_context(info_name, args, parent, **extra)
+        except BrokenPipeError:
+            _reader_went_away()
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _reader_went_away()
         except errors.TritonctlError as exc:
             if ctx.meta.get("tritonctl.debug"):
                 raise
@@ -84,6 +94,16 @@ class TritonctlGroup(click.Group):
 
             click.echo(f"error: {clean(str(exc))}", err=True)
             ctx.exit(exit_code_for(exc))
+
+
+def _reader_went_away() -> NoReturn:
+    """The reader of stdout closed it (`tritonctl status --watch | head`): the output is done, not failed.
+    Exit 0 quietly, as `git log | head` does; stdout now points at /dev/null, so the interpreter's last
+    flush of what is still buffered has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    raise click.exceptions.Exit(EXIT_OK)
 
 
 @click.group(cls=TritonctlGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -22,7 +22,7 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
     """Print the outcome; exit 1 when the operation failed or was rolled back."""
     render.outcome(result, as_json)
     if result.get("outcome") in OUTCOMES_THAT_FAIL:
-        if result.get("cause") == "triton_unreachable":  # README "Exit codes": 4
+        if result.get("cause") == "triton_unreachable":  # docs/cli.md "Exit codes": 4
             raise TritonUnavailableError(str(result.get("message", "")))
         raise DeployError(str(result.get("message", "")), str(result.get("outcome")), str(result.get("cause") or ""))
 
@@ -247,7 +247,7 @@ def _pin_command(name: str, pinned: bool, doc: str) -> click.Command:
     @json_option
     @daemon_options
     def command(client: ControlClient, model: str, host: str, as_json: bool) -> None:
-        render.kv(client.set_pin(model, pinned, host), as_json)
+        render.pin(client.set_pin(model, pinned, host), as_json)
 
     command.__doc__ = doc
     return click.command(name)(click.argument("model")(command))

@@ -3,8 +3,11 @@ the history and fleet listings (versions, audit, audit --at, hosts), validate's 
 
 Why not rich: importing it costs more than the rest of a `tritonctl status` process (about 135 ms measured,
 bench/cli_latency.py), and these outputs need no more than aligned columns and a colour per word. Colour
-comes from click.style (click is imported anyway) on a terminal only, unless NO_COLOR is set. A table that
-would not fit the width without folding returns None, and cli/render.py draws it with rich as before.
+comes from click.style (click is imported anyway) on a terminal only, unless NO_COLOR is set.
+
+A cell never wraps (a word split over two lines reads as two words): a table too wide for the terminal
+first cuts its least important cells to whole words and an ellipsis, then drops its least important
+columns (`fit`); what still does not fit runs on past the edge, as kubectl's tables do.
 """
 
 from __future__ import annotations
@@ -40,6 +43,62 @@ def width(wide: bool, default: int) -> int:
     if sys.stdout.isatty():
         return shutil.get_terminal_size((default, 24)).columns
     return 200 if wide else default
+
+
+ELLIPSIS = "\u2026"
+UNLIMITED = 1 << 30  # a width no table reaches: every column at its natural width, lines run on
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters: whole words, then an ellipsis. The first word is never cut
+    (`fit` never gives a column less than it)."""
+    if len(text) <= limit:
+        return text
+    words = text.split(" ")
+    kept = words[0]
+    for word in words[1:]:
+        if len(kept) + 1 + len(word) + len(ELLIPSIS) > limit:
+            break
+        kept += " " + word
+    return kept.rstrip(",;:") + ELLIPSIS
+
+
+def _least(text: str) -> int:
+    """The narrowest a cell can be cut to: its first word, and the ellipsis if more follows."""
+    first = text.split(" ")[0]
+    return len(first) + (len(ELLIPSIS) if len(first) < len(text) else 0)
+
+
+def fit(headers: Sequence[str], rows: Sequence[Sequence[tuple[str, str]]], max_width: int,
+        cut_first: Sequence[str] = (), drop_first: Sequence[str] = ()
+        ) -> tuple[list[str], list[list[tuple[str, str]]]]:
+    """The headers and rows that fit `max_width`: the columns named in `cut_first` are cut to whole words
+    and an ellipsis (least important first); if that is not enough, the columns in `drop_first` are left
+    out one by one (each drop gives the cut columns their room back). Columns in neither list are kept
+    whole; what still does not fit runs on."""
+    def layout(dropped: Sequence[str]) -> tuple[list[int], dict[int, int], bool]:
+        keep = [i for i, h in enumerate(headers) if h not in dropped]
+        widths = {i: max([len(headers[i])] + [len(row[i][0]) for row in rows]) for i in keep}
+
+        def total() -> int:
+            return sum(widths.values()) + 2 * (len(keep) - 1)
+
+        for name in cut_first:
+            if total() <= max_width:
+                break
+            if name in headers and headers.index(name) in widths:
+                i = headers.index(name)
+                least = max([len(headers[i])] + [_least(row[i][0]) for row in rows])
+                widths[i] = max(least, widths[i] - (total() - max_width))
+        return keep, widths, total() <= max_width
+
+    keep, widths, fits = layout(())
+    for n in range(1, len(drop_first) + 1):
+        if fits:
+            break
+        keep, widths, fits = layout(drop_first[:n])
+    return ([headers[i] for i in keep],
+            [[(cut(row[i][0], widths[i]), row[i][1]) for i in keep] for row in rows])
 
 
 def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[tuple[str, str]]], max_width: int,

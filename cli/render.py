@@ -2,7 +2,7 @@
 
 Commands pass results here: the dataclasses of `controlplane.results` (validate, db upgrade) or the
 JSON document the API client received (every verb that asks the daemon, or cli/offline.py's). Text
-is plain columns (cli/plain.py) where it fits; rich only folds a table that does not, and draws the
+is plain columns (cli/plain.py), cut to fit a narrow terminal, never folded; rich draws the
 fleet matrix, webhook deliveries and `status --watch`'s live table. `--json` prints `to_json()` of the
 former and the latter as is, so each shape is defined once, in controlplane/results.py; tables are
 drawn from that same document. Colour appears only on a terminal; `--json` output never changes
@@ -159,6 +159,22 @@ def kv(data: Any, as_json: bool) -> None:
         click.echo(f"{key}: {value}")
 
 
+def pin(data: Any, as_json: bool) -> None:
+    """`pin` / `unpin`: one line, `linear pinned at 0123456789ab`, `linear unpinned` (`held on host H`
+    with --host)."""
+    data = document(data)
+    if as_json:
+        _print_json(data)
+        return
+    held = data["held"] if "host" in data else data["pinned"]
+    if "host" in data:
+        word = f"held on host {data['host']}" if held else f"released on host {data['host']}"
+    else:
+        word = "pinned" if held else "unpinned"
+    at = f" at {_short(data['digest'])}" if held and data.get("digest") else ""
+    click.echo(f"{data['model']} {word}{at}")
+
+
 def db_upgrade(result: DbUpgradeResult, as_json: bool) -> None:
     """`db upgrade`: from and to, then each migration run (--dry-run: that would run), then the copy taken."""
     if as_json:
@@ -247,22 +263,11 @@ def _versions_cell(row: dict[str, Any]) -> str:
     return " ".join(f"{v.get('version', '')}:{v.get('state', '')}" for v in versions)
 
 
-def _status_table(data: dict[str, Any], wide: bool = False) -> Any:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=Text(_status_title(data)), title_justify="left", box=None, pad_edge=False, header_style="bold")
-    for column in _STATUS_COLUMNS + (_WIDE_COLUMNS if wide else []):
-        table.add_column(column, overflow="fold", no_wrap=column in ("MODEL", "DIGEST", "SINCE"))
-    for row in data.get("models", []):
-        table.add_row(*(Text(text, style) for text, style in _status_cells(row, wide)))
-    return table
-
-
 def _status_title(data: dict[str, Any]) -> str:
     reachable = data.get("triton_reachable")
     urls = " ".join(f"{k.split('_')[1]} {data[k]}" for k in ("triton_grpc_url", "triton_http_url") if data.get(k))
-    return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)")
+    exposed = " (KEY EXPOSED: other users can read its command line)" if data.get("triton_key_exposed") else ""
+    return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)") + exposed
 
 
 def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
@@ -279,13 +284,26 @@ def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
     return cells
 
 
-def _plain_status(data: dict[str, Any], wide: bool) -> list[str] | None:
-    """The status table without rich (cli/plain.py), or None when it needs folding."""
-    from cli.plain import table, width
+# Least important first: what a narrow terminal cuts (to whole words and an ellipsis), then leaves out.
+# MODEL, STATE and SYNC are always shown.
+_STATUS_CUT = ("DIGEST", "VERSIONS", "STATE")
+_STATUS_DROP = ("AGE", "VERSIONS", "DIGEST")
 
-    return table(_status_title(data), _STATUS_COLUMNS + (_WIDE_COLUMNS if wide else []),
-                 [_status_cells(row, wide) for row in data.get("models", [])], width(wide, STATUS_WIDTH),
-                 title_style="italic")
+
+def status_lines(data: dict[str, Any], wide: bool, max_width: int | None = None) -> list[str]:
+    """The status table (cli/plain.py). It fits the terminal (STATUS_WIDTH off one) by cutting and then
+    leaving out the least important columns; `-o wide` keeps every column whole and lets the lines run
+    on, as kubectl does."""
+    from cli.plain import UNLIMITED, fit, table, width
+
+    headers = _STATUS_COLUMNS + (_WIDE_COLUMNS if wide else [])
+    rows = [_status_cells(row, wide) for row in data.get("models", [])]
+    if not wide:
+        headers, rows = fit(headers, rows, width(False, STATUS_WIDTH) if max_width is None else max_width,
+                            cut_first=_STATUS_CUT, drop_first=_STATUS_DROP)
+    lines = table(_status_title(data), headers, rows, UNLIMITED, title_style="italic")
+    assert lines is not None  # an unlimited width always fits
+    return lines
 
 
 def status(data: Any, as_json: bool, wide: bool = False) -> None:
@@ -297,13 +315,7 @@ def status(data: Any, as_json: bool, wide: bool = False) -> None:
     outage = registry_outage_line(data)
     if outage:
         click.echo(outage)
-    lines = _plain_status(data, wide)
-    if lines is None:  # too wide to fit without folding: rich folds the long cells
-        console = _status_console(wide)
-        with console.capture() as captured:
-            console.print(_status_table(data, wide))
-        lines = [line.rstrip() for line in captured.get().splitlines()]
-    click.echo("\n".join(lines))
+    click.echo("\n".join(status_lines(data, wide)))
     watch = data.get("watch") or {}
     if watch.get("mode"):
         click.echo(f"watch: {watch['mode']} ({watch.get('reason', '')})")
@@ -318,13 +330,10 @@ def registry_outage_line(data: dict[str, Any]) -> str:
             "this host knows: what its tritonserver serves and the last registry state it read")
 
 
-def _status_console(wide: bool) -> Console:
+def _status_console() -> Console:
     from rich.console import Console
 
-    console = Console(highlight=False)
-    if not console.is_terminal:  # a file or a pipe: no colour, and no folding of the wide table
-        return Console(highlight=False, width=200 if wide else STATUS_WIDTH, no_color=True)
-    return console
+    return Console(highlight=False)
 
 
 def status_line_json(data: dict[str, Any]) -> None:
@@ -340,10 +349,13 @@ class live_status:  # noqa: N801 - a context manager named for how it reads at t
 
     def __enter__(self) -> Any:
         from rich.live import Live
+        from rich.text import Text
 
-        self.live = Live(console=_status_console(self.wide), auto_refresh=False)
+        console = _status_console()
+        self.live = Live(console=console, auto_refresh=False)
         self.live.__enter__()
-        return lambda data: self.live.update(_status_table(shown(data), self.wide), refresh=True)
+        return lambda data: self.live.update(
+            Text.from_ansi("\n".join(status_lines(shown(data), self.wide, console.width))), refresh=True)
 
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(None, None, None)
@@ -361,22 +373,14 @@ def status_is_live() -> bool:
 
 def _draw(title: str, headers: tuple[str, ...], rows: list[list[tuple[str, str]]], title_style: str = "") -> None:
     """A listing: plain columns (cli/plain.py, no rich import) whose last column may run on, as kubectl's;
-    rich folds the cells only when the columns before the last do not fit the width."""
-    from cli.plain import table, width
+    when the columns before the last do not fit the width either, the lines run on: no cell wraps."""
+    from cli.plain import UNLIMITED, table, width
 
     lines = table(title, headers, rows, width(False, 200), title_style=title_style, last_runs_on=True)
-    if lines is not None:
-        click.echo("\n".join(lines))
-        return
-    from rich.table import Table
-    from rich.text import Text
-
-    rich_table = Table(title=Text(title), title_justify="left")
-    for column in headers:
-        rich_table.add_column(column, overflow="fold")
-    for row in rows:
-        rich_table.add_row(*(Text(text, style) for text, style in row))
-    _console().print(rich_table)
+    if lines is None:  # even the columns before the last do not fit: every line runs on, no cell wraps
+        lines = table(title, headers, rows, UNLIMITED, title_style=title_style)
+    assert lines is not None
+    click.echo("\n".join(lines))
 
 
 def versions(model: str, rows: Any, as_json: bool) -> None:
@@ -444,7 +448,7 @@ def serving_at(data: Any, as_json: bool) -> None:
     hosts = any(row.get("host") for row in data["models"])  # a fleet: one row per model and host
     cells = [[(row["model"], ""), *(((row.get("host") or "", ""),) if hosts else ()),
               (_tagged(row, row["digest"]), ""), (", ".join(str(v) for v in row["versions"]), ""),
-              (row["since"] or "", "")] for row in data["models"]]
+              (_when(row["since"]), "")] for row in data["models"]]
     _draw(f"serving at {data['at']}", ("Model", *(("Host",) if hosts else ()), "Digest", "Triton versions", "Since"),
           cells)
 

@@ -1,6 +1,6 @@
 """Daemon settings: flag > TRITONCTL_* environment > TOML config file > defaults, validated once.
 
-Each setting is declared once in `FIELDS` with its type, default, unit and doc; the README's
+Each setting is declared once in `FIELDS` with its type, default, unit and doc; docs/configuration.md's
 configuration table is the same list. Unknown keys and bad values are one-line `ConfigError`s that
 name the key and where it came from.
 """
@@ -26,6 +26,8 @@ POLICIES = ("auto", "manual", "ondemand")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 WATCH_MODES = ("auto", "inotify", "poll")
+EXPOSED_KEY_CHOICES = ("warn", "refuse")  # launch_triton_exposed_key
+DEFAULT_MAX_MODEL_BYTES = 20 * 1024**3  # max_model_bytes: 20 GiB
 # TRITONCTL_* variables that are not daemon settings: the config file's path, the CLI client's
 # daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
 NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE", "TRITONCTL_FAULT")
@@ -67,6 +69,8 @@ class Settings:
     triton_url: str | None = None  # an external tritonserver (gRPC host:port)
     launch_triton: bool = False  # start and supervise the embedded tritonserver
     tritonserver: Path | None = None  # explicit binary for --launch-triton
+    # other local users can read the launched tritonserver's command line (its key): warn, or refuse to start
+    launch_triton_exposed_key: str = "warn"
     triton_key: str | None = None  # restricted-protocol key of an external server
     triton_log_path: Path | None = None  # an external server's log file: Triton's reasons for failed loads
     triton_metrics_url: str | None = None  # an external server's metrics endpoint: its GPU count
@@ -99,6 +103,9 @@ class Settings:
     shutdown_timeout_s: float = 30.0
     db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
     host: str = ""
+    # a model entry that is a symlink is followed only into the repository or one of these directories
+    allowed_link_roots: tuple[Path, ...] = ()
+    max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES  # a model's files together above this are refused
     watch: str = "auto"  # how the repository is watched: auto (by filesystem type), inotify, poll
     poll_interval_s: float = 2.0  # poll mode, symlinked models, s3:// listings: this often
     rescan_interval_s: float = 30.0  # inotify mode: every model's stat signature, the safety net
@@ -141,6 +148,14 @@ def _path(value: Any) -> Path:
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise ValueError("expected a path")
     return Path(value).expanduser()
+
+
+def _paths(value: Any) -> tuple[Path, ...]:
+    """A list of paths (TOML), or one string of them separated by ':' (a variable or a flag)."""
+    items = value.split(os.pathsep) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError("expected a list of directories")
+    return tuple(_path(item) for item in items if item != "")
 
 
 def _repository(value: Any) -> Path | str:
@@ -269,16 +284,24 @@ def _host_names(value: Any) -> str:
     return ",".join(cleaned)
 
 
+def private_file_problem(path: os.PathLike[str] | str, mode: int) -> str | None:
+    """What is wrong with a secret file (a webhook's secret, the daemon's token file) of this st_mode: not
+    a regular file, or writable by its group or open to others; None when nothing is."""
+    if not stat.S_ISREG(mode):
+        return f"{path} is not a regular file"
+    if mode & 0o027:
+        return (f"{path} has mode {stat.S_IMODE(mode):04o}: others (or its group) may read or change it; "
+                f"chmod 600 {path}")
+    return None
+
+
 def read_secret(path: Path) -> str:
     """A webhook's secret: a regular file, not writable by its group nor open to others (like a token
     file: whoever reads it can sign events), at least 16 characters."""
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        if st.st_mode & 0o027:
-            raise ValueError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others (or its group) may read "
-                             f"or change it; chmod 600 {path}")
+        problem = private_file_problem(path, os.stat(path).st_mode)  # before open: a fifo would block it
+        if problem:
+            raise ValueError(problem)
         with open(path, encoding="utf-8") as handle:
             secret = handle.read().strip()
     except OSError as exc:
@@ -338,6 +361,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "launch_triton": _bool,
     "tritonserver": _path,
     "triton_key": _text,
+    "launch_triton_exposed_key": _choice(EXPOSED_KEY_CHOICES),
     "triton_log_path": _path,
     "triton_metrics_url": _text,
     "triton_grpc_port": _port_or_zero,
@@ -366,6 +390,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "shutdown_timeout_s": _positive_float(1.0),
     "db_busy_timeout_s": _positive_float(0.1),
     "host": _text,
+    "allowed_link_roots": _paths,
+    "max_model_bytes": _positive_int,
     "watch": _choice(WATCH_MODES),
     "poll_interval_s": _positive_float(0.05),
     "rescan_interval_s": _positive_float(0.5),

@@ -60,7 +60,7 @@ from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, t
 from controlplane.targets import FleetStrategy, HostTarget, Target, recorded_digest
 from controlplane.triton.client import TritonClient
 from controlplane.triton.host import TritonHost
-from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
+from controlplane.vocab import CAPTURE_REFUSED, SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result, SyncState
 
 if TYPE_CHECKING:
     from controlplane.webhooks import Webhooks
@@ -134,8 +134,11 @@ class ControlPlane:
         self.source: Source = source if source is not None else NoSource()
         self.in_hand = InHand()  # handed on by the source, not captured yet: `status` says "capturing"
         self.http_url = http_url
+        # the daemon launched tritonserver and other local users can read its command line (its key)
+        self.triton_key_exposed = False
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self._tags_seen: tuple[list[Any], dict[str, str]] = ([], {})  # the last tags and tracks read
+        self.capture_refusals: dict[str, str] = {}  # why the watcher's last capture of a model was refused
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
@@ -260,9 +263,11 @@ class ControlPlane:
         problem = self.source.entry_problem(model)
         if problem is not None:  # a dangling symlink: whatever serves keeps serving, nothing is removed
             log.warning("%s: %s", model, problem)
+            self._capture_refused(model, problem)
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", problem))
             return None
         if not self.source_has(model):
+            self.capture_refusals.pop(model, None)
             existing = self.registry.find_model(model)
             if existing is not None and existing.removed_at is None:
                 self.retries.clear(model)  # nothing retries content the source no longer holds
@@ -318,7 +323,17 @@ class ControlPlane:
                 self.put_off(model, decision.reason, decision.delay_s)
             return
         self.capture_done(model)
+        log.warning("%s: capture refused: %s", model, decision.reason)
+        self._capture_refused(model, decision.reason)
         self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", model, None, "failed", str(exc)))
+
+    def _capture_refused(self, model: str, reason: str) -> None:
+        """The source's content of `model` was refused (not put off): `status` and the web view show the
+        model, sync `invalid` with this reason, until a capture succeeds or the source drops it. A model
+        whose every capture is refused gets its registry row here (state `new`, nothing serving)."""
+        self.capture_refusals[model] = reason
+        if self.registry.ensure_model(model).removed_at is not None:
+            self.registry.update_model(model, removed_at=None)
 
     def _note_quarantined(self, record: SnapshotRecord) -> None:
         """A quarantined digest is in the source (again): say so once, in the log and the audit."""
@@ -341,6 +356,7 @@ class ControlPlane:
     def capture_done(self, model: str) -> None:
         """`model`'s source was captured: nothing puts it off any more."""
         self.capture_waits.pop(model, None)
+        self.capture_refusals.pop(model, None)
 
     def look_again(self, model: str, delay_s: float) -> None:
         """Have the source hand `model` on again after `delay_s` (nothing without a source)."""
@@ -575,7 +591,8 @@ class ControlPlane:
         return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows,
                             registry_reachable=outage is None,
                             registry_unreachable_since=iso(outage.since) if outage and outage.since else None,
-                            registry_reason=f"registry {outage.name}: {outage.reason}" if outage else "")
+                            registry_reason=f"registry {outage.name}: {outage.reason}" if outage else "",
+                            triton_key_exposed=self.triton_key_exposed)
 
     def registry_outage(self) -> RegistryHealth | None:
         """The registry this plane reads that does not answer now (this host's, or where its tags live: a
@@ -612,6 +629,9 @@ class ControlPlane:
         policy = self.effective_policy(model)
         retry = inputs.retries.get(model.name) or inputs.restores.get(model.name)
         busy = model.name in inputs.busy
+        refused = self.capture_refusals.get(model.name)
+        if refused is not None and not busy:  # the source's newest content could not even be captured
+            return SyncState.INVALID, f"{CAPTURE_REFUSED}{refused}", policy, retry
         track = inputs.tracks.get(model.name)
         if track:
             tag_digest = next((d for (m, d), names in inputs.tagged.items() if m == model.name and track in names),

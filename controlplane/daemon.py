@@ -31,10 +31,11 @@ from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.engine import Outcome
 from controlplane.deploy.publish import ServingRepository
-from controlplane.errors import LauncherError, StateDirInUseError, TritonctlError
+from controlplane.errors import ConfigError, LauncherError, TritonctlError
 from controlplane.outcomes import Outcomes
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
+from controlplane.startup import preflight
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.startup.record import deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
@@ -42,6 +43,7 @@ from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.targets import FleetTarget
 from controlplane.triton.client import Timeouts, TritonClient
+from controlplane.triton.exposure import key_exposure
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, WAIT_CALLBACK_S, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
@@ -62,7 +64,7 @@ TICK_S = 0.1
 # liveness), apart from the full reconcile every reconcile_interval_s: a dead or restarted server is
 # noticed within about this long and reconciled at once.
 SUPERVISE_INTERVAL_S = 1.0
-LOCK_FILE = "daemon.lock"  # in the state directory: flock-ed by the daemon that runs on it
+LOCK_FILE = preflight.LOCK_FILE  # in the state directory: flock-ed by the daemon that runs on it
 # The periodic reconcile takes at most this share of one core: when one costs more CPU than that
 # allows at reconcile_interval_s (one repository-index call over many thousands of models), the next
 # waits longer. Supervision (every SUPERVISE_INTERVAL_S: a dead, restarted or emptied tritonserver)
@@ -91,6 +93,7 @@ class Daemon:
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
+        self.triton_key_exposed = False  # other local users can read the launched tritonserver's key
         self.source: Source = NoSource()  # where models come from (controlplane/source/protocol.py)
         self.api: ApiServer | None = None
         self.metrics: Metrics | None = None
@@ -126,8 +129,7 @@ class Daemon:
         except OSError:
             holder = handle.read().strip() or "?"
             handle.close()
-            raise StateDirInUseError(f"state directory {self.settings.state_dir} is in use by another tritonctl "
-                                     f"daemon (pid {holder}): stop it, or give another --state-dir") from None
+            raise preflight.in_use_error(self.settings.state_dir, holder) from None
         handle.truncate(0)
         handle.write(f"{os.getpid()}\n")
         handle.flush()
@@ -201,8 +203,24 @@ class Daemon:
         server.start()
         return []
 
+    def _check_key_exposure(self) -> None:
+        """Before a tritonserver is launched (or adopted): can other local users read its command line,
+        and with it its key? One WARNING line, or with `launch_triton_exposed_key = "refuse"` no start."""
+        if not self.settings.launch_triton:
+            return
+        exposure = key_exposure()
+        self.triton_key_exposed = exposure.exposed
+        if not exposure.exposed:
+            log.info("tritonserver's key: %s", exposure.reason)
+        elif self.settings.launch_triton_exposed_key == "refuse":
+            raise ConfigError(f"launch_triton_exposed_key = \"refuse\": {exposure.reason}; not launching tritonserver")
+        else:
+            log.warning("tritonserver's key is exposed: %s", exposure.reason)
+
     def start(self) -> None:
         settings = self.settings
+        preflight.check(settings)  # a bad argument stops the start before anything exists
+        self._check_key_exposure()  # before anything is created or launched
         self._prepare_state_dir()
         # In a fleet the host's own deploy state stays in its local registry; --db-url is the fleet's.
         local_url = f"sqlite:///{settings.state_dir / 'registry.db'}" if self.fleet_settings else settings.registry_url
@@ -219,7 +237,7 @@ class Daemon:
         if self.fleet_settings is not None:
             self.shared_registry = Registry(settings.registry_url, host=settings.host)
             migrate.upgrade_shared(self.shared_registry)
-        store = ContentStore(settings.state_dir / "store")
+        store = ContentStore(settings.state_dir / "store", max_model_bytes=settings.max_model_bytes)
         serving = self.serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
         if swept := serving.sweep_temp_links():
             log.info("removed %d temporary serving links a stop left mid-swap", swept)
@@ -239,6 +257,7 @@ class Daemon:
         )
         self.outcomes.subscribe(self._on_outcome)  # after the plane's own bookkeeping (its last action)
         self.plane.preloaded(self._preloaded)
+        self.plane.triton_key_exposed = self.triton_key_exposed  # status's triton_key_exposed
         if self.triton_server is not None and self.triton_server.adopted_pid:
             # only this daemon can load into the server it launched: it serves what the registry says,
             # but for interrupted deployments, which the first reconcile recovers from Triton itself
@@ -324,7 +343,8 @@ class Daemon:
 
             return LocalSource(s.repository, settle_s=s.settle_s, commit_marker=s.commit_marker, watch=s.watch,
                                poll_interval_s=s.poll_interval_s, rescan_interval_s=s.rescan_interval_s,
-                               events_later=True)  # the inotify watches after READY (start)
+                               events_later=True,  # the inotify watches after READY (start)
+                               allowed_link_roots=s.allowed_link_roots)
         return NoSource()
 
     def _reconcile_then_scan(self) -> None:
@@ -632,8 +652,8 @@ class Daemon:
         systemd.ready(self.status_line())
 
     def _on_outcome(self, outcome: Outcome) -> None:
-        log.log(
-            logging.INFO if outcome.succeeded else logging.WARNING,
+        log.log(  # a rollback (automatic or an operator's) and any failure stand out: WARNING
+            logging.INFO if outcome.succeeded and outcome.action != "rollback" else logging.WARNING,
             "%s %s %s digest %s active %s in %d ms: %s", outcome.model, outcome.action, outcome.outcome,
             (outcome.digest or "-")[:12], (outcome.active_digest or "-")[:12], outcome.duration_ms,
             outcome.message,

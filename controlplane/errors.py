@@ -72,7 +72,8 @@ class SnapshotUnreadableError(SnapshotError):
 
 
 class SnapshotTooLargeError(SnapshotError):
-    """config.pbtxt is over the size limit: refused before copying it."""
+    """config.pbtxt is over its size limit, or the model's files over `max_model_bytes`: refused before
+    copying them."""
 
 
 class SnapshotUnsupportedError(SnapshotError):

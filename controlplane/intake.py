@@ -82,7 +82,7 @@ def record_many(registry: Registry, items: Sequence[tuple[str, str, SnapshotCont
 def _recorded(snap: SnapshotRecord, actor: str) -> AuditEntry:
     """The audit event of a content new to the registry (and its log line)."""
     message = "recorded" if snap.valid else f"invalid: {snap.first_error}"
-    log.info("%s snapshot %s %s", snap.model, snap.digest[:12], message)
+    log.log(logging.INFO if snap.valid else logging.WARNING, "%s snapshot %s %s", snap.model, snap.digest[:12], message)
     return AuditEntry(actor, "snapshot", snap.model, snap.digest,
                       Result.OK.value if snap.valid else Result.INVALID.value, message)
 

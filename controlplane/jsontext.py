@@ -12,7 +12,15 @@ values json.loads gives; a text it refuses is read by the standard library.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
+
+
+def iso(value: datetime | None) -> str | None:
+    """Naive-UTC datetime → ISO 8601 with a Z, the JSON contract's time format."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def dumps(document: Any, *, indent: int | None = None, compact: bool = False) -> str:

@@ -1,5 +1,9 @@
-"""Log lines for journald and for shippers: `LEVEL logger: message` on stderr (journald adds the time),
-or one JSON object per line with `--log-format json`.
+"""Log lines for people, journald and shippers: `TIME LEVEL logger: message` on stderr, TIME in ISO 8601
+UTC to the millisecond (`2026-12-03T06:59:01.123Z`), or one JSON object per line with `--log-format json`.
+
+Levels (docs/operations.md "Logs"): INFO says what finished (one line per deploy: model, digest, outcome,
+duration) and what the daemon is doing; WARNING what needs a look (invalid content, a failed smoke test,
+a rollback, a quarantine); the step-by-step lines of each deploy are DEBUG (`--log-level debug`).
 
 Every message passes controlplane/text.py's `clean` here, the log's one boundary: a reason carrying a
 model's exception text, a file name or a client's actor shows its control characters escaped (`\x1b`),
@@ -16,10 +20,14 @@ from typing import Any
 from controlplane.text import clean
 
 
+def _utc(created: float, timespec: str = "auto") -> str:
+    return datetime.fromtimestamp(created, timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat().replace("+00:00", "Z"),
+            "time": _utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": clean(record.getMessage()),
@@ -30,10 +38,14 @@ class JsonFormatter(logging.Formatter):
 
 
 class PlainFormatter(logging.Formatter):
-    """`LEVEL logger: message`, the message on one line; a traceback below it, cleaned but multi-line."""
+    """`2026-12-03T06:59:01.123Z INFO tritonctl.daemon: ready: ...`, the message on one line; a traceback
+    below it, cleaned but multi-line."""
 
     def __init__(self) -> None:
-        super().__init__("%(levelname)s %(name)s: %(message)s")
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
+        return _utc(record.created, "milliseconds")
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
         record.message = clean(record.message, one_line=True)

@@ -2,7 +2,7 @@
 
 versions, diff, audit (with relative times), "what served at T" and status rows. gc, which deletes, is
 controlplane.garbage.
-Results are the dataclasses of `controlplane.results` (README "JSON output" is their `to_json()`).
+Results are the dataclasses of `controlplane.results` (docs/json.md is their `to_json()`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why a module of its own: the core returns these (queries, the control plane's st
 gc, the fleet's verbs and views, `validate`), the API server serializes them with `to_json()`, and
 cli/render.py prints the same documents (from the dataclass, or from the dict the API client
 received). The shape of each document is written here once and published as a JSON Schema,
-docs/schemas/<command>.schema.json (README "JSON output"): a field added here is added there too
+docs/schemas/<command>.schema.json (docs/json.md): a field added here is added there too
 (tests/test_json_schemas.py fails otherwise); fields may be added, never removed or retyped.
 
 Imports only the standard library, `controlplane.store.records` (stdlib-only row views) and
@@ -18,21 +18,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controlplane.events import event_document
-from controlplane.store.records import (
-    AuditRecord,
-    DeliveryRecord,
-    FootprintRecord,
-    Rollout,
-    ServingRecord,
-    SnapshotRecord,
-    Step,
-    TagRecord,
-    iso,
-)
+from controlplane.jsontext import iso
 from controlplane.vocab import ERROR, SUCCEEDED, WARNING, Cause
+
+if TYPE_CHECKING:  # annotations only: `validate` loads neither the registry's records nor the events
+    from controlplane.store import records
 
 # --- load / rollback / unload ------------------------------------------------------------------------
 
@@ -128,7 +120,7 @@ class StatusRow:
     sync_reason: str = ""
     next_retry_s: int | None = None
     tags: list[str] = field(default_factory=list)  # the tags on the digest that serves (controlplane/tags.py)
-    footprint: FootprintRecord | None = None  # the serving digest's footprint (controlplane/memory/footprint.py)
+    footprint: records.FootprintRecord | None = None  # the serving digest's footprint (memory/footprint.py)
     # policy ondemand: {"state", "leases", "until"} (controlplane/memory/ondemand.py)
     ondemand: dict[str, Any] | None = None
 
@@ -169,6 +161,7 @@ class StatusResult:
     registry_reachable: bool = True
     registry_unreachable_since: str | None = None
     registry_reason: str = ""
+    triton_key_exposed: bool = False  # a launched tritonserver's command line (its key) is readable by other users
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -179,6 +172,7 @@ class StatusResult:
             "registry_reachable": self.registry_reachable,
             "registry_unreachable_since": self.registry_unreachable_since,
             "registry_reason": self.registry_reason,
+            "triton_key_exposed": self.triton_key_exposed,
             "watch": dict(self.watch),
             "models": [row.to_json() for row in self.models],
         }
@@ -321,10 +315,10 @@ class DbUpgradeResult:
 class VersionRow:
     """One distinct content of a model (`versions --json` prints a list of these)."""
 
-    snapshot: SnapshotRecord
+    snapshot: records.SnapshotRecord
     active: bool
     tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/tags.py)
-    footprint: FootprintRecord | None = None  # its memory footprint on this host (controlplane/memory/footprint.py)
+    footprint: records.FootprintRecord | None = None  # its footprint on this host (memory/footprint.py)
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
@@ -392,15 +386,17 @@ class DiffResult:
 class AuditResult:
     """`audit --json`: a list of events, newest first."""
 
-    events: list[AuditRecord]
+    events: list[records.AuditRecord]
 
-    def __iter__(self) -> Iterator[AuditRecord]:
+    def __iter__(self) -> Iterator[records.AuditRecord]:
         return iter(self.events)
 
     def __len__(self) -> int:
         return len(self.events)
 
     def to_json(self) -> list[dict[str, Any]]:
+        from controlplane.events import event_document
+
         return [event_document(event) for event in self.events]  # the webhook body and SSE data too
 
 
@@ -408,9 +404,9 @@ class AuditResult:
 class WebhookDeliveriesResult:
     """`webhooks --json`: deliveries, newest first (pending, delivered, failed with the receiver's answer)."""
 
-    deliveries: list[DeliveryRecord]
+    deliveries: list[records.DeliveryRecord]
 
-    def __iter__(self) -> Iterator[DeliveryRecord]:
+    def __iter__(self) -> Iterator[records.DeliveryRecord]:
         return iter(self.deliveries)
 
     def __len__(self) -> int:
@@ -425,7 +421,7 @@ class ServingAtResult:
     """`audit --at T --json`: what each model (on a fleet: each model and host) served at `at`."""
 
     at: datetime
-    models: list[ServingRecord]
+    models: list[records.ServingRecord]
     tags: dict[tuple[str, str | None], list[str]] = field(default_factory=dict)  # (model, digest) -> tags at `at`
 
     def to_json(self) -> dict[str, Any]:
@@ -441,7 +437,7 @@ class TagsResult:
     """`tags [MODEL] [--at T] --json`: where each tag points (at T, when asked), who moved it there and when."""
 
     at: datetime | None
-    tags: list[TagRecord]
+    tags: list[records.TagRecord]
 
     def to_json(self) -> dict[str, Any]:
         return {"at": iso(self.at), "tags": [row.to_json() for row in self.tags]}
@@ -471,9 +467,19 @@ class TagResult:
                 "message": self.message}
 
 
-# `rollouts --json`: the fleet store's own rows (controlplane/store/records.py), one definition.
-RolloutRow = Rollout
-RolloutStepRow = Step
+# `rollouts --json`: the fleet store's own rows (controlplane/store/records.py), one definition; read
+# from there when first asked for (PEP 562), so `validate` does not load the registry's records.
+if TYPE_CHECKING:
+    RolloutRow = records.Rollout
+    RolloutStepRow = records.Step
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RolloutRow", "RolloutStepRow"):
+        from controlplane.store import records
+
+        return records.Rollout if name == "RolloutRow" else records.Step
+    raise AttributeError(f"module 'controlplane.results' has no attribute {name!r}")
 
 
 # --- validate --------------------------------------------------------------------------------------------

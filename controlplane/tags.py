@@ -92,7 +92,11 @@ def resolve_ref(registry: TagReader, model: str, ref: str) -> str:
     """A digest (prefix) or a tag name → what `get_snapshot` accepts (diff's `stable canary`)."""
     if looks_like_digest(ref):
         return validate_digest(ref)
-    return tag_digest(registry, model, ref)
+    tag = find_tag(registry, model, ref)
+    if tag is None:  # a mistyped digest reads as a tag name: say both were tried
+        raise NotFoundError(f"'{ref}' is neither a digest nor a tag of '{model}'; `tritonctl versions {model}` "
+                            f"lists its digests, `tritonctl tags {model}` its tags")
+    return tag.digest
 
 
 def by_digest(tags: list[TagRecord]) -> dict[tuple[str, str], list[str]]:

@@ -54,6 +54,9 @@ SERVING_STATES: tuple[str, ...] = (ModelState.SERVING.value, ModelState.DEGRADED
 
 # The audit actor of what the source's watcher (or a start-up scan) did, not an operator.
 WATCHER_ACTOR = "watcher"
+# A model's last_error starts with this when the source's content was refused at capture (a symlink out
+# of the repository, over max_model_bytes, a fifo, ...): status shows it `invalid` until a capture succeeds.
+CAPTURE_REFUSED = "capture refused: "
 
 
 class DeployStep(Word):

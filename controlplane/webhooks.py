@@ -4,8 +4,10 @@ Every audit event lands in the registry's outbox in its own transaction (control
 This worker, a thread of the daemon (in a fleet: of the leader only, over the shared registry), fans each
 event out to the `[[webhook]]` tables that want its action and POSTs it: the body is the event document
 (controlplane/events.py), with `X-Tritonctl-Event` (the action), `X-Tritonctl-Delivery` (the delivery's
-id, the same on every retry) and `X-Tritonctl-Signature-256: sha256=<hex HMAC-SHA256 of the body keyed
-with the webhook's secret>` (GitHub's scheme). A 2xx answer delivers it; anything else (no connection,
+id, the same on every retry) and `X-Tritonctl-Signature-256: t=<unix seconds>,sha256=<hex HMAC-SHA256,
+keyed with the webhook's secret, of "<t>.<delivery id>." followed by the body>`: each try is signed when
+it is sent, so a receiver that rejects old timestamps and remembers delivery ids cannot be replayed to
+(docs/operations.md "Webhooks signatures"). A 2xx answer delivers it; anything else (no connection,
 a timeout, another status) retries it with exponential backoff until 24 h after it was made, then it is
 kept as `failed`. Deliveries of one model to one URL go out one at a time, in event order: a delivery
 waiting for a retry holds back the later ones of its model, never those of other models or URLs.
@@ -53,9 +55,11 @@ SENDERS = 4  # POSTs in flight at once (one per lane)
 ANSWER_BYTES = 500
 
 
-def signature(secret: str, body: bytes) -> str:
-    """The `X-Tritonctl-Signature-256` header's value for `body`."""
-    return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+def signature(secret: str, body: bytes, delivery: str, timestamp: int) -> str:
+    """The `X-Tritonctl-Signature-256` header's value for `body` of `delivery` sent at `timestamp` (unix
+    seconds): `t=<timestamp>,sha256=<hex HMAC-SHA256 of "<timestamp>.<delivery>." + body>`."""
+    signed = f"{timestamp}.{delivery}.".encode() + body
+    return f"t={timestamp},sha256=" + hmac.new(secret.encode("utf-8"), signed, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,8 @@ def post(target: WebhookTarget, outgoing: Outgoing, timeout_s: float = SEND_TIME
         "User-Agent": f"tritonctl-webhook/{__version__}",
         "X-Tritonctl-Event": outgoing.action,
         "X-Tritonctl-Delivery": outgoing.id,
-        "X-Tritonctl-Signature-256": signature(target.secret, outgoing.body),
+        # signed now, with the wall clock (the receiver's clock judges it), at every try
+        "X-Tritonctl-Signature-256": signature(target.secret, outgoing.body, outgoing.id, int(time.time())),
     })
     try:
         with _OPENER.open(request, timeout=timeout_s) as response:

@@ -153,6 +153,7 @@ class DaemonProcess:
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
         env.setdefault("TRITONCTL_RECONCILE_INTERVAL_S", "1")
+        env.setdefault("TRITONCTL_LOG_LEVEL", "debug")  # tests read the deploy steps' lines (DEBUG)
         env.update(self.env)
         args = [TRITONCTL, "daemon", "--repository", str(self.repository), "--state-dir", str(self.state_dir),
                 "--settle", str(self.settle_s), *(["--launch-triton", *FREE_PORTS] if self.launch else []),

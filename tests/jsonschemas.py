@@ -1,6 +1,6 @@
 """The published JSON Schemas of the `--json` documents (docs/schemas/<command>.schema.json), for tests.
 
-One schema per command's document (README "JSON output" lists the mapping); `load`, `rollback` and
+One schema per command's document (docs/json.md lists the mapping); `load`, `rollback` and
 `unload` share `load`, `pin` and `unpin` share `pin`. Helpers here validate a document against its
 schema (Draft 2020-12, `jsonschema`), and walk a schema's fields (`$.models[].drift`) so a test can
 say which fields a run produced with a value, not null and not empty.

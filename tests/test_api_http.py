@@ -177,9 +177,11 @@ def test_tcp_needs_the_token_and_audits_it_as_token_actor(state: Path) -> None:
         server.stop(0.1)
 
 
-def test_a_world_readable_token_file_is_refused(state: Path) -> None:
-    server = _server(state, listen=f"127.0.0.1:{free_port()}", token_file=_token_file(state, 0o644))
-    with pytest.raises(ConfigError, match="readable by other users"):
+@pytest.mark.parametrize("mode", [0o644, 0o660, 0o604])
+def test_a_token_file_others_may_read_or_its_group_change_is_refused(state: Path, mode: int) -> None:
+    """As strict as a webhook's secret file: 0600 or 0640 only."""
+    server = _server(state, listen=f"127.0.0.1:{free_port()}", token_file=_token_file(state, mode))
+    with pytest.raises(ConfigError, match=f"has mode {mode:04o}: others \\(or its group\\) may read or change it"):
         server.start()
     server.stop(0.1)
 

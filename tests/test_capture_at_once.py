@@ -1,4 +1,4 @@
-"""README "taken at once", through the real daemon and tritonserver: a model directory renamed into
+"""docs/cli.md "taken at once", through the real daemon and tritonserver: a model directory renamed into
 the repository, or completed by its commit marker, is captured and served without waiting out the
 settle window (issue 15, item 3). The settle window here is 10 s; each model must answer well
 before it (what it takes is the capture plus Triton's load: bench/change_latency.py measures it)."""

@@ -276,8 +276,6 @@ def test_status_json_shape(daemon: Daemon) -> None:
     [
         (["policy", "linear", "manual"], "policy", ["model: linear", "policy: manual", "inherited: False"]),
         (["policy", "linear", "inherit"], "policy", ["model: linear", "policy: auto", "inherited: True"]),
-        (["pin", "linear"], "pin", ["model: linear", "pinned: True", f"digest: {'9' * 64}"]),
-        (["unpin", "linear"], "pin", ["model: linear", "pinned: False", f"digest: {'9' * 64}"]),
         (["gc", "--keep", "2"], "gc", ["snapshots_removed: 3", "snapshots_kept: 5", "bytes_freed: 123456"]),
     ],
 )
@@ -288,6 +286,16 @@ def test_small_mutations_print_key_values(daemon: Daemon, args: list[str], call:
     assert daemon.plane.calls[0][0] == call
     as_json = json.loads(daemon.run(*args, "--json").output)
     assert [f"{k}: {v}" for k, v in as_json.items()] == lines
+
+
+@pytest.mark.parametrize(("args", "line", "pinned"), [(["pin", "linear"], f"linear pinned at {'9' * 12}", True),
+                                                     (["unpin", "linear"], "linear unpinned", False)])
+def test_pin_prints_what_it_did(daemon: Daemon, args: list[str], line: str, pinned: bool) -> None:
+    """`pin` says `pinned` (issue 47), not `pinned: True`; --json keeps the document."""
+    result = daemon.run(*args)
+    assert (result.exit_code, result.output.splitlines()) == (0, [line])
+    assert daemon.plane.calls[0][0] == "pin"
+    assert json.loads(daemon.run(*args, "--json").output) == {"model": "linear", "pinned": pinned, "digest": "9" * 64}
 
 
 def test_click_rejects_bad_policy_and_keep_with_exit_2(daemon: Daemon) -> None:

@@ -1,5 +1,5 @@
 """Settings: flag > TRITONCTL_* environment > TOML file > defaults; unknown keys and bad values are
-one-line errors that name the key; the example config and the README cover every key."""
+one-line errors that name the key; the example config and docs/configuration.md cover every key."""
 
 from __future__ import annotations
 
@@ -178,16 +178,16 @@ def test_example_config_has_every_key_and_parses(tmp_path: Path) -> None:
     assert set(read_config_file(write(tmp_path, uncommented))) == set(PARSERS)
 
 
-def test_readme_configuration_section_documents_every_key() -> None:
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"^## Configuration\n(.*?)(?=^## |\Z)", readme, re.MULTILINE | re.DOTALL)
-    assert match, "README.md has no '## Configuration' section"
+def test_the_configuration_reference_documents_every_key() -> None:
+    document = (ROOT / "docs" / "configuration.md").read_text()
+    match = re.search(r"^# Configuration\n(.*?)(?=^## |\Z)", document, re.MULTILINE | re.DOTALL)
+    assert match, "docs/configuration.md has no '# Configuration' section"
     section = match.group(1)
     for f in fields(Settings):
-        assert f"`{f.name}`" in section, f"README Configuration does not document {f.name}"
+        assert f"`{f.name}`" in section, f"docs/configuration.md does not document {f.name}"
         if f.name in CONFIG_FILE_ONLY:
             continue
-        assert f"`TRITONCTL_{f.name.upper()}`" in section, f"README Configuration: no TRITONCTL_{f.name.upper()}"
+        assert f"`TRITONCTL_{f.name.upper()}`" in section, f"docs/configuration.md: no TRITONCTL_{f.name.upper()}"
 
 
 def test_daemon_command_reports_a_bad_config_in_one_line(tmp_path: Path) -> None:
@@ -206,3 +206,24 @@ def test_the_test_suites_switches_are_not_settings() -> None:
     starts under it (or TRITONCTL_TEST_NO_MOUNT, TRITONCTL_TEST_DROP_EVENTS) must not refuse to run."""
     env = {"TRITONCTL_TEST_NO_SKIP": "1", "TRITONCTL_TEST_NO_MOUNT": "1", "TRITONCTL_TEST_DROP_EVENTS": "1"}
     assert load_settings({}, env=env) == Settings()
+
+
+def test_the_security_keys_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    """Issue 43's keys: link roots as a TOML list or a ':'-separated variable, the size cap in bytes
+    (20 GiB by default), what to do with an exposed Triton key (warn by default)."""
+    defaults = load_settings({}, env={})
+    assert (defaults.allowed_link_roots, defaults.max_model_bytes, defaults.launch_triton_exposed_key) == \
+           ((), 20 * 1024**3, "warn")
+    path = write(tmp_path, 'allowed_link_roots = ["/srv/releases", "/srv/more"]\nmax_model_bytes = 1000\n'
+                           'launch_triton_exposed_key = "refuse"\n')
+    settings = load_settings({}, env={}, config_file=path)
+    assert settings.allowed_link_roots == (Path("/srv/releases"), Path("/srv/more"))
+    assert (settings.max_model_bytes, settings.launch_triton_exposed_key) == (1000, "refuse")
+    env = load_settings({}, env={"TRITONCTL_ALLOWED_LINK_ROOTS": "/a:/b", "TRITONCTL_MAX_MODEL_BYTES": "5"})
+    assert (env.allowed_link_roots, env.max_model_bytes) == ((Path("/a"), Path("/b")), 5)
+    assert "launch_triton_exposed_key: invalid value 'ignore' (expected one of warn, refuse)" in one_line_error(
+        load_settings, {}, env={"TRITONCTL_LAUNCH_TRITON_EXPOSED_KEY": "ignore"})
+    assert "max_model_bytes: invalid value 0" in one_line_error(
+        load_settings, {}, env={}, config_file=write(tmp_path, "max_model_bytes = 0\n", "zero.toml"))
+    assert "allowed_link_roots: invalid value 3" in one_line_error(
+        load_settings, {}, env={}, config_file=write(tmp_path, "allowed_link_roots = 3\n", "three.toml"))

@@ -1,4 +1,4 @@
-"""README "Exit codes", row by row and clause by clause, asserted exactly: the installed `tritonctl`
+"""docs/cli.md "Exit codes", row by row and clause by clause, asserted exactly: the installed `tritonctl`
 as a process (the status a shell sees) against a real daemon whose tritonserver is an external one
 this test stops (so "tritonserver unreachable" is real, not a stand-in).
 """

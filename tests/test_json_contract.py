@@ -1,5 +1,5 @@
 """The `--json` contract: every command's document matches its published JSON Schema
-(docs/schemas/<command>.schema.json, README "JSON output"), field by field and type by type.
+(docs/schemas/<command>.schema.json, docs/json.md), field by field and type by type.
 
 Each document comes from a real run: the daemon commands against one real daemon with its launched
 tritonserver, the fleet views against a real PostgreSQL registry filled through the fleet store (and
@@ -11,7 +11,7 @@ The schemas are closed (`additionalProperties: false`) and list every key the co
 - a key missing, or a value of another type (a string where a list was, a number for null): the
   test fails (a script that reads it would break);
 - a key the code emits that the schema lacks: the test fails. Adding a field means adding it to the
-  schema (typed, required if always there) and to README "JSON output";
+  schema (typed, required if always there) and to docs/json.md;
 - nullable fields are unions with null, so null proves nothing about their other type: the scenario
   makes every field hold a value at least once (test_every_field_holds_a_value_in_some_real_document),
   except the few listed in UNFILLED with the reason; tests/test_json_schemas.py types those from the
@@ -32,7 +32,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from controlplane.triton.launcher import RECORD_FILE, RESTRICTED_HEADER
-from tests import jsonschemas
+from tests import jsonschemas, registry_fixtures
 from tests.cli_helpers import invoke
 from tests.harness import DaemonProcess, answers, example_daemon, wait_for, write_gen_model
 from tests.test_cli_daemon_commands import StandInPlane
@@ -244,22 +244,29 @@ def test_the_scenario_produced_what_the_contract_describes(documents: dict[str, 
 @pytest.fixture(scope="module")
 def offline_documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     state = tmp_path_factory.mktemp("db-upgrade")
-    docs = {"validate": run_json("validate", str(EXAMPLES / "linear"), str(EXAMPLES / "README.md")),
+    # a plain file beside model directories passes in silence (issue 47): given alone, it gets its warning
+    docs = {"validate": run_json("validate", str(EXAMPLES / "linear"))
+            + run_json("validate", str(EXAMPLES / "README.md")),
             "db-upgrade": run_json("db", "upgrade", "--state-dir", str(state))}
     docs["db-upgrade-again"] = run_json("db", "upgrade", "--state-dir", str(state))
+    earlier = tmp_path_factory.mktemp("db-upgrade-earlier")  # a registry an earlier release wrote: copied first
+    registry_fixtures.build(f"sqlite:///{earlier / 'registry.db'}", "0005")
+    docs["db-upgrade-earlier"] = run_json("db", "upgrade", "--state-dir", str(earlier))
     return docs
 
 
-@pytest.mark.parametrize("name", ["validate", "db-upgrade", "db-upgrade-again"])
+@pytest.mark.parametrize("name", ["validate", "db-upgrade", "db-upgrade-again", "db-upgrade-earlier"])
 def test_offline_documents_match_their_schema(offline_documents: dict[str, Any], name: str) -> None:
     jsonschemas.assert_valid(schema_of(name), offline_documents[name])
 
 
 def test_the_offline_runs_produced_what_the_contract_describes(offline_documents: dict[str, Any]) -> None:
-    assert offline_documents["validate"][1]["problems"], "README.md is not a model directory: a warning"
+    assert offline_documents["validate"][1]["problems"], "README.md alone is not a model directory: a warning"
     new, again = offline_documents["db-upgrade"], offline_documents["db-upgrade-again"]
     assert new["from"] is None and new["to"], new  # a new registry: from null
     assert again["from"] == again["to"] == new["to"], again
+    earlier = offline_documents["db-upgrade-earlier"]
+    assert earlier["from"] == "0005" and earlier["to"] == new["to"] and earlier["backup"], earlier
 
 
 # --- the fleet views, from a real PostgreSQL registry -----------------------------------------------------

@@ -1,4 +1,4 @@
-"""The published JSON Schemas themselves (docs/schemas/, README "JSON output"): well-formed, one per
+"""The published JSON Schemas themselves (docs/schemas/, docs/json.md): well-formed, one per
 `--json` command, closed, every key typed and listed, in step with the vocabulary and with the results
 dataclasses that make the documents.
 
@@ -61,7 +61,7 @@ from tests import jsonschemas
 
 D1, D2, D3 = "d1" * 32, "d2" * 32, "d3" * 32
 T = datetime(2026, 11, 1, 12, 0, 0, 250000)
-README = jsonschemas.ROOT / "README.md"
+JSON_DOC = jsonschemas.ROOT / "docs" / "json.md"  # the JSON contract (the README links it)
 
 
 def _json_commands() -> list[str]:
@@ -172,13 +172,13 @@ def test_enumerations_are_the_vocabulary() -> None:
     assert _enum("validate", "$defs", "problem", "properties", "severity") == {ERROR, WARNING}
 
 
-def test_the_readme_links_every_schema_and_names_its_fields() -> None:
-    section = README.read_text().split("### JSON output", 1)[1].split("\n### ", 1)[0]
+def test_the_json_reference_links_every_schema_and_names_its_fields() -> None:
+    section = JSON_DOC.read_text().split("# JSON output", 1)[1]
     for name in jsonschemas.names():
-        assert f"](docs/schemas/{name}.schema.json)" in section, f"README \"JSON output\" does not link {name}"
+        assert f"](schemas/{name}.schema.json)" in section, f"docs/json.md does not link {name}"
         keys = {path.rsplit(".", 1)[-1] for path in jsonschemas.fields(jsonschemas.load(name))}
         missing = sorted(k for k in keys if f'"{k}"' not in section)
-        assert not missing, f"README \"JSON output\" does not name {missing} of {name}.schema.json"
+        assert not missing, f"docs/json.md does not name {missing} of {name}.schema.json"
 
 
 # --- the results dataclasses, every field set ------------------------------------------------------------

@@ -83,6 +83,33 @@ def test_restricted_key_refuses_model_repository_calls_without_it(tmp_path: Path
 
 
 @pytest.mark.triton
+def test_the_key_also_guards_shared_memory_logging_and_trace(tmp_path: Path) -> None:
+    """A local user without the key can neither map Triton's shared memory nor rewrite its log or trace
+    settings (gRPC and HTTP); the daemon, with it, can."""
+    import tritonclient.http as httpclient
+
+    server = TritonServer(tmp_path / "repo", tmp_path / "work", restricted_key="s3cret")
+    with server:
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        http = httpclient.InferenceServerClient(server.http_url)
+        calls = {
+            "grpc shared memory": lambda h: grpc.get_system_shared_memory_status(headers=h),
+            "grpc logging": lambda h: grpc.update_log_settings({"log_verbose_level": 1}, headers=h),
+            "grpc trace": lambda h: grpc.get_trace_settings(headers=h),
+            "http shared memory": lambda h: http.get_cuda_shared_memory_status(headers=h),
+            "http logging": lambda h: http.get_log_settings(headers=h),
+            "http trace": lambda h: http.update_trace_settings(settings={"trace_rate": "5"}, headers=h),
+        }
+        for name, call in calls.items():
+            with pytest.raises(InferenceServerException, match="restricted|403|[Pp]ermission"):
+                call(None)
+                pytest.fail(f"{name} answered without the key")
+            header = {f"triton-grpc-protocol-{RESTRICTED_HEADER}" if name.startswith("grpc") else RESTRICTED_HEADER:
+                      "s3cret"}
+            call(header)
+
+
+@pytest.mark.triton
 def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     server = TritonServer(tmp_path / "repo", tmp_path / "work")
     server.start()

@@ -211,7 +211,7 @@ def test_daemon_metrics_show_a_deploy_and_a_rollback(tmp_path: Path) -> None:
 
 @pytest.mark.triton
 def test_daemon_with_metrics_port_in_use_fails_cleanly(tmp_path: Path) -> None:
-    """The port is checked after tritonserver was launched: the daemon must stop it before exiting."""
+    """The port is checked before anything starts (issue 47): exit 2, one line, no tritonserver."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

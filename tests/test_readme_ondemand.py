@@ -1,6 +1,6 @@
-"""README "Memory budget and on-demand models" runs verbatim in a clone: the daemon line in the first
-terminal, the others in a second; `ensure` returns with the model READY under its lease, and `status -o
-wide` shows it loaded with the lease and a measured footprint."""
+"""docs/cli.md "Memory budget and on-demand models" (the README links it) runs verbatim in a clone: the
+daemon line in the first terminal, the others in a second; `ensure` returns with the model READY under
+its lease, and `status -o wide` shows it loaded with the lease and a measured footprint."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def ondemand_block() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Memory budget and on-demand models"):]
+    text = (ROOT / "docs" / "cli.md").read_text()  # the CLI reference, linked from the README
+    section = text[text.index("## Memory budget and on-demand models"):]
     block = re.search(r"```sh\n(.*?)```", section, flags=re.S)
     assert block is not None
     return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]

@@ -200,8 +200,8 @@ LISTENER = ("import socket,time;s=socket.socket();s.bind(('127.0.0.1',0));s.list
 
 
 def test_a_port_held_by_another_process_is_refused_naming_it(tmp_path: Path) -> None:
-    """Exit 1 (README "Exit codes": the operation failed) with one line naming the holder's pid and
-    command; nothing is started and the holder keeps its port."""
+    """Exit 2 (a bad argument, checked before anything is created: issue 47) with one line naming the
+    holder's pid and command; nothing is started, no state directory is made, the holder keeps its port."""
     holder = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None
@@ -214,7 +214,7 @@ def test_a_port_held_by_another_process_is_refused_naming_it(tmp_path: Path) -> 
              "--launch-triton", *port_args([0, port, 0])],
             capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
                                                                if k != "NOTIFY_SOCKET"})
-        assert result.returncode == 1, result.stderr
+        assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1, result.stderr
@@ -222,6 +222,7 @@ def test_a_port_held_by_another_process_is_refused_naming_it(tmp_path: Path) -> 
                                     f"{holder.pid} ({sys.executable} -c import socket"), errors
         assert errors[0].endswith(": stop it, choose another port, or 0 for a free one"), errors
         assert tritonservers_on(state / "serving") == []
+        assert not state.exists()
         assert holder.poll() is None
     finally:
         holder.kill()

@@ -305,6 +305,22 @@ def test_empty_version_folders_survive_as_on_a_disk(s3env: MotoServer, bucket: s
     assert (store.tree_path(snap.digest) / "1").is_dir()
 
 
+def test_a_model_over_max_model_bytes_is_refused_before_any_download(s3env: MotoServer, bucket: str,
+                                                                     tmp_path: Path) -> None:
+    """The listing's sizes are added up first: nothing of an oversized model is fetched."""
+    from controlplane.errors import SnapshotTooLargeError
+
+    client = s3env.client()
+    put(client, bucket, "m", MODEL_V1)
+    total = sum(len(data) for data in MODEL_V1.values())
+    store = ContentStore(tmp_path / "store", fsync=False, max_model_bytes=total - 1)
+    with pytest.raises(SnapshotTooLargeError, match=f"its files are {total} bytes, over max_model_bytes"):
+        S3Source(f"s3://{bucket}/models", lambda _m: None).capture("m", store, settled=False)
+    assert not [p for p in (tmp_path / "store" / "objects").rglob("*") if p.is_file()]  # nothing downloaded
+    store.max_model_bytes = total  # at the cap: taken
+    assert S3Source(f"s3://{bucket}/models", lambda _m: None).capture("m", store, settled=False).total_bytes == total
+
+
 def test_repository_setting_takes_an_s3_url(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -265,8 +265,8 @@ def test_a_wrong_expectation_fails_with_a_clear_message(
 def test_the_readme_example_is_valid_and_passes(
     triton: TritonServer, triton_client, infer: InferFn, tmp_path: Path
 ) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Smoke requests", 1)[1]
+    reference = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = reference.split("## Smoke requests", 1)[1]
     example = section.split("```json\n", 1)[1].split("```", 1)[0]
     requests = load_smoke_file(write_smoke(tmp_path, example))
     install_model(triton, EXAMPLES / "linear")

@@ -345,6 +345,7 @@ def test_tritonctl_unit_settings() -> None:
         "ExecReload": "/bin/kill -HUP $MAINPID", "StateDirectory": "tritonctl", "StateDirectoryMode": "0750",
         "User": "tritonctl", "Group": "tritonctl", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
         "ReadWritePaths": "/var/lib/tritonctl", "PrivateTmp": "yes", "ProtectHome": "yes", "KillMode": "mixed",
+        "ProtectProc": "invisible",
     }
     for key, value in expected.items():
         assert unit.get(key) == [value], key
@@ -358,10 +359,11 @@ def test_tritonserver_unit_settings() -> None:
     command = unit["ExecStart"][0].split()
     assert "--model-repository=/var/lib/tritonctl/serving" in command
     assert "--model-control-mode=explicit" in command
-    rule = "model-repository:tritonctl-key=${TRITONCTL_TRITON_KEY}"
+    rule = "model-repository,shared-memory,logging,trace:tritonctl-key=${TRITONCTL_TRITON_KEY}"
     assert f"--grpc-restricted-protocol={rule}" in command
     assert f"--http-restricted-api={rule}" in command
     assert unit["EnvironmentFile"] == ["/etc/tritonctl/triton.env"]
+    assert unit["ProtectProc"] == ["invisible"]
     assert "/etc/tritonctl/triton.env" in _unit("tritonctl.service")["EnvironmentFile"][0]
 
 

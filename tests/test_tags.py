@@ -215,7 +215,7 @@ def test_policy_track_with_host_is_refused_in_one_line_before_the_daemon_is_aske
     assert_one_line_error(result, 2, "track:stable", "--host h1", "tracking is fleet-wide")
 
 
-# -- the `tags --json` contract (README "JSON output", docs/schemas/tags.schema.json) -------------------------
+# -- the `tags --json` contract (docs/json.md, docs/schemas/tags.schema.json) -------------------------
 
 
 def test_tags_json_is_this_registry_and_matches_its_schema(tmp_path: Path, clock: Clock) -> None:

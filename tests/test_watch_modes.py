@@ -102,6 +102,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     (base / "repo").mkdir()
     proc = DaemonProcess(base / "repo", base / "state", settle_s=0.3, env={
         "TRITONCTL_RESCAN_INTERVAL_S": RESCAN_OFF_S, "TRITONCTL_POLL_INTERVAL_S": "0.3",
+        "TRITONCTL_ALLOWED_LINK_ROOTS": str(base / "releases"),  # the releases the entries flip between
     }).start()
     # the watches are added behind READY, then one rescan: a flip made before that rescan would be
     # found by it (the test asserts no rescan served a flip), so the flips start once it is done

@@ -1,6 +1,7 @@
 """The webhook receiver docs/operations.md shows runs as shown: started as its own process, it accepts
 what the delivery worker sends (a real registry, real HTTP on loopback), acts on a redelivery only once,
-and refuses a body signed with another secret."""
+refuses a body signed with another secret, and refuses a replay: a request recorded earlier and sent
+again (its old timestamp), or re-stamped without the secret."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -79,13 +81,39 @@ def test_the_documented_receiver_accepts_signed_events_once_and_refuses_forged_o
     webhooks.run_once(wait=True)
     assert webhooks.deliveries().deliveries[0].attempts == 2
 
-    body = b'{"id":1,"action":"deploy"}'
-    forged = urllib.request.Request(url, data=body, method="POST", headers={
-        "X-Tritonctl-Delivery": "f" * 32, "X-Tritonctl-Signature-256": signature("another-secret-xxxx", body)})
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(forged, timeout=10)
-    assert refused.value.code == 401
+    body = b'{"id":1,"action":"deploy","model":"m","outcome":"ok","message":"forged"}'
+    assert post(url, body, "f" * 32, signature("another-secret-xxxx", body, "f" * 32, int(time.time()))) == 401
     registry.close()
     proc.kill()
     out, _ = proc.communicate(timeout=10)
     assert out.splitlines() == ["rollback resnet ok back to the good one"]  # once, not for the redelivery
+
+
+def post(url: str, body: bytes, delivery: str, signed: str) -> int:
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "X-Tritonctl-Delivery": delivery, "X-Tritonctl-Signature-256": signed})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+
+
+def test_the_documented_receiver_rejects_a_replayed_delivery(receiver: tuple[subprocess.Popen[str], str]) -> None:
+    """The attacker holds a request tritonctl really sent (a proxy's log, a captured packet) but not the
+    secret: sent again ten minutes later it is refused, and so is the same body and signature under a
+    fresh timestamp or another delivery id; only the genuine, fresh request is acted on."""
+    proc, url = receiver
+    body = b'{"id":7,"action":"rollback","model":"resnet","outcome":"ok","message":"replayed"}'
+    recorded_at = int(time.time()) - 600
+    recorded = signature(SECRET, body, "a" * 32, recorded_at)
+    assert post(url, body, "a" * 32, recorded) == 401  # too old
+    restamped = recorded.replace(f"t={recorded_at}", f"t={int(time.time())}")
+    assert post(url, body, "a" * 32, restamped) == 401  # the timestamp is signed
+    fresh = signature(SECRET, body, "b" * 32, int(time.time()))
+    assert post(url, body, "c" * 32, fresh) == 401  # so is the delivery id
+    assert post(url, body, "b" * 32, fresh) == 204
+    assert post(url, body, "b" * 32, fresh) == 204  # a replay within the window: acknowledged, not acted on
+    proc.kill()
+    out, _ = proc.communicate(timeout=10)
+    assert out.splitlines() == ["rollback resnet ok replayed"]

@@ -83,9 +83,13 @@ def test_an_event_is_posted_with_its_document_and_a_valid_signature(registry: Re
     assert len(receiver.deliveries()) == 1  # delivered once
 
 
-def test_the_signature_is_githubs_scheme() -> None:
+def test_the_signature_covers_the_timestamp_the_delivery_id_and_the_body() -> None:
     body = b'{"id":1}'
-    assert signature("key", body) == "sha256=" + hmac.new(b"key", body, hashlib.sha256).hexdigest()
+    expected = hmac.new(b"key", b"1767225600." + b"d" * 32 + b"." + body, hashlib.sha256).hexdigest()
+    assert signature("key", body, "d" * 32, 1767225600) == f"t=1767225600,sha256={expected}"
+    # any of the three changed: another signature (a replay cannot move its timestamp or id)
+    assert signature("key", body, "d" * 32, 1767225601) != signature("key", body, "d" * 32, 1767225600)
+    assert signature("key", body, "e" * 32, 1767225600) != signature("key", body, "d" * 32, 1767225600)
 
 
 def test_a_webhook_gets_only_the_actions_it_asked_for(registry: Registry, clock: Clock, receiver: Receiver) -> None:

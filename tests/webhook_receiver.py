@@ -49,14 +49,18 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                expected = "sha256=" + hmac.new(receiver.secret, body, hashlib.sha256).hexdigest()
                 given = self.headers.get("X-Tritonctl-Signature-256", "")
+                stamp = given.partition("t=")[2].partition(",")[0]
+                signed = f"{stamp}.{self.headers.get('X-Tritonctl-Delivery', '')}.".encode() + body
+                expected = f"t={stamp},sha256=" + hmac.new(receiver.secret, signed, hashlib.sha256).hexdigest()
+                fresh = stamp.isdigit() and abs(time.time() - int(stamp)) <= 300
                 mode = receiver.mode
                 status = {"ok": 204, "500": 500, "slow": 200}[mode]
                 with receiver._lock:
                     receiver.received.append(Received(self.headers.get("X-Tritonctl-Delivery", ""),
                                                       self.headers.get("X-Tritonctl-Event", ""),
-                                                      hmac.compare_digest(expected, given), json.loads(body), status))
+                                                      fresh and hmac.compare_digest(expected, given),
+                                                      json.loads(body), status))
                 if mode == "slow":
                     time.sleep(receiver.slow_s)
                 if status == 500:

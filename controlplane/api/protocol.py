@@ -14,11 +14,11 @@ and `controlplane.errors`.
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from controlplane import errors
+from controlplane.config import private_file_problem
 
 API_PREFIX = "/v1"
 ACTOR_HEADER = "x-tritonctl-actor"  # on TCP: who the token holder says they are (audited as token:NAME)
@@ -35,7 +35,7 @@ STATUS_FOR_ERROR: list[tuple[type[errors.TritonctlError], int]] = [
 ]
 DEFAULT_ERROR_STATUS = 409
 
-# The CLI's exit code for each class (README "Exit codes"; cli/main.py uses this table).
+# The CLI's exit code for each class (docs/cli.md "Exit codes"; cli/main.py uses this table).
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DAEMON_UNREACHABLE = 3
@@ -98,17 +98,18 @@ class ProgressMessage:
 
 
 def read_token(path: os.PathLike[str] | str, private: bool = False) -> str:
-    """The bearer token in `path`: at least 16 characters. `private` (the daemon's own token file): a file
-    that other users cannot read, or the daemon refuses to start."""
+    """The bearer token in `path`: at least 16 characters. `private` (the daemon's own token file): a regular
+    file that other users cannot read and its group cannot change (as a webhook's secret file), or the
+    daemon refuses to start."""
     try:
         with open(path, encoding="utf-8") as handle:
             mode = os.fstat(handle.fileno()).st_mode
             token = handle.read().strip()
     except OSError as exc:
         raise errors.ConfigError(f"token_file {path}: cannot read: {exc.strerror}") from None
-    if private and stat.S_IMODE(mode) & 0o007:
-        raise errors.ConfigError(f"token_file {path}: readable by other users (mode {stat.S_IMODE(mode):o}); "
-                                 f"chmod 600 {path}")
+    problem = private_file_problem(path, mode) if private else None
+    if problem:  # as strict as a webhook's secret file: whoever changes it changes who may deploy
+        raise errors.ConfigError(f"token_file {problem}")
     if len(token) < 16:
         raise errors.ConfigError(f"token_file {path}: the token must be at least 16 characters")
     return token

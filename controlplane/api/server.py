@@ -110,6 +110,15 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def insecure_listen_refusal(key: str, listen: str, host: str, tls: bool, allow_insecure_http: bool
+                            ) -> errors.ConfigError | None:
+    """The error for plain HTTP on a non-loopback address without --allow-insecure-http; None when allowed."""
+    if tls or is_loopback(host) or allow_insecure_http:
+        return None
+    return errors.ConfigError(f"{key}: {listen} is not a loopback address: give tls_cert and tls_key "
+                              "(--tls-cert, --tls-key), or allow plain HTTP with --allow-insecure-http")
+
+
 class _Listener:
     """One uvicorn server on one bound socket, run in a thread."""
 
@@ -171,9 +180,9 @@ class ApiServer:
         tls = bool(self.settings.tls_cert and self.settings.tls_key)
         if bool(self.settings.tls_cert) != bool(self.settings.tls_key):
             raise errors.ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")
-        if not tls and not is_loopback(host) and not self.settings.allow_insecure_http:
-            raise errors.ConfigError(f"{key}: {listen} is not a loopback address: give tls_cert and tls_key "
-                                     "(--tls-cert, --tls-key), or allow plain HTTP with --allow-insecure-http")
+        refusal = insecure_listen_refusal(key, listen, host, tls, self.settings.allow_insecure_http)
+        if refusal is not None:
+            raise refusal
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             return socket.create_server((host, port), family=family, backlog=128)

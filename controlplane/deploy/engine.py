@@ -259,6 +259,7 @@ class Deployer:
                           cause=fault.cause)
         if fault.cause is Cause.CONTENT:
             self.registry.set_quarantine(model, digest, error)
+            log.warning("%s %s quarantined: %s", model, digest[:12], error)
         else:
             # Not the content's fault (docs/operations.md "Failed deploys"): never quarantined, retried.
             error = f"{fault.reason}: {error}"

@@ -204,7 +204,8 @@ class SetRunner:
 
         def emit(p: Progress) -> None:
             steps.append(p)
-            log.info("changeset %s: %s %s %s %s", set_id, p.model, p.step, p.state, p.message)
+            log.log(logging.WARNING if p.state == "failed" else logging.DEBUG,
+                    "changeset %s: %s %s %s %s", set_id, p.model, p.step, p.state, p.message)
             if progress:
                 progress(p)
 

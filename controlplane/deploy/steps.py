@@ -86,7 +86,8 @@ class DeployOperation:
     def emit(self, step: str, state: str, message: str = "", digest: str | None = None) -> None:
         p = Progress(self.model, str(step), str(state), message, (self.digest or "") if digest is None else digest)
         self.steps.append(p)
-        log.info("%s %s %s %s %s", p.model, p.step, p.state, p.digest[:12], p.message)
+        log.log(logging.WARNING if p.state == StepState.FAILED else logging.DEBUG,  # the outcome line is INFO
+                "%s %s %s %s %s", p.model, p.step, p.state, p.digest[:12], p.message)
         if self.progress:
             self.progress(p)
 

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from controlplane.errors import SnapshotError
-from controlplane.snapshot import ContentStore, Snapshot, write_atomic
+from controlplane.errors import SnapshotCorruptError, SnapshotError
+from controlplane.snapshot import ContentStore, Snapshot, is_digest, write_atomic
 from controlplane.source import objectstore
 from controlplane.source.objectstore import S3Location
 
@@ -94,10 +94,13 @@ class _SharedStore:
 
     def import_into(self, local: ContentStore, model: str, digest: str) -> Snapshot:
         """Make `digest` available in `local`, verifying every object's sha256 on the way in."""
+        if not is_digest(digest):  # it names the manifest's file or key
+            raise SnapshotCorruptError(f"{model}: {digest!r} is not a snapshot digest (64 hex digits)")
         try:
             return local.load(model, digest)
         except SnapshotError:
             pass
+        # validated (relative paths without '..', 64-hex hashes) before any object is fetched or linked
         snap = Snapshot.from_manifest_json(model, self._read_manifest(model, digest))
         if snap.digest != digest:
             raise SnapshotError(f"{model}: shared manifest {digest[:12]} holds snapshot {snap.digest[:12]}")

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from controlplane.errors import (
@@ -101,9 +101,10 @@ class ContentStore:
     source files actually read (the stat cache spares unchanged big files).
     """
 
-    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True, max_model_bytes: int | None = None) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.max_model_bytes = max_model_bytes  # a capture of more bytes is refused (None: no cap)
         self.files_read = self.bytes_read = self.reflinks = 0  # counters for tests and metrics
         self._reflink_ok = True
         self._lock = threading.RLock()
@@ -194,7 +195,7 @@ class ContentStore:
     # -- capture -------------------------------------------------------------------------------
     def capture(
         self, model_dir: Path, model: str, *, commit_marker: str | None = None, quiet_s: float = 0.0,
-        marker_dir: Path | None = None,
+        marker_dir: Path | None = None, link_roots: Sequence[str] | None = None,
     ) -> Snapshot:
         """Snapshot `model_dir` if it is complete and held still; raise SnapshotError otherwise.
 
@@ -203,19 +204,21 @@ class ContentStore:
         once it was quiet for the settle window, but the capture may run later (a busy daemon, a fleet
         leader's queue) when the writer has started the next edit: measured by bench/edit_torture.py.
         `marker_dir`: where the commit marker is (the repository root's marker; default the model's own).
+        `link_roots`: where the model directory may resolve to (controlplane.snapshot.scan; None: anywhere).
         """
         self._check_present(model_dir := Path(model_dir), model)
         skip = frozenset({commit_marker}) if commit_marker else frozenset()
         changed = last_change_ns(model_dir) if quiet_s > 0 else 0
         if quiet_s > 0:
             self._check_quiet(model, changed, quiet_s)
-        before = scan(model_dir, model, skip)
+        before = scan(model_dir, model, skip, link_roots)
         self._check_config_size(model, before)
+        self.check_model_size(model, sum(item.st.st_size for item in before if item.kind == "file"))
         if commit_marker:
             self._check_marker(marker_dir or model_dir, model, commit_marker, before, marker_dir is not None)
         try:
             with self.reading():  # objects written here are unreferenced until the manifest exists
-                snapshot = self._record(model_dir, model, skip, before)
+                snapshot = self._record(model_dir, model, skip, before, link_roots)
         finally:
             self._save_statcache()
         if quiet_s > 0 and last_change_ns(model_dir) != changed:
@@ -241,7 +244,15 @@ class ContentStore:
                     " refusing to capture it"
                 )
 
-    def _record(self, model_dir: Path, model: str, skip: frozenset[str], before: list[ScanItem]) -> Snapshot:
+    def check_model_size(self, model: str, total_bytes: int) -> None:
+        """Refuse a model whose files are together over `max_model_bytes`, before any is copied."""
+        if self.max_model_bytes is not None and total_bytes > self.max_model_bytes:
+            raise SnapshotTooLargeError(
+                f"{model}: its files are {total_bytes} bytes, over max_model_bytes ({self.max_model_bytes});"
+                " refusing to capture it")
+
+    def _record(self, model_dir: Path, model: str, skip: frozenset[str], before: list[ScanItem],
+                link_roots: Sequence[str] | None = None) -> Snapshot:
         entries: list[ManifestEntry] = []
         for item in before:
             mode = stat.S_IMODE(item.st.st_mode)
@@ -250,7 +261,7 @@ class ContentStore:
             else:
                 sha = self._ingest(item, model)
                 entries.append(ManifestEntry(item.rel, "file", item.st.st_size, mode, sha))
-        after = scan(model_dir, model, skip)
+        after = scan(model_dir, model, skip, link_roots)
         if [i.signature for i in after] != [i.signature for i in before]:
             raise SnapshotChangingError(f"{model}: still changing ({first_difference(before, after)})")
         self._check_present(model_dir, model)

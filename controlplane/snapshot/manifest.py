@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from controlplane.errors import SnapshotCorruptError
+from controlplane.snapshot.layout import is_digest
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,28 @@ class ManifestEntry:
     size: int
     mode: int  # permission bits
     sha256: str  # "" for directories
+
+
+def entry_problem(entry: ManifestEntry) -> str | None:
+    """What makes a manifest entry unsafe to build a tree from (None: nothing): a path that is absolute,
+    not relative, climbs out (`..`), or is not plain; a kind other than file or dir; a file's sha256 that
+    is not 64 hex digits (it names the object linked); a size or mode that is not a whole number."""
+    path = entry.path
+    if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
+        return f"path {path!r} is not a relative path"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return f"path {path!r} is not a plain relative path (empty, '.' or '..' part)"
+    if entry.kind not in ("file", "dir"):
+        return f"{path}: kind {entry.kind!r} is neither file nor dir"
+    if entry.kind == "file" and not (isinstance(entry.sha256, str) and is_digest(entry.sha256)):
+        return f"{path}: sha256 {entry.sha256!r} is not 64 hex digits"
+    if entry.kind == "dir" and entry.sha256 != "":
+        return f"{path}: a directory with a sha256"
+    for name in ("size", "mode"):
+        value = getattr(entry, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{path}: {name} {value!r} is not a whole number"
+    return None
 
 
 def _canonical(entries: tuple[ManifestEntry, ...]) -> bytes:
@@ -57,6 +80,10 @@ class Snapshot:
             entries = [ManifestEntry(**row) for row in body["entries"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise SnapshotCorruptError(f"{model}: malformed snapshot manifest ({exc})") from exc
+        for entry in entries:  # before any tree is built from it: a shared store's manifest is not trusted
+            problem = entry_problem(entry)
+            if problem:
+                raise SnapshotCorruptError(f"{model}: unsafe snapshot manifest: {problem}")
         snap = cls.from_entries(model, entries)
         if body.get("digest", snap.digest) != snap.digest:
             raise SnapshotCorruptError(f"{model}: manifest digest {body['digest']} does not match its entries")

@@ -3,13 +3,15 @@
 A capture scans twice (before and after copying) and compares the signatures; `last_change_ns` sees
 debris too, because a writer filling a temp file is still writing. Refusals are typed
 (controlplane.errors): a vanished entry is `SnapshotChangingError` (retryable), a symlink leaving the
-model or a fifo is `SnapshotUnsupportedError`.
+model, a symlinked model entry leaving the repository and `allowed_link_roots`, or a fifo is
+`SnapshotUnsupportedError`.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +37,25 @@ class ScanItem:
         return (self.rel, self.kind, self.real, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_mode)
 
 
-def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset()) -> list[ScanItem]:
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset(),
+         link_roots: Sequence[str] | None = None) -> list[ScanItem]:
     """Every entry of a model directory worth capturing, sorted by path; refuses what it cannot take.
 
     `skip` names entries at the model root to leave out (the commit marker). Symlinks are resolved
     and must stay inside the model directory; their target is captured as a regular file or dir.
+    `link_roots` (resolved paths; None: unchecked): the model directory, a symlinked model entry
+    resolved, must lie inside one of them (the repository, `allowed_link_roots`), else it is refused
+    before anything is read: a link to a directory its writer cannot read must not be captured.
     """
     base = os.path.realpath(model_dir)
+    if link_roots is not None and not any(_inside(base, root) for root in link_roots):
+        raise SnapshotUnsupportedError(
+            f"{model}: model entry is a symlink to {base}, outside the repository and allowed_link_roots; "
+            "refusing to follow it")
     items: list[ScanItem] = []
 
     def walk(real_dir: str, rel_dir: str, ancestors: frozenset[str]) -> None:
@@ -61,7 +75,7 @@ def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset()) -> lis
             try:
                 if child.is_symlink():
                     real = os.path.realpath(path)
-                    if real != base and not real.startswith(base.rstrip("/") + "/"):
+                    if not _inside(real, base):
                         raise SnapshotUnsupportedError(f"{model}: symlink {rel} points outside the model directory")
                     st = os.stat(real)
                 else:

@@ -13,7 +13,7 @@ repository-level hold file (docs/watching.md).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from controlplane.errors import SnapshotError
@@ -29,8 +29,10 @@ class LocalSource:
 
     def __init__(self, root: Path, *, settle_s: float = 1.0, commit_marker: str | None = None,
                  watch: str = "auto", poll_interval_s: float = 2.0, rescan_interval_s: float = 30.0,
-                 events_later: bool = False) -> None:
+                 events_later: bool = False, allowed_link_roots: Sequence[Path] = ()) -> None:
         self.root = Path(root)
+        # where a model entry may resolve to: the repository, and the directories `allowed_link_roots` names
+        self.allowed_link_roots = tuple(allowed_link_roots)
         self.events_later = events_later  # the inotify watches added by start_events (the daemon's, after READY)
         self.commit_marker = commit_marker
         self._on_change: OnChange | None = None
@@ -80,8 +82,13 @@ class LocalSource:
         quiet_s = self.watcher.settle_s + self.watcher.capture_margin_s() if settled and not complete else 0.0
         signature, trusted = recordable_signature(self.root, model)  # before any read
         snapshot = store.capture(self.root / model, model, commit_marker=self.commit_marker,
-                                 quiet_s=quiet_s, marker_dir=self._marker_root())
+                                 quiet_s=quiet_s, marker_dir=self._marker_root(), link_roots=self.link_roots())
         return Captured(snapshot, signature, trusted)
+
+    def link_roots(self) -> list[str]:
+        """The resolved directories a model entry may lie in (resolved at each capture: a root that is
+        itself a symlink may be re-pointed)."""
+        return [os.path.realpath(root) for root in (self.root, *self.allowed_link_roots)]
 
     def signature(self, model: str) -> str | None:
         return self.watcher.signature(model)

@@ -343,7 +343,7 @@ class S3Source:
         if before is None or not before.objects:
             raise SnapshotSourceGoneError(f"{model}: no objects under {self.location.url}{model}/")
         self._check_ready(model, before, settled)
-        wanted = self._content(model, before)
+        wanted = self._content(model, before, store)
         shas = self._fetch(model, store, wanted)
         after = self._list(model).get(model) or Listing()
         if after.signature != before.signature or after.uploading:
@@ -391,7 +391,7 @@ class S3Source:
                 raise SnapshotChangingError(f"{model}: still changing (last change {max(age_s, 0.0):.2f} s ago,"
                                     f" settle window {self._settle:g} s)")
 
-    def _content(self, model: str, listing: Listing) -> dict[str, dict[str, Any]]:
+    def _content(self, model: str, listing: Listing, store: ContentStore) -> dict[str, dict[str, Any]]:
         """The objects that make the snapshot: no debris, no marker; keys that are safe paths."""
         wanted: dict[str, dict[str, Any]] = {}
         for rel, row in sorted(listing.objects.items()):
@@ -416,6 +416,7 @@ class S3Source:
                     " limit; refusing to capture it")
             wanted[rel] = row
         files = {rel for rel in wanted if not rel.endswith("/")}
+        store.check_model_size(model, sum(int(wanted[rel]["Size"]) for rel in files))
         clash = next((rel for rel in files if any(f.startswith(rel + "/") for f in files)), None)
         if clash:
             raise SnapshotUnsupportedError(f"{model}: {clash} is both an object and a folder; refusing to capture it")

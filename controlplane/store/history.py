@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, aliased
 
 from controlplane.store import schema
 from controlplane.store.outbox import add_audit_event, add_audit_events
-from controlplane.store.records import AuditEntry, AuditQuery, AuditRecord, ServingRecord, TagRecord, from_row, utcnow
+from controlplane.store.records import AuditEntry, AuditQuery, AuditRecord, ServingRecord, TagRecord, from_row
 
 AUDIT_ADDED = "tritonctl.audit_added"  # session.info flag: this transaction added audit events
 
@@ -143,7 +143,7 @@ class History:
             self._model_row(session, model)
             row = session.scalar(select(schema.Tag).where(schema.Tag.model == model, schema.Tag.name == name))
             old = row.digest if row is not None else None
-            now = utcnow()
+            now = self.clock()
             if digest is None:
                 if row is not None:
                     session.delete(row)
@@ -175,14 +175,14 @@ class History:
                         model_row.policy = None
                 return
             if row is None:
-                session.add(schema.TagTrack(model=model, tag=tag, set_by=actor, set_at=utcnow()))
+                session.add(schema.TagTrack(model=model, tag=tag, set_by=actor, set_at=self.clock()))
             else:
-                row.tag, row.set_by, row.set_at = tag, actor, utcnow()
+                row.tag, row.set_by, row.set_at = tag, actor, self.clock()
             model_row.policy = "track"
-            model_row.updated_at = utcnow()
+            model_row.updated_at = self.clock()
             if message:
                 self._add_audit(session, AuditEntry(actor, "policy", model, model_row.active_digest, "ok", message),
-                                utcnow())
+                                self.clock())
 
 
 def _last_rows_at(table: Any, second_key: Any, when: datetime, where: Any = None) -> Any:

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from controlplane.defaults import OUTCOMES as OUTCOMES  # every outcome an audit event can have
+from controlplane.jsontext import iso as iso  # the JSON contract's time format (imported from here too)
 
 R = TypeVar("R")
 
@@ -16,11 +17,6 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def iso(value: datetime | None) -> str | None:
-    """Naive-UTC datetime → ISO 8601 with a Z, the JSON contract's time format."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

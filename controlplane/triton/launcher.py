@@ -30,6 +30,10 @@ from pathlib import Path
 from controlplane.errors import LauncherError
 
 RESTRICTED_HEADER = "tritonctl-key"
+# What the key guards (the same group on gRPC and HTTP): loading code, and the endpoints that would let
+# any local caller map or write Triton's shared memory, rewrite its log settings or turn tracing on to a
+# file. Health, metadata, model config, statistics and inference stay open.
+RESTRICTED_PROTOCOLS = ("model-repository", "shared-memory", "logging", "trace")
 RECORD_FILE = "server.json"
 _LOG_TAIL_CHARS = 2000
 WAIT_CALLBACK_S = 5.0  # how often start() calls on_wait while the server is not live yet
@@ -144,8 +148,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 class TritonServer:
     """One tritonserver process in explicit mode (or `control_mode`) on loopback.
 
-    Ports left at 0 are chosen free at start. `restricted_key` restricts the model-repository
-    protocol (gRPC and HTTP) to callers that send header `tritonctl-key: <key>`.
+    Ports left at 0 are chosen free at start. `restricted_key` restricts the model-repository,
+    shared-memory, logging and trace protocols (gRPC and HTTP; `RESTRICTED_PROTOCOLS`) to callers that
+    send header `tritonctl-key: <key>`. Triton takes the key only on its command line (docs/operations.md,
+    "The Triton key").
     """
 
     model_repository: Path
@@ -286,7 +292,7 @@ class TritonServer:
         if self.disable_auto_complete:
             args.append("--disable-auto-complete-config")
         if self.restricted_key:
-            rule = f"model-repository:{RESTRICTED_HEADER}={self.restricted_key}"
+            rule = f"{','.join(RESTRICTED_PROTOCOLS)}:{RESTRICTED_HEADER}={self.restricted_key}"
             args += [f"--grpc-restricted-protocol={rule}", f"--http-restricted-api={rule}"]
         args += list(self.extra_args)
         if load:

@@ -129,6 +129,16 @@ def requested_ports(settings: Settings) -> tuple[int, int, int]:
     return settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port
 
 
+def check_port_free(port: int, flag: str) -> None:
+    """Raise LauncherError naming the holder when tritonserver could not bind `port` on loopback now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            raise LauncherError(taken_message(port, flag)) from None
+
+
 def launch_ports(settings: Settings) -> tuple[int, int, int]:
     """The (gRPC, HTTP, metrics) ports to launch tritonserver on: 0 becomes a free one; a port that
     is taken is refused here, naming its holder, instead of as a tritonserver that never comes up."""
@@ -142,12 +152,7 @@ def launch_ports(settings: Settings) -> tuple[int, int, int]:
                 picked = launcher.free_port()
             chosen.append(picked)
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds
-            try:
-                probe.bind((HOST, port))
-            except OSError:
-                raise LauncherError(taken_message(port, flag)) from None
+        check_port_free(port, flag)
         chosen.append(port)
     return chosen[0], chosen[1], chosen[2]
 

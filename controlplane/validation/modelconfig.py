@@ -449,18 +449,20 @@ def _entries(path: Path) -> list[Path]:
 
 
 def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> ValidationReport:
-    """Validate each PATH: a model directory, a repository of them, or a config.pbtxt. A plain file
-    gets only a warning (Triton ignores files in a repository), so `validate repo/*` works."""
+    """Validate each PATH: a model directory, a repository of them, or a config.pbtxt. Triton ignores
+    plain files in a repository: given beside directories (`validate repo/*` over a README.md) they
+    are passed over in silence; a plain file given alone gets a warning saying so."""
     results: list[ValidationResult] = []
-    for raw in paths:
-        path = Path(raw)
+    given = [Path(raw) for raw in paths]
+    beside_models = any(path.is_dir() for path in given)
+    for path in given:
         if not os.path.lexists(path):
             raise UsageError(f"{path}: no such file or directory")
         if path.name == CONFIG_FILE and not path.is_dir():
             results.append(validate_model_dir(path.parent if str(path.parent) else Path(".")))
         elif path.is_dir() or (path.is_symlink() and not path.exists()):
             results.extend(validate_model_dir(p) for p in model_dirs(path))
-        else:
+        elif not beside_models:
             result = ValidationResult(model=one_line(path.name), path=path)
             reason = "not a directory: Triton ignores files here"
             result.problems.append(Problem(result.model, ".", reason, WARNING))
