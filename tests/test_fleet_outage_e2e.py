@@ -68,11 +68,12 @@ def test_a_crashed_database_mid_rollout_loses_nothing(tmp_path: Path, own_postgr
             write_gen_model(fleet.repo, MODEL, 2, init="import time; time.sleep(2)")  # the canary's load: 2 s
             [rollout] = wait_for(lambda: fleet.cli_json("rollouts", "--open"), 60, 0.1, "the rollout")
 
-            def canary_loading() -> bool:  # its step claimed, the snapshot imported, tritonserver loading it
-                return any(f"{MODEL} load start {rollout['digest'][:12]}" in line
+            def canary_deploying() -> bool:  # its step claimed: it imports the snapshot (milliseconds), loads it
+                return any(f"{MODEL}: rollout {rollout['id']} step" in line and "deploy" in line
                            for line in log_lines(fleet, "h1")[marks["h1"]:])
 
-            wait_for(canary_loading, 60, 0.05, "the canary loading the edit")
+            wait_for(canary_deploying, 60, 0.05, "the canary deploying the edit")
+            time.sleep(0.5)  # imported by now; tritonserver loads it for 2 s more
             database.crash()
             crashed = time.monotonic()
             try:
