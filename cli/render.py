@@ -312,10 +312,22 @@ def status(data: Any, as_json: bool, wide: bool = False) -> None:
         _print_json(data)
         return
     data = clean_document(data)
+    outage = registry_outage_line(data)
+    if outage:
+        click.echo(outage)
     click.echo("\n".join(status_lines(data, wide)))
     watch = data.get("watch") or {}
     if watch.get("mode"):
         click.echo(f"watch: {watch['mode']} ({watch.get('reason', '')})")
+
+
+def registry_outage_line(data: dict[str, Any]) -> str:
+    """`status`'s first line while the registry does not answer: the table is what this host knows."""
+    if data.get("registry_reachable", True):
+        return ""
+    since = data.get("registry_unreachable_since") or "?"
+    return (f"registry unreachable since {since} ({data.get('registry_reason') or 'no answer'}); showing what "
+            "this host knows: what its tritonserver serves and the last registry state it read")
 
 
 def _status_console() -> Console:

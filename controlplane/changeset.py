@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
 from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.deploy.plans import ACTION, Member, Plan, order
-from controlplane.errors import SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.names import is_private_name, validate_model_name
 from controlplane.ports import SetPlane
 from controlplane.snapshot import CONFIG_FILE
@@ -293,7 +293,7 @@ class ChangeSets:
             assert records is not None
             missing = [m for m in names if m not in records]
             if missing:
-                raise UsageError(f"model(s) {', '.join(missing)} not in the source repository")
+                raise NotFoundError(f"model(s) {', '.join(missing)} not in the source repository")
             for model, record in records.items():
                 refused = refuse_pinned(self.plane.registry.find_model(model), record.digest, force=force)
                 if refused is not None:

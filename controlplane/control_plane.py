@@ -54,6 +54,7 @@ from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.source.protocol import NoSource, Source
 from controlplane.source.recorded import SourceGraph
+from controlplane.store.health import RegistryHealth
 from controlplane.store.records import AuditRecord, DeploymentRecord, ModelRecord, SnapshotRecord, SourceHead, iso
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.syncstatus import InHand, needs_last_deployment, sync_state, track_sync
@@ -137,6 +138,7 @@ class ControlPlane:
         # the daemon launched tritonserver and other local users can read its command line (its key)
         self.triton_key_exposed = False
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
+        self._tags_seen: tuple[list[Any], dict[str, str]] = ([], {})  # the last tags and tracks read
         self.capture_refusals: dict[str, str] = {}  # why the watcher's last capture of a model was refused
         self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
@@ -608,21 +610,41 @@ class ControlPlane:
                 left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
                 row.sync_reason = f"{row.sync_reason}; {left}" if row.sync_reason else left
             rows.append(row)
+        outage = self.registry_outage()
         return StatusResult(reachable, self.triton.url, self.http_url, dict(self.source.watch_info()), rows,
+                            registry_reachable=outage is None,
+                            registry_unreachable_since=iso(outage.since) if outage and outage.since else None,
+                            registry_reason=f"registry {outage.name}: {outage.reason}" if outage else "",
                             triton_key_exposed=self.triton_key_exposed)
+
+    def registry_outage(self) -> RegistryHealth | None:
+        """The registry this plane reads that does not answer now (this host's, or where its tags live: a
+        fleet's shared one), else None (controlplane/store/health.py)."""
+        return next((h for h in (self.registry.health, self.tag_registry().health) if not h.reachable), None)
+
+    def _tags_read(self) -> tuple[list[Any], dict[str, str]]:
+        """The tags and the tracks; while their registry does not answer, the last ones read (status
+        answers from what this host knows)."""
+        registry = self.tag_registry()
+        try:
+            self._tags_seen = (registry.list_tags(), registry.tracks())
+        except StoreError:
+            if registry.health.reachable:
+                raise
+        return self._tags_seen
 
     def _sync_inputs(self, records: list[ModelRecord], names: list[str] | None) -> _SyncInputs:
         """What the sync of `records` (named `names`; None: every model) is derived from, each read once.
         Last deployments only of the models not in sync (none when all are): by name while they are few,
         else all of `names` in one query."""
-        tag_registry = self.tag_registry()
+        tagged, tracks = self._tags_read()
         heads = self.registry.source_heads(names)
         owed = [m.name for m in records if needs_last_deployment(m, heads.get(m.name))]
         lasts = self.registry.last_deployments(owed if len(owed) <= LASTS_BY_NAME else names) if owed else {}
         return _SyncInputs(heads, lasts,
                            set(self.deployer.busy_models()),
                            self.in_hand.reasons(self.source.settling(), dict(self.capture_waits)),
-                           tags.by_digest(tag_registry.list_tags()), tag_registry.tracks(),
+                           tags.by_digest(tagged), tracks,
                            self.retries.all(), self.restores.all())  # one lock each, not two per model
 
     def _sync_of(self, model: ModelRecord, inputs: _SyncInputs) -> tuple[str, str, str, Retry | None]:

@@ -27,6 +27,11 @@ class UsageError(TritonctlError):
     """The request itself is malformed: a bad model name, digest or path."""
 
 
+class ConflictError(UsageError):
+    """The request is well formed but the model's state refuses it now (it serves nothing to pin or tag, it
+    has no valid content): the CLI's exit 2 like any usage error, HTTP 409 on the control API."""
+
+
 class ModelConfigError(TritonctlError):
     """A model directory fails offline validation."""
 

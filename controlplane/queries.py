@@ -57,7 +57,10 @@ def parse_time(text: str, field: str = "time", reference: datetime | None = None
     except ValueError:
         raise UsageError(f"{field}: '{text}' is neither ISO 8601 nor a relative time like 30m, 2h, 7d") from None
     if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+        try:
+            parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+05:00: before anything the registry holds
+            return datetime.min
     return parsed
 
 
@@ -144,13 +147,23 @@ def audit(
     until: str | None = None,
     limit: int = 100,
 ) -> AuditResult:
+    query = audit_query(model=model, action=action, outcome=outcome, actor=actor, since=since, until=until,
+                        limit=limit)
+    return AuditResult(list(registry.query_audit(query)))
+
+
+def audit_query(*, model: str | None = None, action: str | None = None, outcome: str | None = None,
+                actor: str | None = None, since: str | None = None, until: str | None = None,
+                limit: int = 100) -> AuditQuery:
+    """The audit filters checked (UsageError naming the flag) and parsed; the control API checks them with
+    `--at` too, where they do not apply."""
     if model is not None:
         validate_model_name(model)
     if outcome is not None and outcome not in OUTCOMES:
         raise UsageError(f"--outcome: '{outcome}' is not one of {', '.join(OUTCOMES)}")
     if limit < 1:
         raise UsageError("--limit: must be at least 1")
-    query = AuditQuery(
+    return AuditQuery(
         model=model,
         action=action,
         outcome=outcome,
@@ -159,7 +172,6 @@ def audit(
         until=parse_time(until, "--until") if until else None,
         limit=limit,
     )
-    return AuditResult(list(registry.query_audit(query)))
 
 
 def serving_at(registry: Registry, when: str, models: list[str] | None = None) -> ServingAtResult:

@@ -160,6 +160,11 @@ class StatusResult:
     triton_http_url: str | None
     watch: dict[str, Any]  # {"mode": "inotify" | "poll" | null, "reason": str}
     models: list[StatusRow]
+    # the registry (a fleet's shared one) answers; when not, since when (ISO UTC) and why: the rows are
+    # what this host knows (its tritonserver, its own records, the last fleet state it read)
+    registry_reachable: bool = True
+    registry_unreachable_since: str | None = None
+    registry_reason: str = ""
     triton_key_exposed: bool = False  # a launched tritonserver's command line (its key) is readable by other users
 
     def to_json(self) -> dict[str, Any]:
@@ -168,6 +173,9 @@ class StatusResult:
             "triton_url": self.triton_url,
             "triton_grpc_url": self.triton_url,
             "triton_http_url": self.triton_http_url,
+            "registry_reachable": self.registry_reachable,
+            "registry_unreachable_since": self.registry_unreachable_since,
+            "registry_reason": self.registry_reason,
             "triton_key_exposed": self.triton_key_exposed,
             "watch": dict(self.watch),
             "models": [row.to_json() for row in self.models],

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from controlplane.decision import Rule, decide, held
-from controlplane.errors import NotFoundError, TagError, TritonctlError
+from controlplane.errors import ConflictError, NotFoundError, TagError, TritonctlError
 from controlplane.names import MIN_DIGEST_PREFIX, validate_digest, validate_model_name
 from controlplane.results import PolicyResult, ServingAtResult, TagResult, TagsResult, VersionsResult
 from controlplane.store.records import ModelRecord, SnapshotRecord, TagRecord
@@ -174,7 +174,7 @@ def move(plane: TagPlane, model: str, name: str, ref: str, actor: str, progress:
         if current is None:
             raise NotFoundError(f"model '{model}' has no tag '{name}'")
         if registry.tracks().get(model) == name:
-            raise TagError(f"model '{model}' tracks tag '{name}'; set another policy first "
+            raise ConflictError(f"model '{model}' tracks tag '{name}'; set another policy first "
                            f"(`tritonctl policy {model} manual`)")
         message = f"tag {name} deleted (was {_short(old)})"
         registry.move_tag(model, name, None, actor=actor, message=message)
@@ -183,7 +183,7 @@ def move(plane: TagPlane, model: str, name: str, ref: str, actor: str, progress:
         snap = registry.get_snapshot(model, resolve_ref(registry, model, ref))
     else:
         if not record.active_digest:
-            raise TagError(f"model '{model}' serves nothing: give the DIGEST to tag")
+            raise ConflictError(f"model '{model}' serves nothing: give the DIGEST to tag")
         snap = registry.get_snapshot(model, record.active_digest)
     if not snap.valid:
         raise TagError(f"content {_short(snap.digest)} of '{model}' is invalid ({snap.first_error}); "

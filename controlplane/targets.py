@@ -19,7 +19,7 @@ from controlplane.decision import refuse_pinned
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.steps import ProgressFn
-from controlplane.errors import NotFoundError, UsageError
+from controlplane.errors import ConflictError, NotFoundError, UsageError
 from controlplane.memory.ondemand import OnDemand
 from controlplane.results import HoldResult, LeaseResult, Outcome, PinResult, PolicyResult, Progress
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
@@ -34,8 +34,8 @@ def recorded_digest(registry: Registry, model: str, digest: str) -> str:
     """The full digest of `model`'s recorded content `digest` (a prefix), refused when gc collected it."""
     snap = registry.get_snapshot(model, digest)
     if snap.collected:
-        raise UsageError(f"snapshot {snap.digest[:12]} of '{model}' was collected by gc"
-                         f"{_collected_when(registry, snap)}; load the source again with `tritonctl load {model}`")
+        raise ConflictError(f"snapshot {snap.digest[:12]} of '{model}' was collected by gc"
+                            f"{_collected_when(registry, snap)}; load the source again with `tritonctl load {model}`")
     return snap.digest
 
 
@@ -140,7 +140,7 @@ class HostTarget:
              host: str) -> Outcome:
         refused = refuse_pinned(self.registry.find_model(model), digest, force=force)
         if refused is not None:
-            raise UsageError(refused)
+            raise ConflictError(refused)
         failed = self._load_members(model, digest, actor, progress, (model,))
         if failed is not None:
             return failed
@@ -186,7 +186,7 @@ class HostTarget:
         ensembles = self._serving_ensembles()
         needed_by = sorted(e for e, names in ensembles.items() if model in names and e != model)
         if needed_by and not force:
-            raise UsageError(f"'{model}' is a member of serving ensemble(s) {', '.join(needed_by)}: unload "
+            raise ConflictError(f"'{model}' is a member of serving ensemble(s) {', '.join(needed_by)}: unload "
                              f"{needed_by[0]} first (--dependents unloads its members too) or use --force")
         outcome = self.deployer.unload(model, actor, dependents, progress)
         if not dependents or not outcome.succeeded or model not in ensembles:
@@ -209,7 +209,7 @@ class HostTarget:
             raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
         refused = refuse_pinned(current, None, force=force)
         if refused is not None:
-            raise UsageError(refused)
+            raise ConflictError(refused)
         return self.deployer.rollback(model, actor, to, progress)
 
     def set_track(self, model: str, policy: str, actor: str, host: str) -> PolicyResult:
@@ -227,7 +227,7 @@ class HostTarget:
         if existing is None:
             raise NotFoundError(f"model '{model}' is unknown to the registry")
         if pinned and not existing.active_digest:
-            raise UsageError(f"model '{model}' serves nothing to pin")
+            raise ConflictError(f"model '{model}' serves nothing to pin")
         record = self.registry.update_model(model, pinned=pinned)
         action = "pin" if pinned else "unpin"
         self.registry.audit(AuditEntry(actor, action, model, record.active_digest, "ok", f"{action}ned"))
@@ -273,7 +273,7 @@ class FleetTarget:
             return self.strategy.load(model, digest, actor, force, progress)
         refused = refuse_pinned(self.registry.find_model(model), digest, force=force)
         if refused is not None:
-            raise UsageError(refused)
+            raise ConflictError(refused)
         return self.strategy.held(model, host, actor, lambda: self.deployer.deploy(
             model, digest, actor, force=force, progress=progress))
 

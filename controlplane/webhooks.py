@@ -132,6 +132,7 @@ class Webhooks:
                  clock: Callable[[], datetime] = utcnow,
                  send: Callable[[WebhookTarget, Outgoing], Answer] = post, wake_on_audit: bool = False) -> None:
         self.store = DeliveryStore(registry)
+        self.health = registry.health  # an outage is told once, there (controlplane/store/health.py)
         self.targets: dict[str, WebhookTarget] = {t.url: t for t in targets}
         self.active = active  # in a fleet: whether this daemon leads now
         self.backoff = backoff or Backoff()
@@ -191,7 +192,8 @@ class Webhooks:
                 if self.active():
                     self.run_once()
             except StoreError as exc:  # the registry busy or unreachable: one line, the round comes again
-                log.error("webhook delivery round: %s; retrying", exc)
+                if not self.health.told(exc):
+                    log.error("webhook delivery round: %s; retrying", exc)
                 self._stop.wait(1.0)
             except Exception:  # noqa: BLE001 - an unexpected failure must not end deliveries for good
                 log.exception("webhook delivery round failed; retrying")

@@ -43,6 +43,7 @@ SERVER_TIERS = frozenset(TIER_FIXTURES)
 # benchmark that does, in the test body or a module fixture; a module that mixes tiers marks its
 # server tests one by one with @pytest.mark.triton.
 SERVER_MODULES = {
+    "test_api_contract": ("triton",),
     "test_bench_quick": ("triton",),
     "test_capture_at_once": ("triton",),
     "test_bench_smoke": ("triton",),  # the bench records the tritonserver version: it starts one briefly

@@ -91,12 +91,21 @@ class PostgresServer:
         os.chmod(self.base, 0o700)
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
                   "-E", "UTF8", "--locale=C", "--no-sync")
+        self.start_again()
+        return self
+
+    def start_again(self) -> None:
+        """Start the initialised cluster (again, after `crash`: it recovers on the same data)."""
         options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories={self.base} "
                    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.base / "server.log"),
                   "-o", options, "-w", "-t", "60", "start", timeout_s=90)
         self.started = True
-        return self
+
+    def crash(self) -> None:
+        """`pg_ctl stop -m immediate`: every backend dies at once, as in a crash (no clean shutdown)."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop", timeout_s=60)
+        self.started = False
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
@@ -128,9 +137,7 @@ class PostgresServer:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """The session's PostgreSQL server (skips where PostgreSQL or psycopg is missing)."""
+def _served() -> Iterator[PostgresServer]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
@@ -142,6 +149,18 @@ def postgres() -> Iterator[PostgresServer]:
         raise
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server (skips where PostgreSQL or psycopg is missing)."""
+    yield from _served()
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A server of the module's own, which its tests may crash (`crash`, `start_again`)."""
+    yield from _served()
 
 
 @pytest.fixture

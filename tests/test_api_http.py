@@ -16,7 +16,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -126,7 +126,7 @@ def test_fleet_resources_need_a_fleet(served: ApiServer) -> None:
         conn.request("GET", path)
         answer = conn.getresponse()
         error = json.loads(answer.read())["error"]
-        assert (answer.status, error["class"], error["exit_code"]) == (400, "UsageError", 2), path
+        assert (answer.status, error["class"], error["exit_code"]) == (404, "NotFoundError", 2), path
         assert "not in a fleet" in error["message"]
 
 
@@ -237,3 +237,104 @@ def test_tls_on_a_non_loopback_listener(state: Path) -> None:
             untrusted.request("GET", "/v1/models")
     finally:
         server.stop(0.1)
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def test_the_served_document_is_self_contained(served: ApiServer) -> None:
+    """Every `$ref` points inside the document (the published --json schemas are bundled under components), so a
+    client generator or a validator needs nothing but `GET /v1/openapi.json`."""
+    document = ControlClient(socket=served.settings.socket_path).call("GET", OPENAPI_PATH.removeprefix("/v1"))
+    refs = set(_refs(document))
+    assert refs and all(ref.startswith("#/components/schemas/") for ref in refs), sorted(refs)
+    assert all(ref.rsplit("/", 1)[1] in document["components"]["schemas"] for ref in refs)
+    versions = document["paths"]["/v1/models/{model}/versions"]["get"]["responses"]["200"]["content"]
+    assert versions["application/json"]["schema"] == {"$ref": "#/components/schemas/Versions"}
+    load = document["paths"]["/v1/models/{model}/load"]["post"]["responses"]["200"]["content"]["application/x-ndjson"]
+    assert [ref["$ref"].rsplit("/", 1)[1] for ref in load["schema"]["oneOf"]] == ["ProgressLine", "LoadLine",
+                                                                                  "ErrorLine"]
+    events = document["paths"]["/v1/events"]["get"]["responses"]["200"]["content"]["text/event-stream"]
+    assert set(events["x-events"]) == {"audit", "state"}
+
+
+def test_parameters_carry_the_constraints_the_core_enforces(served: ApiServer) -> None:
+    import re
+
+    from controlplane.api.params import DIGEST_PATTERN, MODEL_NAME_PATTERN, REF_PATTERN, TAG_NAME_PATTERN
+    from controlplane.errors import UsageError
+    from controlplane.names import validate_digest, validate_model_name
+    from controlplane.tags import validate_tag_name
+
+    def accepts(check: Callable[[str], Any], value: str) -> bool:
+        try:
+            check(value)
+        except UsageError:
+            return False
+        return True
+
+    cases = [(validate_model_name, MODEL_NAME_PATTERN, ("linear", "a.b-c_1", "_x", "x" * 128, "a__deadbeef", ".x",
+                                                        "-x", "a..b", "a b", "é", "x" * 129, "__deadbeef", "a/b", "")),
+             (validate_tag_name, TAG_NAME_PATTERN, ("stable", "v-1.2", "abcdef", "abcde", "Stable", "-x", "x" * 63,
+                                                    "x" * 64, "deadbeefg")),
+             (validate_digest, DIGEST_PATTERN, ("abcdef", "ABCDEF", "sha256:" + "a" * 64, "SHA256:abcdef", "abcde",
+                                                "a" * 65, "xyzxyz"))]
+    for check, pattern, values in cases:
+        for value in values:
+            assert bool(re.search(pattern, value)) == accepts(check, value), (pattern, value)
+            if check is validate_digest and accepts(check, value):
+                assert re.search(REF_PATTERN, value), value
+
+
+@pytest.mark.parametrize("path", ["/v1/webhooks/deliveries?state=delivered&limit=36893488147419103231",
+                                  "/v1/audit?limit=36893488147419103231", "/v1/rollouts?limit=0",
+                                  "/v1/events?after=36893488147419103231", "/v1/audit?model=",
+                                  "/v1/models/a..b", "/v1/models/a%20b", "/v1/models/linear/diff?a=&b="])
+def test_an_out_of_range_or_malformed_parameter_is_a_400_json_error(served: ApiServer, path: str) -> None:
+    conn = _unix(served.settings.socket_path)
+    conn.request("GET", path)
+    answer = conn.getresponse()
+    assert (answer.status, answer.getheader("content-type")) == (400, "application/json"), path
+    assert json.loads(answer.read())["error"]["class"] == "UsageError"
+
+
+def test_a_405_names_every_method_the_path_answers(served: ApiServer) -> None:
+    conn = _unix(served.settings.socket_path)
+    conn.request("TRACE", "/v1/models/linear/pin")
+    answer = conn.getresponse()
+    assert answer.status == 405 and json.loads(answer.read())["error"]["class"] == "UsageError"
+    assert answer.getheader("allow") == "DELETE, PUT"
+
+
+def test_an_unexpected_exception_is_a_500_json_error(served: ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(model: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(served.plane, "versions", boom, raising=False)
+    conn = _unix(served.settings.socket_path)
+    conn.request("GET", "/v1/models/linear/versions")
+    answer = conn.getresponse()
+    assert (answer.status, answer.getheader("content-type")) == (500, "application/json")
+    assert json.loads(answer.read())["error"] == {"class": "TritonctlError", "exit_code": 1,
+                                                  "message": "internal error: RuntimeError: a bug"}
+
+
+def test_a_state_refusal_is_a_409_with_the_usage_exit_code() -> None:
+    """A well-formed request the model's state refuses (pinned, serves nothing, ...) is not a malformed one:
+    409, and still exit 2 in the CLI."""
+    from controlplane.api.protocol import error_document, error_from_document, exit_code_for, status_for
+    from controlplane.errors import ConflictError, UsageError
+
+    refusal = ConflictError("model 'linear' serves nothing to pin")
+    assert (status_for(refusal), exit_code_for(refusal)) == (409, 2)
+    assert (status_for(UsageError("bad")), exit_code_for(UsageError("bad"))) == (400, 2)
+    assert isinstance(error_from_document(error_document(refusal), ""), ConflictError)

@@ -210,7 +210,10 @@ def _full_documents() -> dict[str, list[Any]]:
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
     return {
         "status": [StatusResult(True, "127.0.0.1:8001", "127.0.0.1:8000", {"mode": "inotify", "reason": "local ext4"},
-                                [row]).to_json()],
+                                [row]).to_json(),
+                   StatusResult(True, "127.0.0.1:8001", None, {"mode": None, "reason": "no source repository"}, [row],
+                                registry_reachable=False, registry_unreachable_since="2026-12-03T07:12:02Z",
+                                registry_reason="registry postgresql://db/fleet: connection refused").to_json()],
         "load": [outcome.to_json(), [outcome.to_json()]],
         "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",),
                                                      FootprintRecord("m", D1, 97.5, 0.0, "declared", T))]).to_json()],

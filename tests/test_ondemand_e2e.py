@@ -24,6 +24,7 @@ import tritonclient.grpc as grpcclient
 
 from controlplane.api.client import ControlClient
 from controlplane.memory.footprint import rss_mb
+from controlplane.memory.leases import MAX_LEASE_S
 from tests.harness import DaemonProcess, copy_example, gen_config, infer_gen, python_model, python_stubs, wait_for
 
 MODELS = [f"m{i}" for i in range(6)]
@@ -152,8 +153,9 @@ def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: 
         assert "m0" not in {e["model"] for e in evictions}, "the protected model was unloaded"
         assert daemon.model_status("m0")["state"] == "serving"
 
-        # an ensemble: its steps are ensured first, under leases its own renews and releases
-        pipeline = client.ensure("sentiment_pipeline", 600)
+        # an ensemble: its steps are ensured first, under leases its own renews and releases; the longest lease
+        # is granted (its steps' leases, longer by the wait, are held at the maximum, not refused)
+        pipeline = client.ensure("sentiment_pipeline", MAX_LEASE_S)
         steps = ("sentiment_tokenizer", "sentiment_classifier")
         assert all(daemon.model_status(s)["ondemand"]["leases"] == 1 for s in steps)
         client.release_lease("sentiment_pipeline", str(pipeline["lease"]))

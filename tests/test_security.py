@@ -18,8 +18,7 @@ from tritonclient.utils import InferenceServerException
 from cli.main import EXIT_FAILED, EXIT_USAGE, cli
 from controlplane.errors import UsageError
 from controlplane.names import resolve_inside, validate_model_name
-from controlplane.triton.launcher import free_port
-from tests.harness import DaemonProcess, wait_for, write_gen_model
+from tests.harness import DaemonProcess, token_daemon, wait_for, write_gen_model
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 
@@ -30,12 +29,7 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonPro
     repo = base / "repo"
     repo.mkdir()
     write_gen_model(repo, "guarded", 1)
-    token_file = base / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    address = f"127.0.0.1:{free_port()}"
-    daemon = DaemonProcess(repo, base / "state", extra_args=["--listen", address, "--token-file", str(token_file)])
-    daemon.start()
+    daemon, address, token_file = token_daemon(repo, base, TOKEN)
     wait_for(lambda: daemon.model_status("guarded").get("state") == "serving", 30, what="guarded serving")
     yield daemon, address, token_file
     assert daemon.stop() == 0

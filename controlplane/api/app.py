@@ -20,14 +20,32 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from controlplane import errors, jsontext
+from controlplane import errors, jsontext, queries
 from controlplane.api.leases import lease_routes
+from controlplane.api.params import (
+    STRICT,
+    TRACK_TAKES_NO_HOST,
+    DigestField,
+    KeepField,
+    LimitQuery,
+    ModelField,
+    ModelPath,
+    ModelQuery,
+    ModelsQuery,
+    OutcomeQuery,
+    PolicyField,
+    RefField,
+    RefQuery,
+    TagField,
+    TagPath,
+    TimeQuery,
+)
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
 from controlplane.control_plane import ControlPlane
 from controlplane.names import validate_model_name
@@ -82,8 +100,10 @@ DESCRIPTION = (
 
 
 class LoadBody(BaseModel):
-    digest: str = ""  # empty: snapshot the source now
-    tag: str = ""  # deploy what this tag points to
+    model_config = STRICT
+
+    digest: DigestField = ""  # empty: snapshot the source now
+    tag: TagField = ""  # deploy what this tag points to
     force: bool = False  # retry a quarantined digest / reload the active one
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
@@ -91,39 +111,53 @@ class LoadBody(BaseModel):
 
 
 class ChangeSetBody(BaseModel):
-    models: list[str]
+    model_config = STRICT
+
+    models: Annotated[list[ModelField], Field(min_length=1)]
     force: bool = False
     wait: bool = True
 
 
 class RollbackBody(BaseModel):
-    to: str = ""  # empty: the previous good digest
-    to_tag: str = ""
+    model_config = STRICT
+
+    to: DigestField = ""  # empty: the previous good digest
+    to_tag: TagField = ""
     force: bool = False  # roll back a pinned model anyway
     host: str = ""
 
 
 class UnloadBody(BaseModel):
+    model_config = STRICT
+
     dependents: bool = False
     force: bool = False  # unload a member a serving ensemble needs
     host: str = ""
 
 
 class PolicyBody(BaseModel):
-    policy: str  # auto | manual | inherit | track:TAG
+    model_config = ConfigDict(strict=True, json_schema_extra=TRACK_TAKES_NO_HOST)
+
+    policy: PolicyField  # auto | manual | ondemand | inherit | track:TAG
     host: str = ""
 
 
 class PinBody(BaseModel):
+    model_config = STRICT
+
     host: str = ""
 
 
 class GcBody(BaseModel):
-    keep: int = 10
+    model_config = STRICT
+
+    keep: KeepField = 10
 
 
 class TagBody(BaseModel):
-    digest: str = ""  # a digest (prefix) or another tag; empty: what serves now
+    model_config = STRICT
+
+    digest: RefField = ""  # a digest (prefix) or another tag; empty: what serves now
 
 
 def actor_of(request: Request) -> str:
@@ -201,13 +235,13 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
 
     @router.get("/models", tags=["models"], summary="status: every model (or those named by ?model=); ?fleet=true: "
                 "the fleet's model x host matrix (status --fleet)")
-    def list_models(model: Annotated[list[str], Query()] = [], fleet: bool = False) -> JSONResponse:  # noqa: B006
+    def list_models(model: ModelsQuery = [], fleet: bool = False) -> JSONResponse:  # noqa: B006
         if fleet:
             return _json(fleet_matrix(plane, model))
         return _json(plane.status(model or None))
 
     @router.get("/models/{model}", tags=["models"], summary="status of one model")
-    def get_model(model: str) -> JSONResponse:
+    def get_model(model: ModelPath) -> JSONResponse:
         return _json(plane.status([model]))
 
     def submit(names: list[str], run: Callable[[Callable[[Progress], None]], Outcome]) -> Response:
@@ -225,7 +259,7 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
         return StreamingResponse(iter([_line("result", accepted(names[0]).to_json())]), media_type=NDJSON)
 
     @router.post("/models/{model}/load", tags=["models"], summary="load: deploy (NDJSON steps, then the outcome)")
-    def load(model: str, request: Request, body: LoadBody | None = None) -> Response:
+    def load(model: ModelPath, request: Request, body: LoadBody | None = None) -> Response:
         body, actor = body or LoadBody(), actor_of(request)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
@@ -246,7 +280,7 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
         return stream_operation(run) if body.wait else submit(body.models, run)
 
     @router.post("/models/{model}/rollback", tags=["models"], summary="rollback (NDJSON steps, then the outcome)")
-    def rollback(model: str, request: Request, body: RollbackBody | None = None) -> Response:
+    def rollback(model: ModelPath, request: Request, body: RollbackBody | None = None) -> Response:
         body, actor = body or RollbackBody(), actor_of(request)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
@@ -261,21 +295,21 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
         return JSONResponse(plane.promote(model, actor_of(request)))
 
     @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)")
-    def unload(model: str, request: Request, body: UnloadBody | None = None) -> Response:
+    def unload(model: ModelPath, request: Request, body: UnloadBody | None = None) -> Response:
         body, actor = body or UnloadBody(), actor_of(request)
         return stream_operation(lambda progress: plane.unload(model, actor, body.dependents, progress, body.force,
                                                               **_host(body.host)))
 
     @router.put("/models/{model}/policy", tags=["models"], summary="policy: auto, manual, inherit or track:TAG")
-    def set_policy(model: str, body: PolicyBody, request: Request) -> JSONResponse:
+    def set_policy(model: ModelPath, body: PolicyBody, request: Request) -> JSONResponse:
         return _json(plane.set_policy(model, body.policy, actor_of(request), **_host(body.host)))
 
     @router.put("/models/{model}/pin", tags=["models"], summary="pin: hold the model at its active snapshot")
-    def pin(model: str, request: Request, body: PinBody | None = None) -> JSONResponse:
+    def pin(model: ModelPath, request: Request, body: PinBody | None = None) -> JSONResponse:
         return _json(plane.set_pin(model, True, actor_of(request), **_host((body or PinBody()).host)))
 
     @router.delete("/models/{model}/pin", tags=["models"], summary="unpin")
-    def unpin(model: str, request: Request, host: str = "") -> JSONResponse:
+    def unpin(model: ModelPath, request: Request, host: str = "") -> JSONResponse:
         return _json(plane.set_pin(model, False, actor_of(request), **_host(host)))
 
     @router.post("/gc", tags=["models"], summary="gc: drop the stored content of old snapshots")
@@ -290,44 +324,50 @@ def history_routes(plane: ControlPlane) -> APIRouter:
     router = APIRouter(prefix=API_PREFIX)
 
     @router.get("/models/{model}/versions", tags=["versions"], summary="versions: every content the model had")
-    def versions(model: str) -> JSONResponse:
+    def versions(model: ModelPath) -> JSONResponse:
         return _json(plane.versions(model))
 
     @router.get("/models/{model}/diff", tags=["versions"], summary="diff between two digests or tags")
-    def diff(model: str, a: str, b: str) -> JSONResponse:
+    def diff(model: ModelPath, a: RefQuery, b: RefQuery) -> JSONResponse:
         return _json(plane.diff(model, a, b))
 
     @router.get("/audit", tags=["audit"], summary="audit: the audit log, newest first (or ?at=: what served)")
-    def audit(model: str | None = None, action: str | None = None, outcome: str | None = None,
-              actor: str | None = None, since: str | None = None, until: str | None = None,
-              limit: Annotated[int, Query(ge=1)] = 100, at: str | None = None) -> JSONResponse:
-        if at:
+    def audit(model: ModelQuery = None, action: str | None = None, outcome: OutcomeQuery = None,
+              actor: str | None = None, since: TimeQuery = None, until: TimeQuery = None,
+              limit: LimitQuery = 100, at: TimeQuery = None) -> JSONResponse:
+        if at:  # the other filters do not apply, but a malformed one is still refused
+            queries.audit_query(model=model, outcome=outcome, since=since, until=until, limit=limit)
             return _json(plane.serving_at(at, model))
         return _json(plane.audit(model=model, action=action, outcome=outcome, actor=actor, since=since,
                                  until=until, limit=limit))
 
     @router.get("/tags", tags=["tags"], summary="tags: where each tag points (or pointed ?at=)")
-    def list_tags(model: str | None = None, at: str | None = None) -> JSONResponse:
+    def list_tags(model: ModelQuery = None, at: TimeQuery = None) -> JSONResponse:
         return _json(plane.tag_listing(model, at))
 
     @router.put("/models/{model}/tags/{name}", tags=["tags"], summary="tag: point NAME at a digest (NDJSON)")
-    def move_tag(model: str, name: str, request: Request, body: TagBody | None = None) -> Response:
+    def move_tag(model: ModelPath, name: TagPath, request: Request, body: TagBody | None = None) -> Response:
         actor, ref = actor_of(request), (body or TagBody()).digest
         return stream_operation(lambda progress: plane.move_tag(model, name, ref, actor, progress))  # type: ignore
 
     @router.delete("/models/{model}/tags/{name}", tags=["tags"], summary="tag --delete (NDJSON)")
-    def delete_tag(model: str, name: str, request: Request, digest: str = "") -> Response:
+    def delete_tag(model: ModelPath, name: TagPath, request: Request) -> Response:
         actor = actor_of(request)
-        return stream_operation(lambda progress: plane.move_tag(model, name, digest, actor, progress,  # type: ignore
+        return stream_operation(lambda progress: plane.move_tag(model, name, "", actor, progress,  # type: ignore
                                                                 delete=True))
 
     return router
 
 
+FLEET_ONLY = (f"{API_PREFIX}/hosts", f"{API_PREFIX}/rollouts")
+NOT_IN_A_FLEET = "This daemon is not in a fleet (started without --fleet): the fleet's resources are not there"
+
+
 def shared_registry(plane: ControlPlane) -> Any:
-    """The fleet's shared registry (docs/fleet.md), on a daemon started with --fleet."""
+    """The fleet's shared registry (docs/fleet.md), on a daemon started with --fleet; NotFoundError (404, exit 2)
+    on another: the resource does not exist there."""
     if getattr(plane, "fleet", None) is None:
-        raise errors.UsageError("this daemon is not in a fleet (--fleet): no hosts, rollouts or fleet matrix")
+        raise errors.NotFoundError("this daemon is not in a fleet (--fleet): no hosts, rollouts or fleet matrix")
     return getattr(plane.fleet, "registry", None)
 
 
@@ -357,13 +397,33 @@ def fleet_routes(plane: ControlPlane) -> APIRouter:
         return JSONResponse([row.to_json() for row in fleet_queries.hosts(shared())])
 
     @router.get("/rollouts", summary="rollouts: newest first, each host's step (?open=true: in progress only)")
-    def rollouts(open: bool = False, limit: Annotated[int, Query(ge=1)] = 20) -> JSONResponse:  # noqa: A002
+    def rollouts(open: bool = False, limit: LimitQuery = 20) -> JSONResponse:  # noqa: A002
         from controlplane.fleet import queries as fleet_queries
 
         rows = fleet_queries.rollouts(shared(), not open, limit)
         return JSONResponse([row.to_json() if hasattr(row, "to_json") else row for row in rows])
 
     return router
+
+
+def allowed_methods(app: FastAPI, scope: Any) -> list[str]:
+    """The methods of every route whose path matches the request's (the `Allow` of a 405)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in _flat_routes(app.routes):
+        match, _ = route.matches({**scope, "method": "GET"})
+        if match is not Match.NONE and getattr(route, "methods", None):
+            methods.update(route.methods)
+    return sorted(methods)
+
+
+def _flat_routes(routes: list[Any]) -> Iterator[Any]:
+    for route in routes:
+        if hasattr(route, "original_router"):  # FastAPI >= 0.120 keeps an included router as one node
+            yield from _flat_routes(route.original_router.routes)
+        else:
+            yield route
 
 
 def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter) -> FastAPI:
@@ -385,7 +445,17 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         cls = errors.NotFoundError if exc.status_code == 404 else errors.UsageError
         error = cls(f"{request.method} {request.url.path}: {exc.detail}")
-        return JSONResponse(error_document(error), status_code=exc.status_code)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # RFC 9110: every method the path answers, not only one route's
+            headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+        return JSONResponse(error_document(error), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        """The last line of defence: a bug answers the one JSON error document, never text/plain."""
+        log.error("%s %s failed unexpectedly", request.method, request.url.path, exc_info=exc)
+        error = errors.TritonctlError(f"internal error: {type(exc).__name__}: {exc}")
+        return JSONResponse(error_document(error), status_code=500)
 
     @app.get(f"{API_PREFIX}/ping", tags=["daemon"], summary="the daemon's pid and Triton URL")
     def ping() -> JSONResponse:
@@ -401,38 +471,48 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
     return app
 
 
-def _result_schema(names: str, media: str) -> dict[str, Any]:
-    """A reference to the published schema; "a|b": one of two (a query parameter chooses, as --at or --fleet)."""
-    refs = [{"$ref": f"schemas/{name}.schema.json"} for name in names.split("|")]
-    described = " or ".join(f"docs/schemas/{name}.schema.json" for name in names.split("|"))
-    if media == NDJSON:
-        described += "; NDJSON: progress lines, then {\"result\": this document}"
-    if len(refs) == 1:
-        return {**refs[0], "description": described}
-    return {"oneOf": refs, "description": f"{described} (the second with {CHOSEN_BY[names]})"}
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI's `anyOf: [X, null]` of an optional parameter as X (with the outer description, pattern...)."""
+    options = [option for option in schema.get("anyOf", ()) if option != {"type": "null"}]
+    if "anyOf" not in schema or len(options) != 1:
+        return schema
+    outer = {key: value for key, value in schema.items() if key != "anyOf"}
+    return {**options[0], **outer}
 
 
 def openapi_document(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document of the routes, plus the route that serves it (so every route is in it)."""
+    """FastAPI's document of the routes, plus the route that serves it (so every route is in it), made
+    self-contained (controlplane/api/openapi.py): the published --json schemas bundled under `components`."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
+        from controlplane.api import openapi
+
         document = get_openapi(title=app.title, version=app.version, description=app.description,
                                routes=app.routes)
-        error = {"description": "An error: the core class, its message, the CLI's exit code",
-                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-        for operations in document["paths"].values():
-            for operation in operations.values():
-                operation["responses"].pop("422", None)  # validation errors answer 400 with the one error shape
-                operation["responses"]["default"] = error
-        for (path, method), (name, media) in RESULT_SCHEMAS.items():
-            operation = document["paths"].get(path, {}).get(method)
-            if operation is not None:  # the published JSON Schema of the --json document (docs/schemas/)
-                operation["responses"]["200"]["content"] = {media: {"schema": _result_schema(name, media)}}
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
         schemas["Error"] = ERROR_SCHEMA
+        openapi.add_line_schemas(schemas, ERROR_SCHEMA)
+        error = {"description": "An error: the core class, its message, the CLI's exit code",
+                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for path, operations in document["paths"].items():
+            for operation in operations.values():
+                for parameter in operation.get("parameters", ()):
+                    parameter["schema"] = _not_null(parameter["schema"])  # a parameter is absent, never null
+                operation["responses"].pop("422", None)  # validation errors answer 400 with the one error shape
+                operation["responses"]["default"] = error
+                if path in FLEET_ONLY or any(p["name"] == "fleet" for p in operation.get("parameters", ())):
+                    operation["responses"]["404"] = {**error, "description": NOT_IN_A_FLEET}
+        for (path, method), (name, media) in RESULT_SCHEMAS.items():
+            operation = document["paths"].get(path, {}).get(method)
+            if operation is not None:  # the published JSON Schema of the --json document (docs/schemas/)
+                schema = openapi.result_schema(name, media, CHOSEN_BY.get(name, ""), schemas)
+                operation["responses"]["200"]["content"] = {media: {"schema": schema}}
+        events = document["paths"].get(f"{API_PREFIX}/events", {}).get("get")
+        if events is not None:
+            openapi.document_events(events, schemas)
         document["paths"][OPENAPI_PATH] = {"get": {
             "tags": ["daemon"], "summary": "this OpenAPI 3 document", "operationId": "openapi",
             "responses": {"200": {"description": "The OpenAPI document",

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
 from controlplane import errors
+from controlplane.api.params import LimitQuery
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
 from controlplane.webhooks import Webhooks
@@ -30,12 +31,13 @@ def webhook_routes(plane: ControlPlane) -> APIRouter:
 
     @router.get("/deliveries", summary="webhooks: deliveries, newest first (pending, delivered, failed)")
     def deliveries(state: Literal["pending", "delivered", "failed"] | None = None,
-                   limit: Annotated[int, Query(ge=1)] = 100) -> JSONResponse:
+                   limit: LimitQuery = 100) -> JSONResponse:
         return JSONResponse(_worker(plane).deliveries(state, limit).to_json())
 
     @router.post("/deliveries/{delivery_id}/redeliver",
                  summary="webhooks redeliver: send a delivery again (same id; a unique prefix will do)")
-    def redeliver(delivery_id: str) -> JSONResponse:
+    def redeliver(delivery_id: Annotated[str, Path(pattern="^[0-9a-fA-F]+$", max_length=64,
+                                                   description="a delivery id or a unique prefix")]) -> JSONResponse:
         return JSONResponse(_worker(plane).redeliver(delivery_id).to_json())
 
     return router

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from controlplane.api.params import STRICT, LeaseSeconds, ModelPath
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
 
@@ -21,7 +22,9 @@ DEFAULT_LEASE_S = 600.0
 
 
 class LeaseBody(BaseModel):
-    for_s: float = DEFAULT_LEASE_S  # how long the lease holds the model loaded, in seconds
+    model_config = STRICT
+
+    for_s: LeaseSeconds = DEFAULT_LEASE_S  # how long the lease holds the model loaded, in seconds
 
 
 def lease_routes(plane: ControlPlane, actor_of: Callable[[Request], str]) -> APIRouter:
@@ -29,16 +32,16 @@ def lease_routes(plane: ControlPlane, actor_of: Callable[[Request], str]) -> API
     router = APIRouter(prefix=API_PREFIX, tags=["leases"])
 
     @router.post("/models/{model}/lease", summary="ensure: load the model (or find it loaded) and lease it")
-    def ensure(model: str, request: Request, body: LeaseBody | None = None) -> JSONResponse:
+    def ensure(model: ModelPath, request: Request, body: LeaseBody | None = None) -> JSONResponse:
         result = plane.ensure(model, (body or LeaseBody()).for_s, actor_of(request))
         return JSONResponse(result.to_json())
 
     @router.put("/models/{model}/lease/{lease}", summary="renew a lease for for_s seconds from now")
-    def renew(model: str, lease: str, body: LeaseBody | None = None) -> JSONResponse:
+    def renew(model: ModelPath, lease: str, body: LeaseBody | None = None) -> JSONResponse:
         return JSONResponse(plane.renew_lease(model, lease, (body or LeaseBody()).for_s).to_json())
 
     @router.delete("/models/{model}/lease/{lease}", summary="release a lease")
-    def release(model: str, lease: str) -> JSONResponse:
+    def release(model: ModelPath, lease: str) -> JSONResponse:
         return JSONResponse(plane.release_lease(model, lease).to_json())
 
     return router

@@ -28,6 +28,7 @@ NDJSON = "application/x-ndjson"
 # The HTTP status each core error class travels with (the first match wins); anything else is 409.
 STATUS_FOR_ERROR: list[tuple[type[errors.TritonctlError], int]] = [
     (errors.NotFoundError, 404),
+    (errors.ConflictError, 409),
     (errors.UsageError, 400),
     (errors.ConfigError, 400),
     (errors.PermissionDeniedError, 401),

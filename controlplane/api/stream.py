@@ -23,9 +23,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -156,7 +156,7 @@ def events_routes(plane: ControlPlane, hub: EventHub) -> APIRouter:
                 "Last-Event-ID or ?after=) and state changes (event: state)",
                 response_class=StreamingResponse,
                 responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}})
-    async def events(after: int | None = None,
+    async def events(after: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
                      last_event_id: str | None = Header(default=None)) -> StreamingResponse:
         if last_event_id is not None and last_event_id.strip().isdigit():
             start = int(last_event_id.strip())

@@ -22,12 +22,13 @@ from controlplane.deploy.engine import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
+from controlplane.fleet.journal import Journal
 from controlplane.fleet.ondemand import PlacedModels
 from controlplane.fleet.rollouts import FLEET_ACTOR
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import SharedContent
 from controlplane.store.fleet import FleetStore, Step, audit_event
-from controlplane.store.registry import Registry
+from controlplane.store.registry import Registry, utcnow
 from controlplane.vocab import ModelState, Policy, Result
 
 log = logging.getLogger("tritonctl.fleet")
@@ -49,6 +50,8 @@ class HostAgent:
     shared: SharedContent
     fleet: FleetSettings
     stopping: threading.Event
+    journal: Journal | None = None  # this host's records while the registry is away (controlplane/fleet/journal.py)
+    _again: list[Step] = field(default_factory=list)  # steps the registry's outage cut short: run again
     _last_converge: float = 0.0
     _last_report: float = 0.0
     placed: PlacedModels = field(init=False)  # on-demand models placed on this host (controlplane/fleet/ondemand.py)
@@ -60,16 +63,27 @@ class HostAgent:
         try:
             self.placed.serve()
         except TritonctlError as exc:
-            log.error("placed models: %s", exc)
-        claimed = self.store.claim(self.host)
-        if claimed:
-            claimed = self._gather(claimed)
-            self._converge_steps_of(claimed)
-        for batch in sets.batches(claimed, self.registry):  # a change set as one unit, steps first
-            if len(batch) > 1:
-                self.run_set(batch)
-            else:
-                self.run_step(batch[0])
+            if not self.registry.health.told(exc):
+                log.error("placed models: %s", exc)
+        # claimed steps stay this host's until each is finished: a round an outage cuts short (a failed
+        # read, an import) leaves them running on the fleet's tables, and the next round runs them again
+        claimed = self._again = self._again + self.store.claim(self.host)
+        try:
+            if claimed:
+                claimed = self._gather(claimed)
+                self._converge_steps_of(claimed)
+            for batch in sets.batches(claimed, self.registry):  # a change set as one unit, steps first
+                if len(batch) > 1:
+                    self.run_set(batch)
+                else:
+                    self.run_step(batch[0])
+        except StoreError:
+            if not self.registry.health.quiet():
+                self._again = []
+            raise
+        except BaseException:
+            self._again = []
+            raise
         now = time.monotonic()
         if now - self._last_converge >= self.fleet.converge_s:
             self._last_converge = now
@@ -94,9 +108,17 @@ class HostAgent:
                 started: float | None = None, actor: str = FLEET_ACTOR, action: str = "") -> None:
         """A step's end on the fleet's tables and its audit event (one transaction: FleetStore.finish_step)."""
         prefix = f"rollout {step.rollout_id}: " if step.rollout_id else "converge: "
-        self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit_event(
-            actor, action or step.action, step.model, step.digest, result, prefix + message,
-            int((time.monotonic() - started) * 1000) if started is not None else None))
+        audit = audit_event(actor, action or step.action, step.model, step.digest, result, prefix + message,
+                            int((time.monotonic() - started) * 1000) if started is not None else None)
+        at = utcnow()
+        self._again = [s for s in self._again if not step.id or s.id != step.id]
+        try:
+            self.store.finish_step(step, state, message, host=self.host, serving=serving, audit=audit)
+        except StoreError:
+            if self.journal is None or not self.registry.health.quiet():
+                raise
+            # done here, whatever the database does: kept, and written once when the registry answers
+            self.journal.append(step, state, message, self.host, serving, audit, at)
 
     def run_step(self, step: Step) -> None:
         started = time.monotonic()
@@ -112,6 +134,12 @@ class HostAgent:
             outcome = self._deploy(step.model, step.digest or None, step.action, FLEET_ACTOR)
             state = "ok" if outcome.succeeded else "failed"
             message, result, serving = outcome.message, str(outcome.outcome), outcome.active_digest
+        except StoreError:
+            if not self.registry.health.quiet():
+                raise
+            # not the step's failure: the shared registry went away under its import; it runs again when
+            # the registry answers (still running on the fleet's tables, this host's to finish: _again)
+            return
         except TritonctlError as exc:
             state, message, result = "failed", str(exc), Result.FAILED.value
             found = self.plane.registry.find_model(step.model)
@@ -136,7 +164,8 @@ class HostAgent:
             if waited >= GATHER_MIN_S and (not others or not sets.related(self.registry, mine, others)):
                 return claimed
             time.sleep(0.1)
-            claimed = claimed + self.store.claim(self.host)
+            more = self.store.claim(self.host)
+            claimed, self._again = claimed + more, self._again + more
         return claimed
 
     def run_set(self, steps: list[Step]) -> None:
@@ -161,6 +190,10 @@ class HostAgent:
                 records, FLEET_ACTOR, force=any(s.action == "rollback" for s in steps))
             message, result = outcome.message, str(outcome.outcome)
             succeeded = outcome.succeeded
+        except StoreError as exc:
+            if self.registry.health.quiet():
+                return  # the registry went away under the set's imports: run again when it answers (_again)
+            message, result, succeeded = str(exc), Result.FAILED.value, False
         except TritonctlError as exc:
             message, result, succeeded = str(exc), Result.FAILED.value, False
         for step in steps:
@@ -208,7 +241,8 @@ class HostAgent:
             try:
                 outcome = self._deploy(model, target, "deploy", CONVERGE_ACTOR)
             except TritonctlError as exc:
-                log.error("%s: converge: %s", model, exc)
+                if not self.registry.health.told(exc):
+                    log.error("%s: converge: %s", model, exc)
                 continue
             self._finish(Step(0, 0, self.host, 0, "deploy", target, "", "", model),
                          "ok" if outcome.succeeded else "failed", outcome.message, str(outcome.outcome),

@@ -27,6 +27,7 @@ from controlplane.store.fleet import (  # connect, take_host_lock: imported from
     take_host_lock,
     try_leader_lock,
 )
+from controlplane.store.health import RegistryHealth
 
 __all__ = ["APPLICATION_PREFIX", "LeaderElection", "connect", "take_host_lock"]
 
@@ -38,8 +39,10 @@ log = logging.getLogger("tritonctl.fleet.election")
 class LeaderElection:
     """Runs in its own thread; `is_leader` says whether this daemon holds the lock right now."""
 
-    def __init__(self, url: str, host: str, on_change: Callable[[bool], None], interval_s: float = 1.0) -> None:
+    def __init__(self, url: str, host: str, on_change: Callable[[bool], None], interval_s: float = 1.0,
+                 health: RegistryHealth | None = None) -> None:
         self.url = url
+        self.health = health  # the shared registry's: this connection's failures and answers count there too
         self.host = host
         self.on_change = on_change
         self.interval_s = interval_s
@@ -94,7 +97,13 @@ class LeaderElection:
         while not self._stop.is_set():
             try:
                 self._tick()
+                if self.health is not None:
+                    self.health.answered()
             except Exception as exc:  # noqa: BLE001 - any database trouble: step down, reconnect later
-                log.warning("leader election: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if self.health is not None:
+                    self.health.failed(reason)  # tells the outage (once, then at most once a minute)
+                else:
+                    log.warning("leader election: %s", reason)
                 self._drop()
             self._stop.wait(self.interval_s)

@@ -113,7 +113,8 @@ class Leader:
             try:
                 current = self.registry.ensure_model(model)
             except TritonctlError as exc:
-                log.error("%s: %s", model, exc)
+                if not self.registry.health.told(exc):
+                    log.error("%s: %s", model, exc)
                 continue
             if not decide(current, record, policy=current.policy or self.settings.policy).deploys:
                 continue  # (the fleet keeps no deployments: an operator holds it with a pin)
@@ -204,7 +205,8 @@ class Leader:
                         self._unproposed[model] = record
                         self._latest[model] = self.plane.registry.get_snapshot(model, record.digest)
                 except TritonctlError as exc:
-                    log.error("%s: %s", model, exc)
+                    if not self.registry.health.told(exc):
+                        log.error("%s: %s", model, exc)
         self._propose_settled()
         for rollout in self.store.rollouts():
             if self.is_leader():
@@ -223,4 +225,7 @@ class Leader:
         try:
             self.propose_set([(model, ready[model]) for model in ordered])
         except TritonctlError as exc:
-            log.error("%s: %s", ", ".join(ordered), exc)
+            if isinstance(exc, StoreError):  # the registry is away: proposed again when it answers
+                self._unproposed = {**ready, **self._unproposed}
+            if not self.registry.health.told(exc):
+                log.error("%s: %s", ", ".join(ordered), exc)

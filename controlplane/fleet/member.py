@@ -20,6 +20,7 @@ from controlplane.errors import TritonctlError
 from controlplane.fleet.agent import HostAgent
 from controlplane.fleet.election import LeaderElection, connect
 from controlplane.fleet.hostplane import HostPlane
+from controlplane.fleet.journal import JOURNAL_NAME, Journal
 from controlplane.fleet.leader import Leader
 from controlplane.fleet.ondemand import FleetOnDemand
 from controlplane.fleet.rollouts import FLEET_ACTOR, RolloutMachine, plan_waves
@@ -50,11 +51,14 @@ class FleetMember:
         self._wake_agent = threading.Event()
         self._wake_leader = threading.Event()
         self.election = LeaderElection(settings.db_url or "", self.host, self._on_leadership,
-                                       interval_s=fleet.heartbeat_s)
+                                       interval_s=fleet.heartbeat_s, health=shared_registry.health)
         self.machine = RolloutMachine(self.store, shared_registry, fleet, self.host)
         self.leader = Leader(settings, plane, shared_registry, self.store, self.shared, self.machine,
                              lambda: self.is_leader, self._stop)
-        self.agent = HostAgent(self.host, plane, shared_registry, self.store, self.shared, fleet, self._stop)
+        self.journal = Journal(settings.state_dir / JOURNAL_NAME)
+        self.agent = HostAgent(self.host, plane, shared_registry, self.store, self.shared, fleet, self._stop,
+                               self.journal)
+        shared_registry.health.on_return.append(self._replay_journal)
         self._threads = [threading.Thread(target=self._guard, args=(fn, period), name=f"fleet-{name}", daemon=True)
                          for name, fn, period in (("heartbeat", self._heartbeat, fleet.heartbeat_s),
                                                   ("agent", self._agent_tick, None),
@@ -75,6 +79,9 @@ class FleetMember:
 
     def start(self) -> None:
         self._heartbeat()  # registered before anyone plans a wave
+        written = self.journal.replay(self.store)  # what a stop during an outage left unwritten
+        if written:
+            log.info("fleet: wrote %d journal entr%s left from an outage", written, "y" if written == 1 else "ies")
         requeued = self.store.requeue_running(self.host)  # steps a crash of this daemon interrupted
         if requeued:
             log.warning("fleet: %d interrupted rollout step(s) of this host run again", requeued)
@@ -90,6 +97,11 @@ class FleetMember:
         for thread in self._threads:
             thread.join(10)
 
+    def _replay_journal(self, _outage_s: float) -> str:
+        """The registry answers again: what this host did meanwhile is written, once (the INFO says so)."""
+        written = self.journal.replay(self.store)
+        return f"{written} journal entr{'y' if written == 1 else 'ies'} written"
+
     def _on_leadership(self, leader: bool) -> None:
         if leader:
             self.leader.scan_requested.set()  # the source may have changed while nobody led
@@ -97,14 +109,16 @@ class FleetMember:
             try:
                 self.registry.audit(AuditEntry(FLEET_ACTOR, "leader", None, None, "ok", f"{self.host} leads the fleet"))
             except TritonctlError as exc:
-                log.error("audit: %s", exc)
+                if not self.registry.health.told(exc):
+                    log.error("audit: %s", exc)
 
     def _guard(self, fn: Callable[[], None], period: float | None) -> None:
         while not self._stop.is_set():
             try:
                 fn()
             except TritonctlError as exc:
-                log.error("fleet %s: %s", fn.__name__.strip("_"), exc)
+                if not self.registry.health.told(exc):  # an outage is told once, by the registry's health
+                    log.error("fleet %s: %s", fn.__name__.strip("_"), exc)
             except Exception:  # noqa: BLE001 - one bad tick must not stop the fleet duties
                 log.exception("fleet %s failed", fn.__name__.strip("_"))
             if period is not None:

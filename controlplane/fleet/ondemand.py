@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 from controlplane.config import Settings
 from controlplane.deploy.engine import admission
-from controlplane.errors import BudgetError, DeployError, NotFoundError, TritonctlError, UsageError
+from controlplane.errors import BudgetError, ConflictError, DeployError, NotFoundError, TritonctlError, UsageError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.placement import Holding, HostRoom, place
 from controlplane.fleet.settings import FleetSettings
@@ -86,7 +86,7 @@ class FleetOnDemand:
         for snap in self.registry.list_snapshots(record.name):  # newest first
             if admission(snap, force=False, where="the fleet") is None and not snap.collected:
                 return snap.digest
-        raise UsageError(f"model '{record.name}' has no valid content to load")
+        raise ConflictError(f"model '{record.name}' has no valid content to load")
 
     def estimate(self, model: str, digest: str) -> dict[str, float]:
         """What a load of `digest` will hold: a host's measurement of it, else of the model, else its declared

@@ -41,9 +41,13 @@ class RolloutMachine:
         self.host = host  # the leader's name, on the audit events it writes
 
     def waves(self) -> list[list[str]]:
-        """The waves a rollout started now would take, over the hosts alive now."""
-        f = self.fleet
-        return plan_waves(self.store.live_hosts(f.host_timeout_s), f.canary_hosts, f.canary_count, f.wave_size)
+        """The waves a rollout started now would take, over the hosts alive now. Within `liveness_s` of a
+        registry outage, the hosts that heartbeat within `liveness_s` before it began: nobody could
+        heartbeat or hold a session during it, and a rollout then leaves no host out for that."""
+        f, health = self.fleet, self.registry.health
+        grace = health.in_grace(f.host_timeout_s)
+        hosts = self.store.live_hosts(f.host_timeout_s + (health.last_outage_s if grace else 0.0), by_session=not grace)
+        return plan_waves(hosts, f.canary_hosts, f.canary_count, f.wave_size)
 
     def drive(self, rollout: Rollout) -> None:
         rid, model, digest = rollout.id, rollout.model, rollout.digest
@@ -106,7 +110,12 @@ class RolloutMachine:
     def skip_silent_hosts(self, rid: int, steps: list[Step]) -> None:
         """A dead host does not hold the fleet: its steps not yet done (waiting ones too) are skipped
         as soon as its daemon's session is gone or its heartbeat ages past the liveness window; the
-        host converges to the fleet's target when it is back."""
+        host converges to the fleet's target when it is back. Nobody is judged dead for a time in which
+        the leader itself could not reach the registry (nobody could heartbeat then): from the moment it
+        answers the leader again, every host has `liveness_s` to heartbeat before any step is skipped,
+        and the rollout resumes in its own order."""
+        if self.registry.health.in_grace(self.fleet.host_timeout_s):
+            return
         live = set(self.store.live_hosts(self.fleet.host_timeout_s))
         for step in steps:
             if step.state in ("waiting", "pending", "running") and step.host not in live:

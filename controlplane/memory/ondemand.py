@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn, admission
-from controlplane.errors import DeployError, NotFoundError, TritonctlError, UsageError
+from controlplane.errors import ConflictError, DeployError, NotFoundError, TritonctlError
 from controlplane.memory.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
 from controlplane.names import validate_model_name
 from controlplane.periodic import Periodic
@@ -108,7 +108,7 @@ class OnDemand:
         for snap in self.registry.list_snapshots(record.name):  # newest first
             if admission(snap, force=False, where="Triton") is None and not snap.collected:
                 return snap.digest
-        raise UsageError(f"model '{record.name}' has no valid content to load")
+        raise ConflictError(f"model '{record.name}' has no valid content to load")
 
     def _serves(self, record: ModelRecord, digest: str) -> bool:
         if record.state not in SERVING_STATES or record.active_digest != digest:
@@ -136,7 +136,7 @@ class OnDemand:
                 loaded = False
                 steps = step_models(self.registry.get_snapshot(model, digest).config)
                 for step in steps:  # an ensemble's steps first, each under a lease tied to this one
-                    held = self.ensure(step, for_s + 2 * self.wait_s(), actor, progress)
+                    held = self.ensure(step, min(MAX_LEASE_S, for_s + 2 * self.wait_s()), actor, progress)
                     with self._guard:
                         self._steps.setdefault(lease.id, []).append((step, held.lease))
                 with self.deployer.lock(model):  # an eviction decides under this lock, seeing the lease above

@@ -159,14 +159,15 @@ class FleetStore:
                 for r in rows
             ]
 
-    def live_hosts(self, timeout_s: float) -> list[str]:
+    def live_hosts(self, timeout_s: float, by_session: bool = True) -> list[str]:
         """Hosts that heartbeat within `timeout_s` and (PostgreSQL) whose daemon's session is alive:
-        a daemon that dies is dead as soon as PostgreSQL sees its connection close."""
+        a daemon that dies is dead as soon as PostgreSQL sees its connection close. `by_session` False:
+        by heartbeat alone (after a database outage, while every daemon opens its session again)."""
         cutoff = utcnow() - timedelta(seconds=timeout_s)
         with self.session() as session:
             recent = list(session.scalars(select(schema.FleetHost.name).where(schema.FleetHost.last_heartbeat >= cutoff)
                                           .order_by(schema.FleetHost.name)))
-        sessions = self._with_session()
+        sessions = self._with_session() if by_session else None
         return recent if sessions is None else [h for h in recent if h in sessions]
 
     # -- the fleet's target per model ---------------------------------------------------------------
@@ -337,17 +338,24 @@ class FleetStore:
             return claimed
 
     def finish_step(self, step: Step, state: str, message: str, *, host: str, serving: str | None,
-                    audit: AuditEntry) -> None:
-        """A host's step ends: its state, what the host serves now, the serving log and the audit event."""
-        now = utcnow()
+                    audit: AuditEntry, at: datetime | None = None) -> bool:
+        """A host's step ends: its state, what the host serves now, the serving log and the audit event.
+        `at`: when it ended, for a record written late (controlplane/fleet/journal.py): written once, so
+        an entry whose audit event (host, time, action, model) is already there writes nothing (False)."""
+        now = at or utcnow()
         with self.session() as session:
+            if at is not None and session.scalar(select(schema.AuditEvent.id).where(
+                    schema.AuditEvent.host == host, schema.AuditEvent.time == at,
+                    schema.AuditEvent.action == audit.action, schema.AuditEvent.model == audit.model).limit(1)):
+                return False
             row = session.get(schema.RolloutHost, step.id)
-            if row is not None:
+            if row is not None and (at is None or row.state in ("waiting", "pending", "running")):
                 row.state, row.message, row.finished_at = state, " ".join(message.split()), now
             self._set_host_model(session, host, step.model, serving,
                                  "serving" if serving else ("unloaded" if state == "ok" else "failed"), now)
             add_audit_event(session, audit, host, now, self.registry.outbox)
             self.notify(session, f"step {step.id} {state}")
+        return True
 
     # -- what each host serves ------------------------------------------------------------------
 

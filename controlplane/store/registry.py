@@ -15,13 +15,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import event, func, insert, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store import schema
 from controlplane.store.contentmemo import ContentMemo
 from controlplane.store.engine import BUSY_TIMEOUT_S, make_engine, redact
+from controlplane.store.health import RegistryHealth
 from controlplane.store.history import AUDIT_ADDED, History
 from controlplane.store.outbox import add_audit_events
 from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-exported, they live in records
@@ -53,6 +54,23 @@ def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
                     collected=bool(row.collected))
 
 
+FULL_WORDS = ("full", "readonly", "read-only", "disk i/o")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """The registry could not be reached or written (a lost connection, a server shutting down or
+    starting, a full disk), not a refused statement: PostgreSQL's SQLSTATE classes 08, 57P and 53
+    (none at all: the client never reached it); SQLite's "database is locked" is contention."""
+    if isinstance(exc, InterfaceError) or getattr(exc, "connection_invalidated", False):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    state = getattr(exc.orig, "sqlstate", None)
+    if state is not None:
+        return str(state).startswith(("08", "57P", "53"))
+    return "locked" not in str(exc.orig or "")
+
+
 class Registry(History):
     """The registry database behind any SQLAlchemy URL."""
 
@@ -75,6 +93,8 @@ class Registry(History):
         self.writes = 0
         self._serving: tuple[int, list[ModelRecord]] | None = None  # (writes, the serving models)
         self.contents = ContentMemo()  # what recorded contents hold: never changes once recorded
+        # reachable or not, and the one voice about an outage (controlplane/store/health.py)
+        self.health = RegistryHealth(redact(url))
 
         @event.listens_for(self.engine, "after_cursor_execute")
         def _count_writes(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -94,14 +114,21 @@ class Registry(History):
     @contextmanager
     def _session(self) -> Iterator[Session]:
         session = self._sessions()
+        writes = self.writes
         try:
             yield session
             session.commit()
+            self.health.answered(wrote=self.writes != writes)
             if session.info.pop(AUDIT_ADDED, False):
                 self._audit_committed()
         except SQLAlchemyError as exc:
-            session.rollback()
-            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            try:
+                session.rollback()
+            except SQLAlchemyError:  # the connection is gone: nothing to roll back
+                pass
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0] or type(exc).__name__
+            if unreachable(exc):  # a full disk still reads: only a write that commits ends that outage
+                self.health.failed(reason, reads_end_it=not any(w in reason.lower() for w in FULL_WORDS))
             raise StoreError(f"registry {redact(self.url)}: {reason}") from exc
         except BaseException:
             session.rollback()

@@ -1,0 +1,165 @@
+"""A registry that stops answering, in the small (docs/fleet.md "When the database is down"): what the
+registry's health says and logs, and the fleet journal written once when the registry answers again.
+The whole fleet through a crashed PostgreSQL is tests/test_fleet_outage_e2e.py.
+
+Against real PostgreSQL servers (tests/pg.py): the crash is `pg_ctl stop -m immediate` of a server of
+this module's own (the session's server is shared with other tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from controlplane.errors import StoreError
+from controlplane.fleet.journal import Journal
+from controlplane.fleet.rollouts import RolloutMachine
+from controlplane.fleet.settings import FleetSettings
+from controlplane.store import migrate
+from controlplane.store.fleet import FleetStore, Step, audit_event
+from controlplane.store.health import RegistryHealth
+from controlplane.store.registry import AuditQuery, Registry, utcnow
+from tests.pg import PostgresServer, own_postgres  # noqa: F401 - the fixture
+from tests.test_storage_faults import small_fs  # noqa: F401 - the fixture
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_outage_is_one_warning_a_line_a_minute_at_most_and_one_info(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    health = RegistryHealth("postgresql+psycopg://db/fleet", clock=clock)
+    health.on_return.append(lambda length: f"{length:.0f} s handed to the journal")
+    caplog.set_level(logging.INFO, logger="tritonctl.store")
+    assert health.reachable and not health.quiet() and not health.in_grace(10)
+    for _ in range(150):  # 150 s of four threads failing every second
+        for _ in range(4):
+            health.failed("connection refused")
+        clock.now += 1.0
+    assert not health.reachable and health.since is not None and health.reason == "connection refused"
+    assert health.told(StoreError("registry x: connection refused")) and not health.told(ValueError())
+    health.answered()
+    health.answered()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "WARNING", "WARNING", "INFO"], lines
+    assert "unreachable: connection refused" in lines[0][1] and "still unreachable after 60 s" in lines[1][1]
+    assert lines[-1][1].endswith("reachable again after 150.0 s; 150 s handed to the journal")
+    assert health.reachable and health.since is None and health.in_grace(10)
+    clock.now += 10.5
+    assert not health.in_grace(10)
+
+
+@pytest.mark.postgres
+def test_a_crashed_database_is_an_outage_and_nobody_is_judged_dead_for_it(
+        own_postgres: PostgresServer) -> None:  # noqa: F811
+    registry = Registry(own_postgres.new_database("outage"), host="h1")
+    migrate.upgrade_shared(registry)
+    clock = Clock()
+    registry.health.clock = clock
+    try:
+        store = FleetStore(registry)
+        machine = RolloutMachine(store, registry, FleetSettings("", host_timeout_s=10.0), "h1")
+        store.heartbeat("h1", "grpc://127.0.0.1:1", "dev", utcnow())
+        [rid] = store.create_rollouts([("m", "ab" * 32, None)], "test", [["h2"]])  # h2: silent all along
+        machine.drive(store.rollout(rid))  # queued → running, the canary's step pending
+        assert registry.health.reachable
+        own_postgres.crash()
+        try:
+            with pytest.raises(StoreError, match="registry postgresql"):
+                store.heartbeat("h1", "grpc://127.0.0.1:1", "dev", utcnow())
+            assert not registry.health.reachable and registry.health.since is not None
+        finally:
+            own_postgres.start_again()
+        clock.now += 15.0
+        store.heartbeat("h1", "grpc://127.0.0.1:1", "dev", utcnow())
+        assert registry.health.reachable
+        # liveness_s of grace after the leader reaches the registry again: nobody's step is skipped, and
+        # a new rollout's waves count the hosts by heartbeat (no daemon's session is back yet: here none)
+        machine.drive(store.rollout(rid))
+        assert [s.state for s in store.rollout(rid).steps] == ["pending"]
+        assert machine.waves() == [["h1"]]
+        clock.now += 10.5  # past it, a host still silent is dead as ever
+        machine.drive(store.rollout(rid))
+        assert [s.state for s in store.rollout(rid).steps] == ["skipped"]
+        assert machine.waves() == []  # and a host without its session too
+    finally:
+        registry.close()
+
+
+@pytest.mark.postgres
+def test_the_journal_writes_each_record_once(pg_url: str, tmp_path: Path) -> None:
+    """What a host did while the registry was away is written once, at the time it happened: replaying
+    again (a crash between the write and the journal's rewrite) writes nothing twice."""
+    registry = Registry(pg_url, host="h1")
+    migrate.upgrade_shared(registry)
+    try:
+        store = FleetStore(registry)
+        journal = Journal(tmp_path / "fleet-journal.jsonl")
+        at = utcnow() - timedelta(seconds=30)
+        step = Step(0, 0, "h1", 0, "deploy", "ab" * 32, "", "", "m")
+        audit = audit_event("fleet-converge", "deploy", "m", "ab" * 32, "deployed", "converge: deployed", 2304)
+        journal.append(step, "ok", "deployed", "h1", "ab" * 32, audit, at)
+        kept = journal.path.read_text()
+        assert len(journal) == 1
+        assert journal.replay(store) == 1 and not journal.path.exists()
+        journal.path.write_text(kept)  # as if the daemon died before the rewrite
+        assert journal.replay(store) == 0 and not journal.path.exists()
+        events = [e for e in registry.query_audit(AuditQuery(model="m", limit=100)) if e.action == "deploy"]
+        assert [(e.host, e.time, e.duration_ms) for e in events] == [("h1", at, 2304)]
+        served = [(r.host, r.digest) for r in registry.serving_at(at + timedelta(seconds=1), ["m"])]
+        assert served == [("h1", "ab" * 32)]  # `audit --at` during the outage is right
+    finally:
+        registry.close()
+
+
+def test_a_full_disk_under_sqlite_is_an_outage_until_a_write_commits(small_fs: Path) -> None:  # noqa: F811
+    """A SQLite registry on a filesystem that fills and frees (the storage-fault fixture): it still reads,
+    so only a write that commits ends the outage."""
+    registry = Registry(f"sqlite:///{small_fs / 'registry.db'}")
+    migrate.upgrade(registry)
+    try:
+        registry.ensure_model("m")
+        filler = small_fs / "filler"
+        with filler.open("wb") as f:  # every block the filesystem has left
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        with pytest.raises(StoreError):
+            for i in range(200):  # until the database's own pages run out too
+                registry.ensure_model(f"model{i}-" + "x" * 100)
+        assert not registry.health.reachable and "full" in registry.health.reason
+        assert registry.find_model("m") is not None  # it reads
+        assert not registry.health.reachable
+        filler.unlink()
+        registry.ensure_model("after")
+        assert registry.health.reachable
+    finally:
+        registry.close()
+
+
+def test_status_during_an_outage_says_so_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tritonctl status` while the registry is down: a first line naming the outage and since when, then
+    the table of what this host knows (the document comes from the daemon: tests/test_fleet_outage_e2e.py)."""
+    from cli import render
+    from controlplane.results import StatusResult
+
+    down = StatusResult(True, "127.0.0.1:8001", None, {"mode": None, "reason": ""}, [], registry_reachable=False,
+                        registry_unreachable_since="2026-12-03T07:12:02Z",
+                        registry_reason="registry postgresql://db/fleet: connection refused")
+    render.status(down.to_json(), False)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("registry unreachable since 2026-12-03T07:12:02Z (registry postgresql://db/fleet: "
+                            "connection refused); showing what this host knows"), first
+    render.status(StatusResult(True, "u", None, {"mode": None, "reason": ""}, []).to_json(), False)
+    assert "unreachable" not in capsys.readouterr().out
