@@ -112,11 +112,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         assert proc.stop() == 0, proc.log_tail()
 
 
-def ready(daemon: DaemonProcess, path: str) -> int:
+def ready(daemon: DaemonProcess, path: str) -> tuple[int, dict[str, Any]]:
     conn = UnixHTTPConnection(str(daemon.state_dir / "tritonctl.sock"), 30)
     try:
         conn.request("GET", path)
-        return conn.getresponse().status
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
     finally:
         conn.close()
 
@@ -215,7 +216,10 @@ def test_load_bake_bakes_one_deploy_and_promote_ends_it(daemon: DaemonProcess) -
     assert bake["state"] == "baking" and bake["digest"] != d1, bake
     assert "s left" in daemon.model_status("promoted")["sync_reason"]
     # a baking model serves the newest content: converged, so /v1/ready keeps its pod in the Service
-    assert ready(daemon, "/v1/ready") == 200 and ready(daemon, "/v1/models/promoted/ready") == 200
+    # (the watcher may still be settling the edit `load` already took: pending a moment, then synced)
+    for path in ("/v1/ready", "/v1/models/promoted/ready"):
+        wait_for(lambda path=path: ready(daemon, path)[0] == 200, 15, 0.2, f"{path} 200 during the bake")
+    assert bake_of(daemon, "promoted")["state"] == "baking"
     promoted = daemon.run("promote", "promoted")
     assert promoted.exit_code == 0 and "passed" in promoted.output, promoted.output
     assert bake_of(daemon, "promoted")["state"] == "passed"
