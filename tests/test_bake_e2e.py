@@ -277,7 +277,8 @@ def test_a_bake_in_progress_resumes_after_a_daemon_restart(tmp_path: Path) -> No
         assert first.stop() == 0, first.log_tail()
     second = DaemonProcess(repo, tmp_path / "state", extra_args=["--bake", "1h"]).start()
     try:
-        after = bake_of(second, "kept")
+        # the restarted daemon reads the bake back once its start has verified what serves
+        after = wait_for(lambda: (b := bake_of(second, "kept")).get("state") and b, 60, 0.3, "the bake read back")
         assert after["state"] == "baking", after
         assert (after["digest"], after["started"], after["until"]) == \
                (before["digest"], before["started"], before["until"]), (before, after)
@@ -286,7 +287,8 @@ def test_a_bake_in_progress_resumes_after_a_daemon_restart(tmp_path: Path) -> No
         assert second.stop() == 0, second.log_tail()
     third = DaemonProcess(repo, tmp_path / "state", extra_args=["--bake", "1h"]).start()
     try:  # the last bake is shown after a restart too, ended
-        assert bake_of(third, "kept")["state"] == "passed"
+        ended = wait_for(lambda: (b := bake_of(third, "kept")).get("state") and b, 60, 0.3, "the bake read back")
+        assert ended["state"] == "passed", ended
     finally:
         assert third.stop() == 0, third.log_tail()
 
