@@ -283,8 +283,8 @@ def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, 
         for method in ("ensure_model", "find_model", "get_model", "get_snapshot", "begin_deployment", "advance",
                        "finish_deployment", "audit", "set_quarantine", "update_model"):
             timer.wrap(registry, method, "registry")
-        timer.wrap(plane.deployer, "_publish", "publish")
-        timer.wrap(plane.deployer, "_verify", "verify")
+        timer.wrap(plane.deployer.steps, "publish", "publish")
+        timer.wrap(plane.deployer.steps, "verify", "verify")
         timer.wrap(plane.serving, "prune", "prune")
         timer.wrap(triton, "load", "load")
         timer.wrap(registry, "last_deployment", "registry")

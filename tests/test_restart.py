@@ -143,7 +143,8 @@ def crash_and_restart(daemon: DaemonProcess, ports: tuple[int, int, int]) -> Non
     assert tritonservers_on(state / "serving") == [pid], "exactly one tritonserver: the adopted one"
     assert daemon.triton_url() == url
     assert "adopted the running tritonserver pid" in daemon.log_tail(200_000)
-    row = daemon.model_status("m")
+    # clients are answered by the edit once Triton loaded it; its deploy commits after verify and smoke
+    row = wait_for(lambda: (r := daemon.model_status("m"))["sync"] != "pending" and r, 30, 0.1, "the edit committed")
     assert (row["state"], row["sync"]) == ("serving", "synced"), row
 
 

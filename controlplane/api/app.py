@@ -16,7 +16,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from typing import Annotated, Any
 
@@ -48,7 +48,7 @@ from controlplane.api.params import (
 )
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
 from controlplane.control_plane import ControlPlane
-from controlplane.names import validate_model_name
+from controlplane.names import validate_digest, validate_model_name
 from controlplane.results import Outcome, Progress, accepted
 
 log = logging.getLogger("tritonctl.api")
@@ -426,6 +426,27 @@ def _flat_routes(routes: list[Any]) -> Iterator[Any]:
             yield route
 
 
+# A parameter the document's pattern refused is refused for the reason the core gives the CLI and every
+# other path ("model name '../x' contains a path separator"), not the pattern's text.
+CORE_CHECKS: dict[str, Callable[[str], object]] = {"model": validate_model_name, "models": validate_model_name,
+                                                   "digest": validate_digest}
+
+
+def _core_reason(error: Mapping[str, Any]) -> str | None:
+    """The core's one-line reason for a value a parameter's pattern refused, when the core checks that
+    parameter and refuses the value too; else None (the validator's own message is shown)."""
+    loc = error.get("loc", ())
+    check = CORE_CHECKS.get(str(loc[-1])) if loc else None
+    value = error.get("input")
+    if check is None or not isinstance(value, str):
+        return None
+    try:
+        check(value)
+    except errors.TritonctlError as exc:
+        return str(exc)
+    return None
+
+
 def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter) -> FastAPI:
     """The ASGI application both listeners serve (the TCP one behind the token gate)."""
     app = FastAPI(title="tritonctl control API", version="1", openapi_url=OPENAPI_PATH, docs_url=None,
@@ -437,7 +458,7 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+        problems = "; ".join(_core_reason(e) or f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
                              for e in exc.errors())
         return JSONResponse(error_document(errors.UsageError(problems or "bad request")), status_code=400)
 
