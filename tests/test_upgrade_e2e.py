@@ -45,7 +45,9 @@ class OldRelease:
 
     def __init__(self, tree: Path, state: Path) -> None:
         self.tree, self.state = tree, state
-        self.env = {**os.environ, "PYTHONPATH": str(tree), "TRITONCTL_RECONCILE_INTERVAL_S": "1"}
+        # the earlier release refuses TRITONCTL_* settings it does not know (the tiers set TRITONCTL_TEST_NO_SKIP)
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRITONCTL_")},
+                    "PYTHONPATH": str(tree), "TRITONCTL_RECONCILE_INTERVAL_S": "1"}
         self.env.pop("NOTIFY_SOCKET", None)
         self.proc: subprocess.Popen[bytes] | None = None
 
