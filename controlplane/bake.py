@@ -42,14 +42,17 @@ from controlplane.deploy.engine import Deployer
 from controlplane.errors import NotFoundError, TritonctlError
 from controlplane.periodic import Periodic
 from controlplane.results import Outcome
+from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.store.records import iso
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import RequestCounts, TritonClient
+from controlplane.validation.smokefile import load_smoke_file
 from controlplane.vocab import BAKE_ACTOR, Result
 
 log = logging.getLogger("tritonctl.bake")
 
 TICK_S = 0.5
+SMOKE_COUNTED_S = 1.0  # at most this long for Triton to count a deploy's smoke requests
 BAKES_FILE = "bakes.json"  # in the state directory: each model's last bake, kept across a restart
 BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
 AUDIT_OUTCOME = {PASSED: Result.OK.value, FAILED: Result.FAILED.value, INCONCLUSIVE: "inconclusive"}
@@ -245,10 +248,30 @@ class Baker:
             log.warning("%s: bake: the config's bake parameters are not used: %s", model, exc)
             return {}
 
+    def _counts_after_smoke(self, model: str, digest: str) -> dict[tuple[str, str], RequestCounts]:
+        """Triton's figures once the deploy's own smoke requests are in them. Triton counts a request when
+        it has finished with it, which can be just after its answer reached the deploy (measured: under
+        load the bake's first reading missed the smoke request and counted it as the bake's). A freshly
+        loaded version starts at 0, so the figures wait, for a second at most, until they hold at least
+        the smoke file's requests."""
+        expected = 0
+        path = self.deployer.store.tree_path(digest) / SMOKE_FILE
+        if path.exists():
+            try:
+                expected = len(load_smoke_file(path, build=False))
+            except TritonctlError:
+                expected = 0
+        counts = self.triton.request_counts(model)
+        deadline = time.monotonic() + SMOKE_COUNTED_S
+        while sum(c.success + c.failure for c in counts.values()) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            counts = self.triton.request_counts(model)
+        return counts
+
     def _begin(self, model: str, digest: str, limits: Limits) -> None:
         previous = self._previous(model, digest)
         try:
-            tally = Tally.starting_at(self.triton.request_counts(model))  # the smoke requests: not the bake's
+            tally = Tally.starting_at(self._counts_after_smoke(model, digest))  # the smoke requests: not the bake's
         except TritonctlError as exc:
             log.warning("%s: bake: no figures at its start (%s); counting from 0", model, exc)
             tally = Tally()

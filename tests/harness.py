@@ -349,3 +349,16 @@ def triton_client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerC
         yield client
     finally:
         client.close()
+
+
+def api_get(daemon: DaemonProcess, path: str) -> tuple[int, dict[str, Any]]:
+    """GET `path` of the daemon's control API over its socket: (HTTP status, the JSON document)."""
+    from controlplane.api.client import UnixHTTPConnection
+
+    conn = UnixHTTPConnection(str(daemon.state_dir / "tritonctl.sock"), 30)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()

@@ -30,9 +30,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from controlplane.api.client import UnixHTTPConnection
 from tests import jsonschemas
-from tests.harness import DaemonProcess, gen_config, python_model, wait_for
+from tests.harness import DaemonProcess, api_get, gen_config, python_model, wait_for
 
 BAKE_S = "4"
 # Generation GEN answers GEN; with FAILING, inputs above 0.8 raise in execute (about 20 % of uniform inputs).
@@ -110,16 +109,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         yield proc
     finally:
         assert proc.stop() == 0, proc.log_tail()
-
-
-def ready(daemon: DaemonProcess, path: str) -> tuple[int, dict[str, Any]]:
-    conn = UnixHTTPConnection(str(daemon.state_dir / "tritonctl.sock"), 30)
-    try:
-        conn.request("GET", path)
-        answer = conn.getresponse()
-        return answer.status, json.loads(answer.read())
-    finally:
-        conn.close()
 
 
 def serving(daemon: DaemonProcess, name: str, gen_digest: str | None = None) -> str | None:
@@ -218,7 +207,7 @@ def test_load_bake_bakes_one_deploy_and_promote_ends_it(daemon: DaemonProcess) -
     # a baking model serves the newest content: converged, so /v1/ready keeps its pod in the Service
     # (the watcher may still be settling the edit `load` already took: pending a moment, then synced)
     for path in ("/v1/ready", "/v1/models/promoted/ready"):
-        wait_for(lambda path=path: ready(daemon, path)[0] == 200, 15, 0.2, f"{path} 200 during the bake")
+        wait_for(lambda path=path: api_get(daemon, path)[0] == 200, 15, 0.2, f"{path} 200 during the bake")
     assert bake_of(daemon, "promoted")["state"] == "baking"
     promoted = daemon.run("promote", "promoted")
     assert promoted.exit_code == 0 and "passed" in promoted.output, promoted.output

@@ -19,18 +19,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.api.client import UnixHTTPConnection
-from tests.harness import DaemonProcess, wait_for, write_gen_model
-
-
-def get(daemon: DaemonProcess, path: str) -> tuple[int, dict[str, Any]]:
-    conn = UnixHTTPConnection(str(daemon.state_dir / "tritonctl.sock"), 30)
-    try:
-        conn.request("GET", path)
-        answer = conn.getresponse()
-        return answer.status, json.loads(answer.read())
-    finally:
-        conn.close()
+from tests.harness import DaemonProcess, api_get, wait_for, write_gen_model
 
 
 class ReadyRecorder:
@@ -45,7 +34,7 @@ class ReadyRecorder:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                answer = get(self.daemon, "/v1/ready")
+                answer = api_get(self.daemon, "/v1/ready")
             except OSError:
                 answer = (0, {})
             if not self.seen or self.seen[-1] != answer:
@@ -72,7 +61,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     write_gen_model(repo, "gen", 1)
     proc = DaemonProcess(repo, base / "state", settle_s=0.5,
                          env={"TRITONCTL_RECONCILE_INTERVAL_S": "60"}).start()
-    wait_for(lambda: get(proc, "/v1/ready")[0] == 200, 60, 0.2, "ready")
+    wait_for(lambda: api_get(proc, "/v1/ready")[0] == 200, 60, 0.2, "ready")
     yield proc
     assert proc.stop() == 0, proc.log_tail()
 
@@ -83,11 +72,11 @@ def _serves(daemon: DaemonProcess, digest_prefix: str = "") -> bool:
 
 
 def test_live_answers_while_the_loop_turns(daemon: DaemonProcess) -> None:
-    status, document = get(daemon, "/v1/live")
+    status, document = api_get(daemon, "/v1/live")
     assert status == 200 and document["live"] is True  # live while starting too (loop_age_s None then)
     # /v1/ready can answer 200 a moment before start-up hands over to the main loop (the initial scan's
     # last models served): the loop then turns within a tick
-    document = wait_for(lambda: (d := get(daemon, "/v1/live")[1])["loop_age_s"] is not None and d, 10, 0.1,
+    document = wait_for(lambda: (d := api_get(daemon, "/v1/live")[1])["loop_age_s"] is not None and d, 10, 0.1,
                         "the main loop turning")
     assert document["live"] is True and document["loop_age_s"] < 2
 
@@ -100,15 +89,15 @@ def test_an_edit_is_not_ready_until_it_serves(daemon: DaemonProcess) -> None:
     assert [w["model"] for w in waiting] == ["gen"] and waiting[0]["sync"] == "pending", waiting
     assert waiting[0]["reason"]
     assert daemon.model_status("gen")["sync"] == "synced"
-    assert get(daemon, "/v1/models/gen/ready")[0] == 200
+    assert api_get(daemon, "/v1/models/gen/ready")[0] == 200
 
 
 def test_a_rollback_and_a_pin_are_held_and_ready(daemon: DaemonProcess) -> None:
     daemon.cli("rollback", "gen")
-    status, document = get(daemon, "/v1/models/gen/ready")
+    status, document = api_get(daemon, "/v1/models/gen/ready")
     assert status == 200, document
     assert daemon.model_status("gen")["sync"] == "held"
-    assert get(daemon, "/v1/ready")[0] == 200
+    assert api_get(daemon, "/v1/ready")[0] == 200
     daemon.cli("load", "gen")  # back to the source's newest
     daemon.cli("pin", "gen")
     with ReadyRecorder(daemon) as recorder:
@@ -124,7 +113,7 @@ def test_a_rollback_and_a_pin_are_held_and_ready(daemon: DaemonProcess) -> None:
     assert daemon.model_status("gen")["sync"] == "held"
     assert all(w["model"] == "gen" for d in recorder.not_ready() for w in d["not_ready"])
     daemon.cli("unpin", "gen")
-    wait_for(lambda: get(daemon, "/v1/ready")[0] == 200 and daemon.model_status("gen")["sync"] == "synced",
+    wait_for(lambda: api_get(daemon, "/v1/ready")[0] == 200 and daemon.model_status("gen")["sync"] == "synced",
              60, 0.2, "unpinned and converged")
 
 
@@ -138,7 +127,7 @@ def test_a_killed_tritonserver_is_not_ready_until_restored(daemon: DaemonProcess
                  "ready again")
     assert any(not d["triton_reachable"] or d["not_ready"] for d in recorder.not_ready())
     assert _serves(daemon)
-    status, document = get(daemon, "/v1/models/nothing/ready")
+    status, document = api_get(daemon, "/v1/models/nothing/ready")
     assert status == 404 and document["error"]["class"] == "NotFoundError"
 
 
