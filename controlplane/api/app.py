@@ -291,7 +291,7 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
 
     @router.post("/models/{model}/promote", tags=["models"],
                  summary="promote: end the model's bake in progress as passed (docs/bake.md); answers the bake")
-    def promote(model: str, request: Request) -> JSONResponse:
+    def promote(model: ModelPath, request: Request) -> JSONResponse:
         return JSONResponse(plane.promote(model, actor_of(request)))
 
     @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)")
