@@ -308,16 +308,18 @@ def request_loop(url: str, model: str, threads: int = 2) -> Iterator[dict[str, A
             w.join(15)
 
 
-def token_daemon(repo: Path, base: Path, token: str) -> tuple[DaemonProcess, str, Path]:
+def token_daemon(repo: Path, base: Path, token: str,
+                 extra_args: Sequence[str] = ()) -> tuple[DaemonProcess, str, Path]:
     """A started daemon over `repo` (state in `base/state`) with the control API on a free loopback TCP port
-    behind `token` (in `base/token`, mode 0600): (daemon, HOST:PORT, token file)."""
+    behind `token` (in `base/token`, mode 0600), and `extra_args`: (daemon, HOST:PORT, token file)."""
     from controlplane.triton.launcher import free_port
 
     token_file = base / "token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     address = f"127.0.0.1:{free_port()}"
-    daemon = DaemonProcess(repo, base / "state", extra_args=["--listen", address, "--token-file", str(token_file)])
+    daemon = DaemonProcess(repo, base / "state",
+                           extra_args=["--listen", address, "--token-file", str(token_file), *extra_args])
     return daemon.start(), address, token_file
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import os
 import re
 import socket
 import time
@@ -25,8 +24,7 @@ import pytest
 
 from controlplane.api.server import TokenGate
 from controlplane.api.web import gate
-from controlplane.triton.launcher import free_port
-from tests.harness import DaemonProcess, wait_for, write_gen_model
+from tests.harness import DaemonProcess, token_daemon, wait_for, write_gen_model
 
 pytestmark = pytest.mark.triton
 
@@ -39,13 +37,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonPro
     repo = base / "repo"
     repo.mkdir()
     write_gen_model(repo, "gen", 1)
-    token_file = base / "token"
-    token_file.write_text(TOKEN)
-    os.chmod(token_file, 0o600)
-    api_port = free_port()
-    proc = DaemonProcess(repo, base / "state", extra_args=[
-        "--web-address", "127.0.0.1:0", "--web-require-token", "--token-file", str(token_file),
-        "--listen", f"127.0.0.1:{api_port}"]).start()
+    proc, address, _ = token_daemon(repo, base, TOKEN, ["--web-address", "127.0.0.1:0", "--web-require-token"])
+    api_port = int(address.rsplit(":", 1)[1])
     found = wait_for(lambda: re.search(r"web view: http://127\.0\.0\.1:(\d+)/ui/", proc.log_path.read_text()), 10,
                      what="the daemon's `web view:` log line")
     wait_for(lambda: proc.model_status("gen").get("state") == "serving", 60, what="gen serving")
