@@ -49,7 +49,8 @@ class Target(Protocol):
     """What the verbs hand a decided change to (HostTarget or FleetTarget). `host`: one host of a fleet
     ("" for all; a single host has no other). `fleet`: the fleet strategy, None on a single host."""
 
-    fleet: FleetStrategy | None
+    @property
+    def fleet(self) -> FleetStrategy | None: ...
 
     def load(self, model: str, digest: str, actor: str, force: bool, progress: ProgressFn | None,
              host: str) -> Outcome: ...
@@ -261,11 +262,14 @@ class FleetTarget:
 
     def __init__(self, fleet: FleetStrategy, registry: Registry, deployer: Deployer, retries: RetryBook) -> None:
         """`registry`, `deployer`: this host's own (a `--host` load checks this host's pin and deploys here)."""
-        self.fleet: FleetStrategy | None = fleet
         self.strategy = fleet
         self.registry = registry
         self.deployer = deployer
         self.retries = retries
+
+    @property
+    def fleet(self) -> FleetStrategy | None:
+        return self.strategy
 
     def load(self, model: str, digest: str, actor: str, force: bool, progress: ProgressFn | None,
              host: str) -> Outcome:
