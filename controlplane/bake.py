@@ -28,17 +28,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from controlplane.config import Settings, bake_parameters
 from controlplane.deploy.engine import Deployer
+from controlplane.deploy.plans import Plan, members_of
 from controlplane.errors import NotFoundError, TritonctlError
 from controlplane.periodic import Periodic
 from controlplane.results import Outcome
@@ -126,6 +128,8 @@ class Bake:
     state: str = BAKING
     reason: str = ""
     ended: float | None = None
+    group: tuple[str, ...] = ()  # a change set's bake: every model of the set (its unchanged ones too)
+    group_id: str = ""  # the set's bake, shared by its members' bakes
 
     @property
     def until(self) -> float:
@@ -170,7 +174,8 @@ class Bake:
         return {"model": self.model, "digest": self.digest, "previous": self.previous, "limits": asdict(self.limits),
                 "started": self.started, "baseline_latency_ms": self.baseline_latency_ms, "state": self.state,
                 "reason": self.reason, "ended": self.ended,
-                "tally": [t.requests, t.failures, t.success, t.success_ns]}
+                "tally": [t.requests, t.failures, t.success, t.success_ns],
+                "group": list(self.group), "group_id": self.group_id}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Bake:
@@ -178,7 +183,7 @@ class Bake:
         return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
                    float(record["started"]), Tally(requests, failures, success, success_ns),
                    record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
-                   record.get("ended"))
+                   record.get("ended"), tuple(record.get("group") or ()), str(record.get("group_id") or ""))
 
 
 def _utc(epoch: float) -> datetime:
@@ -231,13 +236,32 @@ class Baker:
                       f"ended by {how} to {(outcome.active_digest or 'nothing')[:12]}")
         if outcome.action != "deploy" or outcome.outcome != Result.OK or not outcome.digest:
             return
-        if self.deployer.in_change_set():  # a change set does not bake yet, nor its members one by one
+        if self.deployer.in_change_set():  # a change set's members bake together once it ended (note_set)
             return
         settings = self.settings()
         limits = Limits.of(settings, asked, self._parameters(outcome.model, outcome.digest))
         if limits.bake_s <= 0 or settings.fleet:  # a fleet's rollouts do not bake yet (docs/bake.md)
             return
         self._begin(outcome.model, outcome.digest, limits)
+
+    def note_set(self, plan: Plan, outcome: Outcome) -> None:
+        """The Deployer's `on_set`: a change set that deployed bakes as one. Each changed member bakes on its
+        own limits over one window (the longest `bake_s` of them); any member crossing a limit rolls the
+        whole set back as a set (`_fail_set`); the set passes when every member did."""
+        if plan.analysis or outcome.outcome != Result.OK:
+            return
+        settings = self.settings()
+        if settings.fleet:
+            return
+        changed = [m for m in plan.members if m.changed]
+        limits = {m.model: Limits.of(settings, None, self._parameters(m.model, m.digest)) for m in changed}
+        bake_s = max((lim.bake_s for lim in limits.values()), default=0.0)
+        if bake_s <= 0:
+            return
+        group, group_id, started = tuple(m.model for m in plan.members), secrets.token_hex(4), self.clock()
+        for member in changed:
+            self._begin(member.model, member.digest, replace(limits[member.model], bake_s=bake_s), group, group_id,
+                        started)
 
     def _parameters(self, model: str, digest: str) -> dict[str, Any]:
         """The model's own bake settings in the deployed config (validation refused bad ones)."""
@@ -268,15 +292,18 @@ class Baker:
             counts = self.triton.request_counts(model)
         return counts
 
-    def _begin(self, model: str, digest: str, limits: Limits) -> None:
+    def _begin(self, model: str, digest: str, limits: Limits, group: tuple[str, ...] = (),
+               group_id: str = "", started: float | None = None) -> None:
+        """`group`, `group_id`, `started`: a change set's bake (note_set), one window for every member."""
         previous = self._previous(model, digest)
         try:
             tally = Tally.starting_at(self._counts_after_smoke(model, digest))  # the smoke requests: not the bake's
         except TritonctlError as exc:
             log.warning("%s: bake: no figures at its start (%s); counting from 0", model, exc)
             tally = Tally()
-        now = self.clock()
-        bake = Bake(model, digest, previous, limits, now, tally, self._baseline_ms(model, now, limits.bake_s))
+        now = self.clock() if started is None else started
+        bake = Bake(model, digest, previous, limits, now, tally, self._baseline_ms(model, now, limits.bake_s),
+                    group=group, group_id=group_id)
         with self._lock:
             self._bakes[model] = bake
         self._save()
@@ -296,7 +323,8 @@ class Baker:
             bake = self._bakes.get(model)
         if bake is None or bake.state != BAKING:
             raise NotFoundError(f"model '{model}' has no bake in progress")
-        self._end(bake, PASSED, f"promoted by {actor}: {bake.figures()}", actor=actor)
+        for member in self._set_of(bake):  # a change set's bake is promoted as one
+            self._end(member, PASSED, f"promoted by {actor}: {member.figures()}", actor=actor)
         return bake.to_json()
 
     def of(self, model: str) -> Bake | None:
@@ -313,6 +341,7 @@ class Baker:
         """Read each baking model's figures; end the bakes whose limits were crossed or whose time is up."""
         self._sample()
         baking = self.baking()
+        sets: dict[str, list[Bake]] = {}
         for model in baking:
             bake = self.of(model)
             if bake is None or bake.state != BAKING:
@@ -322,35 +351,114 @@ class Baker:
             except TritonctlError as exc:
                 log.info("%s: bake: figures unavailable this round: %s", model, exc)
                 continue
-            self._judge(bake)
+            if bake.group_id:
+                sets.setdefault(bake.group_id, []).append(bake)
+            else:
+                self._judge(bake)
+        for members in sets.values():
+            self._judge_set(members)
         if baking:
             self._save()  # the figures so far: a restart resumes from them
 
     def _judge(self, bake: Bake) -> None:
+        verdict = self._verdict(bake)
+        if verdict is not None:
+            state, reason, rollback = verdict
+            if rollback:
+                self._fail(bake, reason, state=state)
+            else:
+                self._end(bake, state, reason)
+
+    def _verdict(self, bake: Bake) -> tuple[str, str, bool] | None:
+        """How the bake ends on its figures so far: (state, reason, whether it rolls back), or None: it
+        bakes on."""
         limits, tally = bake.limits, bake.tally
         ratio = bake.failure_ratio
         if ratio is not None and tally.requests >= limits.min_requests and ratio > limits.max_failure_ratio:
-            self._fail(bake, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
-                             f"requests ({tally.failures} failed)")
-            return
+            return (FAILED, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
+                            f"requests ({tally.failures} failed)", True)
         latency = tally.mean_ms()
         if (limits.max_latency_ratio is not None and bake.baseline_latency_ms and latency is not None
                 and tally.success >= limits.min_requests
                 and latency / bake.baseline_latency_ms > limits.max_latency_ratio):
-            self._fail(bake, f"latency ratio {latency / bake.baseline_latency_ms:.2f} > {limits.max_latency_ratio:g}"
-                             f" (mean {latency:.1f} ms, before {bake.baseline_latency_ms:.1f} ms) over "
-                             f"{tally.success} requests")
-            return
+            return (FAILED, f"latency ratio {latency / bake.baseline_latency_ms:.2f} > {limits.max_latency_ratio:g}"
+                            f" (mean {latency:.1f} ms, before {bake.baseline_latency_ms:.1f} ms) over "
+                            f"{tally.success} requests", True)
         if self.clock() < bake.until:
-            return
+            return None
         if tally.requests < limits.min_requests:
             reason = f"inconclusive: {tally.requests} requests < bake_min_requests {limits.min_requests}"
             if limits.inconclusive == "rollback":
-                self._fail(bake, reason, state=INCONCLUSIVE)
-            else:
-                self._end(bake, INCONCLUSIVE, f"{reason}; kept")
+                return INCONCLUSIVE, reason, True
+            return INCONCLUSIVE, f"{reason}; kept", False
+        return PASSED, f"passed: {bake.figures()}", False
+
+    # -- a change set's bake -----------------------------------------------------------------------
+
+    def _set_of(self, bake: Bake) -> list[Bake]:
+        """The bakes in progress of `bake`'s change set (itself alone when it is no set's)."""
+        if not bake.group_id:
+            return [bake]
+        with self._lock:
+            return [b for b in self._bakes.values() if b.group_id == bake.group_id and b.state == BAKING]
+
+    def _judge_set(self, members: list[Bake]) -> None:
+        """A change set bakes as one: the first member crossing a limit rolls the whole set back; the set
+        ends when every member's time is up, each member with its own verdict."""
+        verdicts = [(bake, self._verdict(bake)) for bake in members]
+        failing = next(((bake, v) for bake, v in verdicts if v is not None and v[2]), None)
+        if failing is not None:
+            bake, (state, reason, _) = failing
+            self._fail_set(bake, reason, state)
             return
-        self._end(bake, PASSED, f"passed: {bake.figures()}")
+        if all(v is not None for _, v in verdicts):
+            for bake, v in verdicts:
+                assert v is not None
+                self._end(bake, v[0], v[1])
+
+    def _fail_set(self, culprit: Bake, reason: str, state: str) -> None:
+        """End every bake of the culprit's set, and roll the set back as a set: the Deployer's change-set
+        plan (controlplane/deploy/plans.py, the old pipeline answering until the restored one does) with
+        each member that still serves its baked digest on its previous one (its deployment `rolled_back`,
+        cause `analysis`), the other members as they serve now."""
+        members = self._set_of(culprit)
+        self._end(culprit, state, reason)
+        for bake in members:
+            if bake is not culprit:
+                self._end(bake, FAILED, f"rolled back with its change set: {culprit.model}: {reason}")
+        with self._lock:
+            baked = {b.model: b for b in self._bakes.values() if b.group_id == culprit.group_id}
+        try:
+            self._roll_back_set(culprit, baked, reason, state)
+        except TritonctlError as exc:
+            log.error("change set %s: bake: rollback: %s", ",".join(culprit.group), exc)
+
+    def _roll_back_set(self, culprit: Bake, baked: dict[str, Bake], reason: str, state: str) -> None:
+        records = {}
+        leaving = []
+        for model in culprit.group:
+            current = self.registry.find_model(model)
+            if current is None or not current.active_digest:
+                continue
+            mine = baked.get(model)
+            target = current.active_digest
+            if mine is not None and mine.previous and current.active_digest == mine.digest:
+                target = mine.previous
+                leaving.append(model)
+            records[model] = self.registry.get_snapshot(model, target)
+        if not leaving:
+            log.warning("change set %s: bake %s: %s; nothing to roll back to: it keeps serving",
+                        ",".join(culprit.group), state, reason)
+            return
+        why = f"{culprit.model}: {reason}"
+        if len(records) == 1:
+            alone = baked[leaving[0]]
+            assert alone.previous is not None
+            self.deployer.roll_back_analysis(alone.model, alone.digest, alone.previous, BAKE_ACTOR, why)
+            return
+        outcome = self.deployer.run(Plan(tuple(members_of(self.registry, records)), kind="rollback", analysis=why),
+                                    BAKE_ACTOR)
+        log.warning("change set %s: %s", ",".join(culprit.group), outcome.message)
 
     def _fail(self, bake: Bake, reason: str, state: str = FAILED) -> None:
         """End the bake and roll back to the previous digest (when there is one)."""

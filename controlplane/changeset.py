@@ -26,14 +26,13 @@ from collections.abc import Sequence
 
 from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
 from controlplane.deploy.engine import Outcome, ProgressFn
-from controlplane.deploy.plans import ACTION, Member, Plan, order
+from controlplane.deploy.plans import ACTION, Member, Plan, members_of
 from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.names import is_private_name, validate_model_name
 from controlplane.ports import SetPlane
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry
-from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import is_ensemble_text, parse_config_text
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR
 
@@ -135,14 +134,7 @@ class ChangeSets:
         return set(models) | {m for m, due in pending.items() if due is not None}
 
     def _members(self, records: dict[str, SnapshotRecord]) -> list[Member]:
-        out = []
-        for model, record in records.items():
-            current = self.plane.registry.find_model(model)
-            serving = current is not None and current.state in SERVING_STATES and current.active_digest
-            steps = step_models(record.config)
-            out.append(Member(model, record.digest, current.active_digest if serving and current else None,
-                              bool(steps) or (record.config or {}).get("platform") == "ensemble", steps))
-        return order(out)
+        return members_of(self.plane.registry, records)
 
     # -- the watcher's path ------------------------------------------------------------------------
 

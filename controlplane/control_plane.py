@@ -153,6 +153,7 @@ class ControlPlane:
         self.baker = Baker(registry, self.deployer, triton, lambda: self.settings,
                            path=settings.state_dir / BAKES_FILE)
         self.outcomes.subscribe(self.baker.note)
+        self.deployer.on_set = self.baker.note_set  # a change set bakes as one
         # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
         self.target: Target = target(self) if target else HostTarget(
             registry, self.deployer, self.changesets, self.ondemand, self.retries,

@@ -8,7 +8,7 @@ One daemon with `--bake 4s` (min 20 requests, failure limit 0.01), one model per
 - a version nobody sends requests to ends `inconclusive` and keeps serving;
 - `load --bake 1h` bakes one deploy, `promote` ends it `passed`;
 - a model's own `tritonctl.bake_s` parameter overrides the daemon's;
-- a change set's members are not baked one by one (a set does not bake yet: docs/bake.md).
+- a change set with one failing member rolls back as a set (its members bake together).
 A daemon of its own: a bake in progress resumes after a restart, with its window.
 And with `bake_max_latency_ratio = 2` (a daemon of its own): a version 50 ms slower per request is rolled
 back by the latency limit.
@@ -240,17 +240,47 @@ def test_a_models_own_bake_parameter_overrides_the_daemons(daemon: DaemonProcess
 
 
 @pytest.mark.triton
-def test_a_change_sets_members_are_not_baked_one_by_one(daemon: DaemonProcess) -> None:
-    firsts = {name: first_version_baked(daemon, name) for name in ("set_a", "set_b")}
-    for name in firsts:
+def test_a_change_set_with_one_failing_member_rolls_back_as_a_set(daemon: DaemonProcess) -> None:
+    names = ("set_a", "set_b")
+    for name in names:
+        write_model(daemon.repository, name, 1)
+    firsts = {name: str(wait_for(lambda name=name: serving(daemon, name), 90, 0.3, f"{name} gen 1")) for name in names}
+    for name in names:
         assert daemon.run("policy", name, "manual").exit_code == 0
-        write_model(daemon.repository, name, 2)
-    loaded = daemon.run("load", "set_a", "set_b")
-    assert loaded.exit_code == 0, loaded.output
-    for name, d1 in firsts.items():
-        row = daemon.model_status(name)
-        assert row["digest"] != d1 and row["bake"]["digest"] == d1, row  # the last bake is still gen 1's
-        assert "baking" not in row["sync_reason"], row
+    write_model(daemon.repository, "set_a", 2)
+    write_model(daemon.repository, "set_b", 2, failing=True)  # fails a fifth of its inputs; its smoke test passes
+    with clients(daemon.triton_url(), "set_a", threads=1) as seen_a, \
+            clients(daemon.triton_url(), "set_b", threads=1) as seen_b:
+        loaded = daemon.run("load", "set_a", "set_b")  # one change set
+        assert loaded.exit_code == 0, loaded.output
+        bakes = {name: bake_of(daemon, name) for name in names}
+        assert all(b["state"] == "baking" and b["digest"] != firsts[n] for n, b in bakes.items()), bakes
+        assert bakes["set_a"]["until"] == bakes["set_b"]["until"], bakes  # one window for the set
+        # set_b crosses the failure limit: the whole set goes back, set_a (which answered well) with it
+        wait_for(lambda: all(bake_of(daemon, n).get("state") == "failed"
+                             and daemon.model_status(n)["digest"] == firsts[n] for n in names),
+                 60, 0.1, "the set's rollback to gen 1")
+        rolled_back = time.monotonic()
+        wait_for(lambda: any(t > rolled_back for t, _ in seen_a["ok"]) and any(t > rolled_back for t, _ in seen_b["ok"]),
+                 15, 0.1, "answers after the rollback")
+    jsonschemas.assert_valid("status", daemon.status())
+    failed, along = bake_of(daemon, "set_b"), bake_of(daemon, "set_a")
+    assert failed["reason"].startswith("failure ratio ") and failed["failures"] > 0, failed
+    assert along["reason"].startswith("rolled back with its change set: set_b: failure ratio "), along
+    assert not [f for f in seen_a["failed"] + seen_b["failed"] if f[0] > rolled_back]
+    assert seen_b["failed"] and not seen_a["failed"], (seen_b["failed"][:3], seen_a["failed"][:3])
+    for name in names:
+        bake = daemon.audit("--model", name, "--action", "bake")[0]
+        assert (bake["outcome"], bake["digest"]) == ("failed", bakes[name]["digest"]), bake
+        rollback = daemon.audit("--model", name, "--action", "rollback")[0]
+        assert (rollback["outcome"], rollback["actor"]) == ("rolled_back", "tritonctl:bake"), rollback
+        assert "set_b: failure ratio" in rollback["message"], rollback
+        versions = {v["digest"]: v for v in daemon.json("versions", name)}
+        assert versions[bakes[name]["digest"]]["quarantined"] is False  # failed its bake: not bad content
+    changeset = json.loads(daemon.audit("--action", "changeset")[0]["message"])
+    assert changeset["message"].startswith("rolled back as a set"), changeset
+    assert {(m["model"], m["digest"], m["previous_digest"]) for m in changeset["members"]} == \
+           {(n, firsts[n], bakes[n]["digest"]) for n in names}, changeset
 
 
 @pytest.mark.triton

@@ -92,6 +92,7 @@ class Deployer:
         self.triton = triton
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
+        self.on_set: Callable[[Plan, Outcome], None] | None = None  # a change set ended (its bake: bake.py)
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
         self.steps = TritonSteps(store, serving, triton, host, load_timeout_s)
         self._plans = SetRunner(self)
@@ -111,9 +112,12 @@ class Deployer:
         with self._sets:  # one change set at a time
             self._set_thread.active = True  # its members' outcomes are reported in this thread
             try:
-                return self._plans.run(plan, actor, progress)
+                outcome = self._plans.run(plan, actor, progress)
             finally:
                 self._set_thread.active = False
+        if self.on_set is not None:
+            self.on_set(plan, outcome)
+        return outcome
 
     def in_change_set(self) -> bool:
         """Whether the calling thread runs a change set now (an outcome subscriber tells a set's member from a
