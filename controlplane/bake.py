@@ -71,15 +71,19 @@ class Limits:
     min_requests: int
     inconclusive: str  # "keep" or "rollback"
 
+    def with_model(self, model: dict[str, Any]) -> Limits:
+        """These limits overridden by a model's own config parameters (config.bake_parameters)."""
+        return replace(self, bake_s=model.get("bake_s", self.bake_s),
+                       max_failure_ratio=model.get("bake_max_failure_ratio", self.max_failure_ratio),
+                       max_latency_ratio=model.get("bake_max_latency_ratio", self.max_latency_ratio))
+
     @classmethod
     def of(cls, settings: Settings, bake_s: float | None = None, model: dict[str, Any] | None = None) -> Limits:
         """The daemon's `settings`, overridden by the model's own config parameters (`model`:
         config.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
         own = {**(model or {}), **({} if bake_s is None else {"bake_s": bake_s})}
-        return cls(own.get("bake_s", settings.bake_s),
-                   own.get("bake_max_failure_ratio", settings.bake_max_failure_ratio),
-                   own.get("bake_max_latency_ratio", settings.bake_max_latency_ratio),
-                   settings.bake_min_requests, settings.bake_inconclusive)
+        return cls(settings.bake_s, settings.bake_max_failure_ratio, settings.bake_max_latency_ratio,
+                   settings.bake_min_requests, settings.bake_inconclusive).with_model(own)
 
 
 @dataclass
@@ -184,6 +188,31 @@ class Bake:
                    float(record["started"]), Tally(requests, failures, success, success_ns),
                    record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
                    record.get("ended"), tuple(record.get("group") or ()), str(record.get("group_id") or ""))
+
+
+def verdict(bake: Bake, now: float) -> tuple[str, str, bool] | None:
+    """How the bake ends on its figures so far at `now`: (state, reason, whether it rolls back), or None:
+    it bakes on (a fleet's leader judges its pooled figures with it too: controlplane/fleet/bake.py)."""
+    limits, tally = bake.limits, bake.tally
+    ratio = bake.failure_ratio
+    if ratio is not None and tally.requests >= limits.min_requests and ratio > limits.max_failure_ratio:
+        return (FAILED, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
+                        f"requests ({tally.failures} failed)", True)
+    latency = tally.mean_ms()
+    if (limits.max_latency_ratio is not None and bake.baseline_latency_ms and latency is not None
+            and tally.success >= limits.min_requests
+            and latency / bake.baseline_latency_ms > limits.max_latency_ratio):
+        return (FAILED, f"latency ratio {latency / bake.baseline_latency_ms:.2f} > {limits.max_latency_ratio:g}"
+                        f" (mean {latency:.1f} ms, before {bake.baseline_latency_ms:.1f} ms) over "
+                        f"{tally.success} requests", True)
+    if now < bake.until:
+        return None
+    if tally.requests < limits.min_requests:
+        reason = f"inconclusive: {tally.requests} requests < bake_min_requests {limits.min_requests}"
+        if limits.inconclusive == "rollback":
+            return INCONCLUSIVE, reason, True
+        return INCONCLUSIVE, f"{reason}; kept", False
+    return PASSED, f"passed: {bake.figures()}", False
 
 
 def _utc(epoch: float) -> datetime:
@@ -370,28 +399,7 @@ class Baker:
                 self._end(bake, state, reason)
 
     def _verdict(self, bake: Bake) -> tuple[str, str, bool] | None:
-        """How the bake ends on its figures so far: (state, reason, whether it rolls back), or None: it
-        bakes on."""
-        limits, tally = bake.limits, bake.tally
-        ratio = bake.failure_ratio
-        if ratio is not None and tally.requests >= limits.min_requests and ratio > limits.max_failure_ratio:
-            return (FAILED, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
-                            f"requests ({tally.failures} failed)", True)
-        latency = tally.mean_ms()
-        if (limits.max_latency_ratio is not None and bake.baseline_latency_ms and latency is not None
-                and tally.success >= limits.min_requests
-                and latency / bake.baseline_latency_ms > limits.max_latency_ratio):
-            return (FAILED, f"latency ratio {latency / bake.baseline_latency_ms:.2f} > {limits.max_latency_ratio:g}"
-                            f" (mean {latency:.1f} ms, before {bake.baseline_latency_ms:.1f} ms) over "
-                            f"{tally.success} requests", True)
-        if self.clock() < bake.until:
-            return None
-        if tally.requests < limits.min_requests:
-            reason = f"inconclusive: {tally.requests} requests < bake_min_requests {limits.min_requests}"
-            if limits.inconclusive == "rollback":
-                return INCONCLUSIVE, reason, True
-            return INCONCLUSIVE, f"{reason}; kept", False
-        return PASSED, f"passed: {bake.figures()}", False
+        return verdict(bake, self.clock())
 
     # -- a change set's bake -----------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE"
 TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
-              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
+              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
               "bake_min_requests", "bake_inconclusive")
 # An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
@@ -125,6 +125,7 @@ class Settings:
     liveness_s: float = 10.0  # a host silent this long is dead (one whose session ended is dead at once)
     heartbeat_s: float = 1.0
     converge_s: float = 2.0  # how often a host converges to the fleet's target
+    wave_bake_s: float = 0.0  # each wave after the canaries bakes this long before the next (0: no bake)
     # Signed webhooks (docs/operations.md): `[[webhook]]` tables of the config file only.
     webhook: tuple[WebhookTarget, ...] = ()
     webhook_retry_max_s: float = 300.0  # the longest wait between retries of a failing delivery
@@ -432,6 +433,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "liveness_s": _positive_float(0.5),
     "heartbeat_s": _positive_float(0.1),
     "converge_s": _positive_float(0.1),
+    "wave_bake_s": _duration,
     "webhook": _webhooks,
     "webhook_retry_max_s": _positive_float(0.1),
     "memory_budget_mb": _positive_float(1.0),

@@ -206,6 +206,12 @@ def _full_documents() -> dict[str, list[Any]]:
                           "latency_ms": 4.2, "baseline_latency_ms": 3.9,
                           "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"})
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
+    baked = Step(8, 4, "h1", 0, "bake", D1, "failed", "failure ratio 0.21 > 0.01 over 312 requests (66 failed)",
+                 model="m", started_at=T, finished_at=T,
+                 figures={"requests": 312, "failures": 66, "success": 246, "success_ns": 984000000})
+    bake = {"state": "failed", "digest": D1, "started": "2026-12-03T07:12:02Z", "until": "2026-12-03T07:17:02Z",
+            "requests": 312, "failures": 66, "failure_ratio": 0.2115, "latency_ms": 4.0,
+            "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)", "wave": 0, "hosts": ["h1"]}
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
     return {
@@ -228,9 +234,11 @@ def _full_documents() -> dict[str, list[Any]]:
         "lease": [LeaseResult("m", D1, "3f2a9c1b2c3d4e5f", T, True, 1400, True, "h2", "10.0.0.2:8001",
                               "http://10.0.0.2:8000").to_json()],
         "db-upgrade": [DbUpgradeResult("0004", "0005", [MigrationRow("0005", "Tags")], "/s/registry.db.before-0004")
-                       .to_json(), DbUpgradeResult(None, "0009", [], None, dry_run=True).to_json()],
+                       .to_json(), DbUpgradeResult(None, "0010", [], None, dry_run=True).to_json()],
         "hosts": [[HostRow("h1", "127.0.0.1:8001", "0.1.0", T, T, 1.5, True, True, True).to_json()]],
-        "rollouts": [[Rollout(3, "m", D1, D2, "rolled_back", "alice", T, T, "canary failed", [step]).to_json()]],
+        "rollouts": [[Rollout(3, "m", D1, D2, "rolled_back", "alice", T, T, "canary failed", [step]).to_json(),
+                      Rollout(4, "m", D1, D2, "rolled_back", "fleet", T, T, "bake failed: failure ratio 0.21 > 0.01",
+                              [step, baked], bake).to_json()]],
         "status-fleet": [FleetMatrix([MatrixRow("m", D1, {"h1": MatrixCell(D2, "serving", T, True, True)},
                                                 ("stable",), PlacementCell("h1", "loaded", D2, 2, T))]).to_json()],
         "tags": [TagsResult(T, [TagRecord("m", "stable", D1, "alice", T)]).to_json()],

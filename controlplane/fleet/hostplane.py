@@ -15,11 +15,14 @@ from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.ports import SourcePlane, TagPlane
 from controlplane.results import LeaseResult
 from controlplane.store.records import SnapshotRecord
+from controlplane.triton.client import RequestCounts
 
 
 class TritonAddress(Protocol):
     @property
     def url(self) -> str: ...
+
+    def request_counts(self, model: str) -> dict[tuple[str, str], RequestCounts]: ...  # a fleet bake's figures
 
 
 class HostPlane(TagPlane, SourcePlane, Protocol):

@@ -7,6 +7,7 @@ a step twice even if it is woken twice. `notify` wakes every host listening on `
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -85,7 +86,7 @@ def listen(conn: Any) -> None:
 
 
 def _step(row: schema.RolloutHost, model: str = "") -> Step:
-    return from_row(Step, row, model=model)
+    return from_row(Step, row, model=model, figures=json.loads(row.figures) if row.figures else None)
 
 
 class FleetStore:
@@ -246,7 +247,8 @@ class FleetStore:
     def _rollout(self, session: Session, r: schema.Rollout) -> Rollout:
         steps = session.scalars(select(schema.RolloutHost).where(schema.RolloutHost.rollout_id == r.id)
                                 .order_by(schema.RolloutHost.id)).all()
-        return from_row(Rollout, r, steps=[_step(s, r.model) for s in steps])
+        return from_row(Rollout, r, steps=[_step(s, r.model) for s in steps],
+                        bake=json.loads(r.bake) if r.bake else None)
 
     def set_rollout(self, rollout_id: int, state: str, error: str | None = None, *,
                     target: tuple[str, str] | None = None, audit: AuditEntry | None = None,
@@ -318,6 +320,40 @@ class FleetStore:
                 session.add(schema.RolloutHost(rollout_id=rollout_id, host=host, wave=wave, action="rollback",
                                                digest=digest, state="pending", message=""))
             self.notify(session, f"rollout {rollout_id} rollback")
+
+    # -- a wave's bake (controlplane/fleet/bake.py) -------------------------------------------------
+
+    def add_bake_steps(self, rollout_id: int, hosts: list[str], digest: str, wave: int, bake: dict[str, Any]) -> None:
+        """The hosts of `wave` that took `digest` bake it (each its own step, claimed by that host), and the
+        rollout's bake document begins; one transaction."""
+        with self.session() as session:
+            for host in hosts:
+                session.add(schema.RolloutHost(rollout_id=rollout_id, host=host, wave=wave, action="bake",
+                                               digest=digest, state="pending", message=""))
+            row = session.get(schema.Rollout, rollout_id)
+            if row is not None:
+                row.bake, row.updated_at = json.dumps(bake), utcnow()
+            self.notify(session, f"rollout {rollout_id} bake")
+
+    def set_figures(self, step_id: int, figures: dict[str, Any]) -> bool:
+        """A host's bake figures so far, on its step while it still runs; False once the leader ended it."""
+        with self.session() as session:
+            return _rowcount(session.execute(update(schema.RolloutHost)
+                                             .where(schema.RolloutHost.id == step_id,
+                                                    schema.RolloutHost.state == "running")
+                                             .values(figures=json.dumps(figures)))) == 1
+
+    def set_bake(self, rollout_id: int, bake: dict[str, Any], audit: AuditEntry | None = None,
+                 host: str = "") -> None:
+        """The rollout's pooled bake document (and, when it ends, its audit event, one transaction)."""
+        now = utcnow()
+        with self.session() as session:
+            row = session.get(schema.Rollout, rollout_id)
+            if row is None:
+                return
+            row.bake = json.dumps(bake)
+            if audit is not None:
+                add_audit_event(session, audit, host, now, self.registry.outbox)
 
     def claim(self, host: str) -> list[Step]:
         """This host's pending steps, now marked running (by this caller only)."""
