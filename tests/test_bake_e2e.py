@@ -261,7 +261,7 @@ def test_a_change_set_with_one_failing_member_rolls_back_as_a_set(daemon: Daemon
                              and daemon.model_status(n)["digest"] == firsts[n] for n in names),
                  60, 0.1, "the set's rollback to gen 1")
         rolled_back = time.monotonic()
-        wait_for(lambda: any(t > rolled_back for t, _ in seen_a["ok"]) and any(t > rolled_back for t, _ in seen_b["ok"]),
+        wait_for(lambda: all(any(t > rolled_back for t, _ in seen["ok"]) for seen in (seen_a, seen_b)),
                  15, 0.1, "answers after the rollback")
     jsonschemas.assert_valid("status", daemon.status())
     failed, along = bake_of(daemon, "set_b"), bake_of(daemon, "set_a")

@@ -151,6 +151,7 @@ def test_bake_settings_from_the_flag_the_environment_and_the_file(tmp_path: Path
     path = write(tmp_path, 'bake_s = "1h"\nbake_max_failure_ratio = 0.05\nbake_inconclusive = "rollback"\n')
     settings = load_settings({}, env={}, config_file=path)
     assert (settings.bake_s, settings.bake_max_failure_ratio, settings.bake_inconclusive) == (3600.0, 0.05, "rollback")
+    assert load_settings({}, env={"TRITONCTL_WAVE_BAKE_S": "2m"}).wave_bake_s == 120.0  # a fleet's later waves
 
 
 def test_invalid_toml_is_one_line(tmp_path: Path) -> None:
@@ -176,7 +177,7 @@ def test_reloaded_takes_only_reloadable_settings() -> None:
     assert (merged.load_timeout_s, merged.state_dir) == (120.0, Path("/a"))
     assert set(RELOADABLE) == {"policy", "settle_s", "log_level", "reconcile_interval_s",
                                "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s",
-                               "webhook", "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio",
+                               "wave_bake_s", "webhook", "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio",
                                "bake_max_latency_ratio", "bake_min_requests", "bake_inconclusive"}
 
 
