@@ -283,11 +283,13 @@ class FleetStore:
             return moved == 1
 
     def set_steps(self, rollout_id: int, from_states: tuple[str, ...], to_state: str, wave: int | None = None,
-                  message: str | None = None) -> int:
+                  message: str | None = None, action: str | None = None) -> int:
         stmt = (update(schema.RolloutHost)
                 .where(schema.RolloutHost.rollout_id == rollout_id, schema.RolloutHost.state.in_(from_states)))
         if wave is not None:
             stmt = stmt.where(schema.RolloutHost.wave == wave)
+        if action is not None:
+            stmt = stmt.where(schema.RolloutHost.action == action)
         values: dict[str, Any] = {"state": to_state}
         if message is not None:
             values["message"] = message
