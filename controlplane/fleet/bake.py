@@ -136,14 +136,14 @@ class WaveBakes:
         if ended_now is None:
             updated = self._document(bake, wave, took)
             if updated != document:
-                self.store.set_bake(rollout.id, updated)
+                self.store.set_rollout(rollout.id, None, bake=updated)
             return True, None
         bake.state, bake.reason, rolls_back = ended_now
         self.store.set_steps(rollout.id, ("pending", "running"), FAILED if rolls_back else "ok", wave=wave,
                              message=bake.reason)
         audit = audit_event("fleet", BAKE, rollout.model, rollout.digest, AUDIT_OUTCOME[bake.state],
                             f"rollout {rollout.id} {_label(wave)} on {', '.join(took)}: {bake.reason}")
-        self.store.set_bake(rollout.id, self._document(bake, wave, took), audit=audit, host=self.host)
+        self.store.set_rollout(rollout.id, None, audit=audit, host=self.host, bake=self._document(bake, wave, took))
         log.log(logging.WARNING if rolls_back else logging.INFO, "%s: rollout %s: %s bake %s: %s", rollout.model,
                 rollout.id, _label(wave), bake.state, bake.reason)
         return False, (f"bake failed: {bake.reason}" if rolls_back else None)

@@ -250,25 +250,30 @@ class FleetStore:
         return from_row(Rollout, r, steps=[_step(s, r.model) for s in steps],
                         bake=json.loads(r.bake) if r.bake else None)
 
-    def set_rollout(self, rollout_id: int, state: str, error: str | None = None, *,
+    def set_rollout(self, rollout_id: int, state: str | None, error: str | None = None, *,
                     target: tuple[str, str] | None = None, audit: AuditEntry | None = None,
-                    host: str = "") -> None:
-        """Set a rollout's state; in the same transaction the fleet's target and an audit event (by `host`)."""
+                    host: str = "", bake: dict[str, Any] | None = None) -> None:
+        """Set a rollout's state (None: kept); in the same transaction the fleet's target, an audit event
+        (by `host`) and its pooled bake document (controlplane/fleet/bake.py)."""
         now = utcnow()
         with self.session() as session:
             row = session.get(schema.Rollout, rollout_id)
             if row is None:
                 return
-            row.state, row.updated_at = state, now
+            if bake is not None:
+                row.bake = json.dumps(bake)
+            if state is not None:
+                row.state, row.updated_at = state, now
+                if state not in OPEN_ROLLOUT:
+                    row.finished_at = now
             if error is not None:
                 row.error = error
-            if state not in OPEN_ROLLOUT:
-                row.finished_at = now
             if target is not None:
                 self.set_target(session, *target)
             if audit is not None:
                 add_audit_event(session, audit, host, now, self.registry.outbox)
-            self.notify(session, f"rollout {rollout_id} {state}")
+            if state is not None or audit is not None:  # a bake's figures alone wake nobody
+                self.notify(session, f"rollout {rollout_id} {state or 'bake'}")
 
     def transition(self, rollout_id: int, from_state: str, to_state: str, error: str | None = None) -> bool:
         """Move a rollout from one state to the next; False when someone else (a former leader) already did."""
@@ -344,18 +349,6 @@ class FleetStore:
                                              .where(schema.RolloutHost.id == step_id,
                                                     schema.RolloutHost.state == "running")
                                              .values(figures=json.dumps(figures)))) == 1
-
-    def set_bake(self, rollout_id: int, bake: dict[str, Any], audit: AuditEntry | None = None,
-                 host: str = "") -> None:
-        """The rollout's pooled bake document (and, when it ends, its audit event, one transaction)."""
-        now = utcnow()
-        with self.session() as session:
-            row = session.get(schema.Rollout, rollout_id)
-            if row is None:
-                return
-            row.bake = json.dumps(bake)
-            if audit is not None:
-                add_audit_event(session, audit, host, now, self.registry.outbox)
 
     def claim(self, host: str) -> list[Step]:
         """This host's pending steps, now marked running (by this caller only)."""
