@@ -8,7 +8,8 @@ One daemon with `--bake 4s` (min 20 requests, failure limit 0.01), one model per
 - a version nobody sends requests to ends `inconclusive` and keeps serving;
 - `load --bake 1h` bakes one deploy, `promote` ends it `passed`;
 - a model's own `tritonctl.bake_s` parameter overrides the daemon's;
-- a change set with one failing member rolls back as a set (its members bake together).
+- a change set with one failing member rolls back as a set (its members bake together), and an ensemble
+  with its steps (a renamed tensor) rolls back through its staged switch, the old pipeline answering.
 A daemon of its own: a bake in progress resumes after a restart, with its window.
 And with `bake_max_latency_ratio = 2` (a daemon of its own): a version 50 ms slower per request is rolled
 back by the latency limit.
@@ -281,6 +282,53 @@ def test_a_change_set_with_one_failing_member_rolls_back_as_a_set(daemon: Daemon
     assert changeset["message"].startswith("rolled back as a set"), changeset
     assert {(m["model"], m["digest"], m["previous_digest"]) for m in changeset["members"]} == \
            {(n, firsts[n], bakes[n]["digest"]) for n in names}, changeset
+
+
+@pytest.mark.triton
+def test_an_ensemble_and_its_steps_roll_back_as_a_set_with_the_old_pipeline_answering(daemon: DaemonProcess) -> None:
+    """The set that needs its staged switch: `pipe` over `a` → `b`, all three edited at once (the tensor
+    between them renamed), `b` raising on a fifth of its inputs. Its bake fails, and the set goes back
+    through the change set's own plan (old steps staged under private names, `pipe` pointed at them,
+    then the public steps, then `pipe` back): every member `rolled_back`, the pipeline answering
+    throughout the rollback."""
+    from tests.test_changesets import request_every, write_pipe
+
+    members = ("a", "b", "pipe")
+    write_pipe(daemon.repository, "t1", 10)
+    firsts = {m: str(wait_for(lambda m=m: serving(daemon, m), 90, 0.3, f"{m} serving")) for m in members}
+    wait_for(lambda: all(bake_of(daemon, m).get("state") not in (None, "baking") for m in members), 30, 0.3,
+             "the first set's bake ended")
+    rng = random.Random(7)
+
+    def pipe(client: grpcclient.InferenceServerClient) -> float:
+        x = grpcclient.InferInput("x", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[rng.random()]], dtype=np.float32))
+        return float(client.infer("pipe", [x], client_timeout=10).as_numpy("y")[0][0])
+
+    with request_every(daemon.triton_url(), pipe, 0.01) as stats:
+        write_pipe(daemon.repository, "t2", 20)
+        (daemon.repository / "b" / "1" / "model.py").write_text(python_model(
+            "check(x) * 20", src="t2", dst="y",
+            prelude="\ndef check(x):\n    if float(x.flat[0]) > 1.8:\n        raise ValueError('fails above 1.8')\n"
+                    "    return x.astype(np.float32)\n"))
+        wait_for(lambda: bake_of(daemon, "pipe").get("digest") not in (None, firsts["pipe"]), 90, 0.2, "the set baking")
+        baked = {m: bake_of(daemon, m)["digest"] for m in members}
+        wait_for(lambda: all(daemon.model_status(m)["digest"] == firsts[m] for m in members)
+                 and all(bake_of(daemon, m).get("state") == "failed" for m in members), 60, 0.2, "the set rolled back")
+        failed_at_rollback = stats["failed"]
+        answered = stats["ok"]
+        wait_for(lambda: stats["ok"] > answered + 20, 15, 0.1, "answers after the rollback")
+    assert stats["failed"] == failed_at_rollback, stats["errors"]  # none after the rollback finished
+    assert failed_at_rollback > 0 and stats["answers"][-1] < 20, stats  # gen 10 again: (x + 1) * 10, not * 20
+    assert any(answer >= 20 for answer in stats["answers"])  # the new pipeline did answer before its bake failed
+    for member in members:
+        rollback = daemon.audit("--model", member, "--action", "rollback")[0]
+        assert (rollback["outcome"], rollback["actor"], rollback["digest"]) == \
+               ("rolled_back", "tritonctl:bake", firsts[member]), rollback
+        assert daemon.audit("--model", member, "--action", "bake")[0]["digest"] == baked[member]
+    changeset = json.loads(daemon.audit("--action", "changeset")[0]["message"])
+    assert changeset["message"].startswith("rolled back as a set (deployed a, b, pipe with the old pipeline"), \
+        changeset
 
 
 @pytest.mark.triton
