@@ -358,6 +358,16 @@ def test_a_canary_waves_bake_pools_its_hosts_figures_and_a_failed_one_rolls_back
 
     [audited] = shared.query_audit(AuditQuery(model="m", action="bake"))
     assert (audited.outcome, audited.digest) == ("failed", D2) and reason in audited.message
+    leader.report(rid, "h1", "ok")  # the canaries' rollback steps
+    leader.report(rid, "h2", "ok")
+    leader.drive()
+    assert leader.store.rollout(rid).state == "rolled_back"
+    back = leader.member.propose("m", shared.get_snapshot("m", D2))  # not quarantined: it may go again, and bakes
+    assert back is not None
+    for host in ("h1", "h2"):
+        leader.report(back, host, "ok")
+    leader.drive()
+    assert [s.action for s in leader.store.rollout(back).steps].count("bake") == 2
 
 
 def test_a_silent_host_is_skipped_and_a_second_change_waits_its_turn(leader: Leader, shared: Registry) -> None:

@@ -13,8 +13,9 @@ digest (not quarantined: it failed on this traffic, `tritonctl load --digest` ma
 end of the wave's bake time it passed (or is inconclusive: kept, or rolled back with
 `bake_inconclusive = "rollback"`) and the rollout goes on. The pooled document is the rollout's `bake`
 (`tritonctl rollouts`), each host's figures its step's `figures`; each end is audited as action `bake`.
-The latency limit is not applied in a fleet (no baseline is measured there; the document has no
-`baseline_latency_ms`).
+A digest the whole fleet served before (an earlier rollout of it completed: what a fleet rollback
+returns to) does not bake again. The latency limit is not applied in a fleet (no baseline is measured
+there; the document has no `baseline_latency_ms`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class WaveBakes:
             return False, None
         limits = replace(limits, bake_s=bake_s)
         document = rollout.bake if rollout.bake and rollout.bake.get("wave") == wave else None
+        if document is None and rollout.bake is None and self.store.served_before(rollout):
+            return False, None  # a digest the whole fleet served before (a rollback's): no bake, as on one host
         if document is None:
             bake = Bake(rollout.model, rollout.digest, rollout.previous_digest, limits, self.clock(), Tally())
             self.store.add_bake_steps(rollout.id, took, rollout.digest, wave, self._document(bake, wave, took))

@@ -342,6 +342,14 @@ class FleetStore:
                 row.bake, row.updated_at = json.dumps(bake), utcnow()
             self.notify(session, f"rollout {rollout_id} bake")
 
+    def served_before(self, rollout: Rollout) -> bool:
+        """Whether an earlier rollout of the same model and digest completed: the fleet served it before
+        (a rollback returns to such a digest: it does not bake again)."""
+        with self.session() as session:
+            return session.scalar(select(schema.Rollout.id).where(
+                schema.Rollout.model == rollout.model, schema.Rollout.digest == rollout.digest,
+                schema.Rollout.state == "done", schema.Rollout.id < rollout.id).limit(1)) is not None
+
     def set_figures(self, step_id: int, figures: dict[str, Any]) -> bool:
         """A host's bake figures so far, on its step while it still runs; False once the leader ended it."""
         with self.session() as session:
