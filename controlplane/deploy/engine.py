@@ -16,9 +16,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from controlplane.deploy.causes import classify
-from controlplane.deploy.plans import Plan, SetRunner
+from controlplane.deploy.plans import Plan, SetRunner, serving_digest
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import (
     FAULT_POINTS,
@@ -110,8 +111,9 @@ class Deployer:
                                progress=progress)
         with self._sets:  # one change set at a time
             self._set_thread.active = True  # its members' outcomes are reported in this thread
-            try:
-                return self._plans.run(plan, actor, progress)
+            try:  # what each member serves is read now: a set that ran since the plan was made changed it
+                members = tuple(replace(m, previous=serving_digest(self.registry, m.model)) for m in plan.members)
+                return self._plans.run(replace(plan, members=members), actor, progress)
             finally:
                 self._set_thread.active = False
 
