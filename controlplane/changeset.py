@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 
 from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
 from controlplane.deploy.plans import ACTION, Member, Plan, order, serving_member
@@ -45,7 +46,9 @@ class ChangeSets:
 
     def __init__(self, intake: SetIntake) -> None:
         self.intake = intake
-        self._lock = threading.Lock()  # one set's capture at a time
+        # one set at a time, from its capture to the end of its run: the next set is grouped and decided
+        # against what the previous one left serving (held by the caller that runs the plan)
+        self.one_at_a_time = threading.RLock()
         self._guard = threading.Lock()
         self._held: set[str] = set()  # settled while the repository-level hold was there
         self._release_lock = threading.Lock()  # repository-level holds: settle decisions one at a time
@@ -151,20 +154,22 @@ class ChangeSets:
             return []
         return [m for m in group if m not in models and pending.get(m) is not None]
 
-    def settled(self, model: str) -> tuple[bool, Plan | None]:
+    @contextmanager
+    def settled(self, model: str) -> Iterator[tuple[bool, Plan | None]]:
         """The watcher handed `model` on. (False, None): not part of a change set, deploy it alone;
-        (True, plan): the change sets took it (plan None: deferred, held, or nothing to do)."""
+        (True, plan): the change sets took it (plan None: deferred, held, or nothing to do). A plan is
+        yielded with `one_at_a_time` held: the caller runs it before the next set is decided."""
         with self._guard:
             repository_level = bool(self._held)
         source = self.intake.source
-        if not repository_level and not source.repository_marked() and not source.repository_held():
-            return self._settled(model)
-        # a repository-level hold or marker: one worker at a time decides, so a model the hold
-        # released cannot deploy alone while another worker deploys the others
-        with self._release_lock:
-            return self._settled(model)
+        with ExitStack() as stack:
+            if repository_level or source.repository_marked() or source.repository_held():
+                # a repository-level hold or marker: one worker at a time decides (and runs), so a model
+                # the hold released cannot deploy alone while another worker deploys the others
+                stack.enter_context(self._release_lock)
+            yield self._settled(model, stack)
 
-    def _settled(self, model: str) -> tuple[bool, Plan | None]:
+    def _settled(self, model: str, stack: ExitStack) -> tuple[bool, Plan | None]:
         intake = self.intake
         wait_reason = intake.source.repository_wait(model)
         if wait_reason is not None:
@@ -197,18 +202,18 @@ class ChangeSets:
                 intake.look_again(model, max(intake.settings.settle_s, 0.5))
             log.info("%s: change set %s waits for %s to settle", model, ",".join(group), ",".join(waiting))
             return True, None
-        with self._lock:
-            records = self._capture(group, WATCHER_ACTOR, settled=True, fresh_names=[model, *sorted(held), *also])
-            if records is None:
-                with self._guard:
-                    self._held |= held
-                return True, None
-            for name in records:
-                intake.capture_done(name)
-            targets = self._auto_targets(records)
-            if targets is None:
-                return True, None
-            return True, Plan.of(self._members(targets))
+        stack.enter_context(self.one_at_a_time)
+        records = self._capture(group, WATCHER_ACTOR, settled=True, fresh_names=[model, *sorted(held), *also])
+        if records is None:
+            with self._guard:
+                self._held |= held
+            return True, None
+        for name in records:
+            intake.capture_done(name)
+        targets = self._auto_targets(records)
+        if targets is None:
+            return True, None
+        return True, Plan.of(self._members(targets))
 
     def _capture(self, group: Sequence[str], actor: str, *, settled: bool,
                  fresh_names: Sequence[str] | None = None) -> dict[str, SnapshotRecord] | None:
@@ -277,11 +282,11 @@ class ChangeSets:
 
     def load(self, models: Sequence[str], actor: str, force: bool = False) -> Plan:
         """`tritonctl load a b pipe`: the named models' source content, captured and recorded now, as one
-        change set's plan."""
+        change set's plan (the caller holds `one_at_a_time` until it ran)."""
         names = list(dict.fromkeys(models))
         for name in names:
             validate_model_name(name)
-        with self._lock:
+        with self.one_at_a_time:
             records = self._capture(names, actor, settled=False)
             assert records is not None
             missing = [m for m in names if m not in records]

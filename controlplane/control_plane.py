@@ -77,7 +77,7 @@ class ControlPlane:
         self,
         settings: Settings,
         registry: Registry,
-        store: ContentStore,
+        content: ContentStore,
         serving: ServingRepository,
         triton: TritonClient,
         outcomes: Outcomes | None = None,
@@ -97,7 +97,7 @@ class ControlPlane:
         delivery worker, which `tritonctl webhooks` asks."""
         self.settings = settings
         self.registry = registry
-        self.store = store
+        self.store = content
         self.serving = serving
         self.triton = triton
         self.counters = Counters()
@@ -107,7 +107,7 @@ class ControlPlane:
         self.outcomes.subscribe(self._note_outcome)
         self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/memory/leases.py
         self.guard = self._memory_guard(settings, registry, triton, host)
-        self.deployer = Deployer(registry, store, serving, triton, load_timeout_s=settings.load_timeout_s,
+        self.deployer = Deployer(registry, content, serving, triton, load_timeout_s=settings.load_timeout_s,
                                  on_outcome=self.outcomes.publish, host=host, guard=self.guard)
         self.ondemand = OnDemand(registry, self.deployer, triton, self.leases, self.effective_policy,
                                  lambda: self.settings.idle_unload_s, self.guard.spared, self.guard.fits,
@@ -121,7 +121,7 @@ class ControlPlane:
         source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
         self.serving_ensembles = ServingEnsembles(registry, source_graph, serving)
         # settled source content -> recorded snapshot -> plan (controlplane/intakeflow.py)
-        self.intake = Intake(settings, registry, store, source if source is not None else NoSource(),
+        self.intake = Intake(settings, registry, content, source if source is not None else NoSource(),
                              source_graph, self.serving_ensembles, self.retries)
         # Triton made to serve what the registry says: recoveries, restores, the sentinel (controlplane/reconciler.py)
         self.reconciler = Reconciler(registry, triton, self.deployer, self.serving_ensembles, self.served_view,
@@ -367,7 +367,8 @@ class ControlPlane:
         return self.deployer.unload(model, actor, dependents, progress)
 
     def deploy_set(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = False) -> Outcome:
-        return self.deployer.run(self.intake.changesets.plan_records(records, force=force), actor)
+        with self.intake.changesets.one_at_a_time:
+            return self.deployer.run(self.intake.changesets.plan_records(records, force=force), actor)
 
     def repository_held(self) -> bool:
         return self.source.repository_held()

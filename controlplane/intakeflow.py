@@ -139,16 +139,16 @@ class Intake:
     @contextmanager
     def settled(self, model: str, *, complete: bool = False) -> Iterator[IntakePlan | None]:
         """The watcher saw `model` settle: record what it now holds and yield what should run (None:
-        nothing). A single model's plan is yielded while its capture lock is held, so the caller runs it
-        before another settled event of the model decides. `complete`: handed on at once as declared
-        whole (see `capture`)."""
+        nothing). The plan is yielded while its lock is held (a single model's capture lock; the change
+        sets' `one_at_a_time`), so the caller runs it before another settled event decides.
+        `complete`: handed on at once as declared whole (see `capture`)."""
         if not self._handed_on(model):
             yield None
             return
-        taken, planned = self.changesets.settled(model)  # connected through ensembles: one change set
-        if taken:
-            yield planned
-            return
+        with self.changesets.settled(model) as (taken, planned):  # connected through ensembles: one set
+            if taken:
+                yield planned
+                return
         with self.capture_lock(model):
             yield self._capture_and_decide(model, complete=complete)
 

@@ -181,7 +181,8 @@ class HostTarget:
         return self.deployer.run(planned, actor)
 
     def load_set(self, models: list[str], actor: str, force: bool, progress: ProgressFn | None) -> Outcome:
-        return self.deployer.run(self.changesets.load(models, actor, force), actor, progress)
+        with self.changesets.one_at_a_time:
+            return self.deployer.run(self.changesets.load(models, actor, force), actor, progress)
 
     def _serving_ensembles(self) -> dict[str, list[str]]:
         """Each serving ensemble and the members its active config names."""

@@ -77,7 +77,7 @@ class Deployer:
     def __init__(
         self,
         registry: Registry,
-        store: ContentStore,
+        content: ContentStore,
         serving: ServingRepository,
         triton: TritonPort,
         *,
@@ -88,13 +88,13 @@ class Deployer:
     ) -> None:
         self.registry = registry
         self.guard: LoadGuard = guard or NoBudget()  # footprints and the memory budget
-        self.store = store
+        self.store = content
         self.serving = serving
         self.triton = triton
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
-        self.steps = TritonSteps(store, serving, triton, host, load_timeout_s)
+        self.steps = TritonSteps(content, serving, triton, host, load_timeout_s)
         self._plans = SetRunner(self)
         self._sets = threading.Lock()
         self._set_thread = threading.local()
