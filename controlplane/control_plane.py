@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane import garbage, queries, tags
 from controlplane.bake import BAKES_FILE, Baker
+from controlplane.bookkeeping import Bookkeeping
 from controlplane.config import Settings
 from controlplane.counters import Counters, PipelineCounts
 from controlplane.decision import decide
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
-from controlplane.deploy.plans import ACTION as CHANGESET
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.reconcile import Drift
 from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
@@ -60,7 +60,7 @@ from controlplane.syncstatus import InHand
 from controlplane.targets import FleetStrategy, HostTarget, Target, recorded_digest
 from controlplane.triton.client import TritonClient
 from controlplane.triton.host import TritonHost
-from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Cause, Policy, Result
+from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Policy
 
 if TYPE_CHECKING:
     from controlplane.webhooks import Webhooks
@@ -104,7 +104,13 @@ class ControlPlane:
         self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.deploy.causes)
         self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
         self.outcomes = outcomes if outcomes is not None else Outcomes()
-        self.outcomes.subscribe(self._note_outcome)
+        self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
+        # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
+        source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
+        self.serving_ensembles = ServingEnsembles(registry, source_graph, serving)
+        # the first subscriber: the others read what it keeps (controlplane/bookkeeping.py)
+        self.outcomes.subscribe(Bookkeeping(self.counters, self.serving_ensembles, self.retries, self.restores,
+                                            self.served_view).note)
         self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/memory/leases.py
         self.guard = self._memory_guard(settings, registry, triton, host)
         self.deployer = Deployer(registry, content, serving, triton, load_timeout_s=settings.load_timeout_s,
@@ -115,11 +121,7 @@ class ControlPlane:
         self.http_url = http_url
         # the daemon launched tritonserver and other local users can read its command line (its key)
         self.triton_key_exposed = False
-        self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
-        # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
-        source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
-        self.serving_ensembles = ServingEnsembles(registry, source_graph, serving)
         # settled source content -> recorded snapshot -> plan (controlplane/intakeflow.py)
         self.intake = Intake(settings, registry, content, source if source is not None else NoSource(),
                              source_graph, self.serving_ensembles, self.retries)
@@ -168,25 +170,6 @@ class ControlPlane:
     def reconfigure(self, settings: Settings) -> None:
         """SIGHUP: the settings that change without a restart (policy, settle window, ...) apply from now."""
         self.settings = self.intake.settings = settings
-
-    def _note_outcome(self, outcome: Outcome) -> None:
-        self.counters.last_action = f"{outcome.action} {outcome.model}: {outcome.outcome}"
-        if outcome.action != CHANGESET:  # a set's members each end with their own outcome
-            self.serving_ensembles.note(outcome.model, outcome.active_digest)
-        if outcome.action in ("deploy", "rollback"):
-            if outcome.retried and outcome.digest:
-                retry = self.retries.failed(outcome.model, outcome.digest, outcome.message)
-                log.warning("%s: not the content's fault; retry %d in %d s", outcome.model, retry.attempt,
-                            retry.seconds_left())
-            elif outcome.outcome != Result.FAILED or outcome.cause == Cause.CONTENT:
-                self.retries.clear(outcome.model)
-        if outcome.outcome == Result.OK and outcome.action == "unload":
-            self.retries.clear(outcome.model)  # an operator's unload: nothing retries what it took out
-        if outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore", "unload"):
-            self.restores.clear(outcome.model)  # it serves what the registry says now (or nothing, meant)
-        if (outcome.outcome == Result.OK and outcome.action in ("deploy", "rollback", "restore")
-                and outcome.active_digest):
-            self.served_view.note(outcome.model, outcome.active_digest)  # its verification read it just now
 
     # -- the intake (controlplane/intakeflow.py): the watcher's path, and the parts the fleet and the
     # start-up scan use (fleet/hostplane.HostPlane, ports.WavePlane) -------------------------------------

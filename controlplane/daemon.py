@@ -19,18 +19,18 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
-from controlplane.deploy.engine import Outcome
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonctlError
 from controlplane.inflight import InFlight
+from controlplane.outcomelog import OutcomeLog
 from controlplane.outcomes import Outcomes
 from controlplane.reload import reloaded
 from controlplane.snapshot import CONFIG_FILE, ContentStore
@@ -98,7 +98,7 @@ class Daemon:
         self.registry: Registry | None = None
         self.serving: ServingRepository | None = None  # the serving root a launched tritonserver reads
         self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
-        self._scans_reporting = 0  # start-up scans writing their own progress to STATUS= (under inflight.lock)
+        self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (controlplane/outcomelog.py)
         self.webhooks: Webhooks | None = None
         self.state_dir = StateDir(settings.state_dir)  # its layout, and daemon.lock held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
@@ -155,7 +155,8 @@ class Daemon:
             http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
             target=self._fleet_target if self.fleet_settings is not None else None,
         )
-        self.outcomes.subscribe(self._on_outcome)  # after the plane's own bookkeeping (its last action)
+        self.outcome_log = OutcomeLog(self.registry, self.plane.counters)
+        self.outcomes.subscribe(self.outcome_log.note)  # after the plane's own bookkeeping (its last action)
         self.plane.preloaded(self._preloaded)
         self.plane.triton_key_exposed = self.triton_key_exposed  # status's triton_key_exposed
         if self.triton_server is not None and self.triton_server.adopted_pid:
@@ -169,6 +170,7 @@ class Daemon:
 
             self.metrics = Metrics(self.plane, settings.metrics_port, backlog=self.source.backlog)
             self.metrics.start()
+            self.outcomes.subscribe(self.metrics.observe)
         # READY before the deploys: a restart's restores (a fresh tritonserver serves nothing) also go
         # on behind READY, before the initial scan (bench/scale.py --serve-all: restart time)
         behind_ready = not settings.ready_waits_for_deploys and self.fleet_settings is None
@@ -250,7 +252,8 @@ class Daemon:
         members = sorted(set(todo) - set(ensembles))
         total, done = len(todo), 0
         plane.in_hand.starting(set(todo))  # `status`: sync pending ("start-up scan") until handled
-        with self._scan_reporting(), ThreadPoolExecutor(max_workers=self._startup_parallelism(),
+        reporting = self.outcome_log.scan_reporting() if self.outcome_log is not None else nullcontext()
+        with reporting, ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                                         thread_name_prefix="startup") as pool:
             for group in (members, ensembles):  # an ensemble loads only once its steps serve
                 # the changed ones recorded in batches (controlplane/startup/record.py); what needs more
@@ -270,19 +273,6 @@ class Daemon:
                                        f"({len(plan.unchanged)} unchanged)")
         plane.in_hand.starting(set())
         plane.serving_ensembles.warm()  # the first edit after a start does not pay for reading them
-
-    @contextmanager
-    def _scan_reporting(self) -> Iterator[None]:
-        """While a start-up scan deploys, STATUS= is its progress line, and an outcome does not write the
-        serving count over it (a registry count per deploy: 1,000 of them in a first start)."""
-        with self.inflight.lock:
-            self._scans_reporting += 1
-        try:
-            yield
-        finally:
-            with self.inflight.lock:
-                self._scans_reporting -= 1
-            systemd.status(self.status_line())
 
     def _startup_parallelism(self) -> int:
         """How many start-up models go to Triton at once: `startup_parallelism`, or (0) Triton's own
@@ -500,27 +490,8 @@ class Daemon:
                 self.settings = reloaded(self.settings, read, self.plane, self.source, self.fleet, self.webhooks)
         systemd.ready(self.status_line())
 
-    def _on_outcome(self, outcome: Outcome) -> None:
-        log.log(  # a rollback (automatic or an operator's) and any failure stand out: WARNING
-            logging.INFO if outcome.succeeded and outcome.action != "rollback" else logging.WARNING,
-            "%s %s %s digest %s active %s in %d ms: %s", outcome.model, outcome.action, outcome.outcome,
-            (outcome.digest or "-")[:12], (outcome.active_digest or "-")[:12], outcome.duration_ms,
-            outcome.message,
-        )
-        if self.metrics is not None:
-            self.metrics.observe(outcome)
-        if not self._scans_reporting:
-            systemd.status(self.status_line())
-
     def status_line(self) -> str:
-        if self.plane is None or self.registry is None:
-            return "starting"
-        try:
-            serving = self.registry.count_models("serving")  # a count, not 10,000 rows, every round
-        except TritonctlError:
-            serving = -1
-        triton = "reachable" if self.plane.counters.triton_reachable else "unreachable"
-        return f"{serving} models serving, triton {triton}; last: {self.plane.counters.last_action}"
+        return self.outcome_log.line() if self.outcome_log is not None else "starting"
 
     # -- shutdown -------------------------------------------------------------------------------
 
