@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from controlplane import garbage, queries, tags
 from controlplane.bake import BAKES_FILE, Baker
 from controlplane.bookkeeping import Bookkeeping
-from controlplane.config import Settings
+from controlplane.config import LiveSettings, Settings
 from controlplane.counters import Counters, PipelineCounts
 from controlplane.decision import decide
 from controlplane.deploy.causes import RetryBook
@@ -96,6 +96,7 @@ class ControlPlane:
         targets.FleetTarget; default this host alone, a targets.HostTarget); `webhooks`: the daemon's webhook
         delivery worker, which `tritonctl webhooks` asks."""
         self.settings = settings
+        self.live = LiveSettings(settings)  # what the parts read of the settings, replaced on SIGHUP
         self.registry = registry
         self.store = content
         self.serving = serving
@@ -115,32 +116,30 @@ class ControlPlane:
         self.guard = self._memory_guard(settings, registry, triton, host)
         self.deployer = Deployer(registry, content, serving, triton, load_timeout_s=settings.load_timeout_s,
                                  on_outcome=self.outcomes.publish, host=host, guard=self.guard)
-        self.ondemand = OnDemand(registry, self.deployer, triton, self.leases, self.effective_policy,
-                                 lambda: self.settings.idle_unload_s, self.guard.spared, self.guard.fits,
-                                 self.guard.refused, lambda: self.settings.load_timeout_s)  # ensure, leases
+        self.ondemand = OnDemand(registry, self.deployer, triton, self.leases, self.live.policy_of,
+                                 self.live.getter("idle_unload_s"), self.guard.spared, self.guard.fits,
+                                 self.guard.refused, self.live.getter("load_timeout_s"))  # ensure, leases
         self.http_url = http_url
-        # the daemon launched tritonserver and other local users can read its command line (its key)
-        self.triton_key_exposed = False
         self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
         # settled source content -> recorded snapshot -> plan (controlplane/intakeflow.py)
-        self.intake = Intake(settings, registry, content, source if source is not None else NoSource(),
+        self.intake = Intake(self.live, registry, content, source if source is not None else NoSource(),
                              source_graph, self.serving_ensembles, self.retries)
         # Triton made to serve what the registry says: recoveries, restores, the sentinel (controlplane/reconciler.py)
         self.reconciler = Reconciler(registry, triton, self.deployer, self.serving_ensembles, self.served_view,
-                                     self.counters, self.restores, self.load_parallelism)
+                                     self.counters, self.restores, self.live.getter("load_parallelism"))
         self.outcomes.subscribe(self.reconciler.note)
         # a new digest served on live figures, rolled back by itself (controlplane/bake.py)
-        self.baker = Baker(registry, self.deployer, triton, lambda: self.settings,
+        self.baker = Baker(registry, self.deployer, triton, self.live,
                            path=settings.state_dir / BAKES_FILE)
         self.outcomes.subscribe(self.baker.note)
         # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
         self.target: Target = target(self) if target else HostTarget(
             registry, self.deployer, self.intake.changesets, self.ondemand, self.retries,
-            capture=self.intake.source_content, converge=self.intake.converge, policy_of=self.effective_policy)
+            capture=self.intake.source_content, converge=self.intake.converge, policy_of=self.live.policy_of)
         # `status` rows (controlplane/statusview.py)
         self.status_view = StatusView(registry, triton, self.served_view, self.deployer, self.intake, self.retries,
-                                      self.restores, self.ondemand, self.baker, tag_registry=self.tag_registry,
-                                      http_url=http_url, key_exposed=lambda: self.triton_key_exposed)
+                                      self.restores, self.ondemand, self.baker, tag_registry=self.target.tag_registry,
+                                      http_url=http_url)
 
     def _memory_guard(self, settings: Settings, registry: Registry, triton: TritonClient,
                       host: TritonHost | None) -> MemoryGuard:
@@ -169,7 +168,8 @@ class ControlPlane:
 
     def reconfigure(self, settings: Settings) -> None:
         """SIGHUP: the settings that change without a restart (policy, settle window, ...) apply from now."""
-        self.settings = self.intake.settings = settings
+        self.settings = settings
+        self.live.set(settings)
 
     # -- the intake (controlplane/intakeflow.py): the watcher's path, and the parts the fleet and the
     # start-up scan use (fleet/hostplane.HostPlane, ports.WavePlane) -------------------------------------
@@ -199,7 +199,16 @@ class ControlPlane:
         return self.intake.capture_lock(model)
 
     def effective_policy(self, model: ModelRecord) -> str:
-        return self.intake.effective_policy(model)
+        return self.live.policy_of(model)
+
+    @property
+    def triton_key_exposed(self) -> bool:
+        """The daemon launched tritonserver and other local users can read its command line (its key)."""
+        return self.status_view.key_exposed
+
+    @triton_key_exposed.setter
+    def triton_key_exposed(self, exposed: bool) -> None:
+        self.status_view.key_exposed = exposed
 
     def capture(self, model: str, actor: str = WATCHER_ACTOR, *, settled: bool = True, complete: bool = False,
                 members: dict[str, SnapshotRecord] | None = None) -> SnapshotRecord:
@@ -405,9 +414,7 @@ class ControlPlane:
         self.reconciler.preloaded(models)
 
     def load_parallelism(self) -> int:
-        """How many models go to Triton at once (start-up, restores): `startup_parallelism`, or (0)
-        Triton's own model-load thread count, `triton_load_threads`."""
-        return self.settings.startup_parallelism or self.settings.triton_load_threads
+        return self.settings.load_parallelism
 
     def restart_suspected(self) -> bool:
         return self.reconciler.restart_suspected()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from controlplane import intake, queries
 from controlplane.changeset import ChangeSets
-from controlplane.config import Settings
+from controlplane.config import LiveSettings, Settings
 from controlplane.counters import PipelineCounts
 from controlplane.decision import Rule, Verdict, decide, decide_capture
 from controlplane.deploy.causes import RetryBook
@@ -54,11 +54,11 @@ IntakePlan = Plan | FollowTag
 class Intake:
     """Settled source content → recorded snapshot → plan (see the module docstring)."""
 
-    def __init__(self, settings: Settings, registry: Registry, content: ContentStore, source: Source,
+    def __init__(self, live: LiveSettings, registry: Registry, content: ContentStore, source: Source,
                  source_graph: SourceGraph, serving_ensembles: ServingEnsembles, retries: RetryBook) -> None:
         """`retries`: the deploys that wait to be tried again (a model its source no longer holds has
         none)."""
-        self.settings = settings
+        self.live = live  # the settings now (settle window, default policy): replaced on SIGHUP
         self.registry = registry
         self.content = content
         self.source = source
@@ -79,8 +79,12 @@ class Intake:
         with self._guard:
             return self._capture_locks.setdefault(model, threading.RLock())
 
+    @property
+    def settings(self) -> Settings:
+        return self.live()
+
     def effective_policy(self, model: ModelRecord) -> str:
-        return model.policy or self.settings.policy
+        return self.live.policy_of(model)
 
     # -- capture and record ----------------------------------------------------------------------
 

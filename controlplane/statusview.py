@@ -52,10 +52,8 @@ class StatusView:
 
     def __init__(self, registry: Registry, triton: TritonClient, served_view: ServedView, deployer: Deployer,
                  intake: Intake, retries: RetryBook, restores: RetryBook, ondemand: OnDemand, baker: Baker,
-                 *, tag_registry: Callable[[], Registry], http_url: str | None,
-                 key_exposed: Callable[[], bool]) -> None:
-        """`tag_registry`: where tags live (a fleet's shared registry); `key_exposed`: whether other local
-        users can read the launched tritonserver's key (the daemon learns it after the plane is built)."""
+                 *, tag_registry: Callable[[], Registry], http_url: str | None) -> None:
+        """`tag_registry`: where tags live (a fleet's shared registry)."""
         self.registry = registry
         self.triton = triton
         self.served_view = served_view
@@ -67,7 +65,8 @@ class StatusView:
         self.baker = baker
         self.tag_registry = tag_registry
         self.http_url = http_url
-        self.key_exposed = key_exposed
+        # other local users can read the launched tritonserver's key (the daemon learns it before the plane)
+        self.key_exposed = False
         self._tags_seen: tuple[list[Any], dict[str, str]] = ([], {})  # the last tags and tracks read
 
     def status(self, models: list[str] | None = None) -> StatusResult:
@@ -148,7 +147,7 @@ class StatusView:
                             registry_reachable=outage is None,
                             registry_unreachable_since=iso(outage.since) if outage and outage.since else None,
                             registry_reason=f"registry {outage.name}: {outage.reason}" if outage else "",
-                            triton_key_exposed=self.key_exposed())
+                            triton_key_exposed=self.key_exposed)
 
     def registry_outage(self) -> RegistryHealth | None:
         """The registry this plane reads that does not answer now (this host's, or where its tags live: a
