@@ -21,10 +21,10 @@ bench/run_all.py (the summary and per-benchmark tables) are rendered from the sa
 
 tests/test_bench_docs.py fails when the committed docs differ from what this renders, and when a
 template, README.md or any other docs/*.md (`checked_docs`) types a measured figure outside a
-placeholder: a decimal, a percentage, a whole number with a unit (`17 ms`, `236 MB`) or a count with
-thousands separators (`7,437`); a target written `≤ 20 ms`, a setting like `every 10 s` or
-`` `liveness_s` (10 s) ``, a run's size `at 10,000 models`, is text, not a measurement. A page that is
-not rendered quotes no measured figure: it points to docs/benchmarks.md instead.
+placeholder: a decimal, a percentage, a whole number with a unit (`17 ms`, `236 MB`), a count with
+thousands separators (`7,437`) or a share counted (`16 of about 600`); a target written `≤ 20 ms`, a
+setting like `every 10 s` or `` `liveness_s` (10 s) ``, a run's size `at 10,000 models`, is text, not a
+measurement. A page that is not rendered quotes no measured figure: it points to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {"min": min, "max": max, "len": len, "sum": sum}
 # Outside placeholders and code a doc types no measured figure: a measured number is a placeholder. A
 # typed figure is a decimal, a percentage, a whole number with a unit of time, size or memory (`17 ms`,
-# `145 s`, `236 MB`) or a count with thousands separators (`7,437`). Not figures, by what the sentence
+# `145 s`, `236 MB`), a count with thousands separators (`7,437`) or a share counted (`16 of about 600`,
+# not a run's make-up `3 of 10,000 serving`). Not figures, by what the sentence
 # says around them: a target or a threshold (`≤ 20 ms`, `within 50 ms`, `more than 2 minutes`, `at most
 # 300 s`), a setting (`every 10 s`, `a 5 s window`, `default 2 s`, `` `liveness_s` (10 s) ``, `(min 0.05)`,
 # `a 10 s timeout`, a retry schedule `retried after 1 s, 2 s, 4 s`, an example `like 30s`), the size of a
@@ -62,8 +63,9 @@ AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {"min": min, "max": max, "le
 # cannot show as one). A figure in a list after one of these (`after 5 s, 10 s, 20 s`) is one too.
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 UNIT = r"(?:ms|µs|s|sec|seconds?|min|minutes?|h|hours?|B|kB|KB|KiB|MB|MiB|GB|GiB)(?![\w])|%"
+OF = r"\s+(?:out\s+)?of\s+(?:about\s+|the\s+|its\s+)?"  # a share counted: `16 of about 600`
 TYPED_FIGURE = re.compile(rf"(?<![\w.:/,#-])(?:(?:{NUMBER})(?=\s?(?:{UNIT}))"
-                          rf"|\d{{1,3}}(?:,\d{{3}})+(?!\d|,\d)|\d+\.\d+(?![\w.:/-]|\.\d))")
+                          rf"|\d{{1,3}}(?:,\d{{3}})+(?!\d|,\d)|\d+\.\d+(?![\w.:/-]|\.\d)|\d+(?={OF}\d))")
 # what a code span reads as: `` `liveness_s` (10 s) ``, `` `shutdown_timeout_s`, 30 s `` is a setting's
 # value, `` `kubernetes-client` 1.20 `` a version; a span named like a setting (`_`, UPPER_CASE, `--flag`)
 # reads as SETTING, any other as CODE (`` 17 ms of `status`, 145 s `` is a measurement)
@@ -223,6 +225,8 @@ def typed_figures(text: str, source: str) -> list[str]:
             if "," in figure and "." not in figure and not re.match(rf"\s?(?:{UNIT})", after) and (
                     RUN_SIZE.search(before) or SIZE_NOUN.match(after)):
                 continue  # the size of a run, a setting of the benchmark
+            if (share := re.match(rf"{OF}[\d,]+", after)) and SIZE_NOUN.match(after[share.end():]):
+                continue  # a run's make-up, `3 of 10,000 serving`
             found.append(f"{source}:{number}: {figure!r} in {lines[number - 1].strip()[:80]!r}")
     return found
 

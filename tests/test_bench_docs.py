@@ -51,7 +51,7 @@ def test_what_the_typed_figure_check_finds_and_leaves() -> None:
         "| 1,000 | Triton 2.51 `--idle 60 s` {{=40 s}} {{audit_query:results.0.median_ms|.2f}} ms\n"
         "```\n1.5 s\n```\n", "doc.md")
     assert [f.split(": ", 1)[1].split(" in ")[0] for f in found] == [
-        "'3.15'", "'0.4'", "'17'", "'145'", "'236'", "'7,437'", "'1,224'", "'1,160'", "'17'",
+        "'3.15'", "'0.4'", "'17'", "'145'", "'236'", "'16'", "'7,437'", "'1,224'", "'1,160'", "'17'",
         "'7,438'"]
     assert found[0].startswith("doc.md:1: ")
     # what the docs outside the templates said, measured by tests or runs with no results file behind them
@@ -66,7 +66,8 @@ def test_what_the_typed_figure_check_finds_and_leaves() -> None:
         "retried after 1 s, 2 s, 4 s, default 2 s, `liveness_s` (10 s), (min 0.05), a 10 s timeout, like 30s,\n"
         "a 64 MiB file in 8 MiB parts, 25.07 or later, the 1.27 schema, ±20 %, 2 hours + 9 × 75 s,\n"
         "at most 1 s + the 0.1 s loop tick, `huge needs 5000 MB but no host has room: a\n38 MB (pinned)`\n"
-        "lasts **8 hours** from login at most, load deadline + 60 s, the 5 s and 2 s bounds\n", "doc.md") == []
+        "lasts **8 hours** from login at most, load deadline + 60 s, the 5 s and 2 s bounds,\n"
+        "with 3 of 10,000 serving\n", "doc.md") == []
     assert render_docs.render("{{=40 s}}") == "40 s"  # typed on purpose: rendered as written
 
 
