@@ -368,7 +368,7 @@ class ControlPlane:
     def still_settling(self, models: Sequence[str]) -> list[str]:
         return self.intake.changesets.still_settling(models)
 
-    # -- tags (controlplane/tags.py; the plane is its ports.TagPlane) -------------------------------
+    # -- tags (controlplane/tags.py; the plane is its ports.TagTarget) -------------------------------
 
     def tag_registry(self) -> Registry:
         """Where tags live: the shared registry on a fleet, this host's otherwise."""

@@ -105,8 +105,8 @@ class WavePlane(SetIntake, Protocol):
                         complete: bool = ...) -> tuple[Snapshot, str | None, bool]: ...
 
 
-class TagPlane(Protocol):
-    """What tags (controlplane/tags.py) use of the plane: where tags live (the shared registry on a
+class TagTarget(Protocol):
+    """What tags (controlplane/tags.py) use of their target (targets.py): where tags live (the shared registry on a
     fleet), how a tracked tag's digest is deployed (the usual load; on a fleet a rollout), and the
     retry book a failed move must clear."""
 

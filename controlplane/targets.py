@@ -3,7 +3,7 @@
 over every host, or with `host` one host, which the fleet then holds).
 
 The verbs (controlplane/control_plane.py) check their arguments, resolve what to deploy, and hand the
-change to their target; no verb asks which target it has. Each target is also the tags' `TagPlane`
+change to their target; no verb asks which target it has. Each target is also the tags' `TagTarget`
 (controlplane/ports.py): where tags live and how a tracked tag's digest is deployed depend on the target
 alone.
 """
@@ -80,7 +80,7 @@ class Target(Protocol):
 
     def release_lease(self, model: str, lease: str) -> LeaseResult: ...
 
-    # ports.TagPlane
+    # ports.TagTarget
     def tag_registry(self) -> Registry: ...
 
     def deploy_tagged(self, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome: ...
