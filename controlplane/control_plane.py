@@ -14,24 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from controlplane import garbage, queries, tags
-from controlplane.bake import BAKES_FILE, Baker
-from controlplane.bookkeeping import Bookkeeping
-from controlplane.config import LiveSettings, Settings
-from controlplane.counters import Counters, PipelineCounts
+from controlplane.config import Settings
+from controlplane.counters import PipelineCounts
 from controlplane.decision import decide
-from controlplane.deploy.causes import RetryBook
-from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
-from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.deploy.reconcile import Drift
 from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
-from controlplane.intakeflow import Intake
-from controlplane.memory.budget import Hooks, MemoryGuard
-from controlplane.memory.footprint import Meter
-from controlplane.memory.leases import LeaseBook
-from controlplane.memory.ondemand import OnDemand
 from controlplane.names import is_private_name, validate_digest, validate_model_name
-from controlplane.outcomes import Outcomes
-from controlplane.reconciler import Reconciler
+from controlplane.parts import HostParts
 from controlplane.results import (
     AuditResult,
     DiffResult,
@@ -47,10 +37,8 @@ from controlplane.results import (
     TagsResult,
     VersionsResult,
 )
-from controlplane.servedview import ServedView
-from controlplane.servingensembles import ServingEnsembles
-from controlplane.snapshot import ContentStore, Snapshot
-from controlplane.source.protocol import NoSource, Source
+from controlplane.snapshot import Snapshot
+from controlplane.source.protocol import Source
 from controlplane.source.recorded import SourceGraph
 from controlplane.statusview import StatusView
 from controlplane.store.health import RegistryHealth
@@ -58,12 +46,10 @@ from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.syncstatus import InHand
 from controlplane.targets import FleetStrategy, HostTarget, Target, recorded_digest
-from controlplane.triton.client import TritonClient
-from controlplane.triton.host import TritonHost
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Policy
 
 if TYPE_CHECKING:
-    from controlplane.webhooks import Webhooks
+    pass
 
 log = logging.getLogger("tritonctl.plane")
 
@@ -73,92 +59,40 @@ SYSTEM_ACTOR = "tritonctl"
 class ControlPlane:
     """The running control plane: every operation the daemon offers."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        registry: Registry,
-        content: ContentStore,
-        serving: ServingRepository,
-        triton: TritonClient,
-        outcomes: Outcomes | None = None,
-        *,
-        source: Source | None = None,
-        host: TritonHost | None = None,
-        http_url: str | None = None,
-        webhooks: Webhooks | None = None,
-        target: Callable[[ControlPlane], Target] | None = None,
-    ) -> None:
-        """`outcomes`: where every finished operation is reported (the plane subscribes its own bookkeeping
-        first; the daemon then subscribes what reports it); `source`: where models come from
-        (controlplane/source/protocol.py: a directory, s3://; default none);
-        `host`: capability checks and Triton's real reasons; `http_url`: a launched tritonserver's HTTP URL;
-        `target`: where the verbs' changes go, built with the plane (with --fleet, daemon.py builds a
-        targets.FleetTarget; default this host alone, a targets.HostTarget); `webhooks`: the daemon's webhook
-        delivery worker, which `tritonctl webhooks` asks."""
-        self.settings = settings
-        self.live = LiveSettings(settings)  # what the parts read of the settings, replaced on SIGHUP
-        self.registry = registry
-        self.store = content
-        self.serving = serving
-        self.triton = triton
-        self.counters = Counters()
-        self.retries = RetryBook()  # deploys that failed for an environment fault (controlplane.deploy.causes)
-        self.restores = RetryBook()  # reconcile's restores that failed: retried with the same backoff
-        self.outcomes = outcomes if outcomes is not None else Outcomes()
-        self.served_view = ServedView()  # one repository-index call per reconcile, not one per model
-        # which ensembles serve now, over which steps: change sets group by it, reconcile orders by it
-        source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
-        self.serving_ensembles = ServingEnsembles(registry, source_graph, serving)
-        # the first subscriber: the others read what it keeps (controlplane/bookkeeping.py)
-        self.outcomes.subscribe(Bookkeeping(self.counters, self.serving_ensembles, self.retries, self.restores,
-                                            self.served_view).note)
-        self.leases = LeaseBook(on_expiry=lambda lease: self.ondemand.on_expiry(lease))  # controlplane/memory/leases.py
-        self.guard = self._memory_guard(settings, registry, triton, host)
-        self.deployer = Deployer(registry, content, serving, triton, load_timeout_s=settings.load_timeout_s,
-                                 on_outcome=self.outcomes.publish, host=host, guard=self.guard)
-        self.ondemand = OnDemand(registry, self.deployer, triton, self.leases, self.live.policy_of,
-                                 self.live.getter("idle_unload_s"), self.guard.spared, self.guard.fits,
-                                 self.guard.refused, self.live.getter("load_timeout_s"))  # ensure, leases
-        self.http_url = http_url
-        self.webhooks = webhooks  # the daemon's delivery worker (controlplane/webhooks.py): `tritonctl webhooks`
-        # settled source content -> recorded snapshot -> plan (controlplane/intakeflow.py)
-        self.intake = Intake(self.live, registry, content, source if source is not None else NoSource(),
-                             source_graph, self.serving_ensembles, self.retries)
-        # Triton made to serve what the registry says: recoveries, restores, the sentinel (controlplane/reconciler.py)
-        self.reconciler = Reconciler(registry, triton, self.deployer, self.serving_ensembles, self.served_view,
-                                     self.counters, self.restores, self.live.getter("load_parallelism"))
-        self.outcomes.subscribe(self.reconciler.note)
-        # a new digest served on live figures, rolled back by itself (controlplane/bake.py)
-        self.baker = Baker(registry, self.deployer, triton, self.live,
-                           path=settings.state_dir / BAKES_FILE)
-        self.outcomes.subscribe(self.baker.note)
+    def __init__(self, parts: HostParts, target: Callable[[ControlPlane], Target] | None = None) -> None:
+        """`parts`: this host's, built and wired by controlplane/parts.py; `target`: where the verbs' changes
+        go (with --fleet, daemon.py builds a targets.FleetTarget; default this host alone, a
+        targets.HostTarget). The plane builds its target and its `status` view, nothing else."""
+        self.parts = parts
+        self.settings = parts.settings
+        self.live = parts.live
+        self.registry = parts.registry
+        self.store = parts.content
+        self.serving = parts.serving
+        self.triton = parts.triton
+        self.counters = parts.counters
+        self.retries = parts.retries
+        self.restores = parts.restores
+        self.outcomes = parts.outcomes
+        self.served_view = parts.served_view
+        self.serving_ensembles = parts.serving_ensembles
+        self.leases = parts.leases
+        self.guard = parts.guard
+        self.deployer = parts.deployer
+        self.ondemand = parts.ondemand
+        self.intake = parts.intake
+        self.reconciler = parts.reconciler
+        self.baker = parts.baker
+        self.http_url = parts.http_url
+        self.webhooks = parts.webhooks
         # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
         self.target: Target = target(self) if target else HostTarget(
-            registry, self.deployer, self.intake.changesets, self.ondemand, self.retries,
-            capture=self.intake.source_content, converge=self.intake.converge, policy_of=self.live.policy_of)
+            parts.registry, parts.deployer, parts.intake.changesets, parts.ondemand, parts.retries,
+            capture=parts.intake.source_content, converge=parts.intake.converge, policy_of=parts.live.policy_of)
         # `status` rows (controlplane/statusview.py)
-        self.status_view = StatusView(registry, triton, self.served_view, self.deployer, self.intake, self.retries,
-                                      self.restores, self.ondemand, self.baker, tag_registry=self.target.tag_registry,
-                                      http_url=http_url)
-
-    def _memory_guard(self, settings: Settings, registry: Registry, triton: TritonClient,
-                      host: TritonHost | None) -> MemoryGuard:
-        """Footprints of every load and, with a budget, room made by evicting idle models
-        (controlplane/memory/budget.py)."""
-        def last_used() -> dict[str, float]:
-            used = self.leases.last_used()
-            for model, when in triton.last_inferences().items():
-                used[model] = max(used.get(model, 0.0), when)
-            return used
-
-        hooks = Hooks(last_used=last_used,
-                      held=lambda model: self.leases.held(model) or self.deployer.lock(model).locked(),
-                      evict=lambda model, why: self.deployer.evict(model, "tritonctl:budget", why,
-                                                                   unless=lambda: self.leases.held(model)))
-        return MemoryGuard(registry, Meter(host.server_pid if host is not None else None), hooks,
-                           memory_budget_mb=settings.memory_budget_mb,
-                           gpu_memory_budget_mb=settings.gpu_memory_budget_mb,
-                           protected_tags=[t.strip() for t in settings.protected_tags.split(",") if t.strip()])
+        self.status_view = StatusView(parts.registry, parts.triton, parts.served_view, parts.deployer, parts.intake,
+                                      parts.retries, parts.restores, parts.ondemand, parts.baker,
+                                      tag_registry=self.target.tag_registry, http_url=parts.http_url)
 
     @property
     def fleet(self) -> FleetStrategy | None:

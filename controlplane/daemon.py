@@ -32,6 +32,7 @@ from controlplane.errors import TritonctlError
 from controlplane.inflight import InFlight
 from controlplane.outcomelog import OutcomeLog
 from controlplane.outcomes import Outcomes
+from controlplane.parts import build_parts
 from controlplane.reload import reloaded
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.configured import configured_source
@@ -146,17 +147,16 @@ class Daemon:
         # The source is built (not watched yet) before the plane, which holds it.
         self.source = configured_source(settings)
         self.webhooks = self._webhooks()
-        self.outcomes = Outcomes()  # every finished operation, to the subscribers wired here and in the plane
-        self.plane = ControlPlane(
+        self.outcomes = Outcomes()  # every finished operation, to the subscribers wired by build_parts and here
+        parts = build_parts(  # this host's parts (controlplane/parts.py), then the verbs over them
             settings, self.registry, store, serving, triton, outcomes=self.outcomes, webhooks=self.webhooks,
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
             source=self.source,
-            http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
-            target=self._fleet_target if self.fleet_settings is not None else None,
-        )
-        self.outcome_log = OutcomeLog(self.registry, self.plane.counters)
-        self.outcomes.subscribe(self.outcome_log.note)  # after the plane's own bookkeeping (its last action)
+            http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None)
+        self.plane = ControlPlane(parts, target=self._fleet_target if self.fleet_settings is not None else None)
+        self.outcome_log = OutcomeLog(self.registry, parts.counters)
+        self.outcomes.subscribe(self.outcome_log.note)  # after the parts' own bookkeeping (its last action)
         self.plane.preloaded(self._preloaded)
         self.plane.triton_key_exposed = self.triton_key_exposed  # status's triton_key_exposed
         if self.triton_server is not None and self.triton_server.adopted_pid:

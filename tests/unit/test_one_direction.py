@@ -21,6 +21,7 @@ import pytest
 from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.publish import ServingRepository
+from controlplane.parts import build_parts
 from controlplane.snapshot import ContentStore
 from controlplane.source.local import LocalSource
 from controlplane.store import migrate
@@ -83,8 +84,8 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
     migrate.upgrade(registry)
     serving = ServingRepository(state / "serving", state / "published")
     source = LocalSource(repo, settle_s=0.05, watch="poll")  # listed and read, never watched here
-    built = ControlPlane(settings, registry, ContentStore(state / "store", fsync=False), serving,
-                         StandinTriton(serving), source=source)  # type: ignore[arg-type]
+    built = ControlPlane(build_parts(settings, registry, ContentStore(state / "store", fsync=False), serving,
+                         StandinTriton(serving), source=source))  # type: ignore[arg-type]
     try:
         yield built
     finally:
