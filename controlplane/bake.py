@@ -40,7 +40,7 @@ from typing import Any
 
 from controlplane.config import Settings, bake_parameters
 from controlplane.deploy.engine import Deployer
-from controlplane.deploy.plans import Plan, members_of
+from controlplane.deploy.plans import Plan, order, serving_member
 from controlplane.errors import NotFoundError, TritonctlError
 from controlplane.periodic import Periodic
 from controlplane.results import Outcome
@@ -464,8 +464,8 @@ class Baker:
             assert alone.previous is not None
             self.deployer.roll_back_analysis(alone.model, alone.digest, alone.previous, BAKE_ACTOR, why)
             return
-        outcome = self.deployer.run(Plan(tuple(members_of(self.registry, records)), kind="rollback", analysis=why),
-                                    BAKE_ACTOR)
+        members = order([serving_member(self.registry, model, r.digest, r.config) for model, r in records.items()])
+        outcome = self.deployer.run(Plan(tuple(members), kind="rollback", analysis=why), BAKE_ACTOR)
         log.warning("change set %s: %s", ",".join(culprit.group), outcome.message)
 
     def _fail(self, bake: Bake, reason: str, state: str = FAILED) -> None:

@@ -43,7 +43,7 @@ from controlplane.errors import TritonctlError
 from controlplane.names import is_private_name
 from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE
-from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
+from controlplane.store.records import DeploymentRecord, ServingRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER
 from controlplane.validation.ensemblemembers import require_members, step_models
@@ -95,16 +95,19 @@ class Member:
                 "ensemble": self.ensemble, "changed": self.changed}
 
 
-def members_of(registry: Registry, records: dict[str, SnapshotRecord]) -> list[Member]:
-    """Each model's record as a plan member (what the model serves now its `previous`), in plan order."""
-    out = []
-    for model, record in records.items():
-        current = registry.find_model(model)
-        serving = current is not None and current.state in SERVING_STATES and current.active_digest
-        steps = step_models(record.config)
-        out.append(Member(model, record.digest, current.active_digest if serving and current else None,
-                          bool(steps) or (record.config or {}).get("platform") == "ensemble", steps))
-    return order(out)
+def serving_digest(registry: Registry, model: str) -> str | None:
+    """The digest `model` serves now by the registry (None: it serves nothing)."""
+    current = registry.find_model(model)
+    if current is None or current.state not in SERVING_STATES or not current.active_digest:
+        return None
+    return current.active_digest
+
+
+def serving_member(registry: Registry, model: str, digest: str, config: dict[str, Any] | None) -> Member:
+    """`model` to deploy `digest` (recorded with `config`), against what it serves now."""
+    steps = step_models(config)
+    return Member(model, digest, serving_digest(registry, model),
+                  bool(steps) or (config or {}).get("platform") == "ensemble", steps)
 
 
 def order(members: Sequence[Member]) -> list[Member]:
