@@ -4,11 +4,14 @@ daemons with their tritonservers and a PostgreSQL).
 Two hosts, h1 the canary and h2 the next wave, both daemons with `--bake 3s`: a version that raises in
 `execute` on about a fifth of its inputs (what Triton counts as a failure) but passes its smoke test is
 deployed on the canary, fails its bake there on the requests clients send to the canary's tritonserver,
-and is never loaded on h2: the rollout stops, the canary is rolled back, the digest is not quarantined.
+and is never loaded on h2: the rollout stops, the canary is rolled back, the digest is not quarantined;
+`rollouts --json` and the web view's Fleet page show the bake.
 """
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -68,3 +71,10 @@ def test_a_fleet_canary_that_fails_its_bake_is_never_loaded_on_a_second_host(fle
     assert ended["outcome"] == "failed" and "the canary wave on h1" in ended["message"], ended
     versions = {v["digest"]: v for v in fleet.cli_json("versions", MODEL)}
     assert versions[d2]["quarantined"] is False  # it failed on this traffic: `load --digest` may try it again
+    # the web view's Fleet page (h1 serves one) shows the canary's bake among the rollout's waves
+    url = wait_for(lambda: re.search(r"web view: (http://127\.0\.0\.1:\d+)/ui/",
+                                     fleet.daemons["h1"].log_path.read_text()), 10, what="the web view").group(1)
+    with urllib.request.urlopen(f"{url}/ui/fleet", timeout=10) as answer:
+        page = answer.read().decode()
+    row = page[page.index(f'<tr data-rollout="{rollout["id"]}">'):]
+    assert re.search(r'data-action="bake">bake canary:\s*<span class="badge st-failed" data-host="h1"', row), row[:2000]
