@@ -370,6 +370,31 @@ def test_a_canary_waves_bake_pools_its_hosts_figures_and_a_failed_one_rolls_back
     assert [s.action for s in leader.store.rollout(back).steps].count("bake") == 2
 
 
+def test_later_waves_bake_wave_bake_s_and_an_inconclusive_bake_lets_the_next_wave_start(
+        leader: Leader, shared: Registry, tmp_path: Path) -> None:
+    """`bake_s` 0: the canary wave does not bake; `wave_bake_s`: wave 1 bakes before wave 2 starts, and with
+    no requests its bake ends inconclusive (kept: `bake_inconclusive = "keep"`) and the rollout goes on."""
+    from controlplane.config import Settings
+    from controlplane.fleet.settings import FleetSettings
+
+    leader.member.machine.fleet = FleetSettings(shared_store=tmp_path / "shared", wave_size=2, wave_bake_s=0.3,
+                                                bake=Settings(bake_s=0.0))
+    rid = leader.member.propose("m", shared.get_snapshot("m", D2))
+    assert rid is not None
+    leader.report(rid, "h1", "ok")
+    leader.drive()
+    assert [s[3] for s in leader.states(rid)] == ["ok", "pending", "pending", "waiting"]  # no canary bake
+    leader.report(rid, "h2", "ok")
+    leader.report(rid, "h3", "ok")
+    leader.drive()
+    assert leader.states(rid)[3:] == [("h4", 2, "deploy", "waiting"), ("h2", 1, "bake", "pending"),
+                                      ("h3", 1, "bake", "pending")]
+    wait_for(lambda: leader.drive() == {} and leader.states(rid)[3][3] == "pending", 10, 0.05, "wave 2 opened")
+    bake = leader.store.rollout(rid).bake
+    assert bake is not None and (bake["state"], bake["wave"], bake["hosts"]) == ("inconclusive", 1, ["h2", "h3"])
+    assert [s[3] for s in leader.states(rid)][4:] == ["ok", "ok"]  # the bake steps ended with it
+
+
 def test_a_silent_host_is_skipped_and_a_second_change_waits_its_turn(leader: Leader, shared: Registry) -> None:
     from datetime import timedelta
 
