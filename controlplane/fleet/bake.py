@@ -114,9 +114,11 @@ class WaveBakes:
             return False, None
         wave = ended[-1]
         took = sorted(s.host for s in deploys if s.wave == wave and s.state == "ok")
+        if not took:
+            return False, None
         limits = self._limits(rollout.model, rollout.digest)
         bake_s = limits.bake_s if wave == 0 else self.fleet().wave_bake_s
-        if bake_s <= 0 or not took:
+        if bake_s <= 0:
             return False, None
         limits = replace(limits, bake_s=bake_s)
         document = rollout.bake if rollout.bake and rollout.bake.get("wave") == wave else None
