@@ -10,9 +10,11 @@ compares them with the limits:
 - failures over requests since the digest began serving (`bake_max_failure_ratio`), judged once there are
   `bake_min_requests`; a counter that went down (a reload, a restarted tritonserver) is a reset: what it
   counts from then on is added, never a negative figure;
-- the mean latency of successful requests (their cumulative time over their count) over the previous
-  digest's, measured over the last `bake_s` before the switch (`bake_max_latency_ratio`, off by default;
-  while it is set, every serving model's figures are sampled each tick to have that baseline).
+- the latency of successful requests over the previous digest's (`bake_max_latency_ratio`, off by default;
+  while it is set, every serving model's figures are sampled each tick to have that baseline): p99 where
+  Triton reports quantiles (its metrics' summaries, controlplane/triton/summaries.py: the previous digest's
+  p99 read just before the switch), else the mean (cumulative time over count from the statistics API,
+  the previous digest's over the last `bake_s` before the switch).
 
 A crossed limit ends the bake `failed` at once and rolls back to the previous digest (the Deployer's
 `roll_back_analysis`: recorded, verified, smoke-tested; outcome `rolled_back`, cause `analysis`; the
@@ -46,6 +48,7 @@ from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.store.records import iso
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import RequestCounts, TritonClient
+from controlplane.triton.summaries import fetch_request_p99_ms
 from controlplane.validation.smokefile import load_smoke_file
 from controlplane.vocab import BAKE_ACTOR, Result
 
@@ -122,10 +125,12 @@ class Bake:
     limits: Limits
     started: float  # seconds since the epoch
     tally: Tally
-    baseline_latency_ms: float | None = None
+    baseline_latency_ms: float | None = None  # the previous digest's mean
     state: str = BAKING
     reason: str = ""
     ended: float | None = None
+    baseline_p99_ms: float | None = None  # the previous digest's p99 at the switch (Triton's summaries)
+    p99_ms: float | None = None  # the last p99 Triton reported for the model during the bake
 
     @property
     def until(self) -> float:
@@ -138,17 +143,24 @@ class Bake:
     def seconds_left(self, now: float | None = None) -> int:
         return max(0, int(round(self.until - (time.time() if now is None else now))))
 
+    def latency(self) -> tuple[str, float | None, float | None]:
+        """(which, the digest's latency in ms, the previous digest's): "p99" where Triton reported it (and the
+        baseline, when there is one, is a p99 too), else "mean" (the statistics API's, over the bake)."""
+        if self.p99_ms is not None and (self.baseline_p99_ms is not None or self.baseline_latency_ms is None):
+            return "p99", self.p99_ms, self.baseline_p99_ms
+        return "mean", self.tally.mean_ms(), self.baseline_latency_ms
+
     def figures(self) -> str:
         ratio = self.failure_ratio
         text = (f"failure ratio {ratio:.2f} over {self.tally.requests} requests ({self.tally.failures} failed)"
                 if ratio is not None else "no requests")
-        latency = self.tally.mean_ms()
-        if latency is not None and self.baseline_latency_ms:
-            text += f", mean latency {latency:.1f} ms (before: {self.baseline_latency_ms:.1f} ms)"
+        which, latency, baseline = self.latency()
+        if latency is not None and baseline:
+            text += f", {which} latency {latency:.1f} ms (before: {baseline:.1f} ms)"
         return text
 
     def to_json(self) -> dict[str, Any]:
-        latency = self.tally.mean_ms()
+        which, latency, baseline = self.latency()
         ratio = self.failure_ratio
         return {
             "state": self.state,
@@ -159,7 +171,8 @@ class Bake:
             "failures": self.tally.failures,
             "failure_ratio": round(ratio, 4) if ratio is not None else None,
             "latency_ms": round(latency, 3) if latency is not None else None,
-            "baseline_latency_ms": round(self.baseline_latency_ms, 3) if self.baseline_latency_ms else None,
+            "baseline_latency_ms": round(baseline, 3) if baseline else None,
+            "latency_stat": which if latency is not None else None,
             "reason": self.reason,
         }
 
@@ -169,8 +182,8 @@ class Bake:
         t = self.tally
         return {"model": self.model, "digest": self.digest, "previous": self.previous, "limits": asdict(self.limits),
                 "started": self.started, "baseline_latency_ms": self.baseline_latency_ms, "state": self.state,
-                "reason": self.reason, "ended": self.ended,
-                "tally": [t.requests, t.failures, t.success, t.success_ns]}
+                "reason": self.reason, "ended": self.ended, "baseline_p99_ms": self.baseline_p99_ms,
+                "p99_ms": self.p99_ms, "tally": [t.requests, t.failures, t.success, t.success_ns]}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Bake:
@@ -178,7 +191,7 @@ class Bake:
         return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
                    float(record["started"]), Tally(requests, failures, success, success_ns),
                    record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
-                   record.get("ended"))
+                   record.get("ended"), record.get("baseline_p99_ms"), record.get("p99_ms"))
 
 
 def _utc(epoch: float) -> datetime:
@@ -201,7 +214,9 @@ class Baker:
         self.counts: dict[str, int] = {outcome: 0 for outcome in BAKE_OUTCOMES}
         self._bakes: dict[str, Bake] = {}  # the last bake of each model
         self._asked: dict[str, float] = {}  # a deploy's own --bake, taken by its outcome
-        self._history: dict[str, deque[tuple[float, int, int]]] = {}  # latency baseline samples
+        self._history: dict[str, deque[tuple[float, int, int, float | None]]] = {}  # latency baseline samples
+        # Triton's metrics endpoint, where its p99s are read (set by the daemon); None: the mean only
+        self.metrics_url: Callable[[], str | None] = lambda: None
         self._lock = threading.Lock()
         self._judge_thread = Periodic("bake", TICK_S, self.tick, log)
 
@@ -276,7 +291,8 @@ class Baker:
             log.warning("%s: bake: no figures at its start (%s); counting from 0", model, exc)
             tally = Tally()
         now = self.clock()
-        bake = Bake(model, digest, previous, limits, now, tally, self._baseline_ms(model, now, limits.bake_s))
+        mean_ms, p99_ms = self._baseline_ms(model, now, limits.bake_s)
+        bake = Bake(model, digest, previous, limits, now, tally, mean_ms, baseline_p99_ms=p99_ms)
         with self._lock:
             self._bakes[model] = bake
         self._save()
@@ -311,8 +327,10 @@ class Baker:
 
     def tick(self) -> None:
         """Read each baking model's figures; end the bakes whose limits were crossed or whose time is up."""
-        self._sample()
         baking = self.baking()
+        sampling = self.settings().bake_max_latency_ratio is not None
+        p99s = self._p99s() if baking or sampling else None
+        self._sample(p99s)
         for model in baking:
             bake = self.of(model)
             if bake is None or bake.state != BAKING:
@@ -322,6 +340,8 @@ class Baker:
             except TritonctlError as exc:
                 log.info("%s: bake: figures unavailable this round: %s", model, exc)
                 continue
+            if p99s and model in p99s:
+                bake.p99_ms = p99s[model]
             self._judge(bake)
         if baking:
             self._save()  # the figures so far: a restart resumes from them
@@ -333,13 +353,11 @@ class Baker:
             self._fail(bake, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
                              f"requests ({tally.failures} failed)")
             return
-        latency = tally.mean_ms()
-        if (limits.max_latency_ratio is not None and bake.baseline_latency_ms and latency is not None
-                and tally.success >= limits.min_requests
-                and latency / bake.baseline_latency_ms > limits.max_latency_ratio):
-            self._fail(bake, f"latency ratio {latency / bake.baseline_latency_ms:.2f} > {limits.max_latency_ratio:g}"
-                             f" (mean {latency:.1f} ms, before {bake.baseline_latency_ms:.1f} ms) over "
-                             f"{tally.success} requests")
+        which, latency, baseline = bake.latency()
+        if (limits.max_latency_ratio is not None and baseline and latency is not None
+                and tally.success >= limits.min_requests and latency / baseline > limits.max_latency_ratio):
+            self._fail(bake, f"latency ratio {latency / baseline:.2f} > {limits.max_latency_ratio:g}"
+                             f" ({which} {latency:.1f} ms, before {baseline:.1f} ms) over {tally.success} requests")
             return
         if self.clock() < bake.until:
             return
@@ -383,9 +401,15 @@ class Baker:
 
     # -- the latency baseline -----------------------------------------------------------------------
 
-    def _sample(self) -> None:
+    def _p99s(self) -> dict[str, float] | None:
+        """model → its request p99 in ms over Triton's last minute (its metrics' summaries); None without them."""
+        url = self.metrics_url()
+        return fetch_request_p99_ms(url) if url else None
+
+    def _sample(self, p99s: dict[str, float] | None) -> None:
         """With `bake_max_latency_ratio` and `bake_s` set: every serving model's cumulative successes and
-        their time, kept for `bake_s`, so a bake knows the previous digest's mean latency before the switch."""
+        their time, and its p99 when Triton reports one (`p99s`), kept for `bake_s`, so a bake knows the
+        previous digest's latency before the switch."""
         settings = self.settings()
         if settings.bake_max_latency_ratio is None:
             self._history.clear()
@@ -403,20 +427,31 @@ class Baker:
         with self._lock:
             for model, (success, ns) in totals.items():
                 samples = self._history.setdefault(model, deque())
-                samples.append((now, success, ns))
+                samples.append((now, success, ns, (p99s or {}).get(model)))
                 while samples and samples[0][0] < now - keep_s:
                     samples.popleft()
 
-    def _baseline_ms(self, model: str, now: float, window_s: float) -> float | None:
-        """The mean latency of `model`'s successful requests over the last `window_s` before now (the
-        previous digest's: the samples end at the switch), or None without samples or requests."""
+    def _baseline_ms(self, model: str, now: float, window_s: float) -> tuple[float | None, float | None]:
+        """(mean, p99) latency of `model`'s successful requests before the switch, or None without samples or
+        requests: the mean over the last `window_s` before now (the previous digest's: the samples end at
+        the switch), the p99 as Triton reported it in the last sample before the switch. The switch's reload
+        starts the statistics API again at 0 (a reset) but not Triton's summaries, whose window then holds
+        the new digest's smoke requests too: so the p99 is the last one read before the first reset."""
         with self._lock:
             samples = [s for s in self._history.pop(model, deque()) if s[0] >= now - window_s]
         success = ns = 0
-        for (_, s0, n0), (_, s1, n1) in zip(samples, samples[1:], strict=False):
+        p99 = samples[0][3] if samples else None
+        reset = False
+        for (_, s0, n0, _p0), (_, s1, n1, p1) in zip(samples, samples[1:], strict=False):
             if s1 >= s0 and n1 >= n0:  # a reset (the switch's reload) between two samples adds nothing
                 success, ns = success + s1 - s0, ns + n1 - n0
-        return ns / success / 1e6 if success else None
+                if not reset and p1 is not None:
+                    p99 = p1
+            else:
+                reset = True
+        if not success:  # no request to the previous digest in the window: no baseline at all
+            return None, None
+        return ns / success / 1e6, p99
 
     # -- across a restart ----------------------------------------------------------------------------
 

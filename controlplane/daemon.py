@@ -256,6 +256,8 @@ class Daemon:
             target=self._fleet_target if self.fleet_settings is not None else None,
         )
         self.outcomes.subscribe(self._on_outcome)  # after the plane's own bookkeeping (its last action)
+        server = self.triton_server  # a bake's p99s come from Triton's metrics (controlplane/triton/summaries.py)
+        self.plane.baker.metrics_url = lambda: server.metrics_url if server is not None else settings.triton_metrics_url
         self.plane.preloaded(self._preloaded)
         self.plane.triton_key_exposed = self.triton_key_exposed  # status's triton_key_exposed
         if self.triton_server is not None and self.triton_server.adopted_pid:

@@ -124,7 +124,8 @@ class StatusRow:
     # policy ondemand: {"state", "leases", "until"} (controlplane/memory/ondemand.py)
     ondemand: dict[str, Any] | None = None
     # the last bake of the serving (or just rolled-back) digest (controlplane/bake.py): {"state", "digest",
-    # "started", "until", "requests", "failures", "failure_ratio", "latency_ms", "baseline_latency_ms", "reason"}
+    # "started", "until", "requests", "failures", "failure_ratio", "latency_ms", "baseline_latency_ms", "latency_stat",
+    # "reason"}
     bake: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -203,7 +203,7 @@ def _full_documents() -> dict[str, list[Any]]:
                     ondemand={"state": "loaded", "leases": 2, "until": "2026-01-01T00:10:00Z"},
                     bake={"state": "failed", "digest": D1, "started": "2026-01-01T00:00:00Z",
                           "until": "2026-01-01T00:05:00Z", "requests": 312, "failures": 66, "failure_ratio": 0.2115,
-                          "latency_ms": 4.2, "baseline_latency_ms": 3.9,
+                          "latency_ms": 4.2, "baseline_latency_ms": 3.9, "latency_stat": "p99",
                           "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"})
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)

@@ -1,11 +1,13 @@
 """controlplane.bake's arithmetic on Triton's cumulative counters (the bake itself runs against a real
-tritonserver in tests/test_bake_e2e.py): a counter that went down is a reset, never a negative figure."""
+tritonserver in tests/test_bake_e2e.py): a counter that went down is a reset, never a negative figure;
+the latency compared is Triton's p99 where its metrics report one, else the mean."""
 
 from __future__ import annotations
 
-from controlplane.bake import Limits, Tally
+from controlplane.bake import Bake, Limits, Tally
 from controlplane.config import Settings
 from controlplane.triton.client import RequestCounts
+from controlplane.triton.summaries import request_quantiles_ms
 
 V1, V2 = ("m", "1"), ("m", "2")
 
@@ -35,3 +37,39 @@ def test_a_deploys_own_bake_overrides_the_daemons_and_zero_turns_it_off() -> Non
     assert Limits.of(settings) == Limits(60.0, 0.05, None, 10, "keep")
     assert Limits.of(settings, 300.0).bake_s == 300.0
     assert Limits.of(settings, 0.0).bake_s == 0.0
+
+
+# What tritonserver 2.51 exports with --metrics-config=summary_latencies=true (measured here: a reload keeps
+# the series; a minute without requests turns its quantiles to Nan).
+METRICS = """\
+# TYPE nv_inference_request_summary_us summary
+nv_inference_request_summary_us_count{model="m",version="1"} 85
+nv_inference_request_summary_us_sum{model="m",version="1"} 2404550
+nv_inference_request_summary_us{model="m",version="1",quantile="0.5"} 11234
+nv_inference_request_summary_us{model="m",version="1",quantile="0.99"} 61772
+nv_inference_request_summary_us{model="m",version="2",quantile="0.99"} 12000
+nv_inference_request_summary_us{model="idle",version="1",quantile="0.99"} Nan
+nv_inference_request_duration_us{model="other",version="1"} 773991
+"""
+
+
+def test_the_p99_is_read_from_tritons_summaries_per_model() -> None:
+    assert request_quantiles_ms(METRICS) == {"m": 61.772}  # the highest version's; an empty window is no figure
+    assert request_quantiles_ms(METRICS, "0.5") == {"m": 11.234}
+    assert request_quantiles_ms("nv_inference_request_duration_us{model=\"m\",version=\"1\"} 5\n") == {}
+
+
+def test_a_bake_compares_p99s_where_triton_reports_them_else_means() -> None:
+    tally = Tally(requests=40, success=40, success_ns=40 * 2_000_000)  # a 2 ms mean
+    limits = Limits.of(Settings(bake_s=60.0))
+    bake = Bake("m", "d2", "d1", limits, 0.0, tally, baseline_latency_ms=1.0)
+    assert bake.latency() == ("mean", 2.0, 1.0)  # no p99 read
+    bake.p99_ms = 9.0
+    assert bake.latency() == ("mean", 2.0, 1.0)  # the baseline is a mean only: means compared
+    bake.baseline_p99_ms = 3.0
+    assert bake.latency() == ("p99", 9.0, 3.0)
+    assert "p99 latency 9.0 ms (before: 3.0 ms)" in bake.figures()
+    assert bake.to_json()["latency_stat"] == "p99"
+    assert Bake.from_record(bake.to_record()).latency() == ("p99", 9.0, 3.0)  # kept across a restart
+    unbased = Bake("m", "d2", None, limits, 0.0, tally, p99_ms=9.0)  # no baseline (a first version): its p99
+    assert unbased.to_json()["latency_ms"] == 9.0 and unbased.to_json()["baseline_latency_ms"] is None
