@@ -23,6 +23,10 @@ digest is not quarantined). At `until`, fewer than `bake_min_requests` requests 
 action `bake` (`ok`, `failed`, `inconclusive`). Each model's last bake is kept in `<state>/bakes.json`:
 a restarted daemon resumes a bake in progress (its figures so far, Triton's from the restart on) and
 ends it by its figures at its own `until`.
+
+A bake also compares the digest's load time and footprint with the previous digest's, as a warning only
+(`bake_warn_load_ratio`, controlplane/bakewarn.py): once, when the digest's footprint is recorded (or at
+the bake's end), before it is judged.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from controlplane.bakewarn import LOADS_FILE, WARNING, LoadTimes, warning
 from controlplane.config import Settings, bake_parameters
 from controlplane.deploy.engine import Deployer
 from controlplane.errors import NotFoundError, TritonctlError
@@ -58,7 +63,7 @@ TICK_S = 0.5
 SMOKE_COUNTED_S = 1.0  # at most this long for Triton to count a deploy's smoke requests
 BAKES_FILE = "bakes.json"  # in the state directory: each model's last bake, kept across a restart
 BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
-AUDIT_OUTCOME = {PASSED: Result.OK.value, FAILED: Result.FAILED.value, INCONCLUSIVE: "inconclusive"}
+AUDIT_OUTCOME = {PASSED: Result.OK.value, FAILED: Result.FAILED.value, INCONCLUSIVE: Result.INCONCLUSIVE.value}
 BAKE_OUTCOMES = tuple(AUDIT_OUTCOME.values())  # tritonctl_bakes_total{outcome}
 
 
@@ -131,6 +136,7 @@ class Bake:
     ended: float | None = None
     baseline_p99_ms: float | None = None  # the previous digest's p99 at the switch (Triton's summaries)
     p99_ms: float | None = None  # the last p99 Triton reported for the model during the bake
+    warned: bool = False  # its load time and footprint were compared (controlplane/bakewarn.py)
 
     @property
     def until(self) -> float:
@@ -183,7 +189,8 @@ class Bake:
         return {"model": self.model, "digest": self.digest, "previous": self.previous, "limits": asdict(self.limits),
                 "started": self.started, "baseline_latency_ms": self.baseline_latency_ms, "state": self.state,
                 "reason": self.reason, "ended": self.ended, "baseline_p99_ms": self.baseline_p99_ms,
-                "p99_ms": self.p99_ms, "tally": [t.requests, t.failures, t.success, t.success_ns]}
+                "p99_ms": self.p99_ms, "warned": self.warned,
+                "tally": [t.requests, t.failures, t.success, t.success_ns]}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Bake:
@@ -191,7 +198,8 @@ class Bake:
         return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
                    float(record["started"]), Tally(requests, failures, success, success_ns),
                    record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
-                   record.get("ended"), record.get("baseline_p99_ms"), record.get("p99_ms"))
+                   record.get("ended"), record.get("baseline_p99_ms"), record.get("p99_ms"),
+                   bool(record.get("warned", True)))
 
 
 def _utc(epoch: float) -> datetime:
@@ -217,6 +225,7 @@ class Baker:
         self._history: dict[str, deque[tuple[float, int, int, float | None]]] = {}  # latency baseline samples
         # Triton's metrics endpoint, where its p99s are read (set by the daemon); None: the mean only
         self.metrics_url: Callable[[], str | None] = lambda: None
+        self.loads = LoadTimes(path.with_name(LOADS_FILE) if path is not None else None)  # each deploy's load time
         self._lock = threading.Lock()
         self._judge_thread = Periodic("bake", TICK_S, self.tick, log)
 
@@ -238,6 +247,8 @@ class Baker:
         with self._lock:
             asked = self._asked.pop(outcome.model, None) if outcome.action == "deploy" else None
             bake = self._bakes.get(outcome.model)
+        if outcome.action == "deploy" and outcome.outcome == Result.OK and outcome.digest:
+            self.loads.note(outcome.model, outcome.digest, getattr(self.triton, "load_seconds", {}).get(outcome.model))
         if outcome.action == "restore" or outcome.outcome not in (Result.OK, Result.ROLLED_BACK):
             return
         if bake is not None and bake.state == BAKING and outcome.active_digest != bake.digest:
@@ -342,6 +353,7 @@ class Baker:
                 continue
             if p99s and model in p99s:
                 bake.p99_ms = p99s[model]
+            self._warn(bake)
             self._judge(bake)
         if baking:
             self._save()  # the figures so far: a restart resumes from them
@@ -384,7 +396,36 @@ class Baker:
         if outcome is None:
             log.info("%s: bake: %s no longer serves; nothing rolled back", bake.model, bake.digest[:12])
 
+    def _warn(self, bake: Bake, final: bool = False) -> None:
+        """Once per bake, when the digest's footprint is recorded (the memory budget code measures it just after
+        the deploy), or `final`ly at the bake's end: one audit line when its load time or footprint is over
+        `bake_warn_load_ratio` times the previous digest's."""
+        if bake.warned:
+            return
+        try:
+            footprints = self.registry.footprints([bake.model])
+        except TritonctlError as exc:
+            log.info("%s: bake: footprints unavailable this round: %s", bake.model, exc)
+            return
+        if (bake.model, bake.digest) not in footprints and not final:
+            return
+        bake.warned = True
+        if bake.previous is None:
+            return
+        text = warning(self.settings().bake_warn_load_ratio, self.loads.of(bake.model, bake.digest),
+                       self.loads.of(bake.model, bake.previous), footprints.get((bake.model, bake.digest)),
+                       footprints.get((bake.model, bake.previous)))
+        if text is None:
+            return
+        log.warning("%s: bake of %s: %s", bake.model, bake.digest[:12], text)
+        try:
+            self.registry.audit(AuditEntry(BAKE_ACTOR, "bake", bake.model, bake.digest, WARNING, text))
+        except TritonctlError as exc:
+            log.error("%s: bake: audit: %s", bake.model, exc)
+
     def _end(self, bake: Bake, state: str, reason: str, actor: str = BAKE_ACTOR) -> None:
+        if bake.state == BAKING:
+            self._warn(bake, final=True)  # its warning line before its end's
         with self._lock:
             if bake.state != BAKING:
                 return

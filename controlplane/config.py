@@ -41,7 +41,7 @@ TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
-              "bake_min_requests", "bake_inconclusive")
+              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
 # An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
 ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
 WEBHOOK_KEYS = ("url", "events", "secret_file")
@@ -140,6 +140,9 @@ class Settings:
     bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
     bake_min_requests: int = 20  # fewer by the end: inconclusive
     bake_inconclusive: str = "keep"  # an inconclusive bake keeps the version, or "rollback"
+    # a baked digest whose load took more than this times the previous digest's, or whose footprint grew
+    # more than this, gets one warning line in the audit and a mark in `versions` (controlplane/bakewarn.py)
+    bake_warn_load_ratio: float = 2.0
 
     @property
     def registry_url(self) -> str:
@@ -443,6 +446,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "bake_max_latency_ratio": _positive_float(1.0),
     "bake_min_requests": _whole_int,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
+    "bake_warn_load_ratio": _positive_float(1.0),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 

@@ -167,7 +167,8 @@ def test_enumerations_are_the_vocabulary() -> None:
     assert _enum("status", "$defs", "model", "properties", "sync") == {s.value for s in SyncState}
     assert _enum("load", "$defs", "outcome", "properties", "cause") == {c.value for c in Cause}
     assert _enum("load", "$defs", "outcome", "properties", "outcome") == (
-        {r.value for r in Result} - {Result.INVALID.value, Result.SKIPPED.value}) | {"accepted"}
+        {r.value for r in Result} - {Result.INVALID.value, Result.SKIPPED.value, Result.INCONCLUSIVE.value,
+                                     Result.WARNING.value}) | {"accepted"}
     assert _enum("audit", "$defs", "event", "properties", "outcome") == {r.value for r in Result}
     assert _enum("validate", "$defs", "problem", "properties", "severity") == {ERROR, WARNING}
 
@@ -216,7 +217,9 @@ def _full_documents() -> dict[str, list[Any]]:
                                 registry_reason="registry postgresql://db/fleet: connection refused").to_json()],
         "load": [outcome.to_json(), [outcome.to_json()]],
         "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",),
-                                                     FootprintRecord("m", D1, 97.5, 0.0, "declared", T))]).to_json()],
+                                                     FootprintRecord("m", D1, 97.5, 0.0, "declared", T),
+                                                     "memory 450 MB, 4.5 x the previous digest's 100 MB "
+                                                     "(bake_warn_load_ratio 2)")]).to_json()],
         "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
                             [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
         "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],

@@ -1,11 +1,17 @@
 """controlplane.bake's arithmetic on Triton's cumulative counters (the bake itself runs against a real
 tritonserver in tests/test_bake_e2e.py): a counter that went down is a reset, never a negative figure;
-the latency compared is Triton's p99 where its metrics report one, else the mean."""
+the latency compared is Triton's p99 where its metrics report one, else the mean; a load or footprint over
+`bake_warn_load_ratio` times the previous digest's is one warning line."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from pathlib import Path
+
 from controlplane.bake import Bake, Limits, Tally
+from controlplane.bakewarn import LoadTimes, warning
 from controlplane.config import Settings
+from controlplane.store.records import FootprintRecord
 from controlplane.triton.client import RequestCounts
 from controlplane.triton.summaries import request_quantiles_ms
 
@@ -73,3 +79,30 @@ def test_a_bake_compares_p99s_where_triton_reports_them_else_means() -> None:
     assert Bake.from_record(bake.to_record()).latency() == ("p99", 9.0, 3.0)  # kept across a restart
     unbased = Bake("m", "d2", None, limits, 0.0, tally, p99_ms=9.0)  # no baseline (a first version): its p99
     assert unbased.to_json()["latency_ms"] == 9.0 and unbased.to_json()["baseline_latency_ms"] is None
+
+
+def _footprint(memory_mb: float | None, gpu_mb: float | None = None) -> FootprintRecord:
+    return FootprintRecord("m", "d", memory_mb, gpu_mb, "measured", datetime(2026, 1, 1))
+
+
+def test_a_load_or_footprint_over_the_ratio_is_one_warning_line_and_anything_else_none() -> None:
+    assert warning(2.0, 1.9, 1.0, _footprint(190), _footprint(100)) is None  # under the ratio on both
+    assert warning(2.0, 3.0, None, _footprint(300), None) is None  # nothing to compare with (a first digest)
+    assert warning(2.0, 2.5, 1.0, None, None) == \
+        "load 2.50 s, 2.5 x the previous digest's 1.00 s (bake_warn_load_ratio 2)"
+    both = warning(2.0, 2.5, 1.0, _footprint(450, 3000), _footprint(100, 1000))
+    assert both == ("load 2.50 s, 2.5 x the previous digest's 1.00 s; memory 450 MB, 4.5 x the previous digest's "
+                    "100 MB; GPU memory 3000 MB, 3.0 x the previous digest's 1000 MB (bake_warn_load_ratio 2)")
+    assert warning(5.0, 2.5, 1.0, _footprint(450), _footprint(100)) is None  # a ratio of 5 tolerates both
+
+
+def test_load_times_are_kept_per_digest_across_a_restart(tmp_path: Path) -> None:
+    times = LoadTimes(tmp_path / "loads.json")
+    for n in range(12):
+        times.note("m", f"d{n}", 0.5 + n)
+    times.note("m", "d0-again", None)  # no timing (a stand-in Triton): nothing kept
+    again = LoadTimes(tmp_path / "loads.json")
+    assert again.of("m", "d11") == 11.5 and again.of("m", "d3") is None  # the newest 8 digests only
+    assert again.of("m", "d0-again") is None and again.of("other", "d1") is None
+    (tmp_path / "loads.json").write_text("{not json")
+    assert LoadTimes(tmp_path / "loads.json").of("m", "d11") is None  # unreadable: afresh, no error
