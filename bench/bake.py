@@ -182,22 +182,26 @@ def render(report: dict[str, Any], console: Any) -> None:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Each system's failed requests, cumulative over time, the bad deploys marked."""
+    """Each system's failed requests, cumulative over time (all its clients saw: in the bad versions' windows
+    and until the good version that followed served), the bad deploys marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
-    for system, times in report["timeline"]["failed_s"].items():
-        ax.step([0.0, *times], range(len(times) + 1), where="post", label=system)
+    failed = report["timeline"]["failed_s"]
+    end = max([t for times in failed.values() for t in times] + [report["timeline"]["bad_deploys_s"][-1]
+                                                                 + report["settings"]["window_s"]])
+    for system, times in failed.items():  # every failed request clients saw, the windows' and after them
+        ax.step([0.0, *times, end], [*range(len(times) + 1), len(times)], where="post", label=system)
     for i, mark in enumerate(report["timeline"]["bad_deploys_s"]):
         ax.axvline(mark, color="grey", linestyle=":", label="bad version written" if i == 0 else None)
     s = report["settings"]
     ax.set_xlabel("seconds since the first bad version was written")
     ax.set_ylabel("failed requests (cumulative)")
     ax.set_title(f"{s['rounds']} bad deploys (a fifth of requests fail), {s['window_s']:g} s each; "
-                 f"{s['clients']} clients per system; commit {c.short_commit(report.get('git_commit'))}")
+                 f"{s['clients']} clients per system; commit {c.short_commit(report.get('git_commit') or c.git_commit())}")
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
