@@ -200,8 +200,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     s = report["settings"]
     ax.set_xlabel("seconds since the first bad version was written")
     ax.set_ylabel("failed requests (cumulative)")
+    commit = c.short_commit(report.get("git_commit") or c.git_commit())
     ax.set_title(f"{s['rounds']} bad deploys (a fifth of requests fail), {s['window_s']:g} s each; "
-                 f"{s['clients']} clients per system; commit {c.short_commit(report.get('git_commit') or c.git_commit())}")
+                 f"{s['clients']} clients per system; commit {commit}")
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
