@@ -176,9 +176,8 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
 
 def render(report: dict[str, Any], console: Any) -> None:
     s = report["settings"]
-    c.render_rows(f"bad deploys: {s['rounds']} versions failing a fifth of requests, {s['window_s']} s each, "
-                  f"{s['clients']} clients per system; bake {s['bake_s']} s",
-                  [c.Row(**r) for r in report["rows"]], console, c.machine_line(report["machine"]))
+    c.render_report(f"bad deploys: {s['rounds']} versions failing a fifth of requests, {s['window_s']} s each, "
+                    f"{s['clients']} clients per system; bake {s['bake_s']} s", report, console)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
