@@ -60,6 +60,7 @@ from controlplane.vocab import BAKE_ACTOR, Result
 log = logging.getLogger("tritonctl.bake")
 
 TICK_S = 0.5
+P99_SAMPLE_S = 2.0  # how often every model's p99 is read for the latency baselines (Triton's window: a minute)
 SMOKE_COUNTED_S = 1.0  # at most this long for Triton to count a deploy's smoke requests
 BAKES_FILE = "bakes.json"  # in the state directory: each model's last bake, kept across a restart
 BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
@@ -225,6 +226,7 @@ class Baker:
         self._history: dict[str, deque[tuple[float, int, int, float | None]]] = {}  # latency baseline samples
         # Triton's metrics endpoint, where its p99s are read (set by the daemon); None: the mean only
         self.metrics_url: Callable[[], str | None] = lambda: None
+        self._p99_read = float("-inf")  # when Triton's metrics were last read (time.monotonic)
         self.loads = LoadTimes(path.with_name(LOADS_FILE) if path is not None else None)  # each deploy's load time
         self._lock = threading.Lock()
         self._judge_thread = Periodic("bake", TICK_S, self.tick, log)
@@ -339,7 +341,9 @@ class Baker:
     def tick(self) -> None:
         """Read each baking model's figures; end the bakes whose limits were crossed or whose time is up."""
         baking = self.baking()
-        sampling = self.settings().bake_max_latency_ratio is not None
+        # Triton's whole metrics text: each round while a bake runs, every P99_SAMPLE_S for the baselines
+        sampling = self.settings().bake_max_latency_ratio is not None and (
+            time.monotonic() - self._p99_read >= P99_SAMPLE_S)
         p99s = self._p99s() if baking or sampling else None
         self._sample(p99s)
         for model in baking:
@@ -444,6 +448,7 @@ class Baker:
 
     def _p99s(self) -> dict[str, float] | None:
         """model → its request p99 in ms over Triton's last minute (its metrics' summaries); None without them."""
+        self._p99_read = time.monotonic()
         url = self.metrics_url()
         return fetch_request_p99_ms(url) if url else None
 
