@@ -61,6 +61,7 @@ log = logging.getLogger("tritonctl.bake")
 
 TICK_S = 0.5
 P99_SAMPLE_S = 2.0  # how often every model's p99 is read for the latency baselines (Triton's window: a minute)
+P99_KEEP_S = 20.0  # the baseline samples are kept at least this long: a deploy's p99 baseline is read before it
 SMOKE_COUNTED_S = 1.0  # at most this long for Triton to count a deploy's smoke requests
 BAKES_FILE = "bakes.json"  # in the state directory: each model's last bake, kept across a restart
 BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
@@ -265,7 +266,7 @@ class Baker:
         limits = Limits.of(settings, asked, self._parameters(outcome.model, outcome.digest))
         if limits.bake_s <= 0 or settings.fleet:  # a fleet's rollouts do not bake yet (docs/bake.md)
             return
-        self._begin(outcome.model, outcome.digest, limits)
+        self._begin(outcome.model, outcome.digest, limits, self.clock() - outcome.duration_ms / 1000)
 
     def _parameters(self, model: str, digest: str) -> dict[str, Any]:
         """The model's own bake settings in the deployed config (validation refused bad ones)."""
@@ -296,7 +297,9 @@ class Baker:
             counts = self.triton.request_counts(model)
         return counts
 
-    def _begin(self, model: str, digest: str, limits: Limits) -> None:
+    def _begin(self, model: str, digest: str, limits: Limits, deployed_from: float) -> None:
+        """`deployed_from`: when the deploy began (what Triton's metrics reported before it is the previous
+        digest's)."""
         previous = self._previous(model, digest)
         try:
             tally = Tally.starting_at(self._counts_after_smoke(model, digest))  # the smoke requests: not the bake's
@@ -304,7 +307,7 @@ class Baker:
             log.warning("%s: bake: no figures at its start (%s); counting from 0", model, exc)
             tally = Tally()
         now = self.clock()
-        mean_ms, p99_ms = self._baseline_ms(model, now, limits.bake_s)
+        mean_ms, p99_ms = self._baseline_ms(model, limits.bake_s, deployed_from)
         bake = Bake(model, digest, previous, limits, now, tally, mean_ms, baseline_p99_ms=p99_ms)
         with self._lock:
             self._bakes[model] = bake
@@ -460,7 +463,8 @@ class Baker:
         if settings.bake_max_latency_ratio is None:
             self._history.clear()
             return
-        keep_s = max(settings.bake_s, *self._asked.values(), 1.0) if self._asked else max(settings.bake_s, 1.0)
+        keep_s = max(settings.bake_s, *self._asked.values(), P99_KEEP_S) if self._asked else max(settings.bake_s,
+                                                                                                 P99_KEEP_S)
         try:
             every = self.triton.request_counts("")
         except TritonctlError:
@@ -477,27 +481,23 @@ class Baker:
                 while samples and samples[0][0] < now - keep_s:
                     samples.popleft()
 
-    def _baseline_ms(self, model: str, now: float, window_s: float) -> tuple[float | None, float | None]:
-        """(mean, p99) latency of `model`'s successful requests before the switch, or None without samples or
-        requests: the mean over the last `window_s` before now (the previous digest's: the samples end at
-        the switch), the p99 as Triton reported it in the last sample before the switch. The switch's reload
-        starts the statistics API again at 0 (a reset) but not Triton's summaries, whose window then holds
-        the new digest's smoke requests too: so the p99 is the last one read before the first reset."""
+    def _baseline_ms(self, model: str, window_s: float, deployed_from: float) -> tuple[float | None, float | None]:
+        """(mean, p99) latency of `model`'s successful requests before the switch (the previous digest's), or
+        None without samples or requests, from the samples taken before the deploy began (`deployed_from`):
+        the mean over the last `window_s` of them (a reset between two samples, a reload, adds nothing), the
+        p99 as Triton reported it last (the reload keeps Triton's summaries, whose window holds the new
+        digest's smoke requests too from then on)."""
         with self._lock:
-            samples = [s for s in self._history.pop(model, deque()) if s[0] >= now - window_s]
+            history = [s for s in self._history.pop(model, deque()) if s[0] <= deployed_from]
+        samples = [s for s in history if s[0] >= deployed_from - window_s]
         success = ns = 0
-        p99 = samples[0][3] if samples else None
-        reset = False
-        for (_, s0, n0, _p0), (_, s1, n1, p1) in zip(samples, samples[1:], strict=False):
+        for (_, s0, n0, _p0), (_, s1, n1, _p1) in zip(samples, samples[1:], strict=False):
             if s1 >= s0 and n1 >= n0:  # a reset (the switch's reload) between two samples adds nothing
                 success, ns = success + s1 - s0, ns + n1 - n0
-                if not reset and p1 is not None:
-                    p99 = p1
-            else:
-                reset = True
         if not success:  # no request to the previous digest in the window: no baseline at all
             return None, None
-        return ns / success / 1e6, p99
+        p99s = [p99 for _, _, _, p99 in history if p99 is not None]
+        return ns / success / 1e6, (p99s[-1] if p99s else None)
 
     # -- across a restart ----------------------------------------------------------------------------
 

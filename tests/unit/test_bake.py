@@ -5,10 +5,11 @@ the latency compared is Triton's p99 where its metrics report one, else the mean
 
 from __future__ import annotations
 
+from collections import deque
 from datetime import datetime
 from pathlib import Path
 
-from controlplane.bake import Bake, Limits, Tally
+from controlplane.bake import Bake, Baker, Limits, Tally
 from controlplane.bakewarn import LoadTimes, warning
 from controlplane.config import Settings
 from controlplane.store.records import FootprintRecord
@@ -106,3 +107,18 @@ def test_load_times_are_kept_per_digest_across_a_restart(tmp_path: Path) -> None
     assert again.of("m", "d0-again") is None and again.of("other", "d1") is None
     (tmp_path / "loads.json").write_text("{not json")
     assert LoadTimes(tmp_path / "loads.json").of("m", "d11") is None  # unreadable: afresh, no error
+
+
+def test_the_baselines_are_the_previous_digests_before_the_switch() -> None:
+    """Both from before the deploy began: the mean over the last bake_s of it, the p99 as last read (the reload
+    keeps Triton's summaries, which then hold the new digest's smoke requests too)."""
+    baker = Baker(None, None, None, lambda: Settings(bake_s=10.0, bake_max_latency_ratio=2.0))  # type: ignore[arg-type]
+    baker._history["m"] = deque([(90.0, 10, 500_000_000, 9.0),  # out of the window (bake_s 10 before the deploy)
+                                 (100.0, 100, 100_000_000, 5.0), (101.0, 150, 200_000_000, None),
+                                 (102.0, 200, 250_000_000, 6.0),  # the last p99 before the deploy began
+                                 (103.0, 1, 90_000_000, 90.0),  # after the reload: the smoke request, slow
+                                 (103.5, 3, 95_000_000, None)])
+    mean_ms, p99_ms = baker._baseline_ms("m", 10.0, deployed_from=102.5)
+    assert (mean_ms, p99_ms) == (1.5, 6.0)  # 150 ms over 100 requests; not the smoke's 90 ms, nor the new digest's
+    baker._history["m"] = deque([(100.0, 5, 5_000_000, None), (101.0, 5, 5_000_000, 4.0)])
+    assert baker._baseline_ms("m", 10.0, deployed_from=101.5) == (None, None)  # no request: no baseline
