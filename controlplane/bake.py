@@ -414,9 +414,10 @@ class Baker:
         except TritonctlError as exc:
             log.info("%s: bake: footprints unavailable this round: %s", bake.model, exc)
             return
-        if (bake.model, bake.digest) not in footprints and not final:
-            return
-        bake.warned = True
+        with self._lock:  # the judging thread and an operation ending the bake: one of them compares
+            if bake.warned or ((bake.model, bake.digest) not in footprints and not final):
+                return
+            bake.warned = True
         if bake.previous is None:
             return
         text = warning(self.settings().bake_warn_load_ratio, self.loads.of(bake.model, bake.digest),
