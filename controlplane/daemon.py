@@ -328,6 +328,11 @@ class Daemon:
         or none. Wrong s3 credentials or bucket are one logged line: what serves keeps serving, and the
         poller keeps trying (the credentials may be fixed)."""
         s = self.settings
+        if s.repository_url and s.repository_url.startswith("mlflow+"):  # an MLflow registry (docs/mlflow.md)
+            from controlplane.source import mlflowsource
+
+            assert self.plane is None and self.registry is not None
+            return mlflowsource.open_source(s, self.registry, self.settings.state_dir / "store")
         if s.repository_url:
             from controlplane.errors import ConfigError
             from controlplane.source.s3 import S3Source
