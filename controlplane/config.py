@@ -562,7 +562,12 @@ def load_settings(
         merged["repository_url"] = merged.pop("repository")
     settings = Settings(**merged)
     if settings.repository is not None and settings.repository_url:
-        raise ConfigError("repository: give either a directory or a URL (repository_url), not both")
+        raise ConfigError("repository: give either a directory or an s3:// URL or mlflow+http:// URL (repository_url), "
+                          "not both")
+    if settings.repository_url and settings.repository_url.startswith("mlflow+"):
+        from controlplane.source.mlflowrest import require_extra
+
+        require_extra()  # one line naming the extra (exit 2), before anything starts
     if settings.listen and not settings.token_file:
         raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
     if bool(settings.tls_cert) != bool(settings.tls_key):

@@ -57,7 +57,8 @@ class Setup:
         try:
             return dict(wait_for(tagged, 60, 0.2, f"{name} version {version} tagged {states}"))
         except AssertionError as exc:
-            raise AssertionError(f"{exc}: {self.server.version_tags(name, version)}\n{self.daemon.log_tail()}") from None
+            tags = self.server.version_tags(name, version)
+            raise AssertionError(f"{exc}: {tags}\n{self.daemon.log_tail()}") from None
 
 
 @pytest.fixture(scope="module")

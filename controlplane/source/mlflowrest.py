@@ -21,7 +21,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from controlplane.errors import ConfigError, MLflowError
@@ -29,6 +29,16 @@ from controlplane.errors import ConfigError, MLflowError
 SCHEMES = ("mlflow+http://", "mlflow+https://")
 TIMEOUT_S = 10.0
 API = "/api/2.0"
+
+
+def require_extra(find: Callable[[str], object] | None = None) -> None:
+    """ConfigError (exit 2) naming the extra when the MLflow client (`tritonctl[mlflow]`) is not installed;
+    looked up, not imported (importing it costs seconds)."""
+    import importlib.util
+
+    if (find or importlib.util.find_spec)("mlflow") is None:
+        raise ConfigError("repository mlflow+http://...: the MLflow client is not installed: "
+                          "pip install 'tritonctl[mlflow]'")
 
 
 def is_mlflow_url(value: object) -> bool:

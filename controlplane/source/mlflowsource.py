@@ -7,8 +7,7 @@ tritonctl deploy, behind the same `Source` protocol as a directory or a bucket:
   aliases, one request per 1000 models) and hands on each model whose alias `mlflow_alias` now names
   another version, or no version any more (the consumer then marks it `removed`; what serves keeps
   serving). MLflow unreachable: the next poll waits longer (doubling, at most 16 polls' time and 30 s),
-  nothing is handed on,
-  and `status`'s watch reason says so;
+  nothing is handed on, and `status`'s watch reason says so;
 - `capture` reads the alias, resolves the version's artifact location, lists it, finds the Triton model
   directory (`config.pbtxt` at the root, or `MLmodel` -> `flavors.triton.data`), downloads each file into
   the content store (a file of the same model, version, path and size captured before is not downloaded
@@ -29,7 +28,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,13 +64,6 @@ STATE_TAG, DIGEST_TAG = "tritonctl.state", "tritonctl.digest"
 ARTIFACTS_SCHEME = "mlflow-artifacts:"
 VERSIONS_FILE = "mlflowversions.json"  # beside the content store: (model, version) -> the digest captured
 ACTOR = "mlflow"  # the actor of the tritonctl tags that mirror MLflow aliases
-
-
-def extra_installed() -> bool:
-    """Whether the `mlflow` extra (mlflow-skinny) is installed: looked up, not imported (seconds)."""
-    import importlib.util
-
-    return importlib.util.find_spec("mlflow") is not None
 
 
 class RegistryView(Protocol):
@@ -556,12 +548,9 @@ def _triton_flavor_data(text: str) -> str | None:
     return data if isinstance(data, str) and data else None
 
 
-def open_source(settings: Settings, registry: RegistryView | None, store_root: Path,
-                check: Callable[[], bool] = extra_installed) -> MLflowSource:
-    """The daemon's MLflow source; ConfigError (exit 2) without the `mlflow` extra or with refused
-    credentials. An unreachable server is one logged line: the poller keeps trying."""
-    if not check():
-        raise ConfigError("--repository mlflow+http://: the MLflow client is missing: pip install 'tritonctl[mlflow]'")
+def open_source(settings: Settings, registry: RegistryView | None, store_root: Path) -> MLflowSource:
+    """The daemon's MLflow source (load_settings checked the `mlflow` extra); ConfigError (exit 2) when
+    the server refuses the credentials. An unreachable server is one logged line: the poller keeps trying."""
     assert settings.repository_url is not None
     source = MLflowSource(settings.repository_url, alias=settings.mlflow_alias,
                           poll_interval_s=settings.poll_interval_s, registry=registry)
