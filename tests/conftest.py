@@ -81,7 +81,8 @@ SERVER_MODULES = {
     "test_writer_patterns_daemon": ("triton",),
 }
 # Programs a unit test must not start, with the tier that would own the test.
-SERVER_PROGRAMS = {"tritonserver": "triton", "initdb": "postgres", "pg_ctl": "postgres", "moto_server": "s3", "mlflow": "mlflow"}
+SERVER_PROGRAMS = {"tritonserver": "triton", "initdb": "postgres", "pg_ctl": "postgres", "moto_server": "s3",
+                   "mlflow": "mlflow"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

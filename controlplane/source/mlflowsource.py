@@ -549,11 +549,16 @@ def _triton_flavor_data(text: str) -> str | None:
 
 
 def open_source(settings: Settings, registry: RegistryView | None, store_root: Path) -> MLflowSource:
-    """The daemon's MLflow source (load_settings checked the `mlflow` extra); ConfigError (exit 2) when
-    the server refuses the credentials. An unreachable server is one logged line: the poller keeps trying."""
+    """The daemon's MLflow source (load_settings checked the `mlflow` extra). Refused credentials or an
+    unreachable server are one logged line, as for s3://: what serves keeps serving, the poller keeps
+    trying (the credentials may be fixed) and `status`'s watch reason says why."""
     assert settings.repository_url is not None
     source = MLflowSource(settings.repository_url, alias=settings.mlflow_alias,
                           poll_interval_s=settings.poll_interval_s, registry=registry)
     source.attach(store_root)
-    source.check()
+    try:
+        source.check()
+    except ConfigError as exc:
+        log.error("%s; serving is unchanged", exc)
+        source._failing = str(exc)
     return source
