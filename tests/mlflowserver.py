@@ -58,7 +58,7 @@ class MLflowServer:
     def log_path(self) -> Path:
         return self.base / "mlflow-server.log"
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         exe = install()
         args = [str(exe), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
                 "--backend-store-uri", f"sqlite:///{self.base / 'mlflow.db'}",
@@ -67,6 +67,12 @@ class MLflowServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
+        if wait:
+            self.wait_up()
+
+    def wait_up(self) -> None:
+        """Until /health answers (the first time: an experiment for the runs made then)."""
+        assert self.proc is not None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"mlflow server exited:\n{self.log_path.read_text()[-3000:]}"
@@ -127,8 +133,9 @@ class MLflowServer:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
+    """A server starting (not waited for: a user starts a daemon beside it meanwhile; `wait_up`)."""
     server = MLflowServer(tmp_path_factory.mktemp("mlflow"))
-    server.start()
+    server.start(wait=False)
     yield server
     server.stop()
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.harness import DaemonProcess, answers, gen_config, python_model, wait_for
+from tests.harness import DaemonProcess, answers, gen_config, python_model, triton_client, wait_for
 from tests.mlflowserver import MLflowServer, mlflow_server  # noqa: F401 - fixture
 
 # ruff: noqa: F811 - the fixture imported above is a parameter below
@@ -64,16 +64,17 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(mlflow_server: MLflowServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     s = Setup(mlflow_server, tmp_path_factory.mktemp("mlflowe2e"))
-    s.daemon.start()
+    s.daemon.start(wait=False)  # both start at once: the daemon polls until MLflow answers
+    mlflow_server.wait_up()
+    s.daemon.wait_ready()
     yield s
     assert s.daemon.stop() == 0, s.daemon.log_tail()
 
 
 @pytest.fixture(scope="module")
 def client(setup: Setup) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(setup.daemon.triton_url())
-    yield c
-    c.close()
+    with triton_client(setup.daemon) as c:
+        yield c
 
 
 def serves(setup: Setup, client: grpcclient.InferenceServerClient, name: str, gen: int) -> None:

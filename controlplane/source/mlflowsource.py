@@ -45,12 +45,13 @@ from controlplane.errors import (
     SnapshotUnsupportedError,
     TagError,
 )
+from controlplane.periodic import Periodic
 from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.source.mlflowrest import MLflowRest, tracking_url
-from controlplane.source.protocol import Captured, OnChange
+from controlplane.source.protocol import Captured, OnChange, PerModelOnly
 from controlplane.source.shacache import ShaCache
 from controlplane.store.records import AuditEntry
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Result
@@ -91,7 +92,7 @@ class ArtifactFile:
     size: int
 
 
-class MLflowSource:
+class MLflowSource(PerModelOnly):
     """A `Source` (controlplane/source/protocol.py) over an MLflow tracking server's model registry."""
 
     def __init__(self, url: str, *, alias: str = "champion", poll_interval_s: float = 2.0,
@@ -111,8 +112,7 @@ class MLflowSource:
         self._aliases: dict[str, dict[str, list[str]]] = {}  # model -> version -> its aliases
         self._captured: dict[str, str] = {}  # model -> the signature its last capture was taken at
         self._written: dict[tuple[str, str], tuple[str | None, str]] = {}  # (model, version) -> (state, digest)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = Periodic("tritonctl-mlflowpoll", self.poll_interval_s, self._round, log)
         self._failing: str | None = None
         self._failures = 0
         self.downloads = self.bytes_downloaded = 0  # counters for tests and docs
@@ -206,18 +206,13 @@ class MLflowSource:
 
     def watch(self, on_change: OnChange) -> None:
         self._on_change = on_change
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="tritonctl-mlflowpoll", daemon=True)
-        self._thread.start()
+        self._poller.start()
 
     def start_events(self) -> None:
-        return None  # MLflow's registry webhooks are Databricks-only: the poller is the watch
+        return None  # the poller is the watch (MLflow 3.3+ alias webhooks are not taken: docs/mlflow.md)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(30)
-        self._thread = None
+        self._poller.stop()
 
     def reschedule(self, model: str, delay_s: float) -> None:
         with self._lock:
@@ -240,26 +235,16 @@ class MLflowSource:
     def backlog(self) -> int:
         return len(self.settling())
 
-    def repository_held(self) -> bool:
-        return False
-
-    def repository_marked(self) -> bool:
-        return False
-
-    def repository_wait(self, model: str) -> str | None:
-        return None
-
     # -- polling -----------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stop.wait(self._next_wait()):
-            try:
-                self.poll()
-            except Exception:  # noqa: BLE001 - one bad poll must not stop the poller
-                log.exception("MLflow poll failed")
-            try:
-                self.write_back()
-            except Exception:  # noqa: BLE001 - the write-back is retried at the next poll
-                log.exception("MLflow write-back failed")
+    def _round(self) -> None:
+        """One poll, then the write-back (each failure logged; the next round tries again)."""
+        try:
+            self.poll()
+        except Exception:  # noqa: BLE001 - one bad poll must not stop the poller
+            log.exception("MLflow poll failed")
+        finally:
+            self._poller.interval_s = self._next_wait()
+        self.write_back()
 
     def _next_wait(self) -> float:
         if not self._failures:
