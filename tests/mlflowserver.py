@@ -15,6 +15,7 @@ version whose source is `runs:/<run>/<path>`, and the alias moved with `set_regi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,18 @@ def install(venv: Path = VENV) -> Path:
     return exe
 
 
+def template_db(venv: Path = VENV) -> Path:
+    """An empty backend store with MLflow's schema migrated (made once: the migrations are most of a
+    fresh server's start-up); each server starts from a copy."""
+    template = venv / "template.db"
+    if not template.exists():
+        tmp = venv / f"template-{os.getpid()}.db"
+        subprocess.run([str(install(venv)), "db", "upgrade", f"sqlite:///{tmp}"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tmp.replace(template)
+    return template
+
+
 class MLflowServer:
     """One `mlflow server` over a directory; `stop()` and `start()` again keep its store and port."""
 
@@ -60,6 +73,9 @@ class MLflowServer:
 
     def start(self, wait: bool = True) -> None:
         exe = install()
+        db = self.base / "mlflow.db"
+        if not db.exists():
+            shutil.copyfile(template_db(), db)
         args = [str(exe), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
                 "--backend-store-uri", f"sqlite:///{self.base / 'mlflow.db'}",
                 "--artifacts-destination", str(self.base / "artifacts"), "--serve-artifacts"]
