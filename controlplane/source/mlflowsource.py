@@ -188,9 +188,9 @@ class MLflowSource(PerModelOnly):
     def entry_problem(self, model: str) -> str | None:
         return None
 
-    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+    def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
-        snapshot = self.capture(model, store)
+        snapshot = self.capture(model, content)
         with self._lock:
             signature = self._captured.pop(model, None)
         return Captured(snapshot, signature, True)  # a version number names the content
@@ -285,17 +285,17 @@ class MLflowSource(PerModelOnly):
         return due
 
     # -- capture -----------------------------------------------------------------------------------
-    def capture(self, model: str, store: ContentStore) -> Snapshot:
+    def capture(self, model: str, content: ContentStore) -> Snapshot:
         """Snapshot the version the alias names (see the module docstring); SnapshotError otherwise."""
-        self._root = store.root
+        self._root = content.root
         before = self.rest.version_by_alias(model, self.alias)
         if before is None:
             raise SnapshotSourceGoneError(self.missing(model))
         base = self._base(before)
         root, files = self._layout(model, before, base)
         wanted = [f for f in files if f.path.startswith(root)]
-        store.check_model_size(model, sum(f.size for f in wanted))
-        shas, fetched = self._fetch(model, before, base, wanted, store)
+        content.check_model_size(model, sum(f.size for f in wanted))
+        shas, fetched = self._fetch(model, before, base, wanted, content)
         after = self.rest.version_by_alias(model, self.alias)
         if after is None or after.get("version") != before.get("version"):
             moved = "deleted" if after is None else f"moved to version {after.get('version')}"
@@ -313,15 +313,15 @@ class MLflowSource(PerModelOnly):
             entries[rel] = ManifestEntry(rel, "file", f.size, FILE_MODE, shas[f.path])
         snapshot = Snapshot.from_entries(model, list(entries.values()))
         try:
-            with store.reading():
-                store.add_snapshot(snapshot)
+            with content.reading():
+                content.add_snapshot(snapshot)
         except OSError as exc:
             raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
         version, run = str(before.get("version")), str(before.get("run_id") or "-")
         with self._lock:
             self._captured[model] = _signature(version)
             self._written.pop((model, version), None)  # write its tags (again) at the next poll
-        self._remember(store, model, version, snapshot.digest)
+        self._remember(content, model, version, snapshot.digest)
         if self.registry is not None:
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "mlflow", model, snapshot.digest, Result.OK,
                                            f"captured MLflow {model} version {version} (run {run}, alias "
@@ -385,9 +385,9 @@ class MLflowSource(PerModelOnly):
         return self.rest.open_artifact(f"{base}/{rel}")
 
     def _fetch(self, model: str, version: dict[str, Any], base: str, wanted: list[ArtifactFile],
-               store: ContentStore) -> tuple[dict[str, str], int]:
+               content: ContentStore) -> tuple[dict[str, str], int]:
         """sha256 of every wanted file, each a content-store object; how many were downloaded."""
-        cache = ShaCache(store.root / "mlflowcache.json")
+        cache = ShaCache(content.root / "mlflowcache.json")
         known = cache.load()
         prefix = f"{model}\0{version.get('version')}\0{version.get('run_id')}\0"
         shas: dict[str, str] = {}
@@ -396,10 +396,10 @@ class MLflowSource(PerModelOnly):
         for f in wanted:
             key = f"{prefix}{f.path}\0{f.size}"
             sha = known.get(key)
-            if sha is not None and store.has_object(sha, f.size):
+            if sha is not None and content.has_object(sha, f.size):
                 shas[f.path] = sha
                 continue
-            fd, tmp = tempfile.mkstemp(dir=store.root / "tmp", prefix="mlflow-")
+            fd, tmp = tempfile.mkstemp(dir=content.root / "tmp", prefix="mlflow-")
             try:
                 hasher, copied = hashlib.sha256(), 0
                 with os.fdopen(fd, "wb") as writer, self._open(f.path, base) as answer:
@@ -411,7 +411,7 @@ class MLflowSource(PerModelOnly):
                     raise SnapshotChangingError(f"{model}: still changing ({f.path} is {copied} bytes, the "
                                                 f"listing said {f.size})")
                 sha = hasher.hexdigest()
-                store.add_object(Path(tmp), sha, f.size)
+                content.add_object(Path(tmp), sha, f.size)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
@@ -424,8 +424,8 @@ class MLflowSource(PerModelOnly):
         return shas, fetched
 
     # -- the versions captured, and the write-back -----------------------------------------------------
-    def _remember(self, store: ContentStore, model: str, version: str, digest: str) -> None:
-        ShaCache(store.root / VERSIONS_FILE).save({f"{model}\0{version}": digest})
+    def _remember(self, content: ContentStore, model: str, version: str, digest: str) -> None:
+        ShaCache(content.root / VERSIONS_FILE).save({f"{model}\0{version}": digest})
 
     def captured_versions(self) -> dict[tuple[str, str], str]:
         """(model, version) -> the digest captured from it (kept beside the content store)."""
