@@ -81,6 +81,8 @@ class MLflowServer:
                 "--artifacts-destination", str(self.base / "artifacts"), "--serve-artifacts"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        # no job runner (GenAI jobs: five more processes each importing mlflow, most of a start's CPU)
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         if wait:

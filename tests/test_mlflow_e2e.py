@@ -7,6 +7,7 @@ One server and one daemon for the module; the tests run in order and build on ea
   shows `tritonctl.state=serving` and the digest on that version, `status` the alias as a tag;
 - a version that fails to load is rolled back (the previous one keeps serving) and tagged in MLflow;
 - moving the alias back serves the old digest without downloading it again (the audit says 0 files);
+  another alias on the served version is a tag of its digest until it is deleted;
 - the `MLmodel` -> flavors.triton layout (NVIDIA's MLflow plugin) serves too; deleting its alias shows
   the model `removed` while it keeps serving;
 - (slow) the MLflow server stopped: serving untouched, `status` says so; started again: the next alias
@@ -129,6 +130,11 @@ def test_alias_back_serves_the_old_digest_without_downloading(setup: Setup,
         lambda: (t := server.version_tags(MODEL, v3)).get("tritonctl.state") != "serving" and t, 30, 0.2)
     newest = next(e for e in setup.daemon.audit("--model", MODEL) if e["action"] == "mlflow")
     assert f"version {v1} " in newest["message"] and ": 0 of 2 files downloaded" in newest["message"], newest
+    # every alias on the served version is a tag of what serves, and stops being one when it goes
+    server.set_alias(MODEL, "staging", v1)
+    wait_for(lambda: sorted(setup.row(MODEL)["tags"]) == ["champion", "staging"], 30, 0.2, "staging as a tag")
+    server.delete_alias(MODEL, "staging")
+    wait_for(lambda: setup.row(MODEL)["tags"] == ["champion"], 30, 0.2, "staging no longer a tag")
 
 
 def test_triton_flavor_layout_serves_and_a_deleted_alias_shows_removed(

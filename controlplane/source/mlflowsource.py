@@ -53,7 +53,7 @@ from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.source.mlflowrest import MLflowRest, tracking_url
 from controlplane.source.protocol import Captured, OnChange, PerModelOnly
 from controlplane.source.shacache import ShaCache
-from controlplane.store.records import AuditEntry
+from controlplane.store.records import AuditEntry, TagRecord
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Result
 
 log = logging.getLogger("tritonctl.mlflow")
@@ -74,7 +74,8 @@ class RegistryView(Protocol):
     def get_snapshot(self, model: str, digest: str) -> Any: ...
     def last_deployments(self, models: Any = None) -> Mapping[str, Any]: ...
     def audit(self, *entries: AuditEntry) -> None: ...
-    def list_tags(self, model: str | None = None) -> list[Any]: ...
+    def last_event_id(self) -> int: ...
+    def list_tags(self, model: str | None = None) -> list[TagRecord]: ...
     def move_tag(self, model: str, name: str, digest: str | None, *, actor: str, outcome: str = "ok",
                  message: str = "", attempted: str | None = None) -> str | None: ...
 
@@ -112,6 +113,7 @@ class MLflowSource(PerModelOnly):
         self._aliases: dict[str, dict[str, list[str]]] = {}  # model -> version -> its aliases
         self._captured: dict[str, str] = {}  # model -> the signature its last capture was taken at
         self._written: dict[tuple[str, str], tuple[str | None, str]] = {}  # (model, version) -> (state, digest)
+        self._clean_at: tuple[int, str, int] | None = None  # the write-back's marker when it left nothing to do
         self._poller = Periodic("tritonctl-mlflowpoll", self.poll_interval_s, self._round, log)
         self._failing: str | None = None
         self._failures = 0
@@ -446,13 +448,18 @@ class MLflowSource(PerModelOnly):
         A failure is logged and retried at the next poll."""
         if self.registry is None:
             return 0
+        # Nothing to look at unless the registry (its newest audit event), the aliases or the versions
+        # captured changed since a write-back that left nothing to retry: a quiet registry costs one query.
+        with self._lock:
+            aliases = repr(sorted(self._aliases.items()))
         captured = self.captured_versions()
-        models = sorted({m for m, _ in captured})
-        if not models:
+        marker = (self.registry.last_event_id(), aliases, len(captured))
+        if marker == self._clean_at:
             return 0
-        lasts = self.registry.last_deployments(models)
+        models = sorted({m for m, _ in captured})
+        lasts = self.registry.last_deployments(models) if models else {}
         records = {m: self.registry.find_model(m) for m in models}
-        tagged = 0
+        tagged, retry = 0, False
         for (model, version), digest in sorted(captured.items()):
             record = records.get(model)
             if record is None:
@@ -460,6 +467,8 @@ class MLflowSource(PerModelOnly):
             with self._lock:
                 before = self._written.get((model, version))
             state = self._state(model, digest, record, lasts.get(model), before[0] if before else None)
+            if state == "serving":
+                self._mirror_aliases(model, version, digest)
             if before == (state, digest):
                 continue
             try:
@@ -472,12 +481,13 @@ class MLflowSource(PerModelOnly):
             except MLflowError as exc:
                 if not exc.missing:  # a deleted version has nothing to tag
                     log.warning("%s; the write-back is retried at the next poll", exc)
+                    retry = True
                     continue
             with self._lock:
                 self._written[(model, version)] = (state, digest)
             tagged += 1
-            if state == "serving":
-                self._mirror_aliases(model, version, digest)
+        # the start's marker: what changed meanwhile (and the tags moved above) is looked at next round
+        self._clean_at = None if retry else marker
         return tagged
 
     def _state(self, model: str, digest: str, record: Any, last: Any, before: str | None) -> str | None:
@@ -510,7 +520,7 @@ class MLflowSource(PerModelOnly):
             except (TagError, ValueError) as exc:
                 log.info("%s: MLflow alias %s is not a tritonctl tag: %s", model, alias, exc)
         for name, tag in current.items():
-            if tag.actor == ACTOR and name not in aliases:
+            if tag.moved_by == ACTOR and name not in aliases:
                 self.registry.move_tag(model, name, None, actor=ACTOR,
                                        message=f"MLflow alias {name} no longer names the served version")
 
