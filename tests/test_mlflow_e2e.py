@@ -9,7 +9,8 @@ One server and one daemon for the module; the tests run in order and build on ea
 - moving the alias back serves the old digest without downloading it again (the audit says 0 files);
   another alias on the served version is a tag of its digest until it is deleted;
 - the `MLmodel` -> flavors.triton layout (NVIDIA's MLflow plugin) serves too; deleting its alias shows
-  the model `removed` while it keeps serving;
+  the model `removed` while it keeps serving; a registered model that is not a Triton model is `invalid`
+  with that reason;
 - (slow) the MLflow server stopped: serving untouched, `status` says so; started again: the next alias
   move deploys.
 """
@@ -149,6 +150,11 @@ def test_triton_flavor_layout_serves_and_a_deleted_alias_shows_removed(
     server.delete_alias(FLAVORED, "champion")
     wait_for(lambda: setup.row(FLAVORED).get("sync") == "removed", 30, 0.2, f"{FLAVORED} removed")
     assert answers(client, FLAVORED, 7.0)  # what serves keeps serving, as for a deleted directory
+    # a registered model that is not a Triton model: listed, and refused with its one reason
+    server.set_alias("mlsklearn", "champion", server.register("mlsklearn", {"MLmodel": "flavors:\n  sklearn: {}\n",
+                                                                          "model.pkl": b"\x80\x04."}))
+    row = wait_for(lambda: (r := setup.row("mlsklearn")).get("sync") == "invalid" and r, 30, 0.2, "mlsklearn refused")
+    assert "not a Triton model" in row["sync_reason"], row
 
 
 @pytest.mark.slow
