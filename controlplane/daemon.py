@@ -145,7 +145,7 @@ class Daemon:
         url, key = self._start_triton(serving)
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.
-        self.source = configured_source(settings)
+        self.source = configured_source(settings, self.registry)
         self.webhooks = self._webhooks()
         self.outcomes = Outcomes()  # every finished operation, to the subscribers wired by build_parts and here
         parts = build_parts(  # this host's parts (controlplane/parts.py), then the verbs over them
