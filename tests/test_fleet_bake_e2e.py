@@ -59,7 +59,8 @@ def test_a_fleet_canary_that_fails_its_bake_is_never_loaded_on_a_second_host(fle
     assert (bake["state"], bake["wave"], bake["hosts"], bake["digest"]) == ("failed", 0, ["h1"], rollout["digest"])
     assert bake["requests"] >= 20 and bake["failures"] > 0 and bake["failure_ratio"] > 0.01, bake
     assert bake["reason"].startswith("failure ratio ") and "> 0.01 over " in bake["reason"], bake
-    assert steps[("h1", "bake")]["figures"]["requests"] == bake["requests"]  # one host: its figures are the pool
+    # one host: its figures are the pool (the host may have written a round more before the leader ended its step)
+    assert steps[("h1", "bake")]["figures"]["requests"] >= bake["requests"] > 0
     assert rollout["error"] == f"bake failed: {bake['reason']}", rollout
     assert seen["failed"] and any(gen == 2.0 for _, gen in seen["ok"])  # the canary did serve it
     # never loaded on h2: the fleet audited no step of that digest there, and h2 serves generation 1
