@@ -21,9 +21,24 @@ from controlplane.fleet.settings import FleetSettings
 from controlplane.store import migrate
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.health import RegistryHealth
+from controlplane.store.journaled import JOURNAL_NAME, JournaledRegistry
+from controlplane.store.records import AuditEntry, ServingRecord
 from controlplane.store.registry import AuditQuery, Registry, utcnow
 from tests.pg import PostgresServer, own_postgres  # noqa: F401 - the fixture
 from tests.test_storage_faults import small_fs  # noqa: F401 - the fixture
+
+
+def fill_up(fs: Path) -> Path:
+    """A file taking every block the filesystem `fs` has left (unlink it to free them)."""
+    filler = fs / "filler"
+    with filler.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    return filler
 
 
 class Clock:
@@ -127,14 +142,7 @@ def test_a_full_disk_under_sqlite_is_an_outage_until_a_write_commits(small_fs: P
     migrate.upgrade(registry)
     try:
         registry.ensure_model("m")
-        filler = small_fs / "filler"
-        with filler.open("wb") as f:  # every block the filesystem has left
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-            except OSError:
-                pass
+        filler = fill_up(small_fs)
         with pytest.raises(StoreError):
             for i in range(200):  # until the database's own pages run out too
                 registry.ensure_model(f"model{i}-" + "x" * 100)
@@ -163,3 +171,48 @@ def test_status_during_an_outage_says_so_first(capsys: pytest.CaptureFixture[str
                             "connection refused); showing what this host knows"), first
     render.status(StatusResult(True, "u", None, {"mode": None, "reason": ""}, []).to_json(), False)
     assert "unreachable" not in capsys.readouterr().out
+
+
+def test_a_single_hosts_records_wait_in_its_journal_through_a_full_disk(small_fs: Path,  # noqa: F811
+                                                                          tmp_path: Path) -> None:
+    """A single host's registry on a filesystem that fills and frees: a deploy that ends and a rollback that
+    begins and ends meanwhile go to the journal (the host reads them back over the registry's rows: no
+    reconcile undoes them, none is open), and are written once, at the times they happened, when a write
+    commits again; a replay of the same journal again writes nothing."""
+    registry = JournaledRegistry(f"sqlite:///{small_fs / 'registry.db'}", tmp_path / JOURNAL_NAME, host="h1")
+    migrate.upgrade(registry)
+    a, b = "aa" * 32, "bb" * 32
+    try:
+        assert registry.replay_journal() == 0
+        registry.ensure_model("m")
+        first = registry.begin_deployment("m", "deploy", a, None, "test")  # before the outage
+        filler = fill_up(small_fs)
+        registry.advance(first.id, "loaded")
+        assert not registry.health.reachable
+        ended = utcnow()
+        registry.finish_deployment(first.id, outcome="ok", error=None, serving=ServingRecord("m", a, [1]),
+                                   audit=AuditEntry("test", "deploy", "m", a, "ok", "serving aa"), model_state="serving")
+        back = registry.begin_deployment("m", "rollback", b, a, "test")
+        assert back.id < 0  # the journal's own
+        registry.finish_deployment(back.id, outcome="ok", error=None, serving=ServingRecord("m", b, [1]),
+                                   audit=AuditEntry("test", "rollback", "m", b, "ok", "serving bb"),
+                                   model_state="serving")
+        assert (registry.get_model("m").active_digest, registry.get_model("m").state) == (b, "serving")
+        assert [m.name for m in registry.serving_models()] == ["m"] and registry.open_deployments() == []
+        assert len(registry.journal) == 4
+        kept = registry.journal.path.read_text()
+        filler.unlink()
+        registry._last_probe = 0.0  # the next committed read probes at once
+        registry.list_models()
+        assert registry.health.reachable and not registry.journal.path.exists()
+        events = registry.query_audit(AuditQuery(model="m", limit=100))
+        assert [(e.action, e.digest) for e in reversed(events)] == [("deploy", a), ("rollback", b)]
+        assert events[1].time >= ended and events[1].time <= events[0].time
+        assert [r.digest for r in registry.serving_at(events[1].time, ["m"])] == [a]  # `audit --at` meanwhile
+        assert registry.get_model("m").active_digest == b and registry.open_deployments() == []
+        registry.journal.path.write_text(kept)  # as if the daemon died before the journal's rewrite
+        assert registry.replay_journal() == 0
+        assert len(registry.query_audit(AuditQuery(model="m", limit=100))) == 2
+        assert len(registry.last_deployments(["m"])) == 1 and registry.open_deployments() == []
+    finally:
+        registry.close()
