@@ -191,7 +191,8 @@ def test_a_single_hosts_records_wait_in_its_journal_through_a_full_disk(small_fs
         assert not registry.health.reachable
         ended = utcnow()
         registry.finish_deployment(first.id, outcome="ok", error=None, serving=ServingRecord("m", a, [1]),
-                                   audit=AuditEntry("test", "deploy", "m", a, "ok", "serving aa"), model_state="serving")
+                                   audit=AuditEntry("test", "deploy", "m", a, "ok", "serving aa"),
+                                   model_state="serving")
         back = registry.begin_deployment("m", "rollback", b, a, "test")
         assert back.id < 0  # the journal's own
         registry.finish_deployment(back.id, outcome="ok", error=None, serving=ServingRecord("m", b, [1]),

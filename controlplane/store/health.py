@@ -76,8 +76,8 @@ class RegistryHealth:
             self._last_line = now
             down_for = now - (self._down_at or now)
         if first:
-            log.warning("registry %s unreachable: %s; serving is unchanged, what is done meanwhile waits in the journal",
-                        self.name, reason)
+            log.warning("registry %s unreachable: %s; serving is unchanged, what is done meanwhile waits in "
+                        "the journal", self.name, reason)
         else:
             log.warning("registry %s still unreachable after %.0f s: %s", self.name, down_for, reason)
 

@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session
 from controlplane.errors import StoreError
 from controlplane.store import schema
 from controlplane.store.journal import Entry, Journal
-from controlplane.store.records import AuditEntry, DeploymentRecord, ModelRecord, ServingRecord
+from controlplane.store.records import AuditEntry, DeploymentRecord, FootprintRecord, ModelRecord, ServingRecord
 from controlplane.store.registry import Registry, unreachable
 from controlplane.vocab import SERVING_STATES
 
@@ -153,6 +153,17 @@ class JournaledRegistry(Registry):
         self._keep({"op": "update_model", "model": name, "fields": fields, "at": self.clock().isoformat()}, name)
         return self.get_model(name)
 
+    def record_footprint(self, model: str, digest: str, memory_mb: float | None, gpu_memory_mb: float | None,
+                         source: str) -> FootprintRecord:
+        """A load's measured footprint (the memory budget weighs it): journaled like the load's record."""
+        try:
+            return super().record_footprint(model, digest, memory_mb, gpu_memory_mb, source)
+        except StoreError as exc:
+            self._unless_away(exc)
+        self._keep({"op": "footprint", "model": model, "digest": digest, "memory_mb": memory_mb,
+                    "gpu_memory_mb": gpu_memory_mb, "source": source, "at": self.clock().isoformat()})
+        return FootprintRecord(model, digest, memory_mb, gpu_memory_mb, source, self.clock())
+
     def open_deployments(self) -> list[DeploymentRecord]:
         """Open in the registry and not ended in the journal (a reconcile never recovers what ended)."""
         opened = self._recall(("open_deployments",), super().open_deployments)
@@ -222,6 +233,10 @@ class JournaledRegistry(Registry):
             if self._audited(entries[0], at):
                 return False
             super().audit(*entries, at=at)
+            return True
+        if op == "footprint":
+            super().record_footprint(entry["model"], entry["digest"], entry["memory_mb"], entry["gpu_memory_mb"],
+                                     entry["source"])
             return True
         if op == "update_model":
             super().update_model(entry["model"], **entry["fields"])
