@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from controlplane.errors import StoreError
 from controlplane.fleet.journal import Journal
@@ -24,6 +25,7 @@ from controlplane.store.health import RegistryHealth
 from controlplane.store.journaled import JOURNAL_NAME, JournaledRegistry
 from controlplane.store.records import AuditEntry, ServingRecord
 from controlplane.store.registry import AuditQuery, Registry, utcnow
+from tests.harness import wait_for
 from tests.pg import PostgresServer, own_postgres  # noqa: F401 - the fixture
 from tests.test_storage_faults import small_fs  # noqa: F401 - the fixture
 
@@ -217,3 +219,51 @@ def test_a_single_hosts_records_wait_in_its_journal_through_a_full_disk(small_fs
         assert len(registry.last_deployments(["m"])) == 1 and registry.open_deployments() == []
     finally:
         registry.close()
+
+
+@pytest.mark.postgres
+def test_a_single_hosts_postgresql_restart_answers_from_what_it_read_and_loses_no_end(
+        own_postgres: PostgresServer, tmp_path: Path) -> None:  # noqa: F811
+    """A single host on a PostgreSQL that restarts: the reads `status` makes answer what they last read, a
+    deployment begun before the crash and ended during it is journaled, and the first read that answers
+    again ends the outage and writes it (and its footprint) once."""
+    registry = JournaledRegistry(own_postgres.new_database("single"), tmp_path / JOURNAL_NAME, host="h1")
+    migrate.upgrade(registry)
+    a = "cc" * 32
+    try:
+        registry.replay_journal()
+        registry.ensure_model("m")
+        begun = registry.begin_deployment("m", "deploy", a, None, "test")
+        known = (registry.list_models(), registry.source_heads(), registry.last_deployments(), registry.footprints())
+        assert [d.id for d in registry.open_deployments()] == [begun.id]
+        with registry.session() as session:
+            session.execute(text("CHECKPOINT"))  # the test server commits asynchronously: what began is kept
+        own_postgres.crash()
+        try:
+            assert (registry.list_models(), registry.source_heads(), registry.last_deployments(),
+                    registry.footprints()) == known
+            assert not registry.health.reachable
+            registry.record_footprint("m", a, 12.0, None, "measured")
+            registry.finish_deployment(begun.id, outcome="ok", error=None, serving=ServingRecord("m", a, [1]),
+                                       audit=AuditEntry("test", "deploy", "m", a, "ok", "serving cc"),
+                                       model_state="serving")
+            assert registry.get_model("m").active_digest == a and registry.open_deployments() == []
+            with pytest.raises(StoreError):
+                registry.list_snapshots("m")  # a read it never made: no answer to remember
+        finally:
+            own_postgres.start_again()
+        wait_for(lambda: registry.health.reachable if _read(registry) else False, 30, what="registry back")
+        assert not registry.journal.path.exists()
+        assert [(e.action, e.model) for e in registry.query_audit(AuditQuery(model="m"))] == [("deploy", "m")]
+        assert registry.footprints(["m"])[("m", a)].memory_mb == 12.0
+        assert registry.get_model("m").active_digest == a
+    finally:
+        registry.close()
+
+
+def _read(registry: Registry) -> bool:
+    try:
+        registry.count_models()
+    except StoreError:
+        return False
+    return True

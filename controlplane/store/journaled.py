@@ -41,7 +41,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from controlplane.errors import StoreError
+from controlplane.errors import NotFoundError, StoreError
 from controlplane.store import schema
 from controlplane.store.journal import Entry, Journal
 from controlplane.store.records import AuditEntry, DeploymentRecord, FootprintRecord, ModelRecord, ServingRecord
@@ -205,6 +205,14 @@ class JournaledRegistry(Registry):
         return f"{written} journal entr{'y' if written == 1 else 'ies'} written"
 
     def _write(self, entry: Entry) -> bool:
+        try:
+            return self._write_entry(entry)
+        except NotFoundError as exc:  # the registry lost what it refers to (restored from a backup?)
+            log.warning("journal %s: %s entry of %s left out: %s", self.journal.path, entry["op"],
+                        entry.get("model") or "-", exc)
+            return False
+
+    def _write_entry(self, entry: Entry) -> bool:
         op, at = entry["op"], _at(entry)
         if op == "begin":
             found = self._begun(entry["model"], entry["kind"], entry["actor"], at)
@@ -297,25 +305,43 @@ class JournaledRegistry(Registry):
             fields = {k: v for k, v in fields.items() if k != "active_since"}
         return dataclasses.replace(record, **fields)
 
-    def _recall(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
-        """`read()`, remembered; while the registry cannot be read, what it returned last."""
+    def _recall(self, key: tuple[Any, ...], read: Callable[[], Any],
+                otherwise: Callable[[], Any] | None = None) -> Any:
+        """`read()`, remembered; while the registry cannot be read, what it returned last (or what
+        `otherwise()` finds elsewhere in what was read)."""
         try:
             value = read()
         except StoreError as exc:
-            if not _away(exc) or key not in self._remembered:
+            if not _away(exc):
                 raise
-            return self._remembered[key]
+            if key in self._remembered:
+                return self._remembered[key]
+            found = otherwise() if otherwise is not None else None
+            if found is None:
+                raise
+            return found
         if key not in self._remembered and len(self._remembered) >= REMEMBERED:
             self._remembered.pop(next(iter(self._remembered)))
         self._remembered[key] = value
         return value
 
     def get_model(self, name: str) -> ModelRecord:
-        return self._known(self._recall(("get_model", name), lambda: super(JournaledRegistry, self).get_model(name)))
+        return self._known(self._recall(("get_model", name), lambda: super(JournaledRegistry, self).get_model(name),
+                                        lambda: self._listed(name)))
 
     def find_model(self, name: str) -> ModelRecord | None:
-        found = self._recall(("find_model", name), lambda: super(JournaledRegistry, self).find_model(name))
+        found = self._recall(("find_model", name), lambda: super(JournaledRegistry, self).find_model(name),
+                             lambda: self._listed(name))
         return self._known(found) if found is not None else None
+
+    def _listed(self, name: str) -> ModelRecord | None:
+        """The model's row in the last list of models read (a model read only in lists before the outage)."""
+        for key, value in reversed(list(self._remembered.items())):
+            if key[0] == "list_models":
+                for record in value:
+                    if record.name == name:
+                        return record
+        return None
 
     def ensure_model(self, name: str) -> ModelRecord:
         return self._known(super().ensure_model(name))
