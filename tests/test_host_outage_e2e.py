@@ -18,6 +18,7 @@ import pytest
 
 from controlplane.store.journaled import JOURNAL_NAME
 from tests.harness import DaemonProcess, api_get, request_loop, wait_for, write_gen_model
+from tests.pg import PostgresServer, own_postgres  # noqa: F401 - the fixture
 from tests.test_registry_outage import fill_up
 from tests.test_storage_faults import small_fs  # noqa: F401 - the fixture
 
@@ -78,5 +79,42 @@ def test_a_rollback_during_a_full_registry_disk_is_kept_and_written_once(tmp_pat
         assert " WARNING " in told[0] and "unreachable: database or disk is full" in told[0], told
         assert " INFO " in told[1] and "reachable again after" in told[1], told
         assert "journal entries written" in told[1] and "; 0 journal" not in told[1], told
+    finally:
+        assert daemon.stop() == 0
+
+
+@pytest.mark.postgres
+def test_a_postgresql_restart_under_a_single_host_is_two_lines_and_status_answers(
+        tmp_path: Path, own_postgres: PostgresServer) -> None:  # noqa: F811
+    """The same host on a PostgreSQL that crashes and starts again: tritonserver serves throughout, `status`
+    answers from what the host read (exit 0, the outage named first), /v1/ready 503 then 200, and the log
+    has one WARNING and one INFO about it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_gen_model(repo, MODEL, 1)
+    daemon = DaemonProcess(repo, tmp_path / "state", extra_args=["--db-url", own_postgres.new_database("host")]).start()
+    try:
+        wait_for(lambda: api_get(daemon, "/v1/ready")[0] == 200, 60, what="ready")
+        with request_loop(daemon.triton_url(), MODEL) as stats:
+            wait_for(lambda: stats["ok"] > 0, 30, what="answers")
+            own_postgres.crash()
+            try:
+                wait_for(lambda: api_get(daemon, "/v1/ready")[0] == 503, 30, what="not ready")
+                document = api_get(daemon, "/v1/ready")[1]
+                assert document["registry_reachable"] is False and "registry postgresql" in document["reason"], document
+                shown = daemon.run("status")
+                assert shown.exit_code == 0, shown.output
+                assert shown.output.splitlines()[0].startswith("registry unreachable since"), shown.output
+                assert MODEL in shown.output
+                ok_before = stats["ok"]
+                wait_for(lambda: stats["ok"] > ok_before + 20, 30, what="answers during the outage")
+            finally:
+                own_postgres.start_again()
+            wait_for(lambda: api_get(daemon, "/v1/ready")[0] == 200, 30, what="ready again")
+        assert stats["failed"] == 0, stats["errors"]
+        lines = daemon.log_path.read_text(errors="replace").splitlines()
+        told = [x for x in lines if "registry postgresql" in x or "onnection refused" in x]
+        assert [x.split(" ", 2)[1] for x in told] == ["WARNING", "INFO"], told
+        assert "reachable again after" in told[1] and "journal entries written" in told[1], told
     finally:
         assert daemon.stop() == 0
