@@ -2,8 +2,8 @@
 
 A deploy, rollback, restore, unload or eviction changes what this host's tritonserver serves at once,
 whatever the database does. Its record (the deployment's intent, steps and end, the model's state and
-active digest, the serving log, the audit event) is what an outage would lose: a SQLite registry whose
-disk is full, a PostgreSQL that restarts. `JournaledRegistry` is the daemon's registry: each of those
+active digest, the serving log, the audit event; a failed content's quarantine, a load's footprint) is
+what an outage would lose: a SQLite registry whose disk is full, a PostgreSQL that restarts. `JournaledRegistry` is the daemon's registry: each of those
 writes goes to the registry, and when it fails because the registry is unreachable or cannot be
 written (`registry.unreachable`, what `RegistryHealth` counts as an outage) it goes to a journal under
 the state directory instead (`registry-journal.jsonl`, fsynced: controlplane/store/journal.py, the
@@ -164,6 +164,17 @@ class JournaledRegistry(Registry):
                     "gpu_memory_mb": gpu_memory_mb, "source": source, "at": self.clock().isoformat()})
         return FootprintRecord(model, digest, memory_mb, gpu_memory_mb, source, self.clock())
 
+    def set_quarantine(self, model: str, digest: str, reason: str | None) -> None:
+        """A failed deploy quarantines its content before it rolls back: journaled, the rollback goes on."""
+        if model not in self._waiting:
+            try:
+                super().set_quarantine(model, digest, reason)
+                return
+            except StoreError as exc:
+                self._unless_away(exc)
+        self._keep({"op": "quarantine", "model": model, "digest": digest, "reason": reason,
+                    "at": self.clock().isoformat()}, model)
+
     def open_deployments(self) -> list[DeploymentRecord]:
         """Open in the registry and not ended in the journal (a reconcile never recovers what ended)."""
         opened = self._recall(("open_deployments",), super().open_deployments)
@@ -241,6 +252,9 @@ class JournaledRegistry(Registry):
             if self._audited(entries[0], at):
                 return False
             super().audit(*entries, at=at)
+            return True
+        if op == "quarantine":
+            super().set_quarantine(entry["model"], entry["digest"], entry["reason"])
             return True
         if op == "footprint":
             super().record_footprint(entry["model"], entry["digest"], entry["memory_mb"], entry["gpu_memory_mb"],
