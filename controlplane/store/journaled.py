@@ -3,12 +3,12 @@
 A deploy, rollback, restore, unload or eviction changes what this host's tritonserver serves at once,
 whatever the database does. Its record (the deployment's intent, steps and end, the model's state and
 active digest, the serving log, the audit event; a failed content's quarantine, a load's footprint) is
-what an outage would lose: a SQLite registry whose disk is full, a PostgreSQL that restarts. `JournaledRegistry` is the daemon's registry: each of those
-writes goes to the registry, and when it fails because the registry is unreachable or cannot be
-written (`registry.unreachable`, what `RegistryHealth` counts as an outage) it goes to a journal under
-the state directory instead (`registry-journal.jsonl`, fsynced: controlplane/store/journal.py, the
-same mechanism as the fleet's step records). The operation goes on; nothing it does waits for the
-database.
+what an outage would lose: a SQLite registry whose disk is full, a PostgreSQL that restarts.
+`JournaledRegistry` is the daemon's registry: each of those writes goes to the registry, and when it
+fails because the registry is unreachable or cannot be written (`registry.unreachable`, what
+`RegistryHealth` counts as an outage) it goes to a journal under the state directory instead
+(`registry-journal.jsonl`, fsynced: controlplane/store/journal.py, the same mechanism as the fleet's
+step records). The operation goes on; nothing it does waits for the database.
 
 Meanwhile the host answers from what it knows: model reads see the journal's ends over the registry's
 rows (a reconcile never undoes a deploy made during the outage, and `status` shows it), and a read
@@ -95,7 +95,7 @@ class JournaledRegistry(Registry):
                 self._unless_away(exc)
         local = -time.time_ns()  # never a registry id; mapped to one when written
         self._keep({"op": "begin", "id": local, "model": model, "kind": kind, "digest": digest,
-                    "previous": previous_digest, "actor": actor, "at": at.isoformat()}, model)
+                    "previous": previous_digest, "actor": actor, "at": at.isoformat()})
         return DeploymentRecord(local, model, kind, digest, previous_digest, "intent", actor, at, None, None, None)
 
     def advance(self, deployment_id: int, step: str) -> None:
@@ -123,7 +123,7 @@ class JournaledRegistry(Registry):
         self._keep({"op": "finish", "id": deployment_id, "model": model, "outcome": outcome, "error": error,
                     "audit": dataclasses.asdict(audit), "model_state": model_state,
                     "serving": dataclasses.asdict(serving) if serving is not None else None,
-                    "at": at.isoformat()}, model)
+                    "at": at.isoformat()})
         return DeploymentRecord(deployment_id, model, audit.action, audit.digest, None, "done", audit.actor, at, at,
                                 outcome, error)
 
@@ -138,8 +138,7 @@ class JournaledRegistry(Registry):
                 return
             except StoreError as exc:
                 self._unless_away(exc)
-        self._keep({"op": "audit", "entries": [dataclasses.asdict(e) for e in entries], "at": at.isoformat()},
-                   *models)
+        self._keep({"op": "audit", "entries": [dataclasses.asdict(e) for e in entries], "at": at.isoformat()})
 
     def update_model(self, name: str, **fields: Any) -> ModelRecord:
         journaled = set(fields) <= JOURNALED_FIELDS  # a restore's state and error; others are never journaled
@@ -150,7 +149,7 @@ class JournaledRegistry(Registry):
                 if not journaled:
                     raise
                 self._unless_away(exc)
-        self._keep({"op": "update_model", "model": name, "fields": fields, "at": self.clock().isoformat()}, name)
+        self._keep({"op": "update_model", "model": name, "fields": fields, "at": self.clock().isoformat()})
         return self.get_model(name)
 
     def record_footprint(self, model: str, digest: str, memory_mb: float | None, gpu_memory_mb: float | None,
@@ -173,7 +172,7 @@ class JournaledRegistry(Registry):
             except StoreError as exc:
                 self._unless_away(exc)
         self._keep({"op": "quarantine", "model": model, "digest": digest, "reason": reason,
-                    "at": self.clock().isoformat()}, model)
+                    "at": self.clock().isoformat()})
 
     def open_deployments(self) -> list[DeploymentRecord]:
         """Open in the registry and not ended in the journal (a reconcile never recovers what ended)."""
@@ -191,7 +190,7 @@ class JournaledRegistry(Registry):
         if not _away(exc):
             raise exc
 
-    def _keep(self, entry: Entry, *models: str | None) -> None:
+    def _keep(self, entry: Entry) -> None:
         try:
             self.journal.keep(entry)
         except OSError as exc:  # the state directory cannot keep it either: the registry's error stands
