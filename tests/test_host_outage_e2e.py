@@ -94,6 +94,7 @@ def test_a_postgresql_restart_under_a_single_host_is_two_lines_and_status_answer
     write_gen_model(repo, MODEL, 1)
     daemon = DaemonProcess(repo, tmp_path / "state", extra_args=["--db-url", own_postgres.new_database("host")]).start()
     try:
+        wait_for(lambda: daemon.model_status(MODEL).get("digest"), 60, what="serving")  # and read by status
         wait_for(lambda: api_get(daemon, "/v1/ready")[0] == 200, 60, what="ready")
         with request_loop(daemon.triton_url(), MODEL) as stats:
             wait_for(lambda: stats["ok"] > 0, 30, what="answers")

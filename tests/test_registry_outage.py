@@ -267,3 +267,27 @@ def _read(registry: Registry) -> bool:
     except StoreError:
         return False
     return True
+
+
+def test_an_intent_journaled_before_a_stop_is_an_open_deployment_at_the_next_start(
+        small_fs: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A daemon that stopped (or died) mid-deploy during the outage left only the intent in its journal: the
+    next start writes it as an open deployment, which crash recovery finishes from what Triton serves."""
+    url, path = f"sqlite:///{small_fs / 'registry.db'}", tmp_path / JOURNAL_NAME
+    registry = JournaledRegistry(url, path, host="h1")
+    migrate.upgrade(registry)
+    registry.replay_journal()
+    registry.ensure_model("m")
+    filler = fill_up(small_fs)
+    begun = registry.begin_deployment("m", "deploy", "dd" * 32, None, "test")
+    registry.advance(begun.id, "published")
+    registry.close()
+    filler.unlink()
+    again = JournaledRegistry(url, path, host="h1")
+    try:
+        assert again.replay_journal() == 2 and not path.exists()
+        [opened] = again.open_deployments()
+        assert (opened.model, opened.kind, opened.digest, opened.step, opened.started_at) == \
+            ("m", "deploy", "dd" * 32, "published", begun.started_at)
+    finally:
+        again.close()
