@@ -106,7 +106,9 @@ class Observed(Protocol):
     registry: Any
     store: Any
     counters: Any
-    counts: Any
+
+    @property
+    def counts(self) -> Any: ...
 
 
 class StateCollector:

@@ -276,6 +276,7 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
+    from controlplane.parts import build_parts
     from controlplane.snapshot import ContentStore
     from controlplane.source.local import LocalSource
     from controlplane.store import migrate
@@ -295,10 +296,10 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
         def reschedule(self, model: str, delay_s: float) -> None:
             rescheduled.append((model, delay_s))
 
-    plane = ControlPlane(Settings(repository=repo, state_dir=state, settle_s=0.5, policy="manual"), registry,
-                         ContentStore(state / "store", fsync=False),
+    settings = Settings(repository=repo, state_dir=state, settle_s=0.5, policy="manual")
+    plane = ControlPlane(build_parts(settings, registry, ContentStore(state / "store", fsync=False),
                          ServingRepository(state / "serving", state / "published"), triton,
-                         source=Source(repo, settle_s=0.5))
+                         source=Source(repo, settle_s=0.5)))
     try:
         time.sleep(0.6)
         plane.handle_settled("m")  # on time: generation 1 recorded

@@ -16,9 +16,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from controlplane.deploy.causes import classify
-from controlplane.deploy.plans import Plan, SetRunner
+from controlplane.deploy.plans import Plan, SetRunner, serving_digest
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import (
     FAULT_POINTS,
@@ -76,7 +77,7 @@ class Deployer:
     def __init__(
         self,
         registry: Registry,
-        store: ContentStore,
+        content: ContentStore,
         serving: ServingRepository,
         triton: TritonPort,
         *,
@@ -87,13 +88,13 @@ class Deployer:
     ) -> None:
         self.registry = registry
         self.guard: LoadGuard = guard or NoBudget()  # footprints and the memory budget
-        self.store = store
+        self.store = content
         self.serving = serving
         self.triton = triton
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
-        self.steps = TritonSteps(store, serving, triton, host, load_timeout_s)
+        self.steps = TritonSteps(content, serving, triton, host, load_timeout_s)
         self._plans = SetRunner(self)
         self._sets = threading.Lock()
         self._set_thread = threading.local()
@@ -110,8 +111,9 @@ class Deployer:
                                progress=progress)
         with self._sets:  # one change set at a time
             self._set_thread.active = True  # its members' outcomes are reported in this thread
-            try:
-                return self._plans.run(plan, actor, progress)
+            try:  # what each member serves is read now: a set that ran since the plan was made changed it
+                members = tuple(replace(m, previous=serving_digest(self.registry, m.model)) for m in plan.members)
+                return self._plans.run(replace(plan, members=members), actor, progress)
             finally:
                 self._set_thread.active = False
 

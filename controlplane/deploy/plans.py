@@ -48,7 +48,7 @@ from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER
 from controlplane.validation.ensemblemembers import require_members, step_models
 from controlplane.validation.modelconfig import parse_config_text, stamp_parameter
-from controlplane.vocab import Cause, ModelState, Result
+from controlplane.vocab import SERVING_STATES, Cause, ModelState, Result
 
 log = logging.getLogger("tritonctl.changeset")
 
@@ -93,6 +93,21 @@ class Member:
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "digest": self.digest, "previous_digest": self.previous,
                 "ensemble": self.ensemble, "changed": self.changed}
+
+
+def serving_digest(registry: Registry, model: str) -> str | None:
+    """The digest `model` serves now by the registry (None: it serves nothing)."""
+    current = registry.find_model(model)
+    if current is None or current.state not in SERVING_STATES or not current.active_digest:
+        return None
+    return current.active_digest
+
+
+def serving_member(registry: Registry, model: str, digest: str, config: dict[str, Any] | None) -> Member:
+    """`model` to deploy `digest` (recorded with `config`), against what it serves now."""
+    steps = step_models(config)
+    return Member(model, digest, serving_digest(registry, model),
+                  bool(steps) or (config or {}).get("platform") == "ensemble", steps)
 
 
 def order(members: Sequence[Member]) -> list[Member]:

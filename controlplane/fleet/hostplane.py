@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from controlplane.deploy.engine import Outcome, ProgressFn
-from controlplane.ports import SourcePlane, TagPlane
+from controlplane.ports import SourcePlane, TagTarget
 from controlplane.results import LeaseResult
 from controlplane.store.records import SnapshotRecord
 
@@ -22,9 +22,9 @@ class TritonAddress(Protocol):
     def url(self) -> str: ...
 
 
-class HostPlane(TagPlane, SourcePlane, Protocol):
+class HostPlane(TagTarget, SourcePlane, Protocol):
     """The host's registry, content store, source and "look again" (ports.SourcePlane), its tags
-    (ports.TagPlane), and what follows."""
+    (ports.TagTarget), and what follows."""
 
     @property
     def triton(self) -> TritonAddress: ...

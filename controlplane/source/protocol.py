@@ -61,9 +61,9 @@ class Source(Protocol):
         ...
 
     # -- capture --------------------------------------------------------------------------------------
-    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+    def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
-        """Snapshot the model into `store` if it is whole and holding still; SnapshotError otherwise."""
+        """Snapshot the model into `content` if it is whole and holding still; SnapshotError otherwise."""
         ...
 
     def signature(self, model: str) -> str | None:
@@ -143,7 +143,7 @@ class NoSource:
     def entry_problem(self, model: str) -> str | None:
         return None
 
-    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+    def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
         raise UsageError("the daemon has no source repository (--repository)")
 
