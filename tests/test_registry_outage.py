@@ -74,6 +74,31 @@ def test_an_outage_is_one_warning_a_line_a_minute_at_most_and_one_info(caplog: p
     assert not health.in_grace(10)
 
 
+def test_a_full_disk_that_takes_one_small_write_is_still_an_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk under SQLite takes a small write now and then (WAL space reused): the outage ends only
+    when the journal's records are written too, so the log says it once, not once per small write."""
+    health = RegistryHealth("sqlite:////full/registry.db", clock=Clock())
+    left = [1]
+
+    def replay(_length: float) -> str:
+        if left[0]:
+            raise StoreError("registry sqlite:////full/registry.db: 1 journal entries not written yet")
+        return "1 journal entry written"
+
+    health.on_return.append(replay)
+    caplog.set_level(logging.INFO, logger="tritonctl.store")
+    health.failed("database or disk is full", reads_end_it=False)
+    health.answered(wrote=False)  # it reads
+    health.answered()  # a small write committed; the journal's did not
+    assert not health.reachable
+    left[0] = 0
+    health.answered()
+    assert health.reachable
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert lines[1][1].endswith("; 1 journal entry written"), lines
+
+
 @pytest.mark.postgres
 def test_a_crashed_database_is_an_outage_and_nobody_is_judged_dead_for_it(
         own_postgres: PostgresServer) -> None:  # noqa: F811

@@ -211,7 +211,12 @@ class JournaledRegistry(Registry):
         return written
 
     def _on_return(self, _outage_s: float) -> str:
+        """The registry answers again: the journal is written; when part of it could not be (a full disk
+        took one small write, not these), the outage goes on (StoreError: RegistryHealth.answered)."""
         written = self.replay_journal()
+        left = len(self.journal)
+        if left:
+            raise StoreError(f"registry {self.health.name}: {left} journal entries not written yet")
         return f"{written} journal entr{'y' if written == 1 else 'ies'} written"
 
     def _write(self, entry: Entry) -> bool:
