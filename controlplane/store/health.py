@@ -48,6 +48,9 @@ class RegistryHealth:
         self.last_outage_s = 0.0  # how long the last outage lasted
         self.on_return: list[Callable[[float], str]] = []  # called with the outage's length; says what it did
         self._returning = False  # the on_return callbacks run now
+        # a full disk's outage ends only once this says there is room again (a SQLite registry's own
+        # filesystem: controlplane/store/journaled.py); a full disk takes a small write now and then
+        self.room: Callable[[], bool] | None = None
 
     @property
     def reachable(self) -> bool:
@@ -88,6 +91,8 @@ class RegistryHealth:
         is over (one INFO) once the `on_return` callbacks ran; one that raises StoreError (the journal's
         writes failed again: a full disk takes a small write now and then) keeps it on, untold."""
         if self._down_at is None or not (wrote or self._reads_end_it):  # the common case, without the lock
+            return
+        if not self._reads_end_it and self.room is not None and not self.room():
             return
         now = self.clock()
         with self._lock:

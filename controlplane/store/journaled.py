@@ -22,13 +22,17 @@ intent is found again by (model, kind, actor, started_at), an end by its deploym
 an audit event by (host, time, action, model).
 
 A full disk still reads, so only a write ends that outage: while one is on, a transaction that
-committed probes with a one-row write at most every PROBE_S (the reconcile reads every round).
+committed probes with a one-row write at most every PROBE_S (the reconcile reads every round). A full
+disk also takes a small write now and then (SQLite reuses its WAL's space), so under SQLite that outage
+ends only once the database's filesystem has ROOM_BYTES free again (`RegistryHealth.room`) and the
+journal is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,12 +58,21 @@ JOURNAL_NAME = "registry-journal.jsonl"
 PROBE_S = 2.0  # a full disk's outage: how often a committed read is followed by a probing write
 REMEMBERED = 64  # reads remembered for an outage (by method and arguments)
 JOURNALED_FIELDS = {"state", "last_error"}  # update_model fields a journal entry may carry
+ROOM_BYTES = 1 << 20  # a SQLite registry's full disk has room again with this much free
 
 
 def _away(exc: StoreError) -> bool:
     """The registry failed for being unreachable or unwritable, not for refusing the statement."""
     cause = exc.__cause__
     return isinstance(cause, SQLAlchemyError) and unreachable(cause)
+
+
+def _free_bytes(directory: Path) -> int:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return ROOM_BYTES  # cannot tell: a write that commits decides
+    return st.f_bavail * st.f_frsize
 
 
 def _at(entry: Entry) -> datetime:
@@ -82,6 +95,10 @@ class JournaledRegistry(Registry):
         self._replayed = False  # the owner's first replay_journal (after migrations) done: probes may replay
         self._refresh(self.journal.entries())
         self.health.on_return.append(self._on_return)
+        database = self.engine.url.database
+        if self.engine.url.get_backend_name() == "sqlite" and database and database != ":memory:":
+            directory = Path(database).resolve().parent
+            self.health.room = lambda: _free_bytes(directory) >= ROOM_BYTES
 
     # -- the writes an outage must not lose -----------------------------------------------------
 
