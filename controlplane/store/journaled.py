@@ -239,10 +239,15 @@ class JournaledRegistry(Registry):
     def _write(self, entry: Entry) -> bool:
         try:
             return self._write_entry(entry)
+        except StoreError as exc:
+            if _away(exc):
+                raise  # away again: the rest waits (Journal.replay_with)
+            refused: Exception = exc  # a statement the registry refuses would refuse it at every return
         except NotFoundError as exc:  # the registry lost what it refers to (restored from a backup?)
-            log.warning("journal %s: %s entry of %s left out: %s", self.journal.path, entry["op"],
-                        entry.get("model") or "-", exc)
-            return False
+            refused = exc
+        log.warning("journal %s: %s entry of %s left out: %s", self.journal.path, entry["op"],
+                    entry.get("model") or "-", refused)
+        return False
 
     def _write_entry(self, entry: Entry) -> bool:
         op, at = entry["op"], _at(entry)
