@@ -225,9 +225,10 @@ def test_a_single_hosts_records_wait_in_its_journal_through_a_full_disk(small_fs
         registry.finish_deployment(back.id, outcome="ok", error=None, serving=ServingRecord("m", b, [1]),
                                    audit=AuditEntry("test", "rollback", "m", b, "ok", "serving bb"),
                                    model_state="serving")
+        registry.audit(AuditEntry("tritonctl", "daemon_stop", None, None, "ok", "clean shutdown"))  # no model
         assert (registry.get_model("m").active_digest, registry.get_model("m").state) == (b, "serving")
         assert [m.name for m in registry.serving_models()] == ["m"] and registry.open_deployments() == []
-        assert len(registry.journal) == 4
+        assert len(registry.journal) == 5
         kept = registry.journal.path.read_text()
         filler.unlink()
         registry._last_probe = 0.0  # the next committed read probes at once
@@ -241,6 +242,7 @@ def test_a_single_hosts_records_wait_in_its_journal_through_a_full_disk(small_fs
         registry.journal.path.write_text(kept)  # as if the daemon died before the journal's rewrite
         assert registry.replay_journal() == 0
         assert len(registry.query_audit(AuditQuery(model="m", limit=100))) == 2
+        assert len(registry.query_audit(AuditQuery(action="daemon_stop", limit=100))) == 1
         assert len(registry.last_deployments(["m"])) == 1 and registry.open_deployments() == []
     finally:
         registry.close()

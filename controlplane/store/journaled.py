@@ -302,8 +302,9 @@ class JournaledRegistry(Registry):
     def _audited(self, entry: AuditEntry, at: datetime) -> bool:
         a = schema.AuditEvent
         with self._session() as session:
+            model = a.model == entry.model if entry.model is not None else a.model.is_(None)
             return session.scalar(select(a.id).where(a.host == self.host, a.time == at, a.action == entry.action,
-                                                     a.model == entry.model).limit(1)) is not None
+                                                     model).limit(1)) is not None
 
     def _refresh(self, entries: list[Entry]) -> None:
         """The models whose records wait, and the fields their journaled ends set (in order)."""
