@@ -435,9 +435,9 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
 
 def render(report: dict[str, Any], console: Any) -> None:
     s = report["settings"]
-    c.render_rows(f"change latency: {s['trials']} trials per system (alternating), tritonctl settle "
-                  f"{s['settle_s']:g} s, Triton poll every {s['poll_secs']} s; {s['deploys']} in-process deploys",
-                  [c.Row(**r) for r in report["rows"]], console, c.machine_line(report["machine"]))
+    c.render_report(f"change latency: {s['trials']} trials per system (alternating), tritonctl settle "
+                    f"{s['settle_s']:g} s, Triton poll every {s['poll_secs']} s; {s['deploys']} in-process deploys",
+                    report, console)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,11 @@
 """Render docs/benchmarks.md from bench/results/*.json: every figure in it comes from a results file.
 
-    python bench/render_docs.py            # write docs/benchmarks.md and docs/ondemand.md
+    python bench/render_docs.py            # write docs/benchmarks.md, docs/ondemand.md and docs/bake.md
     python bench/render_docs.py --check    # exit 1, with the diff, when a page is not what renders
 
 Why: figures typed by hand drift from the runs behind them (an audit figure of an old run stayed in
 the docs after the results file moved on). The text lives in bench/benchmarks.md.in (and
-bench/ondemand.md.in for docs/ondemand.md: `PAGES`); a measured
+bench/ondemand.md.in for docs/ondemand.md, bench/bake.md.in for docs/bake.md: `PAGES`); a measured
 figure in it is a placeholder naming the results file and the value in it, and the blocks of
 bench/run_all.py (the summary and per-benchmark tables) are rendered from the same files:
 
@@ -47,7 +47,8 @@ import run_all  # noqa: E402
 TEMPLATE = c.ROOT / "bench" / "benchmarks.md.in"
 DOCS = c.ROOT / "docs" / "benchmarks.md"
 # every page rendered from bench/results, by its template: the same placeholders in each
-PAGES = {TEMPLATE: DOCS, c.ROOT / "bench" / "ondemand.md.in": c.ROOT / "docs" / "ondemand.md"}
+PAGES = {TEMPLATE: DOCS, c.ROOT / "bench" / "ondemand.md.in": c.ROOT / "docs" / "ondemand.md",
+         c.ROOT / "bench" / "bake.md.in": c.ROOT / "docs" / "bake.md"}
 PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 # FORMAT for a list: `failed_per_edit|max`
 AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {"min": min, "max": max, "len": len, "sum": sum}

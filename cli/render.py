@@ -396,6 +396,8 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
             note = f"quarantined: {row.get('quarantine_reason')}"
         if row.get("collected"):
             note = (note + "; " if note else "") + "content removed by gc"
+        if row.get("bake_warning"):  # its bake's warning: a load or footprint over bake_warn_load_ratio
+            note = (note + "; " if note else "") + f"! {row['bake_warning']}"
         cells.append([("*" if row.get("active") else "", "bold"), (_tagged(row, row["digest"]), ""),
                       (_when(row["first_seen"]), ""), (_when(row["last_seen"]), ""),
                       (", ".join(str(v) for v in row.get("versions", [])), ""),

@@ -42,7 +42,7 @@ TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
-              "bake_min_requests", "bake_inconclusive")
+              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
 # An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
 ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
 WEBHOOK_KEYS = ("url", "events", "secret_file")
@@ -67,7 +67,8 @@ class Settings:
     """Everything the daemon needs, with units in the names."""
 
     repository: Path | None = None  # source repository people edit (watched)
-    repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX (docs/object-storage.md)
+    repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX or mlflow+http://HOST:PORT
+    mlflow_alias: str = "champion"  # an mlflow+http:// repository serves the version this alias names
     state_dir: Path = DEFAULT_STATE_DIR
     db_url: str | None = None  # default: sqlite:///<state_dir>/registry.db
     triton_url: str | None = None  # an external tritonserver (gRPC host:port)
@@ -141,6 +142,9 @@ class Settings:
     bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
     bake_min_requests: int = 20  # fewer by the end: inconclusive
     bake_inconclusive: str = "keep"  # an inconclusive bake keeps the version, or "rollback"
+    # a baked digest whose load took more than this times the previous digest's, or whose footprint grew
+    # more than this, gets one warning line in the audit and a mark in `versions` (controlplane/bakewarn.py)
+    bake_warn_load_ratio: float = 2.0
 
     @property
     def registry_url(self) -> str:
@@ -202,7 +206,16 @@ def _paths(value: Any) -> tuple[Path, ...]:
 
 
 def _repository(value: Any) -> Path | str:
-    """A local directory, or an s3://BUCKET/PREFIX URL (load_settings moves it to `repository_url`)."""
+    """A local directory, an s3://BUCKET/PREFIX URL or an MLflow registry's mlflow+http://HOST:PORT
+    (load_settings moves a URL to `repository_url`)."""
+    if isinstance(value, str) and value.startswith("mlflow+"):
+        from controlplane.source.mlflowrest import tracking_url
+
+        try:
+            tracking_url(value)
+        except ConfigError:
+            raise ValueError("expected mlflow+http://HOST:PORT or mlflow+https://HOST:PORT") from None
+        return value.rstrip("/")
     if isinstance(value, str) and value.startswith("s3://"):
         from controlplane.source.objectstore import S3Location
 
@@ -214,9 +227,20 @@ def _repository(value: Any) -> Path | str:
 
 
 def _s3_url(value: Any) -> str:
-    if not (isinstance(value, str) and value.startswith("s3://")):
-        raise ValueError("expected s3://BUCKET/PREFIX")
+    if not (isinstance(value, str) and value.startswith(("s3://", "mlflow+"))):
+        raise ValueError("expected s3://BUCKET/PREFIX or mlflow+http://HOST:PORT")
     return str(_repository(value))
+
+
+_ALIAS_RE = re.compile(r"[A-Za-z0-9_-]{1,255}")
+
+
+def _mlflow_alias(value: Any) -> str:
+    """An MLflow alias (letters, digits, `_`, `-`), as MLflow itself accepts one."""
+    text = str(value).strip()
+    if not _ALIAS_RE.fullmatch(text) or re.fullmatch(r"[vV]\d+|latest", text):
+        raise ValueError("expected an MLflow alias: letters, digits, '_' or '-' (not 'latest' nor v<number>)")
+    return text
 
 
 def _bool(value: Any) -> bool:
@@ -415,6 +439,7 @@ def _webhooks(value: Any) -> tuple[WebhookTarget, ...]:
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "repository": _repository,
     "repository_url": _s3_url,
+    "mlflow_alias": _mlflow_alias,
     "state_dir": _path,
     "db_url": _text,
     "triton_url": _text,
@@ -476,6 +501,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "bake_max_latency_ratio": _positive_float(1.0),
     "bake_min_requests": _whole_int,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
+    "bake_warn_load_ratio": _positive_float(1.0),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
@@ -573,7 +599,12 @@ def load_settings(
         merged["repository_url"] = merged.pop("repository")
     settings = Settings(**merged)
     if settings.repository is not None and settings.repository_url:
-        raise ConfigError("repository: give either a directory or an s3:// URL (repository_url), not both")
+        raise ConfigError("repository: give either a directory or an s3:// URL or mlflow+http:// URL (repository_url), "
+                          "not both")
+    if settings.repository_url and settings.repository_url.startswith("mlflow+"):
+        from controlplane.source.mlflowrest import require_extra
+
+        require_extra()  # one line naming the extra (exit 2), before anything starts
     if settings.listen and not settings.token_file:
         raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
     if bool(settings.tls_cert) != bool(settings.tls_key):

@@ -150,7 +150,7 @@ class Daemon:
         url, key = self._start_triton(serving)
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.
-        self.source = configured_source(settings)
+        self.source = configured_source(settings, self.registry)
         self.webhooks = self._webhooks()
         self.outcomes = Outcomes()  # every finished operation, to the subscribers wired by build_parts and here
         parts = build_parts(  # this host's parts (controlplane/parts.py), then the verbs over them
@@ -162,6 +162,8 @@ class Daemon:
         self.plane = ControlPlane(parts, target=self._fleet_target if self.fleet_settings is not None else None)
         self.outcome_log = OutcomeLog(self.registry, parts.counters)
         self.outcomes.subscribe(self.outcome_log.note)  # after the parts' own bookkeeping (its last action)
+        server = self.triton_server  # a bake's p99s come from Triton's metrics (controlplane/triton/summaries.py)
+        parts.baker.metrics_url = lambda: server.metrics_url if server is not None else settings.triton_metrics_url
         self.plane.preloaded(self._preloaded)
         self.plane.triton_key_exposed = self.triton_key_exposed  # status's triton_key_exposed
         if self.triton_server is not None and self.triton_server.adopted_pid:

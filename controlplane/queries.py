@@ -12,6 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from controlplane.bakewarn import WARNING, warnings_by_digest
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.results import (
@@ -88,8 +89,11 @@ def versions(registry: Registry, model: str) -> VersionsResult:
     if record is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
     footprints = registry.footprints([model])
+    warned = warnings_by_digest(registry.query_audit(AuditQuery(model=model, action="bake", outcome=WARNING,
+                                                                limit=1000)))
     return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest,
-                                             footprint=footprints.get((model, snap.digest)))
+                                             footprint=footprints.get((model, snap.digest)),
+                                             bake_warning=warned.get(snap.digest))
                                   for snap in registry.list_snapshots(model)])
 
 

@@ -176,6 +176,21 @@ def test_fleet_rollout_quick(tmp_path: Path) -> None:
     assert report["machine"]["load_average_start"] and len(res["load_average_start"]) == 3
 
 
+@pytest.mark.slow
+def test_bake_quick(tmp_path: Path) -> None:
+    """One bad deploy (a fifth of requests raising, 5 s) at once on tritonctl with a bake, without one and
+    Triton poll (three daemons and servers: about 30 s, so slow): only the bake rolls it back by itself."""
+    report = run_bench("bake", tmp_path, "--window", "5", timeout_s=180)  # --quick: 1 bad deploy, 8 s
+    systems = report["systems"]
+    baked, plain, poll = (systems[s] for s in ("tritonctl, bake", "tritonctl, no bake", "Triton poll"))
+    assert baked["rolled_back"] == 1 and baked["failure_to_rollback_median_s"] is not None, baked
+    assert plain["rolled_back"] == 0 and poll["rolled_back"] == 0
+    assert plain["failed_requests"] > 0 and poll["failed_requests"] > 0  # the bad version failed requests
+    assert report["timeline"]["bad_deploys_s"] == [0.0] and set(report["timeline"]["failed_s"]) == set(systems)
+    assert any(a["action"] == "rollback" and a["outcome"] == "rolled_back" for a in report["bake_audit"])
+    assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
+
+
 def test_run_all_renders_docs_from_results(tmp_path: Path) -> None:
     """run_all --from-results rebuilds its block of the docs and leaves everything else in the file."""
     docs = tmp_path / "benchmarks.md"

@@ -167,7 +167,8 @@ def test_enumerations_are_the_vocabulary() -> None:
     assert _enum("status", "$defs", "model", "properties", "sync") == {s.value for s in SyncState}
     assert _enum("load", "$defs", "outcome", "properties", "cause") == {c.value for c in Cause}
     assert _enum("load", "$defs", "outcome", "properties", "outcome") == (
-        {r.value for r in Result} - {Result.INVALID.value, Result.SKIPPED.value}) | {"accepted"}
+        {r.value for r in Result} - {Result.INVALID.value, Result.SKIPPED.value, Result.INCONCLUSIVE.value,
+                                     Result.WARNING.value}) | {"accepted"}
     assert _enum("audit", "$defs", "event", "properties", "outcome") == {r.value for r in Result}
     assert _enum("validate", "$defs", "problem", "properties", "severity") == {ERROR, WARNING}
 
@@ -203,7 +204,7 @@ def _full_documents() -> dict[str, list[Any]]:
                     ondemand={"state": "loaded", "leases": 2, "until": "2026-01-01T00:10:00Z"},
                     bake={"state": "failed", "digest": D1, "started": "2026-01-01T00:00:00Z",
                           "until": "2026-01-01T00:05:00Z", "requests": 312, "failures": 66, "failure_ratio": 0.2115,
-                          "latency_ms": 4.2, "baseline_latency_ms": 3.9,
+                          "latency_ms": 4.2, "baseline_latency_ms": 3.9, "latency_stat": "p99",
                           "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"})
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
@@ -216,7 +217,9 @@ def _full_documents() -> dict[str, list[Any]]:
                                 registry_reason="registry postgresql://db/fleet: connection refused").to_json()],
         "load": [outcome.to_json(), [outcome.to_json()]],
         "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",),
-                                                     FootprintRecord("m", D1, 97.5, 0.0, "declared", T))]).to_json()],
+                                                     FootprintRecord("m", D1, 97.5, 0.0, "declared", T),
+                                                     "memory 450 MB, 4.5 x the previous digest's 100 MB "
+                                                     "(bake_warn_load_ratio 2)")]).to_json()],
         "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
                             [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
         "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],

@@ -1,20 +1,29 @@
-"""The source the settings name: an s3:// prefix (docs/object-storage.md), a directory
-(docs/watching.md), or none (controlplane/source/protocol.py)."""
+"""The source the settings name: an MLflow registry (docs/mlflow.md), an s3:// prefix
+(docs/object-storage.md), a directory (docs/watching.md), or none (controlplane/source/protocol.py)."""
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from controlplane.config import Settings
 from controlplane.errors import ConfigError
 from controlplane.source.protocol import NoSource, Source
 
+if TYPE_CHECKING:
+    from controlplane.source.mlflowsource import RegistryView
+
 log = logging.getLogger("tritonctl.source")
 
 
-def configured_source(s: Settings) -> Source:
+def configured_source(s: Settings, registry: RegistryView | None = None) -> Source:
     """Built, not watched yet. Wrong s3 credentials or bucket are one logged line: what serves keeps
-    serving, and the poller keeps trying (the credentials may be fixed)."""
+    serving, and the poller keeps trying (the credentials may be fixed). `registry`: where an MLflow
+    source writes its audit and tags, and reads what serves for its write-back."""
+    if s.repository_url and s.repository_url.startswith("mlflow+"):
+        from controlplane.source import mlflowsource
+
+        return mlflowsource.open_source(s, registry, s.state_dir / "store")
     if s.repository_url:
         from controlplane.source.s3 import S3Source
 

@@ -124,7 +124,21 @@ class Source(Protocol):
         ...
 
 
-class NoSource:
+class PerModelOnly:
+    """The repository level of a kind that has none (a hold or a marker is per model there, refused in
+    `capture_into`): nothing holds or commits the whole repository."""
+
+    def repository_held(self) -> bool:
+        return False
+
+    def repository_marked(self) -> bool:
+        return False
+
+    def repository_wait(self, model: str) -> str | None:
+        return None
+
+
+class NoSource(PerModelOnly):
     """A daemon without a source repository: nothing to list, capture or watch (`load --digest` and
     every operation on recorded content still work)."""
 
@@ -176,13 +190,3 @@ class NoSource:
 
     def backlog(self) -> int:
         return 0
-
-    def repository_held(self) -> bool:
-        return False
-
-    def repository_marked(self) -> bool:
-        return False
-
-    def repository_wait(self, model: str) -> str | None:
-        return None
-

@@ -19,16 +19,13 @@ the registry and deploys do not know where it came from.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from controlplane.errors import (
@@ -45,12 +42,12 @@ from controlplane.errors import (
 )
 from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
-from controlplane.snapshot.fsutil import write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.source import objectstore
 from controlplane.source.objectstore import S3Location
 from controlplane.source.protocol import Captured, OnChange
+from controlplane.source.shacache import ShaCache
 
 log = logging.getLogger("tritonctl.s3source")
 
@@ -106,7 +103,6 @@ class S3Source:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: str | None = None  # the last poll's error, logged once per outage
-        self._cache_lock = threading.RLock()
         self.lists = self.downloads = self.bytes_downloaded = 0  # counters for tests and docs
         self._captured: dict[str, str] = {}  # model -> the listing signature its last capture was taken at
 
@@ -463,24 +459,14 @@ class S3Source:
 
     # the (key, size, ETag) -> sha256 cache: S3's stat cache, kept beside the content store
     @staticmethod
-    def _cache_path(content: ContentStore) -> Path:
-        return content.root / "s3cache.json"
+    def _cache(content: ContentStore) -> ShaCache:
+        return ShaCache(content.root / "s3cache.json", _CACHE_MAX)
 
     def _load_cache(self, content: ContentStore) -> dict[str, str]:
-        with self._cache_lock:
-            try:
-                data = json.loads(self._cache_path(content).read_text())
-                return {str(k): str(v) for k, v in data.items()}
-            except (OSError, ValueError, AttributeError):
-                return {}
+        return self._cache(content).load()
 
     def _save_cache(self, content: ContentStore, cache: dict[str, str]) -> None:
-        with self._cache_lock:
-            current = self._load_cache(content)  # another capture may have added entries meanwhile
-            current.update(cache)
-            items = list(current.items())[-_CACHE_MAX:]
-            with contextlib.suppress(OSError):
-                write_atomic(self._cache_path(content), json.dumps(dict(items)).encode())
+        self._cache(content).save(cache)
 
 
 def _cache_key(key: str, row: dict[str, Any]) -> str:

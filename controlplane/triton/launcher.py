@@ -187,6 +187,11 @@ class TritonServer:
         return f"{self.host}:{self.http_port}"
 
     @property
+    def metrics_url(self) -> str | None:
+        """Its Prometheus metrics endpoint; None with metrics off."""
+        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else None
+
+    @property
     def log_path(self) -> Path:
         return self.workdir / "tritonserver.log"
 
@@ -288,7 +293,9 @@ class TritonServer:
         if self.metrics_port is None:
             args.append("--allow-metrics=false")
         else:
-            args += [f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}"]
+            # request latency quantiles per model (nv_inference_request_summary_us): a bake's p99 (triton/summaries.py)
+            args += [f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+                     "--metrics-config=summary_latencies=true"]
         if self.disable_auto_complete:
             args.append("--disable-auto-complete-config")
         if self.restricted_key:
