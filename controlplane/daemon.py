@@ -42,6 +42,8 @@ from controlplane.startup.record import deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
 from controlplane.statedir import StateDir
 from controlplane.store import migrate
+from controlplane.store.journaled import JOURNAL_NAME as REGISTRY_JOURNAL
+from controlplane.store.journaled import JournaledRegistry
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.targets import FleetTarget
 from controlplane.triton.client import Timeouts, TritonClient
@@ -96,7 +98,7 @@ class Daemon:
         self.api: ApiServer | None = None
         self.metrics: Metrics | None = None
         self.plane: ControlPlane | None = None
-        self.registry: Registry | None = None
+        self.registry: JournaledRegistry | None = None
         self.serving: ServingRepository | None = None  # the serving root a launched tritonserver reads
         self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
         self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (controlplane/outcomelog.py)
@@ -127,14 +129,17 @@ class Daemon:
         local_url = f"sqlite:///{settings.state_dir / 'registry.db'}" if self.fleet_settings else settings.registry_url
         # In a fleet the webhooks send the shared registry's events (the leader does): a host's own
         # registry keeps no outbox.
-        self.registry = Registry(local_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s,
-                                 outbox=self.fleet_settings is None)
+        # What this host does while its registry cannot be written is journaled (controlplane/store/journaled.py)
+        self.registry = JournaledRegistry(local_url, settings.state_dir / REGISTRY_JOURNAL, host=settings.host,
+                                          busy_timeout_s=settings.db_busy_timeout_s, outbox=self.fleet_settings is None)
         # a registry at the head revision needs no Alembic (importing it costs about half a second of
         # every restart): one query of alembic_version says so
         if migrate.current_revision(self.registry) != migrate.HEAD_REVISION:
             before, after = migrate.upgrade(self.registry)
             if before != after:
                 log.info("registry schema upgraded %s -> %s", before or "empty", after)
+        if written := self.registry.replay_journal():  # what a stop during an outage left unwritten
+            log.info("wrote %d registry journal entr%s left from an outage", written, "y" if written == 1 else "ies")
         if self.fleet_settings is not None:
             self.shared_registry = Registry(settings.registry_url, host=settings.host)
             migrate.upgrade_shared(self.shared_registry)
@@ -426,7 +431,8 @@ class Daemon:
         try:
             return fn(*args)
         except TritonctlError as exc:
-            log.error("%s: %s", args[0] if args else fn.__name__, exc)
+            if self.registry is None or not self.registry.health.told(exc):
+                log.error("%s: %s", args[0] if args else fn.__name__, exc)
         except Exception:  # noqa: BLE001 - a bug in one model's pipeline must not stop the daemon
             log.exception("unexpected error handling %s", args)
         return None
@@ -468,7 +474,8 @@ class Daemon:
         try:
             self.plane.reconcile()
         except TritonctlError as exc:
-            log.error("reconcile: %s", exc)
+            if not self.plane.registry.health.told(exc):  # an outage is told once (controlplane/store/health.py)
+                log.error("reconcile: %s", exc)
         self._reconcile_cpu_s = time.thread_time() - cpu_started
         if self.plane.counters.triton_reachable and not self.stop_requested.is_set():
             for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.deploy.causes)

@@ -174,7 +174,11 @@ class Intake:
             return True
         self.capture_refusals.pop(model, None)
         existing = self.registry.find_model(model)
-        if existing is not None and existing.removed_at is None:
+        held = model in self.source.held()  # the source holds it back (an MLflow alias names no version)
+        if existing is None and held:
+            self.registry.ensure_model(model)  # a row, so `status` shows it held, with why
+            return False
+        if existing is not None and existing.removed_at is None and not (held and not existing.active_digest):
             self.retries.clear(model)  # nothing retries content the source no longer holds
             self.registry.update_model(model, removed_at=queries.now())
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "remove", model, existing.active_digest, "ok",

@@ -45,6 +45,7 @@ class _SyncInputs:
     tracks: dict[str, str]
     retries: dict[str, Retry]
     restores: dict[str, Retry]
+    held: dict[str, str]  # what the source holds back, with why (controlplane/source/protocol.py `held`)
 
 
 class StatusView:
@@ -177,7 +178,8 @@ class StatusView:
                            set(self.deployer.busy_models()),
                            self.intake.in_hand.reasons(self.intake.source.settling(), dict(self.intake.capture_waits)),
                            tags.by_digest(tagged), tracks,
-                           self.retries.all(), self.restores.all())  # one lock each, not two per model
+                           self.retries.all(), self.restores.all(),  # one lock each, not two per model
+                           self.intake.source.held())
 
     def _sync_of(self, model: ModelRecord, inputs: _SyncInputs) -> tuple[str, str, str, Retry | None]:
         """(sync, sync_reason, the policy shown, the retry owed) of one model."""
@@ -187,6 +189,9 @@ class StatusView:
         refused = self.intake.capture_refusals.get(model.name)
         if refused is not None and not busy:  # the source's newest content could not even be captured
             return SyncState.INVALID, f"{CAPTURE_REFUSED}{refused}", policy, retry
+        held = inputs.held.get(model.name)
+        if held is not None and not model.active_digest:  # nothing served yet: the source holds it back
+            return SyncState.HELD, held, policy, retry
         track = inputs.tracks.get(model.name)
         if track:
             tag_digest = next((d for (m, d), names in inputs.tagged.items() if m == model.name and track in names),

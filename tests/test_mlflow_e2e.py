@@ -3,7 +3,7 @@
 (tests/mlflowserver.py), driven the way a team promotes models: register a version, move the alias.
 
 One server and one daemon for the module; the tests run in order and build on each other's versions:
-- a version registered without the alias deploys nothing; moving `champion` to it deploys it, and MLflow
+- a version registered without the alias deploys nothing (status: held, alias champion names no version); moving `champion` to it deploys it, and MLflow
   shows `tritonctl.state=serving` and the digest on that version, `status` the alias as a tag;
 - a version that fails to load is rolled back (the previous one keeps serving) and tagged in MLflow;
 - moving the alias back serves the old digest without downloading it again (the audit says 0 files);
@@ -89,10 +89,10 @@ def serves(setup: Setup, client: grpcclient.InferenceServerClient, name: str, ge
 def test_alias_move_deploys_and_writes_back(setup: Setup, client: grpcclient.InferenceServerClient) -> None:
     server = setup.server
     v1 = setup.versions[1] = server.register(MODEL, gen_files(MODEL, 1))
-    # registered, alias not moved: the daemon sees it (its log says why it is not served) and deploys nothing
-    wait_for(lambda: f"MLflow model {MODEL}: not served: held: alias champion names no version"
-             in setup.daemon.log_path.read_text(), 30, 0.2, "the registered model seen and held")
-    assert setup.row(MODEL) == {}
+    # registered, alias not moved: the daemon sees it, deploys nothing and shows it held, with why
+    row = wait_for(lambda: (r := setup.row(MODEL)).get("sync") == "held" and r, 30, 0.2, f"{MODEL} held")
+    assert row["sync_reason"] == "alias champion names no version" and row["state"] == "new", row
+    assert row["digest"] is None, row
     server.set_alias(MODEL, "champion", v1)
     serves(setup, client, MODEL, 1)
     row = wait_for(lambda: (r := setup.row(MODEL))["state"] == "serving" and r, 30, 0.2, f"{MODEL} serving")

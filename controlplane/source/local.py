@@ -123,6 +123,9 @@ class LocalSource:
     def backlog(self) -> int:
         return self.watcher.backlog()
 
+    def held(self) -> dict[str, str]:
+        return {}  # a directory offers every model it holds
+
     # -- the repository level -------------------------------------------------------------------------
     def repository_held(self) -> bool:
         return (self.root / HOLD_FILE).exists()

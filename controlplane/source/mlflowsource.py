@@ -57,6 +57,7 @@ from controlplane.store.records import AuditEntry, TagRecord
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Result
 
 log = logging.getLogger("tritonctl.mlflow")
+HELD = "held: "  # the prefix of a not-served reason that `held` reports (alias names no version)
 
 FILE_MODE, DIR_MODE = 0o644, 0o755
 MAX_BACKOFF_S = 30.0
@@ -110,6 +111,7 @@ class MLflowSource(PerModelOnly):
         self._handed: dict[str, str] = {}  # model -> the version last handed on
         self._not_before: dict[str, float] = {}
         self._ignored: dict[str, str] = {}  # model -> why it is not served (logged once per reason)
+        self._held_handed: set[str] = set()  # the held models handed on (once each, while held)
         self._aliases: dict[str, dict[str, list[str]]] = {}  # model -> version -> its aliases
         self._captured: dict[str, str] = {}  # model -> the signature its last capture was taken at
         self._written: dict[tuple[str, str], tuple[str | None, str]] = {}  # (model, version) -> (state, digest)
@@ -133,8 +135,10 @@ class MLflowSource(PerModelOnly):
             aliases[name] = by_version
             version = next((v for v, names in by_version.items() if self.alias in names), None)
             if version is None:
-                self._ignore(name, f"held: alias {self.alias} names no version")
+                self._ignore(name, f"{HELD}alias {self.alias} names no version")
                 continue
+            if self._ignored.get(name, "").startswith(HELD):
+                del self._ignored[name]  # its alias names a version now
             served[name] = version
         with self._lock:
             self._aliases = aliases
@@ -237,6 +241,11 @@ class MLflowSource(PerModelOnly):
     def backlog(self) -> int:
         return len(self.settling())
 
+    def held(self) -> dict[str, str]:
+        """The registered models whose alias names no version, as of the last listing."""
+        ignored = dict(self._ignored)  # written by the listing alone (one thread)
+        return {name: why.removeprefix(HELD) for name, why in ignored.items() if why.startswith(HELD)}
+
     # -- polling -----------------------------------------------------------------------------------
     def _round(self) -> None:
         """One poll, then the write-back (each failure logged; the next round tries again)."""
@@ -279,6 +288,10 @@ class MLflowSource(PerModelOnly):
                 del self._versions[name]  # the alias or the model was deleted: the consumer marks it removed
                 self._handed.pop(name, None)
                 due.append(name)
+
+        held = set(self.held())
+        due.extend(sorted(held - self._held_handed - set(due)))  # newly held: handed on once, `status` shows them
+        self._held_handed = held
         for name in due:
             try:
                 self._on_change(name, True)

@@ -109,6 +109,11 @@ class Source(Protocol):
         """How many models wait for their check (the watcher backlog metric)."""
         ...
 
+    def held(self) -> dict[str, str]:
+        """The models the source holds but does not offer to serve yet, each with why (an MLflow model
+        whose alias names no version): `status` shows them `held`. Empty for a directory and S3."""
+        ...
+
     # -- the repository level (change sets: controlplane/changeset.py) ----------------------------------
     def repository_held(self) -> bool:
         """Whether the whole repository is on hold (`.tritonctl-hold` at its root)."""
@@ -133,6 +138,9 @@ class PerModelOnly:
 
     def repository_marked(self) -> bool:
         return False
+
+    def held(self) -> dict[str, str]:
+        return {}
 
     def repository_wait(self, model: str) -> str | None:
         return None

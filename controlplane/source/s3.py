@@ -198,6 +198,9 @@ class S3Source:
         with self._lock:
             return sum(1 for s in self._models.values() if s.handed != s.signature)
 
+    def held(self) -> dict[str, str]:
+        return {}  # a prefix offers every model it holds
+
     def settling(self) -> dict[str, float | None]:
         """The models whose listing changed and is not handed on yet (settling, on hold, or looked at
         again after a refused capture), each with the seconds since its listing last changed: what

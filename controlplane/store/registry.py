@@ -485,12 +485,14 @@ class Registry(History, Footprints):
     # -- deployments ----------------------------------------------------------------------------
 
     def begin_deployment(
-        self, model: str, kind: str, digest: str | None, previous_digest: str | None, actor: str
+        self, model: str, kind: str, digest: str | None, previous_digest: str | None, actor: str,
+        at: datetime | None = None,
     ) -> DeploymentRecord:
-        """Record the intent before anything is done (crash recovery reads it back)."""
+        """Record the intent before anything is done (crash recovery reads it back). `at`: when, for a
+        record written late (controlplane/store/journaled.py)."""
         with self._session() as session:
             self._model_row(session, model)
-            now = self.clock()
+            now = at or self.clock()
             row = schema.Deployment(
                 model=model,
                 kind=kind,
@@ -526,13 +528,15 @@ class Registry(History, Footprints):
         audit: AuditEntry,
         serving: ServingRecord | None,
         model_state: str,
+        at: datetime | None = None,
     ) -> DeploymentRecord:
-        """End a deployment; in the same transaction set what serves, log it and audit it."""
+        """End a deployment; in the same transaction set what serves, log it and audit it. `at`: when, for
+        a record written late (controlplane/store/journaled.py)."""
         with self._session() as session:
             row = session.get(schema.Deployment, deployment_id)
             if row is None:
                 raise NotFoundError(f"deployment {deployment_id} is unknown")
-            now = self.clock()
+            now = at or self.clock()
             row.step = "done"
             row.outcome = outcome
             row.error = error
