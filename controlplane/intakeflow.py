@@ -22,12 +22,13 @@ from dataclasses import dataclass
 
 from controlplane import intake, queries
 from controlplane.changeset import ChangeSets
-from controlplane.config import LiveSettings, Settings
+from controlplane.config import Settings
 from controlplane.counters import PipelineCounts
 from controlplane.decision import Rule, Verdict, decide, decide_capture
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.plans import Plan, serving_member
 from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, UsageError
+from controlplane.livesettings import LiveSettings
 from controlplane.names import validate_model_name
 from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore, Snapshot

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from controlplane.bake import BAKE_OUTCOMES
+from controlplane.bakefigures import BAKE_OUTCOMES
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
 from controlplane.vocab import ModelState, Result

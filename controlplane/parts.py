@@ -5,7 +5,7 @@
 (controlplane/outcomelog.py, metrics) and hands the parts to `ControlPlane`, which is verbs over them
 and builds nothing but its target and its `status` view (both depend on the target the daemon chose).
 Each part is handed the parts it uses, never the plane; the settings a reload changes are read through
-`config.LiveSettings`. The memory budget's hooks and the lease book's expiry are the one place where
+`livesettings.LiveSettings`. The memory budget's hooks and the lease book's expiry are the one place where
 parts built later are reached, through closures here (the guard is built before the Deployer that uses
 it, the lease book before the on-demand book that expires it).
 """
@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.bake import BAKES_FILE, Baker
 from controlplane.bookkeeping import Bookkeeping
-from controlplane.config import LiveSettings, Settings
+from controlplane.config import Settings
 from controlplane.counters import Counters
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.publish import ServingRepository
 from controlplane.intakeflow import Intake
+from controlplane.livesettings import LiveSettings
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
 from controlplane.memory.leases import LeaseBook

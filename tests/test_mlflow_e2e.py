@@ -3,8 +3,9 @@
 (tests/mlflowserver.py), driven the way a team promotes models: register a version, move the alias.
 
 One server and one daemon for the module; the tests run in order and build on each other's versions:
-- a version registered without the alias deploys nothing (status: held, alias champion names no version); moving `champion` to it deploys it, and MLflow
-  shows `tritonctl.state=serving` and the digest on that version, `status` the alias as a tag;
+- a version registered without the alias deploys nothing (status: held, alias champion names no
+  version); moving `champion` to it deploys it, and MLflow shows `tritonctl.state=serving` and the
+  digest on that version, `status` the alias as a tag;
 - a version that fails to load is rolled back (the previous one keeps serving) and tagged in MLflow;
 - moving the alias back serves the old digest without downloading it again (the audit says 0 files);
   another alias on the served version is a tag of its digest until it is deleted;

@@ -9,7 +9,8 @@ from collections import deque
 from datetime import datetime
 from pathlib import Path
 
-from controlplane.bake import Bake, Baker, Limits, Tally
+from controlplane.bake import Baker
+from controlplane.bakefigures import Bake, Limits, Tally
 from controlplane.bakewarn import LoadTimes, warning
 from controlplane.config import Settings
 from controlplane.store.records import FootprintRecord
