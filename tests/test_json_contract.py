@@ -51,6 +51,12 @@ UNFILLED: dict[str, str] = {
     "versions:#version.footprint.gpu_memory_mb": "as status's: no GPU here",
     "versions:#version.bake_warning": "this scenario's daemon does not bake: tests/test_bake_e2e.py checks a "
                                       "versions document with a bake's warning against the schema",
+    **{f"rollouts:{field}": "this scenario's fleet does not bake (bake_s 0): tests/test_fleet_bake_e2e.py "
+                            "checks rollouts documents with a canary's bake and its steps' figures against the schema"
+       for field in ("$[].bake", "#bake.digest", "#bake.failure_ratio", "#bake.failures", "#bake.hosts",
+                     "#bake.latency_ms", "#bake.latency_stat", "#bake.reason", "#bake.requests", "#bake.started",
+                     "#bake.state", "#bake.until", "#bake.wave", "#step.figures", "#step.figures.failures",
+                     "#step.figures.requests", "#step.figures.success", "#step.figures.success_ns")},
     "status:$.registry_unreachable_since": "a time only while the registry is down: "
                                            "tests/test_fleet_outage_e2e.py crashes PostgreSQL for it",
     **{f"status:#model.bake{field}": "this scenario's daemon does not bake (bake_s 0, the default): "
