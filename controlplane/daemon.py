@@ -35,7 +35,7 @@ from controlplane.errors import ConfigError, LauncherError, TritonctlError
 from controlplane.outcomes import Outcomes
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
-from controlplane.startup import preflight
+from controlplane.startup import bulk, preflight
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.startup.record import deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
@@ -47,6 +47,7 @@ from controlplane.triton.exposure import key_exposure
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import RECORD_FILE, WAIT_CALLBACK_S, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
+from controlplane.triton.serverlog import LogCursor
 from controlplane.validation.modelconfig import is_ensemble_text
 from controlplane.vocab import SERVING_STATES
 
@@ -101,6 +102,8 @@ class Daemon:
         self.registry: Registry | None = None
         self.serving: ServingRepository | None = None  # the serving root a launched tritonserver reads
         self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
+        # a fresh tritonserver whose launch waits for the first start's deploys (controlplane/startup/bulk.py)
+        self._deferred_launch = False
         self._scans_reporting = 0  # start-up scans writing their own progress to STATUS= (under _inflight_lock)
         self.webhooks: Webhooks | None = None
         self._state_lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
@@ -163,24 +166,31 @@ class Daemon:
                                 ", ".join(changed))
             else:
                 server.grpc_port, server.http_port, server.metrics_port = launch_ports(self.settings)
-                self._preloaded = self._launch(server, serving)
+                if bulk.eligible(self.settings):  # launched by the initial scan, with its deploys
+                    self._deferred_launch = True
+                    return server.grpc_url, server.restricted_key
+                self._preloaded, _ = self._launch(server, serving)
                 log.info("launched tritonserver pid %s on %s", server.pid, server.grpc_url)
             return server.grpc_url, server.restricted_key
         if not self.settings.triton_url:
             raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
         return self.settings.triton_url, self.settings.triton_key
 
-    def _launch(self, server: TritonServer, serving: ServingRepository) -> list[str]:
+    def _launch(self, server: TritonServer, serving: ServingRepository,
+                staged: list[str] | None = None) -> tuple[list[str], bool]:
         """Start a fresh tritonserver (the daemon's start, a relaunch after it died) with the models the
         registry serves loading in its own start-up (controlplane/startup/preload.py): one pass of its
         load threads instead of a load request each. If those loads stall or the server does not come
         up with them, it is launched without them and the reconcile restores each model, as before.
-        Returns the models it loaded in its start-up (the next reconcile verifies and audits them)."""
+        `staged`: a first start's deploys, published, to load there too (controlplane/startup/bulk.py).
+        Returns the registry's models it loaded in its start-up (the next reconcile verifies and audits
+        them), and whether it was launched with its loads."""
         assert self.registry is not None
-        preload = models_to_preload(self.settings, self.registry, serving)
+        served = models_to_preload(self.settings, self.registry, serving)
+        preload = sorted({*served, *(staged or [])})
         if preload:
-            log.info("launching tritonserver with the %d models the registry serves loading in its start-up",
-                     len(preload))
+            log.info("launching tritonserver with the %d models the registry serves loading in its start-up%s",
+                     len(served), f", and the {len(staged)} deploys of this start" if staged else "")
             progress = LoadProgress(server.log_path, len(preload), stall_s=self.settings.load_timeout_s)
 
             def waiting() -> None:
@@ -199,9 +209,9 @@ class Daemon:
             else:
                 log.info("tritonserver live %.1f s after launch, its start-up loads done (%d of %d finished; "
                          "the reconcile verifies each)", time.monotonic() - started, progress.poll(), len(preload))
-                return preload
+                return served, True
         server.start()
-        return []
+        return [], False
 
     def _check_key_exposure(self) -> None:
         """Before a tritonserver is launched (or adopted): can other local users read its command line,
@@ -272,7 +282,7 @@ class Daemon:
         # READY before the deploys: a restart's restores (a fresh tritonserver serves nothing) also go
         # on behind READY, before the initial scan (bench/scale.py --serve-all: restart time)
         behind_ready = not settings.ready_waits_for_deploys and self.fleet_settings is None
-        if not behind_ready:
+        if not behind_ready and not self._deferred_launch:  # else: once the initial scan launched it
             self.plane.reconcile()
         from controlplane.api.server import ApiServer
 
@@ -350,7 +360,8 @@ class Daemon:
 
     def _reconcile_then_scan(self) -> None:
         assert self.plane is not None
-        self.plane.reconcile()  # finish interrupted deployments and restore first, as before READY
+        if not self._deferred_launch:  # else: once the initial scan launched tritonserver
+            self.plane.reconcile()  # finish interrupted deployments and restore first, as before READY
         self._initial_scan()
 
     def _initial_scan(self) -> None:
@@ -383,6 +394,13 @@ class Daemon:
                 for name in wave.recorded:
                     plane.in_hand.started(name)
                 done += len(wave.recorded)
+                if self._deferred_launch:  # a fresh tritonserver loads this wave's deploys in its start-up
+                    loaded = self._launch_with(wave.deploy, pool)
+                    wave.settle += loaded.handed_back
+                    wave.deploy = []
+                    for name in loaded.names:
+                        plane.in_hand.started(name)
+                    done += len(loaded.names)
                 futures = [pool.submit(self._startup_one, name) for name in group if name in redeploy]
                 futures += [pool.submit(self._startup_one, name) for name in wave.settle]
                 futures += [pool.submit(self._startup_deploy, name, digest) for name, digest in wave.deploy]
@@ -394,6 +412,28 @@ class Daemon:
                                        f"({len(plan.unchanged)} unchanged)")
         plane.in_hand.starting(set())
         plane.serving_ensembles.warm()  # the first edit after a start does not pay for reading them
+
+    def _launch_with(self, deploy: list[tuple[str, str]], pool: ThreadPoolExecutor) -> bulk.Bulk:
+        """The deferred launch of a fresh tritonserver (controlplane/startup/bulk.py): `deploy` staged
+        (published), the server launched with them and the registry's models in its start-up, the
+        staged deploys verified and ended, then the reconcile that a start runs first."""
+        assert self.plane is not None and self.triton_server is not None and self.serving is not None
+        staged = bulk.stage_all(self.plane, deploy, pool)
+        cursor = LogCursor(self.triton_server.log_path)
+        self._deferred_launch = False
+        try:
+            self._preloaded, loaded = self._launch(self.triton_server, self.serving, staged.names)
+        except TritonctlError as exc:
+            for s in staged.staged:
+                self.plane.deployer.finish_staged(s, loaded=False, failure=exc)
+            raise
+        log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
+        self.plane.counters.triton_reachable = True  # live: the reconcile below keeps it up to date
+        self.plane.preloaded(self._preloaded)
+        bulk.finish_all(self.plane, staged, loaded=loaded, cursor=cursor, index=self.plane.triton.index,
+                        url=self.plane.triton.url, pool=pool)
+        self.plane.reconcile()  # interrupted deployments, and the registry's preloads verified and audited
+        return staged
 
     @contextmanager
     def _scan_reporting(self) -> Iterator[None]:
@@ -573,6 +613,8 @@ class Daemon:
         """The quick check between reconciles: reconcile now if tritonserver died, went away or came back."""
         assert self.plane is not None
         server = self.triton_server
+        if self._deferred_launch:
+            return  # the initial scan launches it
         if server is not None:
             changed = not server.is_running()
         else:
@@ -597,7 +639,7 @@ class Daemon:
             try:
                 server.stop()
                 assert self.serving is not None
-                self.plane.preloaded(self._launch(server, self.serving))
+                self.plane.preloaded(self._launch(server, self.serving)[0])
             except TritonctlError as exc:
                 log.error("restarting tritonserver: %s", exc)
                 return

@@ -306,14 +306,16 @@ class TritonSteps:
         self._ensemble_loads = threading.Lock()  # ensembles go to Triton one at a time (`_bookkeeping_only`)
 
     def bring_up(self, b: BringUp, *, reached: Reached | None = None, emit: Emit | None = None,
-                 start: str | None = None) -> BringUp:
+                 start: str | None = None, stop: str | None = None) -> BringUp:
         """Take the steps of `BRING_UP` that apply to `b`, in order, from the one named `start` (a
-        recovery checks what already serves from "verify" on). `reached` is told each recorded step once
+        recovery checks what already serves from "verify" on) up to the one named `stop` (not taken: a
+        first start publishes before the launching tritonserver loads). `reached` is told each recorded step once
         taken (the operation's deployment advances); `emit` streams each step's start and end. A step's
         failure raises (TritonctlError): the caller decides what to undo."""
         sequence = BRING_UP
-        if start is not None:
-            sequence = sequence[[step.name for step in sequence].index(start):]
+        names = [step.name for step in sequence]
+        sequence = sequence[names.index(start) if start is not None else 0:
+                            names.index(stop) if stop is not None else len(sequence)]
         for step in sequence:
             if step.applies is not None and not step.applies(b):
                 continue

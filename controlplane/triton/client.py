@@ -85,6 +85,7 @@ class TritonClient:
         self.backoff_s = backoff_s
         self._headers = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": restricted_key} if restricted_key else None
         self._client = grpcclient.InferenceServerClient(url)
+        self.load_requests = 0  # load requests sent (metric tritonctl_triton_load_requests)
 
     def close(self) -> None:
         self._client.close()
@@ -123,6 +124,7 @@ class TritonClient:
 
     def load(self, model: str, timeout_s: float | None = None) -> None:
         deadline = timeout_s or self.timeouts.load_s
+        self.load_requests += 1
         self._call(
             f"load '{model}'",
             lambda: self._client.load_model(model, headers=self._headers, client_timeout=deadline),
