@@ -37,9 +37,10 @@ from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
 from controlplane.startup import bulk, preflight
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
-from controlplane.startup.record import deploy_alone, record_wave
+from controlplane.startup.record import Wave, deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
 from controlplane.store import migrate
+from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.targets import FleetTarget
 from controlplane.triton.client import Timeouts, TritonClient
@@ -387,53 +388,71 @@ class Daemon:
         plane.in_hand.starting(set(todo))  # `status`: sync pending ("start-up scan") until handled
         with self._scan_reporting(), ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                                         thread_name_prefix="startup") as pool:
-            for group in (members, ensembles):  # an ensemble loads only once its steps serve
+            deferred = self._deferred_launch  # a fresh tritonserver loads the deploys in its start-up
+            staged: dict[str, SnapshotRecord] = {}  # those deploys (controlplane/startup/bulk.py)
+            waves: list[tuple[list[str], Wave]] = []
+            bulks: list[bulk.Bulk] = []
+            for group in (members, ensembles):  # an ensemble loads only once its steps serve (or are staged)
                 # the changed ones recorded in batches (controlplane/startup/record.py); what needs more
                 # than a record, or a deploy alone, goes on model by model
-                wave = record_wave(plane, [n for n in group if n not in redeploy], pool)
+                wave = record_wave(plane, [n for n in group if n not in redeploy], pool, staged=staged)
                 for name in wave.recorded:
                     plane.in_hand.started(name)
                 done += len(wave.recorded)
-                if self._deferred_launch:  # a fresh tritonserver loads this wave's deploys in its start-up
-                    loaded = self._launch_with(wave.deploy, pool)
-                    wave.settle += loaded.handed_back
+                if deferred:
+                    bulks.append(bulk.stage_all(plane, wave.deploy, pool, staged))
+                    wave.settle += bulks[-1].handed_back
                     wave.deploy = []
-                    for name in loaded.names:
-                        plane.in_hand.started(name)
-                    done += len(loaded.names)
-                futures = [pool.submit(self._startup_one, name) for name in group if name in redeploy]
-                futures += [pool.submit(self._startup_one, name) for name in wave.settle]
-                futures += [pool.submit(self._startup_deploy, name, digest) for name, digest in wave.deploy]
-                for future in futures:
-                    future.result()
+                waves.append((group, wave))
+                if not deferred:
+                    done = self._run_wave(group, wave, redeploy, pool, done, total, len(plan.unchanged))
+            if deferred:
+                for name in self._launch_with(bulks, pool):
+                    plane.in_hand.started(name)
                     done += 1
-                    if done % 50 == 0 or done == total:
-                        systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed "
-                                       f"({len(plan.unchanged)} unchanged)")
+                for group, wave in waves:
+                    done = self._run_wave(group, wave, redeploy, pool, done, total, len(plan.unchanged))
         plane.in_hand.starting(set())
         plane.serving_ensembles.warm()  # the first edit after a start does not pay for reading them
 
-    def _launch_with(self, deploy: list[tuple[str, str]], pool: ThreadPoolExecutor) -> bulk.Bulk:
-        """The deferred launch of a fresh tritonserver (controlplane/startup/bulk.py): `deploy` staged
-        (published), the server launched with them and the registry's models in its start-up, the
-        staged deploys verified and ended, then the reconcile that a start runs first."""
+    def _run_wave(self, group: list[str], wave: Wave, redeploy: set[str], pool: ThreadPoolExecutor, done: int,
+                  total: int, unchanged: int) -> int:
+        """A start-up wave's models that go on model by model; returns how many are done now."""
+        futures = [pool.submit(self._startup_one, name) for name in group if name in redeploy]
+        futures += [pool.submit(self._startup_one, name) for name in wave.settle]
+        futures += [pool.submit(self._startup_deploy, name, digest) for name, digest in wave.deploy]
+        for future in futures:
+            future.result()
+            done += 1
+            if done % 50 == 0 or done == total:
+                systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed "
+                               f"({unchanged} unchanged)")
+        return done
+
+    def _launch_with(self, bulks: list[bulk.Bulk], pool: ThreadPoolExecutor) -> list[str]:
+        """The deferred launch of a fresh tritonserver (controlplane/startup/bulk.py): the staged deploys
+        (`bulks`: the step models', then the ensembles') and the registry's models in its start-up, the
+        staged deploys verified and ended in that order, then the reconcile that a start runs first.
+        Returns the staged models."""
         assert self.plane is not None and self.triton_server is not None and self.serving is not None
-        staged = bulk.stage_all(self.plane, deploy, pool)
+        names = [name for b in bulks for name in b.names]
         cursor = LogCursor(self.triton_server.log_path)
         self._deferred_launch = False
         try:
-            self._preloaded, loaded = self._launch(self.triton_server, self.serving, staged.names)
+            self._preloaded, loaded = self._launch(self.triton_server, self.serving, names)
         except TritonctlError as exc:
-            for s in staged.staged:
+            for s in (s for b in bulks for s in b.staged):
                 self.plane.deployer.finish_staged(s, loaded=False, failure=exc)
             raise
         log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
         self.plane.counters.triton_reachable = True  # live: the reconcile below keeps it up to date
         self.plane.preloaded(self._preloaded)
-        bulk.finish_all(self.plane, staged, loaded=loaded, cursor=cursor, index=self.plane.triton.index,
-                        url=self.plane.triton.url, pool=pool)
+        lines = bulk.log_lines(cursor) if loaded else []
+        for b in bulks:
+            bulk.finish_all(self.plane, b, loaded=loaded, lines=lines, index=self.plane.triton.index,
+                            url=self.plane.triton.url, pool=pool)
         self.plane.reconcile()  # interrupted deployments, and the registry's preloads verified and audited
-        return staged
+        return names
 
     @contextmanager
     def _scan_reporting(self) -> Iterator[None]:

@@ -150,11 +150,10 @@ def test_a_first_start_deploys_through_tritons_start_up_and_a_load_failing_there
         wait_for(lambda: serving(daemon) == {*MODELS, "flaky"}, 120, 0.2, "every good model serving")
         log = daemon.log_tail(200_000)
         assert ("launching tritonserver with the 0 models the registry serves loading in its start-up, "
-                "and the 5 deploys of this start") in log, log
-        # the four good non-ensembles and `broken` went to Triton's start-up, not one load request each;
-        # the ensemble loads by its own request once its steps serve
-        assert loads(port) == (1, 4)
-        for name in ("linear", "sentiment_tokenizer", "sentiment_classifier", "flaky"):
+                "and the 6 deploys of this start") in log, log
+        # every deploy went to Triton's start-up (the ensemble with its steps), not one load request each
+        assert loads(port) == (0, 5)
+        for name in (*MODELS, "flaky"):
             assert [o for o, _ in deploys(daemon, name)] == ["ok"], name  # the rows of any deploy
         # failing there is a failed deploy: nothing to roll back to, Triton's reason from its log
         [(outcome, message)] = deploys(daemon, "broken")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,11 +240,13 @@ class Deployer:
 
     # -- a first start's loads in the launching tritonserver's own start-up (controlplane/startup/bulk.py) --
 
-    def stage(self, model: str, digest: str, actor: str) -> Staged | Outcome:
+    def stage(self, model: str, digest: str, actor: str,
+              overrides: Mapping[str, SnapshotRecord] | None = None) -> Staged | Outcome:
         """`deploy`'s part before Triton, for a tritonserver not launched yet: validated, its intent
         recorded, published. The load is that server's start-up (`--load-model`); `finish_staged` ends
         the deploy. An Outcome: it ended here (refused, or its publish failed). Holds the model's lock
-        until `finish_staged`."""
+        until `finish_staged`. `overrides`: step models staged for the same start-up (an ensemble's steps
+        count as served)."""
         lock = self.lock(model)
         lock.acquire()
         try:
@@ -254,7 +256,7 @@ class Deployer:
             previous = current.active_digest if current.state in SERVING_STATES else None
             op = self._operation(model, snap.digest, previous, actor, "deploy", None, started)
             op.emit(DeployStep.VALIDATE, StepState.START)
-            refusal = self._refusal(snap, force=False)
+            refusal = self._refusal(snap, force=False, overrides=overrides)
             if refusal is not None:
                 lock.release()
                 return op.refuse(*refusal)
@@ -299,13 +301,14 @@ class Deployer:
             self.guard.settle(staged.ticket, outcome is not None and outcome.outcome == Result.OK)
             staged.lock.release()
 
-    def _refusal(self, snap: SnapshotRecord, force: bool) -> tuple[str, Cause] | None:
+    def _refusal(self, snap: SnapshotRecord, force: bool,
+                 overrides: Mapping[str, SnapshotRecord] | None = None) -> tuple[str, Cause] | None:
         """Why a recorded snapshot is not sent to Triton (message, whose fault), or None."""
         refused = admission(snap, force=force, where="Triton")
         if refused is not None:
             return refused, Cause.NONE
         try:
-            require_members(self.registry, snap)
+            require_members(self.registry, snap, overrides)
         except EnvironmentFault as exc:  # an ensemble whose steps this daemon lacks yet: retried
             return str(exc), Cause.ENVIRONMENT
         except ModelConfigError as exc:  # an ensemble that does not fit the steps this daemon serves

@@ -36,9 +36,10 @@ from controlplane.deploy.engine import Staged
 from controlplane.errors import TritonctlError, TritonError
 from controlplane.ports import WavePlane
 from controlplane.results import Outcome
+from controlplane.store.records import SnapshotRecord
 from controlplane.triton.capabilities import from_triton_reason
 from controlplane.triton.client import IndexEntry
-from controlplane.triton.serverlog import LogCursor, parse_lines, reasons_for, summarise
+from controlplane.triton.serverlog import LogCursor, LogLine, parse_lines, reasons_for, summarise
 from controlplane.vocab import WATCHER_ACTOR
 
 log = logging.getLogger("tritonctl.startbulk")
@@ -65,10 +66,14 @@ class Bulk:
         return [s.model for s in self.staged]
 
 
-def stage_all(plane: WavePlane, deploy: Sequence[tuple[str, str]], pool: Executor) -> Bulk:
+def stage_all(plane: WavePlane, deploy: Sequence[tuple[str, str]], pool: Executor,
+              staged: dict[str, SnapshotRecord]) -> Bulk:
     """Stage each (model, digest) the start-up scan recorded and may deploy alone, under its capture lock
-    and only if its source still holds that content (`deploy_alone`'s rule)."""
+    and only if its source still holds that content (`deploy_alone`'s rule). `staged`: the deploys staged
+    so far (an ensemble's steps among them count as served: the same start-up loads them first); the
+    ones staged here are added."""
     out = Bulk()
+    overrides = dict(staged)
 
     def one(item: tuple[str, str]) -> Staged | Outcome | None:
         model, digest = item
@@ -76,13 +81,14 @@ def stage_all(plane: WavePlane, deploy: Sequence[tuple[str, str]], pool: Executo
             entry = plane.source_graph.entry(model)
             if entry is None or entry.digest != digest or plane.source_changed(model, unknown=False):
                 return None
-            return plane.deployer.stage(model, digest, WATCHER_ACTOR)
+            return plane.deployer.stage(model, digest, WATCHER_ACTOR, overrides=overrides)
 
     for (model, _), result in zip(deploy, pool.map(one, deploy), strict=True):
         if result is None:
             out.handed_back.append(model)
         elif isinstance(result, Staged):
             out.staged.append(result)
+            staged[model] = result.snap
         else:
             out.outcomes.append(result)
     return out
@@ -95,11 +101,16 @@ def startup_failure(name: str, entry: IndexEntry | None, lines_reason: str, url:
     return from_triton_reason(message, url) or TritonError(message)
 
 
-def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, cursor: LogCursor | None,
+def log_lines(cursor: LogCursor) -> list[LogLine]:
+    """The launched server's log since `cursor`: its start-up's reasons for the loads that failed."""
+    return parse_lines(cursor.read_new())
+
+
+def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, lines: Sequence[LogLine],
                index: Callable[[], list[IndexEntry]], url: str, pool: Executor) -> None:
     """End the staged deploys once the server is live. `loaded`: it was launched with them (verified in
-    bulk from one repository index; their failures' reasons read once from its log since `cursor`); not
-    `loaded`: each is loaded by its own request."""
+    bulk from one repository index; the reasons of those that failed from its start-up's log `lines`);
+    not `loaded`: each is loaded by its own request."""
     if not bulk.staged:
         return
     failures: dict[str, TritonctlError] = {}
@@ -112,7 +123,6 @@ def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, cursor: LogCursor 
         except TritonctlError as exc:
             log.warning("repository index after tritonserver's start-up: %s; verifying each model", exc)
             entries = {s.model: IndexEntry(s.model, "", READY, "") for s in bulk.staged}
-        lines = parse_lines(cursor.read_new()) if cursor is not None else []
         for s in bulk.staged:
             found = entries.get(s.model)
             if found is None or found.state != READY:
