@@ -437,13 +437,14 @@ class Daemon:
         assert self.plane is not None and self.triton_server is not None and self.serving is not None
         names = [name for b in bulks for name in b.names]
         cursor = LogCursor(self.triton_server.log_path)
-        self._deferred_launch = False
         try:
             self._preloaded, loaded = self._launch(self.triton_server, self.serving, names)
         except TritonctlError as exc:
             for s in (s for b in bulks for s in b.staged):
                 self.plane.deployer.finish_staged(s, loaded=False, failure=exc)
             raise
+        finally:
+            self._deferred_launch = False  # supervision watches it from now on
         log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
         self.plane.counters.triton_reachable = True  # live: the reconcile below keeps it up to date
         self.plane.preloaded(self._preloaded)
@@ -652,6 +653,8 @@ class Daemon:
     def _supervise_and_reconcile(self) -> None:
         assert self.plane is not None
         server = self.triton_server
+        if self._deferred_launch:
+            return  # the initial scan launches it
         if server is not None and not server.is_running() and not self.stop_requested.is_set():
             log.error("launched tritonserver died (code %s); restarting", server.process and server.process.returncode)
             self.plane.counters.triton_reachable = False  # a fresh server: re-check the source below
