@@ -16,6 +16,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as c  # noqa: E402
+import run_all  # noqa: E402
 
 RESULTS = c.RESULTS / "scale-bulk.json"
 PNG = c.ROOT / "docs" / "first_start.png"
@@ -61,13 +62,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("models (1 python model + ensembles over it)")
     ax.set_ylabel("seconds until every model serves")
     ax.legend(fontsize=8)
-    m = report.get("machine", {})
-    ax.set_title(f"First start; commit {c.short_commit(report.get('git_commit', '?'))}, "
-                 f"load {(m.get('load_average_start') or ['?'])[0]} at start", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    run_all.save_plot(fig, plt, path, report, "First start, every model serving")
 
 
 def main(argv: list[str] | None = None) -> int:
