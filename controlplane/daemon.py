@@ -447,6 +447,7 @@ class Daemon:
             self._deferred_launch = False  # supervision watches it from now on
         log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
         self.plane.counters.triton_reachable = True  # live: the reconcile below keeps it up to date
+        self.plane.triton.reconnect()  # its channel was made before the server listened
         self.plane.preloaded(self._preloaded)
         lines = bulk.log_lines(cursor) if loaded else []
         for b in bulks:

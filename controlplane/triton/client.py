@@ -90,6 +90,12 @@ class TritonClient:
     def close(self) -> None:
         self._client.close()
 
+    def reconnect(self) -> None:
+        """A fresh channel, for a server that has just started listening: the old one tried to connect
+        while nothing listened, and gRPC's reconnect backoff made its next calls fail for seconds."""
+        old, self._client = self._client, grpcclient.InferenceServerClient(self.url)
+        old.close()
+
     def _call(self, what: str, fn: Callable[[], T], retry: bool = True) -> T:
         attempts = self.retries + 1 if retry else 1
         for attempt in range(attempts):
