@@ -55,7 +55,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     explicit = series(report)["Triton explicit --load-model=*: every model READY"]
     if explicit:
-        ax.plot([p[0] for p in explicit], [4 * p[1] for p in explicit], color="#d62728", linestyle="--", lw=0.8,
+        ax.plot([p[0] for p in explicit], [4 * p[1] for p in explicit], color="#555555", linestyle="--", lw=0.8,
                 label="target: 4x Triton explicit --load-model=*")
     ax.set_xscale("log")
     ax.set_yscale("log")
