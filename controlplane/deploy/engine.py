@@ -276,8 +276,10 @@ class Deployer:
             raise
         return Staged(op, snap, b, lock, ticket)
 
-    def finish_staged(self, staged: Staged, *, loaded: bool, failure: TritonctlError | None = None) -> Outcome:
-        """End a staged deploy: `loaded`, Triton's start-up loaded it (verified and smoke-tested here);
+    def finish_staged(self, staged: Staged, *, loaded: bool, failure: TritonctlError | None = None,
+                      indexed: list[str] | None = None) -> Outcome:
+        """End a staged deploy: `loaded`, Triton's start-up loaded it (verified and smoke-tested here;
+        `indexed`: its READY versions in the repository index taken after that start-up);
         `failure`, it failed there (rolled back like any failed deploy); neither, the server was launched
         without it and it is loaded by its own request now."""
         op, b = staged.op, staged.bring_up
@@ -289,6 +291,7 @@ class Deployer:
                 if loaded:
                     op.emit(DeployStep.LOAD, StepState.OK, "loaded in tritonserver's start-up", b.digest)
                     op.advance(RecordedStep.LOADED)
+                    b.indexed = indexed
                     self._bring_up(op, b, start="verify")
                 else:
                     self._bring_up(op, b, start="load")

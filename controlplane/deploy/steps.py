@@ -230,6 +230,7 @@ class BringUp:
     timeout_s: float | None = None
     tree: Path | None = None
     ready: list[str] = field(default_factory=list)
+    indexed: list[str] | None = None  # its READY versions, read from a repository index just taken
 
     @property
     def served_as(self) -> str:
@@ -265,7 +266,7 @@ def _load(steps: TritonSteps, b: BringUp) -> str:
 
 
 def _verify(steps: TritonSteps, b: BringUp) -> str:
-    b.ready = steps.verify(b.served_as, b.stamp or b.digest, b.served_versions)
+    b.ready = steps.verify(b.served_as, b.stamp or b.digest, b.served_versions, b.indexed)
     return f"READY versions {', '.join(b.ready)}"
 
 
@@ -361,9 +362,11 @@ class TritonSteps:
         except OSError:
             return False
 
-    def verify(self, name: str, stamp: str, served_versions: Sequence[int]) -> list[str]:
-        """Every served version READY and the served config stamped `stamp`; the READY versions."""
-        ready = self.triton.ready_versions(name)
+    def verify(self, name: str, stamp: str, served_versions: Sequence[int],
+               indexed: Sequence[str] | None = None) -> list[str]:
+        """Every served version READY and the served config stamped `stamp`; the READY versions
+        (`indexed`: as a repository index just taken says, not asked of Triton again)."""
+        ready = list(indexed) if indexed is not None else self.triton.ready_versions(name)
         missing = [str(v) for v in served_versions if str(v) not in ready]
         if missing or not ready:
             raise VerifyError(f"'{name}': version(s) {', '.join(missing) or '?'} not READY after load (ready: {ready})")

@@ -114,12 +114,15 @@ def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, lines: Sequence[Lo
     if not bulk.staged:
         return
     failures: dict[str, TritonctlError] = {}
+    indexed: dict[str, list[str]] = {}  # READY versions per model, from the one index
     if loaded:
         entries: dict[str, IndexEntry] = {}
         try:
             for entry in index():
                 if entry.state == READY or entry.name not in entries:
                     entries[entry.name] = entry
+                if entry.state == READY and entry.version:
+                    indexed.setdefault(entry.name, []).append(entry.version)
         except TritonctlError as exc:
             log.warning("repository index after tritonserver's start-up: %s; verifying each model", exc)
             entries = {s.model: IndexEntry(s.model, "", READY, "") for s in bulk.staged}
@@ -130,7 +133,8 @@ def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, lines: Sequence[Lo
         plane.counts.add("startup_loads", len(bulk.staged) - len(failures))
 
     def finish(s: Staged) -> Outcome:
-        return plane.deployer.finish_staged(s, loaded=loaded, failure=failures.get(s.model))
+        return plane.deployer.finish_staged(s, loaded=loaded, failure=failures.get(s.model),
+                                            indexed=indexed.get(s.model))
 
     bulk.outcomes.extend(pool.map(finish, bulk.staged))
     log.info("start-up: %d models deployed through tritonserver's start-up (%d failed there)%s",
