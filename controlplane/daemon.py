@@ -410,6 +410,7 @@ class Daemon:
                 for name in self._launch_with(bulks, pool):
                     plane.in_hand.started(name)
                     done += 1
+                self._scan_status(done, total, len(plan.unchanged))
                 for group, wave in waves:
                     done = self._run_wave(group, wave, redeploy, pool, done, total, len(plan.unchanged))
         plane.in_hand.starting(set())
@@ -425,9 +426,12 @@ class Daemon:
             future.result()
             done += 1
             if done % 50 == 0 or done == total:
-                systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed "
-                               f"({unchanged} unchanged)")
+                self._scan_status(done, total, unchanged)
         return done
+
+    @staticmethod
+    def _scan_status(done: int, total: int, unchanged: int) -> None:
+        systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed ({unchanged} unchanged)")
 
     def _launch_with(self, bulks: list[bulk.Bulk], pool: ThreadPoolExecutor) -> list[str]:
         """The deferred launch of a fresh tritonserver (controlplane/startup/bulk.py): the staged deploys
