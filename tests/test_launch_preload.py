@@ -114,7 +114,9 @@ def test_a_start_up_load_that_hangs_makes_the_daemon_launch_without_preloads(tmp
         log = daemon.log_tail(200_000)
         assert "none in the last" in log and "launching tritonserver without them" in log, log
         assert serving(daemon) >= set(MODELS)
-        done = restores(daemon)  # the plain server's restores: each good model by its own load request
+        # the plain server's restores: each good model by its own load request (the reconcile after the launch)
+        wait_for(lambda: set(MODELS) <= set(restores(daemon)), 60, 0.2, "the restores after the launch")
+        done = restores(daemon)
         assert set(MODELS) <= set(done) and all(done[m] == ["ok"] for m in MODELS), done
         assert time.monotonic() - started < 100
     finally:
