@@ -255,6 +255,7 @@ def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, 
     from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
+    from controlplane.parts import build_parts
     from controlplane.snapshot import ContentStore
     from controlplane.source.inotify import RepositoryWatcher
     from controlplane.source.local import LocalSource
@@ -273,8 +274,9 @@ def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, 
         settings = Settings(repository=source, state_dir=state, commit_marker=MARKER, settle_s=AT_ONCE_SETTLE_S)
         triton = TritonClient(server.grpc_url)
         store = ContentStore(state / "store")  # as the daemon makes it (fsync on)
-        plane = ControlPlane(settings, registry, store, ServingRepository(state / "serving", state / "published"),
-                             triton, source=LocalSource(source, settle_s=AT_ONCE_SETTLE_S, commit_marker=MARKER))
+        serving = ServingRepository(state / "serving", state / "published")
+        plane = ControlPlane(build_parts(settings, registry, store, serving, triton,
+                                         source=LocalSource(source, settle_s=AT_ONCE_SETTLE_S, commit_marker=MARKER)))
         timer = StepTimer()
         timer.wrap(plane.store, "capture", "capture")
         original_validate = service_module.validate_model_dir
@@ -433,9 +435,9 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
 
 def render(report: dict[str, Any], console: Any) -> None:
     s = report["settings"]
-    c.render_rows(f"change latency: {s['trials']} trials per system (alternating), tritonctl settle "
-                  f"{s['settle_s']:g} s, Triton poll every {s['poll_secs']} s; {s['deploys']} in-process deploys",
-                  [c.Row(**r) for r in report["rows"]], console, c.machine_line(report["machine"]))
+    c.render_report(f"change latency: {s['trials']} trials per system (alternating), tritonctl settle "
+                    f"{s['settle_s']:g} s, Triton poll every {s['poll_secs']} s; {s['deploys']} in-process deploys",
+                    report, console)
 
 
 def main(argv: list[str] | None = None) -> int:

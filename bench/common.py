@@ -88,6 +88,11 @@ def render_rows(title: str, rows: Sequence[Row], console: Console, footer: str =
         console.print(footer)
 
 
+def render_report(title: str, report: dict[str, Any], console: Console) -> None:
+    """A benchmark's table from its report's rows, the machine under it."""
+    render_rows(title, [Row(**r) for r in report["rows"]], console, machine_line(report["machine"]))
+
+
 def results_path(name: str, quick: bool, out: Path | None = None) -> Path:
     return out or RESULTS / (f"{name}-quick.json" if quick else f"{name}.json")
 

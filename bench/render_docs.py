@@ -1,11 +1,11 @@
 """Render docs/benchmarks.md from bench/results/*.json: every figure in it comes from a results file.
 
-    python bench/render_docs.py            # write docs/benchmarks.md and docs/ondemand.md
+    python bench/render_docs.py            # write docs/benchmarks.md, docs/ondemand.md and docs/bake.md
     python bench/render_docs.py --check    # exit 1, with the diff, when a page is not what renders
 
 Why: figures typed by hand drift from the runs behind them (an audit figure of an old run stayed in
 the docs after the results file moved on). The text lives in bench/benchmarks.md.in (and
-bench/ondemand.md.in for docs/ondemand.md: `PAGES`); a measured
+bench/ondemand.md.in for docs/ondemand.md, bench/bake.md.in for docs/bake.md: `PAGES`); a measured
 figure in it is a placeholder naming the results file and the value in it, and the blocks of
 bench/run_all.py (the summary and per-benchmark tables) are rendered from the same files:
 
@@ -20,10 +20,11 @@ bench/run_all.py (the summary and per-benchmark tables) are rendered from the sa
   `*-quick.json` files only; without them the block says there are none).
 
 tests/test_bench_docs.py fails when the committed docs differ from what this renders, and when a
-template or an unrendered page (`UNRENDERED`) types a measured figure outside a placeholder: a decimal, a
-percentage, a whole number with a unit (`17 ms`, `236 MB`) or a count with thousands separators
-(`7,437`); a target written `≤ 20 ms`, a setting like `every 10 s`, a run's size `at 10,000 models`, is
-text, not a measurement. `typed_figures(text, source)` checks any doc (README.md, say).
+template, README.md or any other docs/*.md (`checked_docs`) types a measured figure outside a
+placeholder: a decimal, a percentage, a whole number with a unit (`17 ms`, `236 MB`), a count with
+thousands separators (`7,437`) or a share counted (`16 of about 600`); a target written `≤ 20 ms`, a
+setting like `every 10 s` or `` `liveness_s` (10 s) ``, a run's size `at 10,000 models`, is text, not a
+measurement. A page that is not rendered quotes no measured figure: it points to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -46,31 +47,65 @@ import run_all  # noqa: E402
 TEMPLATE = c.ROOT / "bench" / "benchmarks.md.in"
 DOCS = c.ROOT / "docs" / "benchmarks.md"
 # every page rendered from bench/results, by its template: the same placeholders in each
-PAGES = {TEMPLATE: DOCS, c.ROOT / "bench" / "ondemand.md.in": c.ROOT / "docs" / "ondemand.md"}
-# pages that are not rendered and quote no measured figure (tests/test_bench_docs.py checks them)
-UNRENDERED = [c.ROOT / "docs" / "validation.md", c.ROOT / "README.md"]
+PAGES = {TEMPLATE: DOCS, c.ROOT / "bench" / "ondemand.md.in": c.ROOT / "docs" / "ondemand.md",
+         c.ROOT / "bench" / "bake.md.in": c.ROOT / "docs" / "bake.md"}
 PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 # FORMAT for a list: `failed_per_edit|max`
 AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {"min": min, "max": max, "len": len, "sum": sum}
 # Outside placeholders and code a doc types no measured figure: a measured number is a placeholder. A
 # typed figure is a decimal, a percentage, a whole number with a unit of time, size or memory (`17 ms`,
-# `145 s`, `236 MB`) or a count with thousands separators (`7,437`). Not figures: a target or a
-# threshold (`≤ 20 ms`, `within 50 ms`), a setting (`every 10 s`, `a 5 s window`), the size of a run
-# (`at 10,000`, `10,000 models`, a table's first column), a version (`Triton 2.51`), and what
-# `{{=TEXT}}` marks as typed on purpose (a setting the sentence cannot show as one).
+# `145 s`, `236 MB`), a count with thousands separators (`7,437`) or a share counted (`16 of about 600`,
+# not a run's make-up `3 of 10,000 serving`). Not figures, by what the sentence
+# says around them: a target or a threshold (`≤ 20 ms`, `within 50 ms`, `more than 2 minutes`, `at most
+# 300 s`), a setting (`every 10 s`, `a 5 s window`, `default 2 s`, `` `liveness_s` (10 s) ``, `(min 0.05)`,
+# `a 10 s timeout`, a retry schedule `retried after 1 s, 2 s, 4 s`, an example `like 30s`), the size of a
+# run (`at 10,000`, `10,000 models`, a table's first column, `a 64 MiB file`), a version (`Triton 2.51`,
+# `25.07 or later`), and what `{{=TEXT}}` marks as typed on purpose (in a template: a setting the sentence
+# cannot show as one). A figure in a list after one of these (`after 5 s, 10 s, 20 s`) is one too.
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
-UNIT = r"(?:ms|µs|s|sec|seconds?|min|minutes?|h|hours?|B|kB|KB|MB|MiB|GB|GiB)(?![\w])|%"
+UNIT = r"(?:ms|µs|s|sec|seconds?|min|minutes?|h|hours?|B|kB|KB|KiB|MB|MiB|GB|GiB)(?![\w])|%"
+OF = r"\s+(?:out\s+)?of\s+(?:about\s+|the\s+|its\s+)?"  # a share counted: `16 of about 600`
 TYPED_FIGURE = re.compile(rf"(?<![\w.:/,#-])(?:(?:{NUMBER})(?=\s?(?:{UNIT}))"
-                          rf"|\d{{1,3}}(?:,\d{{3}})+(?!\d|,\d)|\d+\.\d+(?![\w.:/-]|\.\d))")
-NOT_MEASURED_BEFORE = re.compile(
-    r"(≤|<=|≥|>=|<|>|\btarget|\btargets?:|\bbudget of|\bbound of|\bevery|\bwithin|\bunder|\babove|\bbelow|"
-    r"\bover|\bbefore|\bup to|\bat most|\bat least|\bcapped at|\btarget's|\btarget \(|\bwindow|"
-    r"\bload average \(|\bTriton|\btritonserver|\bPython|\bpytriton|^\s*\|)(?:\s+the)?\s*$",
-    re.IGNORECASE)
-NOT_MEASURED_AFTER = re.compile(r"\s?(?:s|ms|min|h)\s+(?:settle\s+|poll\s+)?(?:windows?|bound|clock)\b|\s?-model\b")
+                          rf"|\d{{1,3}}(?:,\d{{3}})+(?!\d|,\d)|\d+\.\d+(?![\w.:/-]|\.\d)|\d+(?={OF}\d))")
+# what a code span reads as: `` `liveness_s` (10 s) ``, `` `shutdown_timeout_s`, 30 s `` is a setting's
+# value, `` `kubernetes-client` 1.20 `` a version; a span named like a setting (`_`, UPPER_CASE, `--flag`)
+# reads as SETTING, any other as CODE (`` 17 ms of `status`, 145 s `` is a measurement)
+SETTING, CODE = "\x00", "\x01"
+SETTING_NAME = re.compile(r"`(?:[\w.-]*_[\w.]*|[A-Z][A-Z0-9_]+|--[\w-]+|\d+)`")
+# figures before this one in the same list, `5 s, 10 s, ` or `5 + 3×`: what comes before the list decides
+LIST_BEFORE = re.compile(rf"(?:(?:{NUMBER})\s?(?:{UNIT})?\s*(?:,|\+|/|×|–|\.\.\.|\bto\b|\band\b|\bor\b)\s*)+$")
+NOT_MEASURED_BEFORE = re.compile("(" + "|".join((
+    # a target, a threshold, a bound
+    r"≤|<=|≥|>=|<|>|\btarget|\btargets?:|\bbudget of|\bbound of|\bwithin|\bunder|\babove|\bbelow|\bover",
+    r"\bbefore|\bup to|\bat most|\bat least|\bcapped at|\btarget's|\btarget \(|\bmore than|\bless than",
+    r"\blonger than|\bpaced to|\bkeeps to",
+    # a setting: a default, a limit, an interval, a retry schedule, an example
+    r"\bevery|\bwindow|\bdefaults?(?:\s+(?:is|are|of))?:?|(?:\(|;)\s*(?:min|max)(?:imum)?|\bsettle|\bpoll",
+    r"\b(?:again|retr\w*|left|up) after|\b(?:deadline|timeout)\s*\+|\b(?:pauses|loads) of|\bslowed to|\bper",
+    r"\bretry in|\bwaits|\bdouble from|\blasts|\bpast|\b(?:retr\w*|tries)(?:\s+with backoff)?,?\s+for",
+    r"\bnot(?:\s+\w+)?\s+for|\blike|\be\.g\.|\bsuch as|\bkeepalives?(?: time,)?|\bload average \(",
+    "[" + SETTING + CODE + r"]\s*[(=]?|" + SETTING + r"\s*[,/:]|[\[=·×±$]",
+    # a version; a table's first column
+    r"\bTriton|\btritonserver|\bPython|\bpytriton|\bPostgreSQL|\bKubernetes|\bOpenAPI|\bkustomize|^\s*\|",
+)) + r")(?:\s+(?:the|about|its))?\s*\**\s*$", re.IGNORECASE)
+# after the figure: what the figure is (a setting, a bound), a list of figures before it
+NOT_MEASURED_AFTER = re.compile(
+    rf"\s?(?:{UNIT})(?:\s*(?:,|/|\band\b|\bor\b|\bto\b)\s*(?:{NUMBER})\s?(?:{UNIT}))*\s*\**\s*"
+    r"(?:(?:\w+\s+)?(?:windows?|bounds?|clock|budgets?|timeout|deadline|cap|limit|target|outage|down|tick|interval)\b"
+    r"|doubling|at most|at least|or later|or lower|or less|by default|(?:\w+\s+)?(?:file|body|parts|upload|chunks)\b)"
+    r"|\s?-model\b|\s+(?:build|release|schema)\b|\s+or later\b")
 RUN_SIZE = re.compile(r"(?:\bat(?:\s+[\d,]+\s+and)?|^\s*\|)\s*$")  # `at 10,000`, `at 200 and 1,000`, a table's
-SIZE_NOUN = re.compile(r"\s?(?:models?|ensembles|serving|hosts?|events|changes|-model)\b"
+SIZE_NOUN = re.compile(r"\s?(?:models?|ensembles|serving|hosts?|events|changes|watches|-model)\b"
                        r"|\s+and\s+\d{1,3}(?:,\d{3})+\s+models")
+
+
+def checked_docs() -> list[Path]:
+    """Every doc a reader takes figures from, as typed: README.md and each docs/*.md, a rendered page by
+    its template (`PAGES`). A new page is checked as soon as it exists; tests/test_bench_docs.py fails
+    on a measured figure typed into any of them (`typed_figures`)."""
+    rendered = {page.resolve() for page in PAGES.values()}
+    pages = [c.ROOT / "README.md", *sorted((c.ROOT / "docs").glob("*.md"))]
+    return [*PAGES, *(page for page in pages if page.resolve() not in rendered)]
 
 
 class RenderError(Exception):
@@ -154,14 +189,26 @@ def typed_figures(text: str, source: str) -> list[str]:
     """Measured figures typed into a doc's text (not a placeholder, not in a code block or a code span),
     one `source:line: 'figure' in 'the line'` each: each should be a placeholder naming its results file.
     Point it at any doc: a template, or a page that is not rendered (which then may quote none)."""
-    lines, fenced = text.splitlines(), False
+    lines, fenced, in_span = text.splitlines(), False, False
     plain: list[str | None] = []  # each line's text without placeholders and code; None: in a code block
     for line in lines:
-        if line.lstrip().startswith("```"):
+        if line.lstrip().startswith("```") and not in_span:
             fenced = not fenced
             plain.append(None)
-        else:
-            plain.append(None if fenced else re.sub(r"`[^`]*`", "", PLACEHOLDER.sub("", line)))
+            continue
+        if fenced:
+            plain.append(None)
+            continue
+        line = PLACEHOLDER.sub("", line)
+        if in_span:  # a code span that began on a line above
+            if "`" not in line:
+                plain.append(CODE)
+                continue
+            line, in_span = CODE + line[line.index("`") + 1:], False
+        line = re.sub(r"`[^`]*`", CODE, SETTING_NAME.sub(SETTING, line))
+        if "`" in line:  # a code span going on to the next line
+            line, in_span = line[: line.index("`")] + CODE, True
+        plain.append(line)
     found = []
     for number, text_line in enumerate(plain, 1):
         if text_line is None:
@@ -173,13 +220,14 @@ def typed_figures(text: str, source: str) -> list[str]:
             # a sentence goes on across lines: what it says before and after the figure
             before = text_line[: m.start()] if text_line[: m.start()].strip() or previous is None \
                 else previous.rstrip() + " "
-            after = text_line[m.end():] if text_line[m.end():].strip() or following is None \
-                else " " + following.lstrip()
-            if NOT_MEASURED_BEFORE.search(before) or NOT_MEASURED_AFTER.match(after):
+            after = text_line[m.end():] + ("" if following is None else " " + following.lstrip())
+            if NOT_MEASURED_BEFORE.search(LIST_BEFORE.sub("", before)) or NOT_MEASURED_AFTER.match(after):
                 continue
             if "," in figure and "." not in figure and not re.match(rf"\s?(?:{UNIT})", after) and (
                     RUN_SIZE.search(before) or SIZE_NOUN.match(after)):
                 continue  # the size of a run, a setting of the benchmark
+            if (share := re.match(rf"{OF}[\d,]+", after)) and SIZE_NOUN.match(after[share.end():]):
+                continue  # a run's make-up, `3 of 10,000 serving`
             found.append(f"{source}:{number}: {figure!r} in {lines[number - 1].strip()[:80]!r}")
     return found
 

@@ -35,7 +35,7 @@ import common as c  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 BENCHMARKS = ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency",
-              "fleet_rollout")
+              "fleet_rollout", "bake")
 TITLES = {
     "edit_torture": "Edit torture: slow randomized writers, tritonctl vs Triton poll",
     "swap_availability": "Swap availability: requests during swaps, tritonctl vs Triton explicit vs Triton poll",
@@ -44,6 +44,7 @@ TITLES = {
     "scale": "Scale: 200 to 10,000 models (start, restart, one edit, idle CPU, memory, CLI), tritonctl vs Triton",
     "cli_latency": "CLI latency: each command as a new process, beside `python -c pass`",
     "fleet_rollout": "Fleet rollout: edit → every host serving, by fleet size (daemons and tritonservers on loopback)",
+    "bake": "Bad deploys under live traffic: tritonctl with a bake, without one, Triton poll (docs/bake.md)",
     "audit_query": "Audit query (bench/audit_query.py, run with --with-audit; latest results)",
 }
 DOCS = c.ROOT / "docs" / "benchmarks.md"
@@ -352,7 +353,8 @@ def save_plot(fig: Any, plt: Any, path: Path, report: dict[str, Any], what: str)
 
 PLOTS = {"cli_latency": plot_cli_latency, "edit_torture": plot_edit_timeline, "scale": plot_scale}
 PLOT_ALT = {"cli_latency": "CLI latency per command", "edit_torture": "Edit torture timeline",
-            "scale": "Scale: each figure against the number of models"}
+            "scale": "Scale: each figure against the number of models",
+            "bake": "Failed requests over time: with a bake, without one, Triton poll"}
 
 
 def update_docs(path: Path, block: str, quick: bool) -> None:

@@ -259,9 +259,8 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
 
 def render(report: dict[str, Any], console: Any) -> None:
     s = report["settings"]
-    c.render_rows(f"swap availability: {s['swaps_ok']} successful + {s['swaps_failing']} failing swaps per system, "
-                  f"{s['clients']} closed-loop clients, tritonctl settle {s['settle_s']} s",
-                  [c.Row(**r) for r in report["rows"]], console, c.machine_line(report["machine"]))
+    c.render_report(f"swap availability: {s['swaps_ok']} successful + {s['swaps_failing']} failing swaps per system, "
+                    f"{s['clients']} closed-loop clients, tritonctl settle {s['settle_s']} s", report, console)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,8 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 
 
 @click.command()
-@click.option("--repository", help="Source repository to watch: a directory or s3://BUCKET/PREFIX.")
+@click.option("--repository", help="Source repository to watch: a directory, s3://BUCKET/PREFIX, or an MLflow "
+              "registry mlflow+http://HOST:PORT.")
 @click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
               help="State directory [default: /var/lib/tritonctl].")
 @click.option("--db-url", help="SQLAlchemy URL of the registry [default: sqlite:///<state-dir>/registry.db].")
@@ -30,7 +31,7 @@ from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
               help="Global deploy policy [default: auto]; ondemand: loaded by `ensure`.")
 @click.option("--commit-marker", help="File name writers create last to mark a model complete.")
 @click.option("--poll-interval", "poll_interval_s", type=float,
-              help="Seconds between listings of an s3:// repository [default: 2.0].")
+              help="Seconds between listings of an s3:// or mlflow+http:// repository [default: 2.0].")
 @click.option("--socket", type=click.Path(path_type=Path), help="Control socket [default: <state-dir>/tritonctl.sock].")
 @click.option("--listen", help="Also listen on TCP HOST:PORT (requires --token-file).")
 @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False),

@@ -396,6 +396,8 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
             note = f"quarantined: {row.get('quarantine_reason')}"
         if row.get("collected"):
             note = (note + "; " if note else "") + "content removed by gc"
+        if row.get("bake_warning"):  # its bake's warning: a load or footprint over bake_warn_load_ratio
+            note = (note + "; " if note else "") + f"! {row['bake_warning']}"
         cells.append([("*" if row.get("active") else "", "bold"), (_tagged(row, row["digest"]), ""),
                       (_when(row["first_seen"]), ""), (_when(row["last_seen"]), ""),
                       (", ".join(str(v) for v in row.get("versions", [])), ""),
@@ -479,10 +481,18 @@ def fleet_rollouts(rows: Any, as_json: bool) -> None:
         click.echo(f"rollout {rollout['id']} {rollout['model']} {_short(rollout['digest'])} "
                    f"(from {_short(rollout['previous_digest'])}): {rollout['state']}"
                    + (f" - {rollout['error']}" if rollout.get("error") else ""))
+        bake = rollout.get("bake")
+        if bake:
+            wave = "canary" if bake["wave"] == 0 else f"wave {bake['wave']}"
+            click.echo(f"  bake of the {wave} ({', '.join(bake['hosts'])}): {bake['state']}, {bake['requests']} "
+                       f"requests, {bake['failures']} failed, until {_when(bake['until'])}"
+                       + (f" - {bake['reason']}" if bake.get("reason") else ""))
         for step in rollout["steps"]:
-            label = "canary" if step["wave"] == 0 and step["action"] == "deploy" else f"wave {step['wave']}"
+            label = "canary" if step["wave"] == 0 and step["action"] in ("deploy", "bake") else f"wave {step['wave']}"
+            figures = step.get("figures")
+            counted = f" ({figures['requests']} requests, {figures['failures']} failed)" if figures else ""
             click.echo(f"  {label:<8} {step['host']:<16} {step['action']:<8} {_short(step['digest'])} "
-                       f"{step['state']:<8} {step['message']}")
+                       f"{step['state']:<8} {step['message']}{counted}")
 
 
 def fleet_matrix(data: Any, as_json: bool) -> None:

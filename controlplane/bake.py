@@ -10,9 +10,11 @@ compares them with the limits:
 - failures over requests since the digest began serving (`bake_max_failure_ratio`), judged once there are
   `bake_min_requests`; a counter that went down (a reload, a restarted tritonserver) is a reset: what it
   counts from then on is added, never a negative figure;
-- the mean latency of successful requests (their cumulative time over their count) over the previous
-  digest's, measured over the last `bake_s` before the switch (`bake_max_latency_ratio`, off by default;
-  while it is set, every serving model's figures are sampled each tick to have that baseline).
+- the latency of successful requests over the previous digest's (`bake_max_latency_ratio`, off by default;
+  while it is set, every serving model's figures are sampled each tick to have that baseline): p99 where
+  Triton reports quantiles (its metrics' summaries, controlplane/triton/summaries.py: the previous digest's
+  p99 read just before the switch), else the mean (cumulative time over count from the statistics API,
+  the previous digest's over the last `bake_s` before the switch).
 
 A crossed limit ends the bake `failed` at once and rolls back to the previous digest (the Deployer's
 `roll_back_analysis`: recorded, verified, smoke-tested; outcome `rolled_back`, cause `analysis`; the
@@ -21,6 +23,10 @@ digest is not quarantined). At `until`, fewer than `bake_min_requests` requests 
 action `bake` (`ok`, `failed`, `inconclusive`). Each model's last bake is kept in `<state>/bakes.json`:
 a restarted daemon resumes a bake in progress (its figures so far, Triton's from the restart on) and
 ends it by its figures at its own `until`.
+
+A bake also compares the digest's load time and footprint with the previous digest's, as a warning only
+(`bake_warn_load_ratio`, controlplane/bakewarn.py): once, when the digest's footprint is recorded (or at
+the bake's end), before it is judged.
 """
 
 from __future__ import annotations
@@ -28,161 +34,48 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from controlplane.bakefigures import (
+    AUDIT_OUTCOME,
+    BAKE_OUTCOMES,
+    BAKING,
+    FAILED,
+    INCONCLUSIVE,
+    PASSED,
+    Bake,
+    Limits,
+    Tally,
+    verdict,
+)
+from controlplane.bakewarn import LOADS_FILE, WARNING, LoadTimes, warning
 from controlplane.config import Settings, bake_parameters
 from controlplane.deploy.engine import Deployer
+from controlplane.deploy.plans import Plan, order, serving_member
 from controlplane.errors import NotFoundError, TritonctlError
 from controlplane.periodic import Periodic
 from controlplane.results import Outcome
 from controlplane.snapshot.layout import SMOKE_FILE
-from controlplane.store.records import iso
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import RequestCounts, TritonClient
+from controlplane.triton.summaries import fetch_request_p99_ms
 from controlplane.validation.smokefile import load_smoke_file
 from controlplane.vocab import BAKE_ACTOR, Result
 
 log = logging.getLogger("tritonctl.bake")
 
 TICK_S = 0.5
+P99_SAMPLE_S = 2.0  # how often every model's p99 is read for the latency baselines (Triton's window: a minute)
+P99_KEEP_S = 20.0  # the baseline samples are kept at least this long: a deploy's p99 baseline is read before it
 SMOKE_COUNTED_S = 1.0  # at most this long for Triton to count a deploy's smoke requests
 BAKES_FILE = "bakes.json"  # in the state directory: each model's last bake, kept across a restart
-BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
-AUDIT_OUTCOME = {PASSED: Result.OK.value, FAILED: Result.FAILED.value, INCONCLUSIVE: "inconclusive"}
-BAKE_OUTCOMES = tuple(AUDIT_OUTCOME.values())  # tritonctl_bakes_total{outcome}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a bake is judged by (the daemon's settings when it began, or the deploy's own `--bake`)."""
-
-    bake_s: float
-    max_failure_ratio: float
-    max_latency_ratio: float | None
-    min_requests: int
-    inconclusive: str  # "keep" or "rollback"
-
-    @classmethod
-    def of(cls, settings: Settings, bake_s: float | None = None, model: dict[str, Any] | None = None) -> Limits:
-        """The daemon's `settings`, overridden by the model's own config parameters (`model`:
-        config.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
-        own = {**(model or {}), **({} if bake_s is None else {"bake_s": bake_s})}
-        return cls(own.get("bake_s", settings.bake_s),
-                   own.get("bake_max_failure_ratio", settings.bake_max_failure_ratio),
-                   own.get("bake_max_latency_ratio", settings.bake_max_latency_ratio),
-                   settings.bake_min_requests, settings.bake_inconclusive)
-
-
-@dataclass
-class Tally:
-    """Cumulative figures summed over a model's versions, counters that reset counted as resets."""
-
-    requests: int = 0
-    failures: int = 0
-    success: int = 0
-    success_ns: int = 0
-    last: dict[tuple[str, str], RequestCounts] = field(default_factory=dict)
-
-    @classmethod
-    def starting_at(cls, now: dict[tuple[str, str], RequestCounts]) -> Tally:
-        """Figures counted from `now` on (what came before is not the bake's: the smoke requests, say)."""
-        return cls(last=dict(now))
-
-    def add(self, now: dict[tuple[str, str], RequestCounts]) -> None:
-        for version, counts in now.items():
-            before = self.last.get(version)
-            if before is not None and (counts.success < before.success or counts.failure < before.failure):
-                before = None  # a reset: its figures count from 0 again
-            success = counts.success - (before.success if before else 0)
-            failure = counts.failure - (before.failure if before else 0)
-            self.success += success
-            self.success_ns += max(0, counts.success_ns - (before.success_ns if before else 0))
-            self.failures += failure
-            self.requests += success + failure
-            self.last[version] = counts
-
-    def mean_ms(self) -> float | None:
-        return self.success_ns / self.success / 1e6 if self.success else None
-
-
-@dataclass
-class Bake:
-    """One digest's bake, from its deploy to its end."""
-
-    model: str
-    digest: str
-    previous: str | None
-    limits: Limits
-    started: float  # seconds since the epoch
-    tally: Tally
-    baseline_latency_ms: float | None = None
-    state: str = BAKING
-    reason: str = ""
-    ended: float | None = None
-
-    @property
-    def until(self) -> float:
-        return self.started + self.limits.bake_s
-
-    @property
-    def failure_ratio(self) -> float | None:
-        return self.tally.failures / self.tally.requests if self.tally.requests else None
-
-    def seconds_left(self, now: float | None = None) -> int:
-        return max(0, int(round(self.until - (time.time() if now is None else now))))
-
-    def figures(self) -> str:
-        ratio = self.failure_ratio
-        text = (f"failure ratio {ratio:.2f} over {self.tally.requests} requests ({self.tally.failures} failed)"
-                if ratio is not None else "no requests")
-        latency = self.tally.mean_ms()
-        if latency is not None and self.baseline_latency_ms:
-            text += f", mean latency {latency:.1f} ms (before: {self.baseline_latency_ms:.1f} ms)"
-        return text
-
-    def to_json(self) -> dict[str, Any]:
-        latency = self.tally.mean_ms()
-        ratio = self.failure_ratio
-        return {
-            "state": self.state,
-            "digest": self.digest,
-            "started": iso(_utc(self.started)),
-            "until": iso(_utc(self.until)),
-            "requests": self.tally.requests,
-            "failures": self.tally.failures,
-            "failure_ratio": round(ratio, 4) if ratio is not None else None,
-            "latency_ms": round(latency, 3) if latency is not None else None,
-            "baseline_latency_ms": round(self.baseline_latency_ms, 3) if self.baseline_latency_ms else None,
-            "reason": self.reason,
-        }
-
-
-    def to_record(self) -> dict[str, Any]:
-        """What `Baker` keeps in its state file (a restart resumes a bake from it)."""
-        t = self.tally
-        return {"model": self.model, "digest": self.digest, "previous": self.previous, "limits": asdict(self.limits),
-                "started": self.started, "baseline_latency_ms": self.baseline_latency_ms, "state": self.state,
-                "reason": self.reason, "ended": self.ended,
-                "tally": [t.requests, t.failures, t.success, t.success_ns]}
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Bake:
-        requests, failures, success, success_ns = (int(n) for n in record["tally"])
-        return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
-                   float(record["started"]), Tally(requests, failures, success, success_ns),
-                   record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
-                   record.get("ended"))
-
-
-def _utc(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)
 
 
 class Baker:
@@ -201,7 +94,11 @@ class Baker:
         self.counts: dict[str, int] = {outcome: 0 for outcome in BAKE_OUTCOMES}
         self._bakes: dict[str, Bake] = {}  # the last bake of each model
         self._asked: dict[str, float] = {}  # a deploy's own --bake, taken by its outcome
-        self._history: dict[str, deque[tuple[float, int, int]]] = {}  # latency baseline samples
+        self._history: dict[str, deque[tuple[float, int, int, float | None]]] = {}  # latency baseline samples
+        # Triton's metrics endpoint, where its p99s are read (set by the daemon); None: the mean only
+        self.metrics_url: Callable[[], str | None] = lambda: None
+        self._p99_read = float("-inf")  # when Triton's metrics were last read (time.monotonic)
+        self.loads = LoadTimes(path.with_name(LOADS_FILE) if path is not None else None)  # each deploy's load time
         self._lock = threading.Lock()
         self._judge_thread = Periodic("bake", TICK_S, self.tick, log)
 
@@ -223,6 +120,8 @@ class Baker:
         with self._lock:
             asked = self._asked.pop(outcome.model, None) if outcome.action == "deploy" else None
             bake = self._bakes.get(outcome.model)
+        if outcome.action == "deploy" and outcome.outcome == Result.OK and outcome.digest:
+            self.loads.note(outcome.model, outcome.digest, getattr(self.triton, "load_seconds", {}).get(outcome.model))
         if outcome.action == "restore" or outcome.outcome not in (Result.OK, Result.ROLLED_BACK):
             return
         if bake is not None and bake.state == BAKING and outcome.active_digest != bake.digest:
@@ -231,13 +130,33 @@ class Baker:
                       f"ended by {how} to {(outcome.active_digest or 'nothing')[:12]}")
         if outcome.action != "deploy" or outcome.outcome != Result.OK or not outcome.digest:
             return
-        if self.deployer.in_change_set():  # a change set does not bake yet, nor its members one by one
+        if self.deployer.in_change_set():  # a change set's members bake together once it ended (note_set)
             return
         settings = self.settings()
         limits = Limits.of(settings, asked, self._parameters(outcome.model, outcome.digest))
         if limits.bake_s <= 0 or settings.fleet:  # a fleet's rollouts do not bake yet (docs/bake.md)
             return
-        self._begin(outcome.model, outcome.digest, limits)
+        self._begin(outcome.model, outcome.digest, limits, self.clock() - outcome.duration_ms / 1000)
+
+    def note_set(self, plan: Plan, outcome: Outcome) -> None:
+        """The Deployer's `on_set`: a change set that deployed bakes as one. Each changed member bakes on its
+        own limits over one window (the longest `bake_s` of them); any member crossing a limit rolls the
+        whole set back as a set (`_fail_set`); the set passes when every member did."""
+        if plan.analysis or outcome.outcome != Result.OK:
+            return
+        settings = self.settings()
+        if settings.fleet:
+            return
+        changed = [m for m in plan.members if m.changed]
+        limits = {m.model: Limits.of(settings, None, self._parameters(m.model, m.digest)) for m in changed}
+        bake_s = max((lim.bake_s for lim in limits.values()), default=0.0)
+        if bake_s <= 0:
+            return
+        group, group_id, started = tuple(m.model for m in plan.members), secrets.token_hex(4), self.clock()
+        deployed_from = started - outcome.duration_ms / 1000
+        for member in changed:
+            self._begin(member.model, member.digest, replace(limits[member.model], bake_s=bake_s), deployed_from,
+                        group, group_id, started)
 
     def _parameters(self, model: str, digest: str) -> dict[str, Any]:
         """The model's own bake settings in the deployed config (validation refused bad ones)."""
@@ -268,15 +187,20 @@ class Baker:
             counts = self.triton.request_counts(model)
         return counts
 
-    def _begin(self, model: str, digest: str, limits: Limits) -> None:
+    def _begin(self, model: str, digest: str, limits: Limits, deployed_from: float, group: tuple[str, ...] = (),
+               group_id: str = "", started: float | None = None) -> None:
+        """`deployed_from`: when the deploy began (what Triton's metrics reported before it is the previous
+        digest's); `group`, `group_id`, `started`: a change set's bake (note_set), one window for every member."""
         previous = self._previous(model, digest)
         try:
             tally = Tally.starting_at(self._counts_after_smoke(model, digest))  # the smoke requests: not the bake's
         except TritonctlError as exc:
             log.warning("%s: bake: no figures at its start (%s); counting from 0", model, exc)
             tally = Tally()
-        now = self.clock()
-        bake = Bake(model, digest, previous, limits, now, tally, self._baseline_ms(model, now, limits.bake_s))
+        now = self.clock() if started is None else started
+        mean_ms, p99_ms = self._baseline_ms(model, limits.bake_s, deployed_from)
+        bake = Bake(model, digest, previous, limits, now, tally, mean_ms, baseline_p99_ms=p99_ms, group=group,
+                    group_id=group_id)
         with self._lock:
             self._bakes[model] = bake
         self._save()
@@ -296,7 +220,8 @@ class Baker:
             bake = self._bakes.get(model)
         if bake is None or bake.state != BAKING:
             raise NotFoundError(f"model '{model}' has no bake in progress")
-        self._end(bake, PASSED, f"promoted by {actor}: {bake.figures()}", actor=actor)
+        for member in self._set_of(bake):  # a change set's bake is promoted as one
+            self._end(member, PASSED, f"promoted by {actor}: {member.figures()}", actor=actor)
         return bake.to_json()
 
     def of(self, model: str) -> Bake | None:
@@ -311,8 +236,13 @@ class Baker:
 
     def tick(self) -> None:
         """Read each baking model's figures; end the bakes whose limits were crossed or whose time is up."""
-        self._sample()
         baking = self.baking()
+        # Triton's whole metrics text: each round while a bake runs, every P99_SAMPLE_S for the baselines
+        sampling = self.settings().bake_max_latency_ratio is not None and (
+            time.monotonic() - self._p99_read >= P99_SAMPLE_S)
+        p99s = self._p99s() if baking or sampling else None
+        self._sample(p99s)
+        sets: dict[str, list[Bake]] = {}
         for model in baking:
             bake = self.of(model)
             if bake is None or bake.state != BAKING:
@@ -322,35 +252,96 @@ class Baker:
             except TritonctlError as exc:
                 log.info("%s: bake: figures unavailable this round: %s", model, exc)
                 continue
-            self._judge(bake)
+            if p99s and model in p99s:
+                bake.p99_ms = p99s[model]
+            self._warn(bake)
+            if bake.group_id:
+                sets.setdefault(bake.group_id, []).append(bake)
+            else:
+                self._judge(bake)
+        for members in sets.values():
+            self._judge_set(members)
         if baking:
             self._save()  # the figures so far: a restart resumes from them
 
     def _judge(self, bake: Bake) -> None:
-        limits, tally = bake.limits, bake.tally
-        ratio = bake.failure_ratio
-        if ratio is not None and tally.requests >= limits.min_requests and ratio > limits.max_failure_ratio:
-            self._fail(bake, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
-                             f"requests ({tally.failures} failed)")
-            return
-        latency = tally.mean_ms()
-        if (limits.max_latency_ratio is not None and bake.baseline_latency_ms and latency is not None
-                and tally.success >= limits.min_requests
-                and latency / bake.baseline_latency_ms > limits.max_latency_ratio):
-            self._fail(bake, f"latency ratio {latency / bake.baseline_latency_ms:.2f} > {limits.max_latency_ratio:g}"
-                             f" (mean {latency:.1f} ms, before {bake.baseline_latency_ms:.1f} ms) over "
-                             f"{tally.success} requests")
-            return
-        if self.clock() < bake.until:
-            return
-        if tally.requests < limits.min_requests:
-            reason = f"inconclusive: {tally.requests} requests < bake_min_requests {limits.min_requests}"
-            if limits.inconclusive == "rollback":
-                self._fail(bake, reason, state=INCONCLUSIVE)
+        verdict = self._verdict(bake)
+        if verdict is not None:
+            state, reason, rollback = verdict
+            if rollback:
+                self._fail(bake, reason, state=state)
             else:
-                self._end(bake, INCONCLUSIVE, f"{reason}; kept")
+                self._end(bake, state, reason)
+
+    def _verdict(self, bake: Bake) -> tuple[str, str, bool] | None:
+        return verdict(bake, self.clock())
+
+    # -- a change set's bake -----------------------------------------------------------------------
+
+    def _set_of(self, bake: Bake) -> list[Bake]:
+        """The bakes in progress of `bake`'s change set (itself alone when it is no set's)."""
+        if not bake.group_id:
+            return [bake]
+        with self._lock:
+            return [b for b in self._bakes.values() if b.group_id == bake.group_id and b.state == BAKING]
+
+    def _judge_set(self, members: list[Bake]) -> None:
+        """A change set bakes as one: the first member crossing a limit rolls the whole set back; the set
+        ends when every member's time is up, each member with its own verdict."""
+        verdicts = [(bake, self._verdict(bake)) for bake in members]
+        failing = next(((bake, v) for bake, v in verdicts if v is not None and v[2]), None)
+        if failing is not None:
+            bake, (state, reason, _) = failing
+            self._fail_set(bake, reason, state)
             return
-        self._end(bake, PASSED, f"passed: {bake.figures()}")
+        if all(v is not None for _, v in verdicts):
+            for bake, v in verdicts:
+                assert v is not None
+                self._end(bake, v[0], v[1])
+
+    def _fail_set(self, culprit: Bake, reason: str, state: str) -> None:
+        """End every bake of the culprit's set, and roll the set back as a set: the Deployer's change-set
+        plan (controlplane/deploy/plans.py, the old pipeline answering until the restored one does) with
+        each member that still serves its baked digest on its previous one (its deployment `rolled_back`,
+        cause `analysis`), the other members as they serve now."""
+        members = self._set_of(culprit)
+        self._end(culprit, state, reason)
+        for bake in members:
+            if bake is not culprit:
+                self._end(bake, FAILED, f"rolled back with its change set: {culprit.model}: {reason}")
+        with self._lock:
+            baked = {b.model: b for b in self._bakes.values() if b.group_id == culprit.group_id}
+        try:
+            self._roll_back_set(culprit, baked, reason, state)
+        except TritonctlError as exc:
+            log.error("change set %s: bake: rollback: %s", ",".join(culprit.group), exc)
+
+    def _roll_back_set(self, culprit: Bake, baked: dict[str, Bake], reason: str, state: str) -> None:
+        records = {}
+        leaving = []
+        for model in culprit.group:
+            current = self.registry.find_model(model)
+            if current is None or not current.active_digest:
+                continue
+            mine = baked.get(model)
+            target = current.active_digest
+            if mine is not None and mine.previous and current.active_digest == mine.digest:
+                target = mine.previous
+                leaving.append(model)
+            records[model] = self.registry.get_snapshot(model, target)
+        if not leaving:
+            log.warning("change set %s: bake %s: %s; nothing to roll back to: it keeps serving",
+                        ",".join(culprit.group), state, reason)
+            return
+        why = f"{culprit.model}: {reason}"
+        if len(records) == 1:
+            alone = baked[leaving[0]]
+            assert alone.previous is not None
+            self.deployer.roll_back_analysis(alone.model, alone.digest, alone.previous, BAKE_ACTOR, why)
+            return
+        members = order([serving_member(self.registry, model, r.digest, r.config) for model, r in records.items()])
+        outcome = self.deployer.run(Plan(tuple(members), kind="rollback", analysis=why), BAKE_ACTOR)
+        log.warning("change set %s: %s", ",".join(culprit.group), outcome.message)
 
     def _fail(self, bake: Bake, reason: str, state: str = FAILED) -> None:
         """End the bake and roll back to the previous digest (when there is one)."""
@@ -366,7 +357,37 @@ class Baker:
         if outcome is None:
             log.info("%s: bake: %s no longer serves; nothing rolled back", bake.model, bake.digest[:12])
 
+    def _warn(self, bake: Bake, final: bool = False) -> None:
+        """Once per bake, when the digest's footprint is recorded (the memory budget code measures it just after
+        the deploy), or `final`ly at the bake's end: one audit line when its load time or footprint is over
+        `bake_warn_load_ratio` times the previous digest's."""
+        if bake.warned:
+            return
+        try:
+            footprints = self.registry.footprints([bake.model])
+        except TritonctlError as exc:
+            log.info("%s: bake: footprints unavailable this round: %s", bake.model, exc)
+            return
+        with self._lock:  # the judging thread and an operation ending the bake: one of them compares
+            if bake.warned or ((bake.model, bake.digest) not in footprints and not final):
+                return
+            bake.warned = True
+        if bake.previous is None:
+            return
+        text = warning(self.settings().bake_warn_load_ratio, self.loads.of(bake.model, bake.digest),
+                       self.loads.of(bake.model, bake.previous), footprints.get((bake.model, bake.digest)),
+                       footprints.get((bake.model, bake.previous)))
+        if text is None:
+            return
+        log.warning("%s: bake of %s: %s", bake.model, bake.digest[:12], text)
+        try:
+            self.registry.audit(AuditEntry(BAKE_ACTOR, "bake", bake.model, bake.digest, WARNING, text))
+        except TritonctlError as exc:
+            log.error("%s: bake: audit: %s", bake.model, exc)
+
     def _end(self, bake: Bake, state: str, reason: str, actor: str = BAKE_ACTOR) -> None:
+        if bake.state == BAKING:
+            self._warn(bake, final=True)  # its warning line before its end's
         with self._lock:
             if bake.state != BAKING:
                 return
@@ -383,14 +404,22 @@ class Baker:
 
     # -- the latency baseline -----------------------------------------------------------------------
 
-    def _sample(self) -> None:
+    def _p99s(self) -> dict[str, float] | None:
+        """model → its request p99 in ms over Triton's last minute (its metrics' summaries); None without them."""
+        self._p99_read = time.monotonic()
+        url = self.metrics_url()
+        return fetch_request_p99_ms(url) if url else None
+
+    def _sample(self, p99s: dict[str, float] | None) -> None:
         """With `bake_max_latency_ratio` and `bake_s` set: every serving model's cumulative successes and
-        their time, kept for `bake_s`, so a bake knows the previous digest's mean latency before the switch."""
+        their time, and its p99 when Triton reports one (`p99s`), kept for `bake_s`, so a bake knows the
+        previous digest's latency before the switch."""
         settings = self.settings()
         if settings.bake_max_latency_ratio is None:
             self._history.clear()
             return
-        keep_s = max(settings.bake_s, *self._asked.values(), 1.0) if self._asked else max(settings.bake_s, 1.0)
+        keep_s = max(settings.bake_s, *self._asked.values(), P99_KEEP_S) if self._asked else max(settings.bake_s,
+                                                                                                 P99_KEEP_S)
         try:
             every = self.triton.request_counts("")
         except TritonctlError:
@@ -403,20 +432,27 @@ class Baker:
         with self._lock:
             for model, (success, ns) in totals.items():
                 samples = self._history.setdefault(model, deque())
-                samples.append((now, success, ns))
+                samples.append((now, success, ns, (p99s or {}).get(model)))
                 while samples and samples[0][0] < now - keep_s:
                     samples.popleft()
 
-    def _baseline_ms(self, model: str, now: float, window_s: float) -> float | None:
-        """The mean latency of `model`'s successful requests over the last `window_s` before now (the
-        previous digest's: the samples end at the switch), or None without samples or requests."""
+    def _baseline_ms(self, model: str, window_s: float, deployed_from: float) -> tuple[float | None, float | None]:
+        """(mean, p99) latency of `model`'s successful requests before the switch (the previous digest's), or
+        None without samples or requests, from the samples taken before the deploy began (`deployed_from`):
+        the mean over the last `window_s` of them (a reset between two samples, a reload, adds nothing), the
+        p99 as Triton reported it last (the reload keeps Triton's summaries, whose window holds the new
+        digest's smoke requests too from then on)."""
         with self._lock:
-            samples = [s for s in self._history.pop(model, deque()) if s[0] >= now - window_s]
+            history = [s for s in self._history.pop(model, deque()) if s[0] <= deployed_from]
+        samples = [s for s in history if s[0] >= deployed_from - window_s]
         success = ns = 0
-        for (_, s0, n0), (_, s1, n1) in zip(samples, samples[1:], strict=False):
+        for (_, s0, n0, _p0), (_, s1, n1, _p1) in zip(samples, samples[1:], strict=False):
             if s1 >= s0 and n1 >= n0:  # a reset (the switch's reload) between two samples adds nothing
                 success, ns = success + s1 - s0, ns + n1 - n0
-        return ns / success / 1e6 if success else None
+        if not success:  # no request to the previous digest in the window: no baseline at all
+            return None, None
+        p99s = [p99 for _, _, _, p99 in history if p99 is not None]
+        return ns / success / 1e6, (p99s[-1] if p99s else None)
 
     # -- across a restart ----------------------------------------------------------------------------
 

@@ -22,18 +22,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 
 from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned, serves
-from controlplane.deploy.engine import Outcome, ProgressFn
-from controlplane.deploy.plans import ACTION, Member, Plan, order
+from controlplane.deploy.plans import ACTION, Member, Plan, order, serving_member
 from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
 from controlplane.names import is_private_name, validate_model_name
-from controlplane.ports import SetPlane
+from controlplane.ports import SetIntake
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry
-from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import is_ensemble_text, parse_config_text
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR
 
@@ -42,11 +41,14 @@ log = logging.getLogger("tritonctl.changeset")
 
 
 class ChangeSets:
-    """Groups models into change sets and deploys each set as one unit (see the module docstring)."""
+    """Groups models into change sets and returns each set's plan (see the module docstring); the
+    target runs it as one unit (`Deployer.run`, which also runs one set at a time)."""
 
-    def __init__(self, plane: SetPlane) -> None:
-        self.plane = plane
-        self._lock = threading.Lock()  # one change set at a time
+    def __init__(self, intake: SetIntake) -> None:
+        self.intake = intake
+        # one set at a time, from its capture to the end of its run: the next set is grouped and decided
+        # against what the previous one left serving (held by the caller that runs the plan)
+        self.one_at_a_time = threading.RLock()
         self._guard = threading.Lock()
         self._held: set[str] = set()  # settled while the repository-level hold was there
         self._release_lock = threading.Lock()  # repository-level holds: settle decisions one at a time
@@ -56,7 +58,7 @@ class ChangeSets:
 
     def source_steps(self, model: str) -> list[str] | None:
         """The step models the source's config of `model` names; None when it is no ensemble."""
-        text = self.plane.source.read_text(model, CONFIG_FILE) or ""
+        text = self.intake.source.read_text(model, CONFIG_FILE) or ""
         if not is_ensemble_text(text):
             return None
         try:
@@ -77,12 +79,12 @@ class ChangeSets:
         `models` and the models the watcher still settles are read from the source; every other one
         from the registry's recorded configs (controlplane/source/recorded.py): a change costs what is
         connected to it, not a read of every source config."""
-        serving = self.plane.serving_ensembles.get()
+        serving = self.intake.serving_ensembles.get()
         serving_over: dict[str, set[str]] = {}
         for ensemble, steps in serving.items():
             for step in steps:
                 serving_over.setdefault(step, set()).add(ensemble)
-        graph = self.plane.source_graph
+        graph = self.intake.source_graph
         fresh = self._fresh(models)
         changed_cache: dict[tuple[str, bool], bool] = {}
 
@@ -91,16 +93,16 @@ class ChangeSets:
             if model in fresh:
                 return True
             if (model, unknown) not in changed_cache:
-                changed_cache[model, unknown] = self.plane.source_changed(model, unknown=unknown)
+                changed_cache[model, unknown] = self.intake.source_changed(model, unknown=unknown)
             return changed_cache[model, unknown]
 
         def owed(model: str) -> bool:
             """It serves nothing, or serves other content than its newest recorded one (valid, not
             quarantined: a step a rolled-back set left recorded), and auto policy may deploy it."""
-            record = self.plane.registry.find_model(model)
+            record = self.intake.registry.find_model(model)
             if record is None:
                 return True
-            if not (self.plane.effective_policy(record) == "auto" and not record.pinned
+            if not (self.intake.effective_policy(record) == "auto" and not record.pinned
                     and record.state != "unloaded"):
                 return False
             if not (record.state in SERVING_STATES and record.active_digest):
@@ -109,7 +111,7 @@ class ChangeSets:
             if entry is None or entry.digest == record.active_digest:
                 return False
             try:
-                head = self.plane.registry.get_snapshot(model, entry.digest)
+                head = self.intake.registry.get_snapshot(model, entry.digest)
             except TritonctlError:
                 return False
             return head.valid and not head.quarantined
@@ -131,25 +133,19 @@ class ChangeSets:
 
     def _fresh(self, models: Sequence[str]) -> set[str]:
         """`models` and the models the watcher still settles: their source is newer than the registry's."""
-        pending = self.plane.source.settling()
+        pending = self.intake.source.settling()
         return set(models) | {m for m, due in pending.items() if due is not None}
 
     def _members(self, records: dict[str, SnapshotRecord]) -> list[Member]:
-        out = []
-        for model, record in records.items():
-            current = self.plane.registry.find_model(model)
-            serving = current is not None and current.state in SERVING_STATES and current.active_digest
-            steps = step_models(record.config)
-            out.append(Member(model, record.digest, current.active_digest if serving and current else None,
-                              bool(steps) or (record.config or {}).get("platform") == "ensemble", steps))
-        return order(out)
+        registry = self.intake.registry
+        return order([serving_member(registry, model, r.digest, r.config) for model, r in records.items()])
 
     # -- the watcher's path ------------------------------------------------------------------------
 
     def still_settling(self, models: Sequence[str]) -> list[str]:
         """Models connected to `models` through ensembles whose source still changes (the watcher has a
         change pending): a fleet leader proposes a set's rollouts once none does."""
-        pending = self.plane.source.settling()
+        pending = self.intake.source.settling()
         if not any(due is not None for due in pending.values()):
             return []
         try:
@@ -158,29 +154,31 @@ class ChangeSets:
             return []
         return [m for m in group if m not in models and pending.get(m) is not None]
 
-    def settled(self, model: str) -> tuple[bool, Outcome | None]:
+    @contextmanager
+    def settled(self, model: str) -> Iterator[tuple[bool, Plan | None]]:
         """The watcher handed `model` on. (False, None): not part of a change set, deploy it alone;
-        (True, outcome): the change sets took it (outcome None: deferred, held, or nothing to do)."""
+        (True, plan): the change sets took it (plan None: deferred, held, or nothing to do). A plan is
+        yielded with `one_at_a_time` held: the caller runs it before the next set is decided."""
         with self._guard:
             repository_level = bool(self._held)
-        source = self.plane.source
-        if not repository_level and not source.repository_marked() and not source.repository_held():
-            return self._settled(model)
-        # a repository-level hold or marker: one worker at a time decides, so a model the hold
-        # released cannot deploy alone while another worker deploys the others
-        with self._release_lock:
-            return self._settled(model)
+        source = self.intake.source
+        with ExitStack() as stack:
+            if repository_level or source.repository_marked() or source.repository_held():
+                # a repository-level hold or marker: one worker at a time decides (and runs), so a model
+                # the hold released cannot deploy alone while another worker deploys the others
+                stack.enter_context(self._release_lock)
+            yield self._settled(model, stack)
 
-    def _settled(self, model: str) -> tuple[bool, Outcome | None]:
-        plane = self.plane
-        wait_reason = plane.source.repository_wait(model)
+    def _settled(self, model: str, stack: ExitStack) -> tuple[bool, Plan | None]:
+        intake = self.intake
+        wait_reason = intake.source.repository_wait(model)
         if wait_reason is not None:
             with self._guard:
                 self._held.add(model)
-            plane.put_off(model, wait_reason, max(plane.settings.settle_s, 0.5))
+            intake.put_off(model, wait_reason, max(intake.settings.settle_s, 0.5))
             return True, None
-        root_marker = plane.source.repository_marked()
-        pending = plane.source.settling()  # model -> seconds since its last change (None: looked at again)
+        root_marker = intake.source.repository_marked()
+        pending = intake.source.settling()  # model -> seconds since its last change (None: looked at again)
         with self._guard:
             held, self._held = self._held, set()
         # under a root commit marker, everything settling now is one set with what it released
@@ -201,21 +199,21 @@ class ChangeSets:
                 if root_marker:  # not connected to the others by ensembles: come back for them
                     self._held.add(model)
             if root_marker:
-                plane.look_again(model, max(plane.settings.settle_s, 0.5))
+                intake.look_again(model, max(intake.settings.settle_s, 0.5))
             log.info("%s: change set %s waits for %s to settle", model, ",".join(group), ",".join(waiting))
             return True, None
-        with self._lock:
-            records = self._capture(group, WATCHER_ACTOR, settled=True, fresh_names=[model, *sorted(held), *also])
-            if records is None:
-                with self._guard:
-                    self._held |= held
-                return True, None
-            for name in records:
-                plane.capture_done(name)
-            targets = self._auto_targets(records)
-            if targets is None:
-                return True, None
-            return True, self.plane.deployer.run(Plan.of(self._members(targets)), WATCHER_ACTOR)
+        stack.enter_context(self.one_at_a_time)
+        records = self._capture(group, WATCHER_ACTOR, settled=True, fresh_names=[model, *sorted(held), *also])
+        if records is None:
+            with self._guard:
+                self._held |= held
+            return True, None
+        for name in records:
+            intake.capture_done(name)
+        targets = self._auto_targets(records)
+        if targets is None:
+            return True, None
+        return True, Plan.of(self._members(targets))
 
     def _capture(self, group: Sequence[str], actor: str, *, settled: bool,
                  fresh_names: Sequence[str] | None = None) -> dict[str, SnapshotRecord] | None:
@@ -223,47 +221,47 @@ class ChangeSets:
         snapshots; a member that is not in `fresh_names` (default: all) nor settling, and whose
         signature says its source did not change, keeps its recorded content (no capture). None: a
         member is still changing or held (it was rescheduled)."""
-        plane = self.plane
-        present = [m for m in group if plane.source_has(m)]
+        intake = self.intake
+        present = [m for m in group if intake.source_has(m)]
         # a member whose source did not change since recorded is not captured again (controlplane/startup/scan.py)
         fresh = self._fresh(fresh_names if fresh_names is not None else group)
-        kept = {m: entry.digest for m in present if m not in fresh and not plane.source_changed(m, unknown=False)
-                and (entry := plane.source_graph.entry(m)) is not None}
-        ensembles = [m for m in present if (plane.source_graph.steps(m) if m in kept else self.source_steps(m))
+        kept = {m: entry.digest for m in present if m not in fresh and not intake.source_changed(m, unknown=False)
+                and (entry := intake.source_graph.entry(m)) is not None}
+        ensembles = [m for m in present if (intake.source_graph.steps(m) if m in kept else self.source_steps(m))
                      is not None]
         records: dict[str, SnapshotRecord] = {}
         for model in [m for m in present if m not in ensembles] + ensembles:
             try:
                 if model in kept:
-                    records[model] = plane.registry.get_snapshot(model, kept[model])
+                    records[model] = intake.registry.get_snapshot(model, kept[model])
                     continue
-                records[model] = plane.capture(model, actor, settled=settled, members=dict(records))
+                records[model] = intake.capture(model, actor, settled=settled, members=dict(records))
             except (SnapshotError, StoreError) as exc:
                 if not settled:
                     raise
-                decision = decide_capture(exc, model, plane.settings.settle_s)
+                decision = decide_capture(exc, model, intake.settings.settle_s)
                 if decision.verdict is Verdict.WAIT:
-                    plane.capture_failed(model, exc)  # looked at again later, with the reason for `status`
+                    intake.capture_failed(model, exc)  # looked at again later, with the reason for `status`
                     return None
                 if isinstance(exc, StoreError):
                     raise
-                plane.capture_failed(model, exc)
+                intake.capture_failed(model, exc)
         return records
 
     def _auto_targets(self, records: dict[str, SnapshotRecord]) -> dict[str, SnapshotRecord] | None:
         """What the watcher may deploy: the set's records when every changed member may deploy under
         auto policy; None (and one audit line) when one of them may not."""
-        plane = self.plane
+        intake = self.intake
         changed, blocked = [], []
         for model, record in records.items():
-            current = plane.registry.ensure_model(model)
+            current = intake.registry.ensure_model(model)
             if current.removed_at is not None:
-                plane.registry.update_model(model, removed_at=None)
+                intake.registry.update_model(model, removed_at=None)
             if serves(current, record.digest):
                 continue
             changed.append(model)
-            decision = decide(current, record, policy=plane.effective_policy(current),
-                              last=plane.registry.last_deployment(model))
+            decision = decide(current, record, policy=intake.effective_policy(current),
+                              last=intake.registry.last_deployment(model))
             if not decision.deploys:
                 blocked.append(f"{model} {record.digest[:12]}: {decision.reason}")
         if not changed:
@@ -275,33 +273,32 @@ class ChangeSets:
             self._skipped.add(key)
             detail = {"members": [{"model": m, "digest": r.digest} for m, r in sorted(records.items())],
                       "message": "not deployed: " + "; ".join(blocked)}
-            plane.registry.audit(AuditEntry(WATCHER_ACTOR, ACTION, None, None, "skipped", json.dumps(detail)))
+            intake.registry.audit(AuditEntry(WATCHER_ACTOR, ACTION, None, None, "skipped", json.dumps(detail)))
             log.warning("change set %s not deployed: %s", ",".join(sorted(records)), "; ".join(blocked))
             return None
         return records
 
     # -- the operator's path ---------------------------------------------------------------------
 
-    def load(self, models: Sequence[str], actor: str, force: bool = False,
-             progress: ProgressFn | None = None) -> Outcome:
-        """`tritonctl load a b pipe`: the named models' source content, deployed as one change set."""
+    def load(self, models: Sequence[str], actor: str, force: bool = False) -> Plan:
+        """`tritonctl load a b pipe`: the named models' source content, captured and recorded now, as one
+        change set's plan (the caller holds `one_at_a_time` until it ran)."""
         names = list(dict.fromkeys(models))
         for name in names:
             validate_model_name(name)
-        with self._lock:
+        with self.one_at_a_time:
             records = self._capture(names, actor, settled=False)
             assert records is not None
             missing = [m for m in names if m not in records]
             if missing:
                 raise NotFoundError(f"model(s) {', '.join(missing)} not in the source repository")
             for model, record in records.items():
-                refused = refuse_pinned(self.plane.registry.find_model(model), record.digest, force=force)
+                refused = refuse_pinned(self.intake.registry.find_model(model), record.digest, force=force)
                 if refused is not None:
                     raise UsageError(refused)
-            return self.plane.deployer.run(Plan.of(self._members(records), force=force), actor, progress)
+            return Plan.of(self._members(records), force=force)
 
-    def deploy_records(self, records: dict[str, SnapshotRecord], actor: str, *, force: bool = False) -> Outcome:
-        """Snapshots this host's registry holds, deployed as one change set (a fleet host's steps of
-        one set: controlplane/fleet/sets.py)."""
-        with self._lock:
-            return self.plane.deployer.run(Plan.of(self._members(records), force=force), actor)
+    def plan_records(self, records: dict[str, SnapshotRecord], *, force: bool = False) -> Plan:
+        """Snapshots this host's registry holds, as one change set's plan (a fleet host's steps of one
+        set: controlplane/fleet/sets.py)."""
+        return Plan.of(self._members(records), force=force)

@@ -39,9 +39,9 @@ NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE"
 TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
 RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
-              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "webhook",
+              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
-              "bake_min_requests", "bake_inconclusive")
+              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
 # An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
 ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
 WEBHOOK_KEYS = ("url", "events", "secret_file")
@@ -66,7 +66,8 @@ class Settings:
     """Everything the daemon needs, with units in the names."""
 
     repository: Path | None = None  # source repository people edit (watched)
-    repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX (docs/object-storage.md)
+    repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX or mlflow+http://HOST:PORT
+    mlflow_alias: str = "champion"  # an mlflow+http:// repository serves the version this alias names
     state_dir: Path = DEFAULT_STATE_DIR
     db_url: str | None = None  # default: sqlite:///<state_dir>/registry.db
     triton_url: str | None = None  # an external tritonserver (gRPC host:port)
@@ -125,6 +126,7 @@ class Settings:
     liveness_s: float = 10.0  # a host silent this long is dead (one whose session ended is dead at once)
     heartbeat_s: float = 1.0
     converge_s: float = 2.0  # how often a host converges to the fleet's target
+    wave_bake_s: float = 0.0  # each wave after the canaries bakes this long before the next (0: no bake)
     # Signed webhooks (docs/operations.md): `[[webhook]]` tables of the config file only.
     webhook: tuple[WebhookTarget, ...] = ()
     webhook_retry_max_s: float = 300.0  # the longest wait between retries of a failing delivery
@@ -140,6 +142,9 @@ class Settings:
     bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
     bake_min_requests: int = 20  # fewer by the end: inconclusive
     bake_inconclusive: str = "keep"  # an inconclusive bake keeps the version, or "rollback"
+    # a baked digest whose load took more than this times the previous digest's, or whose footprint grew
+    # more than this, gets one warning line in the audit and a mark in `versions` (controlplane/bakewarn.py)
+    bake_warn_load_ratio: float = 2.0
 
     @property
     def registry_url(self) -> str:
@@ -148,6 +153,12 @@ class Settings:
     @property
     def socket_path(self) -> Path:
         return self.socket or self.state_dir / SOCKET_NAME
+
+    @property
+    def load_parallelism(self) -> int:
+        """How many models go to Triton at once (start-up, restores): `startup_parallelism`, or (0)
+        Triton's own model-load thread count, `triton_load_threads`."""
+        return self.startup_parallelism or self.triton_load_threads
 
     def reloaded(self, new: Settings) -> Settings:
         """This settings object with only the SIGHUP-reloadable fields taken from `new`."""
@@ -169,7 +180,16 @@ def _paths(value: Any) -> tuple[Path, ...]:
 
 
 def _repository(value: Any) -> Path | str:
-    """A local directory, or an s3://BUCKET/PREFIX URL (load_settings moves it to `repository_url`)."""
+    """A local directory, an s3://BUCKET/PREFIX URL or an MLflow registry's mlflow+http://HOST:PORT
+    (load_settings moves a URL to `repository_url`)."""
+    if isinstance(value, str) and value.startswith("mlflow+"):
+        from controlplane.source.mlflowrest import tracking_url
+
+        try:
+            tracking_url(value)
+        except ConfigError:
+            raise ValueError("expected mlflow+http://HOST:PORT or mlflow+https://HOST:PORT") from None
+        return value.rstrip("/")
     if isinstance(value, str) and value.startswith("s3://"):
         from controlplane.source.objectstore import S3Location
 
@@ -181,9 +201,20 @@ def _repository(value: Any) -> Path | str:
 
 
 def _s3_url(value: Any) -> str:
-    if not (isinstance(value, str) and value.startswith("s3://")):
-        raise ValueError("expected s3://BUCKET/PREFIX")
+    if not (isinstance(value, str) and value.startswith(("s3://", "mlflow+"))):
+        raise ValueError("expected s3://BUCKET/PREFIX or mlflow+http://HOST:PORT")
     return str(_repository(value))
+
+
+_ALIAS_RE = re.compile(r"[A-Za-z0-9_-]{1,255}")
+
+
+def _mlflow_alias(value: Any) -> str:
+    """An MLflow alias (letters, digits, `_`, `-`), as MLflow itself accepts one."""
+    text = str(value).strip()
+    if not _ALIAS_RE.fullmatch(text) or re.fullmatch(r"[vV]\d+|latest", text):
+        raise ValueError("expected an MLflow alias: letters, digits, '_' or '-' (not 'latest' nor v<number>)")
+    return text
 
 
 def _bool(value: Any) -> bool:
@@ -382,6 +413,7 @@ def _webhooks(value: Any) -> tuple[WebhookTarget, ...]:
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "repository": _repository,
     "repository_url": _s3_url,
+    "mlflow_alias": _mlflow_alias,
     "state_dir": _path,
     "db_url": _text,
     "triton_url": _text,
@@ -432,6 +464,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "liveness_s": _positive_float(0.5),
     "heartbeat_s": _positive_float(0.1),
     "converge_s": _positive_float(0.1),
+    "wave_bake_s": _duration,
     "webhook": _webhooks,
     "webhook_retry_max_s": _positive_float(0.1),
     "memory_budget_mb": _positive_float(1.0),
@@ -443,6 +476,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "bake_max_latency_ratio": _positive_float(1.0),
     "bake_min_requests": _whole_int,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
+    "bake_warn_load_ratio": _positive_float(1.0),
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
@@ -540,7 +574,12 @@ def load_settings(
         merged["repository_url"] = merged.pop("repository")
     settings = Settings(**merged)
     if settings.repository is not None and settings.repository_url:
-        raise ConfigError("repository: give either a directory or an s3:// URL (repository_url), not both")
+        raise ConfigError("repository: give either a directory or an s3:// URL or mlflow+http:// URL (repository_url), "
+                          "not both")
+    if settings.repository_url and settings.repository_url.startswith("mlflow+"):
+        from controlplane.source.mlflowrest import require_extra
+
+        require_extra()  # one line naming the extra (exit 2), before anything starts
     if settings.listen and not settings.token_file:
         raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
     if bool(settings.tls_cert) != bool(settings.tls_key):

@@ -16,39 +16,39 @@ import functools
 import logging
 import os
 import queue
-import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import fields
-from typing import IO, TYPE_CHECKING, Any
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
-from controlplane.deploy.engine import Outcome
 from controlplane.deploy.publish import ServingRepository
-from controlplane.errors import ConfigError, LauncherError, TritonctlError
+from controlplane.errors import TritonctlError
+from controlplane.inflight import InFlight
+from controlplane.outcomelog import OutcomeLog
 from controlplane.outcomes import Outcomes
+from controlplane.parts import build_parts
+from controlplane.registries import open_registries
+from controlplane.reload import reloaded
 from controlplane.snapshot import CONFIG_FILE, ContentStore
+from controlplane.source.configured import configured_source
 from controlplane.source.protocol import NoSource, Source
-from controlplane.startup import bulk, preflight
-from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
+from controlplane.startup import bulk, launch, preflight
 from controlplane.startup.record import Wave, deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
-from controlplane.store import migrate
+from controlplane.statedir import StateDir
+from controlplane.store.journaled import JournaledRegistry
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.targets import FleetTarget
 from controlplane.triton.client import Timeouts, TritonClient
-from controlplane.triton.exposure import key_exposure
 from controlplane.triton.host import host_for
-from controlplane.triton.launcher import RECORD_FILE, WAIT_CALLBACK_S, TritonServer
-from controlplane.triton.ports import launch_ports, unlike_requested
-from controlplane.triton.serverlog import LogCursor
+from controlplane.triton.launcher import TritonServer
 from controlplane.validation.modelconfig import is_ensemble_text
 from controlplane.vocab import SERVING_STATES
 
@@ -66,7 +66,6 @@ TICK_S = 0.1
 # liveness), apart from the full reconcile every reconcile_interval_s: a dead or restarted server is
 # noticed within about this long and reconciled at once.
 SUPERVISE_INTERVAL_S = 1.0
-LOCK_FILE = preflight.LOCK_FILE  # in the state directory: flock-ed by the daemon that runs on it
 # The periodic reconcile takes at most this share of one core: when one costs more CPU than that
 # allows at reconcile_interval_s (one repository-index call over many thousands of models), the next
 # waits longer. Supervision (every SUPERVISE_INTERVAL_S: a dead, restarted or emptied tritonserver)
@@ -90,8 +89,7 @@ class Daemon:
         self._sigint_count = 0
         self._settled: queue.Queue[tuple[str, bool]] = queue.Queue()  # (model, declared complete)
         self._wake = threading.Event()  # the main loop's sleep between ticks, cut short by a hand-on
-        self._inflight: set[Future[Any]] = set()
-        self._inflight_lock = threading.Lock()  # reconcile runs in a worker and may submit work too
+        self.inflight = InFlight()  # what a stop waits for (reconcile runs in a worker and may submit work too)
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
         self.triton_server: TritonServer | None = None
@@ -100,154 +98,39 @@ class Daemon:
         self.api: ApiServer | None = None
         self.metrics: Metrics | None = None
         self.plane: ControlPlane | None = None
-        self.registry: Registry | None = None
+        self.registry: JournaledRegistry | None = None
         self.serving: ServingRepository | None = None  # the serving root a launched tritonserver reads
         self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
         # a fresh tritonserver whose launch waits for the first start's deploys (controlplane/startup/bulk.py)
         self._deferred_launch = False
-        self._scans_reporting = 0  # start-up scans writing their own progress to STATUS= (under _inflight_lock)
+        self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (controlplane/outcomelog.py)
         self.webhooks: Webhooks | None = None
-        self._state_lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
+        self.state_dir = StateDir(settings.state_dir)  # its layout, and daemon.lock held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
 
     # -- start-up -------------------------------------------------------------------------------
 
-    def _prepare_state_dir(self) -> None:
-        state = self.settings.state_dir
-        state.mkdir(parents=True, exist_ok=True)
-        os.chmod(state, 0o750)
-        self._lock_state_dir()
-        for sub in ("store", "serving", "published", "triton"):
-            (state / sub).mkdir(exist_ok=True)
-
-    def _lock_state_dir(self) -> None:
-        """One daemon per state directory: a second one would adopt the first one's tritonserver and
-        take its control socket. An flock, so the kernel releases it when the holder dies, SIGKILL too;
-        the file is opened close-on-exec, so a launched tritonserver never inherits it."""
-        import fcntl
-
-        path = self.settings.state_dir / LOCK_FILE
-        handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640), "r+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = handle.read().strip() or "?"
-            handle.close()
-            raise preflight.in_use_error(self.settings.state_dir, holder) from None
-        handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._state_lock = handle
-
-    def _unlock_state_dir(self) -> None:
-        if self._state_lock is not None:
-            self._state_lock.close()
-            self._state_lock = None
-
     def _start_triton(self, serving: ServingRepository) -> tuple[str, str | None]:
+        """The gRPC URL and key of the tritonserver this daemon drives: launched or adopted
+        (controlplane/startup/launch.py), or the external one of --triton-url."""
         if self.settings.launch_triton:
-            workdir = self.settings.state_dir / "triton"
-            server = self.triton_server = TritonServer(
-                model_repository=self.settings.state_dir / "serving",
-                workdir=workdir,
-                tritonserver=str(self.settings.tritonserver) if self.settings.tritonserver else None,
-                restricted_key=secrets.token_hex(16),  # only this daemon knows it: nobody else can load code
-                die_with_parent=False,  # the data plane outlives a crash of the control plane
-                record_path=workdir / RECORD_FILE,
-                extra_args=[f"--model-load-thread-count={self.settings.triton_load_threads}"],
-            )
-            # The record before any port: the ports a crash (or keep_triton) left our own tritonserver
-            # serving on are adopted with it, whatever they are; only another holder is a conflict.
-            if server.adopt():
-                log.info("adopted the running tritonserver pid %s on %s", server.pid, server.grpc_url)
-                changed = unlike_requested(self.settings, (server.grpc_port, server.http_port, server.metrics_port))
-                if changed:
-                    log.warning("the adopted tritonserver keeps its ports, not the requested %s, until the daemon "
-                                "stops it (SIGTERM without keep_triton); the next start then uses them",
-                                ", ".join(changed))
-            else:
-                server.grpc_port, server.http_port, server.metrics_port = launch_ports(self.settings)
-                if bulk.eligible(self.settings):  # launched by the initial scan, with its deploys
-                    self._deferred_launch = True
-                    return server.grpc_url, server.restricted_key
-                self._preloaded, _ = self._launch(server, serving)
-                log.info("launched tritonserver pid %s on %s", server.pid, server.grpc_url)
+            assert self.registry is not None
+            server = self.triton_server = launch.new_server(self.settings)  # a failed start stops it
+            preloaded = launch.adopt_or_launch(self.settings, self.registry, server, serving,
+                                               defer=bulk.eligible(self.settings))
+            self._deferred_launch = preloaded is None  # launched by the initial scan, with its deploys
+            self._preloaded = preloaded or []
             return server.grpc_url, server.restricted_key
         if not self.settings.triton_url:
             raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
         return self.settings.triton_url, self.settings.triton_key
 
-    def _launch(self, server: TritonServer, serving: ServingRepository,
-                staged: list[str] | None = None) -> tuple[list[str], bool]:
-        """Start a fresh tritonserver (the daemon's start, a relaunch after it died) with the models the
-        registry serves loading in its own start-up (controlplane/startup/preload.py): one pass of its
-        load threads instead of a load request each. If those loads stall or the server does not come
-        up with them, it is launched without them and the reconcile restores each model, as before.
-        `staged`: a first start's deploys, published, to load there too (controlplane/startup/bulk.py).
-        Returns the registry's models it loaded in its start-up (the next reconcile verifies and audits
-        them), and whether it was launched with its loads."""
-        assert self.registry is not None
-        served = models_to_preload(self.settings, self.registry, serving)
-        preload = sorted({*served, *(staged or [])})
-        if preload:
-            log.info("launching tritonserver with the %d models the registry serves loading in its start-up%s",
-                     len(served), f", and the {len(staged)} deploys of this start" if staged else "")
-            progress = LoadProgress(server.log_path, len(preload), stall_s=self.settings.load_timeout_s)
-
-            def waiting() -> None:
-                progress.check()  # raises when no load finished for load_timeout_s
-                # loads are finishing: systemd's start timeout and watchdog wait for them
-                systemd.notify(f"STATUS=tritonserver start-up: {progress.finished} of {len(preload)} models "
-                               "loaded", f"EXTEND_TIMEOUT_USEC={int(6 * WAIT_CALLBACK_S * 1e6)}")
-                systemd.watchdog_ping()
-
-            started = time.monotonic()
-            try:
-                server.start(live_timeout_s=preload_timeout_s(self.settings, len(preload)), load=preload,
-                             on_wait=waiting)
-            except LauncherError as exc:
-                log.error("%s; launching tritonserver without them: the reconcile restores each model", exc)
-            else:
-                log.info("tritonserver live %.1f s after launch, its start-up loads done (%d of %d finished; "
-                         "the reconcile verifies each)", time.monotonic() - started, progress.poll(), len(preload))
-                return served, True
-        server.start()
-        return [], False
-
-    def _check_key_exposure(self) -> None:
-        """Before a tritonserver is launched (or adopted): can other local users read its command line,
-        and with it its key? One WARNING line, or with `launch_triton_exposed_key = "refuse"` no start."""
-        if not self.settings.launch_triton:
-            return
-        exposure = key_exposure()
-        self.triton_key_exposed = exposure.exposed
-        if not exposure.exposed:
-            log.info("tritonserver's key: %s", exposure.reason)
-        elif self.settings.launch_triton_exposed_key == "refuse":
-            raise ConfigError(f"launch_triton_exposed_key = \"refuse\": {exposure.reason}; not launching tritonserver")
-        else:
-            log.warning("tritonserver's key is exposed: %s", exposure.reason)
-
     def start(self) -> None:
         settings = self.settings
         preflight.check(settings)  # a bad argument stops the start before anything exists
-        self._check_key_exposure()  # before anything is created or launched
-        self._prepare_state_dir()
-        # In a fleet the host's own deploy state stays in its local registry; --db-url is the fleet's.
-        local_url = f"sqlite:///{settings.state_dir / 'registry.db'}" if self.fleet_settings else settings.registry_url
-        # In a fleet the webhooks send the shared registry's events (the leader does): a host's own
-        # registry keeps no outbox.
-        self.registry = Registry(local_url, host=settings.host, busy_timeout_s=settings.db_busy_timeout_s,
-                                 outbox=self.fleet_settings is None)
-        # a registry at the head revision needs no Alembic (importing it costs about half a second of
-        # every restart): one query of alembic_version says so
-        if migrate.current_revision(self.registry) != migrate.HEAD_REVISION:
-            before, after = migrate.upgrade(self.registry)
-            if before != after:
-                log.info("registry schema upgraded %s -> %s", before or "empty", after)
-        if self.fleet_settings is not None:
-            self.shared_registry = Registry(settings.registry_url, host=settings.host)
-            migrate.upgrade_shared(self.shared_registry)
+        self.triton_key_exposed = launch.key_exposed(settings)  # before anything is created or launched
+        self.state_dir.prepare()
+        self.registry, self.shared_registry = open_registries(settings, fleet=self.fleet_settings is not None)
         store = ContentStore(settings.state_dir / "store", max_model_bytes=settings.max_model_bytes)
         serving = self.serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
         if swept := serving.sweep_temp_links():
@@ -255,18 +138,26 @@ class Daemon:
         url, key = self._start_triton(serving)
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.
-        self.source = self._source()
-        self.webhooks = self._webhooks()
-        self.outcomes = Outcomes()  # every finished operation, to the subscribers wired here and in the plane
-        self.plane = ControlPlane(
+        self.source = configured_source(settings, self.registry)
+        from controlplane.webhooks import for_registry
+
+        # in a fleet the shared registry's events, sent by the leader only (the member is built with the
+        # plane, after this: asked at each round)
+        self.webhooks = for_registry(settings, self.shared_registry or self.registry,
+                                     fleet=self.shared_registry is not None,
+                                     active=lambda: self.fleet is not None and self.fleet.is_leader)
+        self.outcomes = Outcomes()  # every finished operation, to the subscribers wired by build_parts and here
+        parts = build_parts(  # this host's parts (controlplane/parts.py), then the verbs over them
             settings, self.registry, store, serving, triton, outcomes=self.outcomes, webhooks=self.webhooks,
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
             source=self.source,
-            http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None,
-            target=self._fleet_target if self.fleet_settings is not None else None,
-        )
-        self.outcomes.subscribe(self._on_outcome)  # after the plane's own bookkeeping (its last action)
+            http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None)
+        self.plane = ControlPlane(parts, target=self._fleet_target if self.fleet_settings is not None else None)
+        self.outcome_log = OutcomeLog(self.registry, parts.counters)
+        self.outcomes.subscribe(self.outcome_log.note)  # after the parts' own bookkeeping (its last action)
+        server = self.triton_server  # a bake's p99s come from Triton's metrics (controlplane/triton/summaries.py)
+        parts.baker.metrics_url = lambda: server.metrics_url if server is not None else settings.triton_metrics_url
         self.plane.preloaded(self._preloaded)
         self.plane.triton_key_exposed = self.triton_key_exposed  # status's triton_key_exposed
         if self.triton_server is not None and self.triton_server.adopted_pid:
@@ -280,6 +171,7 @@ class Daemon:
 
             self.metrics = Metrics(self.plane, settings.metrics_port, backlog=self.source.backlog)
             self.metrics.start()
+            self.outcomes.subscribe(self.metrics.observe)
         # READY before the deploys: a restart's restores (a fresh tritonserver serves nothing) also go
         # on behind READY, before the initial scan (bench/scale.py --serve-all: restart time)
         behind_ready = not settings.ready_waits_for_deploys and self.fleet_settings is None
@@ -298,10 +190,12 @@ class Daemon:
         elif settings.ready_waits_for_deploys:
             self._initial_scan()
         else:  # READY now; the deploys go on behind it (`status` shows them pending)
-            self._track(self.executor.submit(self._guarded, lambda _: self._reconcile_then_scan(), "initial scan"))
+            self.inflight.track(self.executor.submit(self._guarded, lambda _: self._reconcile_then_scan(),
+                                                     "initial scan"))
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
-        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, self._inference_urls())
+        inference = self.triton_server.inference_urls() if self.triton_server else ""
+        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, inference)
         # The inotify watches (20,000 at 10,000 models: a third of a restart's CPU) are added behind
         # READY, in a thread of their own; a change made before its directory is watched is handed on by
         # the rescan that follows them (controlplane/source/inotify.py, start_events).
@@ -315,49 +209,6 @@ class Daemon:
         assert self.fleet_settings is not None and self.shared_registry is not None
         self.fleet = FleetMember(self.settings, self.fleet_settings, plane, self.shared_registry)
         return FleetTarget(self.fleet, plane.registry, plane.deployer, plane.retries)
-
-    def _webhooks(self) -> Webhooks:
-        """The delivery worker: this registry's events; in a fleet the shared registry's, sent by the
-        leader only (whichever daemon leads now)."""
-        from controlplane.webhooks import Backoff, Webhooks
-
-        assert self.registry is not None
-        # the fleet member is built with the plane, after this: asked at each round
-        active = (lambda: self.fleet is not None and self.fleet.is_leader) if self.fleet_settings else (lambda: True)
-        return Webhooks(self.shared_registry or self.registry, self.settings.webhook, active=active,
-                        backoff=Backoff(max_s=self.settings.webhook_retry_max_s),
-                        wake_on_audit=self.shared_registry is None)  # a fleet's events come from every host
-
-    def _inference_urls(self) -> str:
-        server = self.triton_server
-        if server is None:
-            return ""
-        return f"; inference: gRPC {server.grpc_url}, HTTP http://{server.http_url}"
-
-    def _source(self) -> Source:
-        """The models' source: an s3:// prefix (docs/object-storage.md), a directory (docs/watching.md),
-        or none. Wrong s3 credentials or bucket are one logged line: what serves keeps serving, and the
-        poller keeps trying (the credentials may be fixed)."""
-        s = self.settings
-        if s.repository_url:
-            from controlplane.errors import ConfigError
-            from controlplane.source.s3 import S3Source
-
-            source = S3Source(s.repository_url, settle_s=s.settle_s, poll_interval_s=s.poll_interval_s,
-                              commit_marker=s.commit_marker)
-            try:
-                source.check()
-            except ConfigError as exc:
-                log.error("%s; serving is unchanged", exc)
-            return source
-        if s.repository is not None:
-            from controlplane.source.local import LocalSource
-
-            return LocalSource(s.repository, settle_s=s.settle_s, commit_marker=s.commit_marker, watch=s.watch,
-                               poll_interval_s=s.poll_interval_s, rescan_interval_s=s.rescan_interval_s,
-                               events_later=True,  # the inotify watches after READY (start)
-                               allowed_link_roots=s.allowed_link_roots)
-        return NoSource()
 
     def _reconcile_then_scan(self) -> None:
         assert self.plane is not None
@@ -386,7 +237,8 @@ class Daemon:
         members = sorted(set(todo) - set(ensembles))
         total, done = len(todo), 0
         plane.in_hand.starting(set(todo))  # `status`: sync pending ("start-up scan") until handled
-        with self._scan_reporting(), ThreadPoolExecutor(max_workers=self._startup_parallelism(),
+        reporting = self.outcome_log.scan_reporting() if self.outcome_log is not None else nullcontext()
+        with reporting, ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                                         thread_name_prefix="startup") as pool:
             deferred = self._deferred_launch  # a fresh tritonserver loads the deploys in its start-up
             staged: dict[str, SnapshotRecord] = {}  # those deploys (controlplane/startup/bulk.py)
@@ -434,44 +286,16 @@ class Daemon:
         systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed ({unchanged} unchanged)")
 
     def _launch_with(self, bulks: list[bulk.Bulk], pool: ThreadPoolExecutor) -> list[str]:
-        """The deferred launch of a fresh tritonserver (controlplane/startup/bulk.py): the staged deploys
-        (`bulks`: the step models', then the ensembles') and the registry's models in its start-up, the
-        staged deploys verified and ended in that order, then the reconcile that a start runs first.
-        Returns the staged models."""
+        """The deferred launch with the first start's deploys (controlplane/startup/launch.py
+        `launch_staged`); returns the staged models."""
         assert self.plane is not None and self.triton_server is not None and self.serving is not None
-        names = [name for b in bulks for name in b.names]
-        cursor = LogCursor(self.triton_server.log_path)
+        assert self.registry is not None
         try:
-            self._preloaded, loaded = self._launch(self.triton_server, self.serving, names)
-        except TritonctlError as exc:
-            for s in (s for b in bulks for s in b.staged):
-                self.plane.deployer.finish_staged(s, loaded=False, failure=exc)
-            raise
+            self._preloaded, names = launch.launch_staged(self.settings, self.registry, self.triton_server,
+                                                          self.serving, self.plane, bulks, pool)
         finally:
             self._deferred_launch = False  # supervision watches it from now on
-        log.info("launched tritonserver pid %s on %s", self.triton_server.pid, self.triton_server.grpc_url)
-        self.plane.counters.triton_reachable = True  # live: the reconcile below keeps it up to date
-        self.plane.triton.reconnect()  # its channel was made before the server listened
-        self.plane.preloaded(self._preloaded)
-        lines = bulk.log_lines(cursor) if loaded else []
-        for b in bulks:
-            bulk.finish_all(self.plane, b, loaded=loaded, lines=lines, index=self.plane.triton.index,
-                            url=self.plane.triton.url, pool=pool)
-        self.plane.reconcile()  # interrupted deployments, and the registry's preloads verified and audited
         return names
-
-    @contextmanager
-    def _scan_reporting(self) -> Iterator[None]:
-        """While a start-up scan deploys, STATUS= is its progress line, and an outcome does not write the
-        serving count over it (a registry count per deploy: 1,000 of them in a first start)."""
-        with self._inflight_lock:
-            self._scans_reporting += 1
-        try:
-            yield
-        finally:
-            with self._inflight_lock:
-                self._scans_reporting -= 1
-            systemd.status(self.status_line())
 
     def _startup_parallelism(self) -> int:
         """How many start-up models go to Triton at once: `startup_parallelism`, or (0) Triton's own
@@ -566,15 +390,14 @@ class Daemon:
                 # In a worker: a restore or a tritonserver restart can take longer than the watchdog
                 # allows, and the loop must keep pinging and dispatching meanwhile.
                 self._reconciling = self.executor.submit(self._guarded, self._supervise_and_reconcile)
-                self._track(self._reconciling)
+                self.inflight.track(self._reconciling)
                 next_reconcile = time.monotonic() + max(self.settings.reconcile_interval_s,
                                                         self._reconcile_cpu_s / RECONCILE_CPU_BUDGET)
             elif now >= next_supervise and (self._reconciling is None or self._reconciling.done()):
                 self._reconciling = self.executor.submit(self._guarded, self._supervise)
-                self._track(self._reconciling)
+                self.inflight.track(self._reconciling)
                 next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
-            with self._inflight_lock:
-                self._inflight = {f for f in self._inflight if not f.done()}
+            self.inflight.prune()
             self._wake.wait(TICK_S)  # a model handed on wakes it at once: no tick's delay on an edit
         abandoned = self.shutdown()
         if abandoned:
@@ -590,11 +413,6 @@ class Daemon:
         turned = self.loop_turned_at
         return None if turned is None else time.monotonic() - turned
 
-    def _track(self, future: Future[Any]) -> None:
-        """Remember work in flight, so shutdown can wait for it (called from the loop and workers)."""
-        with self._inflight_lock:
-            self._inflight.add(future)
-
     def _dispatch_settled(self) -> None:
         assert self.plane is not None
         while True:
@@ -607,7 +425,7 @@ class Daemon:
                 else functools.partial(self.plane.handle_settled, complete=True) if complete
                 else self.plane.handle_settled
             )
-            self._track(self.executor.submit(self._guarded, self._handle_handed, model, handler))
+            self.inflight.track(self.executor.submit(self._guarded, self._handle_handed, model, handler))
 
     def _hand_on(self, model: str, complete: bool = False) -> None:
         """The source's callback (its own thread): queue `model` for capture; until its handler
@@ -629,7 +447,8 @@ class Daemon:
         try:
             return fn(*args)
         except TritonctlError as exc:
-            log.error("%s: %s", args[0] if args else fn.__name__, exc)
+            if self.registry is None or not self.registry.health.told(exc):
+                log.error("%s: %s", args[0] if args else fn.__name__, exc)
         except Exception:  # noqa: BLE001 - a bug in one model's pipeline must not stop the daemon
             log.exception("unexpected error handling %s", args)
         return None
@@ -665,8 +484,8 @@ class Daemon:
             self.plane.counters.triton_reachable = False  # a fresh server: re-check the source below
             try:
                 server.stop()
-                assert self.serving is not None
-                self.plane.preloaded(self._launch(server, self.serving)[0])
+                assert self.serving is not None and self.registry is not None
+                self.plane.preloaded(launch.launch(self.settings, self.registry, server, self.serving)[0])
             except TritonctlError as exc:
                 log.error("restarting tritonserver: %s", exc)
                 return
@@ -675,17 +494,18 @@ class Daemon:
         try:
             self.plane.reconcile()
         except TritonctlError as exc:
-            log.error("reconcile: %s", exc)
+            if not self.plane.registry.health.told(exc):  # an outage is told once (controlplane/store/health.py)
+                log.error("reconcile: %s", exc)
         self._reconcile_cpu_s = time.thread_time() - cpu_started
         if self.plane.counters.triton_reachable and not self.stop_requested.is_set():
             for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.deploy.causes)
-                self._track(self.executor.submit(self._guarded, self.plane.retry, model))
+                self.inflight.track(self.executor.submit(self._guarded, self.plane.retry, model))
         if self.fleet is not None and self.plane.counters.triton_reachable and not was_reachable:
             self.fleet.initial_scan()
         elif self.plane.counters.triton_reachable and not was_reachable:
             # Triton is back: changes recorded while it was away deploy now (auto policy).
             log.info("tritonserver reachable again; re-checking the source repository")
-            self._track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "rescan"))
+            self.inflight.track(self.executor.submit(self._guarded, lambda _: self._initial_scan(), "rescan"))
         systemd.status(self.status_line())
 
     def _reload(self) -> None:
@@ -695,65 +515,14 @@ class Daemon:
                 read = self.reload_settings()
             except TritonctlError as exc:
                 log.error("reload refused, keeping the running settings: %s", exc)
-                systemd.ready(self.status_line())
-                return
-            new = self.settings.reloaded(read)
-            pending = [f.name for f in fields(Settings) if getattr(read, f.name) != getattr(new, f.name)]
-            if pending:
-                log.warning("reload: %s changed but take effect only after a restart", ", ".join(pending))
-            self.settings = new
-            if self.plane is not None:
-                self.plane.reconfigure(new)
-            self.source.set_settle(new.settle_s)
-            if self.fleet is not None:
-                from controlplane.fleet.settings import from_settings
-
-                try:  # canaries, wave size, liveness window and converge period apply from the next use
-                    self.fleet.reconfigure(from_settings(new))
-                except TritonctlError as exc:
-                    log.error("reload: fleet settings refused, keeping the running ones: %s", exc)
-            if self.webhooks is not None:
-                from controlplane.webhooks import Backoff
-
-                self.webhooks.reconfigure(new.webhook, Backoff(max_s=new.webhook_retry_max_s))
-            logging.getLogger("tritonctl").setLevel(new.log_level.upper())
-            log.info("reloaded: policy=%s settle_s=%s log_level=%s reconcile_interval_s=%s webhooks=%d",
-                     new.policy, new.settle_s, new.log_level, new.reconcile_interval_s, len(new.webhook))
+            else:
+                self.settings = reloaded(self.settings, read, self.plane, self.source, self.fleet, self.webhooks)
         systemd.ready(self.status_line())
 
-    def _on_outcome(self, outcome: Outcome) -> None:
-        log.log(  # a rollback (automatic or an operator's) and any failure stand out: WARNING
-            logging.INFO if outcome.succeeded and outcome.action != "rollback" else logging.WARNING,
-            "%s %s %s digest %s active %s in %d ms: %s", outcome.model, outcome.action, outcome.outcome,
-            (outcome.digest or "-")[:12], (outcome.active_digest or "-")[:12], outcome.duration_ms,
-            outcome.message,
-        )
-        if self.metrics is not None:
-            self.metrics.observe(outcome)
-        if not self._scans_reporting:
-            systemd.status(self.status_line())
-
     def status_line(self) -> str:
-        if self.plane is None or self.registry is None:
-            return "starting"
-        try:
-            serving = self.registry.count_models("serving")  # a count, not 10,000 rows, every round
-        except TritonctlError:
-            serving = -1
-        triton = "reachable" if self.plane.counters.triton_reachable else "unreachable"
-        return f"{serving} models serving, triton {triton}; last: {self.plane.counters.last_action}"
+        return self.outcome_log.line() if self.outcome_log is not None else "starting"
 
     # -- shutdown -------------------------------------------------------------------------------
-
-    def _busy_models(self) -> list[str]:
-        """Models with an operation in progress (watcher, reconcile or control API alike)."""
-        if self.plane is None:
-            return []
-        try:
-            models = self.plane.registry.list_models()
-            return [m.name for m in models if self.plane.deployer.lock(m.name).locked()]
-        except TritonctlError:
-            return []
 
     def shutdown(self) -> bool:
         """Stop taking work, let in-flight work finish within the bound, release everything.
@@ -774,24 +543,12 @@ class Daemon:
             self.plane.ondemand.stop()
             self.plane.baker.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
-        with self._inflight_lock:
-            inflight = list(self._inflight)
-        for future in inflight:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                future.result(timeout=remaining)
-            except Exception:  # noqa: BLE001 - its own handler logged it (or it was cancelled); we only wait
-                pass
-        busy = self._busy_models()  # also operations the control API started in its own threads
-        while busy and time.monotonic() < deadline:
-            time.sleep(TICK_S)
-            busy = self._busy_models()
-        abandoned = bool(busy) or any(not f.done() for f in inflight)
+        # also operations the control API started in its own threads
+        running = self.inflight.wait(deadline, self.plane.deployer.busy_models if self.plane else list, TICK_S)
+        abandoned = bool(running)
         if abandoned:
             log.warning("shutdown bound of %.0fs passed with work in flight (%s); the next start recovers it",
-                        self.settings.shutdown_timeout_s, ", ".join(busy) or "reconcile")
+                        self.settings.shutdown_timeout_s, ", ".join(running))
         if self.metrics is not None:
             self.metrics.stop()
         if self.registry is not None:
@@ -812,7 +569,7 @@ class Daemon:
             self.registry.close()
         if self.shared_registry is not None:
             self.shared_registry.close()
-        self._unlock_state_dir()
+        self.state_dir.unlock()
         log.info("stopped")
         return abandoned
 
@@ -828,7 +585,7 @@ class Daemon:
             lambda: self.triton_server.stop() if self.triton_server and not self.triton_server.adopted_pid else None,
             lambda: self.registry.close() if self.registry else None,
             lambda: self.shared_registry.close() if self.shared_registry else None,
-            self._unlock_state_dir,
+            self.state_dir.unlock,
         ):
             try:
                 stop()

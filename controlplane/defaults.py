@@ -14,4 +14,4 @@ DEFAULT_STATE_DIR = Path("/var/lib/tritonctl")
 SOCKET_NAME = "tritonctl.sock"  # the control API's Unix socket, in the state directory
 
 # Every outcome an audit event can have (the CLI's --outcome choices; store/records.py re-exports it).
-OUTCOMES = ("ok", "failed", "rolled_back", "noop", "invalid")
+OUTCOMES = ("ok", "failed", "rolled_back", "noop", "invalid", "inconclusive", "warning")

@@ -109,6 +109,13 @@ class ObjectStoreError(SnapshotError):
     auth: bool = False
 
 
+class MLflowError(ObjectStoreError):
+    """An MLflow tracking server (an `mlflow+http://` source) refused or did not answer a request; `auth`
+    when retrying cannot help (401/403), `missing` when it answered that the model or alias does not exist."""
+
+    missing: bool = False
+
+
 class StoreError(TritonctlError):
     """The registry database failed (locked, unreachable, out of space)."""
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from controlplane.store.registry import Registry
 
 
-def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> GcResult:
+def collect_garbage(registry: Registry, content: ContentStore, keep: int) -> GcResult:
     """Keep each model's active snapshot, its tagged ones and its `keep` newest; drop the rest's content (not
     their rows)."""
     if keep < 0:
@@ -31,7 +31,7 @@ def collect_garbage(registry: Registry, store: ContentStore, keep: int) -> GcRes
                 kept.add(snap.digest)
             else:
                 dropped.setdefault(model.name, []).append(snap.digest)
-    freed = store.gc(kept)
+    freed = content.gc(kept)
     for model_name, digests in dropped.items():
         registry.mark_collected(model_name, [d for d in digests if d not in kept])
     count = sum(len([d for d in ds if d not in kept]) for ds in dropped.values())

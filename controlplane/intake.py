@@ -23,13 +23,13 @@ from controlplane.vocab import Result
 log = logging.getLogger("tritonctl.intake")
 
 
-def validate(registry: Registry, store: ContentStore, snapshot: Snapshot,
+def validate(registry: Registry, content: ContentStore, snapshot: Snapshot,
              members: Mapping[str, SnapshotRecord] | None = None) -> SnapshotContent:
     """Validate a captured (immutable) tree; problems name the model's files, not the store's. An
     ensemble is also checked against the step models `registry` knows, or `members` (a change set's
     new step snapshots, controlplane/changeset.py)."""
     model = snapshot.model
-    tree = store.tree_path(snapshot.digest)
+    tree = content.tree_path(snapshot.digest)
     result = validate_model_dir(tree, name=model)
     prefix = f"{tree.name}/"
     problems = [
@@ -46,9 +46,9 @@ def validate(registry: Registry, store: ContentStore, snapshot: Snapshot,
                            result.ok and not ensemble, problems + ensemble, snapshot.total_bytes)
 
 
-def revalidate(store: ContentStore, model: str, digest: str, recorded: SnapshotContent) -> SnapshotContent:
+def revalidate(content: ContentStore, model: str, digest: str, recorded: SnapshotContent) -> SnapshotContent:
     """A content imported from elsewhere (a fleet host from the shared store), validated again here."""
-    result = validate_model_dir(store.tree_path(digest), name=model)
+    result = validate_model_dir(content.tree_path(digest), name=model)
     return replace(recorded, config=result.config, versions=result.versions, served_versions=result.served_versions,
                    valid=result.ok)
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from controlplane.bake import BAKE_OUTCOMES
+from controlplane.bakefigures import BAKE_OUTCOMES
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
 from controlplane.vocab import ModelState, Result
@@ -107,8 +107,10 @@ class Observed(Protocol):
     registry: Any
     store: Any
     counters: Any
-    counts: Any
     triton: Any  # its load_requests
+
+    @property
+    def counts(self) -> Any: ...
 
 
 class StateCollector:

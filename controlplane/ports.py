@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 from controlplane.config import Settings
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
-from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import SnapshotError, StoreError
 from controlplane.servingensembles import ServingEnsembles
 from controlplane.snapshot import ContentStore, Snapshot
@@ -41,28 +40,33 @@ class SourcePlane(Protocol):
     def look_again(self, model: str, delay_s: float) -> None: ...
 
 
-class SetPlane(SourcePlane, Protocol):
-    """What change sets (controlplane/changeset.py) use of the plane: its parts, the capture of a
-    model's source (and the source itself: its configs, what settles, its repository-level hold and
-    commit marker), the decision inputs, and the watcher's "look again"."""
+class SetIntake(Protocol):
+    """What change sets (controlplane/changeset.py) use of the intake (controlplane/intakeflow.py): the
+    registry, the source (its configs, what settles, its repository-level hold and commit marker) and
+    the recorded graph of it, which ensembles serve, the capture of a model's source, the decision
+    inputs, and the watcher's "look again". No deployer: change sets return plans."""
 
     @property
     def settings(self) -> Settings: ...
 
     @property
-    def serving(self) -> ServingRepository: ...
+    def registry(self) -> Registry: ...
 
     @property
-    def deployer(self) -> Deployer: ...
+    def source(self) -> Source: ...
 
     @property
     def serving_ensembles(self) -> ServingEnsembles: ...
 
-    def capture(self, model: str, actor: str = ..., *, settled: bool = ..., complete: bool = ...,
-                members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
-
     @property
     def source_graph(self) -> SourceGraph: ...
+
+    def source_has(self, model: str) -> bool: ...
+
+    def look_again(self, model: str, delay_s: float) -> None: ...
+
+    def capture(self, model: str, actor: str = ..., *, settled: bool = ..., complete: bool = ...,
+                members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...
 
     def source_changed(self, model: str, *, unknown: bool = ...) -> bool: ...
 
@@ -81,9 +85,16 @@ class Counted(Protocol):
     def add(self, name: str, amount: int = 1) -> None: ...
 
 
-class WavePlane(SetPlane, Protocol):
+class WavePlane(SetIntake, Protocol):
     """What the start-up scan's batched records (controlplane/startup/record.py) use of the plane, beyond
-    a change set's: a model's capture lock, the capture step alone, and the pipeline's counters."""
+    a change set's: a model's capture lock, the capture step alone, the pipeline's counters, the content
+    store it syncs, and the deployer that deploys a model the scan recorded alone."""
+
+    @property
+    def store(self) -> ContentStore: ...
+
+    @property
+    def deployer(self) -> Deployer: ...
 
     @property
     def counts(self) -> Counted: ...
@@ -94,8 +105,8 @@ class WavePlane(SetPlane, Protocol):
                         complete: bool = ...) -> tuple[Snapshot, str | None, bool]: ...
 
 
-class TagPlane(Protocol):
-    """What tags (controlplane/tags.py) use of the plane: where tags live (the shared registry on a
+class TagTarget(Protocol):
+    """What tags (controlplane/tags.py) use of their target (targets.py): where tags live (the shared registry on a
     fleet), how a tracked tag's digest is deployed (the usual load; on a fleet a rollout), and the
     retry book a failed move must clear."""
 

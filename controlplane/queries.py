@@ -12,6 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from controlplane.bakewarn import WARNING, warnings_by_digest
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.results import (
@@ -88,8 +89,11 @@ def versions(registry: Registry, model: str) -> VersionsResult:
     if record is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
     footprints = registry.footprints([model])
+    warned = warnings_by_digest(registry.query_audit(AuditQuery(model=model, action="bake", outcome=WARNING,
+                                                                limit=1000)))
     return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest,
-                                             footprint=footprints.get((model, snap.digest)))
+                                             footprint=footprints.get((model, snap.digest)),
+                                             bake_warning=warned.get(snap.digest))
                                   for snap in registry.list_snapshots(model)])
 
 
@@ -103,8 +107,8 @@ def _entries(registry: Registry, model: str, digest: str) -> tuple[str, dict[str
     return snap.digest, {e.path: e for e in parsed.entries if e.kind == "file"}
 
 
-def _text(store: ContentStore, sha256: str) -> list[str] | None:
-    path = store.object_path(sha256)
+def _text(content: ContentStore, sha256: str) -> list[str] | None:
+    path = content.object_path(sha256)
     try:
         if path.stat().st_size > MAX_TEXT_DIFF_BYTES:
             return None
@@ -113,7 +117,7 @@ def _text(store: ContentStore, sha256: str) -> list[str] | None:
         return None
 
 
-def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, digest_b: str) -> DiffResult:
+def diff(registry: Registry, content: ContentStore, model: str, digest_a: str, digest_b: str) -> DiffResult:
     """Files added / removed / changed between two snapshots, with unified diffs of text files."""
     validate_model_name(model)
     digest_a, digest_b = validate_digest(digest_a), validate_digest(digest_b)
@@ -127,7 +131,7 @@ def diff(registry: Registry, store: ContentStore, model: str, digest_a: str, dig
             continue
         text_diff = None
         if path.endswith(TEXT_SUFFIXES):
-            old, new = _text(store, a[path].sha256), _text(store, b[path].sha256)
+            old, new = _text(content, a[path].sha256), _text(content, b[path].sha256)
             if old is not None and new is not None:
                 text_diff = "".join(
                     difflib.unified_diff(old, new, f"{full_a[:12]}/{path}", f"{full_b[:12]}/{path}")

@@ -124,7 +124,8 @@ class StatusRow:
     # policy ondemand: {"state", "leases", "until"} (controlplane/memory/ondemand.py)
     ondemand: dict[str, Any] | None = None
     # the last bake of the serving (or just rolled-back) digest (controlplane/bake.py): {"state", "digest",
-    # "started", "until", "requests", "failures", "failure_ratio", "latency_ms", "baseline_latency_ms", "reason"}
+    # "started", "until", "requests", "failures", "failure_ratio", "latency_ms", "baseline_latency_ms", "latency_stat",
+    # "reason"}
     bake: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -323,6 +324,7 @@ class VersionRow:
     active: bool
     tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/tags.py)
     footprint: records.FootprintRecord | None = None  # its footprint on this host (memory/footprint.py)
+    bake_warning: str | None = None  # its bake's warning: load time or footprint against the previous digest's
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
@@ -330,6 +332,7 @@ class VersionRow:
         data["first_error"] = self.snapshot.first_error
         data["tags"] = list(self.tags)
         data["footprint"] = self.footprint.to_json() if self.footprint else None
+        data["bake_warning"] = self.bake_warning
         return data
 
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from controlplane.deploy.engine import ProgressFn
-    from controlplane.ports import TagPlane
+    from controlplane.ports import TagTarget
     from controlplane.store.registry import Registry
 
 MAX_TAG_LENGTH = 63
@@ -143,9 +143,9 @@ def annotate_serving_at(registry: TagReader, result: ServingAtResult, model: str
 # -- write side (the daemon) ---------------------------------------------------------------------------
 
 
-def tag_registry(plane: TagPlane) -> Registry:
+def tag_registry(target: TagTarget) -> Registry:
     """Where tags live: the shared registry on a fleet, the host's own otherwise."""
-    return plane.tag_registry()
+    return target.tag_registry()
 
 
 def _short(digest: str | None) -> str:
@@ -157,12 +157,12 @@ def _result(model: str, name: str, outcome: str, digest: str | None, old: str | 
     return TagResult(model, name, outcome, digest, old, active, deployed, message)
 
 
-def move(plane: TagPlane, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
+def move(target: TagTarget, model: str, name: str, ref: str, actor: str, progress: ProgressFn | None = None,
          delete: bool = False) -> TagResult:
     """`tritonctl tag MODEL NAME [DIGEST]` / `--delete`: point NAME at DIGEST (default: what serves now)."""
     validate_model_name(model)
     validate_tag_name(name)
-    registry = tag_registry(plane)
+    registry = tag_registry(target)
     record = registry.find_model(model)
     if record is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
@@ -198,17 +198,17 @@ def move(plane: TagPlane, model: str, name: str, ref: str, actor: str, progress:
         registry.move_tag(model, name, snap.digest, actor=actor,
                           message=message + ("; pinned: not deployed until unpin" if held else ""))
         return _result(model, name, "ok", snap.digest, old, message, False, record.active_digest)
-    return _move_tracked(plane, registry, model, name, snap.digest, old, actor, progress, message)
+    return _move_tracked(target, registry, model, name, snap.digest, old, actor, progress, message)
 
 
-def _move_tracked(plane: TagPlane, registry: Registry, model: str, name: str, digest: str, old: str | None, actor: str,
-                  progress: ProgressFn | None, message: str) -> TagResult:
+def _move_tracked(target: TagTarget, registry: Registry, model: str, name: str, digest: str, old: str | None,
+                  actor: str, progress: ProgressFn | None, message: str) -> TagResult:
     """Deploy first (what serves keeps serving meanwhile), then record the move: ok, or failed with the tag
     back on the digest that still serves."""
     with _lock(model):
         active: str | None = None
         try:
-            outcome = plane.deploy_tagged(model, digest, actor, progress)  # on a fleet: a rollout
+            outcome = target.deploy_tagged(model, digest, actor, progress)  # on a fleet: a rollout
             state, detail, active = outcome.outcome, outcome.message, outcome.active_digest
         except TritonctlError as exc:
             state, detail = "failed", str(exc)
@@ -216,7 +216,7 @@ def _move_tracked(plane: TagPlane, registry: Registry, model: str, name: str, di
             text = f"{message}; deployed ({detail})"
             registry.move_tag(model, name, digest, actor=actor, message=text)
             return _result(model, name, "ok", digest, old, text, True, digest)
-        plane.forget_retry(model)  # the move failed: no later retry may deploy what the tag does not name
+        target.forget_retry(model)  # the move failed: no later retry may deploy what the tag does not name
         serving = registry.find_model(model)
         still = active or (serving.active_digest if serving else None) or old
         text = (f"tag {name}: move to {_short(digest)} failed ({state}: {detail}); "
@@ -235,10 +235,10 @@ def _lock(model: str) -> threading.Lock:
         return _LOCKS.setdefault(model, threading.Lock())
 
 
-def follow(plane: TagPlane, model: str, actor: str) -> TagResult | None:
+def follow(target: TagTarget, model: str, actor: str) -> TagResult | None:
     """A tracking model not serving its tag's digest (just set to track, unpinned): deploy it; a failed
     deploy points the tag back at what serves. None when there is nothing to do."""
-    registry = tag_registry(plane)
+    registry = tag_registry(target)
     record = registry.find_model(model)
     track = registry.tracks().get(model)
     if record is None or not track:
@@ -251,7 +251,7 @@ def follow(plane: TagPlane, model: str, actor: str) -> TagResult | None:
             Rule.PINNED, Rule.SERVING):
         return None
     message = f"tag {tag.name}: {_short(record.active_digest)} -> {_short(tag.digest)} (tracking)"
-    return _move_tracked(plane, registry, model, tag.name, tag.digest, tag.digest, actor, None, message)
+    return _move_tracked(target, registry, model, tag.name, tag.digest, tag.digest, actor, None, message)
 
 
 def refuse_host(policy: str, host: str) -> None:
@@ -262,13 +262,13 @@ def refuse_host(policy: str, host: str) -> None:
                        "shared registry); run it without --host")
 
 
-def set_track(plane: TagPlane, model: str, policy: str, actor: str, through: str = "") -> PolicyResult:
+def set_track(target: TagTarget, model: str, policy: str, actor: str, through: str = "") -> PolicyResult:
     """`policy MODEL track:NAME`: the model serves whatever NAME points to (deployed in the background
     when it serves something else now). `through`: on a fleet, the host the command came through
     (controlplane.fleet.verbs), named in the audit event like any fleet policy change."""
     validate_model_name(model)
     name = validate_tag_name(policy[len(TRACK_PREFIX):])
-    registry = tag_registry(plane)
+    registry = tag_registry(target)
     if registry.find_model(model) is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
     digest = tag_digest(registry, model, name)
@@ -276,23 +276,23 @@ def set_track(plane: TagPlane, model: str, policy: str, actor: str, through: str
     registry.set_track(model, name, actor, message=f"policy track:{name}{where} (tag {name} is at {_short(digest)})")
     record = registry.get_model(model)
     if digest != record.active_digest and held(record) is None:
-        threading.Thread(target=_follow_logged, args=(plane, model, actor), name=f"track-{model}",
+        threading.Thread(target=_follow_logged, args=(target, model, actor), name=f"track-{model}",
                          daemon=True).start()
     return PolicyResult(model, f"{TRACK_PREFIX}{name}", inherited=False, fleet=bool(through), tag=name,
                         digest=digest)
 
 
-def _follow_logged(plane: TagPlane, model: str, actor: str) -> None:
+def _follow_logged(target: TagTarget, model: str, actor: str) -> None:
     import logging
 
     try:
-        follow(plane, model, actor)
+        follow(target, model, actor)
     except TritonctlError as exc:
         logging.getLogger("tritonctl.tags").error("%s: following its tag failed: %s", model, exc)
 
 
-def untrack(plane: TagPlane, model: str) -> None:
+def untrack(target: TagTarget, model: str) -> None:
     """Any other policy ends tracking."""
-    registry = tag_registry(plane)
+    registry = tag_registry(target)
     if model in registry.tracks():
         registry.set_track(model, None, "")

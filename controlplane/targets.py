@@ -3,7 +3,7 @@
 over every host, or with `host` one host, which the fleet then holds).
 
 The verbs (controlplane/control_plane.py) check their arguments, resolve what to deploy, and hand the
-change to their target; no verb asks which target it has. Each target is also the tags' `TagPlane`
+change to their target; no verb asks which target it has. Each target is also the tags' `TagTarget`
 (controlplane/ports.py): where tags live and how a tracked tag's digest is deployed depend on the target
 alone.
 """
@@ -20,6 +20,7 @@ from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.steps import ProgressFn
 from controlplane.errors import ConflictError, NotFoundError, UsageError
+from controlplane.intakeflow import FollowTag, IntakePlan
 from controlplane.memory.ondemand import OnDemand
 from controlplane.results import HoldResult, LeaseResult, Outcome, PinResult, PolicyResult, Progress
 from controlplane.store.records import ModelRecord, SnapshotRecord, iso
@@ -52,6 +53,10 @@ class Target(Protocol):
     @property
     def fleet(self) -> FleetStrategy | None: ...
 
+    def run(self, planned: IntakePlan, actor: str) -> Outcome | None:
+        """What the intake planned (controlplane/intakeflow.py); None when a tracked tag moved, or not."""
+        ...
+
     def load(self, model: str, digest: str, actor: str, force: bool, progress: ProgressFn | None,
              host: str) -> Outcome: ...
 
@@ -75,7 +80,7 @@ class Target(Protocol):
 
     def release_lease(self, model: str, lease: str) -> LeaseResult: ...
 
-    # ports.TagPlane
+    # ports.TagTarget
     def tag_registry(self) -> Registry: ...
 
     def deploy_tagged(self, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome: ...
@@ -169,8 +174,15 @@ class HostTarget:
                                cause=Cause(outcome.cause) if outcome else Cause.NONE)
         return None
 
+    def run(self, planned: IntakePlan, actor: str) -> Outcome | None:
+        if isinstance(planned, FollowTag):
+            tags.follow(self, planned.model, actor)
+            return None
+        return self.deployer.run(planned, actor)
+
     def load_set(self, models: list[str], actor: str, force: bool, progress: ProgressFn | None) -> Outcome:
-        return self.changesets.load(models, actor, force, progress)
+        with self.changesets.one_at_a_time:
+            return self.deployer.run(self.changesets.load(models, actor, force), actor, progress)
 
     def _serving_ensembles(self) -> dict[str, list[str]]:
         """Each serving ensemble and the members its active config names."""
@@ -280,6 +292,17 @@ class FleetTarget:
             raise ConflictError(refused)
         return self.strategy.held(model, host, actor, lambda: self.deployer.deploy(
             model, digest, actor, force=force, progress=progress))
+
+    def run(self, planned: IntakePlan, actor: str) -> Outcome | None:
+        """The fleet's leader plans its own rollouts (controlplane/fleet/leader.py); a plan handed here
+        rolls out like an operator's load."""
+        if isinstance(planned, FollowTag):
+            tags.follow(self, planned.model, actor)
+            return None
+        if len(planned.members) > 1:
+            return self.load_set([m.model for m in planned.members], actor, planned.force, None)
+        member = planned.members[0]
+        return self.load(member.model, member.digest, actor, planned.force, None, "")
 
     def load_set(self, models: list[str], actor: str, force: bool, progress: ProgressFn | None) -> Outcome:
         raise UsageError("loading several models as one change set needs a daemon without --fleet")

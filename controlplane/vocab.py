@@ -30,6 +30,8 @@ class Result(Word):
     ROLLED_BACK = "rolled_back"
     INVALID = "invalid"  # audit only: a snapshot recorded invalid, a quarantined digest skipped
     SKIPPED = "skipped"  # audit only: a held host's rollout step
+    INCONCLUSIVE = "inconclusive"  # audit only: a bake that ended with too few requests (controlplane/bake.py)
+    WARNING = "warning"  # audit only: a bake's warning, a load or footprint over its ratio (controlplane/bakewarn.py)
 
 
 SUCCEEDED = (Result.OK, Result.NOOP)

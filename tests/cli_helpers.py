@@ -41,6 +41,7 @@ def serving_registry(state: Path) -> Iterator[None]:
     from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
+    from controlplane.parts import build_parts
     from controlplane.snapshot import ContentStore
     from controlplane.source.protocol import NoSource
     from controlplane.store.registry import Registry
@@ -49,9 +50,9 @@ def serving_registry(state: Path) -> Iterator[None]:
     settings = Settings(repository=state / "repository", state_dir=state, policy="manual")
     registry = Registry(f"sqlite:///{state / 'registry.db'}")
     triton = TritonClient("127.0.0.1:1")
-    plane = ControlPlane(settings, registry, ContentStore(state / "store", fsync=False),
+    plane = ControlPlane(build_parts(settings, registry, ContentStore(state / "store", fsync=False),
                          ServingRepository(state / "serving", state / "published"), triton,
-                         source=NoSource())  # the read routes never look at a source
+                         source=NoSource()))  # the read routes never look at a source
     executor = futures.ThreadPoolExecutor(max_workers=2)
     server = ApiServer(plane, executor, settings)
     server.start()

@@ -37,6 +37,7 @@ TIER_FIXTURES = {
     "triton": frozenset({"triton", "fresh_triton", "triton_client"}),
     "postgres": frozenset({"postgres", "pg_url"}),
     "s3": frozenset({"s3server", "s3env"}),
+    "mlflow": frozenset({"mlflow_server"}),
 }
 SERVER_TIERS = frozenset(TIER_FIXTURES)
 # Modules whose every test starts a tritonctl daemon (and so a tritonserver), a tritonserver, or a
@@ -66,6 +67,7 @@ SERVER_MODULES = {
     "test_readme_using_it": ("triton",),
     "test_ready_e2e": ("triton",),
     "test_events_e2e": ("triton",),
+    "test_mlflow_e2e": ("triton", "mlflow"),
     "test_s3_e2e": ("triton", "s3"),
     "test_s3_fleet_e2e": ("triton", "postgres", "s3"),
     "test_security": ("triton",),
@@ -79,7 +81,8 @@ SERVER_MODULES = {
     "test_writer_patterns_daemon": ("triton",),
 }
 # Programs a unit test must not start, with the tier that would own the test.
-SERVER_PROGRAMS = {"tritonserver": "triton", "initdb": "postgres", "pg_ctl": "postgres", "moto_server": "s3"}
+SERVER_PROGRAMS = {"tritonserver": "triton", "initdb": "postgres", "pg_ctl": "postgres", "moto_server": "s3",
+                   "mlflow": "mlflow"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -176,6 +176,21 @@ def test_fleet_rollout_quick(tmp_path: Path) -> None:
     assert report["machine"]["load_average_start"] and len(res["load_average_start"]) == 3
 
 
+@pytest.mark.slow
+def test_bake_quick(tmp_path: Path) -> None:
+    """One bad deploy (a fifth of requests raising, 5 s) at once on tritonctl with a bake, without one and
+    Triton poll (three daemons and servers: about 30 s, so slow): only the bake rolls it back by itself."""
+    report = run_bench("bake", tmp_path, "--window", "5", timeout_s=180)  # --quick: 1 bad deploy, 8 s
+    systems = report["systems"]
+    baked, plain, poll = (systems[s] for s in ("tritonctl, bake", "tritonctl, no bake", "Triton poll"))
+    assert baked["rolled_back"] == 1 and baked["failure_to_rollback_median_s"] is not None, baked
+    assert plain["rolled_back"] == 0 and poll["rolled_back"] == 0
+    assert plain["failed_requests"] > 0 and poll["failed_requests"] > 0  # the bad version failed requests
+    assert report["timeline"]["bad_deploys_s"] == [0.0] and set(report["timeline"]["failed_s"]) == set(systems)
+    assert any(a["action"] == "rollback" and a["outcome"] == "rolled_back" for a in report["bake_audit"])
+    assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
+
+
 def test_run_all_renders_docs_from_results(tmp_path: Path) -> None:
     """run_all --from-results rebuilds its block of the docs and leaves everything else in the file."""
     docs = tmp_path / "benchmarks.md"
@@ -276,6 +291,7 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
+    from controlplane.parts import build_parts
     from controlplane.snapshot import ContentStore
     from controlplane.source.local import LocalSource
     from controlplane.store import migrate
@@ -295,10 +311,10 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
         def reschedule(self, model: str, delay_s: float) -> None:
             rescheduled.append((model, delay_s))
 
-    plane = ControlPlane(Settings(repository=repo, state_dir=state, settle_s=0.5, policy="manual"), registry,
-                         ContentStore(state / "store", fsync=False),
+    settings = Settings(repository=repo, state_dir=state, settle_s=0.5, policy="manual")
+    plane = ControlPlane(build_parts(settings, registry, ContentStore(state / "store", fsync=False),
                          ServingRepository(state / "serving", state / "published"), triton,
-                         source=Source(repo, settle_s=0.5))
+                         source=Source(repo, settle_s=0.5)))
     try:
         time.sleep(0.6)
         plane.handle_settled("m")  # on time: generation 1 recorded

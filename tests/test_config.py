@@ -151,6 +151,11 @@ def test_bake_settings_from_the_flag_the_environment_and_the_file(tmp_path: Path
     path = write(tmp_path, 'bake_s = "1h"\nbake_max_failure_ratio = 0.05\nbake_inconclusive = "rollback"\n')
     settings = load_settings({}, env={}, config_file=path)
     assert (settings.bake_s, settings.bake_max_failure_ratio, settings.bake_inconclusive) == (3600.0, 0.05, "rollback")
+    assert Settings().bake_warn_load_ratio == 2.0
+    assert load_settings({}, env={"TRITONCTL_BAKE_WARN_LOAD_RATIO": "3"}).bake_warn_load_ratio == 3.0
+    assert one_line_error(load_settings, {}, env={"TRITONCTL_BAKE_WARN_LOAD_RATIO": "0.5"}) == \
+        "environment TRITONCTL_BAKE_WARN_LOAD_RATIO: bake_warn_load_ratio: invalid value '0.5' (must be at least 1.0)"
+    assert load_settings({}, env={"TRITONCTL_WAVE_BAKE_S": "2m"}).wave_bake_s == 120.0  # a fleet's later waves
 
 
 def test_invalid_toml_is_one_line(tmp_path: Path) -> None:
@@ -176,8 +181,9 @@ def test_reloaded_takes_only_reloadable_settings() -> None:
     assert (merged.load_timeout_s, merged.state_dir) == (120.0, Path("/a"))
     assert set(RELOADABLE) == {"policy", "settle_s", "log_level", "reconcile_interval_s",
                                "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s",
-                               "webhook", "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio",
-                               "bake_max_latency_ratio", "bake_min_requests", "bake_inconclusive"}
+                               "wave_bake_s", "webhook", "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio",
+                               "bake_max_latency_ratio", "bake_min_requests", "bake_inconclusive",
+                               "bake_warn_load_ratio"}
 
 
 def test_example_config_has_every_key_and_parses(tmp_path: Path) -> None:

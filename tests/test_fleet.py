@@ -315,6 +315,86 @@ def test_a_failure_stops_the_waves_and_rolls_back_every_host_that_took_it(leader
     assert leader.store.targets() == {"m": D1}
 
 
+def test_a_canary_waves_bake_pools_its_hosts_figures_and_a_failed_one_rolls_back_every_host(
+        leader: Leader, shared: Registry, tmp_path: Path) -> None:
+    """Two canaries bake (docs/bake.md "Sets and fleets"): each host writes its own tritonserver's figures on
+    its bake step (here written by hand: the host side against a real tritonserver is
+    tests/test_fleet_bake_e2e.py); neither alone has `bake_min_requests`, their sum has, and crosses the
+    failure limit: the rollout stops before the next wave and rolls back both canaries, unquarantined."""
+    from controlplane.config import Settings
+    from controlplane.fleet.settings import FleetSettings
+
+    leader.member.machine.fleet = FleetSettings(shared_store=tmp_path / "shared", canary_count=2, wave_size=2,
+                                                bake=Settings(bake_s=3600.0))
+    with leader.store.session() as session:
+        leader.store.set_target(session, "m", D1)
+    rid = leader.member.propose("m", shared.get_snapshot("m", D2))
+    assert rid is not None
+    leader.report(rid, "h1", "ok")
+    leader.report(rid, "h2", "ok")
+    leader.drive()
+    assert leader.states(rid)[2:] == [("h3", 1, "deploy", "waiting"), ("h4", 1, "deploy", "waiting"),
+                                      ("h1", 0, "bake", "pending"), ("h2", 0, "bake", "pending")]
+    assert leader.store.rollout(rid).bake["state"] == "baking"  # type: ignore[index]
+    baking = {s.host: s for host in ("h1", "h2") for s in leader.store.claim(host)}
+    assert leader.store.set_figures(baking["h1"].id, {"requests": 15, "failures": 0, "success": 15, "success_ns": 1})
+    leader.drive()
+    assert leader.store.rollout(rid).state == "running" and leader.states(rid)[2][3] == "waiting"  # 15 < 20
+    assert leader.store.set_figures(baking["h2"].id, {"requests": 15, "failures": 1, "success": 14, "success_ns": 1})
+    leader.drive()
+    rollout = leader.store.rollout(rid)
+    reason = "failure ratio 0.03 > 0.01 over 30 requests (1 failed)"
+    assert (rollout.state, rollout.error) == ("rolling_back", f"bake failed: {reason}")
+    assert rollout.bake is not None and (rollout.bake["state"], rollout.bake["hosts"], rollout.bake["requests"],
+                                         rollout.bake["reason"]) == ("failed", ["h1", "h2"], 30, reason)
+    states = {(h, a): st for h, _w, a, st in leader.states(rid)}
+    assert states == {("h1", "deploy"): "ok", ("h2", "deploy"): "ok", ("h3", "deploy"): "skipped",
+                      ("h4", "deploy"): "skipped", ("h1", "bake"): "failed", ("h2", "bake"): "failed",
+                      ("h1", "rollback"): "pending", ("h2", "rollback"): "pending"}
+    assert not leader.store.set_figures(baking["h1"].id, {"requests": 16, "failures": 0, "success": 16,
+                                                          "success_ns": 1})  # ended: the host stops writing
+    assert not shared.get_snapshot("m", D2).quarantined  # it failed on this traffic, not as content
+    from controlplane.store.records import AuditQuery
+
+    [audited] = shared.query_audit(AuditQuery(model="m", action="bake"))
+    assert (audited.outcome, audited.digest) == ("failed", D2) and reason in audited.message
+    leader.report(rid, "h1", "ok")  # the canaries' rollback steps
+    leader.report(rid, "h2", "ok")
+    leader.drive()
+    assert leader.store.rollout(rid).state == "rolled_back"
+    back = leader.member.propose("m", shared.get_snapshot("m", D2))  # not quarantined: it may go again, and bakes
+    assert back is not None
+    for host in ("h1", "h2"):
+        leader.report(back, host, "ok")
+    leader.drive()
+    assert [s.action for s in leader.store.rollout(back).steps].count("bake") == 2
+
+
+def test_later_waves_bake_wave_bake_s_and_an_inconclusive_bake_lets_the_next_wave_start(
+        leader: Leader, shared: Registry, tmp_path: Path) -> None:
+    """`bake_s` 0: the canary wave does not bake; `wave_bake_s`: wave 1 bakes before wave 2 starts, and with
+    no requests its bake ends inconclusive (kept: `bake_inconclusive = "keep"`) and the rollout goes on."""
+    from controlplane.config import Settings
+    from controlplane.fleet.settings import FleetSettings
+
+    leader.member.machine.fleet = FleetSettings(shared_store=tmp_path / "shared", wave_size=2, wave_bake_s=0.3,
+                                                bake=Settings(bake_s=0.0))
+    rid = leader.member.propose("m", shared.get_snapshot("m", D2))
+    assert rid is not None
+    leader.report(rid, "h1", "ok")
+    leader.drive()
+    assert [s[3] for s in leader.states(rid)] == ["ok", "pending", "pending", "waiting"]  # no canary bake
+    leader.report(rid, "h2", "ok")
+    leader.report(rid, "h3", "ok")
+    leader.drive()
+    assert leader.states(rid)[3:] == [("h4", 2, "deploy", "waiting"), ("h2", 1, "bake", "pending"),
+                                      ("h3", 1, "bake", "pending")]
+    wait_for(lambda: leader.drive() == {} and leader.states(rid)[3][3] == "pending", 10, 0.05, "wave 2 opened")
+    bake = leader.store.rollout(rid).bake
+    assert bake is not None and (bake["state"], bake["wave"], bake["hosts"]) == ("inconclusive", 1, ["h2", "h3"])
+    assert [s[3] for s in leader.states(rid)][4:] == ["ok", "ok"]  # the bake steps ended with it
+
+
 def test_a_silent_host_is_skipped_and_a_second_change_waits_its_turn(leader: Leader, shared: Registry) -> None:
     from datetime import timedelta
 

@@ -49,13 +49,15 @@ UNFILLED: dict[str, str] = {
     "status:#model.footprint.gpu_memory_mb": "GPU memory is measured only with NVML on a GPU (none here); "
                                              "tests/unit/test_budget.py declares it as the stand-in",
     "versions:#version.footprint.gpu_memory_mb": "as status's: no GPU here",
+    "versions:#version.bake_warning": "this scenario's daemon does not bake: tests/test_bake_e2e.py checks a "
+                                      "versions document with a bake's warning against the schema",
     "status:$.registry_unreachable_since": "a time only while the registry is down: "
                                            "tests/test_fleet_outage_e2e.py crashes PostgreSQL for it",
     **{f"status:#model.bake{field}": "this scenario's daemon does not bake (bake_s 0, the default): "
                                      "tests/test_bake_e2e.py checks its status documents against the schema "
                                      "with every field of `bake` filled (traffic, a latency baseline)"
        for field in ("", ".state", ".digest", ".started", ".until", ".requests", ".failures", ".failure_ratio",
-                     ".latency_ms", ".baseline_latency_ms", ".reason")},
+                     ".latency_ms", ".baseline_latency_ms", ".latency_stat", ".reason")},
 }
 
 

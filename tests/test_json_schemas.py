@@ -167,7 +167,8 @@ def test_enumerations_are_the_vocabulary() -> None:
     assert _enum("status", "$defs", "model", "properties", "sync") == {s.value for s in SyncState}
     assert _enum("load", "$defs", "outcome", "properties", "cause") == {c.value for c in Cause}
     assert _enum("load", "$defs", "outcome", "properties", "outcome") == (
-        {r.value for r in Result} - {Result.INVALID.value, Result.SKIPPED.value}) | {"accepted"}
+        {r.value for r in Result} - {Result.INVALID.value, Result.SKIPPED.value, Result.INCONCLUSIVE.value,
+                                     Result.WARNING.value}) | {"accepted"}
     assert _enum("audit", "$defs", "event", "properties", "outcome") == {r.value for r in Result}
     assert _enum("validate", "$defs", "problem", "properties", "severity") == {ERROR, WARNING}
 
@@ -203,9 +204,15 @@ def _full_documents() -> dict[str, list[Any]]:
                     ondemand={"state": "loaded", "leases": 2, "until": "2026-01-01T00:10:00Z"},
                     bake={"state": "failed", "digest": D1, "started": "2026-01-01T00:00:00Z",
                           "until": "2026-01-01T00:05:00Z", "requests": 312, "failures": 66, "failure_ratio": 0.2115,
-                          "latency_ms": 4.2, "baseline_latency_ms": 3.9,
+                          "latency_ms": 4.2, "baseline_latency_ms": 3.9, "latency_stat": "p99",
                           "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"})
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
+    baked = Step(8, 4, "h1", 0, "bake", D1, "failed", "failure ratio 0.21 > 0.01 over 312 requests (66 failed)",
+                 model="m", started_at=T, finished_at=T,
+                 figures={"requests": 312, "failures": 66, "success": 246, "success_ns": 984000000})
+    bake = {"state": "failed", "digest": D1, "started": "2026-12-03T07:12:02Z", "until": "2026-12-03T07:17:02Z",
+            "requests": 312, "failures": 66, "failure_ratio": 0.2115, "latency_ms": 4.0, "latency_stat": "mean",
+            "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)", "wave": 0, "hosts": ["h1"]}
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
     return {
@@ -216,7 +223,9 @@ def _full_documents() -> dict[str, list[Any]]:
                                 registry_reason="registry postgresql://db/fleet: connection refused").to_json()],
         "load": [outcome.to_json(), [outcome.to_json()]],
         "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",),
-                                                     FootprintRecord("m", D1, 97.5, 0.0, "declared", T))]).to_json()],
+                                                     FootprintRecord("m", D1, 97.5, 0.0, "declared", T),
+                                                     "memory 450 MB, 4.5 x the previous digest's 100 MB "
+                                                     "(bake_warn_load_ratio 2)")]).to_json()],
         "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
                             [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
         "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],
@@ -228,9 +237,11 @@ def _full_documents() -> dict[str, list[Any]]:
         "lease": [LeaseResult("m", D1, "3f2a9c1b2c3d4e5f", T, True, 1400, True, "h2", "10.0.0.2:8001",
                               "http://10.0.0.2:8000").to_json()],
         "db-upgrade": [DbUpgradeResult("0004", "0005", [MigrationRow("0005", "Tags")], "/s/registry.db.before-0004")
-                       .to_json(), DbUpgradeResult(None, "0009", [], None, dry_run=True).to_json()],
+                       .to_json(), DbUpgradeResult(None, "0010", [], None, dry_run=True).to_json()],
         "hosts": [[HostRow("h1", "127.0.0.1:8001", "0.1.0", T, T, 1.5, True, True, True).to_json()]],
-        "rollouts": [[Rollout(3, "m", D1, D2, "rolled_back", "alice", T, T, "canary failed", [step]).to_json()]],
+        "rollouts": [[Rollout(3, "m", D1, D2, "rolled_back", "alice", T, T, "canary failed", [step]).to_json(),
+                      Rollout(4, "m", D1, D2, "rolled_back", "fleet", T, T, "bake failed: failure ratio 0.21 > 0.01",
+                              [step, baked], bake).to_json()]],
         "status-fleet": [FleetMatrix([MatrixRow("m", D1, {"h1": MatrixCell(D2, "serving", T, True, True)},
                                                 ("stable",), PlacementCell("h1", "loaded", D2, 2, T))]).to_json()],
         "tags": [TagsResult(T, [TagRecord("m", "stable", D1, "alice", T)]).to_json()],

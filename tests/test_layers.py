@@ -115,6 +115,22 @@ def test_no_verb_asks_whether_it_runs_on_a_fleet() -> None:
     assert "self.target." in text
 
 
+def test_change_sets_and_tags_take_no_plane() -> None:
+    """Change sets take the intake (`ports.SetIntake`) and return plans; tags take their target
+    (`ports.TagTarget`): no parameter or attribute of either module is a plane, and neither runs a
+    deploy itself (the target does)."""
+    import ast
+
+    for name in ("changeset.py", "tags.py"):
+        tree = ast.parse((ROOT / "controlplane" / name).read_text())
+        annotations = [ast.unparse(a.annotation) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                       for a in node.args.args + node.args.kwonlyargs if a.annotation is not None]
+        assert [a for a in annotations if "Plane" in a] == [], name
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+            n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not names & {"plane", "deployer", "Deployer"}, (name, names & {"plane", "deployer", "Deployer"})
+
+
 def test_parts_are_handed_narrow_protocols_not_the_plane() -> None:
     """No module of the core takes the plane as `Any` or reaches a private attribute of one of its parts
     (`plane.deployer._serves`): each part names what it uses as a protocol (controlplane/ports.py,

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from controlplane.errors import StoreError
 from controlplane.fleet.journal import Journal
@@ -21,9 +22,25 @@ from controlplane.fleet.settings import FleetSettings
 from controlplane.store import migrate
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.health import RegistryHealth
+from controlplane.store.journaled import JOURNAL_NAME, JournaledRegistry
+from controlplane.store.records import AuditEntry, ServingRecord
 from controlplane.store.registry import AuditQuery, Registry, utcnow
+from tests.harness import wait_for
 from tests.pg import PostgresServer, own_postgres  # noqa: F401 - the fixture
 from tests.test_storage_faults import small_fs  # noqa: F401 - the fixture
+
+
+def fill_up(fs: Path) -> Path:
+    """A file taking every block the filesystem `fs` has left (unlink it to free them)."""
+    filler = fs / "filler"
+    with filler.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    return filler
 
 
 class Clock:
@@ -57,6 +74,31 @@ def test_an_outage_is_one_warning_a_line_a_minute_at_most_and_one_info(caplog: p
     assert not health.in_grace(10)
 
 
+def test_a_full_disk_that_takes_one_small_write_is_still_an_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk under SQLite takes a small write now and then (WAL space reused): the outage ends only
+    when the journal's records are written too, so the log says it once, not once per small write."""
+    health = RegistryHealth("sqlite:////full/registry.db", clock=Clock())
+    left = [1]
+
+    def replay(_length: float) -> str:
+        if left[0]:
+            raise StoreError("registry sqlite:////full/registry.db: 1 journal entries not written yet")
+        return "1 journal entry written"
+
+    health.on_return.append(replay)
+    caplog.set_level(logging.INFO, logger="tritonctl.store")
+    health.failed("database or disk is full", reads_end_it=False)
+    health.answered(wrote=False)  # it reads
+    health.answered()  # a small write committed; the journal's did not
+    assert not health.reachable
+    left[0] = 0
+    health.answered()
+    assert health.reachable
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert lines[1][1].endswith("; 1 journal entry written"), lines
+
+
 @pytest.mark.postgres
 def test_a_crashed_database_is_an_outage_and_nobody_is_judged_dead_for_it(
         own_postgres: PostgresServer) -> None:  # noqa: F811
@@ -69,8 +111,12 @@ def test_a_crashed_database_is_an_outage_and_nobody_is_judged_dead_for_it(
         machine = RolloutMachine(store, registry, FleetSettings("", host_timeout_s=10.0), "h1")
         store.heartbeat("h1", "grpc://127.0.0.1:1", "dev", utcnow())
         [rid] = store.create_rollouts([("m", "ab" * 32, None)], "test", [["h2"]])  # h2: silent all along
-        machine.drive(store.rollout(rid))  # queued → running, the canary's step pending
+        assert [s.state for s in store.rollout(rid).steps] == ["pending"]  # running, the canary's step pending
         assert registry.health.reachable
+        # tests/pg.py's server commits asynchronously: what was committed is on disk before the crash (else
+        # the crash loses the newest commits, the rollout among them, depending on how much WAL came before)
+        with registry.engine.begin() as conn:
+            conn.execute(text("CHECKPOINT"))
         own_postgres.crash()
         try:
             with pytest.raises(StoreError, match="registry postgresql"):
@@ -127,14 +173,7 @@ def test_a_full_disk_under_sqlite_is_an_outage_until_a_write_commits(small_fs: P
     migrate.upgrade(registry)
     try:
         registry.ensure_model("m")
-        filler = small_fs / "filler"
-        with filler.open("wb") as f:  # every block the filesystem has left
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-            except OSError:
-                pass
+        filler = fill_up(small_fs)
         with pytest.raises(StoreError):
             for i in range(200):  # until the database's own pages run out too
                 registry.ensure_model(f"model{i}-" + "x" * 100)
@@ -163,3 +202,123 @@ def test_status_during_an_outage_says_so_first(capsys: pytest.CaptureFixture[str
                             "connection refused); showing what this host knows"), first
     render.status(StatusResult(True, "u", None, {"mode": None, "reason": ""}, []).to_json(), False)
     assert "unreachable" not in capsys.readouterr().out
+
+
+def test_a_single_hosts_records_wait_in_its_journal_through_a_full_disk(small_fs: Path,  # noqa: F811
+                                                                          tmp_path: Path) -> None:
+    """A single host's registry on a filesystem that fills and frees: a deploy that ends and a rollback that
+    begins and ends meanwhile go to the journal (the host reads them back over the registry's rows: no
+    reconcile undoes them, none is open), and are written once, at the times they happened, when a write
+    commits again; a replay of the same journal again writes nothing."""
+    registry = JournaledRegistry(f"sqlite:///{small_fs / 'registry.db'}", tmp_path / JOURNAL_NAME, host="h1")
+    migrate.upgrade(registry)
+    a, b = "aa" * 32, "bb" * 32
+    try:
+        assert registry.replay_journal() == 0
+        registry.ensure_model("m")
+        first = registry.begin_deployment("m", "deploy", a, None, "test")  # before the outage
+        filler = fill_up(small_fs)
+        registry.advance(first.id, "loaded")
+        assert not registry.health.reachable
+        ended = utcnow()
+        registry.finish_deployment(first.id, outcome="ok", error=None, serving=ServingRecord("m", a, [1]),
+                                   audit=AuditEntry("test", "deploy", "m", a, "ok", "serving aa"),
+                                   model_state="serving")
+        back = registry.begin_deployment("m", "rollback", b, a, "test")
+        assert back.id < 0  # the journal's own
+        registry.finish_deployment(back.id, outcome="ok", error=None, serving=ServingRecord("m", b, [1]),
+                                   audit=AuditEntry("test", "rollback", "m", b, "ok", "serving bb"),
+                                   model_state="serving")
+        registry.audit(AuditEntry("tritonctl", "daemon_stop", None, None, "ok", "clean shutdown"))  # no model
+        assert (registry.get_model("m").active_digest, registry.get_model("m").state) == (b, "serving")
+        assert [m.name for m in registry.serving_models()] == ["m"] and registry.open_deployments() == []
+        assert len(registry.journal) == 5
+        kept = registry.journal.path.read_text()
+        filler.unlink()
+        registry._last_probe = 0.0  # the next committed read probes at once
+        registry.list_models()
+        assert registry.health.reachable and not registry.journal.path.exists()
+        events = registry.query_audit(AuditQuery(model="m", limit=100))
+        assert [(e.action, e.digest) for e in reversed(events)] == [("deploy", a), ("rollback", b)]
+        assert events[1].time >= ended and events[1].time <= events[0].time
+        assert [r.digest for r in registry.serving_at(events[1].time, ["m"])] == [a]  # `audit --at` meanwhile
+        assert registry.get_model("m").active_digest == b and registry.open_deployments() == []
+        registry.journal.path.write_text(kept)  # as if the daemon died before the journal's rewrite
+        assert registry.replay_journal() == 0
+        assert len(registry.query_audit(AuditQuery(model="m", limit=100))) == 2
+        assert len(registry.query_audit(AuditQuery(action="daemon_stop", limit=100))) == 1
+        assert len(registry.last_deployments(["m"])) == 1 and registry.open_deployments() == []
+    finally:
+        registry.close()
+
+
+@pytest.mark.postgres
+def test_a_single_hosts_postgresql_restart_answers_from_what_it_read_and_loses_no_end(
+        own_postgres: PostgresServer, tmp_path: Path) -> None:  # noqa: F811
+    """A single host on a PostgreSQL that restarts: the reads `status` makes answer what they last read, a
+    deployment begun before the crash and ended during it is journaled, and the first read that answers
+    again ends the outage and writes it (and its footprint) once."""
+    registry = JournaledRegistry(own_postgres.new_database("single"), tmp_path / JOURNAL_NAME, host="h1")
+    migrate.upgrade(registry)
+    a = "cc" * 32
+    try:
+        registry.replay_journal()
+        registry.ensure_model("m")
+        begun = registry.begin_deployment("m", "deploy", a, None, "test")
+        known = (registry.list_models(), registry.source_heads(), registry.last_deployments(), registry.footprints())
+        assert [d.id for d in registry.open_deployments()] == [begun.id]
+        with registry.session() as session:
+            session.execute(text("CHECKPOINT"))  # the test server commits asynchronously: what began is kept
+        own_postgres.crash()
+        try:
+            assert (registry.list_models(), registry.source_heads(), registry.last_deployments(),
+                    registry.footprints()) == known
+            assert not registry.health.reachable
+            registry.record_footprint("m", a, 12.0, None, "measured")
+            registry.finish_deployment(begun.id, outcome="ok", error=None, serving=ServingRecord("m", a, [1]),
+                                       audit=AuditEntry("test", "deploy", "m", a, "ok", "serving cc"),
+                                       model_state="serving")
+            assert registry.get_model("m").active_digest == a and registry.open_deployments() == []
+            with pytest.raises(StoreError):
+                registry.list_snapshots("m")  # a read it never made: no answer to remember
+        finally:
+            own_postgres.start_again()
+        wait_for(lambda: registry.health.reachable if _read(registry) else False, 30, what="registry back")
+        assert not registry.journal.path.exists()
+        assert [(e.action, e.model) for e in registry.query_audit(AuditQuery(model="m"))] == [("deploy", "m")]
+        assert registry.footprints(["m"])[("m", a)].memory_mb == 12.0
+        assert registry.get_model("m").active_digest == a
+    finally:
+        registry.close()
+
+
+def _read(registry: Registry) -> bool:
+    try:
+        registry.count_models()
+    except StoreError:
+        return False
+    return True
+
+
+def test_an_intent_journaled_before_a_stop_is_an_open_deployment_at_the_next_start(
+        small_fs: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A daemon that stopped (or died) mid-deploy during the outage left only the intent in its journal: the
+    next start writes it as an open deployment, which crash recovery finishes from what Triton serves."""
+    url, path = f"sqlite:///{small_fs / 'registry.db'}", tmp_path / JOURNAL_NAME
+    registry = JournaledRegistry(url, path, host="h1")
+    migrate.upgrade(registry)
+    registry.replay_journal()
+    registry.ensure_model("m")
+    filler = fill_up(small_fs)
+    begun = registry.begin_deployment("m", "deploy", "dd" * 32, None, "test")
+    registry.advance(begun.id, "published")
+    registry.close()
+    filler.unlink()
+    again = JournaledRegistry(url, path, host="h1")
+    try:
+        assert again.replay_journal() == 2 and not path.exists()
+        [opened] = again.open_deployments()
+        assert (opened.model, opened.kind, opened.digest, opened.step, opened.started_at) == \
+            ("m", "deploy", "dd" * 32, "published", begun.started_at)
+    finally:
+        again.close()

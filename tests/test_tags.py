@@ -132,7 +132,7 @@ class StandInFleet:
 
 
 class StandInPlane:
-    """What tags.py asks of the plane (controlplane.ports.TagPlane), as ControlPlane answers on a fleet:
+    """What tags.py asks of the plane (controlplane.ports.TagTarget), as ControlPlane answers on a fleet:
     tags live in the shared registry and a tracked tag's digest goes out as a rollout."""
 
     def __init__(self, local: Registry, fleet: StandInFleet) -> None:

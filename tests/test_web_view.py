@@ -175,6 +175,7 @@ def test_a_status_page_holds_the_rows_full_status_would_show_there(tmp_path: Any
     from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
+    from controlplane.parts import build_parts
     from controlplane.snapshot import ContentStore
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
@@ -192,8 +193,9 @@ def test_a_status_page_holds_the_rows_full_status_would_show_there(tmp_path: Any
             registry.record_snapshot(f"m{i:03d}", f"{i:064x}", "{}", config=None, versions=[1], served_versions=[1],
                                      valid=i % 2 == 0, problems=[], total_bytes=1)
     triton_client = TritonClient(triton.grpc_url)
-    plane = ControlPlane(Settings(state_dir=state, policy="manual"), registry, ContentStore(state / "store"),
-                         ServingRepository(state / "serving", state / "published"), triton_client)
+    settings = Settings(state_dir=state, policy="manual")
+    serving = ServingRepository(state / "serving", state / "published")
+    plane = ControlPlane(build_parts(settings, registry, ContentStore(state / "store"), serving, triton_client))
     try:
         every = plane.status().models
 

@@ -16,11 +16,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from controlplane.deploy.causes import classify
-from controlplane.deploy.plans import Plan, SetRunner
+from controlplane.deploy.plans import Plan, SetRunner, serving_digest
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import (
     FAULT_POINTS,
@@ -78,7 +78,7 @@ class Deployer:
     def __init__(
         self,
         registry: Registry,
-        store: ContentStore,
+        content: ContentStore,
         serving: ServingRepository,
         triton: TritonPort,
         *,
@@ -89,13 +89,14 @@ class Deployer:
     ) -> None:
         self.registry = registry
         self.guard: LoadGuard = guard or NoBudget()  # footprints and the memory budget
-        self.store = store
+        self.store = content
         self.serving = serving
         self.triton = triton
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
+        self.on_set: Callable[[Plan, Outcome], None] | None = None  # a change set ended (its bake: bake.py)
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
-        self.steps = TritonSteps(store, serving, triton, host, load_timeout_s)
+        self.steps = TritonSteps(content, serving, triton, host, load_timeout_s)
         self._plans = SetRunner(self)
         self._sets = threading.Lock()
         self._set_thread = threading.local()
@@ -111,11 +112,17 @@ class Deployer:
             return self.deploy(member.model, member.digest, actor, force=plan.force, kind=plan.kind,
                                progress=progress)
         with self._sets:  # one change set at a time
+            # what each member serves is read now: a set that ran since the plan was made changed it
+            members = tuple(replace(m, previous=serving_digest(self.registry, m.model)) for m in plan.members)
+            run = replace(plan, members=members)
             self._set_thread.active = True  # its members' outcomes are reported in this thread
             try:
-                return self._plans.run(plan, actor, progress)
+                outcome = self._plans.run(run, actor, progress)
             finally:
                 self._set_thread.active = False
+        if self.on_set is not None:
+            self.on_set(run, outcome)
+        return outcome
 
     def in_change_set(self) -> bool:
         """Whether the calling thread runs a change set now (an outcome subscriber tells a set's member from a

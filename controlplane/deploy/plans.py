@@ -43,12 +43,12 @@ from controlplane.errors import TritonctlError
 from controlplane.names import is_private_name
 from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE
-from controlplane.store.records import DeploymentRecord
+from controlplane.store.records import DeploymentRecord, ServingRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER
 from controlplane.validation.ensemblemembers import require_members, step_models
 from controlplane.validation.modelconfig import parse_config_text, stamp_parameter
-from controlplane.vocab import Cause, ModelState, Result
+from controlplane.vocab import SERVING_STATES, Cause, ModelState, Result
 
 log = logging.getLogger("tritonctl.changeset")
 
@@ -95,6 +95,21 @@ class Member:
                 "ensemble": self.ensemble, "changed": self.changed}
 
 
+def serving_digest(registry: Registry, model: str) -> str | None:
+    """The digest `model` serves now by the registry (None: it serves nothing)."""
+    current = registry.find_model(model)
+    if current is None or current.state not in SERVING_STATES or not current.active_digest:
+        return None
+    return current.active_digest
+
+
+def serving_member(registry: Registry, model: str, digest: str, config: dict[str, Any] | None) -> Member:
+    """`model` to deploy `digest` (recorded with `config`), against what it serves now."""
+    steps = step_models(config)
+    return Member(model, digest, serving_digest(registry, model),
+                  bool(steps) or (config or {}).get("platform") == "ensemble", steps)
+
+
 def order(members: Sequence[Member]) -> list[Member]:
     """Steps before the ensembles over them (nested ensembles after their inner ones)."""
     left = list(members)
@@ -117,6 +132,8 @@ class Plan:
     members: tuple[Member, ...]
     force: bool = False
     kind: str = "deploy"
+    analysis: str = ""  # a bake's set rollback (controlplane/bake.py): the figures that failed it
+
 
     @classmethod
     def of(cls, members: Iterable[Member], *, force: bool = False) -> Plan:
@@ -148,6 +165,9 @@ class ModelDeploys(Protocol):
 
     def deploy(self, model: str, digest: str, actor: str, *, force: bool = ..., kind: str = ...,
                progress: ProgressFn | None = ...) -> Outcome: ...
+
+    def roll_back_analysis(self, model: str, digest: str, previous: str, actor: str,
+                           reason: str) -> Outcome | None: ...
 
     def report(self, outcome: Outcome) -> None: ...
 
@@ -191,12 +211,44 @@ class SetRunner:
 
     def __init__(self, deployer: ModelDeploys) -> None:
         self.d = deployer
+        self.analysis = ""  # the plan running now is a bake's set rollback, failed by these figures
 
     def operation(self, member: Member, actor: str, progress: ProgressFn | None) -> DeployOperation:
         return DeployOperation(self.d.registry, self.d.report, member.model, member.digest, member.previous, actor,
-                               "deploy", progress=progress)
+                               "rollback" if self.analysis else "deploy", progress=progress)
+
+    def _deploy(self, member: Member, actor: str, force: bool, progress: ProgressFn | None) -> Outcome | None:
+        """A member's own deploy; in a bake's set rollback, its rollback to `member.digest` (the Deployer's
+        `roll_back_analysis`: outcome `rolled_back`, cause `analysis`; None: the baked digest no longer serves)."""
+        if not self.analysis:
+            return self.d.deploy(member.model, member.digest, actor, force=force, progress=progress)
+        assert member.previous is not None, "a set rollback member without the digest it leaves"
+        return self.d.roll_back_analysis(member.model, member.previous, member.digest, actor, self.analysis)
+
+    def _done(self, result: Outcome | None) -> bool:
+        """Whether a member's `_deploy` did what the plan asked."""
+        if result is not None and self.analysis:
+            return result.outcome == Result.ROLLED_BACK and result.cause == Cause.ANALYSIS
+        return result is not None and result.succeeded
+
+    def _commit(self, op: DeployOperation, member: Member, versions: list[str], message: str) -> None:
+        """A staged ensemble's deployment ends: committed, or in a bake's set rollback, rolled back (analysis)."""
+        if not self.analysis:
+            op.commit(versions, message)
+            return
+        serving = ServingRecord(member.model, member.digest, [int(v) for v in versions if v.isdigit()])
+        op.end(Result.ROLLED_BACK, f"rolled back to {member.digest[:12]} with its change set: {self.analysis}",
+               error=self.analysis, state=ModelState.SERVING, active=member.digest, serving=serving,
+               cause=Cause.ANALYSIS)
 
     def run(self, plan: Plan, actor: str, progress: ProgressFn | None) -> Outcome:
+        self.analysis = plan.analysis
+        try:
+            return self._run(plan, actor, progress)
+        finally:
+            self.analysis = ""
+
+    def _run(self, plan: Plan, actor: str, progress: ProgressFn | None) -> Outcome:
         started = time.monotonic()
         set_id = secrets.token_hex(4)
         steps: list[Progress] = []
@@ -226,6 +278,11 @@ class SetRunner:
             outcome, message = self._staged(set_id, members, changed_steps, staged, actor, emit, force)
         else:
             outcome, message = self._in_order(changed, actor, progress, force)
+        if self.analysis and outcome == "deployed":  # a bake's set rollback went through
+            outcome, message = Result.ROLLED_BACK.value, f"rolled back as a set ({message}): {self.analysis}"
+            self._audit(actor, set_id, members, outcome, message, started)
+            return Outcome(plan.label, ACTION, Result.ROLLED_BACK, None, None, f"change set {set_id}: {message}",
+                           ms_since(started), steps, Cause.ANALYSIS)
         self._audit(actor, set_id, members, outcome, message, started)
         result = "ok" if outcome == "deployed" else outcome
         return Outcome(plan.label, ACTION, result, None, None, f"change set {set_id}: {message}", ms_since(started),
@@ -241,11 +298,11 @@ class SetRunner:
         """No serving pipeline to keep answering: steps first, then ensembles, each as any model."""
         done: list[str] = []
         for member in changed:
-            result = self.d.deploy(member.model, member.digest, actor, force=force, progress=progress)
-            if not result.succeeded:
-                return ("rolled_back" if result.outcome == "rolled_back" else "failed",
-                        f"{member.model}: {result.message}" + (f" (deployed before it: {', '.join(done)})"
-                                                               if done else ""))
+            result = self._deploy(member, actor, force, progress)
+            if not self._done(result):
+                said = result.message if result is not None else f"no longer serves {(member.previous or '')[:12]}"
+                return ("rolled_back" if result is not None and result.outcome == "rolled_back" else "failed",
+                        f"{member.model}: {said}" + (f" (deployed before it: {', '.join(done)})" if done else ""))
             done.append(member.model)
         return "deployed", f"deployed {', '.join(done)}"
 
@@ -284,13 +341,11 @@ class SetRunner:
                 self._drop_privates(privates, admissions)
                 return "rolled_back", message
             # The new pipeline answers through the private names: the public steps may change now.
-            results = _each(changed_steps, lambda step: self.d.deploy(
-                step.model, step.digest, actor, force=force, progress=emit), raise_first=False)
-            public_done = [step for step, result in zip(changed_steps, results, strict=True)
-                           if result is not None and result.succeeded]
+            results = _each(changed_steps, lambda step: self._deploy(step, actor, force, emit), raise_first=False)
+            public_done = [step for step, result in zip(changed_steps, results, strict=True) if self._done(result)]
             failure = next((f"{step.model}: {result.message if result is not None else 'deploy raised'}"
                             for step, result in zip(changed_steps, results, strict=True)
-                            if result is None or not result.succeeded), None)
+                            if not self._done(result)), None)
             ready: dict[str, list[str]] = {}
             if failure is None:
                 switched: list[Member] = []
@@ -312,17 +367,17 @@ class SetRunner:
             for ensemble in staged:
                 versions = ready[ensemble.model]
                 if ensemble.model in ops:
-                    ops[ensemble.model].commit(versions, f"serving {ensemble.digest[:12]} "
-                                                         f"(versions {', '.join(versions)})")
+                    self._commit(ops[ensemble.model], ensemble, versions,
+                                 f"serving {ensemble.digest[:12]} (versions {', '.join(versions)})")
                 self.d.serving.prune(ensemble.model)
                 admissions.settle(ensemble.model, True)
         self._drop_privates(privates, admissions)
         # changed ensembles that did not need staging (new, or over unchanged steps): as any deploy
         rest = [m for m in members if m.ensemble and m.changed and m not in staged]
         for member in rest:
-            result = self.d.deploy(member.model, member.digest, actor, force=force, progress=emit)
-            if not result.succeeded:
-                return "failed", f"{member.model}: {result.message}"
+            result = self._deploy(member, actor, force, emit)
+            if not self._done(result):
+                return "failed", f"{member.model}: {result.message if result is not None else 'no longer serves'}"
         names = ", ".join(m.model for m in [*changed_steps, *staged, *rest])
         return "deployed", f"deployed {names} with the old pipeline answering until the new one did"
 

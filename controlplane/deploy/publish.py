@@ -83,7 +83,7 @@ class ServingRepository:
     def publish(
         self,
         snapshot: Snapshot,
-        store: ContentStore,
+        content: ContentStore,
         config_transform: Callable[[str], str] | None = None,
         name: str | None = None,
     ) -> Path:
@@ -101,8 +101,8 @@ class ServingRepository:
         tree = base / f"{snapshot.digest[:12]}-{time.time_ns():x}-{secrets.token_hex(4)}"
         tree.mkdir()  # exclusive: a tree is never reused
         try:
-            with store.reading():
-                self._fill(tree, snapshot, store, config_transform)
+            with content.reading():
+                self._fill(tree, snapshot, content, config_transform)
             precompile(tree)
             with self._lock:
                 self._swap(model, tree)
@@ -116,7 +116,7 @@ class ServingRepository:
         self,
         tree: Path,
         snapshot: Snapshot,
-        store: ContentStore,
+        content: ContentStore,
         config_transform: Callable[[str], str] | None,
     ) -> None:
         model = snapshot.model
@@ -125,7 +125,7 @@ class ServingRepository:
             if entry.kind == "dir":
                 dest.mkdir(mode=0o755)
                 continue
-            obj = store.object_path(entry.sha256)
+            obj = content.object_path(entry.sha256)
             if not obj.exists():
                 raise SnapshotCollectedError(f"{model}: {entry.path} ({entry.sha256[:12]}) is missing from the store")
             if entry.path == CONFIG_FILE:

@@ -297,9 +297,9 @@ Emit = Callable[[DeployStep, StepState, str], None]
 class TritonSteps:
     """The steps of every load on this host, for a public name or a change set's private one."""
 
-    def __init__(self, store: ContentStore, serving: ServingRepository, triton: TritonPort,
+    def __init__(self, content: ContentStore, serving: ServingRepository, triton: TritonPort,
                  host: TritonHost | None, load_timeout_s: float) -> None:
-        self.store = store
+        self.store = content
         self.serving = serving
         self.triton = triton
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)

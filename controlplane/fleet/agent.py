@@ -21,6 +21,7 @@ from controlplane.decision import decide, held
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
+from controlplane.fleet.bake import BAKE, HostBakes
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.journal import Journal
 from controlplane.fleet.ondemand import PlacedModels
@@ -55,9 +56,17 @@ class HostAgent:
     _last_converge: float = 0.0
     _last_report: float = 0.0
     placed: PlacedModels = field(init=False)  # on-demand models placed on this host (controlplane/fleet/ondemand.py)
+    bakes: HostBakes = field(init=False)  # this host's bake steps (controlplane/fleet/bake.py)
 
     def __post_init__(self) -> None:
         self.placed = PlacedModels(self.host, self.plane, self.registry, self._import, self.report)
+        self.bakes = HostBakes(self.plane, self.store)
+
+    def _claim(self) -> list[Step]:
+        """This host's pending steps, claimed; its bake steps go to `bakes` (they run beside the others)."""
+        claimed = self.store.claim(self.host)
+        self.bakes.take([s for s in claimed if s.action == BAKE])
+        return [s for s in claimed if s.action != BAKE]
 
     def tick(self) -> None:
         try:
@@ -67,7 +76,7 @@ class HostAgent:
                 log.error("placed models: %s", exc)
         # claimed steps stay this host's until each is finished: a round an outage cuts short (a failed
         # read, an import) leaves them running on the fleet's tables, and the next round runs them again
-        claimed = self._again = self._again + self.store.claim(self.host)
+        claimed = self._again = self._again + self._claim()
         try:
             if claimed:
                 claimed = self._gather(claimed)
@@ -84,6 +93,7 @@ class HostAgent:
         except BaseException:
             self._again = []
             raise
+        self.bakes.tick()
         now = time.monotonic()
         if now - self._last_converge >= self.fleet.converge_s:
             self._last_converge = now
@@ -164,7 +174,7 @@ class HostAgent:
             if waited >= GATHER_MIN_S and (not others or not sets.related(self.registry, mine, others)):
                 return claimed
             time.sleep(0.1)
-            more = self.store.claim(self.host)
+            more = self._claim()
             claimed, self._again = claimed + more, self._again + more
         return claimed
 

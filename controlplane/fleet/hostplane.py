@@ -12,19 +12,22 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from controlplane.deploy.engine import Outcome, ProgressFn
-from controlplane.ports import SourcePlane, TagPlane
+from controlplane.ports import SourcePlane, TagTarget
 from controlplane.results import LeaseResult
 from controlplane.store.records import SnapshotRecord
+from controlplane.triton.client import RequestCounts
 
 
 class TritonAddress(Protocol):
     @property
     def url(self) -> str: ...
 
+    def request_counts(self, model: str) -> dict[tuple[str, str], RequestCounts]: ...  # a fleet bake's figures
 
-class HostPlane(TagPlane, SourcePlane, Protocol):
+
+class HostPlane(TagTarget, SourcePlane, Protocol):
     """The host's registry, content store, source and "look again" (ports.SourcePlane), its tags
-    (ports.TagPlane), and what follows."""
+    (ports.TagTarget), and what follows."""
 
     @property
     def triton(self) -> TritonAddress: ...

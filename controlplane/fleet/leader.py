@@ -171,8 +171,8 @@ class Leader:
                 shown[step.id] = step.state
                 if progress is not None:
                     label = "canary" if step.wave == 0 and step.action == "deploy" else f"wave {step.wave}"
-                    if step.action == "rollback":
-                        label = "rollback"
+                    if step.action in ("rollback", "bake"):
+                        label = step.action
                     progress(Progress(model, f"{label} {step.host}", step.state, step.message, step.digest or ""))
             if rollout.state in ("done", "rolled_back"):
                 break

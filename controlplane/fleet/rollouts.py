@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from controlplane.errors import TritonctlError
+from controlplane.fleet import sets
+from controlplane.fleet.bake import WaveBakes
 from controlplane.fleet.settings import FleetSettings
 from controlplane.store.fleet import FleetStore, Rollout, Step, audit_event
 from controlplane.store.registry import AuditEntry, Registry
@@ -39,6 +41,7 @@ class RolloutMachine:
         self.registry = registry  # the shared registry (quarantine)
         self.fleet = fleet
         self.host = host  # the leader's name, on the audit events it writes
+        self.bakes = WaveBakes(store, registry, lambda: self.fleet, host)  # a wave bakes before the next one
 
     def waves(self) -> list[list[str]]:
         """The waves a rollout started now would take, over the hosts alive now. Within `liveness_s` of a
@@ -63,9 +66,16 @@ class RolloutMachine:
         if rollout.state == "running":
             failed = [s for s in deploys if s.state == "failed"]
             if failed:
-                self._stop_and_roll_back(rollout, steps, failed[0])
+                self._stop_and_roll_back(rollout, steps, f"failed on {failed[0].host}: {failed[0].message}")
                 return
             open_waves = sorted({s.wave for s in deploys if s.state in ("waiting", "pending", "running")})
+            baking, stop = self.bakes.hold(rollout, steps, open_waves)
+            if stop is not None:  # not the content's fault: it failed on this traffic, it is not quarantined
+                self._stop_and_roll_back(rollout, steps, stop, quarantine=False)
+                self._stop_its_set(rollout, stop)
+                return
+            if baking:
+                return
             if not open_waves:
                 served = [s.host for s in deploys if s.state == "ok"]
                 self.store.set_rollout(rid, "done", target=(model, digest), host=self.host, audit=audit_event(
@@ -84,14 +94,16 @@ class RolloutMachine:
                     f"rollout {rid} rolled back: {rollout.error}"))
                 self.start_queued(model)
 
-    def _stop_and_roll_back(self, rollout: Rollout, steps: list[Step], failed: Step) -> None:
+    def _stop_and_roll_back(self, rollout: Rollout, steps: list[Step], reason: str, quarantine: bool = True) -> None:
         rid, model, digest = rollout.id, rollout.model, rollout.digest
-        self.store.set_steps(rid, ("waiting", "pending"), "skipped", message="not started: a host failed")
+        self.store.set_steps(rid, ("waiting", "pending"), "skipped",
+                             message="not started: a host failed" if quarantine else f"not started: {reason}")
+        self.store.set_steps(rid, ("running",), "skipped", message=f"stopped: {reason}", action="bake")
         if any(s.state == "running" for s in self.store.rollout(rid).steps):
             return  # let the hosts already deploying finish, then undo them too
-        reason = f"failed on {failed.host}: {failed.message}"
         try:
-            self.registry.set_quarantine(model, digest, reason)
+            if quarantine:
+                self.registry.set_quarantine(model, digest, reason)
         except TritonctlError as exc:
             log.error("quarantine: %s", exc)
         if not self.store.transition(rid, "running", "rolling_back", reason):
@@ -99,6 +111,21 @@ class RolloutMachine:
         took = [s.host for s in self.store.rollout(rid).steps if s.action == "deploy" and s.state == "ok"]
         self.store.add_rollback_steps(rid, took, rollout.previous_digest, wave=max(s.wave for s in steps) + 1)
         log.warning("%s: rollout %s %s; rolling back %s", model, rid, reason, took or "nothing")
+
+    def _stop_its_set(self, rollout: Rollout, reason: str) -> None:
+        """A change set rolls out as one rollout per member (fleet/sets.py): a member's failed bake stops
+        and rolls back the running rollouts connected to it through ensembles too, so no host keeps a new
+        step beside an old ensemble (its agent runs their rollback steps as one set)."""
+        others = [r for r in self.store.rollouts(("running",)) if r.id != rollout.id]
+        if not others:
+            return
+        mine = sets.members(self.registry, [(rollout.model, rollout.digest)])
+        related = set(sets.related(self.registry, mine, [(r.model, r.digest) for r in others]))
+        for other in others:
+            if other.model in related:
+                log.warning("%s: rollout %s stopped with its change set's %s", other.model, other.id, rollout.model)
+                self._stop_and_roll_back(other, other.steps, f"{reason} (with its change set: {rollout.model})",
+                                         quarantine=False)
 
     def start_queued(self, model: str) -> None:
         queued = [r for r in self.store.rollouts(("queued",)) if r.model == model]

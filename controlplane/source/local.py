@@ -77,12 +77,12 @@ class LocalSource:
         return f"model entry {model} is {what} (-> {target}); nothing changed"
 
     # -- capture --------------------------------------------------------------------------------------
-    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+    def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
         # a network mount's stat facts may lag writes made elsewhere: its cache margin on the window
         quiet_s = self.watcher.settle_s + self.watcher.capture_margin_s() if settled and not complete else 0.0
         signature, trusted = recordable_signature(self.root, model)  # before any read
-        snapshot = store.capture(self.root / model, model, commit_marker=self.commit_marker,
+        snapshot = content.capture(self.root / model, model, commit_marker=self.commit_marker,
                                  quiet_s=quiet_s, marker_dir=self._marker_root(), link_roots=self.link_roots())
         return Captured(snapshot, signature, trusted)
 
@@ -122,6 +122,9 @@ class LocalSource:
 
     def backlog(self) -> int:
         return self.watcher.backlog()
+
+    def held(self) -> dict[str, str]:
+        return {}  # a directory offers every model it holds
 
     # -- the repository level -------------------------------------------------------------------------
     def repository_held(self) -> bool:

@@ -61,9 +61,9 @@ class Source(Protocol):
         ...
 
     # -- capture --------------------------------------------------------------------------------------
-    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+    def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
-        """Snapshot the model into `store` if it is whole and holding still; SnapshotError otherwise."""
+        """Snapshot the model into `content` if it is whole and holding still; SnapshotError otherwise."""
         ...
 
     def signature(self, model: str) -> str | None:
@@ -109,6 +109,11 @@ class Source(Protocol):
         """How many models wait for their check (the watcher backlog metric)."""
         ...
 
+    def held(self) -> dict[str, str]:
+        """The models the source holds but does not offer to serve yet, each with why (an MLflow model
+        whose alias names no version): `status` shows them `held`. Empty for a directory and S3."""
+        ...
+
     # -- the repository level (change sets: controlplane/changeset.py) ----------------------------------
     def repository_held(self) -> bool:
         """Whether the whole repository is on hold (`.tritonctl-hold` at its root)."""
@@ -124,7 +129,24 @@ class Source(Protocol):
         ...
 
 
-class NoSource:
+class PerModelOnly:
+    """The repository level of a kind that has none (a hold or a marker is per model there, refused in
+    `capture_into`): nothing holds or commits the whole repository."""
+
+    def repository_held(self) -> bool:
+        return False
+
+    def repository_marked(self) -> bool:
+        return False
+
+    def held(self) -> dict[str, str]:
+        return {}
+
+    def repository_wait(self, model: str) -> str | None:
+        return None
+
+
+class NoSource(PerModelOnly):
     """A daemon without a source repository: nothing to list, capture or watch (`load --digest` and
     every operation on recorded content still work)."""
 
@@ -143,7 +165,7 @@ class NoSource:
     def entry_problem(self, model: str) -> str | None:
         return None
 
-    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+    def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
         raise UsageError("the daemon has no source repository (--repository)")
 
@@ -176,13 +198,3 @@ class NoSource:
 
     def backlog(self) -> int:
         return 0
-
-    def repository_held(self) -> bool:
-        return False
-
-    def repository_marked(self) -> bool:
-        return False
-
-    def repository_wait(self, model: str) -> str | None:
-        return None
-

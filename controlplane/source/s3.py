@@ -19,16 +19,13 @@ the registry and deploys do not know where it came from.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from controlplane.errors import (
@@ -45,12 +42,12 @@ from controlplane.errors import (
 )
 from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
-from controlplane.snapshot.fsutil import write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.source import objectstore
 from controlplane.source.objectstore import S3Location
 from controlplane.source.protocol import Captured, OnChange
+from controlplane.source.shacache import ShaCache
 
 log = logging.getLogger("tritonctl.s3source")
 
@@ -106,7 +103,6 @@ class S3Source:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: str | None = None  # the last poll's error, logged once per outage
-        self._cache_lock = threading.RLock()
         self.lists = self.downloads = self.bytes_downloaded = 0  # counters for tests and docs
         self._captured: dict[str, str] = {}  # model -> the listing signature its last capture was taken at
 
@@ -154,9 +150,9 @@ class S3Source:
     def entry_problem(self, model: str) -> str | None:
         return None  # a prefix has no entry of its own that could dangle
 
-    def capture_into(self, store: ContentStore, model: str, *, settled: bool = True,
+    def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
-        snapshot = self.capture(model, store, settled=settled)
+        snapshot = self.capture(model, content, settled=settled)
         return Captured(snapshot, self.captured_signature(model), True)  # a listing's ETags name the content
 
     def watch(self, on_change: OnChange) -> None:
@@ -201,6 +197,9 @@ class S3Source:
     def backlog(self) -> int:
         with self._lock:
             return sum(1 for s in self._models.values() if s.handed != s.signature)
+
+    def held(self) -> dict[str, str]:
+        return {}  # a prefix offers every model it holds
 
     def settling(self) -> dict[str, float | None]:
         """The models whose listing changed and is not handed on yet (settling, on hold, or looked at
@@ -337,14 +336,14 @@ class S3Source:
                     and time.monotonic() - state.changed_at >= self._settle)
 
     # -- capture -----------------------------------------------------------------------------------
-    def capture(self, model: str, store: ContentStore, *, settled: bool = True) -> Snapshot:
+    def capture(self, model: str, content: ContentStore, *, settled: bool = True) -> Snapshot:
         """Snapshot the model's objects if complete and holding still; SnapshotError otherwise."""
         before = self._list(model).get(model)
         if before is None or not before.objects:
             raise SnapshotSourceGoneError(f"{model}: no objects under {self.location.url}{model}/")
         self._check_ready(model, before, settled)
-        wanted = self._content(model, before, store)
-        shas = self._fetch(model, store, wanted)
+        wanted = self._content(model, before, content)
+        shas = self._fetch(model, content, wanted)
         after = self._list(model).get(model) or Listing()
         if after.signature != before.signature or after.uploading:
             raise SnapshotChangingError(f"{model}: still changing ({_first_difference(before, after)})")
@@ -360,10 +359,10 @@ class S3Source:
             entries[rel] = ManifestEntry(rel, "file", int(row["Size"]), FILE_MODE, shas[rel])
         snapshot = Snapshot.from_entries(model, list(entries.values()))
         try:
-            with store.reading():
-                store.add_snapshot(snapshot)  # the store's own tree builder, from stored objects
+            with content.reading():
+                content.add_snapshot(snapshot)  # the store's own tree builder, from stored objects
         except OSError as exc:
-            raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
+            raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the content store ({exc})") from exc
         with self._lock:
             self._captured[model] = listing_signature(before.signature)
         return snapshot
@@ -391,7 +390,7 @@ class S3Source:
                 raise SnapshotChangingError(f"{model}: still changing (last change {max(age_s, 0.0):.2f} s ago,"
                                     f" settle window {self._settle:g} s)")
 
-    def _content(self, model: str, listing: Listing, store: ContentStore) -> dict[str, dict[str, Any]]:
+    def _content(self, model: str, listing: Listing, content: ContentStore) -> dict[str, dict[str, Any]]:
         """The objects that make the snapshot: no debris, no marker; keys that are safe paths."""
         wanted: dict[str, dict[str, Any]] = {}
         for rel, row in sorted(listing.objects.items()):
@@ -416,22 +415,22 @@ class S3Source:
                     " limit; refusing to capture it")
             wanted[rel] = row
         files = {rel for rel in wanted if not rel.endswith("/")}
-        store.check_model_size(model, sum(int(wanted[rel]["Size"]) for rel in files))
+        content.check_model_size(model, sum(int(wanted[rel]["Size"]) for rel in files))
         clash = next((rel for rel in files if any(f.startswith(rel + "/") for f in files)), None)
         if clash:
             raise SnapshotUnsupportedError(f"{model}: {clash} is both an object and a folder; refusing to capture it")
         return wanted
 
-    def _fetch(self, model: str, store: ContentStore, wanted: dict[str, dict[str, Any]]) -> dict[str, str]:
+    def _fetch(self, model: str, content: ContentStore, wanted: dict[str, dict[str, Any]]) -> dict[str, str]:
         """sha256 of every wanted object, each stored as a content-store object (downloaded at most once)."""
-        cache = self._load_cache(store)
+        cache = self._load_cache(content)
         shas: dict[str, str] = {}
         todo: list[tuple[str, dict[str, Any]]] = []
         for rel, row in wanted.items():
             if rel.endswith("/"):
                 continue
             sha = cache.get(_cache_key(self.location.key(model, rel), row))
-            if sha is not None and store.has_object(sha, int(row["Size"])):
+            if sha is not None and content.has_object(sha, int(row["Size"])):
                 shas[rel] = sha
             else:
                 todo.append((rel, row))
@@ -441,14 +440,14 @@ class S3Source:
             key = self.location.key(model, rel)
             try:
                 tmp, sha = objectstore.download_verified(
-                    self._client, self.location.bucket, key, store.root / "tmp", size=int(row["Size"]),
+                    self._client, self.location.bucket, key, content.root / "tmp", size=int(row["Size"]),
                     etag=str(row["ETag"]),
                     on_mismatch=lambda why: SnapshotChangingError(f"{model}: still changing ({why})"))
             except SnapshotError:
                 raise
             except Exception as exc:
                 raise objectstore.describe(exc, f"{model}: downloading {rel}") from None
-            store.add_object(tmp, sha, int(row["Size"]))
+            content.add_object(tmp, sha, int(row["Size"]))
             self.downloads += 1
             self.bytes_downloaded += int(row["Size"])
             return rel, sha
@@ -458,29 +457,19 @@ class S3Source:
                 for rel, sha in pool.map(fetch, todo):
                     shas[rel] = sha
                     cache[_cache_key(self.location.key(model, rel), wanted[rel])] = sha
-            self._save_cache(store, cache)
+            self._save_cache(content, cache)
         return shas
 
     # the (key, size, ETag) -> sha256 cache: S3's stat cache, kept beside the content store
     @staticmethod
-    def _cache_path(store: ContentStore) -> Path:
-        return store.root / "s3cache.json"
+    def _cache(content: ContentStore) -> ShaCache:
+        return ShaCache(content.root / "s3cache.json", _CACHE_MAX)
 
-    def _load_cache(self, store: ContentStore) -> dict[str, str]:
-        with self._cache_lock:
-            try:
-                data = json.loads(self._cache_path(store).read_text())
-                return {str(k): str(v) for k, v in data.items()}
-            except (OSError, ValueError, AttributeError):
-                return {}
+    def _load_cache(self, content: ContentStore) -> dict[str, str]:
+        return self._cache(content).load()
 
-    def _save_cache(self, store: ContentStore, cache: dict[str, str]) -> None:
-        with self._cache_lock:
-            current = self._load_cache(store)  # another capture may have added entries meanwhile
-            current.update(cache)
-            items = list(current.items())[-_CACHE_MAX:]
-            with contextlib.suppress(OSError):
-                write_atomic(self._cache_path(store), json.dumps(dict(items)).encode())
+    def _save_cache(self, content: ContentStore, cache: dict[str, str]) -> None:
+        self._cache(content).save(cache)
 
 
 def _cache_key(key: str, row: dict[str, Any]) -> str:

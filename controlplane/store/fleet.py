@@ -7,6 +7,7 @@ a step twice even if it is woken twice. `notify` wakes every host listening on `
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -85,7 +86,7 @@ def listen(conn: Any) -> None:
 
 
 def _step(row: schema.RolloutHost, model: str = "") -> Step:
-    return from_row(Step, row, model=model)
+    return from_row(Step, row, model=model, figures=json.loads(row.figures) if row.figures else None)
 
 
 class FleetStore:
@@ -246,27 +247,33 @@ class FleetStore:
     def _rollout(self, session: Session, r: schema.Rollout) -> Rollout:
         steps = session.scalars(select(schema.RolloutHost).where(schema.RolloutHost.rollout_id == r.id)
                                 .order_by(schema.RolloutHost.id)).all()
-        return from_row(Rollout, r, steps=[_step(s, r.model) for s in steps])
+        return from_row(Rollout, r, steps=[_step(s, r.model) for s in steps],
+                        bake=json.loads(r.bake) if r.bake else None)
 
-    def set_rollout(self, rollout_id: int, state: str, error: str | None = None, *,
+    def set_rollout(self, rollout_id: int, state: str | None, error: str | None = None, *,
                     target: tuple[str, str] | None = None, audit: AuditEntry | None = None,
-                    host: str = "") -> None:
-        """Set a rollout's state; in the same transaction the fleet's target and an audit event (by `host`)."""
+                    host: str = "", bake: dict[str, Any] | None = None) -> None:
+        """Set a rollout's state (None: kept); in the same transaction the fleet's target, an audit event
+        (by `host`) and its pooled bake document (controlplane/fleet/bake.py)."""
         now = utcnow()
         with self.session() as session:
             row = session.get(schema.Rollout, rollout_id)
             if row is None:
                 return
-            row.state, row.updated_at = state, now
+            if bake is not None:
+                row.bake = json.dumps(bake)
+            if state is not None:
+                row.state, row.updated_at = state, now
+                if state not in OPEN_ROLLOUT:
+                    row.finished_at = now
             if error is not None:
                 row.error = error
-            if state not in OPEN_ROLLOUT:
-                row.finished_at = now
             if target is not None:
                 self.set_target(session, *target)
             if audit is not None:
                 add_audit_event(session, audit, host, now, self.registry.outbox)
-            self.notify(session, f"rollout {rollout_id} {state}")
+            if state is not None or audit is not None:  # a bake's figures alone wake nobody
+                self.notify(session, f"rollout {rollout_id} {state or 'bake'}")
 
     def transition(self, rollout_id: int, from_state: str, to_state: str, error: str | None = None) -> bool:
         """Move a rollout from one state to the next; False when someone else (a former leader) already did."""
@@ -281,11 +288,13 @@ class FleetStore:
             return moved == 1
 
     def set_steps(self, rollout_id: int, from_states: tuple[str, ...], to_state: str, wave: int | None = None,
-                  message: str | None = None) -> int:
+                  message: str | None = None, action: str | None = None) -> int:
         stmt = (update(schema.RolloutHost)
                 .where(schema.RolloutHost.rollout_id == rollout_id, schema.RolloutHost.state.in_(from_states)))
         if wave is not None:
             stmt = stmt.where(schema.RolloutHost.wave == wave)
+        if action is not None:
+            stmt = stmt.where(schema.RolloutHost.action == action)
         values: dict[str, Any] = {"state": to_state}
         if message is not None:
             values["message"] = message
@@ -318,6 +327,36 @@ class FleetStore:
                 session.add(schema.RolloutHost(rollout_id=rollout_id, host=host, wave=wave, action="rollback",
                                                digest=digest, state="pending", message=""))
             self.notify(session, f"rollout {rollout_id} rollback")
+
+    # -- a wave's bake (controlplane/fleet/bake.py) -------------------------------------------------
+
+    def add_bake_steps(self, rollout_id: int, hosts: list[str], digest: str, wave: int, bake: dict[str, Any]) -> None:
+        """The hosts of `wave` that took `digest` bake it (each its own step, claimed by that host), and the
+        rollout's bake document begins; one transaction."""
+        with self.session() as session:
+            for host in hosts:
+                session.add(schema.RolloutHost(rollout_id=rollout_id, host=host, wave=wave, action="bake",
+                                               digest=digest, state="pending", message=""))
+            row = session.get(schema.Rollout, rollout_id)
+            if row is not None:
+                row.bake, row.updated_at = json.dumps(bake), utcnow()
+            self.notify(session, f"rollout {rollout_id} bake")
+
+    def served_before(self, rollout: Rollout) -> bool:
+        """Whether an earlier rollout of the same model and digest completed: the fleet served it before
+        (a rollback returns to such a digest: it does not bake again)."""
+        with self.session() as session:
+            return session.scalar(select(schema.Rollout.id).where(
+                schema.Rollout.model == rollout.model, schema.Rollout.digest == rollout.digest,
+                schema.Rollout.state == "done", schema.Rollout.id < rollout.id).limit(1)) is not None
+
+    def set_figures(self, step_id: int, figures: dict[str, Any]) -> bool:
+        """A host's bake figures so far, on its step while it still runs; False once the leader ended it."""
+        with self.session() as session:
+            return _rowcount(session.execute(update(schema.RolloutHost)
+                                             .where(schema.RolloutHost.id == step_id,
+                                                    schema.RolloutHost.state == "running")
+                                             .values(figures=json.dumps(figures)))) == 1
 
     def claim(self, host: str) -> list[Step]:
         """This host's pending steps, now marked running (by this caller only)."""

@@ -10,7 +10,8 @@ gone; the callers whose round failed stay quiet while `quiet(exc)` says the outa
 
 `regained_at` (monotonic) is when it last answered again: the fleet's liveness gives every host a
 grace from then before it judges one dead (controlplane/fleet/rollouts.py). `on_return` callbacks
-run, outside the lock, on the thread that saw the registry answer again (the journal's replay).
+run, outside the lock, on the thread that saw the registry answer again (the journal's replay),
+before the outage is declared over: one that raises StoreError keeps it on.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class RegistryHealth:
         self.outages = 0
         self.last_outage_s = 0.0  # how long the last outage lasted
         self.on_return: list[Callable[[float], str]] = []  # called with the outage's length; says what it did
+        self._returning = False  # the on_return callbacks run now
+        # a full disk's outage ends only once this says there is room again (a SQLite registry's own
+        # filesystem: controlplane/store/journaled.py); a full disk takes a small write now and then
+        self.room: Callable[[], bool] | None = None
 
     @property
     def reachable(self) -> bool:
@@ -76,24 +81,37 @@ class RegistryHealth:
             self._last_line = now
             down_for = now - (self._down_at or now)
         if first:
-            log.warning("registry %s unreachable: %s; serving is unchanged, the fleet's work waits for it",
-                        self.name, reason)
+            log.warning("registry %s unreachable: %s; serving is unchanged, what is done meanwhile waits in "
+                        "the journal", self.name, reason)
         else:
             log.warning("registry %s still unreachable after %.0f s: %s", self.name, down_for, reason)
 
     def answered(self, wrote: bool = True) -> None:
         """A transaction on the registry committed (`wrote`: one that wrote): an outage, if one was on,
-        is over (one INFO)."""
+        is over (one INFO) once the `on_return` callbacks ran; one that raises StoreError (the journal's
+        writes failed again: a full disk takes a small write now and then) keeps it on, untold."""
         if self._down_at is None or not (wrote or self._reads_end_it):  # the common case, without the lock
+            return
+        if not self._reads_end_it and self.room is not None and not self.room():
             return
         now = self.clock()
         with self._lock:
+            if self._down_at is None or self._returning:  # a callback's own writes answer too: not again
+                return
+            self._returning = True
+            length = now - self._down_at
+        try:
+            done = [said for said in (callback(length) for callback in list(self.on_return)) if said]
+        except StoreError:
+            return  # still away (the failure under the callback was told as this outage's)
+        finally:
+            with self._lock:
+                self._returning = False
+        with self._lock:
             if self._down_at is None:
                 return
-            length = now - self._down_at
             self._down_at, self._since, self._reason, self.regained_at = None, None, "", now
             self.last_outage_s = length
-        done = [said for said in (callback(length) for callback in list(self.on_return)) if said]
         log.info("registry %s reachable again after %.1f s%s", self.name, length,
                  f"; {'; '.join(done)}" if done else "")
 

@@ -42,14 +42,15 @@ class History:
         # With its webhook outbox row, in this transaction (controlplane/store/outbox.py)
         add_audit_event(session, entry, self.host, now, self.outbox)
 
-    def audit(self, *entries: AuditEntry) -> None:
+    def audit(self, *entries: AuditEntry, at: datetime | None = None) -> None:
         """Append audit events (and their webhook outbox rows), in order, in one transaction; several go
-        as bulk INSERTs (a reconcile's verification of 10,000 models loaded in Triton's start-up)."""
+        as bulk INSERTs (a reconcile's verification of 10,000 models loaded in Triton's start-up). `at`:
+        when, for events written late (controlplane/store/journaled.py)."""
         if not entries:
             return
         with self._session() as session:
             session.info[AUDIT_ADDED] = True  # followers of the event stream are woken after the commit
-            add_audit_events(session, entries, self.host, self.clock(), self.outbox)
+            add_audit_events(session, entries, self.host, at or self.clock(), self.outbox)
 
     def events_after(self, after_id: int, limit: int = 500) -> list[AuditRecord]:
         """Audit events with an id above `after_id`, oldest first (the event stream's catch-up)."""

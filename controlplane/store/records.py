@@ -230,6 +230,7 @@ class Step:
     model: str = ""
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    figures: dict[str, Any] | None = None  # a bake step's figures so far (controlplane/fleet/bake.py)
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(self)
@@ -250,12 +251,13 @@ class Rollout:
     finished_at: datetime | None
     error: str | None
     steps: list[Step]
+    bake: dict[str, Any] | None = None  # the pooled bake of its last baked wave (controlplane/fleet/bake.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "digest": self.digest, "previous_digest": self.previous_digest,
                 "state": self.state, "actor": self.actor, "created_at": iso(self.created_at),
                 "finished_at": iso(self.finished_at), "error": self.error,
-                "steps": [step.to_json() for step in self.steps]}
+                "steps": [step.to_json() for step in self.steps], "bake": self.bake}
 
 
 @dataclass(frozen=True)

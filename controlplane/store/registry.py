@@ -22,6 +22,7 @@ from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store import schema
 from controlplane.store.contentmemo import ContentMemo
 from controlplane.store.engine import BUSY_TIMEOUT_S, make_engine, redact
+from controlplane.store.footprints import Footprints
 from controlplane.store.health import RegistryHealth
 from controlplane.store.history import AUDIT_ADDED, History
 from controlplane.store.outbox import add_audit_events
@@ -29,7 +30,6 @@ from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-e
     AuditEntry,
     AuditQuery,  # noqa: F401 - re-exported
     DeploymentRecord,
-    FootprintRecord,
     ModelRecord,
     ServingRecord,
     SnapshotContent,
@@ -71,7 +71,7 @@ def unreachable(exc: BaseException) -> bool:
     return "locked" not in str(exc.orig or "")
 
 
-class Registry(History):
+class Registry(History, Footprints):
     """The registry database behind any SQLAlchemy URL."""
 
     def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S,
@@ -482,39 +482,17 @@ class Registry(History):
         with self._session() as session:
             return int(session.scalar(select(func.count()).where(schema.Snapshot.quarantined.is_(True))) or 0)
 
-    # -- footprints (migration 0008; controlplane/memory/footprint.py measures them) ----------------------------
-
-    def record_footprint(self, model: str, digest: str, memory_mb: float | None, gpu_memory_mb: float | None,
-                         source: str) -> FootprintRecord:
-        """Record (or replace) the footprint of `digest` of `model`."""
-        now = utcnow()
-        with self._session() as session:
-            row = session.get(schema.Footprint, (model, digest))
-            if row is None:
-                row = schema.Footprint(model=model, digest=digest)
-                session.add(row)
-            row.memory_mb, row.gpu_memory_mb, row.source, row.measured_at = memory_mb, gpu_memory_mb, source, now
-        return FootprintRecord(model, digest, memory_mb, gpu_memory_mb, source, now)
-
-    def footprints(self, models: Sequence[str] | None = None) -> dict[tuple[str, str], FootprintRecord]:
-        """Recorded footprints by (model, digest), of `models` (None: every model)."""
-        query = select(schema.Footprint)
-        if models is not None:
-            query = query.where(schema.Footprint.model.in_(list(models)))
-        with self._session() as session:
-            return {(r.model, r.digest): FootprintRecord(r.model, r.digest, r.memory_mb, r.gpu_memory_mb, r.source,
-                                                         r.measured_at)
-                    for r in session.scalars(query)}
-
     # -- deployments ----------------------------------------------------------------------------
 
     def begin_deployment(
-        self, model: str, kind: str, digest: str | None, previous_digest: str | None, actor: str
+        self, model: str, kind: str, digest: str | None, previous_digest: str | None, actor: str,
+        at: datetime | None = None,
     ) -> DeploymentRecord:
-        """Record the intent before anything is done (crash recovery reads it back)."""
+        """Record the intent before anything is done (crash recovery reads it back). `at`: when, for a
+        record written late (controlplane/store/journaled.py)."""
         with self._session() as session:
             self._model_row(session, model)
-            now = self.clock()
+            now = at or self.clock()
             row = schema.Deployment(
                 model=model,
                 kind=kind,
@@ -550,13 +528,15 @@ class Registry(History):
         audit: AuditEntry,
         serving: ServingRecord | None,
         model_state: str,
+        at: datetime | None = None,
     ) -> DeploymentRecord:
-        """End a deployment; in the same transaction set what serves, log it and audit it."""
+        """End a deployment; in the same transaction set what serves, log it and audit it. `at`: when, for
+        a record written late (controlplane/store/journaled.py)."""
         with self._session() as session:
             row = session.get(schema.Deployment, deployment_id)
             if row is None:
                 raise NotFoundError(f"deployment {deployment_id} is unknown")
-            now = self.clock()
+            now = at or self.clock()
             row.step = "done"
             row.outcome = outcome
             row.error = error

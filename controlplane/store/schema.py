@@ -212,6 +212,7 @@ class Rollout(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    bake: Mapped[str | None] = mapped_column(Text, nullable=True)  # the pooled bake, JSON (migration 0010)
 
 
 class RolloutHost(Base):
@@ -223,12 +224,13 @@ class RolloutHost(Base):
     rollout_id: Mapped[int] = mapped_column(Integer)
     host: Mapped[str] = mapped_column(String(128))
     wave: Mapped[int] = mapped_column(Integer)
-    action: Mapped[str] = mapped_column(String(16))  # deploy | rollback
+    action: Mapped[str] = mapped_column(String(16))  # deploy | rollback | bake
     digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16))  # waiting | pending | running | ok | failed | skipped
     started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     message: Mapped[str] = mapped_column(Text, default="")
+    figures: Mapped[str | None] = mapped_column(Text, nullable=True)  # a bake step's figures, JSON (migration 0010)
 
 
 class HostModel(Base):

@@ -28,13 +28,13 @@ import logging
 import os
 import re
 import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from controlplane.errors import HostCapabilityError
+from controlplane.triton.summaries import read_metrics
 
 log = logging.getLogger("tritonctl.capabilities")
 
@@ -73,8 +73,7 @@ def gpus_from_metrics(text: str) -> int:
 def fetch_metrics_gpu_count(url: str, timeout_s: float = METRICS_TIMEOUT_S) -> int | None:
     """GPU count from an external tritonserver's metrics endpoint; None when it cannot be read."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - operator's URL
-            return gpus_from_metrics(response.read().decode("utf-8", "replace"))
+        return gpus_from_metrics(read_metrics(url, timeout_s))
     except (OSError, urllib.error.URLError, ValueError) as exc:
         log.warning("tritonserver metrics %s unreadable (%s): GPUs not checked before the load", url, exc)
         return None

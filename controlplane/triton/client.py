@@ -86,6 +86,9 @@ class TritonClient:
         self._headers = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": restricted_key} if restricted_key else None
         self._client = grpcclient.InferenceServerClient(url)
         self.load_requests = 0  # load requests sent (metric tritonctl_triton_load_requests)
+        # each model's last successful load request, in seconds (a bake compares a digest's with the previous
+        # digest's: controlplane/bakewarn.py)
+        self.load_seconds: dict[str, float] = {}
 
     def close(self) -> None:
         self._client.close()
@@ -131,11 +134,13 @@ class TritonClient:
     def load(self, model: str, timeout_s: float | None = None) -> None:
         deadline = timeout_s or self.timeouts.load_s
         self.load_requests += 1
+        started = time.monotonic()
         self._call(
             f"load '{model}'",
             lambda: self._client.load_model(model, headers=self._headers, client_timeout=deadline),
             retry=False,  # a load is not idempotent in cost; the caller decides to try again
         )
+        self.load_seconds[model] = time.monotonic() - started
 
     def unload(self, model: str, dependents: bool = False) -> None:
         self._call(

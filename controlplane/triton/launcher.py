@@ -189,6 +189,11 @@ class TritonServer:
         return f"{self.host}:{self.http_port}"
 
     @property
+    def metrics_url(self) -> str | None:
+        """Its Prometheus metrics endpoint; None with metrics off."""
+        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else None
+
+    @property
     def log_path(self) -> Path:
         return self.workdir / "tritonserver.log"
 
@@ -230,6 +235,10 @@ class TritonServer:
                 self.record_path.unlink()
             except FileNotFoundError:
                 pass
+
+    def inference_urls(self) -> str:
+        """"; inference: gRPC HOST:PORT, HTTP http://HOST:PORT" (the daemon's ready line)."""
+        return f"; inference: gRPC {self.grpc_url}, HTTP http://{self.http_url}"
 
     def adopt(self, live_timeout_s: float = 10.0) -> bool:
         """Take over the server `record_path` names if it is still ours and answering.
@@ -290,7 +299,9 @@ class TritonServer:
         if self.metrics_port is None:
             args.append("--allow-metrics=false")
         else:
-            args += [f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}"]
+            # request latency quantiles per model (nv_inference_request_summary_us): a bake's p99 (triton/summaries.py)
+            args += [f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+                     "--metrics-config=summary_latencies=true"]
         if self.disable_auto_complete:
             args.append("--disable-auto-complete-config")
         if self.restricted_key:

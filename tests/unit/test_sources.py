@@ -14,12 +14,13 @@ from pathlib import Path
 
 from controlplane.snapshot import HOLD_FILE, ContentStore
 from controlplane.source.local import LocalSource
+from controlplane.source.mlflowsource import MLflowSource
 from controlplane.source.protocol import NoSource, Source
 from controlplane.source.s3 import S3Source
 from tests.harness import write_gen_model
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = (LocalSource, S3Source, NoSource)
+KINDS = (LocalSource, S3Source, MLflowSource, NoSource)
 
 
 def _protocol_methods() -> dict[str, inspect.Signature]:
@@ -38,23 +39,18 @@ def test_every_source_kind_implements_the_whole_protocol() -> None:
 
 
 def test_no_module_branches_on_the_kind_of_source() -> None:
-    """Only the daemon's `_source` picks a kind from the settings; everything else asks the `Source`."""
+    """Only controlplane/source/configured.py picks a kind from the settings; everything else asks the
+    `Source`."""
     kind_checks = re.compile(r"\.source is (not )?None|settings\.repository(_url)?\b|\bS3Source\b|\bLocalSource\b"
                              r"|isinstance\([^)]*Source\)|WatchHooks")
     allowed = {"controlplane/source/protocol.py", "controlplane/source/local.py", "controlplane/source/s3.py",
-               "controlplane/config.py"}
+               "controlplane/source/mlflowsource.py", "controlplane/config.py", "controlplane/source/configured.py"}
     offenders = []
     for path in sorted([*(ROOT / "controlplane").rglob("*.py"), *(ROOT / "cli").rglob("*.py")]):
         rel = str(path.relative_to(ROOT))
         if rel in allowed:
             continue
-        in_chooser = False
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if rel == "controlplane/daemon.py":  # Daemon._source builds the one Source
-                if line.startswith("    def "):
-                    in_chooser = line.startswith("    def _source(")
-                if in_chooser:
-                    continue
             if kind_checks.search(line):
                 offenders.append(f"{rel}:{number}: {line.strip()}")
     assert offenders == [], offenders

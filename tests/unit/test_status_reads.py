@@ -21,6 +21,7 @@ from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.daemon import Daemon
 from controlplane.deploy.publish import ServingRepository
+from controlplane.parts import build_parts
 from controlplane.snapshot import ContentStore
 from controlplane.source.local import LocalSource
 from controlplane.store import migrate
@@ -61,8 +62,8 @@ def plane(tmp_path: Path) -> Iterator[tuple[ControlPlane, CountingRegistry]]:
     source = LocalSource(repo, settle_s=0.05, watch="poll")  # listed and read, never watched here
     daemon = Daemon(settings)
     daemon.registry, daemon.source = registry, source
-    daemon.plane = ControlPlane(settings, registry, ContentStore(state / "store", fsync=False), serving,
-                                StandinTriton(serving), source=source)  # type: ignore[arg-type]
+    daemon.plane = ControlPlane(build_parts(settings, registry, ContentStore(state / "store", fsync=False), serving,
+                                StandinTriton(serving), source=source))  # type: ignore[arg-type]
     try:
         daemon._initial_scan()
         yield daemon.plane, registry

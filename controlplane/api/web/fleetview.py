@@ -35,7 +35,7 @@ class Cell:
 
 @dataclass
 class Wave:
-    action: str  # deploy | rollback
+    action: str  # deploy | bake | rollback
     number: int  # 0 is the canary wave
     steps: list[dict[str, Any]] = field(default_factory=list)
 
@@ -67,7 +67,7 @@ def cell_word(cell: dict[str, Any]) -> str:
 def waves(steps: list[dict[str, Any]]) -> list[Wave]:
     """A rollout's steps grouped by action and wave, in the order they ran (deploy waves, then rollback)."""
     grouped: dict[tuple[str, int], Wave] = {}
-    for step in sorted(steps, key=lambda s: (s["action"] != "deploy", s["wave"], s["host"])):
+    for step in sorted(steps, key=lambda s: (s["action"] == "rollback", s["wave"], s["action"] == "bake", s["host"])):
         grouped.setdefault((step["action"], step["wave"]), Wave(step["action"], step["wave"])).steps.append(step)
     return list(grouped.values())
 

@@ -1,0 +1,176 @@
+"""A fleet rollout's bake (docs/bake.md, "Sets and fleets"): a wave that took the new digest bakes before
+the next wave starts and before the rollout is done, on its hosts' figures pooled at the leader.
+
+The canary wave bakes `bake_s` long on the daemon's bake limits (a model's own `tritonctl.bake_*`
+parameters override them, as on a single host); each later wave `wave_bake_s` long (0, the default: it
+does not bake). Each host of the wave that took the digest gets a `bake` step (FleetStore.add_bake_steps);
+that host claims it and, every round until the leader ends it, writes on it what its own tritonserver
+counted for the model since the claim (`HostBakes`: requests, failures, the time the successful ones
+took; a counter that went down is a reset, as on a single host). The leader sums the steps' figures
+(`WaveBakes`) and judges the sum as a single host's bake is judged (controlplane.bakefigures.verdict): a crossed
+limit ends the bake `failed` at once, and the rollout stops and rolls back every host that took the
+digest (not quarantined: it failed on this traffic, `tritonctl load --digest` may try it again); at the
+end of the wave's bake time it passed (or is inconclusive: kept, or rolled back with
+`bake_inconclusive = "rollback"`) and the rollout goes on. The pooled document is the rollout's `bake`
+(`tritonctl rollouts`), each host's figures its step's `figures`; each end is audited as action `bake`.
+A digest the whole fleet served before (an earlier rollout of it completed: what a fleet rollback
+returns to) does not bake again. The latency limit is not applied in a fleet (no baseline is measured
+there; the document has no `baseline_latency_ms`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from controlplane.bakefigures import AUDIT_OUTCOME, BAKING, FAILED, INCONCLUSIVE, Bake, Limits, Tally, verdict
+from controlplane.config import bake_parameters
+from controlplane.errors import TritonctlError
+from controlplane.fleet.hostplane import HostPlane
+from controlplane.fleet.settings import FleetSettings
+from controlplane.store.fleet import FleetStore, audit_event
+from controlplane.store.records import Rollout, Step
+from controlplane.store.registry import Registry
+
+log = logging.getLogger("tritonctl.fleet")
+
+BAKE = "bake"  # a rollout step's action: this host bakes the digest its wave took
+
+
+def figures(tally: Tally) -> dict[str, int]:
+    return {"requests": tally.requests, "failures": tally.failures, "success": tally.success,
+            "success_ns": tally.success_ns}
+
+
+def tally_of(steps: list[Step]) -> Tally:
+    """The figures of `steps` summed (a step that wrote none yet adds nothing)."""
+    total = Tally()
+    for step in steps:
+        f = step.figures or {}
+        total.requests += int(f.get("requests", 0))
+        total.failures += int(f.get("failures", 0))
+        total.success += int(f.get("success", 0))
+        total.success_ns += int(f.get("success_ns", 0))
+    return total
+
+
+class HostBakes:
+    """This host's bake steps: its own tritonserver's figures of each, written on the step every round
+    until the leader ends it (the agent thread calls `take` with the steps it claimed, `tick` each round)."""
+
+    def __init__(self, plane: HostPlane, store: FleetStore) -> None:
+        self.plane = plane
+        self.store = store
+        self._steps: dict[int, tuple[Step, Tally]] = {}
+
+    def take(self, steps: list[Step]) -> None:
+        """Bake steps claimed now: counted from Triton's figures now on (a step claimed again after this
+        daemon restarted keeps the figures it had written)."""
+        for step in steps:
+            before = tally_of([step])
+            try:
+                before.last = dict(self.plane.triton.request_counts(step.model))
+            except TritonctlError as exc:
+                log.info("%s: bake step %s: no figures at its start (%s); counting from 0", step.model, step.id, exc)
+            self._steps[step.id] = (step, before)
+            log.info("%s: rollout %s: baking %s on this host", step.model, step.rollout_id, (step.digest or "")[:12])
+            self._write(step, before)
+
+    def tick(self) -> None:
+        for step, tally in list(self._steps.values()):
+            try:
+                tally.add(self.plane.triton.request_counts(step.model))
+            except TritonctlError as exc:
+                log.info("%s: bake: figures unavailable this round: %s", step.model, exc)
+                continue
+            self._write(step, tally)
+
+    def _write(self, step: Step, tally: Tally) -> None:
+        if not self.store.set_figures(step.id, figures(tally)):  # the leader ended the step
+            self._steps.pop(step.id, None)
+
+
+class WaveBakes:
+    """The leader's side: each running rollout's last finished wave bakes before the rollout goes on
+    (RolloutMachine.drive asks `hold` each round)."""
+
+    def __init__(self, store: FleetStore, registry: Registry, fleet: Callable[[], FleetSettings], host: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.registry = registry  # the shared registry: the model's own bake parameters
+        self.fleet = fleet
+        self.host = host
+        self.clock = clock
+
+    def hold(self, rollout: Rollout, steps: list[Step], open_waves: list[int]) -> tuple[bool, str | None]:
+        """(whether the rollout waits for a bake, the reason it stops and rolls back: a failed bake)."""
+        deploys = [s for s in steps if s.action == "deploy"]
+        ended = sorted({s.wave for s in deploys if not open_waves or s.wave < open_waves[0]})
+        if not ended or not rollout.digest:
+            return False, None
+        wave = ended[-1]
+        took = sorted(s.host for s in deploys if s.wave == wave and s.state == "ok")
+        if not took:
+            return False, None
+        limits = self._limits(rollout.model, rollout.digest)
+        bake_s = limits.bake_s if wave == 0 else self.fleet().wave_bake_s
+        if bake_s <= 0:
+            return False, None
+        limits = replace(limits, bake_s=bake_s)
+        document = rollout.bake if rollout.bake and rollout.bake.get("wave") == wave else None
+        if document is None and rollout.bake is None and self.store.served_before(rollout):
+            return False, None  # a digest the whole fleet served before (a rollback's): no bake, as on one host
+        if document is None:
+            bake = Bake(rollout.model, rollout.digest, rollout.previous_digest, limits, self.clock(), Tally())
+            self.store.add_bake_steps(rollout.id, took, rollout.digest, wave, self._document(bake, wave, took))
+            log.info("%s: rollout %s: %s bakes %s for %.0f s on %s", rollout.model, rollout.id, _label(wave),
+                     rollout.digest[:12], bake_s, ", ".join(took))
+            return True, None
+        if document["state"] != BAKING:  # ended: on, or (a failed bake whose stop did not go through) stop
+            rolls_back = document["state"] == FAILED or (document["state"] == INCONCLUSIVE
+                                                         and limits.inconclusive == "rollback")
+            return False, (f"bake failed: {document['reason']}" if rolls_back else None)
+        mine = [s for s in steps if s.action == BAKE and s.wave == wave]
+        started = datetime.fromisoformat(str(document["started"]).replace("Z", "+00:00")).timestamp()
+        bake = Bake(rollout.model, rollout.digest, rollout.previous_digest, limits, started, tally_of(mine))
+        ended_now = verdict(bake, self.clock())
+        if ended_now is None:
+            updated = self._document(bake, wave, took)
+            if updated != document:
+                self.store.set_rollout(rollout.id, None, bake=updated)
+            return True, None
+        bake.state, bake.reason, rolls_back = ended_now
+        self.store.set_steps(rollout.id, ("pending", "running"), FAILED if rolls_back else "ok", wave=wave,
+                             message=bake.reason)
+        audit = audit_event("fleet", BAKE, rollout.model, rollout.digest, AUDIT_OUTCOME[bake.state],
+                            f"rollout {rollout.id} {_label(wave)} on {', '.join(took)}: {bake.reason}")
+        self.store.set_rollout(rollout.id, None, audit=audit, host=self.host, bake=self._document(bake, wave, took))
+        log.log(logging.WARNING if rolls_back else logging.INFO, "%s: rollout %s: %s bake %s: %s", rollout.model,
+                rollout.id, _label(wave), bake.state, bake.reason)
+        return False, (f"bake failed: {bake.reason}" if rolls_back else None)
+
+    def _limits(self, model: str, digest: str) -> Limits:
+        """The daemon's bake limits, overridden by the model's own config parameters."""
+        limits = Limits.of(self.fleet().bake)
+        try:
+            config = self.registry.get_snapshot(model, digest).config or {}
+            return limits.with_model(bake_parameters(config.get("parameters") or {}))
+        except (TritonctlError, ValueError) as exc:
+            log.warning("%s: bake: the config's bake parameters are not used: %s", model, exc)
+            return limits
+
+    @staticmethod
+    def _document(bake: Bake, wave: int, hosts: list[str]) -> dict[str, Any]:
+        """The rollout's `bake`: the single host's bake document, pooled, with its wave and hosts (no
+        baseline latency: none is measured in a fleet)."""
+        document = {**bake.to_json(), "wave": wave, "hosts": hosts}
+        document.pop("baseline_latency_ms", None)
+        return document
+
+
+def _label(wave: int) -> str:
+    return "the canary wave" if wave == 0 else f"wave {wave}"

@@ -1,0 +1,119 @@
+"""The parts of one host's control plane, built and wired once: the composition root below the daemon.
+
+`build_parts` builds every part the verbs use and wires the outcome subscribers that belong to them
+(controlplane/bookkeeping.py first, then the reconciler and the bake); the daemon adds its own
+(controlplane/outcomelog.py, metrics) and hands the parts to `ControlPlane`, which is verbs over them
+and builds nothing but its target and its `status` view (both depend on the target the daemon chose).
+Each part is handed the parts it uses, never the plane; the settings a reload changes are read through
+`livesettings.LiveSettings`. The memory budget's hooks and the lease book's expiry are the one place where
+parts built later are reached, through closures here (the guard is built before the Deployer that uses
+it, the lease book before the on-demand book that expires it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from controlplane.bake import BAKES_FILE, Baker
+from controlplane.bookkeeping import Bookkeeping
+from controlplane.config import Settings
+from controlplane.counters import Counters
+from controlplane.deploy.causes import RetryBook
+from controlplane.deploy.engine import Deployer
+from controlplane.deploy.publish import ServingRepository
+from controlplane.intakeflow import Intake
+from controlplane.livesettings import LiveSettings
+from controlplane.memory.budget import Hooks, MemoryGuard
+from controlplane.memory.footprint import Meter
+from controlplane.memory.leases import LeaseBook
+from controlplane.memory.ondemand import OnDemand
+from controlplane.outcomes import Outcomes
+from controlplane.reconciler import Reconciler
+from controlplane.servedview import ServedView
+from controlplane.servingensembles import ServingEnsembles
+from controlplane.snapshot import ContentStore
+from controlplane.source.protocol import NoSource, Source
+from controlplane.source.recorded import SourceGraph
+from controlplane.store.registry import Registry
+from controlplane.triton.client import TritonClient
+from controlplane.triton.host import TritonHost
+
+if TYPE_CHECKING:
+    from controlplane.webhooks import Webhooks
+
+
+@dataclass
+class HostParts:
+    """What one host's control plane is made of (see the module docstring)."""
+
+    settings: Settings  # as the daemon started; `live` is what a reload replaced them with
+    live: LiveSettings
+    registry: Registry
+    content: ContentStore
+    serving: ServingRepository
+    triton: TritonClient
+    outcomes: Outcomes
+    counters: Counters
+    retries: RetryBook  # deploys that failed for an environment fault (controlplane.deploy.causes)
+    restores: RetryBook  # reconcile's restores that failed: retried with the same backoff
+    served_view: ServedView  # one repository-index call per reconcile, not one per model
+    serving_ensembles: ServingEnsembles  # which ensembles serve now, over which steps
+    leases: LeaseBook
+    guard: MemoryGuard
+    deployer: Deployer
+    ondemand: OnDemand
+    intake: Intake  # settled source content -> recorded snapshot -> plan
+    reconciler: Reconciler  # Triton made to serve what the registry says: recoveries, restores, the sentinel
+    baker: Baker  # a new digest served on live figures, rolled back by itself
+    http_url: str | None  # a launched tritonserver's HTTP URL
+    webhooks: Webhooks | None  # the daemon's delivery worker, which `tritonctl webhooks` asks
+
+
+def build_parts(settings: Settings, registry: Registry, content: ContentStore, serving: ServingRepository,
+                triton: TritonClient, outcomes: Outcomes | None = None, *, source: Source | None = None,
+                host: TritonHost | None = None, http_url: str | None = None,
+                webhooks: Webhooks | None = None) -> HostParts:
+    """`outcomes`: where every finished operation is reported; `source`: where models come from
+    (controlplane/source/protocol.py: a directory, s3://; default none); `host`: capability checks and
+    Triton's real reasons; `webhooks`: the daemon's webhook delivery worker."""
+    live = LiveSettings(settings)
+    outcomes = outcomes if outcomes is not None else Outcomes()
+    counters, retries, restores, served_view = Counters(), RetryBook(), RetryBook(), ServedView()
+    source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
+    serving_ensembles = ServingEnsembles(registry, source_graph, serving)
+    # the first subscriber: the others read what it keeps
+    outcomes.subscribe(Bookkeeping(counters, serving_ensembles, retries, restores, served_view).note)
+    built: dict[str, Any] = {}  # the Deployer and OnDemand, for the hooks of parts built before them
+    leases = LeaseBook(on_expiry=lambda lease: built["ondemand"].on_expiry(lease))
+
+    def last_used() -> dict[str, float]:
+        used = leases.last_used()
+        for model, when in triton.last_inferences().items():
+            used[model] = max(used.get(model, 0.0), when)
+        return used
+
+    hooks = Hooks(last_used=last_used,
+                  held=lambda model: leases.held(model) or built["deployer"].lock(model).locked(),
+                  evict=lambda model, why: built["deployer"].evict(model, "tritonctl:budget", why,
+                                                                   unless=lambda: leases.held(model)))
+    guard = MemoryGuard(registry, Meter(host.server_pid if host is not None else None), hooks,
+                        memory_budget_mb=settings.memory_budget_mb,
+                        gpu_memory_budget_mb=settings.gpu_memory_budget_mb,
+                        protected_tags=[t.strip() for t in settings.protected_tags.split(",") if t.strip()])
+    deployer = built["deployer"] = Deployer(registry, content, serving, triton, load_timeout_s=settings.load_timeout_s,
+                                            on_outcome=outcomes.publish, host=host, guard=guard)
+    ondemand = built["ondemand"] = OnDemand(registry, deployer, triton, leases, live.policy_of,
+                                            live.getter("idle_unload_s"),
+                                            guard.spared, guard.fits, guard.refused, live.getter("load_timeout_s"))
+    intake = Intake(live, registry, content, source if source is not None else NoSource(), source_graph,
+                    serving_ensembles, retries)
+    reconciler = Reconciler(registry, triton, deployer, serving_ensembles, served_view, counters, restores,
+                            live.getter("load_parallelism"))
+    outcomes.subscribe(reconciler.note)
+    baker = Baker(registry, deployer, triton, live, path=settings.state_dir / BAKES_FILE)
+    outcomes.subscribe(baker.note)
+    deployer.on_set = baker.note_set  # a change set bakes as one
+    return HostParts(settings, live, registry, content, serving, triton, outcomes, counters, retries, restores,
+                     served_view, serving_ensembles, leases, guard, deployer, ondemand, intake, reconciler, baker,
+                     http_url, webhooks)
