@@ -337,8 +337,13 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("models")
         ax.set_ylabel(unit)
         ax.legend(fontsize=7)
+    save_plot(fig, plt, path, report, "Scale: 1 python model + ensembles over it")
+
+
+def save_plot(fig: Any, plt: Any, path: Path, report: dict[str, Any], what: str) -> None:
+    """Title a figure with what it shows and its run's provenance (commit, load), and write it."""
     m = report.get("machine", {})
-    fig.suptitle(f"Scale: 1 python model + ensembles over it; commit {c.short_commit(report.get('git_commit', '?'))}, "
+    fig.suptitle(f"{what}; commit {c.short_commit(report.get('git_commit', '?'))}, "
                  f"load {(m.get('load_average_start') or ['?'])[0]} at start", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,9 +22,10 @@ class Counters:
 class PipelineCounts:
     """How often the source pipeline ran since the daemon started: captures, validations and records
     (Prometheus counters, controlplane/metrics.py), and what the start-up scan found unchanged by
-    signature (so no file of it was read) or handed to capture (controlplane/startup/scan.py)."""
+    signature (so no file of it was read) or handed to capture (controlplane/startup/scan.py), and the
+    deploys a launching tritonserver's start-up loaded (controlplane/startup/bulk.py)."""
 
-    NAMES = ("captures", "validations", "records", "start_unchanged", "start_changed")
+    NAMES = ("captures", "validations", "records", "start_unchanged", "start_changed", "startup_loads")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

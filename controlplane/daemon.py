@@ -33,17 +33,17 @@ from controlplane.inflight import InFlight
 from controlplane.outcomelog import OutcomeLog
 from controlplane.outcomes import Outcomes
 from controlplane.parts import build_parts
+from controlplane.registries import open_registries
 from controlplane.reload import reloaded
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.configured import configured_source
 from controlplane.source.protocol import NoSource, Source
-from controlplane.startup import launch, preflight
-from controlplane.startup.record import deploy_alone, record_wave
+from controlplane.startup import bulk, launch, preflight
+from controlplane.startup.record import Wave, deploy_alone, record_wave
 from controlplane.startup.scan import plan_start
 from controlplane.statedir import StateDir
-from controlplane.store import migrate
-from controlplane.store.journaled import JOURNAL_NAME as REGISTRY_JOURNAL
 from controlplane.store.journaled import JournaledRegistry
+from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.targets import FleetTarget
 from controlplane.triton.client import Timeouts, TritonClient
@@ -101,6 +101,8 @@ class Daemon:
         self.registry: JournaledRegistry | None = None
         self.serving: ServingRepository | None = None  # the serving root a launched tritonserver reads
         self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
+        # a fresh tritonserver whose launch waits for the first start's deploys (controlplane/startup/bulk.py)
+        self._deferred_launch = False
         self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (controlplane/outcomelog.py)
         self.webhooks: Webhooks | None = None
         self.state_dir = StateDir(settings.state_dir)  # its layout, and daemon.lock held while this daemon runs
@@ -114,7 +116,10 @@ class Daemon:
         if self.settings.launch_triton:
             assert self.registry is not None
             server = self.triton_server = launch.new_server(self.settings)  # a failed start stops it
-            self._preloaded = launch.adopt_or_launch(self.settings, self.registry, server, serving)
+            preloaded = launch.adopt_or_launch(self.settings, self.registry, server, serving,
+                                               defer=bulk.eligible(self.settings))
+            self._deferred_launch = preloaded is None  # launched by the initial scan, with its deploys
+            self._preloaded = preloaded or []
             return server.grpc_url, server.restricted_key
         if not self.settings.triton_url:
             raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
@@ -125,24 +130,7 @@ class Daemon:
         preflight.check(settings)  # a bad argument stops the start before anything exists
         self.triton_key_exposed = launch.key_exposed(settings)  # before anything is created or launched
         self.state_dir.prepare()
-        # In a fleet the host's own deploy state stays in its local registry; --db-url is the fleet's.
-        local_url = f"sqlite:///{settings.state_dir / 'registry.db'}" if self.fleet_settings else settings.registry_url
-        # In a fleet the webhooks send the shared registry's events (the leader does): a host's own
-        # registry keeps no outbox.
-        # What this host does while its registry cannot be written is journaled (controlplane/store/journaled.py)
-        self.registry = JournaledRegistry(local_url, settings.state_dir / REGISTRY_JOURNAL, host=settings.host,
-                                          busy_timeout_s=settings.db_busy_timeout_s, outbox=self.fleet_settings is None)
-        # a registry at the head revision needs no Alembic (importing it costs about half a second of
-        # every restart): one query of alembic_version says so
-        if migrate.current_revision(self.registry) != migrate.HEAD_REVISION:
-            before, after = migrate.upgrade(self.registry)
-            if before != after:
-                log.info("registry schema upgraded %s -> %s", before or "empty", after)
-        if written := self.registry.replay_journal():  # what a stop during an outage left unwritten
-            log.info("wrote %d registry journal entr%s left from an outage", written, "y" if written == 1 else "ies")
-        if self.fleet_settings is not None:
-            self.shared_registry = Registry(settings.registry_url, host=settings.host)
-            migrate.upgrade_shared(self.shared_registry)
+        self.registry, self.shared_registry = open_registries(settings, fleet=self.fleet_settings is not None)
         store = ContentStore(settings.state_dir / "store", max_model_bytes=settings.max_model_bytes)
         serving = self.serving = ServingRepository(settings.state_dir / "serving", settings.state_dir / "published")
         if swept := serving.sweep_temp_links():
@@ -151,7 +139,13 @@ class Daemon:
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.
         self.source = configured_source(settings, self.registry)
-        self.webhooks = self._webhooks()
+        from controlplane.webhooks import for_registry
+
+        # in a fleet the shared registry's events, sent by the leader only (the member is built with the
+        # plane, after this: asked at each round)
+        self.webhooks = for_registry(settings, self.shared_registry or self.registry,
+                                     fleet=self.shared_registry is not None,
+                                     active=lambda: self.fleet is not None and self.fleet.is_leader)
         self.outcomes = Outcomes()  # every finished operation, to the subscribers wired by build_parts and here
         parts = build_parts(  # this host's parts (controlplane/parts.py), then the verbs over them
             settings, self.registry, store, serving, triton, outcomes=self.outcomes, webhooks=self.webhooks,
@@ -181,7 +175,7 @@ class Daemon:
         # READY before the deploys: a restart's restores (a fresh tritonserver serves nothing) also go
         # on behind READY, before the initial scan (bench/scale.py --serve-all: restart time)
         behind_ready = not settings.ready_waits_for_deploys and self.fleet_settings is None
-        if not behind_ready:
+        if not behind_ready and not self._deferred_launch:  # else: once the initial scan launched it
             self.plane.reconcile()
         from controlplane.api.server import ApiServer
 
@@ -200,7 +194,8 @@ class Daemon:
                                                      "initial scan"))
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
-        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, self._inference_urls())
+        inference = self.triton_server.inference_urls() if self.triton_server else ""
+        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, inference)
         # The inotify watches (20,000 at 10,000 models: a third of a restart's CPU) are added behind
         # READY, in a thread of their own; a change made before its directory is watched is handed on by
         # the rescan that follows them (controlplane/source/inotify.py, start_events).
@@ -215,27 +210,10 @@ class Daemon:
         self.fleet = FleetMember(self.settings, self.fleet_settings, plane, self.shared_registry)
         return FleetTarget(self.fleet, plane.registry, plane.deployer, plane.retries)
 
-    def _webhooks(self) -> Webhooks:
-        """The delivery worker: this registry's events; in a fleet the shared registry's, sent by the
-        leader only (whichever daemon leads now)."""
-        from controlplane.webhooks import Backoff, Webhooks
-
-        assert self.registry is not None
-        # the fleet member is built with the plane, after this: asked at each round
-        active = (lambda: self.fleet is not None and self.fleet.is_leader) if self.fleet_settings else (lambda: True)
-        return Webhooks(self.shared_registry or self.registry, self.settings.webhook, active=active,
-                        backoff=Backoff(max_s=self.settings.webhook_retry_max_s),
-                        wake_on_audit=self.shared_registry is None)  # a fleet's events come from every host
-
-    def _inference_urls(self) -> str:
-        server = self.triton_server
-        if server is None:
-            return ""
-        return f"; inference: gRPC {server.grpc_url}, HTTP http://{server.http_url}"
-
     def _reconcile_then_scan(self) -> None:
         assert self.plane is not None
-        self.plane.reconcile()  # finish interrupted deployments and restore first, as before READY
+        if not self._deferred_launch:  # else: once the initial scan launched tritonserver
+            self.plane.reconcile()  # finish interrupted deployments and restore first, as before READY
         self._initial_scan()
 
     def _initial_scan(self) -> None:
@@ -262,24 +240,62 @@ class Daemon:
         reporting = self.outcome_log.scan_reporting() if self.outcome_log is not None else nullcontext()
         with reporting, ThreadPoolExecutor(max_workers=self._startup_parallelism(),
                                                         thread_name_prefix="startup") as pool:
-            for group in (members, ensembles):  # an ensemble loads only once its steps serve
+            deferred = self._deferred_launch  # a fresh tritonserver loads the deploys in its start-up
+            staged: dict[str, SnapshotRecord] = {}  # those deploys (controlplane/startup/bulk.py)
+            waves: list[tuple[list[str], Wave]] = []
+            bulks: list[bulk.Bulk] = []
+            for group in (members, ensembles):  # an ensemble loads only once its steps serve (or are staged)
                 # the changed ones recorded in batches (controlplane/startup/record.py); what needs more
                 # than a record, or a deploy alone, goes on model by model
-                wave = record_wave(plane, [n for n in group if n not in redeploy], pool)
+                wave = record_wave(plane, [n for n in group if n not in redeploy], pool, staged=staged)
                 for name in wave.recorded:
                     plane.in_hand.started(name)
                 done += len(wave.recorded)
-                futures = [pool.submit(self._startup_one, name) for name in group if name in redeploy]
-                futures += [pool.submit(self._startup_one, name) for name in wave.settle]
-                futures += [pool.submit(self._startup_deploy, name, digest) for name, digest in wave.deploy]
-                for future in futures:
-                    future.result()
+                if deferred:
+                    bulks.append(bulk.stage_all(plane, wave.deploy, pool, staged))
+                    wave.settle += bulks[-1].handed_back
+                    wave.deploy = []
+                waves.append((group, wave))
+                if not deferred:
+                    done = self._run_wave(group, wave, redeploy, pool, done, total, len(plan.unchanged))
+            if deferred:
+                for name in self._launch_with(bulks, pool):
+                    plane.in_hand.started(name)
                     done += 1
-                    if done % 50 == 0 or done == total:
-                        systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed "
-                                       f"({len(plan.unchanged)} unchanged)")
+                self._scan_status(done, total, len(plan.unchanged))
+                for group, wave in waves:
+                    done = self._run_wave(group, wave, redeploy, pool, done, total, len(plan.unchanged))
         plane.in_hand.starting(set())
         plane.serving_ensembles.warm()  # the first edit after a start does not pay for reading them
+
+    def _run_wave(self, group: list[str], wave: Wave, redeploy: set[str], pool: ThreadPoolExecutor, done: int,
+                  total: int, unchanged: int) -> int:
+        """A start-up wave's models that go on model by model; returns how many are done now."""
+        futures = [pool.submit(self._startup_one, name) for name in group if name in redeploy]
+        futures += [pool.submit(self._startup_one, name) for name in wave.settle]
+        futures += [pool.submit(self._startup_deploy, name, digest) for name, digest in wave.deploy]
+        for future in futures:
+            future.result()
+            done += 1
+            if done % 50 == 0 or done == total:
+                self._scan_status(done, total, unchanged)
+        return done
+
+    @staticmethod
+    def _scan_status(done: int, total: int, unchanged: int) -> None:
+        systemd.status(f"initial scan: {done}/{total} changed models recorded or deployed ({unchanged} unchanged)")
+
+    def _launch_with(self, bulks: list[bulk.Bulk], pool: ThreadPoolExecutor) -> list[str]:
+        """The deferred launch with the first start's deploys (controlplane/startup/launch.py
+        `launch_staged`); returns the staged models."""
+        assert self.plane is not None and self.triton_server is not None and self.serving is not None
+        assert self.registry is not None
+        try:
+            self._preloaded, names = launch.launch_staged(self.settings, self.registry, self.triton_server,
+                                                          self.serving, self.plane, bulks, pool)
+        finally:
+            self._deferred_launch = False  # supervision watches it from now on
+        return names
 
     def _startup_parallelism(self) -> int:
         """How many start-up models go to Triton at once: `startup_parallelism`, or (0) Triton's own
@@ -441,6 +457,8 @@ class Daemon:
         """The quick check between reconciles: reconcile now if tritonserver died, went away or came back."""
         assert self.plane is not None
         server = self.triton_server
+        if self._deferred_launch:
+            return  # the initial scan launches it
         if server is not None:
             changed = not server.is_running()
         else:
@@ -459,13 +477,15 @@ class Daemon:
     def _supervise_and_reconcile(self) -> None:
         assert self.plane is not None
         server = self.triton_server
+        if self._deferred_launch:
+            return  # the initial scan launches it
         if server is not None and not server.is_running() and not self.stop_requested.is_set():
             log.error("launched tritonserver died (code %s); restarting", server.process and server.process.returncode)
             self.plane.counters.triton_reachable = False  # a fresh server: re-check the source below
             try:
                 server.stop()
                 assert self.serving is not None and self.registry is not None
-                self.plane.preloaded(launch.launch(self.settings, self.registry, server, self.serving))
+                self.plane.preloaded(launch.launch(self.settings, self.registry, server, self.serving)[0])
             except TritonctlError as exc:
                 log.error("restarting tritonserver: %s", exc)
                 return

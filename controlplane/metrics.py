@@ -67,6 +67,7 @@ HELP = {
     "validations": "Captured contents validated since the daemon started",
     "records": "Captured contents recorded in the registry since the daemon started",
     "startup": "Models the start-up scans found unchanged by signature (no file read) or changed",
+    "loads": "Model loads in tritonserver: by a load request each (request), or deploys its start-up loaded (startup)",
     "evictions": "Models unloaded to keep the memory budget (budget) or idle under policy ondemand (idle)",
     "ondemand_loads": "Models loaded by ensure (policy ondemand, or any model ensured while not loaded)",
     "lease_expiries": "Leases that expired without being renewed or released",
@@ -106,6 +107,7 @@ class Observed(Protocol):
     registry: Any
     store: Any
     counters: Any
+    triton: Any  # its load_requests
 
     @property
     def counts(self) -> Any: ...
@@ -180,6 +182,10 @@ class StateCollector:
         family.add_metric(["unchanged"], counts.get("start_unchanged"))
         family.add_metric(["changed"], counts.get("start_changed"))
         yield family
+        loads = CounterMetricFamily("tritonctl_triton_loads", HELP["loads"], labels=["via"])
+        loads.add_metric(["request"], float(getattr(self.plane.triton, "load_requests", 0)))
+        loads.add_metric(["startup"], counts.get("startup_loads"))
+        yield loads
 
 
     def _ondemand(self) -> Iterable[Metric]:

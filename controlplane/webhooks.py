@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane import __version__
-from controlplane.config import WebhookTarget
+from controlplane.config import Settings, WebhookTarget
 from controlplane.errors import StoreError
 from controlplane.events import event_body, event_document
 from controlplane.results import WebhookDeliveriesResult
@@ -291,3 +291,11 @@ class Webhooks:
 
     def counts(self) -> dict[str, int]:
         return {state: self.store.count(state) for state in (PENDING, DELIVERED, FAILED)}
+
+
+def for_registry(settings: Settings, registry: Registry, *, fleet: bool, active: Callable[[], bool]) -> Webhooks:
+    """The daemon's delivery worker over `registry`'s events: a single host's own, or in a fleet the shared
+    registry's, sent only while `active` (this daemon leads); a fleet's events come from every host, so it
+    polls rather than waking on this host's audit writes."""
+    return Webhooks(registry, settings.webhook, active=active if fleet else (lambda: True),
+                    backoff=Backoff(max_s=settings.webhook_retry_max_s), wake_on_audit=not fleet)

@@ -166,10 +166,13 @@ class DaemonProcess:
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """The control API answers and, with --launch-triton, its tritonserver too (a first start
+        launches it only once the start-up scan has staged its deploys: controlplane/startup/bulk.py)."""
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited {self.proc.returncode}: {self.log_tail()}")
-            return self.run("status", "--json").exit_code == 0
+            result = self.run("status", "--json")
+            return result.exit_code == 0 and (not self.launch or bool(json.loads(result.stdout)["triton_reachable"]))
 
         wait_for(ready, timeout_s, 0.2, "daemon ready")
 

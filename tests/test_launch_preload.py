@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.harness import DaemonProcess, copy_example, triton_client, wait_for, write_gen_model
+from tests.harness import DaemonProcess, answers, copy_example, triton_client, wait_for, write_gen_model
+from tests.test_metrics import free_port, scrape, value
 
 MODELS = ("linear", "sentiment_tokenizer", "sentiment_classifier", "sentiment_pipeline")
 
@@ -58,8 +59,9 @@ def test_a_fresh_tritonserver_loads_what_the_registry_serves_in_its_own_start_up
     flag = tmp_path / "broken"
     repo, state = first_start(tmp_path, init=FLAG_INIT.format(flag=str(flag)))
     flag.write_text("")  # from now on `flaky` fails to load, wherever it is loaded
-    daemon = DaemonProcess(repo, state).start()  # READY after the reconcile (ready_waits_for_deploys)
+    daemon = DaemonProcess(repo, state).start()  # the control API answers while Triton starts
     try:
+        wait_for(lambda: set(MODELS) <= set(restores(daemon)), 120, 0.2, "the reconcile after the launch")
         log = daemon.log_tail(200_000)
         assert "launching tritonserver with the 5 models the registry serves loading in its start-up" in log, log
         assert "tritonserver live" in log and "its start-up loads done (5 of 5 finished" in log, log
@@ -112,9 +114,65 @@ def test_a_start_up_load_that_hangs_makes_the_daemon_launch_without_preloads(tmp
         log = daemon.log_tail(200_000)
         assert "none in the last" in log and "launching tritonserver without them" in log, log
         assert serving(daemon) >= set(MODELS)
-        done = restores(daemon)  # the plain server's restores: each good model by its own load request
+        # the plain server's restores: each good model by its own load request (the reconcile after the launch)
+        wait_for(lambda: set(MODELS) <= set(restores(daemon)), 60, 0.2, "the restores after the launch")
+        done = restores(daemon)
         assert set(MODELS) <= set(done) and all(done[m] == ["ok"] for m in MODELS), done
         assert time.monotonic() - started < 100
     finally:
         flag.unlink(missing_ok=True)
+        assert daemon.stop() == 0, daemon.log_tail()
+
+
+def loads(port: int) -> tuple[float, float]:
+    """The daemon's load counters: (load requests sent, deploys Triton's start-up loaded)."""
+    samples = scrape(port)
+    return (value(samples, "tritonctl_triton_loads_total", via="request"),
+            value(samples, "tritonctl_triton_loads_total", via="startup"))
+
+
+def deploys(daemon: DaemonProcess, model: str) -> list[tuple[str, str]]:
+    """`model`'s deploys' (outcome, message), newest first."""
+    return [(e["outcome"], e["message"]) for e in daemon.audit("--model", model, "--action", "deploy")]
+
+
+@pytest.mark.triton
+def test_a_first_start_deploys_through_tritons_start_up_and_a_load_failing_there_is_a_failed_deploy(
+        tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in MODELS:
+        copy_example(name, repo)
+    write_gen_model(repo, "flaky", 1)
+    write_gen_model(repo, "broken", 1, init="raise RuntimeError('broken at init')")
+    state, port = tmp_path / "state", free_port()
+    args = ["--metrics-port", str(port)]
+    daemon = DaemonProcess(repo, state, extra_args=args).start()  # the control API answers while Triton starts
+    try:
+        wait_for(lambda: serving(daemon) == {*MODELS, "flaky"}, 120, 0.2, "every good model serving")
+        log = daemon.log_tail(200_000)
+        assert ("launching tritonserver with the 0 models the registry serves loading in its start-up, "
+                "and the 6 deploys of this start") in log, log
+        # every deploy went to Triton's start-up (the ensemble with its steps), not one load request each
+        assert loads(port) == (0, 5)
+        for name in (*MODELS, "flaky"):
+            assert [o for o, _ in deploys(daemon, name)] == ["ok"], name  # the rows of any deploy
+        # failing there is a failed deploy: nothing to roll back to, Triton's reason from its log
+        [(outcome, message)] = deploys(daemon, "broken")
+        assert outcome == "failed" and "broken at init" in message and "start-up" in message, message
+        assert daemon.model_status("broken")["state"] == "failed"
+    finally:
+        assert daemon.stop(kill_triton=True) == 0, daemon.log_tail()
+
+    write_gen_model(repo, "flaky", 2, init="raise RuntimeError('gen 2 fails')")  # a new content that fails
+    daemon = DaemonProcess(repo, state, extra_args=args).start()
+    try:
+        wait_for(lambda: len(deploys(daemon, "flaky")) == 2, 120, 0.2, "flaky's second deploy ended")
+        [(outcome, message), _first] = deploys(daemon, "flaky")
+        assert outcome == "rolled_back" and "gen 2 fails" in message, message  # to the digest that served
+        with triton_client(daemon) as client:
+            assert answers(client, "flaky", 1)
+        requests, startup = loads(port)
+        assert startup == 0 and requests == 1, (requests, startup)  # the rollback's reload of flaky alone
+    finally:
         assert daemon.stop() == 0, daemon.log_tail()

@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 from controlplane.deploy.causes import classify
 from controlplane.deploy.plans import Plan, SetRunner, serving_digest
@@ -61,7 +62,7 @@ from controlplane.vocab import (
     StepState,
 )
 
-__all__ = ["Deployer", "DeployOperation", "LoadGuard", "NoBudget", "Outcome", "Progress", "ProgressFn",
+__all__ = ["Deployer", "DeployOperation", "Staged", "LoadGuard", "NoBudget", "Outcome", "Progress", "ProgressFn",
            "TritonPort", "VerifyError", "admission", "raise_for"]
 
 log = logging.getLogger("tritonctl.deploy")
@@ -153,7 +154,7 @@ class Deployer:
     # -- the bring-up (controlplane/deploy/steps.py BRING_UP: the one sequence every path runs) ----------
 
     def _bring_up(self, op: DeployOperation, b: BringUp, *, record: bool = True, quiet: bool = False,
-                  start: str | None = None) -> BringUp:
+                  start: str | None = None, stop: str | None = None) -> BringUp:
         """Bring `b` up for the operation `op` (its own digest, or the one a rollback restores). `record`:
         advance the operation's deployment at each recorded step (and its kill point); `quiet`: stream no
         progress."""
@@ -166,7 +167,7 @@ class Deployer:
             fault_point(FAULT_POINTS[step])
 
         return self.steps.bring_up(b, reached=reached if record else None, emit=None if quiet else emit,
-                                   start=start)
+                                   start=start, stop=stop)
 
     def _bring_up_recorded(self, op: DeployOperation, model: str, digest: str, *, reload: bool,
                            timeout_s: float | None = None, record: bool = True, quiet: bool = False) -> BringUp:
@@ -230,6 +231,10 @@ class Deployer:
             ready = self._bring_up(op, BringUp(model, digest, snap.config, snap.served_versions)).ready
         except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
             return self._recover_from_failure(op, exc)
+        return self._committed(op, snap, ready)
+
+    def _committed(self, op: DeployOperation, snap: SnapshotRecord, ready: list[str]) -> Outcome:
+        model, digest = op.model, snap.digest
         fault_point("before_commit")
         message = f"serving {digest[:12]} (versions {', '.join(ready)})"
         op.emit(DeployStep.COMMIT, StepState.START, message)
@@ -240,13 +245,80 @@ class Deployer:
         op.emit(DeployStep.COMMIT, StepState.OK, message)
         return outcome
 
-    def _refusal(self, snap: SnapshotRecord, force: bool) -> tuple[str, Cause] | None:
+    # -- a first start's loads in the launching tritonserver's own start-up (controlplane/startup/bulk.py) --
+
+    def stage(self, model: str, digest: str, actor: str,
+              overrides: Mapping[str, SnapshotRecord] | None = None) -> Staged | Outcome:
+        """`deploy`'s part before Triton, for a tritonserver not launched yet: validated, its intent
+        recorded, published. The load is that server's start-up (`--load-model`); `finish_staged` ends
+        the deploy. An Outcome: it ended here (refused, or its publish failed). Holds the model's lock
+        until `finish_staged`. `overrides`: step models staged for the same start-up (an ensemble's steps
+        count as served)."""
+        lock = self.lock(model)
+        lock.acquire()
+        try:
+            started = time.monotonic()
+            snap = self.registry.get_snapshot(model, digest)
+            current = self.registry.ensure_model(model)
+            previous = current.active_digest if current.state in SERVING_STATES else None
+            op = self._operation(model, snap.digest, previous, actor, "deploy", None, started)
+            op.emit(DeployStep.VALIDATE, StepState.START)
+            refusal = self._refusal(snap, force=False, overrides=overrides)
+            if refusal is not None:
+                lock.release()
+                return op.refuse(*refusal)
+            op.emit(DeployStep.VALIDATE, StepState.OK)
+            ticket = self.guard.admit(model, snap.digest, snap.config, previous)
+            op.begin()
+            b = BringUp(model, snap.digest, snap.config, snap.served_versions)
+            try:  # the host's capability check needs the server: its load's reason says the same
+                self._bring_up(op, b, start="publish", stop="load")
+            except (SnapshotError, TritonctlError) as exc:
+                self.guard.settle(ticket, False)
+                lock.release()
+                return self._recover_from_failure(op, exc)
+        except BaseException:
+            if lock.locked():
+                lock.release()
+            raise
+        return Staged(op, snap, b, lock, ticket)
+
+    def finish_staged(self, staged: Staged, *, loaded: bool, failure: TritonctlError | None = None,
+                      indexed: list[str] | None = None) -> Outcome:
+        """End a staged deploy: `loaded`, Triton's start-up loaded it (verified and smoke-tested here;
+        `indexed`: its READY versions in the repository index taken after that start-up);
+        `failure`, it failed there (rolled back like any failed deploy); neither, the server was launched
+        without it and it is loaded by its own request now."""
+        op, b = staged.op, staged.bring_up
+        outcome: Outcome | None = None
+        try:
+            try:
+                if failure is not None:
+                    raise failure
+                if loaded:
+                    op.emit(DeployStep.LOAD, StepState.OK, "loaded in tritonserver's start-up", b.digest)
+                    op.advance(RecordedStep.LOADED)
+                    b.indexed = indexed
+                    self._bring_up(op, b, start="verify")
+                else:
+                    self._bring_up(op, b, start="load")
+            except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
+                outcome = self._recover_from_failure(op, exc)
+                return outcome
+            outcome = self._committed(op, staged.snap, b.ready)
+            return outcome
+        finally:
+            self.guard.settle(staged.ticket, outcome is not None and outcome.outcome == Result.OK)
+            staged.lock.release()
+
+    def _refusal(self, snap: SnapshotRecord, force: bool,
+                 overrides: Mapping[str, SnapshotRecord] | None = None) -> tuple[str, Cause] | None:
         """Why a recorded snapshot is not sent to Triton (message, whose fault), or None."""
         refused = admission(snap, force=force, where="Triton")
         if refused is not None:
             return refused, Cause.NONE
         try:
-            require_members(self.registry, snap)
+            require_members(self.registry, snap, overrides)
         except EnvironmentFault as exc:  # an ensemble whose steps this daemon lacks yet: retried
             return str(exc), Cause.ENVIRONMENT
         except ModelConfigError as exc:  # an ensemble that does not fit the steps this daemon serves
@@ -523,6 +595,21 @@ class Deployer:
     def _report(self, outcome: Outcome) -> None:
         if self.on_outcome:
             self.on_outcome(outcome)
+
+
+@dataclass
+class Staged:
+    """A deploy `Deployer.stage` took up to its load (the launching tritonserver's start-up)."""
+
+    op: DeployOperation
+    snap: SnapshotRecord
+    bring_up: BringUp
+    lock: threading.Lock
+    ticket: Any
+
+    @property
+    def model(self) -> str:
+        return self.op.model
 
 
 def raise_for(outcome: Outcome) -> Outcome:

@@ -230,6 +230,7 @@ class BringUp:
     timeout_s: float | None = None
     tree: Path | None = None
     ready: list[str] = field(default_factory=list)
+    indexed: list[str] | None = None  # its READY versions, read from a repository index just taken
 
     @property
     def served_as(self) -> str:
@@ -265,7 +266,7 @@ def _load(steps: TritonSteps, b: BringUp) -> str:
 
 
 def _verify(steps: TritonSteps, b: BringUp) -> str:
-    b.ready = steps.verify(b.served_as, b.stamp or b.digest, b.served_versions)
+    b.ready = steps.verify(b.served_as, b.stamp or b.digest, b.served_versions, b.indexed)
     return f"READY versions {', '.join(b.ready)}"
 
 
@@ -306,14 +307,16 @@ class TritonSteps:
         self._ensemble_loads = threading.Lock()  # ensembles go to Triton one at a time (`_bookkeeping_only`)
 
     def bring_up(self, b: BringUp, *, reached: Reached | None = None, emit: Emit | None = None,
-                 start: str | None = None) -> BringUp:
+                 start: str | None = None, stop: str | None = None) -> BringUp:
         """Take the steps of `BRING_UP` that apply to `b`, in order, from the one named `start` (a
-        recovery checks what already serves from "verify" on). `reached` is told each recorded step once
+        recovery checks what already serves from "verify" on) up to the one named `stop` (not taken: a
+        first start publishes before the launching tritonserver loads). `reached` is told each recorded step once
         taken (the operation's deployment advances); `emit` streams each step's start and end. A step's
         failure raises (TritonctlError): the caller decides what to undo."""
         sequence = BRING_UP
-        if start is not None:
-            sequence = sequence[[step.name for step in sequence].index(start):]
+        names = [step.name for step in sequence]
+        sequence = sequence[names.index(start) if start is not None else 0:
+                            names.index(stop) if stop is not None else len(sequence)]
         for step in sequence:
             if step.applies is not None and not step.applies(b):
                 continue
@@ -359,9 +362,11 @@ class TritonSteps:
         except OSError:
             return False
 
-    def verify(self, name: str, stamp: str, served_versions: Sequence[int]) -> list[str]:
-        """Every served version READY and the served config stamped `stamp`; the READY versions."""
-        ready = self.triton.ready_versions(name)
+    def verify(self, name: str, stamp: str, served_versions: Sequence[int],
+               indexed: Sequence[str] | None = None) -> list[str]:
+        """Every served version READY and the served config stamped `stamp`; the READY versions
+        (`indexed`: as a repository index just taken says, not asked of Triton again)."""
+        ready = list(indexed) if indexed is not None else self.triton.ready_versions(name)
         missing = [str(v) for v in served_versions if str(v) not in ready]
         if missing or not ready:
             raise VerifyError(f"'{name}': version(s) {', '.join(missing) or '?'} not READY after load (ready: {ready})")

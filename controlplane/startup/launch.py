@@ -8,16 +8,23 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from typing import Any, Protocol
 
 from controlplane import systemd
 from controlplane.config import Settings
 from controlplane.deploy.publish import ServingRepository
-from controlplane.errors import ConfigError, LauncherError
+from controlplane.errors import ConfigError, LauncherError, TritonctlError
+from controlplane.ports import WavePlane
+from controlplane.startup import bulk
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.store.registry import Registry
+from controlplane.triton.client import TritonClient
 from controlplane.triton.exposure import key_exposure
 from controlplane.triton.launcher import RECORD_FILE, WAIT_CALLBACK_S, TritonServer
 from controlplane.triton.ports import launch_ports, unlike_requested
+from controlplane.triton.serverlog import LogCursor
 
 log = logging.getLogger("tritonctl.daemon")
 
@@ -52,11 +59,12 @@ def new_server(settings: Settings) -> TritonServer:
     )
 
 
-def adopt_or_launch(settings: Settings, registry: Registry, server: TritonServer,
-                    serving: ServingRepository) -> list[str]:
+def adopt_or_launch(settings: Settings, registry: Registry, server: TritonServer, serving: ServingRepository,
+                    *, defer: bool = False) -> list[str] | None:
     """The record before any port: the ports a crash (or keep_triton) left our own tritonserver serving
     on are adopted with it, whatever they are; only another holder is a conflict. Returns the models a
-    fresh server loaded in its start-up ([] when adopted)."""
+    fresh server loaded in its start-up ([] when adopted); None when `defer`: the ports are chosen and the
+    launch waits for the first start's deploys (controlplane/startup/bulk.py), which load in it too."""
     if server.adopt():
         log.info("adopted the running tritonserver pid %s on %s", server.pid, server.grpc_url)
         changed = unlike_requested(settings, (server.grpc_port, server.http_port, server.metrics_port))
@@ -65,21 +73,27 @@ def adopt_or_launch(settings: Settings, registry: Registry, server: TritonServer
                         "stops it (SIGTERM without keep_triton); the next start then uses them", ", ".join(changed))
         return []
     server.grpc_port, server.http_port, server.metrics_port = launch_ports(settings)
-    preloaded = launch(settings, registry, server, serving)
+    if defer:
+        return None
+    preloaded, _ = launch(settings, registry, server, serving)
     log.info("launched tritonserver pid %s on %s", server.pid, server.grpc_url)
     return preloaded
 
 
-def launch(settings: Settings, registry: Registry, server: TritonServer, serving: ServingRepository) -> list[str]:
+def launch(settings: Settings, registry: Registry, server: TritonServer, serving: ServingRepository,
+           staged: list[str] | None = None) -> tuple[list[str], bool]:
     """Start a fresh tritonserver (the daemon's start, a relaunch after it died) with the models the
     registry serves loading in its own start-up (controlplane/startup/preload.py): one pass of its
     load threads instead of a load request each. If those loads stall or the server does not come
     up with them, it is launched without them and the reconcile restores each model, as before.
-    Returns the models it loaded in its start-up (the next reconcile verifies and audits them)."""
-    preload = models_to_preload(settings, registry, serving)
+    `staged`: a first start's deploys, published, to load there too (controlplane/startup/bulk.py).
+    Returns the registry's models it loaded in its start-up (the next reconcile verifies and audits
+    them), and whether it was launched with its loads."""
+    served = models_to_preload(settings, registry, serving)
+    preload = sorted({*served, *(staged or [])})
     if preload:
-        log.info("launching tritonserver with the %d models the registry serves loading in its start-up",
-                 len(preload))
+        log.info("launching tritonserver with the %d models the registry serves loading in its start-up%s",
+                 len(served), f", and the {len(staged)} deploys of this start" if staged else "")
         progress = LoadProgress(server.log_path, len(preload), stall_s=settings.load_timeout_s)
 
         def waiting() -> None:
@@ -97,6 +111,48 @@ def launch(settings: Settings, registry: Registry, server: TritonServer, serving
         else:
             log.info("tritonserver live %.1f s after launch, its start-up loads done (%d of %d finished; "
                      "the reconcile verifies each)", time.monotonic() - started, progress.poll(), len(preload))
-            return preload
+            return served, True
     server.start()
-    return []
+    return [], False
+
+
+class StagedPlane(WavePlane, Protocol):
+    """What the deferred launch uses of the plane beyond the start-up scan's records: its counters (Triton
+    reachable), its Triton client (reconnected once the server listens), the preloads to verify, and the
+    reconcile a start runs first."""
+
+    @property
+    def counters(self) -> Any: ...
+
+    @property
+    def triton(self) -> TritonClient: ...
+
+    def preloaded(self, models: Sequence[str]) -> None: ...
+
+    def reconcile(self) -> Any: ...
+
+
+def launch_staged(settings: Settings, registry: Registry, server: TritonServer, serving: ServingRepository,
+                  plane: StagedPlane, bulks: Sequence[bulk.Bulk], pool: Executor) -> tuple[list[str], list[str]]:
+    """The deferred launch of a fresh tritonserver (controlplane/startup/bulk.py): the staged deploys
+    (`bulks`: the step models', then the ensembles') and the registry's models in its start-up, the staged
+    deploys verified and ended in that order, then the reconcile that a start runs first. Returns (the
+    registry's models it preloaded, the staged models)."""
+    names = [name for b in bulks for name in b.names]
+    cursor = LogCursor(server.log_path)
+    try:
+        preloaded, loaded = launch(settings, registry, server, serving, names)
+    except TritonctlError as exc:
+        for s in (s for b in bulks for s in b.staged):
+            plane.deployer.finish_staged(s, loaded=False, failure=exc)
+        raise
+    log.info("launched tritonserver pid %s on %s", server.pid, server.grpc_url)
+    plane.counters.triton_reachable = True  # live: the reconcile below keeps it up to date
+    plane.triton.reconnect()  # its channel was made before the server listened
+    plane.preloaded(preloaded)
+    lines = bulk.log_lines(cursor) if loaded else []
+    for b in bulks:
+        bulk.finish_all(plane, b, loaded=loaded, lines=lines, index=plane.triton.index, url=plane.triton.url,
+                        pool=pool)
+    plane.reconcile()  # interrupted deployments, and the registry's preloads verified and audited
+    return preloaded, names

@@ -52,9 +52,12 @@ class Wave:
 Captured = tuple[str, str, SnapshotContent, SourceEntry]
 
 
-def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: int = BATCH) -> Wave:
+def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: int = BATCH,
+                staged: Mapping[str, SnapshotRecord] | None = None) -> Wave:
     """Capture, validate and record `names` (models that may load at once: no one an ensemble over
-    another of them), in batches; decide each one's deploy (see the module docstring)."""
+    another of them), in batches; decide each one's deploy (see the module docstring). `staged`: step
+    models whose deploy a launching tritonserver's start-up loads first (controlplane/startup/bulk.py):
+    an ensemble over them may deploy alone too."""
     out = Wave()
     if plane.source.repository_held() or plane.source.repository_marked():
         out.settle = list(names)  # a repository-level hold or commit marker: its own rules, per model
@@ -86,7 +89,7 @@ def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: i
         for (*_, entry), record in zip(captured, records, strict=True):
             plane.source_graph.recorded(entry)
             plane.capture_done(record.model)
-        _decide(plane, records, out)
+        _decide(plane, records, out, staged or {})
     if names:
         log.info("start-up scan: %d models recorded in batches (%d to deploy alone), %d model by model",
                  len(names) - len(out.settle), len(out.deploy), len(out.settle))
@@ -153,7 +156,8 @@ def _captured(plane: WavePlane, name: str, steps: StepMembers) -> Captured | Non
         return None
 
 
-def _decide(plane: WavePlane, records: list[SnapshotRecord], out: Wave) -> None:
+def _decide(plane: WavePlane, records: list[SnapshotRecord], out: Wave,
+            staged: Mapping[str, SnapshotRecord]) -> None:
     """Each recorded model: done, deployed alone, or handed to the watcher's path."""
     names = [r.model for r in records]
     wanted = {*names, *(step for r in records for step in step_models(r.config))}
@@ -168,7 +172,7 @@ def _decide(plane: WavePlane, records: list[SnapshotRecord], out: Wave) -> None:
     for record in records:
         model = models.get(record.model)
         if (model is None or model.removed_at is not None or record.model in pending
-                or not _alone(plane, record, models, serving, serving_over, pending)):
+                or not _alone(plane, record, models, serving, serving_over, pending, staged)):
             out.settle.append(record.model)
             continue
         decision = decide(model, record, policy=plane.effective_policy(model), last=last.get(record.model))
@@ -182,7 +186,7 @@ def _decide(plane: WavePlane, records: list[SnapshotRecord], out: Wave) -> None:
 
 def _alone(plane: WavePlane, record: SnapshotRecord, models: dict[str, ModelRecord],
            serving: dict[str, list[str]], serving_over: dict[str, set[str]],
-           pending: dict[str, float | None]) -> bool:
+           pending: dict[str, float | None], staged: Mapping[str, SnapshotRecord]) -> bool:
     """Whether the watcher's change-set grouping would take `record`'s model alone: no ensemble (recorded
     or serving) over it, and every step it names known, not settling, unchanged since recorded, and
     owed no deploy by auto policy (controlplane/changeset.py, `ChangeSets.group`)."""
@@ -193,7 +197,7 @@ def _alone(plane: WavePlane, record: SnapshotRecord, models: dict[str, ModelReco
         current = models.get(step)
         if current is None or step in pending or plane.source_changed(step):
             return False
-        if _owed(plane, current):
+        if _owed(plane, current) and not (step in staged and _staged_newest(plane, staged[step])):
             return False
     return True
 
@@ -205,6 +209,12 @@ def _owed(plane: WavePlane, model: ModelRecord) -> bool:
     entry = plane.source_graph.entry(model.name)
     return not (model.state in SERVING_STATES and model.active_digest
                 and (entry is None or entry.digest == model.active_digest))
+
+
+def _staged_newest(plane: WavePlane, snap: SnapshotRecord) -> bool:
+    """A staged step deploys its newest recorded content."""
+    entry = plane.source_graph.entry(snap.model)
+    return entry is not None and entry.digest == snap.digest
 
 
 def deploy_alone(plane: WavePlane, model: str, digest: str) -> bool:

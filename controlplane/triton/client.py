@@ -85,12 +85,19 @@ class TritonClient:
         self.backoff_s = backoff_s
         self._headers = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": restricted_key} if restricted_key else None
         self._client = grpcclient.InferenceServerClient(url)
+        self.load_requests = 0  # load requests sent (metric tritonctl_triton_load_requests)
         # each model's last successful load request, in seconds (a bake compares a digest's with the previous
         # digest's: controlplane/bakewarn.py)
         self.load_seconds: dict[str, float] = {}
 
     def close(self) -> None:
         self._client.close()
+
+    def reconnect(self) -> None:
+        """A fresh channel, for a server that has just started listening: the old one tried to connect
+        while nothing listened, and gRPC's reconnect backoff made its next calls fail for seconds."""
+        old, self._client = self._client, grpcclient.InferenceServerClient(self.url)
+        old.close()
 
     def _call(self, what: str, fn: Callable[[], T], retry: bool = True) -> T:
         attempts = self.retries + 1 if retry else 1
@@ -126,6 +133,7 @@ class TritonClient:
 
     def load(self, model: str, timeout_s: float | None = None) -> None:
         deadline = timeout_s or self.timeouts.load_s
+        self.load_requests += 1
         started = time.monotonic()
         self._call(
             f"load '{model}'",

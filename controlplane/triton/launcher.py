@@ -37,6 +37,8 @@ RESTRICTED_PROTOCOLS = ("model-repository", "shared-memory", "logging", "trace")
 RECORD_FILE = "server.json"
 _LOG_TAIL_CHARS = 2000
 WAIT_CALLBACK_S = 5.0  # how often start() calls on_wait while the server is not live yet
+LIVE_CHANNEL_ARGS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 100)]
 
 
 def _wheel_root() -> Path | None:
@@ -234,6 +236,10 @@ class TritonServer:
             except FileNotFoundError:
                 pass
 
+    def inference_urls(self) -> str:
+        """"; inference: gRPC HOST:PORT, HTTP http://HOST:PORT" (the daemon's ready line)."""
+        return f"; inference: gRPC {self.grpc_url}, HTTP http://{self.http_url}"
+
     def adopt(self, live_timeout_s: float = 10.0) -> bool:
         """Take over the server `record_path` names if it is still ours and answering.
 
@@ -377,7 +383,9 @@ class TritonServer:
 
         deadline = time.monotonic() + timeout_s
         next_call = time.monotonic() + WAIT_CALLBACK_S
-        client = grpcclient.InferenceServerClient(self.grpc_url)
+        # gRPC's reconnect backoff grows to seconds while the server is not listening yet (a start-up that
+        # loads 2,000 models: live 2 s after launch, seen 17 s after): retry the connection every 100 ms
+        client = grpcclient.InferenceServerClient(self.grpc_url, channel_args=LIVE_CHANNEL_ARGS)
         try:
             while time.monotonic() < deadline:
                 if not self.is_running():

@@ -128,7 +128,7 @@ def test_an_ensemble_whose_steps_are_not_served_is_the_environments_fault(bench:
 
 def test_an_ensemble_that_does_not_fit_its_steps_is_the_contents_fault(bench: Bench,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    def misfit(registry: Registry, snap: object) -> None:
+    def misfit(registry: Registry, snap: object, overrides: object = None) -> None:
         raise ModelConfigError("ens/config.pbtxt: step 0: input 'x' has no such tensor")
 
     monkeypatch.setattr("controlplane.deploy.engine.require_members", misfit)

@@ -1,0 +1,94 @@
+"""The phases of a first start through Triton's own start-up (issue 39), from the daemon's log, and
+optionally the shares of a py-spy profile (`py-spy record -f raw`) of the same kind of start.
+
+    python bench/first_start_phases.py DAEMON.log [PROFILE.txt] --out bench/results/first_start_phases.json
+
+Phases (seconds, from the log lines the daemon writes): the initial scan's capture, validation and
+records; staging every deploy (deployment row, published tree) until the launch; Triton's start-up
+loading them (launch to live); ending the deploys (verify, smoke, commit) after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common as c  # noqa: E402
+
+MARKS = {
+    "scan": r"initial scan: (\d+) models",
+    "recorded": r"start-up scan: \d+ models recorded in batches",
+    "launch": r"launching tritonserver with the",
+    "live": r"launched tritonserver pid",
+    "ended": r"start-up: \d+ models deployed through tritonserver's start-up",
+}
+# py-spy frames whose samples each phase counts, and the callees they are split by
+PROFILE = {"stage": "Deployer.stage", "finish": "Deployer.finish_staged"}
+
+
+def phases(log: str) -> dict[str, Any]:
+    times: dict[str, datetime] = {}
+    for line in log.splitlines():
+        for mark, pattern in MARKS.items():
+            if re.search(pattern, line):
+                times[mark] = datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00"))
+    def span(a: str, b: str) -> float:
+        return round((times[b] - times[a]).total_seconds(), 2)
+    models = re.search(MARKS["scan"], log)
+    return {"models": int(models.group(1)) if models else None,
+            "capture_validate_record_s": span("scan", "recorded"), "stage_s": span("recorded", "launch"),
+            "triton_start_up_s": span("launch", "live"), "end_deploys_s": span("live", "ended"),
+            "total_s": span("scan", "ended")}
+
+
+# what a sample under a phase is spent on: the first of these frames in its stack
+KINDS = (("ServingRepository.publish", "publish"), ("TritonClient.ready_versions", "ready_versions_rpc"),
+         ("TritonClient.served_digest", "served_digest_rpc"), ("Outcomes.publish", "outcome_subscribers"),
+         ("Registry.", "registry"))
+
+
+def shares(profile: str) -> dict[str, dict[str, float]]:
+    """Per phase, the share (%) of its samples in each kind of work (`KINDS`, else other)."""
+    out: dict[str, dict[str, float]] = {}
+    for phase, frame in PROFILE.items():
+        counts: collections.Counter[str] = collections.Counter()
+        for line in profile.splitlines():
+            stack, _, n = line.rpartition(" ")
+            names = [f.split(" (")[0] for f in stack.split(";")]
+            if frame not in names:
+                continue
+            below = names[names.index(frame) + 1:]
+            kind = next((k for name in below for prefix, k in KINDS if name.startswith(prefix)), "other")
+            counts[kind] += int(n)
+        total = sum(counts.values()) or 1
+        out[phase] = {k: round(100 * v / total, 1) for k, v in counts.most_common()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("log", type=Path)
+    parser.add_argument("profile", type=Path, nargs="?")
+    parser.add_argument("--out", type=Path, default=c.RESULTS / "first_start_phases.json")
+    parser.add_argument("--note", default="", help="where the log and the profile come from")
+    args = parser.parse_args(argv)
+    report: dict[str, Any] = {"benchmark": "first_start_phases", "machine": c.machine_info(),
+                              "git_commit": c.git_commit(), "phases": phases(args.log.read_text(errors="replace"))}
+    report["note"] = args.note
+    if args.profile is not None:
+        report["profile_shares_pct"] = shares(args.profile.read_text(errors="replace"))
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["phases"]), f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
