@@ -16,8 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from controlplane.deploy.causes import classify
 from controlplane.deploy.plans import Plan, SetRunner, serving_digest
@@ -29,6 +28,7 @@ from controlplane.deploy.steps import (
     LoadGuard,
     NoBudget,
     ProgressFn,
+    Staged,
     TritonPort,
     TritonSteps,
     VerifyError,
@@ -36,7 +36,6 @@ from controlplane.deploy.steps import (
     fault_point,
 )
 from controlplane.errors import (
-    DeployError,
     EnvironmentFault,
     ModelConfigError,
     NotFoundError,
@@ -63,7 +62,7 @@ from controlplane.vocab import (
 )
 
 __all__ = ["Deployer", "DeployOperation", "Staged", "LoadGuard", "NoBudget", "Outcome", "Progress", "ProgressFn",
-           "TritonPort", "VerifyError", "admission", "raise_for"]
+           "TritonPort", "VerifyError", "admission"]
 
 log = logging.getLogger("tritonctl.deploy")
 
@@ -595,25 +594,3 @@ class Deployer:
     def _report(self, outcome: Outcome) -> None:
         if self.on_outcome:
             self.on_outcome(outcome)
-
-
-@dataclass
-class Staged:
-    """A deploy `Deployer.stage` took up to its load (the launching tritonserver's start-up)."""
-
-    op: DeployOperation
-    snap: SnapshotRecord
-    bring_up: BringUp
-    lock: threading.Lock
-    ticket: Any
-
-    @property
-    def model(self) -> str:
-        return self.op.model
-
-
-def raise_for(outcome: Outcome) -> Outcome:
-    """For callers that want an exception: DeployError unless the outcome succeeded."""
-    if not outcome.succeeded:
-        raise DeployError(f"{outcome.model}: {outcome.message}", outcome.outcome, str(outcome.cause))
-    return outcome

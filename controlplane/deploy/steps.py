@@ -408,3 +408,18 @@ class TritonSteps:
 
 def ms_since(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
+
+
+@dataclass
+class Staged:
+    """A deploy `Deployer.stage` took up to its load (the launching tritonserver's start-up)."""
+
+    op: DeployOperation
+    snap: SnapshotRecord
+    bring_up: BringUp
+    lock: threading.Lock
+    ticket: Any
+
+    @property
+    def model(self) -> str:
+        return self.op.model

@@ -32,7 +32,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from controlplane.config import Settings
-from controlplane.deploy.engine import Staged
+from controlplane.deploy.steps import Staged
 from controlplane.errors import TritonctlError, TritonError
 from controlplane.ports import WavePlane
 from controlplane.results import Outcome
