@@ -90,10 +90,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
                       f'events = ["*"]\nsecret_file = "{secret}"\n')
     repo = base / "repo"
     repo.mkdir()
-    # the exception's message, as Python source: the model file is plain text, the raised message is not
-    write_gen_model(repo, "evil", 1, init=f"raise RuntimeError({EVIL!r} + 'weights missing')")
     proc = DaemonProcess(repo, base / "state", extra_args=["--config", str(config)]).start()
     try:
+        # the exception's message, as Python source: the model file is plain text, the raised message is
+        # not. Written once the daemon runs, so its load request's error (Triton's own text, escape codes
+        # raw) is the message; a first start's load in Triton's start-up reads Triton's log, which escapes
+        # them itself (tests/test_launch_preload.py covers that path).
+        write_gen_model(repo, "evil", 1, init=f"raise RuntimeError({EVIL!r} + 'weights missing')")
         wait_for(lambda: [e for e in proc.audit("--model", "evil", "--action", "deploy")
                           if e["outcome"] != "ok" and "pwned" in (e.get("message") or "")], 60,
                  what="evil's failed deploy with its message")

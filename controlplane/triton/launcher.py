@@ -139,11 +139,16 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the server retries on the rare collision)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", *, besides: tuple[int, ...] = ()) -> int:
+    """A TCP port that was free a moment ago (the server retries on the rare collision), other than
+    `besides`: binding and closing may hand the same port back twice in a row, and tritonserver refuses
+    two of its protocols on one port."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in besides:
+            return port
 
 
 @dataclass
@@ -340,11 +345,12 @@ class TritonServer:
         last_error: LauncherError | None = None
         for _attempt in range(3 if choose_ports else 1):
             if choose_ports:
-                self.grpc_port, self.http_port = free_port(self.host), free_port(self.host)
+                self.grpc_port = free_port(self.host)
+                self.http_port = free_port(self.host, besides=(self.grpc_port,))
             elif self.http_port == 0:
-                self.http_port = free_port(self.host)
+                self.http_port = free_port(self.host, besides=(self.grpc_port,))
             if self.metrics_port == 0:
-                self.metrics_port = free_port(self.host)
+                self.metrics_port = free_port(self.host, besides=(self.grpc_port, self.http_port))
             try:
                 self._spawn(server, backend_dir, load)
                 self.write_record()  # now, not once live: a daemon killed meanwhile leaves no unrecorded server
