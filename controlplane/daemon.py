@@ -51,6 +51,7 @@ from controlplane.triton.host import host_for
 from controlplane.triton.launcher import TritonServer
 from controlplane.validation.modelconfig import is_ensemble_text
 from controlplane.vocab import SERVING_STATES
+from controlplane.waker import Waker, loop_sleep_s
 
 if TYPE_CHECKING:
     from controlplane.api.server import ApiServer
@@ -88,7 +89,7 @@ class Daemon:
         self.reload_requested = threading.Event()
         self._sigint_count = 0
         self._settled: queue.Queue[tuple[str, bool]] = queue.Queue()  # (model, declared complete)
-        self._wake = threading.Event()  # the main loop's sleep between ticks, cut short by a hand-on
+        self._wake = Waker()  # the main loop's sleep until its next duty, cut short by a hand-on or a signal
         self.inflight = InFlight()  # what a stop waits for (reconcile runs in a worker and may submit work too)
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
@@ -343,7 +344,7 @@ class Daemon:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
+        signal.signal(signal.SIGHUP, lambda *_: (self.reload_requested.set(), self._wake.set()))
 
     def _on_stop_signal(self, signum: int, _frame: Any) -> None:
         if signum == signal.SIGINT:
@@ -356,7 +357,8 @@ class Daemon:
                     except OSError:
                         pass
                 os._exit(130)  # the operator insists
-        self.stop_requested.set()  # the loop sees it within a tick
+        self.stop_requested.set()
+        self._wake.set()  # the loop sees it at once
 
     def run(self) -> int:
         """Start, loop until asked to stop, shut down. Returns the exit code."""
@@ -398,7 +400,9 @@ class Daemon:
                 self.inflight.track(self._reconciling)
                 next_supervise = time.monotonic() + SUPERVISE_INTERVAL_S
             self.inflight.prune()
-            self._wake.wait(TICK_S)  # a model handed on wakes it at once: no tick's delay on an edit
+            # until the next duty (a reconcile still running: a tick); a hand-on or a signal wakes it at once
+            self._wake.wait(loop_sleep_s(time.monotonic(), next_reconcile, next_supervise,
+                                         next_ping if interval is not None else None, floor_s=TICK_S))
         abandoned = self.shutdown()
         if abandoned:
             # Worker threads would hold the interpreter's exit until they finish; the registry

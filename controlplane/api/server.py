@@ -33,6 +33,7 @@ from controlplane.api.app import ACTOR_SCOPE_KEY, build_app
 from controlplane.api.health import health_routes
 from controlplane.api.hooks import webhook_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
+from controlplane.api.quietloop import QuietServer
 from controlplane.api.stream import EventHub, events_routes
 from controlplane.api.web.gate import is_loopback
 from controlplane.config import Settings
@@ -124,7 +125,7 @@ class _Listener:
 
     def __init__(self, app: Any, sock: socket.socket, name: str, **config: Any) -> None:
         self.sock = sock
-        self.server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
+        self.server = QuietServer(uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
                                                     access_log=False, timeout_graceful_shutdown=1, **config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
 
@@ -137,7 +138,7 @@ class _Listener:
             time.sleep(0.005)
 
     def stop(self, grace_s: float) -> None:
-        self.server.should_exit = True
+        self.server.stop()
         self.thread.join(grace_s + 1)
         if self.thread.is_alive():
             self.server.force_exit = True
