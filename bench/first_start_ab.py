@@ -11,6 +11,12 @@ recorded.
 
     python bench/first_start_ab.py --other /work/wt/engine                 # 1,000 models, 3 rounds each
     python bench/first_start_ab.py --other /work/wt/engine --quick         # 50 models, 1 round each
+    python bench/first_start_ab.py --other /work/wt/engine --models 20 --python --poll --rounds 5
+
+`--python`: each model is a python model of its own (each loads its own stub process), not one python
+model and ensembles over it. `--poll`: each turn also starts Triton in poll mode on a copy of the same
+repository, from spawning `tritonserver` to every model READY in its index (issue 39, item 4: the
+20-model start-up within 1.2x Triton poll's).
 """
 
 from __future__ import annotations
@@ -64,6 +70,38 @@ def _first_start(tritonctl: Path, repo: Path, state: Path, log: Path, models: in
         proc.wait(60)
 
 
+def _poll_start(repo: Path, work: Path, models: int, timeout_s: float) -> dict[str, float]:
+    """Triton poll on `repo`: seconds from spawning it to every model READY in its index."""
+    import tritonclient.grpc as grpcclient
+
+    server = c.triton_server(repo, work, mode="poll")
+    started = time.monotonic()
+    try:
+        server.start(live_timeout_s=timeout_s)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            def all_ready() -> bool:
+                index = client.get_model_repository_index(client_timeout=30)
+                return sum(1 for m in index.models if m.state == "READY") >= models
+
+            if c.wait_until(all_ready, timeout_s, 0.05) is None:
+                raise SystemExit(f"Triton poll: not every model READY within {timeout_s:g} s")
+        finally:
+            client.close()
+        return {"all_serving_s": round(time.monotonic() - started, 2)}
+    finally:
+        server.stop(timeout_s=30)
+
+
+def _make_repository(repo: Path, models: int, python: bool) -> None:
+    if not python:
+        scale.make_repository(repo, models)
+        return
+    repo.mkdir(parents=True)
+    for i in range(models):
+        c.write_pair_model(repo, f"p{i:03d}", 1)
+
+
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -78,20 +116,30 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         args.models, args.rounds = 50, 1
     report = c.base_report(NAME, args.argv, args.quick, c.machine_info())
     report["trees"] = {k: {"path": str(v), "git_commit": restart_ab._commit(v)} for k, v in trees.items()}
-    runs: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
+    runs: dict[str, list[dict[str, float]]] = {"this": [], "other": [], **({"poll": []} if args.poll else {})}
     with c.workspace(NAME) as base:
         repo = base / "repo"
-        scale.make_repository(repo, args.models)
+        _make_repository(repo, args.models, args.python)
         time.sleep(1.5)  # older than the racy-signature window (controlplane/source/poller.py)
         for turn in range(args.rounds):
-            for key in ("other", "this"):
+            for key in ("other", "this", *(("poll",) if args.poll else ())):
                 state = base / f"state-{key}-{turn}"
-                result = _first_start(trees[key] / ".venv" / "bin" / "tritonctl", repo, state,
-                                      base / f"start-{key}-{turn}.log", args.models, args.timeout)
+                if key == "poll":  # a copy: the python stub writes __pycache__ into the repository it loads
+                    shutil.copytree(repo, base / "repo-poll", dirs_exist_ok=True)
+                    result = _poll_start(base / "repo-poll", state, args.models, args.timeout)
+                    shutil.rmtree(base / "repo-poll", ignore_errors=True)
+                else:
+                    result = _first_start(trees[key] / ".venv" / "bin" / "tritonctl", repo, state,
+                                          base / f"start-{key}-{turn}.log", args.models, args.timeout)
                 runs[key].append(result)
-                console.print(f"[dim]{key}: every model serving {result['all_serving_s']:.2f} s, daemon CPU "
-                              f"{result['daemon_cpu_s']:.2f} s, tritonserver CPU {result['triton_cpu_s']:.2f} s[/dim]")
+                console.print(f"[dim]{key}: every model serving {result['all_serving_s']:.2f} s"
+                              + (f", daemon CPU {result['daemon_cpu_s']:.2f} s, tritonserver CPU "
+                                 f"{result['triton_cpu_s']:.2f} s" if key != "poll" else "") + "[/dim]")
                 shutil.rmtree(state, ignore_errors=True)
+    if args.poll:
+        report["poll_runs"] = runs.pop("poll")
+        report["poll_all_serving_s_median"] = c.median([r["all_serving_s"] for r in report["poll_runs"]])
+    report["python_models"] = args.python
     return c.two_trees_report(report, args.models, runs, ("all_serving_s", "daemon_cpu_s", "triton_cpu_s"), rows)
 
 
@@ -103,7 +151,14 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
         out.append(c.Row(f"{report['models']:,} models: first start, policy auto -> every model serving, median of "
                          f"{len(report['runs'][key])} ({key}: {commit})", "tritonctl", f"{wall:.2f} s", "-", None,
                          f"daemon CPU {cpu:.2f} s ({1000 * cpu / report['models']:.1f} ms a model); tritonserver "
-                         f"CPU {report[f'{key}_triton_cpu_s_median']:.2f} s", value=wall))
+                         f"CPU {report[f'{key}_triton_cpu_s_median']:.2f} s"
+                         + (f"; {wall / poll:.2f}x Triton poll's" if (poll := report.get("poll_all_serving_s_median"))
+                            else ""), value=wall))
+    if report.get("poll_all_serving_s_median"):
+        out.append(c.Row(f"{report['models']:,} models: Triton poll, spawn -> every model READY, median of "
+                         f"{len(report['poll_runs'])}", "Triton poll", f"{report['poll_all_serving_s_median']:.2f} s",
+                         "-", None, "runs: " + ", ".join(f"{r['all_serving_s']:.2f} s" for r in report["poll_runs"]),
+                         value=report["poll_all_serving_s_median"]))
     return out
 
 
@@ -111,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = c.two_trees_parser(__doc__, models=1000, rounds=3)
     parser.add_argument("--quick", action="store_true", help="50 models, 1 round")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a first start may take")
+    parser.add_argument("--python", action="store_true", help="each model a python model of its own")
+    parser.add_argument("--poll", action="store_true", help="each turn also Triton poll on the same repository")
     return c.two_trees_main(NAME, parser, argv, run, "First start under auto policy, two trees in turns", rows)
 
 

@@ -28,8 +28,9 @@ PRIVATE_NAME_RE = re.compile(r".+__[0-9a-f]{8}", re.ASCII)
 
 
 def is_private_name(name: str) -> bool:
-    """Whether `name` is a change set's private step name (never a model of its own)."""
-    return bool(PRIVATE_NAME_RE.fullmatch(name))
+    """Whether `name` is a change set's private step name (never a model of its own). The substring test
+    first: the reconcile asks this of every model in Triton's index each round (issue 39, item 3)."""
+    return "__" in name and bool(PRIVATE_NAME_RE.fullmatch(name))
 
 
 def _shown(value: str, limit: int = 60) -> str:

@@ -25,7 +25,8 @@ def open_registries(settings: Settings, fleet: bool) -> tuple[JournaledRegistry,
     # a registry at the head revision needs no Alembic (importing it costs about half a second of
     # every restart): one query of alembic_version says so
     if migrate.current_revision(registry) != migrate.HEAD_REVISION:
-        before, after = migrate.upgrade(registry)
+        # a fresh state directory: the head schema at once, not every migration in turn
+        before, after = (None, migrate.HEAD_REVISION) if migrate.create_fresh(registry) else migrate.upgrade(registry)
         if before != after:
             log.info("registry schema upgraded %s -> %s", before or "empty", after)
     if written := registry.replay_journal():  # what a stop during an outage left unwritten
