@@ -15,11 +15,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from controlplane.counters import Counters
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer
-from controlplane.deploy.reconcile import Drift, plan
+from controlplane.deploy.reconcile import Drift, Plan, plan
 from controlplane.errors import TritonctlError
 from controlplane.results import Outcome
 from controlplane.servedview import ServedView
@@ -50,6 +51,7 @@ class Reconciler:
         self.sentinel: str | None = None  # a model seen READY: supervision asks Triton for it (restart_suspected)
         self._swept = False  # private names left by a stopped daemon: removed once, at the first reconcile
         self._preloaded: set[str] = set()  # loaded in a fresh tritonserver's start-up, to verify
+        self._planned: tuple[Any, Any, Any, Plan, set[str]] | None = None  # (desired, index, served, plan, READY)
 
     def note(self, outcome: Outcome) -> None:
         """An outcome subscriber: the first model a deploy or restore made serve is the sentinel until a
@@ -78,8 +80,12 @@ class Reconciler:
         # plan() looks only at models meant to serve: do not list every model of the repository
         desired = self.registry.serving_models()
         index, served = self.served_view.public(self.triton, desired)
-        result = plan(desired, index, served, busy)
-        ready = {e.name for e in index if e.state == "READY"}
+        memo = self._planned  # the same lists as the round before (servedview.py), nothing busy: the same plan
+        if busy or memo is None or memo[0] is not desired or memo[1] is not index or memo[2] is not served:
+            memo = (desired, index, served, plan(desired, index, served, busy),
+                    {e.name for e in index if e.state == "READY"})
+            self._planned = None if busy else memo
+        result, ready = memo[3], memo[4]
         self.sentinel = next((m.name for m in desired if m.name in ready and m.active_digest), None)
         digests = dict(result.restore)
         self._audit_preloaded(desired, ready, digests, busy)

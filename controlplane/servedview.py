@@ -13,6 +13,12 @@ Triton again only where that can have changed or matters:
 - and a rotating slice of the rest (`recheck_per_round`), so a change no index shows (a reload with
   a config override that stayed READY throughout) is still found within a bounded number of rounds.
 
+A round whose index is the very list of the round before (the Triton client hands back the same list
+while the index is unchanged), with the same registry view and no note since, changed nothing a round
+can see but the slice: it re-reads the slice and the models that did not match, and when they read as
+before it returns the same `served` dict (and `public` the same filtered lists), so a reconcile over
+them can keep its plan: an idle round costs no per-model work (issue 39, item 3).
+
 A deploy, rollback or restore that ended OK has just read the served digest itself (its
 verification): `note` hands that reading on, so the first round after a start that deployed N models
 does not read N configs again (5,000 at 5,000 models: the first `status` after such a start took
@@ -23,7 +29,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.errors import TritonctlError
 from controlplane.names import is_private_name
@@ -41,6 +48,19 @@ class _Triton(Protocol):
     def served_digest(self, model: str) -> str | None: ...
 
 
+@dataclass(frozen=True)
+class _Round:
+    """What a full round saw: its index list, the registry view it compared, the note count when it began,
+    what it returned, the READY names and those whose digest was not the one wanted."""
+
+    index: list[IndexEntry]
+    wanted: Mapping[str, str | None]
+    began: int
+    served: dict[str, str | None]
+    ready: list[str]
+    mismatched: list[str]
+
+
 class ServedView:
     """The repository index plus each READY model's served digest, read as little as it can be."""
 
@@ -52,6 +72,9 @@ class ServedView:
         self._seq = 0  # notes so far
         self._notes: dict[str, tuple[int, str | None]] = {}  # model -> (seq, digest) noted since a round began
         self.calls_last_round = 0  # served-digest calls made by the last view() (bench/scale.py reads it)
+        self._last: _Round | None = None
+        self._wanted_of: tuple[Any, dict[str, str | None]] | None = None  # (models list, its digests)
+        self._public: tuple[Any, Any, list[IndexEntry], dict[str, str | None]] | None = None
 
     def assume(self, digests: Mapping[str, str | None]) -> None:
         """Take `digests` as what Triton serves, without asking it: a daemon restarted over the
@@ -60,6 +83,7 @@ class ServedView:
         The rotating recheck slice still reads every model again over the following rounds."""
         with self._lock:
             self._known = dict(digests)
+            self._last = None
 
     def note(self, model: str, digest: str | None) -> None:
         """Triton was just verified to serve `digest` for `model` (a deploy's, rollback's or restore's
@@ -75,11 +99,19 @@ class ServedView:
         """`view` without a change set's private step names, which are no models of their own
         (controlplane/changeset.py). `models`: the registry's view (None: read every digest); `wanted`:
         every model's active digest when `models` is only some (a digest missing from it is read fresh)."""
-        if wanted is None:
-            wanted = None if models is None else {m.name: m.active_digest for m in models}
+        if wanted is None and models is not None:
+            memo = self._wanted_of  # the registry's serving list is one shared list until it changes
+            if memo is None or memo[0] is not models:
+                memo = self._wanted_of = (models, {m.name: m.active_digest for m in models})
+            wanted = memo[1]
         index, served = self.view(triton, wanted)
-        return [e for e in index if not is_private_name(e.name)], {
+        kept = self._public
+        if kept is not None and kept[0] is index and kept[1] is served:
+            return kept[2], kept[3]
+        out = [e for e in index if not is_private_name(e.name)], {
             name: digest for name, digest in served.items() if not is_private_name(name)}
+        self._public = (index, served, *out)
+        return out
 
     def view(
         self, triton: _Triton, wanted: Mapping[str, str | None] | None = None
@@ -89,6 +121,9 @@ class ServedView:
         with self._lock:
             began = self._seq  # notes after this are newer than the index below
         index = triton.index()
+        readings: dict[str, str | None] = {}  # read by the check below: a full round takes them as read
+        if wanted is not None and (same := self._unchanged(triton, index, wanted, began, readings)) is not None:
+            return index, same
         ready = sorted({e.name for e in index if e.state == "READY"})
         with self._lock:
             known = self._known
@@ -103,7 +138,10 @@ class ServedView:
                     self._cursor = start + self.recheck_per_round
         served: dict[str, str | None] = {}
         for name in ready:
-            if name in fresh:
+            if name in readings:
+                served[name] = readings[name]
+                fresh.add(name)
+            elif name in fresh:
                 try:
                     served[name] = triton.served_digest(name)
                 except TritonctlError:
@@ -116,4 +154,33 @@ class ServedView:
             known.update({m: digest for m, (_, digest) in newer.items()})
             self._known, self._notes = known, newer
             self.calls_last_round = len(fresh)
+            self._last = None if wanted is None else _Round(
+                index, wanted, began, served, ready, [n for n in ready if served[n] != wanted.get(n)])
         return index, served
+
+    def _unchanged(self, triton: _Triton, index: list[IndexEntry], wanted: Mapping[str, str | None],
+                   began: int, readings: dict[str, str | None]) -> dict[str, str | None] | None:
+        """The last round's `served` when this round can see nothing else: the same index list and
+        registry view, no note since that round began, and its mismatched models and this round's slice
+        read as before. None: a full round is needed (what was read is left in `readings`)."""
+        with self._lock:
+            last = self._last
+            if last is None or last.index is not index or last.wanted is not wanted or last.began != began:
+                return None
+            start = self._cursor % len(last.ready) if last.ready else 0
+            count = min(self.recheck_per_round, len(last.ready))
+            reread = [*last.mismatched, *(last.ready + last.ready)[start:start + count]]
+        for name in reread:
+            try:
+                digest = triton.served_digest(name)
+            except TritonctlError:
+                digest = None
+            readings[name] = digest
+            if digest != last.served.get(name):
+                return None
+        with self._lock:
+            if self._seq != began or self._last is not last:  # a note, or another round, meanwhile
+                return None
+            self._cursor = start + count
+            self.calls_last_round = len(reread)
+        return last.served

@@ -118,3 +118,51 @@ def test_a_note_newer_than_the_rounds_index_outlives_the_round() -> None:
     view.recheck_per_round = 2
     _, served = view.view(mid, {"old": "d1", "new": "d5"})
     assert served["old"] == "d9"
+
+
+class SameList(StandIn):
+    """As the real client does: an index equal to the last one comes back as the very same list."""
+
+    def __init__(self, served: dict[str, str]) -> None:
+        super().__init__(served)
+        self._last: list[IndexEntry] | None = None
+
+    def index(self) -> list[IndexEntry]:
+        entries = super().index()
+        if self._last is not None and self._last == entries:
+            return self._last
+        self._last = entries
+        return entries
+
+
+def test_an_unchanged_round_reads_only_its_slice_and_returns_what_it_saw() -> None:
+    """Issue 39, item 3: with the same index list and registry view and no note, a round re-reads only
+    the slice (and what did not match) and returns the same dicts, so the reconcile keeps its plan."""
+    names = [f"m{i:03d}" for i in range(100)]
+    triton = SameList(dict.fromkeys(names, "d1"))
+    triton.served["m007"] = "d9"  # serves another digest than the registry wants: re-read every round
+    wanted = dict.fromkeys(names, "d1")
+    view = ServedView(recheck_per_round=10)
+    first_index, first = view.public(triton, wanted=wanted)
+    triton.digest_calls.clear()
+    for _ in range(10):
+        index, served = view.public(triton, wanted=wanted)
+        assert index is first_index and served is first  # the same objects: nothing to plan again
+    assert triton.digest_calls.count("m007") == 10 + 1  # every round, and once in the slice
+    assert set(triton.digest_calls) == set(names)  # every model re-read within 100/10 rounds
+    assert len(triton.digest_calls) == 10 * 11
+
+    triton.served["m050"] = "d8"  # reloaded behind our back, still READY: the slice finds it
+    for _ in range(10):
+        _, served = view.public(triton, wanted=wanted)
+    assert served["m050"] == "d8" and served is not first
+
+    settled = view.public(triton, wanted=wanted)[1]
+    view.note("m007", "d1")  # a deploy verified between rounds: the next round is a full one
+    triton.served["m007"] = "d1"
+    _, served = view.public(triton, wanted=wanted)
+    assert served is not settled and served["m007"] == "d1"
+
+    triton.ready.discard("m001")  # the index changed: a full round
+    _, served = view.public(triton, wanted=wanted)
+    assert "m001" not in served

@@ -86,6 +86,7 @@ class TritonClient:
         self._headers = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": restricted_key} if restricted_key else None
         self._client = grpcclient.InferenceServerClient(url)
         self.load_requests = 0  # load requests sent (metric tritonctl_triton_load_requests)
+        self._index_memo: tuple[bytes, list[IndexEntry]] | None = None  # the last index: its bytes, its list
         # each model's last successful load request, in seconds (a bake compares a digest's with the previous
         # digest's: controlplane/bakewarn.py)
         self.load_seconds: dict[str, float] = {}
@@ -151,13 +152,20 @@ class TritonClient:
         )
 
     def index(self) -> list[IndexEntry]:
+        """Triton's repository index. An index equal to the last one is the same list (shared: do not change it)."""
         data = self._call(
             "repository index",
             lambda: self._client.get_model_repository_index(
                 headers=self._headers, client_timeout=self.timeouts.call_s
             ),
         )  # the message itself, not as_json: protobuf's pure-Python JSON printer was two thirds of this call
-        return [IndexEntry(m.name, m.version, m.state, m.reason) for m in data.models]
+        raw = data.SerializeToString()  # in C: the same bytes, the same list (controlplane/servedview.py)
+        memo = self._index_memo
+        if memo is not None and memo[0] == raw:
+            return memo[1]
+        entries = [IndexEntry(m.name, m.version, m.state, m.reason) for m in data.models]
+        self._index_memo = (raw, entries)
+        return entries
 
     def ready_versions(self, model: str) -> list[str]:
         """Versions of `model` that Triton has READY: its metadata's versions, which list exactly the READY
