@@ -150,6 +150,17 @@ class MLflowRest:
         version = answer.get("model_version")
         return version if isinstance(version, dict) else None
 
+    def tagged_versions(self, key: str) -> Iterator[dict[str, Any]]:
+        """Every model version (name, version, tags) carrying the tag `key`, one request per 1000."""
+        token: str | None = None
+        while True:
+            page = self.call("GET", "model-versions/search", f"listing versions tagged {key}",
+                             filter=f"tags.`{key}` LIKE '%'", max_results=1000, page_token=token)
+            yield from page.get("model_versions", ())
+            token = page.get("next_page_token")
+            if not token:
+                return
+
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self.call("POST", "model-versions/set-tag", f"tagging {name} version {version}",
                   name=name, version=version, key=key, value=value)
