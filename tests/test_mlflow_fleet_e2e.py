@@ -3,7 +3,10 @@ server`, two `tritonctl daemon --fleet --repository mlflow+http://...` processes
 tritonserver): moving the alias rolls the version out to both hosts, and MLflow shows on that version
 what the fleet made of it, written by the leader from the shared registry: `tritonctl.state=serving`,
 the fleet's digest and `tritonctl.hosts` naming both hosts; the version it replaced loses its state and
-hosts tags. One fleet for the module; the test stands alone (the slow tier runs it by itself)."""
+hosts tags. When the leader stops, the other daemon leads, starts from the tags MLflow holds (it never
+captured the served version itself) and keeps them current: the stopped host leaves `tritonctl.hosts`,
+and the next alias move retags both versions. One fleet for the module; the test stands alone (the slow
+tier runs it by itself)."""
 
 from __future__ import annotations
 
@@ -87,5 +90,17 @@ def test_alias_move_rolls_out_to_the_fleet_and_mlflow_names_the_hosts(fleet: Fle
     _tags(server, v2, {"tritonctl.state": "serving", "tritonctl.digest": second, "tritonctl.hosts": "h1,h2"})
     # the version no longer served by any host: no state, no hosts, its digest stays
     _tags(server, v1, {"tritonctl.state": None, "tritonctl.hosts": None, "tritonctl.digest": first})
-    row = next(m for m in fleet.cli_json("status", "--fleet")["models"] if m["model"] == MODEL)
-    assert row["tags"] == ["champion"], row  # the alias, as a tag of the fleet's digest (shared registry)
+    # the alias, as a tag of the fleet's digest (in the shared registry, where a fleet's tags live)
+    wait_for(lambda: next(m for m in fleet.cli_json("status", "--fleet")["models"] if m["model"] == MODEL)["tags"]
+             == ["champion"], 30, 0.2, "champion as a tag of the fleet's digest")
+
+    # the leader stops: the other daemon leads, reads the tags MLflow holds, and keeps them current
+    leader = wait_for(fleet.leader, 10, 0.2, "a leader")
+    [other] = [h for h in HOSTS if h != leader]
+    assert fleet.daemons[leader].stop() == 0, fleet.daemons[leader].log_tail()
+    _tags(server, v2, {"tritonctl.state": "serving", "tritonctl.hosts": other})  # the stopped host left it
+    v3 = server.register(MODEL, gen_files(MODEL, 3))
+    server.set_alias(MODEL, "champion", v3)
+    wait_for(lambda: answers(fleet.clients[other], MODEL, 3.0), 120, 0.2, f"{MODEL} answering 3 on {other}")
+    _tags(server, v3, {"tritonctl.state": "serving", "tritonctl.hosts": other})
+    _tags(server, v2, {"tritonctl.state": None, "tritonctl.hosts": None, "tritonctl.digest": second})

@@ -110,6 +110,7 @@ class MLflowRest:
         message = message.splitlines()[0][:200] if message else exc.reason
         error = MLflowError(f"{what}: MLflow at {self.base} refused: HTTP {exc.code} {message}")
         error.auth = exc.code in (401, 403)
+        error.answered = True
         error.missing = exc.code == 404 or "RESOURCE_DOES_NOT_EXIST" in message or "not found" in message
         return error
 

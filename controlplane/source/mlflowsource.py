@@ -236,14 +236,16 @@ class MLflowSource(PerModelOnly):
 
     # -- polling -----------------------------------------------------------------------------------
     def _round(self) -> None:
-        """One poll, then the write-back (each failure logged; the next round tries again)."""
+        """One poll, then the write-back (each failure logged; the next round tries again). MLflow
+        unreachable: no write-back either (the poll's one line says why)."""
         try:
             self.poll()
         except Exception:  # noqa: BLE001 - one bad poll must not stop the poller
             log.exception("MLflow poll failed")
         finally:
             self._poller.interval_s = self._next_wait()
-        self.write_back()
+        if self._failing is None:
+            self.write_back()
 
     def _next_wait(self) -> float:
         if not self._failures:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
-from controlplane.errors import MLflowError, TagError
+from controlplane.errors import MLflowError, StoreError, TagError
 from controlplane.source.mlflowrest import MLflowRest
 from controlplane.store.records import AuditEntry, TagRecord
 from controlplane.vocab import SERVING_STATES, Result
@@ -141,16 +141,20 @@ class WriteBack:
         if not self.view.writes():
             self._writing = False
             return 0
-        if not self._writing and self.view.fleet:
-            self._adopt()  # a new leader: what MLflow holds already is what it compares with
+        if not self._writing and self.view.fleet and not self._adopt():
+            return 0  # a new leader compares with what MLflow holds already: read at the next round
         self._writing = True
         captured = {**self._adopted, **captured}
         # Nothing to look at unless what the view reads, the aliases or the versions captured changed
         # since a round that left nothing to retry: a quiet registry costs the view's look alone.
-        marker = (self.view.look(), repr(sorted(aliases.items())), len(captured))
-        if marker == self._clean_at:
+        try:
+            marker = (self.view.look(), repr(sorted(aliases.items())), len(captured))
+            if marker == self._clean_at:
+                return 0
+            standings = self.view.standings({(m, d) for (m, _v), d in captured.items()})
+        except StoreError as exc:  # the registry's health tells the outage, once
+            log.debug("the write-back waits for the registry: %s", exc)
             return 0
-        standings = self.view.standings({(m, d) for (m, _v), d in captured.items()})
         tagged, retry = 0, False
         for (model, version), digest in sorted(captured.items()):
             standing = standings.get((model, digest))
@@ -200,14 +204,17 @@ class WriteBack:
                 if not exc.missing:  # no such tag: nothing to delete
                     raise
 
-    def _adopt(self) -> None:
+    def _adopt(self) -> bool:
         """The versions MLflow shows tagged by tritonctl (by whichever daemon led before), and their tags
-        as they are: compared with, and kept current, from now on."""
+        as they are: compared with, and kept current, from now on. False: MLflow did not answer."""
         try:
             versions = list(self.rest.tagged_versions(DIGEST_TAG))
         except MLflowError as exc:
+            if exc.answered and not exc.auth:  # a server that cannot search versions by tag (older MLflow)
+                log.warning("%s; the write-back goes on with the versions this daemon captured", exc)
+                return True
             log.warning("%s; the write-back reads the tagged versions at the next poll", exc)
-            return
+            return False
         adopted: dict[Key, str] = {}
         written: dict[Key, tuple[str | None, str, str | None]] = {}
         for row in versions:
@@ -218,8 +225,10 @@ class WriteBack:
                 written[key] = (tags.get(STATE_TAG), tags[DIGEST_TAG], tags.get(HOSTS_TAG))
         with self._lock:
             self._adopted = adopted
-            self._written = {**written, **{k: v for k, v in self._written.items() if k not in written}}
+            self._written = written  # what MLflow holds now, whoever wrote it
         self._clean_at = None
+        log.info("MLflow write-back: this daemon leads; %d tagged version(s) read from MLflow", len(adopted))
+        return True
 
     def _mirror_aliases(self, model: str, version: str, digest: str, aliases: dict[str, dict[str, list[str]]]) -> None:
         """The served version's MLflow aliases as tritonctl tags of its digest (`status`, `versions`)."""
