@@ -30,9 +30,14 @@ from controlplane.decision import Rule, decide
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.names import validate_model_name
 from controlplane.ports import WavePlane
+from controlplane.results import ValidationResult
+from controlplane.source.local import LocalSource
+from controlplane.source.protocol import Captured as SourceCaptured
+from controlplane.startup.cores import Cores
 from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import Registry
 from controlplane.validation.ensemblemembers import step_models
+from controlplane.validation.modelconfig import validate_model_dir
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, ModelState, Policy
 
 log = logging.getLogger("tritonctl.startrecord")
@@ -63,10 +68,20 @@ def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: i
         out.settle = list(names)  # a repository-level hold or commit marker: its own rules, per model
         return out
     steps = StepMembers(plane.registry)  # the steps of this wave's ensembles recorded in an earlier wave
+    with Cores(plane.store, len(names) if isinstance(plane.source, LocalSource) else 0) as cores:
+        _record_batches(plane, names, cores.threads or pool, cores, batch, steps, out, staged or {})
+    if names:
+        log.info("start-up scan: %d models recorded in batches (%d to deploy alone), %d model by model",
+                 len(names) - len(out.settle), len(out.deploy), len(out.settle))
+    return out
+
+
+def _record_batches(plane: WavePlane, names: Sequence[str], pool: Executor, cores: Cores, batch: int,
+                    steps: StepMembers, out: Wave, staged: Mapping[str, SnapshotRecord]) -> None:
     for start in range(0, len(names), batch):
         chunk = names[start:start + batch]
         captured: list[Captured] = []
-        for name, result in zip(chunk, pool.map(lambda n: _captured(plane, n, steps), chunk), strict=True):
+        for name, result in zip(chunk, pool.map(lambda n: _captured(plane, n, steps, cores), chunk), strict=True):
             if result is None:
                 out.settle.append(name)
             else:
@@ -89,11 +104,7 @@ def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: i
         for (*_, entry), record in zip(captured, records, strict=True):
             plane.source_graph.recorded(entry)
             plane.capture_done(record.model)
-        _decide(plane, records, out, staged or {})
-    if names:
-        log.info("start-up scan: %d models recorded in batches (%d to deploy alone), %d model by model",
-                 len(names) - len(out.settle), len(out.deploy), len(out.settle))
-    return out
+        _decide(plane, records, out, staged)
 
 
 class StepMembers(Mapping[str, SnapshotRecord]):
@@ -137,23 +148,37 @@ class StepMembers(Mapping[str, SnapshotRecord]):
             return sum(1 for v in self._known.values() if v is not None)
 
 
-def _captured(plane: WavePlane, name: str, steps: StepMembers) -> Captured | None:
-    """`name`'s source captured and validated as the watcher's capture does; None: the per-model path
-    must look at it (an invalid name, no directory, a capture that fails or must wait)."""
+def _captured(plane: WavePlane, name: str, steps: StepMembers, cores: Cores) -> Captured | None:
+    """`name`'s source captured and validated as the watcher's capture does (in a capture worker where
+    `cores` has them: controlplane/startup/cores.py); None: the per-model path must look at it (an
+    invalid name, no directory, a capture that fails or must wait)."""
     try:
         validate_model_name(name)
         if not plane.source_has(name):
             return None
         with plane.capture_lock(name), plane.store.deferred_sync():
-            snapshot, signature, trusted = plane.snapshot_source(name)
+            done = None
+            if cores.active and isinstance(plane.source, LocalSource):
+                done = cores.capture(plane.source.capture_job(name))
+            if done is None:
+                (snapshot, signature, trusted), result = _capture_here(plane, name)
+            else:
+                plane.counts.add("captures")
+                (snapshot, signature, trusted), result = done
             plane.counts.add("validations")
-            content = intake.validate(plane.registry, plane.store, snapshot, steps)
+        content = intake.validated(plane.registry, snapshot, result, steps)
         return name, snapshot.digest, content, intake.source_entry(name, snapshot.digest, content, signature, trusted)
     except (TritonctlError, OSError):
         return None
     except Exception:  # noqa: BLE001 - one model's bug must not stop the others' start-up: its own path says
         log.exception("unexpected error capturing %s at start-up", name)
         return None
+
+
+def _capture_here(plane: WavePlane, name: str) -> tuple[SourceCaptured, ValidationResult]:
+    """The daemon's own capture of `name` and validation of its tree."""
+    captured = SourceCaptured(*plane.snapshot_source(name))
+    return captured, validate_model_dir(plane.store.tree_path(captured.snapshot.digest), name=name)
 
 
 def _decide(plane: WavePlane, records: list[SnapshotRecord], out: Wave,

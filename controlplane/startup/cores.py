@@ -1,0 +1,164 @@
+"""The start-up scan's capture and validation on every core: worker processes, from a batch size on.
+
+Why: capturing a model (the scan, the copy and hash into the content store, the manifest and tree)
+and validating it (config.pbtxt through protobuf's pure-Python text parser, the checks of its
+directory) cost about 2.5 ms of CPU per model, nearly all of it Python holding the GIL: the scan's
+threads ran it on one core, and a first start of 10,000 models took 42 s to READY (issue 39). Here
+a changed model's capture and the `validate_model_dir` of its captured tree run in one of
+`os.cpu_count()` worker processes; the daemon keeps what needs its state: the model's capture lock
+(held while the worker captures), the ensemble check against the registry's step models
+(`intake.validated`), the records, the counters, and the stat cache's journal (a worker's new
+entries come back with its result: `ContentStore.remember`).
+
+The workers are started with `spawn`, never `fork`: the daemon runs threads by then. Starting them
+costs about 0.15 s of CPU each, so only a wave of `POOL_FROM` models or more uses them, and only for a
+local repository (`LocalSource.capture_job`: the capture as data); object storage and MLflow capture
+in the daemon, as before. A worker's result is the same as the daemon's own capture and validation
+(the same functions; tests/test_capture_cores.py compares them); a capture that fails in a worker is
+left to the model's own path, which captures it again and reports why, as a failed capture in the
+daemon is. Workers that die (BrokenProcessPool) are not replaced: the rest of the scan captures in
+the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import traceback
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from controlplane.errors import TritonctlError
+from controlplane.results import ValidationResult
+from controlplane.snapshot import ContentStore
+from controlplane.source.local import LocalCapture
+from controlplane.source.protocol import Captured
+from controlplane.validation.modelconfig import validate_model_dir
+
+log = logging.getLogger("tritonctl.startcores")
+
+POOL_FROM = 200  # changed models in a wave from which worker processes pay for their start
+
+
+def cpu_count() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """A content store as a worker opens it: the daemon's, without a stat cache journal of its own."""
+
+    root: str
+    fsync: bool
+    max_model_bytes: int | None
+
+
+@dataclass
+class Done:
+    """A worker's capture and validation of one model."""
+
+    captured: Captured | None
+    result: ValidationResult | None
+    failure: str = ""  # why the capture failed: the model's own path captures it again and says so
+    unexpected: bool = False  # a bug, not a refusal: its traceback is `failure`
+    remembered: list[tuple[str, str]] = field(default_factory=list)  # new stat cache entries
+    files_read: int = 0
+    bytes_read: int = 0
+
+
+_stores: dict[StoreSpec, ContentStore] = {}  # a worker's store, opened once
+
+
+def capture_and_validate(spec: StoreSpec, job: LocalCapture) -> Done:
+    """In a worker: `job`'s capture into the store and the validation of its tree (what the daemon's
+    `snapshot_source` and `validate_model_dir` do)."""
+    store = _stores.get(spec)
+    if store is None:
+        store = _stores[spec] = ContentStore(Path(spec.root), fsync=spec.fsync, max_model_bytes=spec.max_model_bytes,
+                                             journal=False)
+    files, read = store.files_read, store.bytes_read
+    try:
+        with store.deferred_sync():  # the daemon syncs the store's filesystem before it records
+            captured = job.run(store)
+        result = validate_model_dir(store.tree_path(captured.snapshot.digest), name=job.model)
+        return Done(captured, result, remembered=store.take_remembered(), files_read=store.files_read - files,
+                    bytes_read=store.bytes_read - read)
+    except (TritonctlError, OSError) as exc:
+        failure, unexpected = str(exc), False
+    except Exception:  # noqa: BLE001 - one model's bug must not stop the others': the daemon logs it
+        failure, unexpected = traceback.format_exc(), True
+    return Done(None, None, failure, unexpected, store.take_remembered(), store.files_read - files,
+                store.bytes_read - read)
+
+
+class CaptureFailed(TritonctlError):
+    """A worker's capture failed: the model's own path captures it again and reports why."""
+
+
+class Cores:
+    """The worker processes of one start-up wave (a context manager), or none: below `POOL_FROM`
+    models, on one core, or after the workers died. `threads`: the threads that wait on the workers,
+    one per capture in flight (a model's capture lock is held while its worker captures)."""
+
+    def __init__(self, store: ContentStore, models: int, *, workers: int | None = None,
+                 pool_from: int = POOL_FROM) -> None:
+        self.store = store
+        self.workers = workers or cpu_count()
+        self._spec = StoreSpec(str(store.root), store.fsync, store.max_model_bytes)
+        self._pool: ProcessPoolExecutor | None = None  # None once no worker can capture
+        self._started: ProcessPoolExecutor | None = None
+        self.threads: Executor | None = None
+        self._lock = threading.Lock()
+        if models >= pool_from and self.workers > 1:
+            self._pool = self._started = ProcessPoolExecutor(self.workers,
+                                                             mp_context=multiprocessing.get_context("spawn"))
+            self.threads = ThreadPoolExecutor(2 * self.workers, thread_name_prefix="startcores")
+
+    @property
+    def active(self) -> bool:
+        return self._pool is not None
+
+    def __enter__(self) -> Cores:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.threads is not None:
+            self.threads.shutdown(wait=True)
+        with self._lock:
+            pool, self._pool, self._started = self._started, None, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def capture(self, job: LocalCapture) -> tuple[Captured, ValidationResult] | None:
+        """`job` captured and its tree validated by a worker; None: no worker can (the caller captures
+        in the daemon). CaptureFailed: the capture failed there."""
+        with self._lock:
+            pool = self._pool
+        if pool is None:
+            return None
+        try:
+            done = pool.submit(capture_and_validate, self._spec, job).result()
+        except (BrokenProcessPool, RuntimeError) as exc:  # a worker died (or the pool closed): the daemon goes on
+            with self._lock:
+                if self._pool is pool:
+                    log.warning("start-up scan: capture workers stopped (%s); capturing in the daemon", exc)
+                    self._pool = None
+            return None
+        self.store.remember(done.remembered, done.files_read, done.bytes_read)
+        if done.captured is None or done.result is None:
+            if done.unexpected:
+                log.error("unexpected error capturing %s at start-up:\n%s", job.model, done.failure)
+            raise CaptureFailed(done.failure)
+        return done.captured, done.result
