@@ -17,7 +17,7 @@ from controlplane import intake
 from controlplane.errors import ModelConfigError
 from controlplane.snapshot import ContentStore
 from controlplane.source.local import LocalCapture
-from controlplane.startup.cores import CaptureFailed, Cores
+from controlplane.startup.cores import Cores
 from controlplane.store.registry import Registry
 from controlplane.validation.modelconfig import _parse, parse_config_text, validate_model_dir
 
@@ -83,7 +83,7 @@ def test_a_worker_records_what_the_daemon_records_bad_configs_included(tmp_path:
     store = ContentStore(tmp_path / "workers")
     with Cores(store, len(jobs), workers=2, pool_from=1) as cores:
         assert cores.active
-        done = {job.model: cores.capture(job) for job in jobs}
+        done = dict(zip(names, cores.capture_many(jobs) or [], strict=True))
     assert all(d is not None for d in done.values())
     workers = {name: _recorded(registry, d[0], d[1]) for name, d in done.items() if d is not None}
     assert workers == inline
@@ -104,12 +104,15 @@ def test_a_worker_records_what_the_daemon_records_bad_configs_included(tmp_path:
 def test_a_capture_that_fails_in_a_worker_is_left_to_the_model_s_own_path(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     _write(repo / "held", PYTHON, files={"1/model.py": "", ".tritonctl-hold": ""})
-    with Cores(ContentStore(tmp_path / "store"), 1, workers=2, pool_from=1) as cores:
-        with pytest.raises(CaptureFailed, match="on hold"):
-            cores.capture(LocalCapture(repo, "held", None, 0.0, None, (str(repo),)))
+    _write(repo / "base", PYTHON, files={"1/model.py": ""})
+    jobs = [LocalCapture(repo, name, None, 0.0, None, (str(repo),)) for name in ("held", "base")]
+    with Cores(ContentStore(tmp_path / "store"), 2, workers=2, pool_from=1) as cores:
+        held, base = cores.capture_many(jobs) or [None, None]
+    assert held is None  # on hold: the per-model path captures it again and says so
+    assert base is not None and base[0].snapshot.model == "base"
     few = Cores(ContentStore(tmp_path / "store"), 10, workers=2, pool_from=200)
     assert not few.active  # a small wave captures in the daemon: no worker started
-    assert few.capture(LocalCapture(repo, "held", None, 0.0, None, (str(repo),))) is None
+    assert few.capture_many(jobs) is None
 
 
 def _configs() -> list[str]:

@@ -78,13 +78,21 @@ class Done:
 _stores: dict[StoreSpec, ContentStore] = {}  # a worker's store, opened once
 
 
-def capture_and_validate(spec: StoreSpec, job: LocalCapture) -> Done:
-    """In a worker: `job`'s capture into the store and the validation of its tree (what the daemon's
-    `snapshot_source` and `validate_model_dir` do)."""
+def _store(spec: StoreSpec) -> ContentStore:
     store = _stores.get(spec)
     if store is None:
         store = _stores[spec] = ContentStore(Path(spec.root), fsync=spec.fsync, max_model_bytes=spec.max_model_bytes,
                                              journal=False)
+    return store
+
+
+def capture_and_validate(spec: StoreSpec, jobs: list[LocalCapture]) -> list[Done]:
+    """In a worker: each job's capture into the store and the validation of its tree (what the daemon's
+    `snapshot_source` and `validate_model_dir` do)."""
+    return [_capture_and_validate(_store(spec), job) for job in jobs]
+
+
+def _capture_and_validate(store: ContentStore, job: LocalCapture) -> Done:
     files, read = store.files_read, store.bytes_read
     try:
         with store.deferred_sync():  # the daemon syncs the store's filesystem before it records
@@ -98,10 +106,6 @@ def capture_and_validate(spec: StoreSpec, job: LocalCapture) -> Done:
         failure, unexpected = traceback.format_exc(), True
     return Done(None, None, failure, unexpected, store.take_remembered(), store.files_read - files,
                 store.bytes_read - read)
-
-
-class CaptureFailed(TritonctlError):
-    """A worker's capture failed: the model's own path captures it again and reports why."""
 
 
 class Cores:
@@ -141,24 +145,31 @@ class Cores:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def capture(self, job: LocalCapture) -> tuple[Captured, ValidationResult] | None:
-        """`job` captured and its tree validated by a worker; None: no worker can (the caller captures
-        in the daemon). CaptureFailed: the capture failed there."""
+    def capture_many(self, jobs: list[LocalCapture]) -> list[tuple[Captured, ValidationResult] | None] | None:
+        """Each job captured and its tree validated by one worker, in one task; per job None where
+        the capture failed there (an unexpected error logged). None: no worker can (the caller
+        captures in the daemon)."""
         with self._lock:
             pool = self._pool
         if pool is None:
             return None
+        if not jobs:
+            return []
         try:
-            done = pool.submit(capture_and_validate, self._spec, job).result()
+            done = pool.submit(capture_and_validate, self._spec, jobs).result()
         except (BrokenProcessPool, RuntimeError) as exc:  # a worker died (or the pool closed): the daemon goes on
             with self._lock:
                 if self._pool is pool:
                     log.warning("start-up scan: capture workers stopped (%s); capturing in the daemon", exc)
                     self._pool = None
             return None
-        self.store.remember(done.remembered, done.files_read, done.bytes_read)
-        if done.captured is None or done.result is None:
-            if done.unexpected:
-                log.error("unexpected error capturing %s at start-up:\n%s", job.model, done.failure)
-            raise CaptureFailed(done.failure)
-        return done.captured, done.result
+        out: list[tuple[Captured, ValidationResult] | None] = []
+        for job, one in zip(jobs, done, strict=True):
+            self.store.remember(one.remembered, one.files_read, one.bytes_read)
+            if one.captured is None or one.result is None:
+                if one.unexpected:
+                    log.error("unexpected error capturing %s at start-up:\n%s", job.model, one.failure)
+                out.append(None)
+            else:
+                out.append((one.captured, one.result))
+        return out
