@@ -7,6 +7,7 @@ validation corpus and on the texts where proto2 and proto3 parse differently."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from controlplane import intake
 from controlplane.errors import ModelConfigError
 from controlplane.snapshot import ContentStore
 from controlplane.source.local import LocalCapture
-from controlplane.startup.cores import Cores
+from controlplane.startup.cores import POOL_FROM, Cores, cpu_count
 from controlplane.store.registry import Registry
 from controlplane.validation.modelconfig import _parse, parse_config_text, validate_model_dir
+from tests.harness import DaemonProcess
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -147,3 +149,37 @@ def test_one_parse_gives_what_the_text_parse_gives(tmp_path: Path) -> None:
                        for p in result.problems), (text, result.problems)
             continue
         assert result.config == expected, text
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(cpu_count() < 2, reason="capture workers start only where there is more than one core")
+def test_a_first_start_records_through_the_workers_what_the_daemon_records(tmp_path: Path) -> None:
+    """A real first start (policy manual) of a wave over POOL_FROM models: captured in worker
+    processes (its log says so), and every snapshot the registry holds, the bad ones included, is the
+    one the daemon's own capture path (`intake.validate` of the stored tree) makes of it."""
+    repo = tmp_path / "repo"
+    names = _mixed_repository(repo)
+    for i in range(POOL_FROM):
+        _write(repo / f"m{i:04d}", ENSEMBLE.format(name=f"m{i:04d}"))
+    old = time.time() - 5
+    for entry in repo.iterdir():
+        os.utime(entry, (old, old))
+    daemon = DaemonProcess(repo, tmp_path / "state", extra_args=["--policy", "manual"]).start()
+    try:
+        # the ensembles' wave (the step models' wave is too small for workers)
+        assert re.search(rf"capturing {POOL_FROM + 3} models in \d+ worker processes", daemon.log_tail(1 << 24)), (
+            daemon.log_tail())
+    finally:
+        assert daemon.stop() == 0, daemon.log_tail()
+    registry = Registry(f"sqlite:///{tmp_path / 'state' / 'registry.db'}")
+    store = ContentStore(tmp_path / "state" / "store")
+    try:
+        for name in [*names, "m0000", f"m{POOL_FROM - 1:04d}"]:
+            [snap] = registry.list_snapshots(name)
+            here = intake.validate(registry, store, store.load(name, snap.digest))
+            assert (snap.config, snap.versions, snap.served_versions, snap.valid, snap.problems) == (
+                here.config, here.versions, here.served_versions, here.valid, here.problems), name
+        [bad] = registry.list_snapshots("unparsable")
+        assert bad.first_error == "unparsable/config.pbtxt: 3:17: Couldn't parse integer: \"eight\""
+    finally:
+        registry.close()
