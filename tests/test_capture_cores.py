@@ -22,6 +22,7 @@ from controlplane.startup.cores import POOL_FROM, Cores, cpu_count
 from controlplane.store.registry import Registry
 from controlplane.validation.modelconfig import _parse, parse_config_text, validate_model_dir
 from tests.harness import DaemonProcess
+from tests.unit.test_startup_loads import ENSEMBLE  # an ensemble over `base`
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -29,15 +30,7 @@ PYTHON = """name: "base"
 backend: "python"
 max_batch_size: 8
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "gen" data_type: TYPE_FP32 dims: [ 2 ] } ]
-"""
-ENSEMBLE = """name: "{name}"
-platform: "ensemble"
-max_batch_size: 8
-input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-output [ {{ name: "gen" data_type: TYPE_FP32 dims: [ 2 ] }} ]
-ensemble_scheduling {{ step [ {{ model_name: "base" model_version: -1 input_map {{ key: "x" value: "x" }}
-  output_map {{ key: "gen" value: "gen" }} }} ] }}
+output [ { name: "gen" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
