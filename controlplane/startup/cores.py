@@ -1,17 +1,21 @@
 """The start-up scan's capture and validation on every core: worker processes, from a batch size on.
 
 Why: capturing a model (the scan, the copy and hash into the content store, the manifest and tree)
-and validating it (config.pbtxt through protobuf's pure-Python text parser, the checks of its
-directory) cost about 2.5 ms of CPU per model, nearly all of it Python holding the GIL: the scan's
-threads ran it on one core, and a first start of 10,000 models took 42 s to READY (issue 39). Here
-a changed model's capture and the `validate_model_dir` of its captured tree run in one of
-`os.cpu_count()` worker processes; the daemon keeps what needs its state: the model's capture lock
-(held while the worker captures), the ensemble check against the registry's step models
-(`intake.validated`), the records, the counters, and the stat cache's journal (a worker's new
-entries come back with its result: `ContentStore.remember`).
+and validating it (config.pbtxt through protobuf's text parser, pure Python even with the upb
+backend; the checks of its directory) is most of a first start's CPU, and the scan's threads ran its
+Python on one core, under the GIL: a first start of 10,000 models took 42 s to READY (issue 39).
+Here a changed model's capture and the `validate_model_dir` of its captured tree run in a worker
+process, one per core up to `MAX_WORKERS`, eight models per task (one message each way); the daemon
+keeps what needs its state: the models' capture locks (held while their worker captures), the
+ensemble check against the registry's step models (`intake.validated`), the records, the counters,
+and the stat cache's journal (a worker's new entries come back with its result:
+`ContentStore.remember`). Measured (docs/benchmarks.md, bench/results/scale-parallel.json): the
+daemon's own CPU to READY falls to about a third; the CPU of daemon and workers together does not
+fall, since much of a capture is the kernel's file creation, so a machine whose cores are busy
+gains little in wall time.
 
-The workers are started with `spawn`, never `fork`: the daemon runs threads by then. Starting them
-costs about 0.15 s of CPU each, so only a wave of `POOL_FROM` models or more uses them, and only for a
+The workers are started with `spawn`, never `fork`: the daemon runs threads by then. Starting one
+costs about 0.2 s of CPU, so only a wave of `POOL_FROM` models or more uses them, and only for a
 local repository (`LocalSource.capture_job`: the capture as data); object storage and MLflow capture
 in the daemon, as before. A worker's result is the same as the daemon's own capture and validation
 (the same functions; tests/test_capture_cores.py compares them); a capture that fails in a worker is
@@ -43,6 +47,9 @@ from controlplane.validation.modelconfig import validate_model_dir
 log = logging.getLogger("tritonctl.startcores")
 
 POOL_FROM = 200  # changed models in a wave from which worker processes pay for their start
+# at most this many workers: the daemon's own part of each model (the records, the ensemble check, about
+# a third of the CPU a worker spends on it) keeps a few busy, and each worker holds ~30 MB while it runs
+MAX_WORKERS = 8
 
 
 def cpu_count() -> int:
@@ -116,7 +123,7 @@ class Cores:
     def __init__(self, store: ContentStore, models: int, *, workers: int | None = None,
                  pool_from: int = POOL_FROM) -> None:
         self.store = store
-        self.workers = workers or cpu_count()
+        self.workers = workers or min(cpu_count(), MAX_WORKERS)
         self._spec = StoreSpec(str(store.root), store.fsync, store.max_model_bytes)
         self._pool: ProcessPoolExecutor | None = None  # None once no worker can capture
         self._started: ProcessPoolExecutor | None = None
