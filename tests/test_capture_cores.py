@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -108,6 +109,19 @@ def test_a_capture_that_fails_in_a_worker_is_left_to_the_model_s_own_path(tmp_pa
     few = Cores(ContentStore(tmp_path / "store"), 10, workers=2, pool_from=200)
     assert not few.active  # a small wave captures in the daemon: no worker started
     assert few.capture_many(jobs) is None
+
+
+def test_when_the_workers_die_the_daemon_captures(tmp_path: Path) -> None:
+    """A worker killed (the OOM killer, an operator's kill): the wave goes on in the daemon."""
+    repo = tmp_path / "repo"
+    _write(repo / "base", PYTHON, files={"1/model.py": ""})
+    job = LocalCapture(repo, "base", None, 0.0, None, (str(repo),))
+    with Cores(ContentStore(tmp_path / "store"), 1, workers=2, pool_from=1) as cores:
+        assert cores.capture_many([job]) is not None
+        for pid in list(cores._started._processes if cores._started else []):  # noqa: SLF001 - the workers' pids
+            os.kill(pid, signal.SIGKILL)
+        assert cores.capture_many([job]) is None  # the caller captures in the daemon
+        assert not cores.active
 
 
 def _configs() -> list[str]:

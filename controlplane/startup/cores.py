@@ -130,8 +130,12 @@ class Cores:
         self.threads: Executor | None = None
         self._lock = threading.Lock()
         if models >= pool_from and self.workers > 1:
-            self._pool = self._started = ProcessPoolExecutor(self.workers,
-                                                             mp_context=multiprocessing.get_context("spawn"))
+            try:
+                self._pool = self._started = ProcessPoolExecutor(self.workers,
+                                                                 mp_context=multiprocessing.get_context("spawn"))
+            except (OSError, ImportError, NotImplementedError) as exc:  # no working semaphores (/dev/shm)
+                log.warning("start-up scan: no capture workers (%s); capturing in the daemon", exc)
+                return
             self.threads = ThreadPoolExecutor(2 * self.workers, thread_name_prefix="startcores")
 
     @property
@@ -164,7 +168,7 @@ class Cores:
             return []
         try:
             done = pool.submit(capture_and_validate, self._spec, jobs).result()
-        except (BrokenProcessPool, RuntimeError) as exc:  # a worker died (or the pool closed): the daemon goes on
+        except (BrokenProcessPool, RuntimeError, OSError) as exc:  # a worker died or did not start: the daemon goes on
             with self._lock:
                 if self._pool is pool:
                     log.warning("start-up scan: capture workers stopped (%s); capturing in the daemon", exc)
