@@ -16,7 +16,7 @@ gains little in wall time.
 
 The workers are started with `spawn`, never `fork`: the daemon runs threads by then. Starting one
 costs about 0.2 s of CPU, so only a wave of `POOL_FROM` models or more uses them, and only for a
-local repository (`LocalSource.capture_job`: the capture as data); object storage and MLflow capture
+repository directory (`Source.capture_job`: the capture as data); object storage and MLflow capture
 in the daemon, as before. A worker's result is the same as the daemon's own capture and validation
 (the same functions; tests/test_capture_cores.py compares them); a capture that fails in a worker is
 left to the model's own path, which captures it again and reports why, as a failed capture in the
@@ -40,8 +40,7 @@ from types import TracebackType
 from controlplane.errors import TritonctlError
 from controlplane.results import ValidationResult
 from controlplane.snapshot import ContentStore
-from controlplane.source.local import LocalCapture
-from controlplane.source.protocol import Captured
+from controlplane.source.protocol import Captured, CaptureJob
 from controlplane.validation.modelconfig import validate_model_dir
 
 log = logging.getLogger("tritonctl.startcores")
@@ -93,13 +92,13 @@ def _store(spec: StoreSpec) -> ContentStore:
     return store
 
 
-def capture_and_validate(spec: StoreSpec, jobs: list[LocalCapture]) -> list[Done]:
+def capture_and_validate(spec: StoreSpec, jobs: list[CaptureJob]) -> list[Done]:
     """In a worker: each job's capture into the store and the validation of its tree (what the daemon's
     `snapshot_source` and `validate_model_dir` do)."""
     return [_capture_and_validate(_store(spec), job) for job in jobs]
 
 
-def _capture_and_validate(store: ContentStore, job: LocalCapture) -> Done:
+def _capture_and_validate(store: ContentStore, job: CaptureJob) -> Done:
     files, read = store.files_read, store.bytes_read
     try:
         with store.deferred_sync():  # the daemon syncs the store's filesystem before it records
@@ -156,7 +155,7 @@ class Cores:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def capture_many(self, jobs: list[LocalCapture]) -> list[tuple[Captured, ValidationResult] | None] | None:
+    def capture_many(self, jobs: list[CaptureJob]) -> list[tuple[Captured, ValidationResult] | None] | None:
         """Each job captured and its tree validated by one worker, in one task; per job None where
         the capture failed there (an unexpected error logged). None: no worker can (the caller
         captures in the daemon)."""

@@ -32,7 +32,6 @@ from controlplane.errors import StoreError, TritonctlError
 from controlplane.names import validate_model_name
 from controlplane.ports import WavePlane
 from controlplane.results import ValidationResult
-from controlplane.source.local import LocalSource
 from controlplane.source.protocol import Captured as SourceCaptured
 from controlplane.startup.cores import Cores
 from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord, SourceEntry
@@ -69,7 +68,8 @@ def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: i
         out.settle = list(names)  # a repository-level hold or commit marker: its own rules, per model
         return out
     steps = StepMembers(plane.registry)  # the steps of this wave's ensembles recorded in an earlier wave
-    with Cores(plane.store, len(names) if isinstance(plane.source, LocalSource) else 0) as cores:
+    travels = bool(names) and plane.source.capture_job(names[0]) is not None  # a directory's captures do
+    with Cores(plane.store, len(names) if travels else 0) as cores:
         if cores.active:
             log.info("start-up scan: capturing %d models in %d worker processes", len(names), cores.workers)
         _record_batches(plane, names, cores.threads or pool, cores, batch, steps, out, staged or {})
@@ -184,7 +184,6 @@ def _captured_group(plane: WavePlane, names: Sequence[str], steps: StepMembers, 
     """`_captured` of a few models of a local repository, captured and validated by one capture worker
     (one message each way, not one per model: controlplane/startup/cores.py) while the daemon holds
     their capture locks (taken in name order: no other thread holds two)."""
-    assert isinstance(plane.source, LocalSource)
     todo = []
     for name in names:
         try:
@@ -195,7 +194,8 @@ def _captured_group(plane: WavePlane, names: Sequence[str], steps: StepMembers, 
     with ExitStack() as held:
         for name in sorted(todo):
             held.enter_context(plane.capture_lock(name))
-        done = cores.capture_many([plane.source.capture_job(name) for name in todo])
+        jobs = [plane.source.capture_job(name) for name in todo]
+        done = cores.capture_many([job for job in jobs if job is not None]) if None not in jobs else None
     if done is None:  # no worker could: captured here
         return [_captured(plane, name, steps) for name in names]
     plane.counts.add("captures", len(todo))
