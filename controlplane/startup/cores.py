@@ -10,8 +10,8 @@ keeps what needs its state: the models' capture locks (held while their worker c
 ensemble check against the registry's step models (`intake.validated`), the records, the counters,
 and the stat cache's journal (a worker's new entries come back with its result:
 `ContentStore.remember`). Measured (docs/benchmarks.md, bench/results/scale-parallel.json): the
-daemon's own CPU to READY falls to about a third; the CPU of daemon and workers together does not
-fall, since much of a capture is the kernel's file creation, so a machine whose cores are busy
+daemon's own CPU to READY falls to a third or a quarter; the CPU of daemon and workers together
+falls less, since much of a capture is the kernel's file creation, so a machine whose cores are busy
 gains little in wall time.
 
 The workers are started with `spawn`, never `fork`: the daemon runs threads by then. Starting one
