@@ -51,7 +51,7 @@ from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.source.mlflowrest import MLflowRest, tracking_url
-from controlplane.source.protocol import Captured, CaptureJob, OnChange, PerModelOnly
+from controlplane.source.protocol import Captured, OnChange, PerModelOnly
 from controlplane.source.shacache import ShaCache
 from controlplane.store.records import AuditEntry, TagRecord
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Result
@@ -201,8 +201,8 @@ class MLflowSource(PerModelOnly):
             signature = self._captured.pop(model, None)
         return Captured(snapshot, signature, True)  # a version number names the content
 
-    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> CaptureJob | None:
-        return None  # its captures are downloads, in the daemon
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> None:
+        return None  # its captures are downloads, in the daemon (no capture worker)
 
     def signature(self, model: str) -> str | None:
         with self._lock:

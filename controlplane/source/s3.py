@@ -46,7 +46,7 @@ from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTE
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.source import objectstore
 from controlplane.source.objectstore import S3Location
-from controlplane.source.protocol import Captured, CaptureJob, OnChange
+from controlplane.source.protocol import Captured, OnChange
 from controlplane.source.shacache import ShaCache
 
 log = logging.getLogger("tritonctl.s3source")
@@ -155,8 +155,8 @@ class S3Source:
         snapshot = self.capture(model, content, settled=settled)
         return Captured(snapshot, self.captured_signature(model), True)  # a listing's ETags name the content
 
-    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> CaptureJob | None:
-        return None  # its captures are downloads, in the daemon
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> None:
+        return None  # its captures are downloads, in the daemon (no capture worker)
 
     def watch(self, on_change: OnChange) -> None:
         self._on_settled = lambda model: on_change(model, False)
