@@ -189,6 +189,9 @@ class MLflowSource(PerModelOnly):
             signature = self._captured.pop(model, None)
         return Captured(snapshot, signature, True)  # a version number names the content
 
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> None:
+        return None  # its captures are downloads, in the daemon (no capture worker)
+
     def signature(self, model: str) -> str | None:
         with self._lock:
             version = self._versions.get(model)
