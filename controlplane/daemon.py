@@ -51,7 +51,7 @@ from controlplane.triton.host import host_for
 from controlplane.triton.launcher import TritonServer
 from controlplane.validation.modelconfig import is_ensemble_text
 from controlplane.vocab import SERVING_STATES
-from controlplane.waker import Waker, loop_sleep_s
+from controlplane.waker import Waker, loop_sleep_s, sets
 
 if TYPE_CHECKING:
     from controlplane.api.server import ApiServer
@@ -345,7 +345,7 @@ class Daemon:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, lambda *_: (self.reload_requested.set(), self._wake.set()))
+        signal.signal(signal.SIGHUP, sets(self.reload_requested, self._wake))
 
     def _on_stop_signal(self, signum: int, _frame: Any) -> None:
         if signum == signal.SIGINT:

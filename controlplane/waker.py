@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import select
+from collections.abc import Callable
+from typing import Protocol
 
 
 class Waker:
@@ -58,3 +60,16 @@ def loop_sleep_s(now: float, *due: float | None, floor_s: float, ceiling_s: floa
     most `ceiling_s`."""
     soonest = min((d for d in due if d is not None), default=now + ceiling_s)
     return min(max(soonest - now, floor_s), ceiling_s)
+
+
+class _Settable(Protocol):
+    def set(self) -> None: ...
+
+
+def sets(*flags: _Settable) -> Callable[..., None]:
+    """A signal handler that sets each of `flags` (a `Waker` last, so the loop wakes to see the others)."""
+    def handler(*_: object) -> None:
+        for flag in flags:
+            flag.set()
+
+    return handler
