@@ -86,13 +86,16 @@ class ServingRepository:
         content: ContentStore,
         config_transform: Callable[[str], str] | None = None,
         name: str | None = None,
+        sync: bool = True,
     ) -> Path:
         """Build a fresh tree for `snapshot` and make `serving/<model>` point at it; returns the tree.
 
         `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`);
         a snapshot without one is published as it is. On any failure the link is left unchanged.
         `name` publishes it under another model name (a change set's private step name,
-        controlplane/changeset.py; the transform then renames the config to match).
+        controlplane/changeset.py; the transform then renames the config to match). `sync` False: the link
+        swap is made durable by the caller's one `sync()` after many publishes (a first start's, before
+        the launching tritonserver reads them: an fsync of the serving root each was a third of them).
         """
         model = name or snapshot.model
         check_model_name(model)
@@ -105,7 +108,7 @@ class ServingRepository:
                 self._fill(tree, snapshot, content, config_transform)
             precompile(tree)
             with self._lock:
-                self._swap(model, tree)
+                self._swap(model, tree, sync)
         except BaseException:
             if self.current(model) != tree.resolve():
                 force_rmtree(tree)
@@ -140,7 +143,7 @@ class ServingRepository:
                 except OSError as exc:
                     raise SnapshotError(f"{model}: cannot publish {entry.path} ({exc.strerror})") from exc
 
-    def _swap(self, model: str, tree: Path) -> None:
+    def _swap(self, model: str, tree: Path, sync: bool = True) -> None:
         link = self.link_path(model)
         if link.exists() and not link.is_symlink():
             raise SnapshotError(f"{model}: {link} is a real directory, not a link tritonctl manages")
@@ -158,6 +161,11 @@ class ServingRepository:
             tmp = self.serving_root / f".link-{model}-{unique}"
             os.symlink(target, tmp)
             os.replace(tmp, link)
+        if sync:
+            self.sync()
+
+    def sync(self) -> None:
+        """Make the link swaps made so far durable (`publish(..., sync=False)`)."""
         self._sync_dir(self.serving_root)
 
     @staticmethod
