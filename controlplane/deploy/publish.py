@@ -75,6 +75,9 @@ class ServingRepository:
         self.published_root = Path(published_root)
         self.serving_root.mkdir(parents=True, exist_ok=True)
         self.published_root.mkdir(parents=True, exist_ok=True)
+        # resolved once: a publish's trees are made under them (a realpath per publish was a tenth of it)
+        self._serving_real = self.serving_root.resolve()
+        self._published_real = self.published_root.resolve()
         self._lock = threading.RLock()
 
     def link_path(self, model: str) -> Path:
@@ -99,21 +102,22 @@ class ServingRepository:
         """
         model = name or snapshot.model
         check_model_name(model)
-        base = self.published_root / model
+        base = self._published_real / model
         base.mkdir(parents=True, exist_ok=True)
         tree = base / f"{snapshot.digest[:12]}-{time.time_ns():x}-{secrets.token_hex(4)}"
         tree.mkdir()  # exclusive: a tree is never reused
         try:
             with content.reading():
                 self._fill(tree, snapshot, content, config_transform)
-            precompile(tree)
+            if any(entry.path.endswith(".py") for entry in snapshot.entries):
+                precompile(tree)
             with self._lock:
                 self._swap(model, tree, sync)
         except BaseException:
-            if self.current(model) != tree.resolve():
+            if self.current(model) != tree:
                 force_rmtree(tree)
             raise
-        return tree.resolve()
+        return tree  # made under the resolved published root: resolved
 
     def _fill(
         self,
@@ -147,7 +151,7 @@ class ServingRepository:
         link = self.link_path(model)
         if link.exists() and not link.is_symlink():
             raise SnapshotError(f"{model}: {link} is a real directory, not a link tritonctl manages")
-        target = os.path.relpath(tree.resolve(), self.serving_root.resolve())
+        target = os.path.relpath(tree, self._serving_real)
         unique = f"{time.time_ns():x}-{secrets.token_hex(4)}"
         # the temp link is made outside the serving root: Triton never lists it
         tmp = self.published_root / f".link-{model}-{unique}"

@@ -17,8 +17,9 @@ transaction). The server is then launched with them and the models the registry 
 bulk: one repository index says which loaded; each loaded one goes on from `verify` (its served
 digest, its smoke requests) and commits, each step's records again in one transaction (`finish_many`);
 one that failed there is a failed deploy like any other, with Triton's reason from its log (rolled
-back where a previous digest exists, quarantined when the content is at fault). If the launch with preloads fails (a load that hangs), the server is launched
-without them and each staged deploy loads by its own request, as before.
+back where a previous digest exists, quarantined when the content is at fault). If the launch with
+preloads fails (a load that hangs), the server is launched without them and each staged deploy loads by
+its own request, as before.
 
 Not bulk (per-model loads as before, `eligible`): a memory budget (each load is admitted and measured
 against the budget), a fleet host (it converges to the fleet's target, host by host), an external
