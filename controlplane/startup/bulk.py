@@ -74,14 +74,20 @@ def stage_all(plane: WavePlane, deploy: Sequence[tuple[str, str]], pool: Executo
               staged: dict[str, SnapshotRecord]) -> Bulk:
     """Stage each (model, digest) the start-up scan recorded and may deploy alone, under its capture lock
     and only if its source still holds that content (`deploy_alone`'s rule), all of them at once
-    (controlplane/deploy/staged.py). `staged`: the deploys staged so far (an ensemble's steps among them
-    count as served: the same start-up loads them first); the ones staged here are added."""
+    (controlplane/deploy/staged.py). A model whose capture lock another thread holds (a change handed on
+    meanwhile) is handed back too: the wave never waits for one lock while it holds others. `staged`: the
+    deploys staged so far (an ensemble's steps among them count as served: the same start-up loads them
+    first); the ones staged here are added."""
     out = Bulk()
     overrides = dict(staged)
     with ExitStack() as captures:
         items: list[tuple[str, str]] = []
         for model, digest in deploy:
-            captures.enter_context(plane.capture_lock(model))
+            lock = plane.capture_lock(model)
+            if not lock.acquire(blocking=False):
+                out.handed_back.append(model)
+                continue
+            captures.callback(lock.release)
             entry = plane.source_graph.entry(model)
             if entry is None or entry.digest != digest or plane.source_changed(model, unknown=False):
                 out.handed_back.append(model)
