@@ -432,7 +432,7 @@ def ms_since(started: float) -> int:
 
 @dataclass
 class Staged:
-    """A deploy `Deployer.stage` took up to its load (the launching tritonserver's start-up)."""
+    """A deploy staged up to its load, the launching tritonserver's start-up (deploy/staged.py `stage_many`)."""
 
     op: DeployOperation
     snap: SnapshotRecord
