@@ -36,6 +36,8 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
     """`Deployer.stage` of each (model, full digest), in order: the snapshots and models read at once,
     the intents recorded in one transaction, the trees published in `pool`, the serving root made durable
     once, `PUBLISHED` recorded in one transaction. Each Staged holds its model's lock until it ends."""
+    if not items:
+        return []
     registry = deployer.registry
     held: list[threading.Lock | None] = [deployer.lock(model) for model, _ in items]
     for lock in held:
@@ -67,7 +69,8 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
                                                              s.op.actor) for s in staged])
         for s, deployment in zip(staged, begun, strict=True):
             s.op.deployment = deployment
-        fault_point("after_intent")
+        if staged:
+            fault_point("after_intent")
 
         def publish(s: Staged) -> None:  # the host's capability check needs the server: its load's reason says it
             deployer._bring_up(s.op, s.bring_up, record=False, start="publish", stop="load")
@@ -113,7 +116,8 @@ def finish_many(deployer: Deployer, staged: Sequence[Staged], indexed: Mapping[s
             outcomes += pool.map(partial(_failed_of, deployer, failed), failing)
             if recorded is not None:
                 _advance(deployer, live, recorded)
-        fault_point("before_commit")
+        if live:
+            fault_point("before_commit")
         messages = {s.model: f"serving {s.bring_up.digest[:12]} (versions {', '.join(s.bring_up.ready)})"
                     for s in live}
         for s in live:
@@ -152,6 +156,8 @@ def _each(pool: Executor, take: Callable[[Staged], None], staged: Sequence[Stage
 
 def _advance(deployer: Deployer, staged: Sequence[Staged], step: RecordedStep) -> None:
     """`step` recorded for each deployment in one transaction, then its kill point (tests' TRITONCTL_FAULT)."""
+    if not staged:
+        return
     deployer.registry.advance_all([s.op.deployment.id for s in staged if s.op.deployment is not None], step.value)
     if step in FAULT_POINTS:
         fault_point(FAULT_POINTS[step])
