@@ -662,6 +662,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """cutime + cstime of `pid`: the CPU of its children it waited for (the daemon's capture workers,
+    joined before READY; not its tritonserver, which runs on) in seconds."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
 def status_kb(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):

@@ -138,7 +138,8 @@ class Daemon:
         url, key = self._start_triton(serving)
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.
-        self.source = configured_source(settings, self.registry)
+        self.source = configured_source(settings, self.registry, shared=self.shared_registry,  # MLflow's write-back
+                                        leads=lambda: self.fleet is not None and self.fleet.is_leader)
         from controlplane.webhooks import for_registry
 
         # in a fleet the shared registry's events, sent by the leader only (the member is built with the

@@ -111,9 +111,11 @@ class ObjectStoreError(SnapshotError):
 
 class MLflowError(ObjectStoreError):
     """An MLflow tracking server (an `mlflow+http://` source) refused or did not answer a request; `auth`
-    when retrying cannot help (401/403), `missing` when it answered that the model or alias does not exist."""
+    when retrying cannot help (401/403), `missing` when it answered that the model or alias does not exist,
+    `answered` when it answered at all (an HTTP error, not an unreachable server)."""
 
     missing: bool = False
+    answered: bool = False
 
 
 class StoreError(TritonctlError):

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from controlplane.results import ValidationResult
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store.records import SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import AuditEntry, Registry
@@ -28,10 +29,16 @@ def validate(registry: Registry, content: ContentStore, snapshot: Snapshot,
     """Validate a captured (immutable) tree; problems name the model's files, not the store's. An
     ensemble is also checked against the step models `registry` knows, or `members` (a change set's
     new step snapshots, controlplane/changeset.py)."""
+    return validated(registry, snapshot, validate_model_dir(content.tree_path(snapshot.digest), name=snapshot.model),
+                     members)
+
+
+def validated(registry: Registry, snapshot: Snapshot, result: ValidationResult,
+              members: Mapping[str, SnapshotRecord] | None = None) -> SnapshotContent:
+    """`validate`, given the tree's `validate_model_dir` result (the start-up scan's capture workers
+    check the tree in another process, controlplane/startup/cores.py)."""
     model = snapshot.model
-    tree = content.tree_path(snapshot.digest)
-    result = validate_model_dir(tree, name=model)
-    prefix = f"{tree.name}/"
+    prefix = f"{snapshot.digest}/"  # the tree's name in the content store
     problems = [
         {
             "file": p.file.replace(prefix, f"{model}/", 1) if p.file.startswith(prefix) else p.file,

@@ -68,6 +68,7 @@ SERVER_MODULES = {
     "test_ready_e2e": ("triton",),
     "test_events_e2e": ("triton",),
     "test_mlflow_e2e": ("triton", "mlflow"),
+    "test_mlflow_fleet_e2e": ("triton", "postgres", "mlflow"),
     "test_s3_e2e": ("triton", "s3"),
     "test_s3_fleet_e2e": ("triton", "postgres", "s3"),
     "test_security": ("triton",),

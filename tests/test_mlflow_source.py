@@ -1,9 +1,10 @@
 """The MLflow source's rules that a real tracking server cannot be made to show (tests/test_mlflow_e2e.py
 runs the rest against a real `mlflow server`): hostile artifact listings, an alias moved during the
-download, a listing that changes under the capture; and its settings (the URL, `mlflow_alias`, the
-extra). The stand-in below answers what MLflow's REST API answers (listing names relative to the folder
-listed, `mlflow-artifacts:` URIs); a real server refuses to store `..` or absolute paths, so only a
-stand-in (or a compromised or buggy server) can list them.
+download, a listing that changes under the capture; its settings (the URL, `mlflow_alias`, the
+extra); and the write-back's rules in a fleet over a stand-in view (only the leader writes, from the tags
+MLflow holds; a refused write is retried). The stand-in below answers what MLflow's REST API answers
+(listing names relative to the folder listed, `mlflow-artifacts:` URIs); a real server refuses to store
+`..` or absolute paths, so only a stand-in (or a compromised or buggy server) can list them.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any
 import pytest
 
 from controlplane.config import load_settings
-from controlplane.errors import ConfigError, SnapshotChangingError, SnapshotUnsupportedError
+from controlplane.errors import ConfigError, MLflowError, SnapshotChangingError, SnapshotUnsupportedError
 from controlplane.snapshot.content import ContentStore
 from controlplane.source import mlflowrest
 from controlplane.source.mlflowsource import MLflowSource, unsafe_path
+from controlplane.source.mlflowwriteback import DIGEST_TAG, HOSTS_TAG, STATE_TAG, Standing, WriteBack
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
 
@@ -181,3 +183,85 @@ def test_credentials_come_from_mlflows_own_variables() -> None:
     basic = mlflowrest.MLflowRest("http://h:1", env={"MLFLOW_TRACKING_USERNAME": "u",
                                                      "MLFLOW_TRACKING_PASSWORD": "p"})
     assert basic._headers["Authorization"] == "Basic dTpw"
+
+
+class TagStandIn:
+    """MLflow's model-version tags (set, delete, search by tag); `fail` refusals of the next set-tag calls
+    (a write that fails), `search_refused`: a server that cannot search versions by tag."""
+
+    def __init__(self, tags: dict[tuple[str, str], dict[str, str]] | None = None) -> None:
+        self.tags = tags or {}
+        self.fail = 0
+        self.calls = 0
+        self.search_refused = False
+
+    def tagged_versions(self, key: str) -> Any:
+        if self.search_refused:
+            error = MLflowError("listing versions tagged: MLflow refused: HTTP 400 bad filter")
+            error.answered = True
+            raise error
+        return iter([{"name": n, "version": v, "tags": [{"key": k, "value": x} for k, x in t.items()]}
+                     for (n, v), t in self.tags.items() if key in t])
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        self.calls += 1
+        if self.fail:
+            self.fail -= 1
+            raise MLflowError(f"tagging {name} version {version}: MLflow refused: HTTP 503")
+        self.tags.setdefault((name, version), {})[key] = value
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None:
+        self.calls += 1
+        self.tags.get((name, version), {}).pop(key, None)
+
+
+class FleetStandIn:
+    """A fleet's view (controlplane/fleet/mlflowview.py reads it from the shared registry): who leads,
+    which hosts serve which digest. Not a database: the rules of the write-back over any such view."""
+
+    fleet = True
+
+    def __init__(self) -> None:
+        self.leading = False
+        self.serving: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.tags = None
+
+    def writes(self) -> bool:
+        return self.leading
+
+    def look(self) -> object:
+        return repr(sorted(self.serving.items()))
+
+    def standings(self, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], Standing]:
+        return {p: Standing("serving" if self.serving.get(p) else None, self.serving.get(p, ()), False)
+                for p in pairs}
+
+
+def test_in_a_fleet_only_the_leader_writes_and_it_starts_from_the_tags_mlflow_holds() -> None:
+    # v1 was tagged by a former leader; this daemon captured v2 itself
+    rest = TagStandIn({("m", "1"): {STATE_TAG: "serving", DIGEST_TAG: "d1", HOSTS_TAG: "h1,h2"}})
+    view = FleetStandIn()
+    wb = WriteBack(rest, view)  # type: ignore[arg-type]
+    view.serving = {("m", "d1"): ("h2",), ("m", "d2"): ("h1",)}  # mid-rollout: h1 took v2, h2 still on v1
+    assert wb.run({("m", "2"): "d2"}, {}) == 0 and rest.calls == 0  # a follower writes nothing
+    view.leading = True
+    assert wb.run({("m", "2"): "d2"}, {}) == 2
+    assert rest.tags[("m", "1")] == {STATE_TAG: "serving", DIGEST_TAG: "d1", HOSTS_TAG: "h2"}
+    assert rest.tags[("m", "2")] == {STATE_TAG: "serving", DIGEST_TAG: "d2", HOSTS_TAG: "h1"}
+    calls = rest.calls
+    assert wb.run({("m", "2"): "d2"}, {}) == 0 and rest.calls == calls  # nothing changed: nothing written
+    view.serving = {("m", "d2"): ("h2", "h1")}  # h2 took v2 too; a write fails once, then is retried
+    rest.fail = 1
+    assert wb.run({("m", "2"): "d2"}, {}) == 1  # v1's write refused, v2's written
+    assert rest.tags[("m", "2")] == {STATE_TAG: "serving", DIGEST_TAG: "d2", HOSTS_TAG: "h1,h2"}
+    assert wb.run({("m", "2"): "d2"}, {}) == 1  # v1's, retried at the next round
+    assert rest.tags[("m", "1")] == {DIGEST_TAG: "d1"}  # served by no host: no state, no hosts
+
+
+def test_a_server_that_cannot_search_by_tag_still_gets_the_write_back() -> None:
+    rest, view = TagStandIn(), FleetStandIn()
+    rest.search_refused, view.leading = True, True
+    view.serving = {("m", "d1"): ("h1",)}
+    wb = WriteBack(rest, view)  # type: ignore[arg-type]
+    assert wb.run({("m", "1"): "d1"}, {}) == 1
+    assert rest.tags[("m", "1")] == {STATE_TAG: "serving", DIGEST_TAG: "d1", HOSTS_TAG: "h1"}

@@ -86,6 +86,26 @@ def test_zero_never_picks_the_same_port_twice(monkeypatch: pytest.MonkeyPatch) -
     from controlplane.triton import launcher
 
     offered = iter([40001, 40001, 40001, 40002, 40003])
-    monkeypatch.setattr(launcher, "free_port", lambda host="127.0.0.1": next(offered))
+
+    class KernelSocket:
+        """What the kernel answers to bind(port 0): the next port of `offered` (a stand-in: a real kernel
+        repeats a port only now and then, and this test needs it to every time)."""
+
+        def __init__(self, *_: object) -> None:
+            self.port = 0
+
+        def __enter__(self) -> KernelSocket:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def bind(self, _address: tuple[str, int]) -> None:
+            self.port = next(offered)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(launcher.socket, "socket", KernelSocket)
     settings = Settings(triton_grpc_port=0, triton_http_port=0, triton_metrics_port=0)
     assert launch_ports(settings) == (40001, 40002, 40003)

@@ -101,9 +101,13 @@ class ContentStore:
     source files actually read (the stat cache spares unchanged big files).
     """
 
-    def __init__(self, root: Path, *, fsync: bool = True, max_model_bytes: int | None = None) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True, max_model_bytes: int | None = None,
+                 journal: bool = True) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        # False: new stat cache entries are only kept (`take_remembered`): a capture worker's store
+        # (controlplane/startup/cores.py) hands them to the daemon's, which alone writes the journal
+        self.journal = journal
         self.max_model_bytes = max_model_bytes  # a capture of more bytes is refused (None: no cap)
         self.files_read = self.bytes_read = self.reflinks = 0  # counters for tests and metrics
         self._reflink_ok = True
@@ -400,7 +404,11 @@ class ContentStore:
                             link_or_copy(self.object_path(e.sha256), dest)
                     for d in reversed(dirs):
                         d.chmod(0o555)
-                    os.rename(tmp, tree)
+                    try:
+                        os.rename(tmp, tree)
+                    except OSError:
+                        if not tree.is_dir():  # else another process built the same content meanwhile
+                            raise
                 finally:
                     if tmp.exists():
                         force_rmtree(tmp)
@@ -485,11 +493,33 @@ class ContentStore:
             cache.popitem(last=False)
         return cache
 
+    def take_remembered(self) -> list[tuple[str, str]]:
+        """The stat cache entries added since the last call (a store without a journal)."""
+        with self._lock:
+            new, self._statcache_new = self._statcache_new, []
+            self._statcache_dirty = False
+            return new
+
+    def remember(self, entries: Sequence[tuple[str, str]], files_read: int, bytes_read: int) -> None:
+        """Stat cache entries and reads of a capture another process made into this store (a capture
+        worker's `take_remembered`), kept as this store's own captures keep theirs."""
+        with self._lock:
+            self.files_read += files_read
+            self.bytes_read += bytes_read
+            for key, sha in entries:
+                self._statcache[key] = sha
+                self._statcache.move_to_end(key)
+                self._statcache_new.append((key, sha))
+            while len(self._statcache) > _STATCACHE_MAX:
+                self._statcache.popitem(last=False)
+            self._statcache_dirty = self._statcache_dirty or bool(entries)
+        self._save_statcache()
+
     def _save_statcache(self) -> None:
         """Append the new entries to the journal; rewrite statcache.json (and empty the journal) when
         entries went away (gc) or the journal outgrew half the cache: amortized O(1) per entry."""
         with self._lock:
-            if not self._statcache_dirty:
+            if not self._statcache_dirty or not self.journal:
                 return
             new, self._statcache_new = self._statcache_new, []
             self._statcache_dirty = False

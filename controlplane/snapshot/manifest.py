@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from controlplane.errors import SnapshotCorruptError
 from controlplane.snapshot.layout import is_digest
@@ -23,6 +23,11 @@ class ManifestEntry:
     size: int
     mode: int  # permission bits
     sha256: str  # "" for directories
+
+    def row(self) -> dict[str, object]:
+        """The entry as a manifest row (`dataclasses.asdict`'s, without its deep copy: a capture
+        writes two per file)."""
+        return {"path": self.path, "kind": self.kind, "size": self.size, "mode": self.mode, "sha256": self.sha256}
 
 
 def entry_problem(entry: ManifestEntry) -> str | None:
@@ -48,7 +53,7 @@ def entry_problem(entry: ManifestEntry) -> str | None:
 
 
 def _canonical(entries: tuple[ManifestEntry, ...]) -> bytes:
-    rows = [asdict(e) for e in entries]
+    rows = [e.row() for e in entries]
     return json.dumps(rows, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
@@ -69,7 +74,7 @@ class Snapshot:
         return cls(model=model, digest=digest, entries=ordered, total_bytes=total)
 
     def manifest_json(self) -> str:
-        rows = [asdict(e) for e in self.entries]
+        rows = [e.row() for e in self.entries]
         body = {"format": 1, "digest": self.digest, "total_bytes": self.total_bytes, "entries": rows}
         return json.dumps(body, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
 

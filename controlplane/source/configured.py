@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from controlplane.config import Settings
@@ -12,18 +13,26 @@ from controlplane.source.protocol import NoSource, Source
 
 if TYPE_CHECKING:
     from controlplane.source.mlflowsource import RegistryView
+    from controlplane.store.registry import Registry
 
 log = logging.getLogger("tritonctl.source")
 
 
-def configured_source(s: Settings, registry: RegistryView | None = None) -> Source:
+def configured_source(s: Settings, registry: RegistryView | None = None, *, shared: Registry | None = None,
+                      leads: Callable[[], bool] = lambda: False) -> Source:
     """Built, not watched yet. Wrong s3 credentials or bucket are one logged line: what serves keeps
     serving, and the poller keeps trying (the credentials may be fixed). `registry`: where an MLflow
-    source writes its audit and tags, and reads what serves for its write-back."""
+    source writes its audit and tags, and reads what serves for its write-back; in a fleet (`shared`:
+    the fleet's registry) it writes back the fleet's view, while this daemon `leads()`."""
     if s.repository_url and s.repository_url.startswith("mlflow+"):
         from controlplane.source import mlflowsource
 
-        return mlflowsource.open_source(s, registry, s.state_dir / "store")
+        view = None
+        if shared is not None:
+            from controlplane.fleet.mlflowview import FleetView
+
+            view = FleetView(shared, leads, s.liveness_s)
+        return mlflowsource.open_source(s, registry, s.state_dir / "store", view)
     if s.repository_url:
         from controlplane.source.s3 import S3Source
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.config import Settings
@@ -23,6 +24,25 @@ from controlplane.snapshot.fsutil import read_small_text
 from controlplane.source.inotify import RepositoryWatcher
 from controlplane.source.poller import recordable_signature
 from controlplane.source.protocol import Captured, OnChange
+
+
+@dataclass(frozen=True)
+class LocalCapture:
+    """One model's capture from a repository directory, as picklable data: the daemon's own, or a
+    capture worker's in another process (the start-up scan, controlplane/startup/cores.py)."""
+
+    root: Path
+    model: str
+    commit_marker: str | None
+    quiet_s: float
+    marker_dir: Path | None  # the repository root when its commit marker commits every model
+    link_roots: tuple[str, ...]
+
+    def run(self, content: ContentStore) -> Captured:
+        signature, trusted = recordable_signature(self.root, self.model)  # before any read
+        snapshot = content.capture(self.root / self.model, self.model, commit_marker=self.commit_marker,
+                                   quiet_s=self.quiet_s, marker_dir=self.marker_dir, link_roots=self.link_roots)
+        return Captured(snapshot, signature, trusted)
 
 
 class LocalSource:
@@ -79,12 +99,14 @@ class LocalSource:
     # -- capture --------------------------------------------------------------------------------------
     def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
+        return self.capture_job(model, settled=settled, complete=complete).run(content)
+
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> LocalCapture:
+        """`capture_into`'s work as data, to run here or in another process (`LocalCapture`)."""
         # a network mount's stat facts may lag writes made elsewhere: its cache margin on the window
         quiet_s = self.watcher.settle_s + self.watcher.capture_margin_s() if settled and not complete else 0.0
-        signature, trusted = recordable_signature(self.root, model)  # before any read
-        snapshot = content.capture(self.root / model, model, commit_marker=self.commit_marker,
-                                 quiet_s=quiet_s, marker_dir=self._marker_root(), link_roots=self.link_roots())
-        return Captured(snapshot, signature, trusted)
+        return LocalCapture(self.root, model, self.commit_marker, quiet_s, self._marker_root(),
+                            tuple(self.link_roots()))
 
     def link_roots(self) -> list[str]:
         """The resolved directories a model entry may lie in (resolved at each capture: a root that is

@@ -110,6 +110,7 @@ class MLflowRest:
         message = message.splitlines()[0][:200] if message else exc.reason
         error = MLflowError(f"{what}: MLflow at {self.base} refused: HTTP {exc.code} {message}")
         error.auth = exc.code in (401, 403)
+        error.answered = True
         error.missing = exc.code == 404 or "RESOURCE_DOES_NOT_EXIST" in message or "not found" in message
         return error
 
@@ -149,6 +150,17 @@ class MLflowRest:
             raise
         version = answer.get("model_version")
         return version if isinstance(version, dict) else None
+
+    def tagged_versions(self, key: str) -> Iterator[dict[str, Any]]:
+        """Every model version (name, version, tags) carrying the tag `key`, one request per 1000."""
+        token: str | None = None
+        while True:
+            page = self.call("GET", "model-versions/search", f"listing versions tagged {key}",
+                             filter=f"tags.`{key}` LIKE '%'", max_results=1000, page_token=token)
+            yield from page.get("model_versions", ())
+            token = page.get("next_page_token")
+            if not token:
+                return
 
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self.call("POST", "model-versions/set-tag", f"tagging {name} version {version}",

@@ -14,10 +14,12 @@ tritonctl deploy, behind the same `Source` protocol as a directory or a bucket:
   again), then reads the alias and the listing again: a move in between refuses the snapshot as "still
   changing", as a directory edited during its copy is. Hostile artifact paths (`..`, absolute, a
   backslash, NUL) and links are refused as unsafe S3 keys are;
-- write-back: each poll, every version this source captured gets the MLflow tags `tritonctl.state`
-  (`serving`, `rolled_back`, `quarantined`, `failed`; removed once a version no longer serves after
-  serving) and `tritonctl.digest`, from the registry; a failed write is retried at the next poll and
-  never blocks a deploy. The served version's MLflow aliases become tritonctl tags of its digest.
+- write-back (controlplane/source/mlflowwriteback.py): each poll, every version this source captured gets
+  the MLflow tags `tritonctl.state` (`serving`, `rolled_back`, `quarantined`, `failed`; removed once a
+  version no longer serves after serving) and `tritonctl.digest`, in a fleet also `tritonctl.hosts`,
+  from this host's registry or (in a fleet, written by the leader alone) the fleet's shared registry; a
+  failed write is retried at the next poll and never blocks a deploy. The served version's MLflow
+  aliases become tritonctl tags of its digest.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from controlplane.config import Settings
 from controlplane.errors import (
@@ -43,7 +45,6 @@ from controlplane.errors import (
     SnapshotStoreWriteError,
     SnapshotTooLargeError,
     SnapshotUnsupportedError,
-    TagError,
 )
 from controlplane.periodic import Periodic
 from controlplane.snapshot.content import ContentStore
@@ -51,10 +52,11 @@ from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.source.mlflowrest import MLflowRest, tracking_url
+from controlplane.source.mlflowwriteback import HostView, RegistryView, ServingView, WriteBack
 from controlplane.source.protocol import Captured, OnChange, PerModelOnly
 from controlplane.source.shacache import ShaCache
-from controlplane.store.records import AuditEntry, TagRecord
-from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Result
+from controlplane.store.records import AuditEntry
+from controlplane.vocab import WATCHER_ACTOR, Result
 
 log = logging.getLogger("tritonctl.mlflow")
 HELD = "held: "  # the prefix of a not-served reason that `held` reports (alias names no version)
@@ -62,23 +64,8 @@ HELD = "held: "  # the prefix of a not-served reason that `held` reports (alias 
 FILE_MODE, DIR_MODE = 0o644, 0o755
 MAX_BACKOFF_S = 30.0
 MLMODEL = "MLmodel"
-STATE_TAG, DIGEST_TAG = "tritonctl.state", "tritonctl.digest"
 ARTIFACTS_SCHEME = "mlflow-artifacts:"
 VERSIONS_FILE = "mlflowversions.json"  # beside the content store: (model, version) -> the digest captured
-ACTOR = "mlflow"  # the actor of the tritonctl tags that mirror MLflow aliases
-
-
-class RegistryView(Protocol):
-    """What the write-back reads and writes in tritonctl's registry (a Registry)."""
-
-    def find_model(self, name: str) -> Any: ...
-    def get_snapshot(self, model: str, digest: str) -> Any: ...
-    def last_deployments(self, models: Any = None) -> Mapping[str, Any]: ...
-    def audit(self, *entries: AuditEntry) -> None: ...
-    def last_event_id(self) -> int: ...
-    def list_tags(self, model: str | None = None) -> list[TagRecord]: ...
-    def move_tag(self, model: str, name: str, digest: str | None, *, actor: str, outcome: str = "ok",
-                 message: str = "", attempted: str | None = None) -> str | None: ...
 
 
 def unsafe_path(rel: str) -> bool:
@@ -99,7 +86,7 @@ class MLflowSource(PerModelOnly):
 
     def __init__(self, url: str, *, alias: str = "champion", poll_interval_s: float = 2.0,
                  registry: RegistryView | None = None, rest: MLflowRest | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, view: ServingView | None = None) -> None:
         self.url = url
         self.rest = rest or MLflowRest(tracking_url(url), env)
         self.alias = alias
@@ -114,8 +101,9 @@ class MLflowSource(PerModelOnly):
         self._held_handed: set[str] = set()  # the held models handed on (once each, while held)
         self._aliases: dict[str, dict[str, list[str]]] = {}  # model -> version -> its aliases
         self._captured: dict[str, str] = {}  # model -> the signature its last capture was taken at
-        self._written: dict[tuple[str, str], tuple[str | None, str]] = {}  # (model, version) -> (state, digest)
-        self._clean_at: tuple[int, str, int] | None = None  # the write-back's marker when it left nothing to do
+        # the write-back: from this host's registry, or the view given (a fleet's: fleet/mlflowview.py)
+        view = view or (HostView(registry) if registry is not None else None)
+        self.writeback = WriteBack(self.rest, view) if view is not None else None
         self._poller = Periodic("tritonctl-mlflowpoll", self.poll_interval_s, self._round, log)
         self._failing: str | None = None
         self._failures = 0
@@ -201,6 +189,9 @@ class MLflowSource(PerModelOnly):
             signature = self._captured.pop(model, None)
         return Captured(snapshot, signature, True)  # a version number names the content
 
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> None:
+        return None  # its captures are downloads, in the daemon (no capture worker)
+
     def signature(self, model: str) -> str | None:
         with self._lock:
             version = self._versions.get(model)
@@ -248,14 +239,16 @@ class MLflowSource(PerModelOnly):
 
     # -- polling -----------------------------------------------------------------------------------
     def _round(self) -> None:
-        """One poll, then the write-back (each failure logged; the next round tries again)."""
+        """One poll, then the write-back (each failure logged; the next round tries again). MLflow
+        unreachable: no write-back either (the poll's one line says why)."""
         try:
             self.poll()
         except Exception:  # noqa: BLE001 - one bad poll must not stop the poller
             log.exception("MLflow poll failed")
         finally:
             self._poller.interval_s = self._next_wait()
-        self.write_back()
+        if self._failing is None:
+            self.write_back()
 
     def _next_wait(self) -> float:
         if not self._failures:
@@ -335,7 +328,8 @@ class MLflowSource(PerModelOnly):
         version, run = str(before.get("version")), str(before.get("run_id") or "-")
         with self._lock:
             self._captured[model] = _signature(version)
-            self._written.pop((model, version), None)  # write its tags (again) at the next poll
+        if self.writeback is not None:
+            self.writeback.forget(model, version)  # write its tags (again) at the next poll
         self._remember(content, model, version, snapshot.digest)
         if self.registry is not None:
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "mlflow", model, snapshot.digest, Result.OK,
@@ -457,85 +451,13 @@ class MLflowSource(PerModelOnly):
         self._root = store_root
 
     def write_back(self) -> int:
-        """Bring each captured version's `tritonctl.*` tags up to date; how many versions were tagged.
-        A failure is logged and retried at the next poll."""
-        if self.registry is None:
+        """Bring each captured version's `tritonctl.*` tags up to date (controlplane/source/mlflowwriteback.py);
+        how many versions were tagged. A failure is logged and retried at the next poll."""
+        if self.writeback is None:
             return 0
-        # Nothing to look at unless the registry (its newest audit event), the aliases or the versions
-        # captured changed since a write-back that left nothing to retry: a quiet registry costs one query.
         with self._lock:
-            aliases = repr(sorted(self._aliases.items()))
-        captured = self.captured_versions()
-        marker = (self.registry.last_event_id(), aliases, len(captured))
-        if marker == self._clean_at:
-            return 0
-        models = sorted({m for m, _ in captured})
-        lasts = self.registry.last_deployments(models) if models else {}
-        records = {m: self.registry.find_model(m) for m in models}
-        tagged, retry = 0, False
-        for (model, version), digest in sorted(captured.items()):
-            record = records.get(model)
-            if record is None:
-                continue
-            with self._lock:
-                before = self._written.get((model, version))
-            state = self._state(model, digest, record, lasts.get(model), before[0] if before else None)
-            if state == "serving":
-                self._mirror_aliases(model, version, digest)
-            if before == (state, digest):
-                continue
-            try:
-                if state is None:
-                    if before is None or before[0] is not None:
-                        self.rest.delete_version_tag(model, version, STATE_TAG)
-                else:
-                    self.rest.set_version_tag(model, version, STATE_TAG, state)
-                self.rest.set_version_tag(model, version, DIGEST_TAG, digest)
-            except MLflowError as exc:
-                if not exc.missing:  # a deleted version has nothing to tag
-                    log.warning("%s; the write-back is retried at the next poll", exc)
-                    retry = True
-                    continue
-            with self._lock:
-                self._written[(model, version)] = (state, digest)
-            tagged += 1
-        # the start's marker: what changed meanwhile (and the tags moved above) is looked at next round
-        self._clean_at = None if retry else marker
-        return tagged
-
-    def _state(self, model: str, digest: str, record: Any, last: Any, before: str | None) -> str | None:
-        if record.active_digest == digest and record.state in SERVING_STATES and record.removed_at is None:
-            return "serving"
-        try:
-            if self.registry is not None and self.registry.get_snapshot(model, digest).quarantined:
-                return "quarantined"
-        except Exception:  # noqa: BLE001 - collected or unknown: nothing to say
-            pass
-        if last is not None and last.digest == digest and last.outcome in (Result.ROLLED_BACK, Result.FAILED):
-            return str(last.outcome)
-        if record.active_digest == digest and record.removed_at is not None:
-            return "serving"  # removed from MLflow, still serving (as a deleted directory does)
-        return None if before == "serving" else before
-
-    def _mirror_aliases(self, model: str, version: str, digest: str) -> None:
-        """The served version's MLflow aliases as tritonctl tags of its digest (`status`, `versions`)."""
-        assert self.registry is not None
-        with self._lock:
-            aliases = {a.lower() for a in self._aliases.get(model, {}).get(version, [])}
-        current = {t.name: t for t in self.registry.list_tags(model)}
-        for alias in sorted(aliases):
-            tag = current.get(alias)
-            if tag is not None and tag.digest == digest:
-                continue
-            try:
-                self.registry.move_tag(model, alias, digest, actor=ACTOR,
-                                       message=f"MLflow alias {alias} names version {version}")
-            except (TagError, ValueError) as exc:
-                log.info("%s: MLflow alias %s is not a tritonctl tag: %s", model, alias, exc)
-        for name, tag in current.items():
-            if tag.moved_by == ACTOR and name not in aliases:
-                self.registry.move_tag(model, name, None, actor=ACTOR,
-                                       message=f"MLflow alias {name} no longer names the served version")
+            aliases = dict(self._aliases)
+        return self.writeback.run(self.captured_versions(), aliases)
 
 
 def _signature(version: str) -> str:
@@ -556,13 +478,15 @@ def _triton_flavor_data(text: str) -> str | None:
     return data if isinstance(data, str) and data else None
 
 
-def open_source(settings: Settings, registry: RegistryView | None, store_root: Path) -> MLflowSource:
+def open_source(settings: Settings, registry: RegistryView | None, store_root: Path,
+                view: ServingView | None = None) -> MLflowSource:
     """The daemon's MLflow source (load_settings checked the `mlflow` extra). Refused credentials or an
     unreachable server are one logged line, as for s3://: what serves keeps serving, the poller keeps
-    trying (the credentials may be fixed) and `status`'s watch reason says why."""
+    trying (the credentials may be fixed) and `status`'s watch reason says why. `view`: what the
+    write-back reads (a fleet's; None: this host's registry)."""
     assert settings.repository_url is not None
     source = MLflowSource(settings.repository_url, alias=settings.mlflow_alias,
-                          poll_interval_s=settings.poll_interval_s, registry=registry)
+                          poll_interval_s=settings.poll_interval_s, registry=registry, view=view)
     source.attach(store_root)
     try:
         source.check()

@@ -35,6 +35,16 @@ class Captured(NamedTuple):
     trusted: bool
 
 
+class CaptureJob(Protocol):
+    """One model's capture as picklable data, to run in a capture worker's process (the start-up
+    scan, controlplane/startup/cores.py): what `capture_into` does, against that process's store."""
+
+    @property
+    def model(self) -> str: ...
+
+    def run(self, content: ContentStore) -> Captured: ...
+
+
 class Source(Protocol):
     """A model source: list, read, capture and watch models (see the module docstring)."""
 
@@ -64,6 +74,11 @@ class Source(Protocol):
     def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
         """Snapshot the model into `content` if it is whole and holding still; SnapshotError otherwise."""
+        ...
+
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> CaptureJob | None:
+        """`capture_into`'s work as a job another process can run (the start-up scan's capture
+        workers); None: this kind captures only in the daemon."""
         ...
 
     def signature(self, model: str) -> str | None:
@@ -168,6 +183,9 @@ class NoSource(PerModelOnly):
     def capture_into(self, content: ContentStore, model: str, *, settled: bool = True,
                      complete: bool = False) -> Captured:
         raise UsageError("the daemon has no source repository (--repository)")
+
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> CaptureJob | None:
+        return None
 
     def signature(self, model: str) -> str | None:
         return None

@@ -155,6 +155,9 @@ class S3Source:
         snapshot = self.capture(model, content, settled=settled)
         return Captured(snapshot, self.captured_signature(model), True)  # a listing's ETags name the content
 
+    def capture_job(self, model: str, *, settled: bool = True, complete: bool = False) -> None:
+        return None  # its captures are downloads, in the daemon (no capture worker)
+
     def watch(self, on_change: OnChange) -> None:
         self._on_settled = lambda model: on_change(model, False)
         self.start()

@@ -23,6 +23,7 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from controlplane import intake
@@ -30,6 +31,9 @@ from controlplane.decision import Rule, decide
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.names import validate_model_name
 from controlplane.ports import WavePlane
+from controlplane.results import ValidationResult
+from controlplane.source.protocol import Captured as SourceCaptured
+from controlplane.startup.cores import Cores
 from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import Registry
 from controlplane.validation.ensemblemembers import step_models
@@ -38,6 +42,7 @@ from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, ModelState, Policy
 log = logging.getLogger("tritonctl.startrecord")
 
 BATCH = 500  # models recorded per registry transaction
+GROUP = 8  # models per capture worker's task (controlplane/startup/cores.py)
 
 
 @dataclass
@@ -63,10 +68,29 @@ def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: i
         out.settle = list(names)  # a repository-level hold or commit marker: its own rules, per model
         return out
     steps = StepMembers(plane.registry)  # the steps of this wave's ensembles recorded in an earlier wave
+    travels = bool(names) and plane.source.capture_job(names[0]) is not None  # a directory's captures do
+    with Cores(plane.store, len(names) if travels else 0) as cores:
+        if cores.active:
+            log.info("start-up scan: capturing %d models in %d worker processes", len(names), cores.workers)
+        _record_batches(plane, names, cores.threads or pool, cores, batch, steps, out, staged or {})
+    if names:
+        log.info("start-up scan: %d models recorded in batches (%d to deploy alone), %d model by model",
+                 len(names) - len(out.settle), len(out.deploy), len(out.settle))
+    return out
+
+
+def _record_batches(plane: WavePlane, names: Sequence[str], pool: Executor, cores: Cores, batch: int,
+                    steps: StepMembers, out: Wave, staged: Mapping[str, SnapshotRecord]) -> None:
     for start in range(0, len(names), batch):
         chunk = names[start:start + batch]
         captured: list[Captured] = []
-        for name, result in zip(chunk, pool.map(lambda n: _captured(plane, n, steps), chunk), strict=True):
+        if cores.active:
+            groups = [chunk[i:i + GROUP] for i in range(0, len(chunk), GROUP)]
+            results = [c for group in pool.map(lambda g: _captured_group(plane, g, steps, cores), groups)
+                       for c in group]
+        else:
+            results = list(pool.map(lambda n: _captured(plane, n, steps), chunk))
+        for name, result in zip(chunk, results, strict=True):
             if result is None:
                 out.settle.append(name)
             else:
@@ -89,11 +113,7 @@ def record_wave(plane: WavePlane, names: Sequence[str], pool: Executor, batch: i
         for (*_, entry), record in zip(captured, records, strict=True):
             plane.source_graph.recorded(entry)
             plane.capture_done(record.model)
-        _decide(plane, records, out, staged or {})
-    if names:
-        log.info("start-up scan: %d models recorded in batches (%d to deploy alone), %d model by model",
-                 len(names) - len(out.settle), len(out.deploy), len(out.settle))
-    return out
+        _decide(plane, records, out, staged)
 
 
 class StepMembers(Mapping[str, SnapshotRecord]):
@@ -141,8 +161,7 @@ def _captured(plane: WavePlane, name: str, steps: StepMembers) -> Captured | Non
     """`name`'s source captured and validated as the watcher's capture does; None: the per-model path
     must look at it (an invalid name, no directory, a capture that fails or must wait)."""
     try:
-        validate_model_name(name)
-        if not plane.source_has(name):
+        if not _capturable(plane, name):
             return None
         with plane.capture_lock(name), plane.store.deferred_sync():
             snapshot, signature, trusted = plane.snapshot_source(name)
@@ -154,6 +173,51 @@ def _captured(plane: WavePlane, name: str, steps: StepMembers) -> Captured | Non
     except Exception:  # noqa: BLE001 - one model's bug must not stop the others' start-up: its own path says
         log.exception("unexpected error capturing %s at start-up", name)
         return None
+
+
+def _capturable(plane: WavePlane, name: str) -> bool:
+    validate_model_name(name)
+    return plane.source_has(name)
+
+
+def _captured_group(plane: WavePlane, names: Sequence[str], steps: StepMembers, cores: Cores) -> list[Captured | None]:
+    """`_captured` of a few models of a local repository, captured and validated by one capture worker
+    (one message each way, not one per model: controlplane/startup/cores.py) while the daemon holds
+    their capture locks (taken in name order: no other thread holds two)."""
+    todo = []
+    for name in names:
+        try:
+            if _capturable(plane, name):
+                todo.append(name)
+        except (TritonctlError, OSError):
+            continue
+    with ExitStack() as held:
+        for name in sorted(todo):
+            held.enter_context(plane.capture_lock(name))
+        jobs = [plane.source.capture_job(name) for name in todo]
+        done = cores.capture_many([job for job in jobs if job is not None]) if None not in jobs else None
+    if done is None:  # no worker could: captured here
+        return [_captured(plane, name, steps) for name in names]
+    plane.counts.add("captures", len(todo))
+    found = dict(zip(todo, done, strict=True))
+    return [_content(plane, name, found[name], steps) if found.get(name) else None for name in names]
+
+
+def _content(plane: WavePlane, name: str, done: tuple[SourceCaptured, ValidationResult] | None,
+             steps: StepMembers) -> Captured | None:
+    """A worker's capture and validation of `name`, checked against the registry's steps."""
+    if done is None:
+        return None
+    (snapshot, signature, trusted), result = done
+    plane.counts.add("validations")
+    try:
+        content = intake.validated(plane.registry, snapshot, result, steps)
+    except (TritonctlError, OSError):
+        return None
+    except Exception:  # noqa: BLE001 - as in `_captured`
+        log.exception("unexpected error checking %s at start-up", name)
+        return None
+    return name, snapshot.digest, content, intake.source_entry(name, snapshot.digest, content, signature, trusted)
 
 
 def _decide(plane: WavePlane, records: list[SnapshotRecord], out: Wave,

@@ -425,6 +425,14 @@ class FleetStore:
             for model, (digest, state) in serving.items():
                 self._set_host_model(session, host, model, digest, state, now, (footprints or {}).get(model))
 
+    def held_digests(self) -> list[tuple[str, str, str, str]]:
+        """(model, host, digest, state) of every host's model that holds a digest, in that order."""
+        with self.session() as session:
+            rows = session.execute(select(schema.HostModel.model, schema.HostModel.host, schema.HostModel.digest,
+                                          schema.HostModel.state).where(schema.HostModel.digest.is_not(None))
+                                   .order_by(schema.HostModel.model, schema.HostModel.host)).all()
+        return [(str(m), str(h), str(d), str(s)) for m, h, d, s in rows]
+
     def matrix(self) -> dict[str, Any]:
         """Model × host: digest, state and drift from the fleet's target."""
         targets = self.targets()

@@ -145,12 +145,8 @@ def launch_ports(settings: Settings) -> tuple[int, int, int]:
     chosen: list[int] = []
     for flag, port in zip(PORT_FLAGS, requested_ports(settings), strict=True):
         if port == 0:
-            # free_port() binds and closes: two calls in a row may get the same port back, which
-            # tritonserver refuses ("cannot listen to GRPC requests and metrics requests at the same port")
-            picked = launcher.free_port()
-            while picked in chosen:
-                picked = launcher.free_port()
-            chosen.append(picked)
+            # never one already chosen: tritonserver refuses two protocols on one port
+            chosen.append(launcher.free_port(besides=tuple(chosen)))
             continue
         check_port_free(port, flag)
         chosen.append(port)

@@ -65,7 +65,7 @@ def _member(registry: Registry, name: str, *, served_only: bool,
 
 def _findings(registry: Registry, model: str, config: dict[str, Any] | None, *,
               served_only: bool, overrides: Mapping[str, SnapshotRecord] | None = None) -> list[EnsembleFinding]:
-    if config is None:
+    if config is None or config.get("platform") != "ensemble":  # no ensemble: not parsed back (issue 39)
         return []
     parsed = as_config(config)
     if not is_ensemble(parsed):

@@ -12,6 +12,7 @@ problem is a `Problem` (file, field, one-line reason); the field rules live in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -156,8 +157,16 @@ def _is_within(root: str, path: str) -> bool:
 
 
 def _stat_inside(root: str, rel: str) -> tuple[os.stat_result | None, str]:
-    """lstat of `root/rel` after resolving it, or None and why; never follows a link out of root."""
+    """lstat of `root/rel` after resolving it, or None and why; never follows a link out of root.
+    `root` is resolved already (`validate_model_dir`)."""
     path = os.path.join(root, rel)
+    if "/" not in rel and rel not in ("", ".", ".."):  # one entry of root: its lstat says it unless a link
+        try:
+            st = os.lstat(path)
+        except (OSError, ValueError):
+            return None, _MISSING  # what lexists says below
+        if not stat.S_ISLNK(st.st_mode):
+            return st, ""  # realpath would walk root's components again for this: 8 syscalls per entry
     try:
         if not os.path.lexists(path):
             return None, _MISSING
@@ -233,13 +242,21 @@ class _Checker:
             self.add(f"{line}:{col}", reason, file=self.config_label)
             return None
 
-    def parse(self, text: str) -> mc.ModelConfig | None:
+    def parse(self, text: str) -> tuple[mc.ModelConfig | None, Any]:
+        """The config and its explicit (proto2) twin, `_parse_explicit`'s, from one pure-Python text
+        parse where the text is proto2-parsable (all but an unknown enum number): the config is the
+        twin's wire bytes read back into Triton's proto3 class, the same message the text gives it, at
+        a fraction of a second text parse (the start-up scan validates every model: issue 39)."""
+        explicit = _parse_explicit(text)
+        if explicit is not None:
+            with contextlib.suppress(Exception):  # the text parse below says what is wrong
+                return mc.ModelConfig.FromString(explicit.SerializeToString()), explicit
         try:
-            return _parse(text)
+            return _parse(text), None
         except (text_format.ParseError, ValueError, RecursionError) as exc:
             line, col, reason = _parse_failure(exc, text)
             self.add(f"{line}:{col}", reason, file=self.config_label)
-            return None
+            return None, None
 
     def version_dirs(self) -> list[int]:
         """Numeric version directories, as Triton's VersionsToLoad reads them; odd entries reported."""
@@ -405,10 +422,9 @@ def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
         return result
     checker.root = root
     text = checker.read_config()
-    config = checker.parse(text) if text is not None else None
+    config, explicit = checker.parse(text) if text is not None else (None, None)
     inferred = checker.inferred_backend(config) if config is not None else None
     if config is not None:
-        explicit = _parse_explicit(text) if text is not None else None
         for finding in check_config(config, explicit, model, inferred):
             checker.add(finding.field, finding.message, finding.severity, file=checker.config_label)
     versions = checker.version_dirs()
