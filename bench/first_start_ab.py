@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,17 +35,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as c  # noqa: E402
+import first_start_phases  # noqa: E402
 import restart_ab  # noqa: E402
 import scale  # noqa: E402
 
 NAME = "first_start_ab"
+# the daemon's CPU per phase of a first start through Triton's start-up (bench/first_start_phases.py)
+PHASE_CPU = {"capture_validate_record_cpu_s": "capture", "stage_cpu_s": "stage", "end_deploys_cpu_s": "end"}
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _first_start(tritonctl: Path, repo: Path, state: Path, log: Path, models: int,
                  timeout_s: float) -> dict[str, float]:
     """One first start: seconds to every model's `deploy ok`, and the CPU seconds of the daemon and of
-    its tritonserver then."""
+    its tritonserver then; with a deferred launch (controlplane/startup/bulk.py), the daemon's CPU seconds
+    in each phase of bench/first_start_phases.py as well (sampled when its log line appears: a wave's
+    line, the last wave's counts; the deploys' end runs to every `deploy ok`)."""
     from tests.harness import FREE_PORTS
 
     args = [str(tritonctl), "daemon", "--repository", str(repo), "--state-dir", str(state), "--settle", "1.0",
@@ -54,8 +60,15 @@ def _first_start(tritonctl: Path, repo: Path, state: Path, log: Path, models: in
     with open(log, "w") as out:
         started = time.monotonic()
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    seen: dict[str, tuple[int, float]] = {}  # mark -> (lines seen, the daemon's CPU seconds at the last)
     try:
-        while log.read_text(errors="replace").count(" deploy ok ") < models:
+        while (text := log.read_text(errors="replace")).count(" deploy ok ") < models:
+            for mark, pattern in first_start_phases.MARKS.items():
+                if "live" in seen:  # launched: the marks before it are final, the end is measured at the last ok
+                    break
+                found = len(re.findall(pattern, text))
+                if found and found != seen.get(mark, (0, 0.0))[0]:
+                    seen[mark] = (found, c.cpu_seconds(proc.pid))
             if proc.poll() is not None:
                 raise SystemExit(f"daemon exited {proc.returncode}: {log.read_text()[-2000:]}")
             if time.monotonic() - started > timeout_s:
@@ -63,8 +76,15 @@ def _first_start(tritonctl: Path, repo: Path, state: Path, log: Path, models: in
             time.sleep(0.05)
         wall = time.monotonic() - started
         triton = [p for p in c.descendants(proc.pid) if "tritonserver" in _comm(p)]
-        return {"all_serving_s": round(wall, 2), "daemon_cpu_s": round(c.cpu_seconds(proc.pid), 2),
-                "triton_cpu_s": round(sum(c.cpu_seconds(p) for p in triton), 2)}
+        cpu = c.cpu_seconds(proc.pid)
+        result = {"all_serving_s": round(wall, 2), "daemon_cpu_s": round(cpu, 2),
+                  "triton_cpu_s": round(sum(c.cpu_seconds(p) for p in triton), 2)}
+        at = {mark: value for mark, (_, value) in seen.items()}
+        if {"scan", "recorded", "launch", "live"} <= set(at):
+            result.update(capture_validate_record_cpu_s=round(at["recorded"] - at["scan"], 2),
+                          stage_cpu_s=round(at["launch"] - at["recorded"], 2),
+                          end_deploys_cpu_s=round(cpu - at["live"], 2))
+        return result
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -140,7 +160,9 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         report["poll_runs"] = runs.pop("poll")
         report["poll_all_serving_s_median"] = c.median([r["all_serving_s"] for r in report["poll_runs"]])
     report["python_models"] = args.python
-    return c.two_trees_report(report, args.models, runs, ("all_serving_s", "daemon_cpu_s", "triton_cpu_s"), rows)
+    fields = [f for f in ("all_serving_s", "daemon_cpu_s", "triton_cpu_s", *PHASE_CPU)
+              if all(f in r for items in runs.values() for r in items)]
+    return c.two_trees_report(report, args.models, runs, fields, rows)
 
 
 def rows(report: dict[str, Any]) -> list[c.Row]:
@@ -150,8 +172,8 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
         cpu = report[f"{key}_daemon_cpu_s_median"]
         out.append(c.Row(f"{report['models']:,} models: first start, policy auto -> every model serving, median of "
                          f"{len(report['runs'][key])} ({key}: {commit})", "tritonctl", f"{wall:.2f} s", "-", None,
-                         f"daemon CPU {cpu:.2f} s ({1000 * cpu / report['models']:.1f} ms a model); tritonserver "
-                         f"CPU {report[f'{key}_triton_cpu_s_median']:.2f} s"
+                         f"daemon CPU {cpu:.2f} s ({1000 * cpu / report['models']:.1f} ms a model)"
+                         f"{_phases(report, key)}; tritonserver CPU {report[f'{key}_triton_cpu_s_median']:.2f} s"
                          + (f"; {wall / poll:.2f}x Triton poll's" if (poll := report.get("poll_all_serving_s_median"))
                             else ""), value=wall))
     if report.get("poll_all_serving_s_median"):
@@ -160,6 +182,13 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
                          "-", None, "runs: " + ", ".join(f"{r['all_serving_s']:.2f} s" for r in report["poll_runs"]),
                          value=report["poll_all_serving_s_median"]))
     return out
+
+
+def _phases(report: dict[str, Any], key: str) -> str:
+    """The daemon's CPU per phase (medians), where the runs measured it."""
+    parts = [f"{label} {report[f'{key}_{field}_median']:.2f} s" for field, label in PHASE_CPU.items()
+             if f"{key}_{field}_median" in report]
+    return f" (capture+validation+records, staging, ending the deploys: {', '.join(parts)})" if parts else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,11 @@ MARKS = {
     "ended": r"start-up: \d+ models deployed through tritonserver's start-up",
 }
 # py-spy frames whose samples each phase counts, and the callees they are split by
-PROFILE = {"stage": "Deployer.stage", "finish": "Deployer.finish_staged"}
+# (the first frame of a phase's list found in a stack counts: its pool's threads start from their own frames;
+# before the deploys were staged and ended a wave at a time, controlplane/deploy/staged.py, each one ran in
+# Deployer.stage / Deployer.finish_staged)
+PROFILE = {"stage": ("stage_many", "stage_many.<locals>.publish", "Deployer.stage"),
+           "finish": ("finish_many", "finish_many.<locals>.take", "_failed_of", "Deployer.finish_staged")}
 
 
 def phases(log: str) -> dict[str, Any]:
@@ -50,20 +54,22 @@ def phases(log: str) -> dict[str, Any]:
 
 
 # what a sample under a phase is spent on: the first of these frames in its stack
-KINDS = (("ServingRepository.publish", "publish"), ("TritonClient.ready_versions", "ready_versions_rpc"),
+KINDS = (("ServingRepository.publish", "publish"), ("ServingRepository.prune", "prune"),
+         ("TritonClient.ready_versions", "ready_versions_rpc"),
          ("TritonClient.served_digest", "served_digest_rpc"), ("Outcomes.publish", "outcome_subscribers"),
-         ("Registry.", "registry"))
+         ("Registry.", "registry"), ("JournaledRegistry.", "registry"), ("Batches.", "registry"))
 
 
 def shares(profile: str) -> dict[str, dict[str, float]]:
     """Per phase, the share (%) of its samples in each kind of work (`KINDS`, else other)."""
     out: dict[str, dict[str, float]] = {}
-    for phase, frame in PROFILE.items():
+    for phase, frames in PROFILE.items():
         counts: collections.Counter[str] = collections.Counter()
         for line in profile.splitlines():
             stack, _, n = line.rpartition(" ")
             names = [f.split(" (")[0] for f in stack.split(";")]
-            if frame not in names:
+            frame = next((f for f in frames if f in names), None)
+            if frame is None:
                 continue
             below = names[names.index(frame) + 1:]
             kind = next((k for name in below for prefix, k in KINDS if name.startswith(prefix)), "other")

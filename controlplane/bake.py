@@ -161,7 +161,7 @@ class Baker:
     def _parameters(self, model: str, digest: str) -> dict[str, Any]:
         """The model's own bake settings in the deployed config (validation refused bad ones)."""
         try:
-            config = self.registry.get_snapshot(model, digest).config or {}
+            config = self.registry.snapshot_content(model, digest)[0] or {}  # kept: read once a content
             return bake_parameters(config.get("parameters") or {})
         except (TritonctlError, ValueError) as exc:
             log.warning("%s: bake: the config's bake parameters are not used: %s", model, exc)

@@ -8,8 +8,8 @@ import circle changeset -> service. Each part names here what it uses, and nothi
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+import threading
+from typing import Protocol
 
 from controlplane.config import Settings
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
@@ -99,7 +99,7 @@ class WavePlane(SetIntake, Protocol):
     @property
     def counts(self) -> Counted: ...
 
-    def capture_lock(self, model: str) -> AbstractContextManager[Any]: ...
+    def capture_lock(self, model: str) -> threading.RLock: ...
 
     def snapshot_source(self, model: str, *, settled: bool = ...,
                         complete: bool = ...) -> tuple[Snapshot, str | None, bool]: ...

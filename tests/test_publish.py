@@ -20,8 +20,11 @@ from typing import Any
 import pytest
 
 from controlplane.deploy.publish import ServingRepository, precompile
+from controlplane.deploy.steps import stamp_digest
 from controlplane.errors import SnapshotError
 from controlplane.snapshot import ContentStore, Snapshot
+from controlplane.triton.client import DIGEST_PARAMETER
+from controlplane.validation.modelconfig import stamp_parameter
 from tests.test_snapshot import config_text, make_model, markers
 
 
@@ -75,6 +78,16 @@ def test_publish_links_objects_and_rewrites_config(
     assert (tree / "config.pbtxt").stat().st_ino != store.object_path(cfg_entry.sha256).stat().st_ino
     assert snap.digest not in store.object_path(cfg_entry.sha256).read_text()  # store untouched
     assert serving.models() == ["m"]
+
+
+@pytest.mark.parametrize("text", ["", 'name: "m"', config_text("m", 1), "# a comment, no newline at the end",
+                                  config_text("m", 1) + 'parameters { key: "tritonctl.digest" value { string_value: '
+                                                        '"old" } }\n'])
+def test_the_digest_stamp_is_stamp_parameters_without_parsing_an_unstamped_config(text: str) -> None:
+    """A publish appends the digest to a config not stamped yet without parsing it (its pure-Python parse
+    was most of a publish's CPU): the text is the one `stamp_parameter` makes, a stamp replaced as before."""
+    digest = "d" * 64
+    assert stamp_digest(digest)(text) == stamp_parameter(text, DIGEST_PARAMETER, digest)
 
 
 def test_python_is_precompiled_with_hash_checked_pycs(

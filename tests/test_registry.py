@@ -11,6 +11,7 @@ Time is a settable clock (tests/clock.py) passed to the registry, so "when" ques
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from controlplane import garbage
 from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
-from controlplane.store.records import ServingRecord
+from controlplane.store.batches import DeploymentEnd, DeploymentIntent
+from controlplane.store.records import DeploymentRecord, ServingRecord
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
 from controlplane.store.schema import Base
 from tests.clock import Clock
@@ -200,6 +202,67 @@ def test_redeploying_the_active_digest_keeps_its_since(registry: Registry, clock
     deploy(registry, "linear", D1)
     assert registry.get_model("linear").active_since == since
     assert len(registry.serving_history("linear")) == 2  # the reload is still logged
+
+
+def test_deployments_begun_advanced_and_ended_in_batches_are_recorded_as_one_by_one(registry: Registry,
+                                                                                    clock: Clock) -> None:
+    """A first start's deploys (controlplane/deploy/staged.py) write their rows many to a transaction: each
+    deployment still gets its own intent, steps, end, serving-log row and audit event, as the one-at-a-time
+    methods write them; a model's active digest keeps its `since` when the same digest is deployed again."""
+    for model in ("a", "b", "c"):
+        record(registry, model, D1)
+    deploy(registry, "c", D1)
+    since_c = registry.get_model("c").active_since
+    clock.advance(minutes=1)
+    begun = registry.begin_deployments([DeploymentIntent("a", "deploy", D1, None, "watcher"),
+                                        DeploymentIntent("b", "deploy", D1, None, "watcher"),
+                                        DeploymentIntent("c", "deploy", D1, D1, "watcher"),
+                                        DeploymentIntent("fresh", "deploy", D2, None, "watcher")])
+    assert [(d.model, d.step, d.previous_digest, d.started_at) for d in begun] == [
+        ("a", "intent", None, T0 + timedelta(minutes=1)), ("b", "intent", None, T0 + timedelta(minutes=1)),
+        ("c", "intent", D1, T0 + timedelta(minutes=1)), ("fresh", "intent", None, T0 + timedelta(minutes=1))]
+    assert registry.get_model("fresh").state == "new"  # its model row made, as begin_deployment makes it
+    registry.advance_all([d.id for d in begun[:3]], "loaded")
+    assert {d.model: d.step for d in registry.open_deployments()} == {"a": "loaded", "b": "loaded", "c": "loaded",
+                                                                      "fresh": "intent"}
+    end = clock.advance(seconds=5)
+
+    def ended(d: DeploymentRecord, outcome: str, serving: ServingRecord | None, state: str) -> DeploymentEnd:
+        error = None if outcome == "ok" else "boom"
+        return DeploymentEnd(d.id, outcome, error, AuditEntry("watcher", "deploy", d.model, d.digest, outcome,
+                                                              f"{d.model} {outcome}", 5), serving, state)
+
+    registry.finish_deployments([ended(begun[0], "ok", ServingRecord("a", D1, [1]), "serving"),
+                                 ended(begun[1], "failed", None, "failed"),
+                                 ended(begun[2], "ok", ServingRecord("c", D1, [1, 2]), "serving"),
+                                 ended(begun[3], "ok", ServingRecord("fresh", D2, [3]), "serving")])
+    assert registry.open_deployments() == []
+    models = {m: registry.get_model(m) for m in ("a", "b", "c", "fresh")}
+    assert {m: (r.state, r.active_digest, r.active_since, r.last_error) for m, r in models.items()} == {
+        "a": ("serving", D1, end, None), "b": ("failed", None, None, "boom"), "c": ("serving", D1, since_c, None),
+        "fresh": ("serving", D2, end, None)}
+    last = registry.last_deployments(["a", "b"])
+    assert {m: (d.step, d.outcome, d.finished_at, d.error) for m, d in last.items()} == {
+        "a": ("done", "ok", end, None), "b": ("done", "failed", end, "boom")}
+    assert [(s.digest, s.versions, s.since) for s in registry.serving_history("c")][0] == (D1, [1, 2], end)
+    assert registry.serving_history("b") == []
+    events = registry.query_audit(AuditQuery(action="deploy", since=end))
+    assert sorted((e.model, e.outcome, e.message, e.host) for e in events) == [
+        ("a", "ok", "a ok", "h1"), ("b", "failed", "b failed", "h1"), ("c", "ok", "c ok", "h1"),
+        ("fresh", "ok", "fresh ok", "h1")]
+    with pytest.raises(NotFoundError):
+        registry.finish_deployments([ended(replace(begun[0], id=99999), "ok", None, "serving")])
+
+
+def test_snapshots_are_read_many_at_once_and_their_content_is_kept(registry: Registry) -> None:
+    record(registry, "a", D1)
+    record(registry, "b", D1)
+    record(registry, "b", D2)
+    found = registry.snapshots([("a", D1), ("b", D2), ("a", D2), ("nope", D1)])
+    assert {k: (s.model, s.digest) for k, s in found.items()} == {("a", D1): ("a", D1), ("b", D2): ("b", D2)}
+    assert ("content", "b", D2) in registry.contents._values  # the bake settings' read is no transaction
+    assert set(registry.ensure_models(["a", "new1", "new1"])) == {"a", "new1"}
+    assert registry.get_model("new1").state == "new"
 
 
 def test_audit_query_filters_and_orders_newest_first(registry: Registry, clock: Clock) -> None:

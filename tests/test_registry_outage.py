@@ -20,6 +20,7 @@ from controlplane.fleet.journal import Journal
 from controlplane.fleet.rollouts import RolloutMachine
 from controlplane.fleet.settings import FleetSettings
 from controlplane.store import migrate
+from controlplane.store.batches import DeploymentEnd, DeploymentIntent
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.health import RegistryHealth
 from controlplane.store.journaled import JOURNAL_NAME, JournaledRegistry
@@ -322,3 +323,38 @@ def test_an_intent_journaled_before_a_stop_is_an_open_deployment_at_the_next_sta
             ("m", "deploy", "dd" * 32, "published", begun.started_at)
     finally:
         again.close()
+
+
+def test_deployments_written_many_at_once_go_to_the_journal_one_by_one_in_an_outage(
+        small_fs: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A first start's deploys write their records a wave at a time (controlplane/store/batches.py); through a
+    full disk each one's records are journaled as a deploy alone would journal them, read back meanwhile, and
+    written once when a write commits again."""
+    registry = JournaledRegistry(f"sqlite:///{small_fs / 'registry.db'}", tmp_path / JOURNAL_NAME, host="h1")
+    migrate.upgrade(registry)
+    a, b = "aa" * 32, "bb" * 32
+    try:
+        registry.replay_journal()
+        registry.ensure_models(["m1", "m2", "m3"])  # a wave's models are read (and made) before its intents
+        before = registry.begin_deployments([DeploymentIntent("m1", "deploy", a, None, "test")])  # registry ids
+        filler = fill_up(small_fs)
+        registry.advance_all([before[0].id], "loaded")
+        assert not registry.health.reachable
+        during = registry.begin_deployments([DeploymentIntent("m2", "deploy", b, None, "test"),
+                                             DeploymentIntent("m3", "deploy", b, None, "test")])
+        assert all(d.id < 0 for d in during)  # the journal's own
+        registry.advance_all([d.id for d in during], "published")
+        registry.finish_deployments([
+            DeploymentEnd(d.id, "ok", None, AuditEntry("test", "deploy", d.model, d.digest, "ok", f"{d.model} ok"),
+                          ServingRecord(d.model, d.digest, [1]), "serving") for d in (*before, *during)])
+        assert {m.name: m.active_digest for m in registry.serving_models()} == {"m1": a, "m2": b, "m3": b}
+        assert registry.open_deployments() == []
+        filler.unlink()
+        registry._last_probe = 0.0  # the next committed read probes at once
+        registry.list_models()
+        assert registry.health.reachable and not registry.journal.path.exists()
+        assert sorted(e.model or "" for e in registry.query_audit(AuditQuery(action="deploy"))) == ["m1", "m2", "m3"]
+        assert registry.open_deployments() == [] and len(registry.last_deployments()) == 3
+        assert registry.get_model("m3").active_digest == b
+    finally:
+        registry.close()

@@ -245,48 +245,11 @@ class Deployer:
         return outcome
 
     # -- a first start's loads in the launching tritonserver's own start-up (controlplane/startup/bulk.py) --
+    # staged and, once that start-up loaded them, ended many at a time: controlplane/deploy/staged.py
 
-    def stage(self, model: str, digest: str, actor: str,
-              overrides: Mapping[str, SnapshotRecord] | None = None) -> Staged | Outcome:
-        """`deploy`'s part before Triton, for a tritonserver not launched yet: validated, its intent
-        recorded, published. The load is that server's start-up (`--load-model`); `finish_staged` ends
-        the deploy. An Outcome: it ended here (refused, or its publish failed). Holds the model's lock
-        until `finish_staged`. `overrides`: step models staged for the same start-up (an ensemble's steps
-        count as served)."""
-        lock = self.lock(model)
-        lock.acquire()
-        try:
-            started = time.monotonic()
-            snap = self.registry.get_snapshot(model, digest)
-            current = self.registry.ensure_model(model)
-            previous = current.active_digest if current.state in SERVING_STATES else None
-            op = self._operation(model, snap.digest, previous, actor, "deploy", None, started)
-            op.emit(DeployStep.VALIDATE, StepState.START)
-            refusal = self._refusal(snap, force=False, overrides=overrides)
-            if refusal is not None:
-                lock.release()
-                return op.refuse(*refusal)
-            op.emit(DeployStep.VALIDATE, StepState.OK)
-            ticket = self.guard.admit(model, snap.digest, snap.config, previous)
-            op.begin()
-            b = BringUp(model, snap.digest, snap.config, snap.served_versions)
-            try:  # the host's capability check needs the server: its load's reason says the same
-                self._bring_up(op, b, start="publish", stop="load")
-            except (SnapshotError, TritonctlError) as exc:
-                self.guard.settle(ticket, False)
-                lock.release()
-                return self._recover_from_failure(op, exc)
-        except BaseException:
-            if lock.locked():
-                lock.release()
-            raise
-        return Staged(op, snap, b, lock, ticket)
-
-    def finish_staged(self, staged: Staged, *, loaded: bool, failure: TritonctlError | None = None,
-                      indexed: list[str] | None = None) -> Outcome:
-        """End a staged deploy: `loaded`, Triton's start-up loaded it (verified and smoke-tested here;
-        `indexed`: its READY versions in the repository index taken after that start-up);
-        `failure`, it failed there (rolled back like any failed deploy); neither, the server was launched
+    def finish_staged(self, staged: Staged, *, failure: TritonctlError | None = None) -> Outcome:
+        """End a staged deploy (controlplane/deploy/staged.py `stage_many`) one by one: `failure`, it failed
+        in tritonserver's start-up (rolled back like any failed deploy); else the server was launched
         without it and it is loaded by its own request now."""
         op, b = staged.op, staged.bring_up
         outcome: Outcome | None = None
@@ -294,13 +257,7 @@ class Deployer:
             try:
                 if failure is not None:
                     raise failure
-                if loaded:
-                    op.emit(DeployStep.LOAD, StepState.OK, "loaded in tritonserver's start-up", b.digest)
-                    op.advance(RecordedStep.LOADED)
-                    b.indexed = indexed
-                    self._bring_up(op, b, start="verify")
-                else:
-                    self._bring_up(op, b, start="load")
+                self._bring_up(op, b, start="load")
             except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
                 outcome = self._recover_from_failure(op, exc)
                 return outcome

@@ -75,6 +75,9 @@ class ServingRepository:
         self.published_root = Path(published_root)
         self.serving_root.mkdir(parents=True, exist_ok=True)
         self.published_root.mkdir(parents=True, exist_ok=True)
+        # resolved once: a publish's trees are made under them (a realpath per publish was a tenth of it)
+        self._serving_real = self.serving_root.resolve()
+        self._published_real = self.published_root.resolve()
         self._lock = threading.RLock()
 
     def link_path(self, model: str) -> Path:
@@ -86,31 +89,35 @@ class ServingRepository:
         content: ContentStore,
         config_transform: Callable[[str], str] | None = None,
         name: str | None = None,
+        sync: bool = True,
     ) -> Path:
         """Build a fresh tree for `snapshot` and make `serving/<model>` point at it; returns the tree.
 
         `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`);
         a snapshot without one is published as it is. On any failure the link is left unchanged.
         `name` publishes it under another model name (a change set's private step name,
-        controlplane/changeset.py; the transform then renames the config to match).
+        controlplane/changeset.py; the transform then renames the config to match). `sync` False: the link
+        swap is made durable by the caller's one `sync()` after many publishes (a first start's, before
+        the launching tritonserver reads them: an fsync of the serving root each was a third of them).
         """
         model = name or snapshot.model
         check_model_name(model)
-        base = self.published_root / model
+        base = self._published_real / model
         base.mkdir(parents=True, exist_ok=True)
         tree = base / f"{snapshot.digest[:12]}-{time.time_ns():x}-{secrets.token_hex(4)}"
         tree.mkdir()  # exclusive: a tree is never reused
         try:
             with content.reading():
                 self._fill(tree, snapshot, content, config_transform)
-            precompile(tree)
+            if any(entry.path.endswith(".py") for entry in snapshot.entries):
+                precompile(tree)
             with self._lock:
-                self._swap(model, tree)
+                self._swap(model, tree, sync)
         except BaseException:
-            if self.current(model) != tree.resolve():
+            if self.current(model) != tree:
                 force_rmtree(tree)
             raise
-        return tree.resolve()
+        return tree  # made under the resolved published root: resolved
 
     def _fill(
         self,
@@ -140,11 +147,11 @@ class ServingRepository:
                 except OSError as exc:
                     raise SnapshotError(f"{model}: cannot publish {entry.path} ({exc.strerror})") from exc
 
-    def _swap(self, model: str, tree: Path) -> None:
+    def _swap(self, model: str, tree: Path, sync: bool = True) -> None:
         link = self.link_path(model)
         if link.exists() and not link.is_symlink():
             raise SnapshotError(f"{model}: {link} is a real directory, not a link tritonctl manages")
-        target = os.path.relpath(tree.resolve(), self.serving_root.resolve())
+        target = os.path.relpath(tree, self._serving_real)
         unique = f"{time.time_ns():x}-{secrets.token_hex(4)}"
         # the temp link is made outside the serving root: Triton never lists it
         tmp = self.published_root / f".link-{model}-{unique}"
@@ -158,6 +165,11 @@ class ServingRepository:
             tmp = self.serving_root / f".link-{model}-{unique}"
             os.symlink(target, tmp)
             os.replace(tmp, link)
+        if sync:
+            self.sync()
+
+    def sync(self) -> None:
+        """Make the link swaps made so far durable (`publish(..., sync=False)`)."""
         self._sync_dir(self.serving_root)
 
     @staticmethod

@@ -27,6 +27,7 @@ from controlplane.deploy.smoke import run_smoke
 from controlplane.errors import TritonctlError
 from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE, SMOKE_FILE, ContentStore
+from controlplane.store.batches import DeploymentEnd
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
@@ -120,20 +121,29 @@ class DeployOperation:
 
     def commit(self, ready: Sequence[str], message: str) -> Outcome:
         """The digest serves, verified: it becomes the active one."""
-        digest = self.require_digest()
-        serving = ServingRecord(self.model, digest, [int(v) for v in ready if v.isdigit()])
-        return self.end(Result.OK, message, state=ModelState.SERVING, active=digest, serving=serving)
+        return self.end(Result.OK, message, state=ModelState.SERVING, active=self.require_digest(),
+                        serving=self.served(ready))
+
+    def served(self, ready: Sequence[str]) -> ServingRecord:
+        """What serves once the digest is committed with its READY versions `ready`."""
+        return ServingRecord(self.model, self.require_digest(), [int(v) for v in ready if v.isdigit()])
 
     def end(self, result: Result, message: str, *, state: str, active: str | None, error: str | None = None,
             serving: ServingRecord | None = None, cause: Cause = Cause.NONE) -> Outcome:
         """Finish the deployment (its end, what serves, the audit event: one transaction) and report it."""
+        e = self.ending(result, message, state=state, error=error, serving=serving)
+        self.registry.finish_deployment(e.deployment_id, outcome=e.outcome, error=e.error, audit=e.audit,
+                                        serving=e.serving, model_state=e.model_state)
+        return self.outcome(result, message, active, cause)
+
+    def ending(self, result: Result, message: str, *, state: str, error: str | None = None,
+               serving: ServingRecord | None = None) -> DeploymentEnd:
+        """The deployment's end as `end` records it (many at once: controlplane/deploy/staged.py)."""
         assert self.deployment is not None, "end() of an operation that never began"
         d = self.deployment
         audit = AuditEntry(d.actor, d.kind, d.model, d.digest or d.previous_digest, result.value, message,
                            ms_since(self.started))
-        self.registry.finish_deployment(d.id, outcome=result.value, error=error, audit=audit, serving=serving,
-                                        model_state=str(state))
-        return self.outcome(result, message, active, cause)
+        return DeploymentEnd(d.id, result.value, error, audit, serving, str(state))
 
     def audited(self, result: Result, message: str, *, active: str | None) -> Outcome:
         """An operation with no deployment record (a restore): its audit event and outcome."""
@@ -205,7 +215,16 @@ def admission(snap: SnapshotRecord, *, force: bool, where: str) -> str | None:
 
 
 def stamp_digest(digest: str) -> Callable[[str], str]:
-    return lambda text: stamp_parameter(text, DIGEST_PARAMETER, digest)
+    """The config text's rewrite at publish: stamped with the digest (`stamp_parameter`)."""
+    def stamp(text: str) -> str:
+        if DIGEST_PARAMETER in text:  # stamped before (or named in a comment): replaced in the parsed config
+            return stamp_parameter(text, DIGEST_PARAMETER, digest)
+        # not stamped: the stamp is appended to the text as it is, as `stamp_parameter` appends a new key,
+        # without parsing the whole config in pure-Python protobuf first (70 % of a publish's CPU at 2,000)
+        separator = "" if not text or text.endswith("\n") else "\n"
+        return text + separator + stamp_parameter("", DIGEST_PARAMETER, digest)
+
+    return stamp
 
 
 @dataclass
@@ -231,6 +250,7 @@ class BringUp:
     tree: Path | None = None
     ready: list[str] = field(default_factory=list)
     indexed: list[str] | None = None  # its READY versions, read from a repository index just taken
+    sync: bool = True  # False: its publish's link swap is made durable later, with many (deploy/staged.py)
 
     @property
     def served_as(self) -> str:
@@ -256,7 +276,7 @@ def _check(steps: TritonSteps, b: BringUp) -> str:
 
 
 def _publish(steps: TritonSteps, b: BringUp) -> str:
-    b.tree = steps.publish(b.model, b.digest, b.rewrite, name=b.name)
+    b.tree = steps.publish(b.model, b.digest, b.rewrite, name=b.name, sync=b.sync)
     return str(b.tree)
 
 
@@ -330,11 +350,11 @@ class TritonSteps:
         return b
 
     def publish(self, model: str, digest: str, rewrite: Callable[[str], str] | None = None,
-                name: str | None = None) -> Path:
+                name: str | None = None, sync: bool = True) -> Path:
         """A fresh tree of `digest` under `name` (default: the model's), its config stamped with the
-        digest, or rewritten by `rewrite` (which stamps what it likes)."""
+        digest, or rewritten by `rewrite` (which stamps what it likes); `sync`: ServingRepository.publish."""
         snapshot = self.store.load(model, digest)
-        return self.serving.publish(snapshot, self.store, rewrite or stamp_digest(digest), name=name)
+        return self.serving.publish(snapshot, self.store, rewrite or stamp_digest(digest), name=name, sync=sync)
 
     def check(self, config: dict[str, Any] | None, digest: str) -> None:
         """A backend or GPU this host lacks: found before anything is published (HostCapabilityError)."""
@@ -412,7 +432,7 @@ def ms_since(started: float) -> int:
 
 @dataclass
 class Staged:
-    """A deploy `Deployer.stage` took up to its load (the launching tritonserver's start-up)."""
+    """A deploy staged up to its load, the launching tritonserver's start-up (deploy/staged.py `stage_many`)."""
 
     op: DeployOperation
     snap: SnapshotRecord

@@ -9,15 +9,17 @@ loads a `--load-model` list in one pass of its load threads.
 
 So when the daemon launches a fresh tritonserver at its start (a first start, a start after a reboot),
 the start-up scan's changed models are captured, validated and recorded first (controlplane/startup/
-record.py), and each one auto policy deploys alone is *staged* (`Deployer.stage`: validated, its
-deployment begun, its tree published: the same deployment and audit rows as any deploy, the same
-`BRING_UP` steps). The server is then launched with them and the models the registry already serves
+record.py), and each one auto policy deploys alone is *staged* (controlplane/deploy/staged.py
+`stage_many`: validated, its deployment begun, its tree published: the same deployment and audit rows
+as any deploy, the same `BRING_UP` steps, each step's records written for the whole wave in one
+transaction). The server is then launched with them and the models the registry already serves
 (controlplane/startup/preload.py) in its `--load-model` list, and once it is live they are verified in
 bulk: one repository index says which loaded; each loaded one goes on from `verify` (its served
-digest, its smoke requests) and commits; one that failed there is a failed deploy like any other,
-with Triton's reason from its log (rolled back where a previous digest exists, quarantined when the
-content is at fault). If the launch with preloads fails (a load that hangs), the server is launched
-without them and each staged deploy loads by its own request, as before.
+digest, its smoke requests) and commits, each step's records again in one transaction (`finish_many`);
+one that failed there is a failed deploy like any other, with Triton's reason from its log (rolled
+back where a previous digest exists, quarantined when the content is at fault). If the launch with
+preloads fails (a load that hangs), the server is launched without them and each staged deploy loads by
+its own request, as before.
 
 Not bulk (per-model loads as before, `eligible`): a memory budget (each load is admitted and measured
 against the budget), a fleet host (it converges to the fleet's target, host by host), an external
@@ -29,9 +31,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from controlplane.config import Settings
+from controlplane.deploy.staged import finish_many, stage_many
 from controlplane.deploy.steps import Staged
 from controlplane.errors import TritonctlError, TritonError
 from controlplane.ports import WavePlane
@@ -69,28 +73,32 @@ class Bulk:
 def stage_all(plane: WavePlane, deploy: Sequence[tuple[str, str]], pool: Executor,
               staged: dict[str, SnapshotRecord]) -> Bulk:
     """Stage each (model, digest) the start-up scan recorded and may deploy alone, under its capture lock
-    and only if its source still holds that content (`deploy_alone`'s rule). `staged`: the deploys staged
-    so far (an ensemble's steps among them count as served: the same start-up loads them first); the
-    ones staged here are added."""
+    and only if its source still holds that content (`deploy_alone`'s rule), all of them at once
+    (controlplane/deploy/staged.py). A model whose capture lock another thread holds (a change handed on
+    meanwhile) is handed back too: the wave never waits for one lock while it holds others. `staged`: the
+    deploys staged so far (an ensemble's steps among them count as served: the same start-up loads them
+    first); the ones staged here are added."""
     out = Bulk()
     overrides = dict(staged)
-
-    def one(item: tuple[str, str]) -> Staged | Outcome | None:
-        model, digest = item
-        with plane.capture_lock(model):
+    with ExitStack() as captures:
+        items: list[tuple[str, str]] = []
+        for model, digest in deploy:
+            lock = plane.capture_lock(model)
+            if not lock.acquire(blocking=False):
+                out.handed_back.append(model)
+                continue
+            captures.callback(lock.release)
             entry = plane.source_graph.entry(model)
             if entry is None or entry.digest != digest or plane.source_changed(model, unknown=False):
-                return None
-            return plane.deployer.stage(model, digest, WATCHER_ACTOR, overrides=overrides)
-
-    for (model, _), result in zip(deploy, pool.map(one, deploy), strict=True):
-        if result is None:
-            out.handed_back.append(model)
-        elif isinstance(result, Staged):
-            out.staged.append(result)
-            staged[model] = result.snap
-        else:
-            out.outcomes.append(result)
+                out.handed_back.append(model)
+            else:
+                items.append((model, digest))
+        for result in stage_many(plane.deployer, items, WATCHER_ACTOR, pool, overrides):
+            if isinstance(result, Staged):
+                out.staged.append(result)
+                staged[result.model] = result.snap
+            else:
+                out.outcomes.append(result)
     return out
 
 
@@ -132,10 +140,13 @@ def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, lines: Sequence[Lo
                 failures[s.model] = startup_failure(s.model, found, summarise(reasons_for(s.model, lines)), url)
         plane.counts.add("startup_loads", len(bulk.staged) - len(failures))
 
-    def finish(s: Staged) -> Outcome:
-        return plane.deployer.finish_staged(s, loaded=loaded, failure=failures.get(s.model),
-                                            indexed=indexed.get(s.model))
+    def finish(s: Staged) -> Outcome:  # one by one: loaded by its own request, or failed in the start-up
+        return plane.deployer.finish_staged(s, failure=failures.get(s.model))
 
-    bulk.outcomes.extend(pool.map(finish, bulk.staged))
+    alone = [s for s in bulk.staged if not loaded or s.model in failures]
+    bulk.outcomes.extend(pool.map(finish, alone))
+    if loaded:  # the others verified, smoke-tested and committed together
+        bulk.outcomes.extend(finish_many(plane.deployer, [s for s in bulk.staged if s.model not in failures],
+                                         indexed, pool))
     log.info("start-up: %d models deployed through tritonserver's start-up (%d failed there)%s",
              len(bulk.staged), len(failures), "" if loaded else "; launched without them: one load request each")

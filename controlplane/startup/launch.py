@@ -144,7 +144,7 @@ def launch_staged(settings: Settings, registry: Registry, server: TritonServer, 
         preloaded, loaded = launch(settings, registry, server, serving, names)
     except TritonctlError as exc:
         for s in (s for b in bulks for s in b.staged):
-            plane.deployer.finish_staged(s, loaded=False, failure=exc)
+            plane.deployer.finish_staged(s, failure=exc)
         raise
     log.info("launched tritonserver pid %s on %s", server.pid, server.grpc_url)
     plane.counters.triton_reachable = True  # live: the reconcile below keeps it up to date

@@ -47,6 +47,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.errors import NotFoundError, StoreError
 from controlplane.store import schema
+from controlplane.store.batches import DeploymentEnd, DeploymentIntent
 from controlplane.store.journal import Entry, Journal
 from controlplane.store.records import AuditEntry, DeploymentRecord, FootprintRecord, ModelRecord, ServingRecord
 from controlplane.store.registry import Registry, unreachable
@@ -143,6 +144,39 @@ class JournaledRegistry(Registry):
                     "at": at.isoformat()})
         return DeploymentRecord(deployment_id, model, audit.action, audit.digest, None, "done", audit.actor, at, at,
                                 outcome, error)
+
+    # many at once (controlplane/store/batches.py): one transaction, else each as above (journaled in an outage)
+
+    def begin_deployments(self, intents: Sequence[DeploymentIntent]) -> list[DeploymentRecord]:
+        if not any(i.model in self._waiting for i in intents):
+            try:
+                return super().begin_deployments(intents)
+            except StoreError as exc:
+                self._unless_away(exc)
+        return [self.begin_deployment(i.model, i.kind, i.digest, i.previous_digest, i.actor) for i in intents]
+
+    def advance_all(self, deployment_ids: Sequence[int], step: str) -> None:
+        real = [self._real(i) for i in deployment_ids]
+        if all(i > 0 for i in real):
+            try:
+                super().advance_all(real, step)
+                return
+            except StoreError as exc:
+                self._unless_away(exc)
+        for i in deployment_ids:
+            self.advance(i, step)
+
+    def finish_deployments(self, ends: Sequence[DeploymentEnd]) -> None:
+        real = [dataclasses.replace(e, deployment_id=self._real(e.deployment_id)) for e in ends]
+        if all(e.deployment_id > 0 and (e.audit.model or "") not in self._waiting for e in real):
+            try:
+                super().finish_deployments(real)
+                return
+            except StoreError as exc:
+                self._unless_away(exc)
+        for e in ends:
+            self.finish_deployment(e.deployment_id, outcome=e.outcome, error=e.error, audit=e.audit, serving=e.serving,
+                                   model_state=e.model_state)
 
     def audit(self, *entries: AuditEntry, at: datetime | None = None) -> None:
         if not entries:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -97,6 +98,19 @@ class SnapshotRecord(SnapshotContent):
         data = _jsonable(self)
         data.pop("manifest")
         return {"model": data.pop("model"), "digest": data.pop("digest"), **data}
+
+
+def model_record(row: Any) -> ModelRecord:
+    """The record of a `models` row."""
+    return from_row(ModelRecord, row, pinned=bool(row.pinned))
+
+
+def snapshot_record(row: Any) -> SnapshotRecord:
+    """The record of a `snapshots` row (its JSON columns parsed)."""
+    return from_row(SnapshotRecord, row, config=json.loads(row.config) if row.config else None,
+                    versions=json.loads(row.versions), served_versions=json.loads(row.served_versions),
+                    valid=bool(row.valid), problems=json.loads(row.problems), quarantined=bool(row.quarantined),
+                    collected=bool(row.collected))
 
 
 @dataclass(frozen=True)

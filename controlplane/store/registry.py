@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store import schema
+from controlplane.store.batches import Batches
 from controlplane.store.contentmemo import ContentMemo
 from controlplane.store.engine import BUSY_TIMEOUT_S, make_engine, redact
 from controlplane.store.footprints import Footprints
@@ -40,19 +41,9 @@ from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-e
     from_row,
     utcnow,
 )
+from controlplane.store.records import model_record as _model_record
+from controlplane.store.records import snapshot_record as _snapshot_record
 from controlplane.vocab import SERVING_STATES
-
-
-def _model_record(row: schema.Model) -> ModelRecord:
-    return from_row(ModelRecord, row, pinned=bool(row.pinned))
-
-
-def _snapshot_record(row: schema.Snapshot) -> SnapshotRecord:
-    return from_row(SnapshotRecord, row, config=json.loads(row.config) if row.config else None,
-                    versions=json.loads(row.versions), served_versions=json.loads(row.served_versions),
-                    valid=bool(row.valid), problems=json.loads(row.problems), quarantined=bool(row.quarantined),
-                    collected=bool(row.collected))
-
 
 FULL_WORDS = ("full", "readonly", "read-only", "disk i/o")
 
@@ -71,7 +62,7 @@ def unreachable(exc: BaseException) -> bool:
     return "locked" not in str(exc.orig or "")
 
 
-class Registry(History, Footprints):
+class Registry(History, Footprints, Batches):
     """The registry database behind any SQLAlchemy URL."""
 
     def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S,
