@@ -273,7 +273,20 @@ class DaemonProcess:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
-                pass
+                return
+            # gone before the next start: a process killed is not gone yet (its exit, its ports)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has exited: its ports are closed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @contextmanager

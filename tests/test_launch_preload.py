@@ -179,7 +179,7 @@ def test_a_first_start_deploys_through_tritons_start_up_and_a_load_failing_there
         for name in ("flaky", "smoky"):
             wait_for(lambda name=name: len(deploys(daemon, name)) == 2, 120, 0.2, f"{name}'s second deploy ended")
         [(outcome, message), _first] = deploys(daemon, "flaky")
-        assert outcome == "rolled_back" and "gen 2 fails" in message, message  # to the digest that served
+        assert outcome == "rolled_back" and "gen 2 fails" in message, (message, daemon.log_tail(8000))
         [(outcome, message), _first] = deploys(daemon, "smoky")
         assert outcome == "rolled_back" and "smoke" in message, message
         with triton_client(daemon) as client:
