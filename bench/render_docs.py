@@ -12,7 +12,8 @@ bench/run_all.py (the summary and per-benchmark tables) are rendered from the sa
 - `{{FILE:PATH}}` or `{{FILE:PATH|FORMAT}}`: the value at PATH in bench/results/FILE.json, formatted
   with Python's FORMAT (`.2f`, `,`, `,.0f`); PATH is keys and list indexes separated by dots
   (`rows.3.value`, `systems.tritonctl.failed_requests`), and may end in `*1000` or `/1000` to change
-  units (seconds to milliseconds); FORMAT `min`, `max`, `len` or `sum` reduces a list. A missing file
+  units (seconds to milliseconds), or in `/@PATH2` for its ratio to the value at PATH2 of the same
+  file; FORMAT `min`, `max`, `len` or `sum` reduces a list. A missing file
   or path stops the rendering with its name.
 - `{{=TEXT}}`: TEXT as typed, a figure that is no measurement (a setting of a test or a run, a constant)
   where the sentence cannot show it as one (`typed_figures` lets targets, settings and run sizes pass).
@@ -122,6 +123,11 @@ def results(name: str, directory: Path = c.RESULTS) -> Any:
 
 
 def lookup(name: str, path: str, directory: Path = c.RESULTS) -> Any:
+    if m := re.fullmatch(r"(.+?)/@(.+)", path):  # a ratio of two values of the same file
+        top, bottom = lookup(name, m.group(1), directory), lookup(name, m.group(2), directory)
+        if not isinstance(top, (int, float)) or not isinstance(bottom, (int, float)) or not bottom:
+            raise RenderError(f"bench/results/{name}.json {path}: not a ratio of two numbers")
+        return top / bottom
     value = results(name, directory)
     scale = 1.0
     if m := re.fullmatch(r"(.*?)([*/])(\d+(?:\.\d+)?)", path):

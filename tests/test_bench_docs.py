@@ -88,6 +88,11 @@ def test_a_placeholder_names_a_file_and_a_value_that_exist() -> None:
     value = render_docs.lookup("audit_query", "results.0.median_ms")
     assert render_docs.render("{{audit_query:results.0.median_ms*1000|,.0f}} µs") == f"{value * 1000:,.0f} µs"
     assert re.fullmatch(r"\d+", render_docs.render("{{changeset:summary.Triton poll.failed_per_edit|max}}"))
+    # a ratio of two values of one file, as measured side by side
+    top, bottom = (render_docs.lookup("audit_query", f"results.{i}.median_ms") for i in (0, 1))
+    assert render_docs.render("{{audit_query:results.0.median_ms/@results.1.median_ms|.3f}}") == f"{top / bottom:.3f}"
+    with pytest.raises(render_docs.RenderError, match="not a ratio of two numbers"):
+        render_docs.render("{{audit_query:results.0.median_ms/@results.0}}")
 
 
 def recorded_commits(value: object) -> list[str]:
