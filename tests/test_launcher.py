@@ -126,3 +126,41 @@ def test_start_failure_reports_the_log_tail(tmp_path: Path) -> None:
     server = TritonServer(tmp_path / "repo", tmp_path / "work", extra_args=["--no-such-flag"])
     with pytest.raises(LauncherError, match="exited with code"):
         server.start(live_timeout_s=20)
+
+
+@pytest.mark.slow  # the load is given 20 s to show it never ends
+@pytest.mark.triton
+def test_a_python_model_under_a_path_with_a_space_never_starts(tmp_path: Path) -> None:
+    """Triton is the oracle for the daemon's refusal of a state directory with whitespace
+    (controlplane/startup/launch.py `new_server`): tritonserver 2.51's python backend never finishes
+    starting a model instance under such a path (measured: the load request hangs; here the client
+    gives up after 20 s), where the same model under a plain path loads in about a second
+    (test_server_serves_a_python_model_in_explicit_mode)."""
+    spaced = tmp_path / "with space"
+    server = TritonServer(spaced / "repo", spaced / "work")
+    write_model(server.model_repository, SUM_MODEL)
+    with server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException):
+            client.load_model("summer", client_timeout=20)
+        assert not client.is_model_ready("summer")
+
+
+@pytest.mark.triton  # it would launch one, were it not refused
+def test_a_state_directory_with_whitespace_is_refused_before_anything_launches(tmp_path: Path) -> None:
+    """Exit 2 and one line naming `state_dir` and why, instead of every python model hanging in its load."""
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    write_model(repo, SUM_MODEL)
+    state = tmp_path / "state dir"
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "daemon", "--repository", str(repo), "--state-dir", str(state),
+         "--launch-triton", "--triton-grpc-port", "0", "--triton-http-port", "0", "--triton-metrics-port", "0"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TRITONCTL_LAUNCH_TRITON_EXPOSED_KEY": "warn"})
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
+    assert lines == [f"error: state_dir: {state}: a launched tritonserver cannot start python models under a path "
+                     "with whitespace; choose a state directory (--state-dir) without any"], result.stderr
+    assert not (state / "triton" / "server.json").exists()  # nothing was launched

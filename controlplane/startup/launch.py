@@ -46,7 +46,13 @@ def key_exposed(settings: Settings) -> bool:
 
 def new_server(settings: Settings) -> TritonServer:
     """The daemon's tritonserver, not started: its key known only to this daemon (nobody else can load
-    code), outliving a crash of the control plane (the data plane keeps serving)."""
+    code), outliving a crash of the control plane (the data plane keeps serving). Refused for a state
+    directory whose path holds whitespace: tritonserver 2.51's python backend never finishes starting
+    a model instance under such a path (measured: `tests/test_launcher.py`), so every python model
+    would hang in its load."""
+    if any(ch.isspace() for ch in str(settings.state_dir.resolve())):
+        raise ConfigError(f"state_dir: {settings.state_dir}: a launched tritonserver cannot start python models "
+                          "under a path with whitespace; choose a state directory (--state-dir) without any")
     workdir = settings.state_dir / "triton"
     return TritonServer(
         model_repository=settings.state_dir / "serving",
