@@ -164,3 +164,31 @@ def test_a_state_directory_with_whitespace_is_refused_before_anything_launches(t
     assert lines == [f"error: state_dir: {state}: a launched tritonserver cannot start python models under a path "
                      "with whitespace; choose a state directory (--state-dir) without any"], result.stderr
     assert not (state / "triton" / "server.json").exists()  # nothing was launched
+
+
+@pytest.mark.triton
+def test_a_client_reconnected_once_the_server_listens_answers_at_once(tmp_path: Path) -> None:
+    """The daemon's Triton client is made before the first start's deferred launch and reconnected once
+    the server is live (controlplane/startup/launch.py). gRPC shares one connection per address among a
+    process's channels with the same arguments: while any channel that tried before the server listened
+    is still open (here a plain tritonclient, as the daemon's own was; there, a call still in flight on
+    the replaced channel), a new channel joins its reconnect backoff and fails at once with the stale
+    "Connection refused" (a first start's deploys then failed as "tritonserver unreachable", under
+    load). The client's channel has a subchannel of its own."""
+    from controlplane.triton.client import TritonClient
+    from controlplane.triton.launcher import free_port
+
+    port = free_port()
+    url = f"127.0.0.1:{port}"
+    other = grpcclient.InferenceServerClient(url)  # tritonclient's default arguments
+    client = TritonClient(url, retries=0)
+    with pytest.raises(InferenceServerException):
+        other.is_server_live(client_timeout=2)  # nothing listens yet: it fails and backs off
+    with pytest.raises(Exception, match="unreachable"):
+        client.index()
+    server = TritonServer(tmp_path / "repo", tmp_path / "work", grpc_port=port)
+    with server:
+        client.reconnect()
+        assert client.index() == []  # at once, not after gRPC's backoff
+    client.close()
+    other.close()

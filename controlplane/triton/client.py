@@ -22,6 +22,15 @@ from controlplane.triton.launcher import RESTRICTED_HEADER
 
 T = TypeVar("T")
 DIGEST_PARAMETER = "tritonctl.digest"
+_INT32_MAX = 2**31 - 1
+# tritonclient's own defaults (messages of any size, its keepalive), and a subchannel of the channel's
+# own: gRPC shares one connection per address among a process's channels, so a channel made after the
+# server came up would inherit the reconnect backoff of one that tried while nothing listened, and
+# fail fast with its stale "Connection refused" (a first start's verification, seen under load)
+CHANNEL_ARGS = [("grpc.max_send_message_length", _INT32_MAX), ("grpc.max_receive_message_length", _INT32_MAX),
+                ("grpc.keepalive_time_ms", _INT32_MAX), ("grpc.keepalive_timeout_ms", 20000),
+                ("grpc.keepalive_permit_without_calls", False), ("grpc.http2.max_pings_without_data", 2),
+                ("grpc.use_local_subchannel_pool", 1)]
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class TritonClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self._headers = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": restricted_key} if restricted_key else None
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
         self.load_requests = 0  # load requests sent (metric tritonctl_triton_load_requests)
         self._index_memo: tuple[bytes, list[IndexEntry]] | None = None  # the last index: its bytes, its list
         # each model's last successful load request, in seconds (a bake compares a digest's with the previous
@@ -97,7 +106,7 @@ class TritonClient:
     def reconnect(self) -> None:
         """A fresh channel, for a server that has just started listening: the old one tried to connect
         while nothing listened, and gRPC's reconnect backoff made its next calls fail for seconds."""
-        old, self._client = self._client, grpcclient.InferenceServerClient(self.url)
+        old, self._client = self._client, grpcclient.InferenceServerClient(self.url, channel_args=CHANNEL_ARGS)
         old.close()
 
     def _call(self, what: str, fn: Callable[[], T], retry: bool = True) -> T:
