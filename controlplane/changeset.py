@@ -204,9 +204,9 @@ class ChangeSets:
             return True, None
         stack.enter_context(self.one_at_a_time)
         records = self._capture(group, WATCHER_ACTOR, settled=True, fresh_names=[model, *sorted(held), *also])
-        if records is None:
-            with self._guard:
-                self._held |= held
+        if records is None:  # a member still changes (looked at again): `model` comes along with it then,
+            with self._guard:  # an ensemble never recorded included (no recorded graph leads back to it)
+                self._held |= held | {model}
             return True, None
         for name in records:
             intake.capture_done(name)

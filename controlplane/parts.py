@@ -108,6 +108,7 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
                                             guard.spared, guard.fits, guard.refused, live.getter("load_timeout_s"))
     intake = Intake(live, registry, content, source if source is not None else NoSource(), source_graph,
                     serving_ensembles, retries)
+    ondemand.recording = intake.recording
     reconciler = Reconciler(registry, triton, deployer, serving_ensembles, served_view, counters, restores,
                             live.getter("load_parallelism"))
     outcomes.subscribe(reconciler.note)

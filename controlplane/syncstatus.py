@@ -124,6 +124,11 @@ class InHand:
         with self._lock:
             self._startup.discard(model)
 
+    def holds(self, model: str) -> bool:
+        """Whether `model` was handed on or is the start-up scan's, and not handled yet."""
+        with self._lock:
+            return model in self._handed or model in self._startup
+
     def reasons(self, settling: dict[str, float | None], waits: dict[str, str]) -> dict[str, str]:
         """`status`'s pending reasons: what the source is settling (`settling`, with why its last capture
         was put off, `waits`), then what was handed on and is not captured yet."""

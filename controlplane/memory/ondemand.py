@@ -87,6 +87,8 @@ class OnDemand:
         self._loading: set[str] = set()
         self._steps: dict[str, list[tuple[str, str]]] = {}  # an ensemble's lease → its steps' (model, lease)
         self._sweeper = Periodic("on-demand sweep", SWEEP_S, self.sweep, log)
+        # whether a model not in the registry is on its way there (controlplane/intakeflow.py `recording`)
+        self.recording: Callable[[str], bool] = lambda _m: False
         # (the registry's serving list, the default policy, its ondemand models): see _ondemand_serving
         self._ondemand: tuple[list[ModelRecord], str, list[ModelRecord]] | None = None
 
@@ -118,13 +120,23 @@ class OnDemand:
         except TritonctlError:
             return False
 
+    def _recorded(self, model: str) -> bool:
+        """Whether `model` is in the registry, waiting (up to `wait_s`) while it is on its way there: an
+        ensure right after the daemon's start, or after the model's directory appeared, finds it."""
+        deadline = time.monotonic() + self.wait_s()
+        while self.registry.find_model(model) is None:
+            if not self.recording(model) or time.monotonic() >= deadline:
+                return self.registry.find_model(model) is not None
+            time.sleep(0.1)
+        return True
+
     def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None,
                digest: str | None = None) -> LeaseResult:
         """Load `model` (or find it loaded) and hold it for `for_s` seconds; answers once it is READY.
         `digest`: that content (a fleet's placement), else `target`'s."""
         validate_model_name(model)
         check_duration(for_s)
-        if self.registry.find_model(model) is None:
+        if not self._recorded(model):
             raise NotFoundError(f"model '{model}' is unknown to the registry; `tritonctl status` lists the models")
         started = time.monotonic()
         # held from the start (no eviction between its load and the answer), for as long as the wait and load may take
