@@ -55,11 +55,6 @@ IntakePlan = Plan | FollowTag
 class Intake:
     """Settled source content → recorded snapshot → plan (see the module docstring)."""
 
-    def recording(self, model: str) -> bool:
-        """Whether `model` is on its way to the registry: settling in the source, handed on, or the
-        start-up scan's (an on-demand ensure waits for it instead of refusing an unknown model)."""
-        return self.in_hand.holds(model) or model in self.source.settling()
-
     def __init__(self, live: LiveSettings, registry: Registry, content: ContentStore, source: Source,
                  source_graph: SourceGraph, serving_ensembles: ServingEnsembles, retries: RetryBook) -> None:
         """`retries`: the deploys that wait to be tried again (a model its source no longer holds has
@@ -78,6 +73,11 @@ class Intake:
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together
+
+    def recording(self, model: str) -> bool:
+        """Whether `model` is on its way to the registry: settling in the source, handed on, or the
+        start-up scan's (an on-demand ensure waits for it instead of refusing an unknown model)."""
+        return self.in_hand.holds(model) or model in self.source.settling()
 
     def capture_lock(self, model: str) -> threading.RLock:
         """Serializes a model's capture, decision and the run of its plan, so two settled events for the

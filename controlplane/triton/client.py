@@ -22,14 +22,17 @@ from controlplane.triton.launcher import RESTRICTED_HEADER
 
 T = TypeVar("T")
 DIGEST_PARAMETER = "tritonctl.digest"
-_INT32_MAX = 2**31 - 1
-# tritonclient's own defaults (messages of any size, its keepalive), and a subchannel of the channel's
-# own: gRPC shares one connection per address among a process's channels, so a channel made after the
-# server came up would inherit the reconnect backoff of one that tried while nothing listened, and
-# fail fast with its stale "Connection refused" (a first start's verification, seen under load)
-CHANNEL_ARGS = [("grpc.max_send_message_length", _INT32_MAX), ("grpc.max_receive_message_length", _INT32_MAX),
-                ("grpc.keepalive_time_ms", _INT32_MAX), ("grpc.keepalive_timeout_ms", 20000),
-                ("grpc.keepalive_permit_without_calls", False), ("grpc.http2.max_pings_without_data", 2),
+_KEEPALIVE = grpcclient.KeepAliveOptions()
+# tritonclient's own channel arguments (messages of any size, its keepalive defaults), and a subchannel of
+# the channel's own: gRPC shares one connection per address among a process's channels, so a channel made
+# after the server came up would inherit the reconnect backoff of one that tried while nothing listened,
+# and fail fast with its stale "Connection refused" (a first start's verification, seen under load)
+CHANNEL_ARGS = [("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+                ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+                ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
+                ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
+                ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
+                ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
                 ("grpc.use_local_subchannel_pool", 1)]
 
 
