@@ -161,15 +161,21 @@ def _all_ready(url: str, count: int, state: Path | None = None) -> Callable[[], 
     return check
 
 
+def _metrics_text(port: int, timeout_s: float = 30.0) -> str:
+    """The daemon's metrics endpoint, as text (controlplane/metrics.py)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as response:
+        return response.read().decode()
+
+
 def _serving_in_registry(port: int, count: int) -> Callable[[], bool]:
     """Whether the daemon's metrics say `count` models are `serving`: their deploys ended and recorded
     (Triton's index lists a model READY before the daemon has verified and recorded it)."""
-    import urllib.request
 
     def check() -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as response:
-                text = response.read().decode()
+            text = _metrics_text(port, 60.0)
         except OSError:
             return False
         return len(re.findall(r'^tritonctl_model_state\{[^}]*state="serving"\} 1\.0$', text, re.M)) >= count
@@ -220,14 +226,10 @@ def _rescan_done(daemon: Any, args: argparse.Namespace) -> bool:
 
 def _counters(port: int) -> dict[str, float]:
     """The daemon's own counts of the source pipeline (controlplane/metrics.py)."""
-    import urllib.request
-
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_metrics_text(port)):
         for sample in family.samples:
             if sample.name.startswith(("tritonctl_source_", "tritonctl_startup_models")):
                 label = sample.labels.get("result")
