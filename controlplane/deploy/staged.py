@@ -1,9 +1,9 @@
 """A first start's deploys staged and ended many at a time (controlplane/startup/bulk.py).
 
-`Deployer.stage` and `Deployer.finish_staged` take one deploy through the steps around the launching
-tritonserver's own start-up: validated, its intent recorded, its tree published (and `PUBLISHED`
-recorded) before the launch; `LOADED` recorded, then verified, `VERIFIED` recorded, smoke-tested and
-committed after it. One at a time, each of those records was a transaction of its own and each publish
+A staged deploy goes through the steps around the launching tritonserver's own start-up: validated,
+its intent recorded, its tree published (and `PUBLISHED` recorded) before the launch; `LOADED`
+recorded, then verified, `VERIFIED` recorded, smoke-tested and committed after it. One at a time
+(the `Deployer.stage` this module replaced), each of those records was a transaction of its own and each publish
 an fsync of the serving root: at 2,000 models, staging took 22 s and ending the deploys 28 s where
 Triton's start-up loaded them all in one (bench/results/first_start_phases.json: the registry 38 % and
 61 % of them, the publishes' fsyncs a third of staging). Here the same steps run for a whole wave of
@@ -33,7 +33,7 @@ from controlplane.vocab import SERVING_STATES, DeployStep, ModelState, RecordedS
 
 def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str, pool: Executor,
                overrides: Mapping[str, SnapshotRecord] | None = None) -> list[Staged | Outcome]:
-    """`Deployer.stage` of each (model, full digest), in order: the snapshots and models read at once,
+    """Stage each (model, full digest), in order: the snapshots and models read at once,
     the intents recorded in one transaction, the trees published in `pool`, the serving root made durable
     once, `PUBLISHED` recorded in one transaction. Each Staged holds its model's lock until it ends."""
     if not items:
@@ -93,7 +93,8 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
 
 def finish_many(deployer: Deployer, staged: Sequence[Staged], indexed: Mapping[str, list[str]],
                 pool: Executor) -> list[Outcome]:
-    """`Deployer.finish_staged(loaded=True)` of deploys that tritonserver's start-up loaded (`indexed`:
+    """End the deploys that tritonserver's start-up loaded (`Deployer.finish_staged` ends the others, one
+    by one) (`indexed`:
     each one's READY versions in the repository index taken after it): `LOADED` recorded for all, each
     verified in `pool`, `VERIFIED` recorded for those that passed, each smoke-tested, and those that passed
     committed in one transaction; one that failed a step fails there as any deploy does."""
