@@ -94,10 +94,10 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
 def finish_many(deployer: Deployer, staged: Sequence[Staged], indexed: Mapping[str, list[str]],
                 pool: Executor) -> list[Outcome]:
     """End the deploys that tritonserver's start-up loaded (`Deployer.finish_staged` ends the others, one
-    by one) (`indexed`:
-    each one's READY versions in the repository index taken after it): `LOADED` recorded for all, each
-    verified in `pool`, `VERIFIED` recorded for those that passed, each smoke-tested, and those that passed
-    committed in one transaction; one that failed a step fails there as any deploy does."""
+    by one; `indexed`: each one's READY versions in the repository index taken after it): `LOADED`
+    recorded for all, each verified in `pool`, `VERIFIED` recorded for those that passed, each
+    smoke-tested, and those that passed committed in one transaction; one that failed a step fails there
+    as any deploy does."""
     outcomes: list[Outcome] = []
     live = list(staged)
     try:
