@@ -1,7 +1,7 @@
 """Load: 8 concurrent CLI clients issue mixed load/unload/rollback/status while the watcher sees edits.
 
 Proves: no lost or duplicated deploy (every operation a client saw finish has exactly one deployment
-row and one audit event), per-model operations strictly serialized (no two deployments of a model
+row and one audit event, or, refused before Triton, its audit event alone), per-model operations strictly serialized (no two deployments of a model
 overlap in time), and the daemon still answers afterwards. The default run lasts ~12 s; the long
 variant (`pytest -m slow`) runs for three minutes.
 """
@@ -35,11 +35,12 @@ def _client(daemon: DaemonProcess, seed: int, until: float, results: list[dict[s
         if op == "status":
             args = [TRITONCTL, "status", "--json", "--state-dir", str(daemon.state_dir)]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
-        outcome = None
+        outcome, message = None, ""
         if proc.returncode in (0, 1) and proc.stdout.strip().startswith("{"):
-            outcome = json.loads(proc.stdout).get("outcome")
+            answer = json.loads(proc.stdout)
+            outcome, message = answer.get("outcome"), str(answer.get("message", ""))
         results.append({"op": op, "model": model, "rc": proc.returncode, "outcome": outcome,
-                        "stderr": proc.stderr.strip()})
+                        "message": message, "stderr": proc.stderr.strip()})
 
 
 def _editor(repo: Path, until: float) -> None:
@@ -95,10 +96,20 @@ def _run(tmp_path: Path, seconds: float) -> None:
             audit_keys[key] = audit_keys.get(key, 0) + 1
         for d in deployments:
             assert audit_keys.get((d.model, d.kind, d.finished_at)) == 1, f"deployment {d.id} not audited once"
-        # Every operation a client saw finish with an outcome left its trace.
+        # Every operation a client saw finish with an outcome left its trace: a deployment row, or,
+        # for one refused before it reached Triton (steps.refuse: quarantined content, no room in the
+        # memory budget, an ensemble's steps missing), an audit event of its own and no row.
         finished = [r for r in results if r["op"] != "status" and r["outcome"] in ("ok", "failed", "rolled_back")]
         client_deploys = [d for d in deployments if d.actor not in ("watcher", "tritonctl")]
-        assert len(client_deploys) == len(finished)
+        deployed = {(d.model, d.kind, d.finished_at) for d in deployments}
+        refused = [a for a in audits if a.actor not in ("watcher", "tritonctl") and a.outcome == "failed"
+                   and a.action in ("deploy", "rollback", "unload") and (a.model, a.action, a.time) not in deployed]
+        refusals = [(a.model, a.action, a.message) for a in refused]
+        not_ok = [r for r in finished if r["outcome"] != "ok"][:10]
+        refused_seen = [r for r in finished if r["outcome"] == "failed"
+                        and any(r["model"] == a.model and r["message"] == a.message for a in refused)]
+        assert len(refused_seen) == len(refused), (refusals, not_ok)
+        assert len(client_deploys) == len(finished) - len(refused), (refusals, not_ok)
         status = daemon.status()
         assert status["triton_reachable"] is True
     finally:
