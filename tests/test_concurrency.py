@@ -1,9 +1,9 @@
 """Load: 8 concurrent CLI clients issue mixed load/unload/rollback/status while the watcher sees edits.
 
 Proves: no lost or duplicated deploy (every operation a client saw finish has exactly one deployment
-row and one audit event, or, refused before Triton, its audit event alone), per-model operations strictly serialized (no two deployments of a model
-overlap in time), and the daemon still answers afterwards. The default run lasts ~12 s; the long
-variant (`pytest -m slow`) runs for three minutes.
+row and one audit event, or, refused before Triton, its audit event alone), per-model operations
+strictly serialized (no two deployments of a model overlap in time), and the daemon still answers
+afterwards. The default run lasts ~12 s; the long variant (`pytest -m slow`) runs for three minutes.
 """
 
 from __future__ import annotations
