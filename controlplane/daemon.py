@@ -260,7 +260,6 @@ class Daemon:
                 waves.append((group, wave))
                 if not deferred:
                     done = self._run_wave(group, wave, redeploy, pool, done, total, len(plan.unchanged))
-            staged.clear()  # each SnapshotRecord goes with its deploy's end (bulk.FINISH_CHUNK)
             if deferred:
                 for name in self._launch_with(bulks, pool):
                     plane.in_hand.started(name)
