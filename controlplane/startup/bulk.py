@@ -14,7 +14,7 @@ record.py), and each one auto policy deploys alone is *staged* (controlplane/dep
 as any deploy, the same `BRING_UP` steps, each step's records written for the whole wave in one
 transaction). The server is then launched with them and the models the registry already serves
 (controlplane/startup/preload.py) in its `--load-model` list, and once it is live they are verified in
-bulk: one repository index says which loaded; each loaded one goes on from `verify` (its served
+bulk, FINISH_CHUNK at a time: one repository index says which loaded; each loaded one goes on from `verify` (its served
 digest, its smoke requests) and commits, each step's records again in one transaction (`finish_many`);
 one that failed there is a failed deploy like any other, with Triton's reason from its log (rolled
 back where a previous digest exists, quarantined when the content is at fault). If the launch with
