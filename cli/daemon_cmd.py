@@ -77,6 +77,9 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
     """
     import gc
 
+    from controlplane.allocator import cap_arenas
+
+    cap_arenas()  # before any thread: its peak RSS (controlplane/allocator.py)
     # The daemon's imports (about 70,000 objects the collector tracks: classes, functions, dicts) are
     # made with the collector off, then moved to its permanent generation, which later collections do
     # not traverse: a restart at 10,000 models reached READY in 2.08 s instead of 2.36 s (medians of 5

@@ -31,12 +31,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from controlplane.bakefigures import BAKE_OUTCOMES
 from controlplane.deploy.engine import Outcome
@@ -113,6 +114,42 @@ class Observed(Protocol):
     def counts(self) -> Any: ...
 
 
+class ModelStates(Sequence[Sample]):
+    """tritonctl_model_state's samples, each made only as the exposition reads it: built beforehand,
+    with a label dict each, the family was 5 samples per model, 13 MB at 10,000 models, built again
+    at every scrape while the registry was written (a first start) and held between scrapes; scrapes
+    during a first start raised the daemon's peak RSS by 40 MB at 5,000 models (issue 39)."""
+
+    def __init__(self, name: str, models: Sequence[tuple[str, str]]) -> None:
+        self.name = name
+        self.models = models  # (model, its state)
+
+    def __iter__(self) -> Iterator[Sample]:
+        for model, current in self.models:
+            for state in MODEL_STATES if current in MODEL_STATES else (*MODEL_STATES, current):
+                yield Sample(self.name, {"model": model, "state": state}, 1.0 if state == current else 0.0)
+
+    def __len__(self) -> int:
+        return sum(len(MODEL_STATES) + (current not in MODEL_STATES) for _, current in self.models)
+
+    @overload
+    def __getitem__(self, index: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Sample]: ...
+
+    def __getitem__(self, index: int | slice) -> Sample | Sequence[Sample]:
+        return list(self)[index]
+
+
+class ModelStateFamily(GaugeMetricFamily):
+    """tritonctl_model_state{model,state}: 1 for each model's state, 0 for the others (`ModelStates`)."""
+
+    def __init__(self, models: Sequence[tuple[str, str]]) -> None:
+        super().__init__("tritonctl_model_state", HELP["model_state"], labels=["model", "state"])
+        self.samples = ModelStates(self.name, models)  # type: ignore[assignment]  # a list's reader
+
+
 class StateCollector:
     """Gauges read from the registry and the running plane at scrape time."""
 
@@ -138,11 +175,7 @@ class StateCollector:
         if self._states is not None and writes is not None and self._states[0] == writes:
             yield self._states[1]
             return
-        family = GaugeMetricFamily("tritonctl_model_state", HELP["model_state"], labels=["model", "state"])
-        for model in registry.list_models():
-            states = MODEL_STATES if model.state in MODEL_STATES else (*MODEL_STATES, model.state)
-            for state in states:
-                family.add_metric([model.name, state], 1.0 if state == model.state else 0.0)
+        family = ModelStateFamily([(model.name, model.state) for model in registry.list_models()])
         if writes is not None:
             self._states = (writes, family)
         yield family

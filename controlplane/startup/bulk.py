@@ -14,7 +14,7 @@ record.py), and each one auto policy deploys alone is *staged* (controlplane/dep
 as any deploy, the same `BRING_UP` steps, each step's records written for the whole wave in one
 transaction). The server is then launched with them and the models the registry already serves
 (controlplane/startup/preload.py) in its `--load-model` list, and once it is live they are verified in
-bulk: one repository index says which loaded; each loaded one goes on from `verify` (its served
+bulk, FINISH_CHUNK at a time: one repository index says which loaded; each loaded one goes on from `verify` (its served
 digest, its smoke requests) and commits, each step's records again in one transaction (`finish_many`);
 one that failed there is a failed deploy like any other, with Triton's reason from its log (rolled
 back where a previous digest exists, quarantined when the content is at fault). If the launch with
@@ -29,7 +29,7 @@ tritonserver (it serves already; it is not started by the daemon), and `launch_l
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -44,11 +44,15 @@ from controlplane.store.records import SnapshotRecord
 from controlplane.triton.capabilities import from_triton_reason
 from controlplane.triton.client import IndexEntry
 from controlplane.triton.serverlog import LogCursor, LogLine, parse_lines, reasons_for, summarise
-from controlplane.vocab import WATCHER_ACTOR
+from controlplane.vocab import WATCHER_ACTOR, Result
 
 log = logging.getLogger("tritonctl.startbulk")
 
 READY = "READY"
+# Staged deploys ended at a time once the server is live. All of a wave at once, every deploy's steps,
+# records and outcome were held until the last one committed: the daemon's peak RSS in a first start
+# under auto policy (issue 39); a chunk's are let go before the next one's are made.
+FINISH_CHUNK = 500
 
 
 def eligible(settings: Settings) -> bool:
@@ -61,9 +65,9 @@ def eligible(settings: Settings) -> bool:
 class Bulk:
     """A first start's staged deploys, and what became of them."""
 
-    staged: list[Staged] = field(default_factory=list)
+    staged: list[Staged] = field(default_factory=list)  # emptied as they end (`finish_all`)
     handed_back: list[str] = field(default_factory=list)  # the source changed meanwhile: the watcher's path
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)  # those that did not end OK (refused, failed)
 
     @property
     def names(self) -> list[str]:
@@ -143,10 +147,21 @@ def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, lines: Sequence[Lo
     def finish(s: Staged) -> Outcome:  # one by one: loaded by its own request, or failed in the start-up
         return plane.deployer.finish_staged(s, failure=failures.get(s.model))
 
+    count = len(bulk.staged)
     alone = [s for s in bulk.staged if not loaded or s.model in failures]
-    bulk.outcomes.extend(pool.map(finish, alone))
-    if loaded:  # the others verified, smoke-tested and committed together
-        bulk.outcomes.extend(finish_many(plane.deployer, [s for s in bulk.staged if s.model not in failures],
-                                         indexed, pool))
+    together = [s for s in bulk.staged if loaded and s.model not in failures]
+    bulk.staged = []  # each ended deploy let go, its steps and records with it (see FINISH_CHUNK)
+    for chunk in _chunks(alone):
+        bulk.outcomes.extend(o for o in pool.map(finish, chunk) if o.outcome != Result.OK)
+    for chunk in _chunks(together):  # verified, smoke-tested and committed together
+        bulk.outcomes.extend(o for o in finish_many(plane.deployer, chunk, indexed, pool) if o.outcome != Result.OK)
     log.info("start-up: %d models deployed through tritonserver's start-up (%d failed there)%s",
-             len(bulk.staged), len(failures), "" if loaded else "; launched without them: one load request each")
+             count, len(failures), "" if loaded else "; launched without them: one load request each")
+
+
+def _chunks(staged: list[Staged]) -> Iterator[list[Staged]]:
+    """`staged` in chunks of FINISH_CHUNK, each taken out of it as it is handed on."""
+    while staged:
+        chunk = staged[:FINISH_CHUNK]
+        del staged[:FINISH_CHUNK]
+        yield chunk
