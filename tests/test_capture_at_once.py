@@ -23,6 +23,10 @@ SETTLE_S = 30.0
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     with example_daemon(tmp_path_factory.mktemp("atonce"), bare=True, settle_s=SETTLE_S,
                         extra_args=["--commit-marker", "DONE"]) as proc:
+        # "at once" is what an inotify event says; READY comes before the watches are in place, and a
+        # directory renamed in before them is found by the rescan after them, as any change (fresh-clone
+        # run under load: the rename landed in that gap and waited out the 30 s window)
+        wait_for(lambda: "inotify watches in place" in proc.log_tail(1 << 20), 60, 0.1, "the inotify watches")
         yield proc
 
 
