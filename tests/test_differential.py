@@ -9,6 +9,7 @@ loads must be a documented stricter rule; a case both refuse must be refused for
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -75,6 +76,17 @@ def test_both_refusing_for_different_fields_fails() -> None:
         "dims_zero: both refuse, for different fields: validation ['output.dims'], Triton ['input.dims']")
     unexplained = "failed to load 'dims_zero_m', failed to poll from model repository"
     assert unexpected([_outcome("dims_zero", ["input[0].dims"], unexplained)])  # no reason: not the same field
+
+
+def test_a_case_that_kills_tritonserver_at_every_attempt_counts_as_refused() -> None:
+    """Measured (`python -m tests.differential -k warm`, run a few times): tritonserver 2.51 segfaults loading
+    warm_batch_above alone, before it logs a reason. Validation refusing it agrees; passing it does not."""
+    gone = "[StatusCode.UNAVAILABLE] Stream removed (Socket closed)"
+    refused = replace(_outcome("warm_batch_above", ["model_warmup[0].batch_size"], gone), server_died=True)
+    assert unexpected([refused]) == []
+    assert "kills Triton  warm_batch_above" in report([refused])
+    passed = replace(_outcome("warm_batch_above", [], gone), server_died=True)
+    assert unexpected([passed])[0].startswith("warm_batch_above: validation passes a model that killed tritonserver")
 
 
 @pytest.mark.timeout(300)

@@ -164,8 +164,10 @@ class _Turns:
 
     Measured in CI (2 shared cores): with the four warm-up cases in flight together, each attempt met
     a server that one of the others had just killed, four times over, and no case got a verdict. Alone,
-    a case's load either gets Triton's answer or is the one that kills the server. A case waiting for
-    its turn alone goes before first attempts not yet started.
+    a case's load either gets Triton's answer or is the one that kills the server (tritonserver 2.51
+    segfaults in some failing warm-ups before it logs their reason: `verdicts.unexpected` takes a case
+    that kills it at every attempt as refused). A case waiting for its turn alone goes before first
+    attempts not yet started.
     """
 
     def __init__(self) -> None:

@@ -157,15 +157,17 @@ def excused(o: Outcome) -> bool:
 
 
 def reason_mismatch(o: Outcome) -> bool:
-    return not o.offline_ok and not o.triton_ok and not same_field(o.offline, o.triton)
+    return not o.offline_ok and not o.triton_ok and not o.server_died and not same_field(o.offline, o.triton)
 
 
 def unexpected(outcomes: list[Outcome]) -> list[str]:
     """Disagreements the suite does not accept, one line each."""
     bad = []
     for o in outcomes:
-        if o.server_died:
-            bad.append(f"{o.case.name}: tritonserver died at every attempt to load it: {o.triton[:300]}")
+        if o.server_died:  # it cannot be loaded: a refusal, the worst kind (measured: some failing warm-ups)
+            if o.offline_ok:
+                bad.append(f"{o.case.name}: validation passes a model that killed tritonserver at every attempt "
+                           f"to load it: {o.triton[:300]}")
             continue
         if o.verdict == "false_accept" and not excused(o):
             excuse = ALLOWED_FALSE_ACCEPTS.get(o.case.name)
@@ -213,6 +215,10 @@ def report(outcomes: list[Outcome]) -> str:
         if o.verdict == "false_refusal":
             why = STRICTER.get(o.case.name, "NOT DOCUMENTED")
             lines.append(f"  stricter      {o.case.name}: {why} | {'; '.join(o.offline_lines)[:160]}")
+    for o in outcomes:
+        if o.server_died:
+            lines.append(f"  kills Triton  {o.case.name}: tritonserver died at every attempt to load it | "
+                         f"validation {'PASSES' if o.offline_ok else 'refuses'}: {'; '.join(o.offline_lines)[:160]}")
     for o in mismatched:
         why = REASON_DIFFERS.get(o.case.name, "NOT EXPLAINED")
         lines.append(f"  other field   {o.case.name}: {why} | validation "
