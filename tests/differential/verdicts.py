@@ -192,8 +192,9 @@ def report(outcomes: list[Outcome]) -> str:
         cell[(o.offline_ok, o.triton_ok)] += 1
     accepts = [o for o in outcomes if o.verdict == "false_accept"]
     content = [o for o in accepts if not excused(o)]
-    both = [o for o in outcomes if not o.offline_ok and not o.triton_ok]
+    both = [o for o in outcomes if not o.offline_ok and not o.triton_ok and not o.server_died]
     mismatched = [o for o in both if reason_mismatch(o)]
+    kills = [o for o in outcomes if o.server_died]
     lines = [
         f"{len(outcomes)} cases",
         f"{'':22}{'Triton loads':>14}{'Triton refuses':>16}",
@@ -201,7 +202,7 @@ def report(outcomes: list[Outcome]) -> str:
         f"{'validation refuses':22}{cell[(False, True)]:>14}{cell[(False, False)]:>16}",
         f"content false accepts: {len(content)}; host-dependent, excused by reason: {len(accepts) - len(content)}",
         f"both refuse: {len(both)}, naming the same field: {len(both) - len(mismatched)}, "
-        f"different fields: {len(mismatched)}",
+        f"different fields: {len(mismatched)}; killed tritonserver at every attempt: {len(kills)}",
     ]
     for o in accepts:
         excuse = ALLOWED_FALSE_ACCEPTS.get(o.case.name)
@@ -215,10 +216,9 @@ def report(outcomes: list[Outcome]) -> str:
         if o.verdict == "false_refusal":
             why = STRICTER.get(o.case.name, "NOT DOCUMENTED")
             lines.append(f"  stricter      {o.case.name}: {why} | {'; '.join(o.offline_lines)[:160]}")
-    for o in outcomes:
-        if o.server_died:
-            lines.append(f"  kills Triton  {o.case.name}: tritonserver died at every attempt to load it | "
-                         f"validation {'PASSES' if o.offline_ok else 'refuses'}: {'; '.join(o.offline_lines)[:160]}")
+    for o in kills:
+        lines.append(f"  kills Triton  {o.case.name}: tritonserver died at every attempt to load it | "
+                     f"validation {'PASSES' if o.offline_ok else 'refuses'}: {'; '.join(o.offline_lines)[:160]}")
     for o in mismatched:
         why = REASON_DIFFERS.get(o.case.name, "NOT EXPLAINED")
         lines.append(f"  other field   {o.case.name}: {why} | validation "
