@@ -9,8 +9,10 @@ this module's own (the session's server is shared with other tests).
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -250,6 +252,54 @@ def test_a_single_hosts_records_wait_in_its_journal_through_a_full_disk(small_fs
         assert len(registry.query_audit(AuditQuery(action="daemon_stop", limit=100))) == 1
         assert len(registry.last_deployments(["m"])) == 1 and registry.open_deployments() == []
     finally:
+        registry.close()
+
+
+def test_a_reconcile_never_reads_a_deployment_the_replay_has_half_written(small_fs: Path,  # noqa: F811
+                                                                           tmp_path: Path) -> None:
+    """A rollback journaled through a full disk is written back intent first, end second. A reconcile
+    reading the open deployments between the two took it for one a crash interrupted, "recovered" it,
+    and the rollback was audited twice (seen in tests/test_host_outage_e2e.py). The read waits for the
+    whole replay, and then nothing is open."""
+    registry = JournaledRegistry(f"sqlite:///{small_fs / 'registry.db'}", tmp_path / JOURNAL_NAME, host="h1")
+    migrate.upgrade(registry)
+    b = "bb" * 32
+    intent_written, go_on = threading.Event(), threading.Event()
+    try:
+        assert registry.replay_journal() == 0
+        registry.ensure_model("m")
+        filler = fill_up(small_fs)
+        back = registry.begin_deployment("m", "rollback", b, None, "test")
+        assert back.id < 0  # the journal's own
+        registry.finish_deployment(back.id, outcome="ok", error=None, serving=ServingRecord("m", b, [1]),
+                                   audit=AuditEntry("test", "rollback", "m", b, "ok", "serving bb"),
+                                   model_state="serving")
+        filler.unlink()
+        write = registry._write_entry
+
+        def paused_after_the_intent(entry: dict[str, Any]) -> bool:
+            written = write(entry)
+            if entry["op"] == "begin":
+                intent_written.set()
+                go_on.wait(30)
+            return written
+
+        registry._write_entry = paused_after_the_intent  # type: ignore[method-assign]
+        replay = threading.Thread(target=registry.replay_journal)
+        replay.start()
+        assert intent_written.wait(30)
+        seen: list[list[Any]] = []
+        reader = threading.Thread(target=lambda: seen.append(registry.open_deployments()))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and not seen  # the reconcile's read waits for the replay
+        go_on.set()
+        replay.join(30)
+        reader.join(30)
+        assert seen == [[]]
+        assert [e.action for e in registry.query_audit(AuditQuery(model="m", limit=10))] == ["rollback"]
+    finally:
+        go_on.set()
         registry.close()
 
 

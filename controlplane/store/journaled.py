@@ -16,7 +16,8 @@ the registry cannot answer at all (PostgreSQL down) answers what the same read l
 
 When the registry answers again (`RegistryHealth.on_return`; the daemon's start for a journal a stop
 left behind) every entry is written once, in order, stamped with the time it happened (`audit` and
-`audit --at` are right for the outage too), and the journal is rewritten without it. A write of a
+`audit --at` are right for the outage too), and the journal is rewritten without it; meanwhile the
+reads a reconcile recovers by (`open_deployments`, `deployment_open`) wait for the replay. A write of a
 model whose records still wait is journaled behind them (never overtaking them). Written once: an
 intent is found again by (model, kind, actor, started_at), an end by its deployment being finished,
 an audit event by (host, time, action, model).
@@ -92,6 +93,11 @@ class JournaledRegistry(Registry):
         self._finished: set[int] = set()  # registry deployments whose end is journaled
         self._remembered: dict[tuple[Any, ...], Any] = {}  # the last answer of each read, for an outage
         self._probe_lock = threading.Lock()
+        # Held while the journal is written: a deployment's intent written and not yet its end looks open
+        # in the registry, so the reads that decide what a reconcile recovers wait for the whole replay
+        # (measured: a rollback journaled through a full disk was recovered as "interrupted" mid-replay
+        # and audited twice, tests/test_host_outage_e2e.py).
+        self._replaying = threading.RLock()
         self._last_probe = 0.0
         self._replayed = False  # the owner's first replay_journal (after migrations) done: probes may replay
         self._refresh(self.journal.entries())
@@ -226,12 +232,15 @@ class JournaledRegistry(Registry):
                     "at": self.clock().isoformat()})
 
     def open_deployments(self) -> list[DeploymentRecord]:
-        """Open in the registry and not ended in the journal (a reconcile never recovers what ended)."""
-        opened = self._recall(("open_deployments",), super().open_deployments)
-        return [d for d in opened if d.id not in self._finished]
+        """Open in the registry and not ended in the journal (a reconcile never recovers what ended);
+        never in the middle of a replay."""
+        with self._replaying:
+            opened = self._recall(("open_deployments",), super().open_deployments)
+            return [d for d in opened if d.id not in self._finished]
 
     def deployment_open(self, deployment_id: int) -> bool:
-        return deployment_id not in self._finished and super().deployment_open(deployment_id)
+        with self._replaying:
+            return deployment_id not in self._finished and super().deployment_open(deployment_id)
 
     def _real(self, deployment_id: int) -> int:
         """The registry's id of a deployment (one begun in the journal: once written)."""
@@ -255,10 +264,11 @@ class JournaledRegistry(Registry):
     def replay_journal(self) -> int:
         """Write what the journal holds, once; returns how many entries it wrote."""
         self._replayed = True
-        try:
-            written = self.journal.replay_with(self._write)
-        finally:
-            self._refresh(self.journal.entries())
+        with self._replaying:
+            try:
+                written = self.journal.replay_with(self._write)
+            finally:
+                self._refresh(self.journal.entries())
         return written
 
     def _on_return(self, _outage_s: float) -> str:
