@@ -44,7 +44,7 @@ from controlplane.store.records import SnapshotRecord
 from controlplane.triton.capabilities import from_triton_reason
 from controlplane.triton.client import IndexEntry
 from controlplane.triton.serverlog import LogCursor, LogLine, parse_lines, reasons_for, summarise
-from controlplane.vocab import WATCHER_ACTOR, Result
+from controlplane.vocab import WATCHER_ACTOR
 
 log = logging.getLogger("tritonctl.startbulk")
 
@@ -67,7 +67,6 @@ class Bulk:
 
     staged: list[Staged] = field(default_factory=list)  # emptied as they end (`finish_all`)
     handed_back: list[str] = field(default_factory=list)  # the source changed meanwhile: the watcher's path
-    outcomes: list[Outcome] = field(default_factory=list)  # those that did not end OK (refused, failed)
 
     @property
     def names(self) -> list[str]:
@@ -98,11 +97,9 @@ def stage_all(plane: WavePlane, deploy: Sequence[tuple[str, str]], pool: Executo
             else:
                 items.append((model, digest))
         for result in stage_many(plane.deployer, items, WATCHER_ACTOR, pool, overrides):
-            if isinstance(result, Staged):
+            if isinstance(result, Staged):  # else refused: its outcome is reported like any deploy's
                 out.staged.append(result)
                 staged[result.model] = result.snap
-            else:
-                out.outcomes.append(result)
     return out
 
 
@@ -151,10 +148,10 @@ def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, lines: Sequence[Lo
     alone = [s for s in bulk.staged if not loaded or s.model in failures]
     together = [s for s in bulk.staged if loaded and s.model not in failures]
     bulk.staged = []  # each ended deploy let go, its steps and records with it (see FINISH_CHUNK)
-    for chunk in _chunks(alone):
-        bulk.outcomes.extend(o for o in pool.map(finish, chunk) if o.outcome != Result.OK)
+    for chunk in _chunks(alone):  # each outcome reported as it ends, like any deploy's
+        list(pool.map(finish, chunk))
     for chunk in _chunks(together):  # verified, smoke-tested and committed together
-        bulk.outcomes.extend(o for o in finish_many(plane.deployer, chunk, indexed, pool) if o.outcome != Result.OK)
+        finish_many(plane.deployer, chunk, indexed, pool)
     log.info("start-up: %d models deployed through tritonserver's start-up (%d failed there)%s",
              count, len(failures), "" if loaded else "; launched without them: one load request each")
 
