@@ -49,11 +49,11 @@ import sqlalchemy as sa  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from controlplane import queries  # noqa: E402
 from controlplane.store import migrate, schema, sqlite_reader  # noqa: E402
 from controlplane.store.records import AuditQuery, iso  # noqa: E402
 from controlplane.store.registry import Registry  # noqa: E402
 from controlplane.store.sqlite_reader import SqliteReader  # noqa: E402
+from controlplane.views import queries  # noqa: E402
 
 NAME = "audit_query"
 BATCH = 20_000

@@ -251,11 +251,11 @@ class StepTimer:
 
 
 def in_process(args: argparse.Namespace, base: Path, console: Any) -> dict[str, Any]:
-    import controlplane.intake as service_module  # validation runs in the shared pipeline
-    from controlplane.config import Settings
+    import controlplane.intake.recording as service_module  # validation runs in the shared pipeline
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
     from controlplane.parts import build_parts
+    from controlplane.settings.config import Settings
     from controlplane.snapshot import ContentStore
     from controlplane.source.inotify import RepositoryWatcher
     from controlplane.source.local import LocalSource

@@ -6,7 +6,7 @@ changes b's factor, so the new pipeline's answer differs from the old one. The s
 three systems, each with its own plain repository:
 
   * tritonctl: the daemon (`--launch-triton`, policy auto) watching its repository; the edit is
-    writing the files there (controlplane/changeset.py deploys the three as one change set).
+    writing the files there (controlplane/intake/changeset.py deploys the three as one change set).
   * Triton explicit: write the files in Triton's repository, then `load_model` in dependency order
     (a, b, then pipe): what a careful deploy script does.
   * Triton poll (`--repository-poll-secs=1`): write the files in its repository.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,12 +32,11 @@ NAME = "cli_client_ab"
 
 
 def timed(argv: list[str], root: Path) -> tuple[float, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = c.waited_children_cpu_ms()
     t0 = time.perf_counter()
     subprocess.run(argv, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, check=False)
     wall = (time.perf_counter() - t0) * 1000.0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000.0
+    return wall, c.waited_children_cpu_ms() - before
 
 
 def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:

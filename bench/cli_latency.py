@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -59,13 +58,12 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     """Wall milliseconds, exit code, stderr tail. Runs from the checkout on PYTHONPATH (`python -m` puts
     the working directory first on sys.path). The process's CPU time goes to CPU_MS: on a shared machine
     wall time includes waiting for a core, CPU time does not."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = c.waited_children_cpu_ms()
     t0 = time.perf_counter()
     proc = subprocess.run(argv, cwd=env.get("PYTHONPATH") or c.ROOT, env=env, capture_output=True, text=True,
                           check=False)
     wall = (time.perf_counter() - t0) * 1000.0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    CPU_MS.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000.0)
+    CPU_MS.append(c.waited_children_cpu_ms() - before)
     return wall, proc.returncode, proc.stderr[-500:]
 
 
@@ -120,12 +118,6 @@ def with_bytecode(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def daemon_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/PID/stat), to report what the daemons spent."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # What the commands pay for before their own work: each import alone, as a new process, in the same
 # rounds (so the remaining distance to the target can be attributed to a measured cause).
 IMPORTS = (  # label (a key of import_costs: no dots), statement
@@ -141,7 +133,7 @@ def http_calls(state: Path, history_state: Path, at: str, runs: int) -> dict[str
     """Each command's HTTP call alone, in this process (connect, request, the daemon's answer, read): how
     much of a command's time is the daemon's, not the process's start-up."""
     from controlplane.api.client import ControlClient
-    from controlplane.defaults import SOCKET_NAME
+    from controlplane.base.defaults import SOCKET_NAME
 
     live, old = ControlClient(socket=state / SOCKET_NAME), ControlClient(socket=history_state / SOCKET_NAME)
     calls = {"status": live.status, "versions M": lambda: old.versions("model_000"),
@@ -193,7 +185,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                 for env, cmds in systems.values():
                     for _name, argv in cmds:
                         timed([sys.executable, "-m", "cli.main", *argv], env)
-            daemons_cpu_before = daemon_cpu_s(daemon.proc.pid) + daemon_cpu_s(history.proc.pid)
+            daemons_cpu_before = c.cpu_seconds(daemon.proc.pid) + c.cpu_seconds(history.proc.pid)
             for _ in range(args.runs):
                 baseline.append(timed([sys.executable, "-c", "pass"], with_bytecode(dict(os.environ)))[0])
                 baseline_cpu.append(CPU_MS[-1])
@@ -207,7 +199,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                             failures.append(f"{system} {name}: exit {code}: {err.strip()[-200:]}")
                         samples[system].setdefault(name, []).append(ms)
                         cpu[system].setdefault(name, []).append(CPU_MS[-1])
-            daemons_cpu_s = daemon_cpu_s(daemon.proc.pid) + daemon_cpu_s(history.proc.pid) - daemons_cpu_before
+            daemons_cpu_s = c.cpu_seconds(daemon.proc.pid) + c.cpu_seconds(history.proc.pid) - daemons_cpu_before
             calls = http_calls(daemon.state_dir, history.state_dir, at, args.runs)
         finally:
             history.stop()

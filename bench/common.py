@@ -18,6 +18,7 @@ import os
 import platform
 import random
 import re
+import resource
 import shutil
 import statistics
 import sys
@@ -640,8 +641,8 @@ def triton_load_counts(server_log: Path) -> dict[str, int]:
 
 def audit_rows(state: Path, model: str | None = None, limit: int = 10_000) -> list[dict[str, Any]]:
     """The daemon's audit log, read from its registry directly (what `tritonctl audit --json` shows)."""
-    from controlplane import queries
     from controlplane.store.registry import Registry
+    from controlplane.views import queries
 
     registry = Registry(f"sqlite:///{state / 'registry.db'}")
     try:
@@ -668,6 +669,14 @@ def children_cpu_seconds(pid: int) -> float:
     text = Path(f"/proc/{pid}/stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()
     return (int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
+def waited_children_cpu_ms() -> float:
+    """User + system CPU of this process's children it waited for, so far, in milliseconds: the
+    difference around a `subprocess.run` is that command's own CPU time (which a shared machine's load
+    does not inflate the way it inflates wall time)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1000.0
 
 
 def status_kb(pid: int, key: str) -> int:

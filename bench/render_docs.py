@@ -43,7 +43,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as c  # noqa: E402
-import run_all  # noqa: E402
+import report as results_report  # noqa: E402
+from plots import PLOTS  # noqa: E402
 
 TEMPLATE = c.ROOT / "bench" / "benchmarks.md.in"
 DOCS = c.ROOT / "docs" / "benchmarks.md"
@@ -174,11 +175,11 @@ def generated_block(quick: bool, directory: Path = c.RESULTS) -> str:
     """bench/run_all.py's block from the results files alone (no runtimes but those they record); the
     quick block only from `*-quick.json` files, and empty without them."""
     reports: dict[str, dict[str, Any]] = {}
-    for name in run_all.BENCHMARKS:
-        report = run_all.load(name, quick, directory)
+    for name in results_report.BENCHMARKS:
+        report = results_report.load(name, quick, directory)
         if report is not None:
             reports[name] = report
-    audit = run_all.load("audit_query", quick, directory)
+    audit = results_report.load("audit_query", quick, directory)
     if audit is not None:
         reports["audit_query"] = audit
     if quick and not reports:
@@ -186,9 +187,9 @@ def generated_block(quick: bool, directory: Path = c.RESULTS) -> str:
     runtimes = {n: float(r["runtime_s"]) for n, r in reports.items() if isinstance(r.get("runtime_s"), (int, float))}
     for name, report in reports.items():
         png = DOCS.parent / (f"{name}-quick.png" if quick else f"{name}.png")
-        if name in run_all.PLOTS and png.exists():
+        if name in PLOTS and png.exists():
             report["plot"] = png.name
-    return run_all.markdown(quick, reports, runtimes)
+    return results_report.markdown(quick, reports, runtimes)
 
 
 def typed_figures(text: str, source: str) -> list[str]:

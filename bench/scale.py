@@ -162,7 +162,7 @@ def _all_ready(url: str, count: int, state: Path | None = None) -> Callable[[], 
 
 
 def _metrics_text(port: int, timeout_s: float = 30.0) -> str:
-    """The daemon's metrics endpoint, as text (controlplane/metrics.py)."""
+    """The daemon's metrics endpoint, as text (controlplane/outcomes/metrics.py)."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as response:
@@ -225,7 +225,7 @@ def _rescan_done(daemon: Any, args: argparse.Namespace) -> bool:
 
 
 def _counters(port: int) -> dict[str, float]:
-    """The daemon's own counts of the source pipeline (controlplane/metrics.py)."""
+    """The daemon's own counts of the source pipeline (controlplane/outcomes/metrics.py)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from controlplane.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
+from controlplane.settings.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load_settings
 
 
 @click.command()
@@ -77,16 +77,16 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
     """
     import gc
 
-    from controlplane.allocator import cap_arenas
+    from controlplane.runtime.allocator import cap_arenas
 
-    cap_arenas()  # before any thread: its peak RSS (controlplane/allocator.py)
+    cap_arenas()  # before any thread: its peak RSS (controlplane/runtime/allocator.py)
     # The daemon's imports (about 70,000 objects the collector tracks: classes, functions, dicts) are
     # made with the collector off, then moved to its permanent generation, which later collections do
     # not traverse: a restart at 10,000 models reached READY in 2.08 s instead of 2.36 s (medians of 5
     # in turns, idle machine: bench/results/restart_ab.json; issue 26).
     gc.disable()
-    from controlplane import logs
     from controlplane.daemon import Daemon  # deferred: the other commands need not import it
+    from controlplane.runtime import logs
 
     gc.freeze()
     gc.enable()

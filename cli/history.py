@@ -14,7 +14,7 @@ from controlplane.errors import UsageError
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
-from controlplane.defaults import OUTCOMES
+from controlplane.base.defaults import OUTCOMES
 
 
 @click.command()
@@ -113,8 +113,8 @@ def db_upgrade(db_url: str | None, dry_run: bool, state_dir: Path, as_json: bool
       tritonctl db upgrade --dry-run --state-dir /var/lib/tritonctl
       tritonctl db upgrade --db-url postgresql+psycopg://tritonctl@db/tritonctl
     """
-    from controlplane.config import Settings
-    from controlplane.results import DbUpgradeResult, MigrationRow
+    from controlplane.documents.results import DbUpgradeResult, MigrationRow
+    from controlplane.settings.config import Settings
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
     from controlplane.store.sqlite_reader import sqlite_path

@@ -4,7 +4,7 @@ Every verb is one HTTP call to the daemon (controlplane/api/client.py); this is 
 explicitly: `versions`, `diff`, `audit` (`--at`), `tags`, `hosts`, `rollouts` and `status --fleet` given
 `--db-url` (or TRITONCTL_DB_URL) read that registry directly, for a post-mortem while the daemon is down or
 a fleet's PostgreSQL registry from a machine that runs no daemon. The answers are the documents the
-daemon's routes return (the same core functions: controlplane/queries.py, tags.py, fleet/queries.py), with
+daemon's routes return (the same core functions: controlplane/views/queries.py, intake/tags.py, fleet/queries.py), with
 the methods of the API client, so the commands do not know which one answered.
 
 A SQLite file is read through the standard library's sqlite3 (migrate.open_reader); a PostgreSQL URL
@@ -53,17 +53,19 @@ class RegistryReader:
     # -- the history of this registry's models -------------------------------------------------------------
 
     def versions(self, model: str) -> list[dict[str, Any]]:
-        from controlplane import queries, tags
+        from controlplane.intake import tags
         from controlplane.names import validate_model_name
+        from controlplane.views import queries
 
         validate_model_name(model)
         registry = self._history()
         return list(tags.annotate_versions(registry, model, queries.versions(registry, model)).to_json())
 
     def diff(self, model: str, ref_a: str, ref_b: str) -> dict[str, Any]:
-        from controlplane import queries, tags
+        from controlplane.intake import tags
         from controlplane.names import validate_model_name
         from controlplane.snapshot import ContentStore
+        from controlplane.views import queries
 
         validate_model_name(model)
         registry = self._history()
@@ -72,19 +74,20 @@ class RegistryReader:
         return dict(queries.diff(registry, store, model, digest_a, digest_b).to_json())
 
     def audit(self, **filters: Any) -> list[dict[str, Any]]:
-        from controlplane import queries
+        from controlplane.views import queries
 
         return list(queries.audit(self._history(), **filters).to_json())
 
     def serving_at(self, at: str, model: str | None = None) -> dict[str, Any]:
-        from controlplane import queries, tags
+        from controlplane.intake import tags
+        from controlplane.views import queries
 
         registry = self._history()
         result = queries.serving_at(registry, at, [model] if model else None)
         return dict(tags.annotate_serving_at(registry, result, model).to_json())
 
     def tags(self, model: str | None = None, at: str | None = None) -> dict[str, Any]:
-        from controlplane import tags
+        from controlplane.intake import tags
 
         return dict(tags.listing(self._history(), model, at).to_json())
 

@@ -263,7 +263,7 @@ def policy(client: ControlClient, model: str, policy: str, host: str, as_json: b
     if policy not in ("auto", "manual", "ondemand", "inherit") and not policy.startswith("track:"):
         raise UsageError(f"policy '{policy}': expected auto, manual, ondemand, inherit or track:TAG")
     if host and policy.startswith("track:"):  # refused before asking the daemon (which refuses it too)
-        from controlplane.tags import refuse_host
+        from controlplane.intake.tags import refuse_host
 
         refuse_host(policy, host)
     render.kv(client.set_policy(model, policy, host), as_json)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from controlplane.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
+from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient

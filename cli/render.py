@@ -1,10 +1,10 @@
 """The only place that formats output: text for people, JSON (a stable contract) for scripts.
 
-Commands pass results here: the dataclasses of `controlplane.results` (validate, db upgrade) or the
+Commands pass results here: the dataclasses of `controlplane.documents.results` (validate, db upgrade) or the
 JSON document the API client received (every verb that asks the daemon, or cli/offline.py's). Text
 is plain columns (cli/plain.py), cut to fit a narrow terminal, never folded; rich draws the
 fleet matrix, webhook deliveries and `status --watch`'s live table. `--json` prints `to_json()` of the
-former and the latter as is, so each shape is defined once, in controlplane/results.py; tables are
+former and the latter as is, so each shape is defined once, in controlplane/documents/results.py; tables are
 drawn from that same document. Colour appears only on a terminal; `--json` output never changes
 shape without a note in the README.
 """
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from controlplane import jsontext
+from controlplane.base import jsontext
 from controlplane.text import clean, clean_document
 
 if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
-    from controlplane.results import DbUpgradeResult, ValidationReport
+    from controlplane.documents.results import DbUpgradeResult, ValidationReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
@@ -89,7 +89,7 @@ def _short(digest: Any) -> str:
 
 
 def document(result: Any) -> Any:
-    """The `--json` document of a result: a `controlplane.results` dataclass's `to_json()` (lists of them
+    """The `--json` document of a result: a `controlplane.documents.results` dataclass's `to_json()` (lists of them
     element by element), or the document the API client received, as is."""
     if hasattr(result, "to_json"):
         return result.to_json()
@@ -226,7 +226,7 @@ def age(value: Any, now: datetime | None = None) -> str:
 
 
 def _tagged(row: dict[str, Any], digest: Any) -> str:
-    """A short digest followed by the tags on it (controlplane/tags.py), e.g. '3f2a9c1b2c3d stable,canary'."""
+    """A short digest followed by the tags on it (controlplane/intake/tags.py), e.g. '3f2a9c1b2c3d stable,canary'."""
     names = row.get("tags") or []
     return _short(digest) + (f" {','.join(names)}" if names else "")
 

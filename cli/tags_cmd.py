@@ -1,5 +1,5 @@
 """`tritonctl tag` (a tracked tag's move deploys) and `tritonctl tags` (like `versions`: one HTTP call to the
-daemon, or the registry named by --db-url). The rules live in controlplane/tags.py."""
+daemon, or the registry named by --db-url). The rules live in controlplane/intake/tags.py."""
 
 from __future__ import annotations
 

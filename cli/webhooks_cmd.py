@@ -1,5 +1,5 @@
 """`tritonctl webhooks` (the deliveries of signed webhooks) and `tritonctl webhooks redeliver ID`, both
-through the daemon's control API: the daemon's delivery worker (controlplane/webhooks.py) owns them,
+through the daemon's control API: the daemon's delivery worker (controlplane/outcomes/webhooks.py) owns them,
 and in a fleet they live in the shared registry the leader delivers from."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `ControlPlane` wires the adapters together (registry, content store, serving repository, Triton
 client, deployer) and is what the control API and the daemon's loop call. It decides; the API only
 translates and the CLI only renders. Read-only history queries that work without the daemon live in
-`controlplane.queries`.
+`controlplane.views.queries`.
 """
 
 from __future__ import annotations
@@ -13,16 +13,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from controlplane import garbage, queries, tags
-from controlplane.config import Settings
-from controlplane.counters import PipelineCounts
-from controlplane.decision import decide
 from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.deploy.reconcile import Drift
-from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
-from controlplane.names import is_private_name, validate_digest, validate_model_name
-from controlplane.parts import HostParts
-from controlplane.results import (
+from controlplane.documents.results import (
     AuditResult,
     DiffResult,
     GcResult,
@@ -37,15 +30,24 @@ from controlplane.results import (
     TagsResult,
     VersionsResult,
 )
+from controlplane.errors import NotFoundError, SnapshotError, StoreError, TritonctlError, UsageError
+from controlplane.intake import tags
+from controlplane.intake.decision import decide
+from controlplane.intake.inhand import InHand
+from controlplane.names import is_private_name, validate_digest, validate_model_name
+from controlplane.outcomes.counters import PipelineCounts
+from controlplane.parts import HostParts
+from controlplane.runtime import garbage
+from controlplane.settings.config import Settings
 from controlplane.snapshot import Snapshot
 from controlplane.source.protocol import Source
 from controlplane.source.recorded import SourceGraph
-from controlplane.statusview import StatusView
 from controlplane.store.health import RegistryHealth
 from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.syncstatus import InHand
-from controlplane.targets import FleetStrategy, HostTarget, Target, recorded_digest
+from controlplane.target.targets import FleetStrategy, HostTarget, Target, recorded_digest
+from controlplane.views import queries
+from controlplane.views.status import StatusView
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Policy
 
 if TYPE_CHECKING:
@@ -85,11 +87,11 @@ class ControlPlane:
         self.baker = parts.baker
         self.http_url = parts.http_url
         self.webhooks = parts.webhooks
-        # where the verbs' changes go, chosen once by the daemon (controlplane/targets.py)
+        # where the verbs' changes go, chosen once by the daemon (controlplane/target/targets.py)
         self.target: Target = target(self) if target else HostTarget(
             parts.registry, parts.deployer, parts.intake.changesets, parts.ondemand, parts.retries,
             capture=parts.intake.source_content, converge=parts.intake.converge, policy_of=parts.live.policy_of)
-        # `status` rows (controlplane/statusview.py)
+        # `status` rows (controlplane/views/status.py)
         self.status_view = StatusView(parts.registry, parts.triton, parts.served_view, parts.deployer, parts.intake,
                                       parts.retries, parts.restores, parts.ondemand, parts.baker,
                                       tag_registry=self.target.tag_registry, http_url=parts.http_url)
@@ -105,7 +107,7 @@ class ControlPlane:
         self.settings = settings
         self.live.set(settings)
 
-    # -- the intake (controlplane/intakeflow.py): the watcher's path, and the parts the fleet and the
+    # -- the intake (controlplane/intake/flow.py): the watcher's path, and the parts the fleet and the
     # start-up scan use (fleet/hostplane.HostPlane, ports.WavePlane) -------------------------------------
 
     def handle_settled(self, model: str, *, complete: bool = False) -> Outcome | None:
@@ -211,13 +213,13 @@ class ControlPlane:
             raise
 
     def promote(self, model: str, actor: str) -> dict[str, Any]:
-        """`tritonctl promote MODEL`: the bake in progress ends `passed` now (controlplane/bake.py)."""
+        """`tritonctl promote MODEL`: the bake in progress ends `passed` now (controlplane/bake/baker.py)."""
         validate_model_name(model)
         return self.baker.promote(model, actor)
 
     def load_set(self, models: list[str], actor: str, force: bool = False,
                  progress: ProgressFn | None = None) -> Outcome:
-        """`tritonctl load a b pipe`: the named models as one change set (controlplane/changeset.py)."""
+        """`tritonctl load a b pipe`: the named models as one change set (controlplane/intake/changeset.py)."""
         if len(models) == 1:
             return self.load(models[0], actor, force=force, progress=progress)
         return self.target.load_set(models, actor, force, progress)
@@ -302,7 +304,7 @@ class ControlPlane:
     def still_settling(self, models: Sequence[str]) -> list[str]:
         return self.intake.changesets.still_settling(models)
 
-    # -- tags (controlplane/tags.py; the plane is its ports.TagTarget) -------------------------------
+    # -- tags (controlplane/intake/tags.py; the plane is its ports.TagTarget) -------------------------------
 
     def tag_registry(self) -> Registry:
         """Where tags live: the shared registry on a fleet, this host's otherwise."""
@@ -344,7 +346,7 @@ class ControlPlane:
         return self.reconciler.reconcile()
 
     def preloaded(self, models: Sequence[str]) -> None:
-        """A tritonserver was launched with these models loading in its own start-up (reconciler.py)."""
+        """A tritonserver was launched with these models loading in its own start-up (outcomes/reconciler.py)."""
         self.reconciler.preloaded(models)
 
     def load_parallelism(self) -> int:

@@ -24,41 +24,41 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from controlplane import systemd
-from controlplane.config import Settings
+from controlplane.base import systemd
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonctlError
-from controlplane.inflight import InFlight
-from controlplane.outcomelog import OutcomeLog
-from controlplane.outcomes import Outcomes
+from controlplane.outcomes.bus import Outcomes
+from controlplane.outcomes.log import OutcomeLog
 from controlplane.parts import build_parts
-from controlplane.registries import open_registries
-from controlplane.reload import reloaded
+from controlplane.runtime.inflight import InFlight
+from controlplane.runtime.reload import reloaded
+from controlplane.runtime.waker import Waker, loop_sleep_s, sets
+from controlplane.settings.config import Settings
 from controlplane.snapshot import CONFIG_FILE, ContentStore
-from controlplane.source.configured import configured_source
 from controlplane.source.protocol import NoSource, Source
 from controlplane.startup import bulk, launch, preflight
 from controlplane.startup.record import Wave, deploy_alone, record_wave
+from controlplane.startup.registries import open_registries
 from controlplane.startup.scan import plan_start
-from controlplane.statedir import StateDir
+from controlplane.startup.sources import configured_source
+from controlplane.startup.statedir import StateDir
 from controlplane.store.journaled import JournaledRegistry
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.targets import FleetTarget
+from controlplane.target.targets import FleetTarget
 from controlplane.triton.client import Timeouts, TritonClient
 from controlplane.triton.host import host_for
 from controlplane.triton.launcher import TritonServer
 from controlplane.validation.modelconfig import is_ensemble_text
 from controlplane.vocab import SERVING_STATES
-from controlplane.waker import Waker, loop_sleep_s, sets
 
 if TYPE_CHECKING:
     from controlplane.api.server import ApiServer
     from controlplane.fleet.member import FleetMember
     from controlplane.fleet.settings import FleetSettings
-    from controlplane.metrics import Metrics
-    from controlplane.webhooks import Webhooks
+    from controlplane.outcomes.metrics import Metrics
+    from controlplane.outcomes.webhooks import Webhooks
 
 log = logging.getLogger("tritonctl.daemon")
 
@@ -104,7 +104,7 @@ class Daemon:
         self._preloaded: list[str] = []  # what the tritonserver launched at start loaded in its start-up
         # a fresh tritonserver whose launch waits for the first start's deploys (controlplane/startup/bulk.py)
         self._deferred_launch = False
-        self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (controlplane/outcomelog.py)
+        self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (outcomes/log.py)
         self.webhooks: Webhooks | None = None
         self.state_dir = StateDir(settings.state_dir)  # its layout, and daemon.lock held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
@@ -141,7 +141,7 @@ class Daemon:
         # The source is built (not watched yet) before the plane, which holds it.
         self.source = configured_source(settings, self.registry, shared=self.shared_registry,  # MLflow's write-back
                                         leads=lambda: self.fleet is not None and self.fleet.is_leader)
-        from controlplane.webhooks import for_registry
+        from controlplane.outcomes.webhooks import for_registry
 
         # in a fleet the shared registry's events, sent by the leader only (the member is built with the
         # plane, after this: asked at each round)
@@ -169,7 +169,7 @@ class Daemon:
             self.plane.served_view.assume({m.name: m.active_digest for m in self.registry.list_models(
                 states=SERVING_STATES) if m.name not in open_models})
         if settings.metrics_port:
-            from controlplane.metrics import Metrics
+            from controlplane.outcomes.metrics import Metrics
 
             self.metrics = Metrics(self.plane, settings.metrics_port, backlog=self.source.backlog)
             self.metrics.start()
@@ -185,7 +185,7 @@ class Daemon:
         self.api.start()
         self.webhooks.start()
         self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/memory/ondemand.py)
-        self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake.py)
+        self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake/baker.py)
         self.source.watch(self._hand_on)
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet

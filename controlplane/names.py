@@ -22,7 +22,7 @@ DIGEST_LENGTH = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
 _NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.-]", re.ASCII)
 _HEX_RE = re.compile(r"[0-9a-f]+", re.ASCII)
-# A change set's private step names (controlplane/changeset.py): `<model>__<8 hex>`. Reserved, so that a
+# A change set's private step names (controlplane/intake/changeset.py): `<model>__<8 hex>`. Reserved, so that a
 # user's model can never be taken for (or collide with) one.
 PRIVATE_NAME_RE = re.compile(r".+__[0-9a-f]{8}", re.ASCII)
 

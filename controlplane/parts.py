@@ -1,8 +1,8 @@
 """The parts of one host's control plane, built and wired once: the composition root below the daemon.
 
 `build_parts` builds every part the verbs use and wires the outcome subscribers that belong to them
-(controlplane/bookkeeping.py first, then the reconciler and the bake); the daemon adds its own
-(controlplane/outcomelog.py, metrics) and hands the parts to `ControlPlane`, which is verbs over them
+(controlplane/outcomes/bookkeeping.py first, then the reconciler and the bake); the daemon adds its own
+(controlplane/outcomes/log.py, metrics) and hands the parts to `ControlPlane`, which is verbs over them
 and builds nothing but its target and its `status` view (both depend on the target the daemon chose).
 Each part is handed the parts it uses, never the plane; the settings a reload changes are read through
 `livesettings.LiveSettings`. The memory budget's hooks and the lease book's expiry are the one place where
@@ -15,23 +15,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from controlplane.bake import BAKES_FILE, Baker
-from controlplane.bookkeeping import Bookkeeping
-from controlplane.config import Settings
-from controlplane.counters import Counters
+from controlplane.bake.baker import BAKES_FILE, Baker
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.publish import ServingRepository
-from controlplane.intakeflow import Intake
-from controlplane.livesettings import LiveSettings
+from controlplane.deploy.servedview import ServedView
+from controlplane.deploy.servingensembles import ServingEnsembles
+from controlplane.intake.flow import Intake
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
 from controlplane.memory.leases import LeaseBook
 from controlplane.memory.ondemand import OnDemand
-from controlplane.outcomes import Outcomes
-from controlplane.reconciler import Reconciler
-from controlplane.servedview import ServedView
-from controlplane.servingensembles import ServingEnsembles
+from controlplane.outcomes.bookkeeping import Bookkeeping
+from controlplane.outcomes.bus import Outcomes
+from controlplane.outcomes.counters import Counters
+from controlplane.outcomes.reconciler import Reconciler
+from controlplane.settings.config import Settings
+from controlplane.settings.live import LiveSettings
 from controlplane.snapshot import ContentStore
 from controlplane.source.protocol import NoSource, Source
 from controlplane.source.recorded import SourceGraph
@@ -40,7 +40,7 @@ from controlplane.triton.client import TritonClient
 from controlplane.triton.host import TritonHost
 
 if TYPE_CHECKING:
-    from controlplane.webhooks import Webhooks
+    from controlplane.outcomes.webhooks import Webhooks
 
 
 @dataclass

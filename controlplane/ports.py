@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from controlplane.config import Settings
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn
+from controlplane.deploy.servingensembles import ServingEnsembles
 from controlplane.errors import SnapshotError, StoreError
-from controlplane.servingensembles import ServingEnsembles
+from controlplane.settings.config import Settings
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.source.protocol import Source
 from controlplane.source.recorded import SourceGraph
@@ -41,7 +41,7 @@ class SourcePlane(Protocol):
 
 
 class SetIntake(Protocol):
-    """What change sets (controlplane/changeset.py) use of the intake (controlplane/intakeflow.py): the
+    """What change sets (controlplane/intake/changeset.py) use of the intake (controlplane/intake/flow.py): the
     registry, the source (its configs, what settles, its repository-level hold and commit marker) and
     the recorded graph of it, which ensembles serve, the capture of a model's source, the decision
     inputs, and the watcher's "look again". No deployer: change sets return plans."""
@@ -106,8 +106,8 @@ class WavePlane(SetIntake, Protocol):
 
 
 class TagTarget(Protocol):
-    """What tags (controlplane/tags.py) use of their target (targets.py): where tags live (the shared registry on a
-    fleet), how a tracked tag's digest is deployed (the usual load; on a fleet a rollout), and the
+    """What tags (controlplane/intake/tags.py) use of their target (target/targets.py): where tags live (the
+    shared registry on a fleet), how a tracked tag's digest is deployed (the usual load; on a fleet a rollout), and the
     retry book a failed move must clear."""
 
     def tag_registry(self) -> Registry: ...

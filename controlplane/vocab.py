@@ -30,8 +30,8 @@ class Result(Word):
     ROLLED_BACK = "rolled_back"
     INVALID = "invalid"  # audit only: a snapshot recorded invalid, a quarantined digest skipped
     SKIPPED = "skipped"  # audit only: a held host's rollout step
-    INCONCLUSIVE = "inconclusive"  # audit only: a bake that ended with too few requests (controlplane/bake.py)
-    WARNING = "warning"  # audit only: a bake's warning, a load or footprint over its ratio (controlplane/bakewarn.py)
+    INCONCLUSIVE = "inconclusive"  # audit only: a bake that ended with too few requests (controlplane/bake/baker.py)
+    WARNING = "warning"  # audit only: a bake's warning, a load or footprint over its ratio (controlplane/bake/warn.py)
 
 
 SUCCEEDED = (Result.OK, Result.NOOP)
@@ -56,7 +56,7 @@ SERVING_STATES: tuple[str, ...] = (ModelState.SERVING.value, ModelState.DEGRADED
 
 # The audit actor of what the source's watcher (or a start-up scan) did, not an operator.
 WATCHER_ACTOR = "watcher"
-# The audit actor of a bake's own rollback (controlplane/bake.py): it holds the model like an operator's.
+# The audit actor of a bake's own rollback (controlplane/bake/baker.py): it holds the model like an operator's.
 BAKE_ACTOR = "tritonctl:bake"
 # A model's last_error starts with this when the source's content was refused at capture (a symlink out
 # of the repository, over max_model_bytes, a fifo, ...): status shows it `invalid` until a capture succeeds.
@@ -98,7 +98,7 @@ class StepState(Word):
 
 
 class SyncState(Word):
-    """`status`'s sync column: is what serves the source's newest content (controlplane.syncstatus)."""
+    """`status`'s sync column: is what serves the source's newest content (controlplane.views.sync)."""
 
     SYNCED = "synced"
     PENDING = "pending"
@@ -115,7 +115,7 @@ class Cause(Word):
     CONTENT = "content"
     ENVIRONMENT = "environment"
     TRITON_UNREACHABLE = "triton_unreachable"
-    ANALYSIS = "analysis"  # live traffic failed a bake (controlplane/bake.py): rolled back, not quarantined
+    ANALYSIS = "analysis"  # live traffic failed a bake (controlplane/bake/baker.py): rolled back, not quarantined
 
     @property
     def retried(self) -> bool:

@@ -38,10 +38,10 @@ def serving_registry(state: Path) -> Iterator[None]:
     from concurrent import futures
 
     from controlplane.api.server import ApiServer
-    from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
     from controlplane.parts import build_parts
+    from controlplane.settings.config import Settings
     from controlplane.snapshot import ContentStore
     from controlplane.source.protocol import NoSource
     from controlplane.store.registry import Registry

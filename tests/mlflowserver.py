@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.source.mlflowrest import MLflowRest
+from controlplane.remote.mlflowrest import MLflowRest
 from tests.s3server import free_port
 
 MLFLOW_VERSION = "3.17.2"

@@ -1,4 +1,4 @@
-"""The daemon caps glibc's malloc arenas before its threads start (controlplane/allocator.py: its peak
+"""The daemon caps glibc's malloc arenas before its threads start (controlplane/runtime/allocator.py: its peak
 RSS in a first start at 10,000 models, 361 MB with glibc's default arenas, 271 MB with two); an
 operator's own MALLOC_ARENA_MAX stands instead."""
 
@@ -8,7 +8,7 @@ import platform
 
 import pytest
 
-from controlplane.allocator import cap_arenas
+from controlplane.runtime.allocator import cap_arenas
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")

@@ -27,8 +27,8 @@ from fastapi.routing import APIRoute
 from controlplane.api.app import OPENAPI_PATH
 from controlplane.api.client import ControlClient
 from controlplane.api.server import ApiServer
-from controlplane.config import Settings
 from controlplane.errors import ConfigError, NotFoundError, PermissionDeniedError
+from controlplane.settings.config import Settings
 from controlplane.triton.launcher import free_port
 from tests.test_cli_daemon_commands import StandInPlane
 
@@ -272,8 +272,8 @@ def test_parameters_carry_the_constraints_the_core_enforces(served: ApiServer) -
 
     from controlplane.api.params import DIGEST_PATTERN, MODEL_NAME_PATTERN, REF_PATTERN, TAG_NAME_PATTERN
     from controlplane.errors import UsageError
+    from controlplane.intake.tags import validate_tag_name
     from controlplane.names import validate_digest, validate_model_name
-    from controlplane.tags import validate_tag_name
 
     def accepts(check: Callable[[str], Any], value: str) -> bool:
         try:

@@ -288,10 +288,10 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     `tritonctl load` (settled=False) still takes what is there, as before."""
     import time
 
-    from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
     from controlplane.parts import build_parts
+    from controlplane.settings.config import Settings
     from controlplane.snapshot import ContentStore
     from controlplane.source.local import LocalSource
     from controlplane.store import migrate

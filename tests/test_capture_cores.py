@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from controlplane import intake
 from controlplane.errors import ModelConfigError
+from controlplane.intake import recording as intake
 from controlplane.snapshot import ContentStore
 from controlplane.source.local import LocalCapture
 from controlplane.startup.cores import POOL_FROM, Cores, cpu_count

@@ -4,7 +4,7 @@ tests/test_changesets.py's pipeline (`pipe` = a → b, the intermediate tensor r
 answering 2 × the edit's generation). Each round edits all three, waits until the daemon's log says
 the set reached a chosen phase, waits a random few milliseconds more, SIGKILLs the daemon (its
 launched tritonserver keeps serving, as after a crash) and restarts it. The phases, from the set's
-own progress lines (`changeset <id>: <model> <step> <state>`, controlplane/changeset.py):
+own progress lines (`changeset <id>: <model> <step> <state>`, controlplane/intake/changeset.py):
 
 - staging: the changed steps loading under their private names;
 - the switch: the ensemble loading with its steps pointed at the private names;

@@ -530,7 +530,7 @@ def test_configs_rewritten_for_the_staged_switch() -> None:
 def test_reconcile_order_puts_steps_before_ensembles() -> None:
     from types import SimpleNamespace
 
-    from controlplane.servingensembles import ServingEnsembles
+    from controlplane.deploy.servingensembles import ServingEnsembles
 
     configs = {
         "outer": {"platform": "ensemble", "ensemble_scheduling": {"step": [{"model_name": "pipe"},

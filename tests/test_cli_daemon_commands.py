@@ -25,13 +25,14 @@ from click.testing import Result
 
 from cli import render
 from cli.main import EXIT_FAILED, EXIT_TRITON_UNREACHABLE, EXIT_USAGE
-from controlplane import errors, queries
+from controlplane import errors
 from controlplane.api.server import ApiServer
-from controlplane.config import Settings
 from controlplane.deploy.engine import Outcome, Progress
+from controlplane.documents.results import GcResult, PinResult, PolicyResult, StatusResult, VersionState
 from controlplane.names import validate_model_name
-from controlplane.results import GcResult, PinResult, PolicyResult, StatusResult, VersionState
+from controlplane.settings.config import Settings
 from controlplane.store.records import ModelRecord, iso
+from controlplane.views import queries
 from tests.cli_helpers import NOW, assert_one_line_error, invoke
 
 # --- daemon commands against the real control API server -------------------------------------------------

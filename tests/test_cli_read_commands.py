@@ -165,14 +165,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
 @pytest.fixture
 def history(built: History, monkeypatch: pytest.MonkeyPatch) -> History:
     """The shared, read-only history, with "now" fixed for relative times (30m, 2h, 7d)."""
-    monkeypatch.setattr("controlplane.queries.utcnow", lambda: NOW)
+    monkeypatch.setattr("controlplane.base.clock.utcnow", lambda: NOW)
     return built
 
 
 @pytest.fixture
 def own_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[History]:
     """A private copy for tests that change the registry."""
-    monkeypatch.setattr("controlplane.queries.utcnow", lambda: NOW)
+    monkeypatch.setattr("controlplane.base.clock.utcnow", lambda: NOW)
     history = build_history(tmp_path)
     with serving_registry(history.state):
         yield history

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controlplane import config
-from controlplane.config import PARSERS, RELOADABLE, Settings, load_settings, read_config_file
 from controlplane.errors import ConfigError
+from controlplane.settings import config
+from controlplane.settings.config import PARSERS, RELOADABLE, Settings, load_settings, read_config_file
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "systemd" / "tritonctl.toml"

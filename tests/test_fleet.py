@@ -201,9 +201,9 @@ class Leader:
     def __init__(self, shared: Registry, tmp: Path) -> None:
         from types import SimpleNamespace
 
-        from controlplane.config import Settings
         from controlplane.fleet.member import FleetMember
         from controlplane.fleet.settings import FleetSettings
+        from controlplane.settings.config import Settings
 
         settings = Settings(db_url=shared.url, host="h1", state_dir=tmp)
         from controlplane.source.protocol import NoSource
@@ -321,8 +321,8 @@ def test_a_canary_waves_bake_pools_its_hosts_figures_and_a_failed_one_rolls_back
     its bake step (here written by hand: the host side against a real tritonserver is
     tests/test_fleet_bake_e2e.py); neither alone has `bake_min_requests`, their sum has, and crosses the
     failure limit: the rollout stops before the next wave and rolls back both canaries, unquarantined."""
-    from controlplane.config import Settings
     from controlplane.fleet.settings import FleetSettings
+    from controlplane.settings.config import Settings
 
     leader.member.machine.fleet = FleetSettings(shared_store=tmp_path / "shared", canary_count=2, wave_size=2,
                                                 bake=Settings(bake_s=3600.0))
@@ -374,8 +374,8 @@ def test_later_waves_bake_wave_bake_s_and_an_inconclusive_bake_lets_the_next_wav
         leader: Leader, shared: Registry, tmp_path: Path) -> None:
     """`bake_s` 0: the canary wave does not bake; `wave_bake_s`: wave 1 bakes before wave 2 starts, and with
     no requests its bake ends inconclusive (kept: `bake_inconclusive = "keep"`) and the rollout goes on."""
-    from controlplane.config import Settings
     from controlplane.fleet.settings import FleetSettings
+    from controlplane.settings.config import Settings
 
     leader.member.machine.fleet = FleetSettings(shared_store=tmp_path / "shared", wave_size=2, wave_bake_s=0.3,
                                                 bake=Settings(bake_s=0.0))
@@ -472,9 +472,9 @@ def test_fleet_flags_are_checked_in_one_line(tmp_path: Path) -> None:
 
 def test_fleet_settings_come_from_the_config_file_and_environment_like_any_other(tmp_path: Path) -> None:
     """Flag > TRITONCTL_* > config file > default, and SIGHUP's reload takes only what can change live."""
-    from controlplane.config import load_settings
     from controlplane.errors import ConfigError
     from controlplane.fleet.settings import from_settings
+    from controlplane.settings.config import load_settings
 
     config = tmp_path / "tritonctl.toml"
     config.write_text('fleet = true\nhost = "h7"\ndb_url = "postgresql+psycopg://u@db/t"\n'
@@ -501,9 +501,9 @@ def test_fleet_settings_come_from_the_config_file_and_environment_like_any_other
 def test_the_leaders_start_up_scan_orders_ensembles_after_their_members(shared: Registry, tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from controlplane.config import Settings
     from controlplane.fleet.member import FleetMember
     from controlplane.fleet.settings import FleetSettings
+    from controlplane.settings.config import Settings
     from controlplane.source.local import LocalSource
 
     repo = tmp_path / "repo"

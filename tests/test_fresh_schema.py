@@ -8,8 +8,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from controlplane.config import Settings
-from controlplane.registries import open_registries
+from controlplane.settings.config import Settings
+from controlplane.startup.registries import open_registries
 from controlplane.store import migrate
 from controlplane.store.registry import Registry
 

@@ -78,7 +78,7 @@ def test_rollouts_open_watch_runs_against_a_fleet_members_daemon(tmp_path: Path,
     from types import SimpleNamespace
 
     from controlplane.api.server import ApiServer
-    from controlplane.config import Settings
+    from controlplane.settings.config import Settings
     from tests.test_cli_daemon_commands import StandInPlane
 
     url = f"sqlite:///{tmp_path / 'fleet.db'}"

@@ -291,9 +291,9 @@ def fleet_documents(postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     from types import SimpleNamespace
 
     from controlplane.api.server import ApiServer
-    from controlplane.config import Settings
     from controlplane.fleet.ondemand import FleetOnDemand
     from controlplane.fleet.verbs import FleetVerbs
+    from controlplane.settings.config import Settings
     from controlplane.store import migrate
     from controlplane.store.fleet import FleetStore, audit_event
     from controlplane.store.placements import PlacementStore

@@ -19,8 +19,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
-from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
-from controlplane.results import (
+from controlplane.documents.results import (
     AuditResult,
     DbUpgradeResult,
     DiffResult,
@@ -44,6 +43,7 @@ from controlplane.results import (
     VersionState,
     WebhookDeliveriesResult,
 )
+from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
 from controlplane.store.records import (
     AuditRecord,
     DeliveryRecord,

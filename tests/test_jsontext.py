@@ -1,4 +1,4 @@
-"""`status --json` and the HTTP API's answers are written by controlplane/jsontext.py (fast for 10,000
+"""`status --json` and the HTTP API's answers are written by controlplane/base/jsontext.py (fast for 10,000
 models, issue 26): the text must be exactly what `json.dumps` wrote before, so nothing a user's script
 reads changes, and a document the fast encoder cannot write is still written."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from controlplane import jsontext
+from controlplane.base import jsontext
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,8 @@ import tritonclient.grpc as grpcclient
 from packaging.version import Version
 from tritonclient.utils import InferenceServerException
 
-from controlplane.config import load_settings
 from controlplane.fleet.settings import from_settings as fleet_settings_from
+from controlplane.settings.config import load_settings
 from tests.harness import answers, request_loop, wait_for, write_gen_model
 from tests.kubelet import BIN, Kubelet, expand, render
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def test_only_the_daemon_and_the_api_import_the_control_plane() -> None:
 
 
 def test_no_verb_asks_whether_it_runs_on_a_fleet() -> None:
-    """The verbs hand every change to the target the daemon chose once (controlplane/targets.py: this host or
+    """The verbs hand every change to the target the daemon chose once (controlplane/target/targets.py: this host or
     the fleet): the verbs' module has no branch on the fleet."""
     text = (ROOT / "controlplane" / "control_plane.py").read_text()
     assert [line.strip() for line in text.splitlines() if "fleet is None" in line or "fleet is not None" in line] == []
@@ -121,7 +122,7 @@ def test_change_sets_and_tags_take_no_plane() -> None:
     deploy itself (the target does)."""
     import ast
 
-    for name in ("changeset.py", "tags.py"):
+    for name in ("intake/changeset.py", "intake/tags.py"):
         tree = ast.parse((ROOT / "controlplane" / name).read_text())
         annotations = [ast.unparse(a.annotation) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
                        for a in node.args.args + node.args.kwonlyargs if a.annotation is not None]
@@ -199,7 +200,8 @@ def history_registry(tmp_path: Path) -> tuple[str, str]:
 
 def test_read_commands_skip_sqlalchemy_and_answer_as_the_registry_does(
         tmp_path: Path, history_registry: tuple[str, str]) -> None:
-    from controlplane import queries, tags
+    from controlplane.intake import tags
+    from controlplane.views import queries
 
     url, moment = history_registry
     registry = migrate.open_existing(url)
@@ -263,3 +265,43 @@ def test_no_module_of_the_core_or_the_cli_is_over_600_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for p in [*(ROOT / "controlplane").rglob("*.py"), *(ROOT / "cli").rglob("*.py")]
             if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}
+
+
+def _module_map_rows() -> dict[str, set[str]]:
+    """docs/architecture.md's "Rooms" table: each package (its path under controlplane/, "" for the top
+    level) with the modules its row names."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Rooms: the module map"):]
+    section = section[:section.index("\n## ", 1)]
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("Package", "---"):
+            continue
+        package = "" if cells[0] == "(top level)" else cells[0].rstrip("/")
+        rows[package] = set(re.findall(r"\b(\w+)\.py\b", cells[3]))
+    return rows
+
+
+def test_every_module_is_in_the_module_map() -> None:
+    """The map stays true: every package of controlplane/ has its row, every module is named in it, and
+    the map names nothing that is not there."""
+    rows = _module_map_rows()
+    core = ROOT / "controlplane"
+    packages = {str(p.parent.relative_to(core)).replace(".", "") for p in core.rglob("__init__.py")}
+    assert sorted(packages - set(rows)) == [], "a package without a row in docs/architecture.md's module map"
+    assert sorted(set(rows) - packages) == [], "the module map names a package that does not exist"
+    for package in sorted(packages):
+        here = core / package
+        modules = {p.stem for p in here.glob("*.py") if p.stem != "__init__" and "_pb2" not in p.stem}
+        missing, gone = sorted(modules - rows[package]), sorted(rows[package] - modules)
+        assert not missing, f"controlplane/{package}: {missing} not in docs/architecture.md's module map"
+        assert not gone, f"docs/architecture.md's module map names {gone} under controlplane/{package}: not there"
+
+
+def test_the_top_level_keeps_only_entry_points_and_vocabulary() -> None:
+    """`ls controlplane` shows the stages: at most 12 entries besides the packages (issue 59)."""
+    core = ROOT / "controlplane"
+    loose = [p.name for p in core.iterdir() if p.suffix == ".py" or (p.is_dir() and not (p / "__init__.py").exists()
+                                                                      and p.name != "__pycache__")]
+    assert len(loose) <= 12, sorted(loose)

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.config import WebhookTarget
-from controlplane.counters import Counters
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import ConfigError
-from controlplane.metrics import Metrics
+from controlplane.outcomes.counters import Counters
+from controlplane.outcomes.metrics import Metrics
+from controlplane.outcomes.webhooks import Webhooks
+from controlplane.settings.config import WebhookTarget
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.webhooks import Webhooks
 from tests.harness import DaemonProcess, copy_example, wait_for
 from tests.webhook_receiver import Receiver
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from controlplane.config import load_settings
 from controlplane.errors import ConfigError, MLflowError, SnapshotChangingError, SnapshotUnsupportedError
+from controlplane.remote import mlflowrest
+from controlplane.settings.config import load_settings
 from controlplane.snapshot.content import ContentStore
-from controlplane.source import mlflowrest
 from controlplane.source.mlflowsource import MLflowSource, unsafe_path
 from controlplane.source.mlflowwriteback import DIGEST_TAG, HOSTS_TAG, STATE_TAG, Standing, WriteBack
 

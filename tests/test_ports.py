@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.config import Settings, load_settings
 from controlplane.errors import ConfigError, LauncherError
+from controlplane.settings.config import Settings, load_settings
 from controlplane.triton.ports import launch_ports, port_holder, unlike_requested
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane import queries
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store.registry import Registry
+from controlplane.views import queries
 
 REF = datetime(2026, 11, 29, 12, 0, 0)
 
@@ -59,7 +59,7 @@ def test_parse_time_relative(text: str, ago: timedelta) -> None:
 
 
 def test_parse_time_relative_defaults_to_now(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("controlplane.queries.utcnow", lambda: REF)
+    monkeypatch.setattr("controlplane.base.clock.utcnow", lambda: REF)
     assert queries.parse_time("2h") == REF - timedelta(hours=2)
 
 

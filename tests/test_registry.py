@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from controlplane import garbage
 from controlplane.errors import NotFoundError, StoreError, UsageError
+from controlplane.runtime import garbage
 from controlplane.snapshot import ContentStore
 from controlplane.store import migrate
 from controlplane.store.batches import DeploymentEnd, DeploymentIntent

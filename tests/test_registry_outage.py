@@ -194,7 +194,7 @@ def test_status_during_an_outage_says_so_first(capsys: pytest.CaptureFixture[str
     """`tritonctl status` while the registry is down: a first line naming the outage and since when, then
     the table of what this host knows (the document comes from the daemon: tests/test_fleet_outage_e2e.py)."""
     from cli import render
-    from controlplane.results import StatusResult
+    from controlplane.documents.results import StatusResult
 
     down = StatusResult(True, "127.0.0.1:8001", None, {"mode": None, "reason": ""}, [], registry_reachable=False,
                         registry_unreachable_since="2026-12-03T07:12:02Z",

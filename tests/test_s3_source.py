@@ -325,7 +325,7 @@ def test_repository_setting_takes_an_s3_url(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from cli.main import cli
-    from controlplane.config import load_settings
+    from controlplane.settings.config import load_settings
 
     s = load_settings({"repository": "s3://bkt/team/models/"}, env={})
     assert (s.repository, s.repository_url, s.poll_interval_s) == (None, "s3://bkt/team/models/", 2.0)

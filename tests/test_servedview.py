@@ -4,7 +4,7 @@ every model is still checked within a bounded number of rounds (issue 15, item 2
 
 from __future__ import annotations
 
-from controlplane.servedview import ServedView
+from controlplane.deploy.servedview import ServedView
 from controlplane.triton.client import IndexEntry
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from controlplane import intake
+from controlplane.intake import recording as intake
 from controlplane.source.poller import RACY_RECORD_NS, DirectorySource, recordable_signature, stable_signature
 from controlplane.source.recorded import SourceGraph
 from controlplane.startup.scan import plan_start

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controlplane import systemd
+from controlplane.base import systemd
 from tests.harness import DaemonProcess, copy_example, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,7 +264,7 @@ def test_second_sigint_exits_at_once(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import os, signal, sys, time
-        from controlplane.config import Settings
+        from controlplane.settings.config import Settings
         from controlplane.daemon import Daemon
 
         daemon = Daemon(Settings(state_dir=sys.argv[1]))

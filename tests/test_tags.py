@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane import tags
 from controlplane.errors import NotFoundError, TagError, UsageError
+from controlplane.intake import tags
 from controlplane.store import migrate
 from controlplane.store.registry import AuditQuery, Registry
 from controlplane.store.sqlite_reader import SqliteReader
@@ -115,7 +115,7 @@ def test_the_cli_reader_answers_like_the_registry(tmp_path: Path, clock: Clock) 
 
 
 class StandInFleet:
-    """The one entry point tags.py calls on a fleet: `rollout(model, record, actor, force, progress)`."""
+    """The one entry point intake/tags.py calls on a fleet: `rollout(model, record, actor, force, progress)`."""
 
     def __init__(self, registry: Registry, outcome: str) -> None:
         self.registry = registry
@@ -132,7 +132,7 @@ class StandInFleet:
 
 
 class StandInPlane:
-    """What tags.py asks of the plane (controlplane.ports.TagTarget), as ControlPlane answers on a fleet:
+    """What intake/tags.py asks of the plane (controlplane.ports.TagTarget), as ControlPlane answers on a fleet:
     tags live in the shared registry and a tracked tag's digest goes out as a rollout."""
 
     def __init__(self, local: Registry, fleet: StandInFleet) -> None:

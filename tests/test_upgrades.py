@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from controlplane import queries
 from controlplane.errors import MigrationError
 from controlplane.store import migrate, schema
 from controlplane.store.records import AuditQuery
 from controlplane.store.registry import Registry
 from controlplane.store.sqlite_reader import SqliteReader
+from controlplane.views import queries
 from tests import registry_fixtures as fx
 from tests.cli_helpers import assert_one_line_error, invoke
 

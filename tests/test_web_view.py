@@ -148,7 +148,7 @@ def test_a_non_loopback_web_address_needs_the_token_and_tls_or_the_insecure_swit
 
     from controlplane import errors
     from controlplane.api.server import ApiServer
-    from controlplane.config import Settings
+    from controlplane.settings.config import Settings
 
     token = tmp_path / "token"
     token.write_text("a-token-of-some-length")
@@ -172,10 +172,10 @@ def test_a_status_page_holds_the_rows_full_status_would_show_there(tmp_path: Any
     model's status. A real tritonserver (the session's) answers the repository index."""
     from dataclasses import asdict
 
-    from controlplane.config import Settings
     from controlplane.control_plane import ControlPlane
     from controlplane.deploy.publish import ServingRepository
     from controlplane.parts import build_parts
+    from controlplane.settings.config import Settings
     from controlplane.snapshot import ContentStore
     from controlplane.store import migrate
     from controlplane.store.registry import Registry
@@ -223,7 +223,7 @@ def test_web_host_names_take_a_list_or_commas_and_refuse_a_port_in_one_line(tmp_
     import pytest
 
     from controlplane import errors
-    from controlplane.config import load_settings
+    from controlplane.settings.config import load_settings
 
     config = tmp_path / "tritonctl.toml"
     config.write_text('web_host_names = ["View.Example.com.", "[2001:db8::1]"]\n')

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.config import WebhookTarget
+from controlplane.outcomes.webhooks import Webhooks, signature
+from controlplane.settings.config import WebhookTarget
 from controlplane.store import migrate
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.webhooks import Webhooks, signature
 from tests.clock import Clock
 from tests.harness import wait_for
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from controlplane.config import WebhookTarget, load_settings
+from controlplane.documents.events import event_document
 from controlplane.errors import ConfigError, NotFoundError, UsageError
-from controlplane.events import event_document
+from controlplane.outcomes.webhooks import Backoff, Webhooks, signature
+from controlplane.settings.config import WebhookTarget, load_settings
 from controlplane.store import migrate, schema
 from controlplane.store.registry import AuditEntry, AuditQuery, Registry
-from controlplane.webhooks import Backoff, Webhooks, signature
 from tests.clock import Clock
 from tests.webhook_receiver import Receiver
 

@@ -1,7 +1,7 @@
 """The control API's routes: HTTP/JSON under /v1, one resource per noun, each a call of the service.
 
 Translates requests into `ControlPlane` calls and results into the `--json` documents of
-controlplane/results.py; decides nothing. Core errors become the one error document of
+controlplane/documents/results.py; decides nothing. Core errors become the one error document of
 controlplane/api/protocol.py with an HTTP status per class. Operations that take time (load,
 rollback, unload, tag moves) answer NDJSON: each step as it happens, then the result. Who acts is
 `scope["tritonctl.actor"]`, set by the listener (the socket peer's OS user, or `token:NAME` on TCP;
@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from controlplane import errors, jsontext, queries
+from controlplane import errors
 from controlplane.api.leases import lease_routes
 from controlplane.api.params import (
     STRICT,
@@ -47,9 +47,11 @@ from controlplane.api.params import (
     TimeQuery,
 )
 from controlplane.api.protocol import API_PREFIX, NDJSON, error_document, status_for
+from controlplane.base import jsontext
 from controlplane.control_plane import ControlPlane
+from controlplane.documents.results import Outcome, Progress, accepted
 from controlplane.names import validate_digest, validate_model_name
-from controlplane.results import Outcome, Progress, accepted
+from controlplane.views import queries
 
 log = logging.getLogger("tritonctl.api")
 
@@ -165,7 +167,7 @@ def actor_of(request: Request) -> str:
 
 
 class _JSONResponse(JSONResponse):
-    """Starlette's JSONResponse, its text written by controlplane/jsontext.py (the same bytes, faster:
+    """Starlette's JSONResponse, its text written by controlplane/base/jsontext.py (the same bytes, faster:
     `status` of 10,000 models)."""
 
     def render(self, content: Any) -> bytes:

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from controlplane import errors, jsontext
+from controlplane import errors
 from controlplane.api.protocol import (
     ACTOR_HEADER,
     API_PREFIX,
     ProgressMessage,
     error_from_document,
 )
+from controlplane.base import jsontext
 from controlplane.names import validate_model_name
 
 ProgressFn = Callable[[ProgressMessage], None]

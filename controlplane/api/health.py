@@ -2,7 +2,7 @@
 
 Triton's own `/v2/health/ready` says only that the server is up. Ready here means converged: tritonserver
 is reachable and every model that the daemon deploys on its own (policy `auto` or `track:TAG`) serves
-what it should, in `status` words `synced`, `held`, `invalid` or `removed` (controlplane/syncstatus.py); a
+what it should, in `status` words `synced`, `held`, `invalid` or `removed` (controlplane/views/sync.py); a
 model `pending` (settling, on hold, capturing, deploying, retrying) is not there yet, and the 503 names
 it and why. A registry that does not answer (a fleet's shared PostgreSQL down, a SQLite registry
 that cannot be written) is not ready either: 503 with `"registry_reachable": false` and why, while
@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse
 from controlplane.api.params import ModelPath
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
+from controlplane.documents.results import StatusRow
 from controlplane.errors import StoreError
-from controlplane.results import StatusRow
 from controlplane.vocab import SyncState
 
 SETTLED = (SyncState.SYNCED.value, SyncState.HELD.value, SyncState.INVALID.value, SyncState.REMOVED.value)

@@ -1,7 +1,7 @@
 """The webhook deliveries' routes: /v1/webhooks/deliveries (`tritonctl webhooks`) and
 /v1/webhooks/deliveries/{id}/redeliver (`tritonctl webhooks redeliver ID`).
 
-The daemon's delivery worker (controlplane/webhooks.py) owns the deliveries; these routes only ask it
+The daemon's delivery worker (controlplane/outcomes/webhooks.py) owns the deliveries; these routes only ask it
 and answer its documents (docs/schemas/webhooks.schema.json, webhooks-redeliver.schema.json).
 """
 
@@ -16,7 +16,7 @@ from controlplane import errors
 from controlplane.api.params import LimitQuery
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
-from controlplane.webhooks import Webhooks
+from controlplane.outcomes.webhooks import Webhooks
 
 
 def _worker(plane: ControlPlane) -> Webhooks:

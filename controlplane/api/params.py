@@ -2,7 +2,7 @@
 
 Why a module of its own: a request that the document calls valid must not be refused for its shape, and one
 it calls invalid must be (schemathesis checks both, tests/test_api_contract.py). So each pattern here says
-what controlplane/names.py, controlplane/tags.py, controlplane/queries.py and controlplane/memory/leases.py
+what controlplane/names.py, controlplane/intake/tags.py, controlplane/views/queries.py and controlplane/memory/leases.py
 accept, no more and no less. Validation itself stays theirs (their one-line errors); the patterns that need a
 look-ahead (a model name without `..`, a tag name that is not a digest prefix) are documented in full and
 checked by pydantic in the part its regex engine can express.
@@ -16,10 +16,10 @@ from fastapi import Path, Query
 from pydantic import BeforeValidator, ConfigDict, Field
 from pydantic.config import JsonDict
 
-from controlplane.defaults import OUTCOMES
+from controlplane.base.defaults import OUTCOMES
+from controlplane.intake.tags import MAX_TAG_LENGTH
 from controlplane.memory.leases import MAX_LEASE_S
 from controlplane.names import DIGEST_LENGTH, MAX_NAME_LENGTH, MIN_DIGEST_PREFIX
-from controlplane.tags import MAX_TAG_LENGTH
 
 # A model name (controlplane/names.py): ASCII letters, digits, _ . -, not starting with . or -, no `..`, not a
 # change set's private step name (`<name>__<8 hex>`), at most 128 characters.
@@ -36,7 +36,7 @@ _TAG_NAME_CHECKED = rf"^[a-z0-9][a-z0-9._-]{{0,{MAX_TAG_LENGTH - 1}}}$"
 # A digest (prefix) or a tag name (controlplane/tags.resolve_ref): `diff A B`, `tag MODEL NAME REF`.
 REF_PATTERN = (rf"^(?:(?:[sS][hH][aA]256:)?[0-9a-fA-F]{{{MIN_DIGEST_PREFIX},{DIGEST_LENGTH}}}"
                rf"|[a-z0-9][a-z0-9._-]{{0,{MAX_TAG_LENGTH - 1}}})$")
-# A moment (controlplane/queries.parse_time): ISO 8601 (naive = UTC), or relative to now, e.g. 30m, 2h, 7d.
+# A moment (controlplane/base/clock.py parse_time): ISO 8601 (naive = UTC), or relative to now, e.g. 30m, 2h, 7d.
 RELATIVE_TIME_PATTERN = r"^[0-9]{1,5}(?:\.[0-9]{1,3})?[smhdw]$"
 TIME_DESCRIPTION = ("ISO 8601 (without a zone: UTC), or back from now: a number and s, m, h, d or w "
                     "(30m, 2h, 7d)")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane import errors
-from controlplane.config import private_file_problem
+from controlplane.settings.config import private_file_problem
 
 API_PREFIX = "/v1"
 ACTOR_HEADER = "x-tritonctl-actor"  # on TCP: who the token holder says they are (audited as token:NAME)
@@ -84,7 +84,7 @@ def error_from_document(document: Any, fallback: str) -> errors.TritonctlError:
 
 @dataclass(frozen=True)
 class ProgressMessage:
-    """One streamed step as the client sees it (the server's controlplane.results.Progress)."""
+    """One streamed step as the client sees it (the server's controlplane.documents.results.Progress)."""
 
     model: str
     step: str

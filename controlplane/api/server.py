@@ -36,8 +36,8 @@ from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document
 from controlplane.api.quietloop import QuietServer
 from controlplane.api.stream import EventHub, events_routes
 from controlplane.api.web.gate import is_loopback
-from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
+from controlplane.settings.config import Settings
 
 log = logging.getLogger("tritonctl.api")
 

@@ -1,7 +1,7 @@
 """/v1/events: the audit log and the models' state changes as server-sent events, as they happen.
 
 Each audit record is one `event: audit` whose `id:` is the audit log's id and whose data is the event
-document (controlplane/events.py, the same object a webhook receives); a follower that reconnects with
+document (controlplane/documents/events.py, the same object a webhook receives); a follower that reconnects with
 `Last-Event-ID` (or `?after=ID`) gets every later record once, in id order, even across a daemon restart,
 because they are read back from the registry. State changes are `event: state` with data
 `{"model", "state", "reason", "time"}`, state one of `settling`, `deploying` (sampled in memory every
@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
-from controlplane.events import event_document
+from controlplane.documents.events import event_document
 from controlplane.store.records import AuditRecord, iso, utcnow
 
 SAMPLE_S = 0.05  # how often settling / deploying are sampled while someone follows

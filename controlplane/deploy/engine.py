@@ -35,6 +35,7 @@ from controlplane.deploy.steps import (
     admission,
     fault_point,
 )
+from controlplane.documents.results import Outcome, Progress  # the operation's result: one definition, in results
 from controlplane.errors import (
     EnvironmentFault,
     ModelConfigError,
@@ -45,7 +46,6 @@ from controlplane.errors import (
     TritonTimeoutError,
     TritonUnavailableError,
 )
-from controlplane.results import Outcome, Progress  # the operation's result: one definition, in results
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import Registry
@@ -93,7 +93,7 @@ class Deployer:
         self.triton = triton
         self.load_timeout_s = load_timeout_s
         self.on_outcome = on_outcome
-        self.on_set: Callable[[Plan, Outcome], None] | None = None  # a change set ended (its bake: bake.py)
+        self.on_set: Callable[[Plan, Outcome], None] | None = None  # a change set ended (its bake: bake/baker.py)
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
         self.steps = TritonSteps(content, serving, triton, host, load_timeout_s)
         self._plans = SetRunner(self)
@@ -404,7 +404,7 @@ class Deployer:
         return self.deploy(model, target, actor, force=to is not None, kind="rollback", progress=progress)
 
     def roll_back_analysis(self, model: str, digest: str, previous: str, actor: str, reason: str) -> Outcome | None:
-        """Live traffic failed `digest`'s bake (controlplane/bake.py): bring `previous` up again as a
+        """Live traffic failed `digest`'s bake (controlplane/bake/baker.py): bring `previous` up again as a
         rollback does (recorded, verified, smoke-tested), ended `rolled_back` with cause `analysis` and
         `reason` (the figures). `digest` is not quarantined: `load --digest` may try it again. None when
         `digest` no longer serves (another operation came first)."""

@@ -18,7 +18,7 @@ Every load goes through the same `TritonSteps` as a model deployed alone (the ho
 check, its load wrapper, verify, smoke), and every member's deployment row and audit event is a
 `DeployOperation`'s, so a model deployed in a set is recorded as it would be alone. A failure before
 step 3 puts every ensemble back; only content that failed by its own fault is quarantined. A failure
-from step 3 on is undone in reverse. What forms a set and in what order is controlplane.changeset.
+from step 3 on is undone in reverse. What forms a set and in what order is controlplane.intake.changeset.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from google.protobuf import text_format
 from controlplane.deploy.causes import environment_cause
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import BringUp, DeployOperation, LoadGuard, ProgressFn, TritonSteps, ms_since
+from controlplane.documents.results import Outcome, Progress
 from controlplane.errors import TritonctlError
 from controlplane.names import is_private_name
-from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.records import DeploymentRecord, ServingRecord
 from controlplane.store.registry import AuditEntry, Registry
@@ -132,7 +132,7 @@ class Plan:
     members: tuple[Member, ...]
     force: bool = False
     kind: str = "deploy"
-    analysis: str = ""  # a bake's set rollback (controlplane/bake.py): the figures that failed it
+    analysis: str = ""  # a bake's set rollback (controlplane/bake/baker.py): the figures that failed it
 
 
     @classmethod

@@ -96,7 +96,7 @@ class ServingRepository:
         `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`);
         a snapshot without one is published as it is. On any failure the link is left unchanged.
         `name` publishes it under another model name (a change set's private step name,
-        controlplane/changeset.py; the transform then renames the config to match). `sync` False: the link
+        controlplane/intake/changeset.py; the transform then renames the config to match). `sync` False: the link
         swap is made durable by the caller's one `sync()` after many publishes (a first start's, before
         the launching tritonserver reads them: an fsync of the serving root each was a third of them).
         """

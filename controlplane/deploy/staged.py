@@ -24,8 +24,8 @@ from functools import partial
 
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.steps import FAULT_POINTS, BringUp, Staged, fault_point
+from controlplane.documents.results import Outcome
 from controlplane.errors import TritonctlError
-from controlplane.results import Outcome
 from controlplane.store.batches import DeploymentIntent
 from controlplane.store.records import SnapshotRecord
 from controlplane.vocab import SERVING_STATES, DeployStep, ModelState, RecordedStep, Result, StepState

@@ -24,8 +24,8 @@ import numpy as np
 
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.smoke import run_smoke
+from controlplane.documents.results import Outcome, Progress
 from controlplane.errors import TritonctlError
-from controlplane.results import Outcome, Progress
 from controlplane.snapshot import CONFIG_FILE, SMOKE_FILE, ContentStore
 from controlplane.store.batches import DeploymentEnd
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord

@@ -16,8 +16,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from controlplane import intake
-from controlplane.decision import decide, held
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
@@ -28,6 +26,8 @@ from controlplane.fleet.ondemand import PlacedModels
 from controlplane.fleet.rollouts import FLEET_ACTOR
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import SharedContent
+from controlplane.intake import recording as intake
+from controlplane.intake.decision import decide, held
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.registry import Registry, utcnow
 from controlplane.vocab import ModelState, Policy, Result
@@ -179,7 +179,7 @@ class HostAgent:
         return claimed
 
     def run_set(self, steps: list[Step]) -> None:
-        """This host's steps of one change set, deployed as one (controlplane/changeset.py: staged under
+        """This host's steps of one change set, deployed as one (controlplane/intake/changeset.py: staged under
         private names, the old pipeline answering until the new one does; rolled back as a unit). Each
         step reports the set's outcome: a set that fails here fails every member's rollout, so the whole
         set rolls back on the fleet (never a new step beside an old ensemble)."""

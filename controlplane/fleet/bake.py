@@ -7,7 +7,7 @@ does not bake). Each host of the wave that took the digest gets a `bake` step (F
 that host claims it and, every round until the leader ends it, writes on it what its own tritonserver
 counted for the model since the claim (`HostBakes`: requests, failures, the time the successful ones
 took; a counter that went down is a reset, as on a single host). The leader sums the steps' figures
-(`WaveBakes`) and judges the sum as a single host's bake is judged (controlplane.bakefigures.verdict): a crossed
+(`WaveBakes`) and judges the sum as a single host's bake is judged (controlplane.bake.figures.verdict): a crossed
 limit ends the bake `failed` at once, and the rollout stops and rolls back every host that took the
 digest (not quarantined: it failed on this traffic, `tritonctl load --digest` may try it again); at the
 end of the wave's bake time it passed (or is inconclusive: kept, or rolled back with
@@ -27,11 +27,11 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from controlplane.bakefigures import AUDIT_OUTCOME, BAKING, FAILED, INCONCLUSIVE, Bake, Limits, Tally, verdict
-from controlplane.config import bake_parameters
+from controlplane.bake.figures import AUDIT_OUTCOME, BAKING, FAILED, INCONCLUSIVE, Bake, Limits, Tally, verdict
 from controlplane.errors import TritonctlError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.settings import FleetSettings
+from controlplane.settings.config import bake_parameters
 from controlplane.store.fleet import FleetStore, audit_event
 from controlplane.store.records import Rollout, Step
 from controlplane.store.registry import Registry

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from controlplane.deploy.engine import Outcome, ProgressFn
+from controlplane.documents.results import LeaseResult
 from controlplane.ports import SourcePlane, TagTarget
-from controlplane.results import LeaseResult
 from controlplane.store.records import SnapshotRecord
 from controlplane.triton.client import RequestCounts
 
@@ -57,7 +57,7 @@ class HostPlane(TagTarget, SourcePlane, Protocol):
 
     def holdings_here(self) -> dict[str, tuple[float | None, float | None, bool]]: ...
 
-    # the change sets' view of the source (controlplane/changeset.py)
+    # the change sets' view of the source (controlplane/intake/changeset.py)
     def repository_held(self) -> bool: ...
 
     def still_settling(self, models: Sequence[str]) -> list[str]: ...

@@ -1,7 +1,7 @@
 """The leader's duties (only while this daemon holds the advisory lock): record what the source holds
 in the shared registry, start rollouts of what the shared pipeline lets through, and drive them.
 
-Recording is the single-host pipeline (controlplane.intake, through the host's own plane: capture →
+Recording is the single-host pipeline (controlplane.intake.recording, through the host's own plane: capture →
 validate → record → audit), then the content is exported to the shared store and recorded in the
 shared registry; whether it is proposed is the same `decision.decide` (policy, pin, unloaded, invalid,
 quarantined, serving already). An operator's `tritonctl load` on any host becomes a rollout
@@ -16,15 +16,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controlplane import intake
-from controlplane.config import Settings
-from controlplane.decision import Verdict, decide, decide_capture, refuse_pinned
 from controlplane.deploy.engine import Outcome, Progress, ProgressFn, admission
 from controlplane.errors import SnapshotError, StoreError, TritonctlError
 from controlplane.fleet import sets
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.rollouts import RolloutMachine
 from controlplane.fleet.sharedcontent import SharedContent
+from controlplane.intake import recording as intake
+from controlplane.intake.decision import Verdict, decide, decide_capture, refuse_pinned
+from controlplane.settings.config import Settings
 from controlplane.snapshot import CONFIG_FILE
 from controlplane.store.fleet import FleetStore
 from controlplane.store.records import SnapshotRecord

@@ -14,8 +14,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from controlplane.config import Settings
 from controlplane.deploy.engine import Outcome, ProgressFn
+from controlplane.documents.results import HoldResult, LeaseResult, PinResult, PolicyResult
 from controlplane.errors import TritonctlError
 from controlplane.fleet.agent import HostAgent
 from controlplane.fleet.election import LeaderElection, connect
@@ -27,7 +27,7 @@ from controlplane.fleet.rollouts import FLEET_ACTOR, RolloutMachine, plan_waves
 from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import open_shared_store
 from controlplane.fleet.verbs import FleetVerbs
-from controlplane.results import HoldResult, LeaseResult, PinResult, PolicyResult
+from controlplane.settings.config import Settings
 from controlplane.store.fleet import LOOK_PREFIX, FleetStore, Rollout, listen
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry, utcnow

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from controlplane.config import Settings
 from controlplane.deploy.engine import admission
+from controlplane.documents.results import LeaseResult
 from controlplane.errors import BudgetError, ConflictError, DeployError, NotFoundError, TritonctlError, UsageError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.placement import Holding, HostRoom, place
@@ -37,7 +37,7 @@ from controlplane.fleet.settings import FleetSettings
 from controlplane.memory.footprint import declared, estimate
 from controlplane.memory.leases import MAX_LEASE_S, check_duration
 from controlplane.names import validate_model_name
-from controlplane.results import LeaseResult
+from controlplane.settings.config import Settings
 from controlplane.store.fleet import FleetStore
 from controlplane.store.placements import PlacementRow, PlacementStore, Room
 from controlplane.store.records import ModelRecord

@@ -1,13 +1,13 @@
 """Read-only fleet views for the CLI (`hosts`, `rollouts`, `status --fleet`): the dataclasses of
-`controlplane.results`, built from the fleet store's rows."""
+`controlplane.documents.results`, built from the fleet store's rows."""
 
 from __future__ import annotations
 
+from controlplane.documents.results import RolloutRow
 from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
-from controlplane.results import RolloutRow
+from controlplane.intake.tags import by_digest
 from controlplane.store.fleet import OPEN_ROLLOUT, FleetStore
 from controlplane.store.registry import Registry
-from controlplane.tags import by_digest
 
 
 def hosts(registry: Registry, timeout_s: float = 10.0) -> list[HostRow]:

@@ -1,5 +1,5 @@
 """What the fleet's read commands print (`hosts`, `rollouts`, `status --fleet`), one frozen dataclass per
-`--json` document, as controlplane/results.py holds the single host's. Read by fleet/queries.py, on the
+`--json` document, as controlplane/documents/results.py holds the single host's. Read by fleet/queries.py, on the
 client path too (a read verb given --db-url): no server code here."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class MatrixRow:
     model: str
     target: str | None
     hosts: dict[str, MatrixCell]
-    tags: tuple[str, ...] = ()  # the tags naming the target digest (controlplane/tags.py)
+    tags: tuple[str, ...] = ()  # the tags naming the target digest (controlplane/intake/tags.py)
     placement: PlacementCell | None = None  # an on-demand model: where it is placed
 
     def to_json(self) -> dict[str, Any]:

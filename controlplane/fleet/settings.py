@@ -1,13 +1,13 @@
 """Fleet settings: daemon settings like any other (flag > TRITONCTL_* > config file > default, see
-controlplane/config.py), validated together here once `fleet` is on."""
+controlplane/settings/config.py), validated together here once `fleet` is on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.config import Settings
 from controlplane.errors import ConfigError
+from controlplane.settings.config import Settings
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from controlplane.errors import SnapshotCorruptError, SnapshotError
+from controlplane.remote import objectstore
+from controlplane.remote.objectstore import S3Location
 from controlplane.snapshot import ContentStore, Snapshot, is_digest, write_atomic
-from controlplane.source import objectstore
-from controlplane.source.objectstore import S3Location
 
 _CHUNK = 1 << 20
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from controlplane import tags
-from controlplane.config import Settings
 from controlplane.deploy.engine import Outcome, ProgressFn
+from controlplane.documents.results import HoldResult, PinResult, PolicyResult
 from controlplane.errors import NotFoundError, TritonctlError, UsageError
 from controlplane.fleet.hostplane import HostPlane
-from controlplane.results import HoldResult, PinResult, PolicyResult
+from controlplane.intake import tags
+from controlplane.settings.config import Settings
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.vocab import Policy, Result

@@ -1,7 +1,7 @@
 """Models loaded on demand: `ensure` with a lease, and the sweep that unloads idle ones.
 
 Why: a host serves more models than fit when only the ones in use are loaded. A model under policy
-`ondemand` is recorded and validated like any other (decision.py keeps it out of Triton: only `auto`
+`ondemand` is recorded and validated like any other (intake/decision.py keeps it out of Triton: only `auto`
 deploys on its own); `tritonctl ensure MODEL` / `POST /v1/models/{model}/lease` loads it (or finds it
 loaded), holds it with a lease (controlplane/memory/leases.py) and answers once it is READY, with the digest
 that serves; the lease runs from that answer. Concurrent ensures of one model wait on one lock, so they
@@ -29,12 +29,12 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import Any
 
+from controlplane.base.periodic import Periodic
 from controlplane.deploy.engine import Deployer, Outcome, ProgressFn, admission
+from controlplane.documents.results import LeaseResult
 from controlplane.errors import ConflictError, DeployError, NotFoundError, TritonctlError
 from controlplane.memory.leases import MAX_LEASE_S, Lease, LeaseBook, check_duration
 from controlplane.names import validate_model_name
-from controlplane.periodic import Periodic
-from controlplane.results import LeaseResult
 from controlplane.store.records import ModelRecord, iso
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import TritonClient
@@ -87,7 +87,7 @@ class OnDemand:
         self._loading: set[str] = set()
         self._steps: dict[str, list[tuple[str, str]]] = {}  # an ensemble's lease → its steps' (model, lease)
         self._sweeper = Periodic("on-demand sweep", SWEEP_S, self.sweep, log)
-        # whether a model not in the registry is on its way there (controlplane/intakeflow.py `recording`)
+        # whether a model not in the registry is on its way there (controlplane/intake/flow.py `recording`)
         self.recording: Callable[[str], bool] = lambda _m: False
         # (the registry's serving list, the default policy, its ondemand models): see _ondemand_serving
         self._ondemand: tuple[list[ModelRecord], str, list[ModelRecord]] | None = None

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.config import Settings
 from controlplane.errors import ConfigError, SnapshotError
+from controlplane.settings.config import Settings
 from controlplane.snapshot import HOLD_FILE, MAX_CONFIG_BYTES, ContentStore
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.source.inotify import RepositoryWatcher

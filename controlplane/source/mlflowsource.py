@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.config import Settings
+from controlplane.base.periodic import Periodic
 from controlplane.errors import (
     ConfigError,
     MLflowError,
@@ -46,12 +46,12 @@ from controlplane.errors import (
     SnapshotTooLargeError,
     SnapshotUnsupportedError,
 )
-from controlplane.periodic import Periodic
+from controlplane.remote.mlflowrest import MLflowRest, tracking_url
+from controlplane.settings.config import Settings
 from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
-from controlplane.source.mlflowrest import MLflowRest, tracking_url
 from controlplane.source.mlflowwriteback import HostView, RegistryView, ServingView, WriteBack
 from controlplane.source.protocol import Captured, OnChange, PerModelOnly
 from controlplane.source.shacache import ShaCache

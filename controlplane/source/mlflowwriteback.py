@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
 from controlplane.errors import MLflowError, StoreError, TagError
-from controlplane.source.mlflowrest import MLflowRest
+from controlplane.remote.mlflowrest import MLflowRest
 from controlplane.store.records import AuditEntry, TagRecord
 from controlplane.vocab import SERVING_STATES, Result
 

@@ -129,7 +129,7 @@ class Source(Protocol):
         whose alias names no version): `status` shows them `held`. Empty for a directory and S3."""
         ...
 
-    # -- the repository level (change sets: controlplane/changeset.py) ----------------------------------
+    # -- the repository level (change sets: controlplane/intake/changeset.py) ----------------------------------
     def repository_held(self) -> bool:
         """Whether the whole repository is on hold (`.tritonctl-hold` at its root)."""
         ...

@@ -5,7 +5,7 @@ record.
 Why: a start, and every change set's grouping, must not cost a read of every model's source. The
 start compares each model's signature with the recorded one and captures only the models that differ
 (controlplane/startup/scan.py); a change set is grouped over this graph of recorded configs
-(controlplane/changeset.py), reading the source config only of the models that changed. The graph is
+(controlplane/intake/changeset.py), reading the source config only of the models that changed. The graph is
 read from the registry in one query (`Registry.source_index`) the first time it is needed, then each
 record (`recorded`) updates it.
 """

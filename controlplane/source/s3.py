@@ -40,12 +40,12 @@ from controlplane.errors import (
     SnapshotTooLargeError,
     SnapshotUnsupportedError,
 )
+from controlplane.remote import objectstore
+from controlplane.remote.objectstore import S3Location
 from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
-from controlplane.source import objectstore
-from controlplane.source.objectstore import S3Location
 from controlplane.source.protocol import Captured, OnChange
 from controlplane.source.shacache import ShaCache
 

@@ -34,12 +34,12 @@ from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from controlplane.config import Settings
 from controlplane.deploy.staged import finish_many, stage_many
 from controlplane.deploy.steps import Staged
+from controlplane.documents.results import Outcome
 from controlplane.errors import TritonctlError, TritonError
 from controlplane.ports import WavePlane
-from controlplane.results import Outcome
+from controlplane.settings.config import Settings
 from controlplane.store.records import SnapshotRecord
 from controlplane.triton.capabilities import from_triton_reason
 from controlplane.triton.client import IndexEntry

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from controlplane.documents.results import ValidationResult
 from controlplane.errors import TritonctlError
-from controlplane.results import ValidationResult
 from controlplane.snapshot import ContentStore
 from controlplane.source.protocol import Captured, CaptureJob
 from controlplane.validation.modelconfig import validate_model_dir

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
-from controlplane import systemd
-from controlplane.config import Settings
+from controlplane.base import systemd
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import ConfigError, LauncherError, TritonctlError
 from controlplane.ports import WavePlane
+from controlplane.settings.config import Settings
 from controlplane.startup import bulk
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.store.registry import Registry

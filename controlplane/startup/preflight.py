@@ -16,8 +16,8 @@ from pathlib import Path
 
 from controlplane.api.protocol import read_token
 from controlplane.api.server import insecure_listen_refusal, parse_listen
-from controlplane.config import Settings
 from controlplane.errors import ConfigError, LauncherError, StateDirInUseError
+from controlplane.settings.config import Settings
 from controlplane.source.local import check_repository
 from controlplane.triton import launcher
 from controlplane.triton.ports import HOST, PORT_FLAGS, check_port_free, requested_ports

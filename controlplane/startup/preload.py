@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controlplane.config import Settings
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import LauncherError
+from controlplane.settings.config import Settings
 from controlplane.store.registry import Registry
 
 

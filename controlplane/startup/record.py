@@ -26,12 +26,12 @@ from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from controlplane import intake
-from controlplane.decision import Rule, decide
+from controlplane.documents.results import ValidationResult
 from controlplane.errors import StoreError, TritonctlError
+from controlplane.intake import recording as intake
+from controlplane.intake.decision import Rule, decide
 from controlplane.names import validate_model_name
 from controlplane.ports import WavePlane
-from controlplane.results import ValidationResult
 from controlplane.source.protocol import Captured as SourceCaptured
 from controlplane.startup.cores import Cores
 from controlplane.store.records import ModelRecord, SnapshotContent, SnapshotRecord, SourceEntry
@@ -253,7 +253,7 @@ def _alone(plane: WavePlane, record: SnapshotRecord, models: dict[str, ModelReco
            pending: dict[str, float | None], staged: Mapping[str, SnapshotRecord]) -> bool:
     """Whether the watcher's change-set grouping would take `record`'s model alone: no ensemble (recorded
     or serving) over it, and every step it names known, not settling, unchanged since recorded, and
-    owed no deploy by auto policy (controlplane/changeset.py, `ChangeSets.group`)."""
+    owed no deploy by auto policy (controlplane/intake/changeset.py, `ChangeSets.group`)."""
     name = record.model
     if plane.source_graph.ensembles_over(name) or serving_over.get(name):
         return False

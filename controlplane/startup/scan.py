@@ -8,7 +8,7 @@ restart (issue 26). The registry keeps, with each model's newest recorded conten
 the source and takes every model's signature from stat facts alone (controlplane/source/poller.py); a model
 whose signature equals the recorded one has that content still, and no file of it is read. Of those,
 only a model under auto policy that does not serve its recorded content, and that the deploy gate
-(controlplane/decision.py) would let deploy, is handed on like a changed one; every other unchanged
+(controlplane/intake/decision.py) would let deploy, is handed on like a changed one; every other unchanged
 model costs a dictionary lookup. Everything the registry knows is read in three queries, not three
 per model.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.decision import decide
 from controlplane.errors import TritonctlError
+from controlplane.intake.decision import decide
 from controlplane.store.records import ModelRecord, SourceEntry
 from controlplane.store.registry import Registry
 from controlplane.vocab import SERVING_STATES, ModelState, Policy

@@ -115,7 +115,7 @@ class History:
                 ServingRecord(row.model, row.digest, json.loads(row.versions), row.time, row.host) for row in rows
             ]
 
-    # -- tags (controlplane/tags.py decides; these only record and read) ------------------------
+    # -- tags (controlplane/intake/tags.py decides; these only record and read) ------------------------
 
     def list_tags(self, model: str | None = None) -> list[TagRecord]:
         """Every tag (of one model), by model then name."""

@@ -1,5 +1,5 @@
 """The webhooks' outbox and deliveries in the registry (migration 0006); the worker in
-controlplane/webhooks.py decides what to send and when, this module only records and reads.
+controlplane/outcomes/webhooks.py decides what to send and when, this module only records and reads.
 
 Why an outbox: an audit event and its outbox row are written in ONE transaction (`add_audit_event`, the
 only place the product appends to `audit_events`), so no event the registry recorded can be missed by

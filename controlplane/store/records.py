@@ -5,21 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, TypeVar
 
-from controlplane.defaults import OUTCOMES as OUTCOMES  # every outcome an audit event can have
-from controlplane.jsontext import iso as iso  # the JSON contract's time format (imported from here too)
+from controlplane.base.clock import utcnow as utcnow  # now as the registry stores times: naive UTC
+from controlplane.base.defaults import OUTCOMES as OUTCOMES  # every outcome an audit event can have
+from controlplane.base.jsontext import iso as iso  # the JSON contract's time format (imported from here too)
 
 R = TypeVar("R")
 SHARED_WORD = 32  # string values up to this length are shared too (types, platforms, step names)
-
-
-def utcnow() -> datetime:
-    """Now as the registry stores times: naive UTC."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -68,7 +62,7 @@ class ModelRecord:
 class SnapshotContent:
     """What is recorded about one captured content: its manifest and what validation found.
 
-    Built from a validation (controlplane.intake); a SnapshotRecord is one too, so the fleet records
+    Built from a validation (controlplane.intake.recording); a SnapshotRecord is one too, so the fleet records
     a host's record into the shared registry, and the shared record into a host's, as it is."""
 
     manifest: str

@@ -137,7 +137,7 @@ class ServingLog(Base):
 
 
 class Tag(Base):
-    """Where a model's tag (`stable`, `canary`) points now (controlplane/tags.py; migration 0005)."""
+    """Where a model's tag (`stable`, `canary`) points now (controlplane/intake/tags.py; migration 0005)."""
 
     __tablename__ = "tags"
     __table_args__ = (UniqueConstraint("model", "name", name="uq_tag_model_name"),)

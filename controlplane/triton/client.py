@@ -100,7 +100,7 @@ class TritonClient:
         self.load_requests = 0  # load requests sent (metric tritonctl_triton_load_requests)
         self._index_memo: tuple[bytes, list[IndexEntry]] | None = None  # the last index: its bytes, its list
         # each model's last successful load request, in seconds (a bake compares a digest's with the previous
-        # digest's: controlplane/bakewarn.py)
+        # digest's: controlplane/bake/warn.py)
         self.load_seconds: dict[str, float] = {}
 
     def close(self) -> None:
@@ -171,7 +171,7 @@ class TritonClient:
                 headers=self._headers, client_timeout=self.timeouts.call_s
             ),
         )  # the message itself, not as_json: protobuf's pure-Python JSON printer was two thirds of this call
-        raw = data.SerializeToString()  # in C: the same bytes, the same list (controlplane/servedview.py)
+        raw = data.SerializeToString()  # in C: the same bytes, the same list (controlplane/deploy/servedview.py)
         memo = self._index_memo
         if memo is not None and memo[0] == raw:
             return memo[1]

@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.config import Settings
 from controlplane.errors import LauncherError
+from controlplane.settings.config import Settings
 from controlplane.triton import launcher
 
 HOST = "127.0.0.1"  # where the launched tritonserver listens

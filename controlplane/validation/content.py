@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from controlplane.documents.results import Problem
 from controlplane.errors import ModelConfigError
-from controlplane.results import Problem
 from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.vocab import ERROR
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from controlplane.config import BAKE_PARAMETERS, PARAMETER_PREFIX, bake_parameters
+from controlplane.settings.config import BAKE_PARAMETERS, PARAMETER_PREFIX, bake_parameters
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.validation.ensembles import check_ensemble_graph
 from controlplane.vocab import ERROR, WARNING

@@ -23,9 +23,9 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 
+from controlplane.documents.results import Problem, ValidationReport, ValidationResult, one_line
 from controlplane.errors import ModelConfigError, UsageError
 from controlplane.names import validate_model_name
-from controlplane.results import Problem, ValidationReport, ValidationResult, one_line
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc

@@ -1,4 +1,4 @@
-"""controlplane.bake's arithmetic on Triton's cumulative counters (the bake itself runs against a real
+"""controlplane.bake.baker's arithmetic on Triton's cumulative counters (the bake itself runs against a real
 tritonserver in tests/test_bake_e2e.py): a counter that went down is a reset, never a negative figure;
 the latency compared is Triton's p99 where its metrics report one, else the mean; a load or footprint over
 `bake_warn_load_ratio` times the previous digest's is one warning line."""
@@ -9,10 +9,10 @@ from collections import deque
 from datetime import datetime
 from pathlib import Path
 
-from controlplane.bake import Baker
-from controlplane.bakefigures import Bake, Limits, Tally
-from controlplane.bakewarn import LoadTimes, warning
-from controlplane.config import Settings
+from controlplane.bake.baker import Baker
+from controlplane.bake.figures import Bake, Limits, Tally
+from controlplane.bake.warn import LoadTimes, warning
+from controlplane.settings.config import Settings
 from controlplane.store.records import FootprintRecord
 from controlplane.triton.client import RequestCounts
 from controlplane.triton.summaries import request_quantiles_ms

@@ -1,4 +1,4 @@
-"""controlplane.decision: the one rule book every path asks (the watcher, a change set, the fleet's
+"""controlplane.intake.decision: the one rule book every path asks (the watcher, a change set, the fleet's
 leader and agents, retries, tracked tags). Pure functions of records: no server needed."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from controlplane.decision import (
+from controlplane.errors import ObjectStoreError, SnapshotChangingError, SnapshotError, StoreError
+from controlplane.intake.decision import (
     DEPLOY,
     Rule,
     Verdict,
@@ -18,7 +19,6 @@ from controlplane.decision import (
     refuse_pinned,
     rollback_holds,
 )
-from controlplane.errors import ObjectStoreError, SnapshotChangingError, SnapshotError, StoreError
 from controlplane.store.records import DeploymentRecord, ModelRecord, SnapshotRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -81,7 +81,7 @@ def test_a_rollback_holds_until_content_first_seen_after_it() -> None:
 
 
 def test_a_bakes_rollback_holds_like_an_operators_but_a_failed_deploys_does_not() -> None:
-    """A bake's rollback (controlplane/bake.py) ends `rolled_back` by `tritonctl:bake`: the digest that failed
+    """A bake's rollback (controlplane/bake/baker.py) ends `rolled_back` by `tritonctl:bake`: the digest that failed
     on live traffic is not quarantined, so only the hold keeps the watcher from deploying it again."""
     done = T0 + timedelta(hours=2)
     before = snap(first_seen=T0 + timedelta(hours=1))

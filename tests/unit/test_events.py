@@ -7,8 +7,8 @@ from datetime import datetime
 
 import pytest
 
-from controlplane.events import EVENT_KEYS, event_body, event_document
-from controlplane.results import AuditResult
+from controlplane.documents.events import EVENT_KEYS, event_body, event_document
+from controlplane.documents.results import AuditResult
 from controlplane.store.records import AuditRecord
 
 pytestmark = pytest.mark.unit

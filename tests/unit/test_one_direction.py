@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.publish import ServingRepository
 from controlplane.parts import build_parts
+from controlplane.settings.config import Settings
 from controlplane.snapshot import ContentStore
 from controlplane.source.local import LocalSource
 from controlplane.store import migrate
@@ -105,18 +105,19 @@ def test_a_settled_edit_flows_down_and_never_calls_back_into_the_plane(plane: Co
     entered = [callee for _caller, callee in trace.calls]
     # the walk of docs/architecture.md "One direction", in its order: intake, change sets, record, decide,
     # then the target, the deploy engine, its bring-up and the outcome's subscribers
-    order = ["controlplane/intakeflow.py", "controlplane/changeset.py", "controlplane/intake.py",
-             "controlplane/decision.py", "controlplane/targets.py", "controlplane/deploy/engine.py",
-             "controlplane/deploy/steps.py", "controlplane/outcomes.py", "controlplane/bookkeeping.py"]
+    order = ["controlplane/intake/flow.py", "controlplane/intake/changeset.py", "controlplane/intake/recording.py",
+             "controlplane/intake/decision.py", "controlplane/target/targets.py", "controlplane/deploy/engine.py",
+             "controlplane/deploy/steps.py", "controlplane/outcomes/bus.py", "controlplane/outcomes/bookkeeping.py"]
     firsts = [entered.index(module) for module in order]
     assert firsts == sorted(firsts), list(zip(order, firsts, strict=True))
     # nothing below the plane calls back into it; the intake is entered from the plane alone
     back_up = [(caller, callee) for caller, callee in trace.calls
                if callee in ("controlplane/control_plane.py", "controlplane/daemon.py")]
     assert back_up == []
-    into_intake = {caller for caller, callee in trace.calls if callee == "controlplane/intakeflow.py"}
+    into_intake = {caller for caller, callee in trace.calls if callee == "controlplane/intake/flow.py"}
     assert into_intake == {"controlplane/control_plane.py"}, into_intake
     # the intake plans and deploys nothing: it never reaches the deploy engine or Triton
-    intake_side = {"controlplane/intakeflow.py", "controlplane/changeset.py", "controlplane/intake.py"}
+    intake_side = {"controlplane/intake/flow.py", "controlplane/intake/changeset.py",
+                   "controlplane/intake/recording.py"}
     assert not [c for c in trace.calls if c[0] in intake_side and c[1].startswith("controlplane/deploy/engine")]
     assert plane.registry.find_model("linear").active_digest == outcome.active_digest  # type: ignore[union-attr]

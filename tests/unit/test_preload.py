@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.config import Settings
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import LauncherError
+from controlplane.settings.config import Settings
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.store import schema
 from controlplane.store.registry import Registry

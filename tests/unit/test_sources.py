@@ -39,12 +39,13 @@ def test_every_source_kind_implements_the_whole_protocol() -> None:
 
 
 def test_no_module_branches_on_the_kind_of_source() -> None:
-    """Only controlplane/source/configured.py picks a kind from the settings; everything else asks the
+    """Only controlplane/startup/sources.py picks a kind from the settings; everything else asks the
     `Source`."""
     kind_checks = re.compile(r"\.source is (not )?None|settings\.repository(_url)?\b|\bS3Source\b|\bLocalSource\b"
                              r"|isinstance\([^)]*Source\)|WatchHooks")
     allowed = {"controlplane/source/protocol.py", "controlplane/source/local.py", "controlplane/source/s3.py",
-               "controlplane/source/mlflowsource.py", "controlplane/config.py", "controlplane/source/configured.py"}
+               "controlplane/source/mlflowsource.py", "controlplane/settings/config.py",
+               "controlplane/startup/sources.py"}
     offenders = []
     for path in sorted([*(ROOT / "controlplane").rglob("*.py"), *(ROOT / "cli").rglob("*.py")]):
         rel = str(path.relative_to(ROOT))

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from controlplane.config import Settings
 from controlplane.control_plane import ControlPlane
 from controlplane.daemon import Daemon
 from controlplane.deploy.publish import ServingRepository
 from controlplane.parts import build_parts
+from controlplane.settings.config import Settings
 from controlplane.snapshot import ContentStore
 from controlplane.source.local import LocalSource
 from controlplane.store import migrate

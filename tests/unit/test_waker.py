@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from controlplane.api.quietloop import QuietServer
-from controlplane.waker import Waker, loop_sleep_s
+from controlplane.runtime.waker import Waker, loop_sleep_s
 
 
 def test_loop_sleeps_until_the_next_duty_within_its_bounds() -> None:

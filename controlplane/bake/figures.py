@@ -1,0 +1,190 @@
+"""A bake's record and its judgement, pure: the limits it is judged by, the figures it counted (counters
+that reset counted as resets), and `verdict`, which says how it ends on them. The single host's `Baker`
+(controlplane/bake/baker.py) and the fleet's pooled bakes (controlplane/fleet/bake.py) both judge with it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from controlplane.settings.config import Settings
+from controlplane.store.records import iso
+from controlplane.triton.client import RequestCounts
+from controlplane.vocab import Result
+
+BAKING, PASSED, FAILED, INCONCLUSIVE = "baking", "passed", "failed", "inconclusive"
+AUDIT_OUTCOME = {PASSED: Result.OK.value, FAILED: Result.FAILED.value, INCONCLUSIVE: Result.INCONCLUSIVE.value}
+BAKE_OUTCOMES = tuple(AUDIT_OUTCOME.values())  # tritonctl_bakes_total{outcome}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a bake is judged by (the daemon's settings when it began, or the deploy's own `--bake`)."""
+
+    bake_s: float
+    max_failure_ratio: float
+    max_latency_ratio: float | None
+    min_requests: int
+    inconclusive: str  # "keep" or "rollback"
+
+    def with_model(self, model: dict[str, Any]) -> Limits:
+        """These limits overridden by a model's own config parameters (config.bake_parameters)."""
+        return replace(self, bake_s=model.get("bake_s", self.bake_s),
+                       max_failure_ratio=model.get("bake_max_failure_ratio", self.max_failure_ratio),
+                       max_latency_ratio=model.get("bake_max_latency_ratio", self.max_latency_ratio))
+
+    @classmethod
+    def of(cls, settings: Settings, bake_s: float | None = None, model: dict[str, Any] | None = None) -> Limits:
+        """The daemon's `settings`, overridden by the model's own config parameters (`model`:
+        config.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
+        own = {**(model or {}), **({} if bake_s is None else {"bake_s": bake_s})}
+        return cls(settings.bake_s, settings.bake_max_failure_ratio, settings.bake_max_latency_ratio,
+                   settings.bake_min_requests, settings.bake_inconclusive).with_model(own)
+
+
+@dataclass
+class Tally:
+    """Cumulative figures summed over a model's versions, counters that reset counted as resets."""
+
+    requests: int = 0
+    failures: int = 0
+    success: int = 0
+    success_ns: int = 0
+    last: dict[tuple[str, str], RequestCounts] = field(default_factory=dict)
+
+    @classmethod
+    def starting_at(cls, now: dict[tuple[str, str], RequestCounts]) -> Tally:
+        """Figures counted from `now` on (what came before is not the bake's: the smoke requests, say)."""
+        return cls(last=dict(now))
+
+    def add(self, now: dict[tuple[str, str], RequestCounts]) -> None:
+        for version, counts in now.items():
+            before = self.last.get(version)
+            if before is not None and (counts.success < before.success or counts.failure < before.failure):
+                before = None  # a reset: its figures count from 0 again
+            success = counts.success - (before.success if before else 0)
+            failure = counts.failure - (before.failure if before else 0)
+            self.success += success
+            self.success_ns += max(0, counts.success_ns - (before.success_ns if before else 0))
+            self.failures += failure
+            self.requests += success + failure
+            self.last[version] = counts
+
+    def mean_ms(self) -> float | None:
+        return self.success_ns / self.success / 1e6 if self.success else None
+
+
+@dataclass
+class Bake:
+    """One digest's bake, from its deploy to its end."""
+
+    model: str
+    digest: str
+    previous: str | None
+    limits: Limits
+    started: float  # seconds since the epoch
+    tally: Tally
+    baseline_latency_ms: float | None = None  # the previous digest's mean
+    state: str = BAKING
+    reason: str = ""
+    ended: float | None = None
+    baseline_p99_ms: float | None = None  # the previous digest's p99 at the switch (Triton's summaries)
+    p99_ms: float | None = None  # the last p99 Triton reported for the model during the bake
+    warned: bool = False  # its load time and footprint were compared (controlplane/bake/warn.py)
+    group: tuple[str, ...] = ()  # a change set's bake: every model of the set (its unchanged ones too)
+    group_id: str = ""  # the set's bake, shared by its members' bakes
+
+    @property
+    def until(self) -> float:
+        return self.started + self.limits.bake_s
+
+    @property
+    def failure_ratio(self) -> float | None:
+        return self.tally.failures / self.tally.requests if self.tally.requests else None
+
+    def seconds_left(self, now: float | None = None) -> int:
+        return max(0, int(round(self.until - (time.time() if now is None else now))))
+
+    def latency(self) -> tuple[str, float | None, float | None]:
+        """(which, the digest's latency in ms, the previous digest's): "p99" where Triton reported it (and the
+        baseline, when there is one, is a p99 too), else "mean" (the statistics API's, over the bake)."""
+        if self.p99_ms is not None and (self.baseline_p99_ms is not None or self.baseline_latency_ms is None):
+            return "p99", self.p99_ms, self.baseline_p99_ms
+        return "mean", self.tally.mean_ms(), self.baseline_latency_ms
+
+    def figures(self) -> str:
+        ratio = self.failure_ratio
+        text = (f"failure ratio {ratio:.2f} over {self.tally.requests} requests ({self.tally.failures} failed)"
+                if ratio is not None else "no requests")
+        which, latency, baseline = self.latency()
+        if latency is not None and baseline:
+            text += f", {which} latency {latency:.1f} ms (before: {baseline:.1f} ms)"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        which, latency, baseline = self.latency()
+        ratio = self.failure_ratio
+        return {
+            "state": self.state,
+            "digest": self.digest,
+            "started": iso(_utc(self.started)),
+            "until": iso(_utc(self.until)),
+            "requests": self.tally.requests,
+            "failures": self.tally.failures,
+            "failure_ratio": round(ratio, 4) if ratio is not None else None,
+            "latency_ms": round(latency, 3) if latency is not None else None,
+            "baseline_latency_ms": round(baseline, 3) if baseline else None,
+            "latency_stat": which if latency is not None else None,
+            "reason": self.reason,
+        }
+
+
+    def to_record(self) -> dict[str, Any]:
+        """What `Baker` keeps in its state file (a restart resumes a bake from it)."""
+        t = self.tally
+        return {"model": self.model, "digest": self.digest, "previous": self.previous, "limits": asdict(self.limits),
+                "started": self.started, "baseline_latency_ms": self.baseline_latency_ms, "state": self.state,
+                "reason": self.reason, "ended": self.ended, "baseline_p99_ms": self.baseline_p99_ms,
+                "p99_ms": self.p99_ms, "warned": self.warned,
+                "tally": [t.requests, t.failures, t.success, t.success_ns],
+                "group": list(self.group), "group_id": self.group_id}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Bake:
+        requests, failures, success, success_ns = (int(n) for n in record["tally"])
+        return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
+                   float(record["started"]), Tally(requests, failures, success, success_ns),
+                   record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
+                   record.get("ended"), record.get("baseline_p99_ms"), record.get("p99_ms"),
+                   bool(record.get("warned", True)), tuple(record.get("group") or ()),
+                   str(record.get("group_id") or ""))
+
+
+def verdict(bake: Bake, now: float) -> tuple[str, str, bool] | None:
+    """How the bake ends on its figures so far at `now`: (state, reason, whether it rolls back), or None:
+    it bakes on (a fleet's leader judges its pooled figures with it too: controlplane/fleet/bake.py)."""
+    limits, tally = bake.limits, bake.tally
+    ratio = bake.failure_ratio
+    if ratio is not None and tally.requests >= limits.min_requests and ratio > limits.max_failure_ratio:
+        return (FAILED, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
+                        f"requests ({tally.failures} failed)", True)
+    which, latency, baseline = bake.latency()
+    if (limits.max_latency_ratio is not None and baseline and latency is not None
+            and tally.success >= limits.min_requests and latency / baseline > limits.max_latency_ratio):
+        return (FAILED, f"latency ratio {latency / baseline:.2f} > {limits.max_latency_ratio:g}"
+                        f" ({which} {latency:.1f} ms, before {baseline:.1f} ms) over {tally.success} requests", True)
+    if now < bake.until:
+        return None
+    if tally.requests < limits.min_requests:
+        reason = f"inconclusive: {tally.requests} requests < bake_min_requests {limits.min_requests}"
+        if limits.inconclusive == "rollback":
+            return INCONCLUSIVE, reason, True
+        return INCONCLUSIVE, f"{reason}; kept", False
+    return PASSED, f"passed: {bake.figures()}", False
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)

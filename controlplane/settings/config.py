@@ -1,0 +1,589 @@
+"""Daemon settings: flag > TRITONCTL_* environment > TOML config file > defaults, validated once.
+
+Each setting is declared once in `FIELDS` with its type, default, unit and doc; docs/configuration.md's
+configuration table is the same list. Unknown keys and bad values are one-line `ConfigError`s that
+name the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
+from controlplane.errors import ConfigError
+from controlplane.text import duration_s
+
+DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
+ENV_PREFIX = "TRITONCTL_"
+POLICIES = ("auto", "manual", "ondemand")
+LOG_FORMATS = ("plain", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+WATCH_MODES = ("auto", "inotify", "poll")
+EXPOSED_KEY_CHOICES = ("warn", "refuse")  # launch_triton_exposed_key
+DEFAULT_MAX_MODEL_BYTES = 20 * 1024**3  # max_model_bytes: 20 GiB
+BAKE_INCONCLUSIVE = ("keep", "rollback")  # what an inconclusive bake does (docs/bake.md)
+# TRITONCTL_* variables that are not daemon settings: the config file's path, the CLI client's
+# daemon address, the test-only fault point. A shell set up for the CLI can still start the daemon.
+NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE", "TRITONCTL_FAULT")
+# The test suite's own switches (TRITONCTL_TEST_NO_SKIP, set by `python -m tests.tiers` for every
+# process it starts, TRITONCTL_TEST_NO_MOUNT, TRITONCTL_TEST_DROP_EVENTS): never daemon settings, so a
+# daemon a test starts under them is not refused.
+TEST_ENV_PREFIX = "TRITONCTL_TEST_"
+# What SIGHUP may change without a restart (everything else needs one).
+RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
+              "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
+              "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
+              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
+# An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
+ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
+WEBHOOK_KEYS = ("url", "events", "secret_file")
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    """One `[[webhook]]` table: where events go, which actions, and the secret that signs them (read
+    when the config is loaded, so SIGHUP picks up a rotated secret)."""
+
+    url: str
+    events: tuple[str, ...]
+    secret_file: Path
+    secret: str = field(repr=False, compare=False, default="")
+
+    def wants(self, action: str) -> bool:
+        return "*" in self.events or action in self.events
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the daemon needs, with units in the names."""
+
+    repository: Path | None = None  # source repository people edit (watched)
+    repository_url: str | None = None  # `repository` given as s3://BUCKET/PREFIX or mlflow+http://HOST:PORT
+    mlflow_alias: str = "champion"  # an mlflow+http:// repository serves the version this alias names
+    state_dir: Path = DEFAULT_STATE_DIR
+    db_url: str | None = None  # default: sqlite:///<state_dir>/registry.db
+    triton_url: str | None = None  # an external tritonserver (gRPC host:port)
+    launch_triton: bool = False  # start and supervise the embedded tritonserver
+    tritonserver: Path | None = None  # explicit binary for --launch-triton
+    # other local users can read the launched tritonserver's command line (its key): warn, or refuse to start
+    launch_triton_exposed_key: str = "warn"
+    triton_key: str | None = None  # restricted-protocol key of an external server
+    triton_log_path: Path | None = None  # an external server's log file: Triton's reasons for failed loads
+    triton_metrics_url: str | None = None  # an external server's metrics endpoint: its GPU count
+    # The launched tritonserver's ports (Triton's own defaults; 0 = a free port chosen at start).
+    triton_grpc_port: int = 8001
+    triton_http_port: int = 8000
+    triton_metrics_port: int = 8002
+    settle_s: float = 1.0
+    policy: str = "auto"
+    commit_marker: str | None = None
+    socket: Path | None = None  # default: <state_dir>/tritonctl.sock
+    listen: str | None = None  # optional TCP listener host:port (requires token_file)
+    token_file: Path | None = None
+    tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
+    tls_key: Path | None = None  # ... and its private key
+    allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
+    web_address: str | None = None  # the read-only web view at /ui/ on HOST:PORT (off when unset)
+    web_require_token: bool = False  # ask for the token on a loopback web address too (it always does elsewhere)
+    web_host_names: str | None = None  # comma-separated Host names the web view answers to beyond its address's
+    metrics_port: int | None = None
+    log_level: str = "info"
+    log_format: str = "plain"
+    reconcile_interval_s: float = 10.0
+    startup_parallelism: int = 0  # start-up models at once (members first, then ensembles); 0: triton_load_threads
+    # Triton's model-load thread count: a launched tritonserver gets --model-load-thread-count of it; for
+    # an external one, set it to that server's own (Triton's default: 4)
+    triton_load_threads: int = 4
+    ready_waits_for_deploys: bool = True  # READY=1 after the initial deploys (False: after the scan)
+    load_timeout_s: float = 120.0
+    shutdown_timeout_s: float = 30.0
+    db_busy_timeout_s: float = 10.0  # how long a registry write waits for another writer's lock
+    host: str = ""
+    # a model entry that is a symlink is followed only into the repository or one of these directories
+    allowed_link_roots: tuple[Path, ...] = ()
+    max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES  # a model's files together above this are refused
+    watch: str = "auto"  # how the repository is watched: auto (by filesystem type), inotify, poll
+    poll_interval_s: float = 2.0  # poll mode, symlinked models, s3:// listings: this often
+    rescan_interval_s: float = 30.0  # inotify mode: every model's stat signature, the safety net
+    keep_triton: bool = False  # SIGTERM leaves a launched tritonserver serving; the next start adopts it
+    # a freshly launched tritonserver loads the models the registry serves in its own start-up
+    # (--load-model), not one load request each after it (controlplane/startup/preload.py)
+    launch_loads_serving: bool = True
+    # Fleet (docs/fleet.md): with `fleet`, `db_url` is the PostgreSQL registry every host shares.
+    fleet: bool = False
+    shared_store: Path | str | None = None  # fleet content every host reads, the leader writes: a directory or s3://
+    canary_hosts: str | None = None  # comma-separated; default: the first `canary_count` hosts by name
+    canary_count: int = 1
+    wave_size: int = 2
+    liveness_s: float = 10.0  # a host silent this long is dead (one whose session ended is dead at once)
+    heartbeat_s: float = 1.0
+    converge_s: float = 2.0  # how often a host converges to the fleet's target
+    wave_bake_s: float = 0.0  # each wave after the canaries bakes this long before the next (0: no bake)
+    # Signed webhooks (docs/operations.md): `[[webhook]]` tables of the config file only.
+    webhook: tuple[WebhookTarget, ...] = ()
+    webhook_retry_max_s: float = 300.0  # the longest wait between retries of a failing delivery
+    # Memory budget (controlplane/memory/budget.py): None, the default, is no budget (every model loads).
+    memory_budget_mb: float | None = None  # host memory the loaded models may hold, in MB
+    gpu_memory_budget_mb: float | None = None  # GPU memory per GPU the loaded models may hold, in MB
+    protected_tags: str = "stable"  # comma-separated: a serving digest with one of these tags is never evicted
+    idle_unload_s: float = 300.0  # policy ondemand: unloaded after this long with no inference and no lease
+    # Bake (docs/bake.md, controlplane/bake/baker.py): a new digest serves this long on Triton's figures before its
+    # deploy is done; 0, the default, is no bake.
+    bake_s: float = 0.0
+    bake_max_failure_ratio: float = 0.01  # failed requests over all requests to the new digest
+    bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
+    bake_min_requests: int = 20  # fewer by the end: inconclusive
+    bake_inconclusive: str = "keep"  # an inconclusive bake keeps the version, or "rollback"
+    # a baked digest whose load took more than this times the previous digest's, or whose footprint grew
+    # more than this, gets one warning line in the audit and a mark in `versions` (controlplane/bake/warn.py)
+    bake_warn_load_ratio: float = 2.0
+
+    @property
+    def registry_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.state_dir / 'registry.db'}"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket or self.state_dir / SOCKET_NAME
+
+    @property
+    def load_parallelism(self) -> int:
+        """How many models go to Triton at once (start-up, restores): `startup_parallelism`, or (0)
+        Triton's own model-load thread count, `triton_load_threads`."""
+        return self.startup_parallelism or self.triton_load_threads
+
+    def reloaded(self, new: Settings) -> Settings:
+        """This settings object with only the SIGHUP-reloadable fields taken from `new`."""
+        return replace(self, **{name: getattr(new, name) for name in RELOADABLE})
+
+
+def _path(value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError("expected a path")
+    return Path(value).expanduser()
+
+
+def _paths(value: Any) -> tuple[Path, ...]:
+    """A list of paths (TOML), or one string of them separated by ':' (a variable or a flag)."""
+    items = value.split(os.pathsep) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError("expected a list of directories")
+    return tuple(_path(item) for item in items if item != "")
+
+
+def _repository(value: Any) -> Path | str:
+    """A local directory, an s3://BUCKET/PREFIX URL or an MLflow registry's mlflow+http://HOST:PORT
+    (load_settings moves a URL to `repository_url`)."""
+    if isinstance(value, str) and value.startswith("mlflow+"):
+        from controlplane.remote.mlflowrest import tracking_url
+
+        try:
+            tracking_url(value)
+        except ConfigError:
+            raise ValueError("expected mlflow+http://HOST:PORT or mlflow+https://HOST:PORT") from None
+        return value.rstrip("/")
+    if isinstance(value, str) and value.startswith("s3://"):
+        from controlplane.remote.objectstore import S3Location
+
+        try:
+            return S3Location.parse(value).url
+        except ConfigError:
+            raise ValueError("expected s3://BUCKET/PREFIX") from None
+    return _path(value)
+
+
+def _s3_url(value: Any) -> str:
+    if not (isinstance(value, str) and value.startswith(("s3://", "mlflow+"))):
+        raise ValueError("expected s3://BUCKET/PREFIX or mlflow+http://HOST:PORT")
+    return str(_repository(value))
+
+
+_ALIAS_RE = re.compile(r"[A-Za-z0-9_-]{1,255}")
+
+
+def _mlflow_alias(value: Any) -> str:
+    """An MLflow alias (letters, digits, `_`, `-`), as MLflow itself accepts one."""
+    text = str(value).strip()
+    if not _ALIAS_RE.fullmatch(text) or re.fullmatch(r"[vV]\d+|latest", text):
+        raise ValueError("expected an MLflow alias: letters, digits, '_' or '-' (not 'latest' nor v<number>)")
+    return text
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _positive_float(minimum: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError("expected a number")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected a number") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise ValueError("expected a finite number")
+        if number < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def _duration(value: Any) -> float:
+    """Seconds: a number, or a duration like 90s, 5m, 1h; 0 or more."""
+    if isinstance(value, bool):
+        raise ValueError("expected seconds or a duration like 30s, 5m")
+    seconds = float(value) if isinstance(value, (int, float)) else duration_s(str(value))
+    if seconds is None or seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ValueError("expected seconds or a duration like 30s, 5m")
+    return seconds
+
+
+def _ratio(value: Any) -> float:
+    number = _positive_float(0.0)(value)
+    if number > 1.0:
+        raise ValueError("expected a ratio from 0 to 1")
+    return number
+
+
+def _whole_number(expected: str, minimum: int = 0, maximum: int | None = None) -> Callable[[Any], int]:
+    """A whole number from `minimum` to `maximum` (an int or its digits); `expected` names the range."""
+
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+            raise ValueError(f"expected {expected}")
+        number = int(value)
+        if number < minimum or (maximum is not None and number > maximum):
+            raise ValueError(f"expected {expected}")
+        return number
+
+    return parse
+
+
+_positive_int = _whole_number("a whole number of at least 1", minimum=1)
+_whole_int = _whole_number("a whole number (0 or more)")
+_port = _whole_number("a port number 1-65535", minimum=1, maximum=65535)
+_port_or_zero = _whole_number("a port number 0-65535 (0: a free port)", maximum=65535)
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return text
+
+    return parse
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def _host_port(value: Any, check_port: Callable[[Any], int]) -> str:
+    text = _text(value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT")
+    check_port(port)
+    return text
+
+
+def _listen(value: Any) -> str:
+    return _host_port(value, _port)
+
+
+def _web_address(value: Any) -> str:
+    """HOST:PORT; port 0 takes a free port (the daemon logs the address it got)."""
+    return _host_port(value, _port_or_zero)
+
+
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
+
+
+def _host_names(value: Any) -> str:
+    """DNS names or IP literals (a list, or a comma-separated string), without ports: `view.example.com`."""
+    names = value if isinstance(value, list) else _text(value).split(",")
+    cleaned = []
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError("expected host names")
+        text = name.strip().lower().rstrip(".")
+        if not text:
+            continue
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            if not _HOST_NAME.match(text):
+                raise ValueError("expected host names without ports, e.g. view.example.com") from None
+        cleaned.append(text)
+    if not cleaned:
+        raise ValueError("expected at least one host name")
+    return ",".join(cleaned)
+
+
+def private_file_problem(path: os.PathLike[str] | str, mode: int) -> str | None:
+    """What is wrong with a secret file (a webhook's secret, the daemon's token file) of this st_mode: not
+    a regular file, or writable by its group or open to others; None when nothing is."""
+    if not stat.S_ISREG(mode):
+        return f"{path} is not a regular file"
+    if mode & 0o027:
+        return (f"{path} has mode {stat.S_IMODE(mode):04o}: others (or its group) may read or change it; "
+                f"chmod 600 {path}")
+    return None
+
+
+def read_secret(path: Path) -> str:
+    """A webhook's secret: a regular file, not writable by its group nor open to others (like a token
+    file: whoever reads it can sign events), at least 16 characters."""
+    try:
+        problem = private_file_problem(path, os.stat(path).st_mode)  # before open: a fifo would block it
+        if problem:
+            raise ValueError(problem)
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read().strip()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(secret) < 16:
+        raise ValueError(f"{path}: the secret must be at least 16 characters")
+    return secret
+
+
+def _webhook_table(index: int, table: Any) -> WebhookTarget:
+    where = f"[[webhook]] #{index + 1}"
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table with url, events and secret_file")
+    unknown = sorted(set(table) - set(WEBHOOK_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: {unknown[0]}: unknown key (expected url, events, secret_file)")
+    for key in WEBHOOK_KEYS:
+        if key not in table:
+            raise ValueError(f"{where}: {key}: missing")
+    url = table["url"]
+    if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url) or any(c.isspace() for c in url):
+        raise ValueError(f"{where}: url: expected an http:// or https:// URL, got {url!r}")
+    events = table["events"]
+    if (not isinstance(events, list) or not events
+            or not all(isinstance(e, str) and (e == "*" or ACTION_NAME.match(e)) for e in events)):
+        raise ValueError(f"{where}: events: expected a list of audit action names (deploy, rollback, tag, "
+                         f"changeset, ...) or [\"*\"], got {events!r}")
+    try:
+        secret_file = _path(table["secret_file"])
+    except ValueError:
+        raise ValueError(f"{where}: secret_file: expected a path") from None
+    try:
+        secret = read_secret(secret_file)
+    except ValueError as exc:
+        raise ValueError(f"{where}: secret_file: {exc}") from None
+    return WebhookTarget(url, tuple(events), secret_file, secret)
+
+
+def _webhooks(value: Any) -> tuple[WebhookTarget, ...]:
+    """`[[webhook]]` tables (the config file only: a list of tables has no flag or variable form)."""
+    if not isinstance(value, list):
+        raise ValueError("expected [[webhook]] tables in the config file")
+    targets = tuple(_webhook_table(i, table) for i, table in enumerate(value))
+    urls = [t.url for t in targets]
+    for url in urls:
+        if urls.count(url) > 1:
+            raise ValueError(f"url {url} is configured twice (one table per receiver)")
+    return targets
+
+
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    "repository": _repository,
+    "repository_url": _s3_url,
+    "mlflow_alias": _mlflow_alias,
+    "state_dir": _path,
+    "db_url": _text,
+    "triton_url": _text,
+    "launch_triton": _bool,
+    "tritonserver": _path,
+    "triton_key": _text,
+    "launch_triton_exposed_key": _choice(EXPOSED_KEY_CHOICES),
+    "triton_log_path": _path,
+    "triton_metrics_url": _text,
+    "triton_grpc_port": _port_or_zero,
+    "triton_http_port": _port_or_zero,
+    "triton_metrics_port": _port_or_zero,
+    "settle_s": _positive_float(0.05),
+    "policy": _choice(POLICIES),
+    "commit_marker": _text,
+    "socket": _path,
+    "listen": _listen,
+    "token_file": _path,
+    "tls_cert": _path,
+    "tls_key": _path,
+    "allow_insecure_http": _bool,
+    "web_address": _web_address,
+    "web_require_token": _bool,
+    "web_host_names": _host_names,
+    "metrics_port": _port,
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
+    "reconcile_interval_s": _positive_float(0.5),
+    "startup_parallelism": _whole_int,
+    "triton_load_threads": _positive_int,
+    "ready_waits_for_deploys": _bool,
+    "load_timeout_s": _positive_float(1.0),
+    "shutdown_timeout_s": _positive_float(1.0),
+    "db_busy_timeout_s": _positive_float(0.1),
+    "host": _text,
+    "allowed_link_roots": _paths,
+    "max_model_bytes": _positive_int,
+    "watch": _choice(WATCH_MODES),
+    "poll_interval_s": _positive_float(0.05),
+    "rescan_interval_s": _positive_float(0.5),
+    "keep_triton": _bool,
+    "launch_loads_serving": _bool,
+    "fleet": _bool,
+    "shared_store": _repository,  # a directory or s3://BUCKET/PREFIX
+    "canary_hosts": _text,
+    "canary_count": _positive_int,
+    "wave_size": _positive_int,
+    "liveness_s": _positive_float(0.5),
+    "heartbeat_s": _positive_float(0.1),
+    "converge_s": _positive_float(0.1),
+    "wave_bake_s": _duration,
+    "webhook": _webhooks,
+    "webhook_retry_max_s": _positive_float(0.1),
+    "memory_budget_mb": _positive_float(1.0),
+    "gpu_memory_budget_mb": _positive_float(1.0),
+    "protected_tags": _text,
+    "idle_unload_s": _positive_float(1.0),
+    "bake_s": _duration,
+    "bake_max_failure_ratio": _ratio,
+    "bake_max_latency_ratio": _positive_float(1.0),
+    "bake_min_requests": _whole_int,
+    "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
+    "bake_warn_load_ratio": _positive_float(1.0),
+}
+assert set(PARSERS) == {f.name for f in fields(Settings)}
+
+
+# A model's own bake settings, `parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }` in its
+# config.pbtxt: parsed as the daemon's settings are (docs/bake.md); validation refuses a bad one.
+BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio")
+PARAMETER_PREFIX = "tritonctl."
+
+
+def bake_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The bake settings a model's config parameters set (key → parsed value), from `parameters` as a parsed
+    config holds them (key → {"string_value": text}, or key → text). ValueError names the parameter."""
+    found: dict[str, Any] = {}
+    for key in BAKE_PARAMETERS:
+        value = parameters.get(PARAMETER_PREFIX + key)
+        if value is None:
+            continue
+        text = value.get("string_value", "") if isinstance(value, Mapping) else value
+        try:
+            found[key] = PARSERS[key](text)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f'parameters["{PARAMETER_PREFIX}{key}"]: "{text}": {exc}') from None
+    return found
+
+
+def _parse(key: str, value: Any, source: str) -> Any:
+    try:
+        return PARSERS[key](value)
+    except (ValueError, TypeError) as exc:
+        if key == "webhook":  # the tables' own messages name the table and field
+            raise ConfigError(f"{source}: webhook: {exc}") from None
+        raise ConfigError(f"{source}: {key}: invalid value {value!r} ({exc})") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    # Imported here: every CLI command imports this module, only the daemon reads a config file.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in PARSERS:
+            raise ConfigError(f"{path}: {key}: unknown key")
+        values[key] = _parse(key, value, str(path))
+    return values
+
+
+def read_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS_ENV or name.startswith(TEST_ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key not in PARSERS:
+            raise ConfigError(f"environment: {name}: unknown setting")
+        values[key] = _parse(key, value, f"environment {name}")
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge the sources; a missing default config file is fine, a missing named one is an error."""
+    env = os.environ if env is None else env
+    file_values: dict[str, Any] = {}
+    named = config_file or (Path(env["TRITONCTL_CONFIG"]) if env.get("TRITONCTL_CONFIG") else None)
+    if named is not None:
+        file_values = read_config_file(named)
+    elif DEFAULT_CONFIG_FILE.exists():
+        file_values = read_config_file(DEFAULT_CONFIG_FILE)
+    merged: dict[str, Any] = {}
+    merged.update(file_values)
+    merged.update(read_environment(env))
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key not in PARSERS:
+            raise ConfigError(f"flag: {key}: unknown setting")
+        merged[key] = _parse(key, value, "flag")
+    if isinstance(merged.get("repository"), str):  # s3://...: the same setting, typed apart from a Path
+        merged["repository_url"] = merged.pop("repository")
+    settings = Settings(**merged)
+    if settings.repository is not None and settings.repository_url:
+        raise ConfigError("repository: give either a directory or an s3:// URL or mlflow+http:// URL (repository_url), "
+                          "not both")
+    if settings.repository_url and settings.repository_url.startswith("mlflow+"):
+        from controlplane.remote.mlflowrest import require_extra
+
+        require_extra()  # one line naming the extra (exit 2), before anything starts
+    if settings.listen and not settings.token_file:
+        raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")
+    if settings.triton_url and settings.launch_triton:
+        raise ConfigError("triton_url: give either --triton-url or --launch-triton, not both")
+    return settings
