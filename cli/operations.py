@@ -10,6 +10,7 @@ import click
 
 from cli import render
 from cli.options import daemon_options, host_option, json_option, reader_options
+from controlplane.base.bounds import MAX_COUNT, MAX_DURATION_S, MAX_LIMIT, check_duration
 from controlplane.errors import DeployError, TritonUnavailableError, UsageError
 from controlplane.text import clean, duration_s
 
@@ -97,7 +98,10 @@ def _bake_seconds(text: str | None) -> float | None:
     seconds = duration_s(text)
     if seconds is None:
         raise UsageError(f"--bake: '{text}' is not a duration like 30s, 5m, 1h (0: no bake)")
-    return seconds
+    try:
+        return check_duration(seconds)
+    except ValueError as exc:
+        raise UsageError(f"--bake: '{text}': {exc}") from None
 
 
 @click.command()
@@ -187,7 +191,7 @@ def rollback(client: ControlClient, model: str, to_digest: str, to_tag: str, for
 @click.option("--watch", is_flag=True, help="Redraw on every change the daemon reports (its event stream), and "
               "every --interval seconds (Ctrl-C to stop); off a terminal, print one table (with --json one JSON "
               "line) each time.")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("--interval", type=click.FloatRange(min=0.2, max=MAX_DURATION_S), default=2.0, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: also since, policy, pin, drift, the "
               "source's digest, why it is (not) in sync, the last error.")
 @click.option("--fleet", is_flag=True, help="The fleet's model x host matrix (digest, state, drift): the daemon's "
@@ -297,7 +301,7 @@ unpin = _pin_command("unpin", False, """Release a pinned MODEL.
 
 
 @click.command()
-@click.option("--keep", type=click.IntRange(min=0), default=10, show_default=True,
+@click.option("--keep", type=click.IntRange(min=0, max=MAX_COUNT), default=10, show_default=True,
               help="Snapshots to keep per model besides the active one.")
 @json_option
 @daemon_options
@@ -328,8 +332,8 @@ def hosts(reader: Any, as_json: bool) -> None:
 @click.command()
 @click.option("--open", "only_open", is_flag=True, help="Only rollouts still in progress.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until no rollout is open.")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True)
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--interval", type=click.FloatRange(min=0.2, max=MAX_DURATION_S), default=1.0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=MAX_LIMIT), default=20, show_default=True)
 @json_option
 @reader_options
 def rollouts(reader: Any, only_open: bool, watch: bool, interval: float, limit: int, as_json: bool) -> None:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from controlplane.base.bounds import check_duration
 from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.deploy.reconcile import Drift
 from controlplane.documents.results import (
@@ -199,8 +200,11 @@ class ControlPlane:
     ) -> Outcome:
         """`bake_s`: this deploy's own bake (`load --bake 5m`; 0: none), else the daemon's `bake_s`."""
         validate_model_name(model)
-        if bake_s is not None and not 0 <= bake_s < float("inf"):
-            raise UsageError(f"--bake: {bake_s:g} s: expected 0 or more seconds")
+        if bake_s is not None:
+            try:
+                check_duration(bake_s)
+            except ValueError as exc:
+                raise UsageError(f"--bake: {bake_s!r}: {exc}") from None
         if digest:
             target = recorded_digest(self.registry, model, validate_digest(digest))
         else:

@@ -31,6 +31,7 @@ from controlplane.api.leases import lease_routes
 from controlplane.api.params import (
     STRICT,
     TRACK_TAKES_NO_HOST,
+    BakeSeconds,
     DigestField,
     KeepField,
     LimitQuery,
@@ -109,7 +110,7 @@ class LoadBody(BaseModel):
     force: bool = False  # retry a quarantined digest / reload the active one
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
-    bake_s: float | None = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
+    bake_s: BakeSeconds = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
 
 
 class ChangeSetBody(BaseModel):

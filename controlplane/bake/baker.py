@@ -477,10 +477,22 @@ class Baker:
         if self.path is None or not self.path.exists():
             return
         try:
-            bakes = [Bake.from_record(r) for r in json.loads(self.path.read_text())]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            records = json.loads(self.path.read_text())
+            if not isinstance(records, list):
+                raise ValueError("expected a list of bakes")
+        except (OSError, ValueError) as exc:
             log.warning("bake: %s unreadable, no bake resumed: %s", self.path, exc)
             return
+        bakes, dropped = [], []
+        for record in records:
+            try:
+                bakes.append(Bake.from_record(record))
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+                model = record.get("model") if isinstance(record, dict) else None
+                dropped.append(f"{model or '?'}: {type(exc).__name__}: {exc}")
+        if dropped:  # one line, and the file rewritten without them: the next start does not warn again
+            log.warning("bake: %s: %d record(s) out of range or unreadable dropped (%s)", self.path, len(dropped),
+                        "; ".join(dropped)[:500])
         for bake in bakes:
             try:
                 current = self.registry.find_model(bake.model)
@@ -496,6 +508,8 @@ class Baker:
                 log.info("%s: bake of %s resumed, %d s left", bake.model, bake.digest[:12], bake.seconds_left())
             with self._lock:
                 self._bakes[bake.model] = bake
+        if dropped:
+            self._save()
 
     # -- the thread ---------------------------------------------------------------------------------
 

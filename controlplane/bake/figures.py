@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from controlplane.settings.config import Settings
+from controlplane.base.bounds import MAX_COUNT, MAX_RATIO, check, check_count, check_duration, check_moment
+from controlplane.settings.config import BAKE_INCONCLUSIVE, Settings
 from controlplane.store.records import iso
 from controlplane.triton.client import RequestCounts
 from controlplane.vocab import Result
@@ -29,6 +30,17 @@ class Limits:
     max_latency_ratio: float | None
     min_requests: int
     inconclusive: str  # "keep" or "rollback"
+
+    def __post_init__(self) -> None:
+        """Every source of these limits is bounded where it enters (controlplane/base/bounds.py); a record read
+        back from `bakes.json` is not, so they are checked here too: ValueError for one out of range."""
+        check_duration(self.bake_s)
+        check(self.max_failure_ratio, 0.0, 1.0)
+        if self.max_latency_ratio is not None:
+            check(self.max_latency_ratio, 0.0, MAX_RATIO)
+        check_count(self.min_requests, 0, MAX_COUNT)
+        if self.inconclusive not in BAKE_INCONCLUSIVE:
+            raise ValueError(f"inconclusive: expected one of {', '.join(BAKE_INCONCLUSIVE)}")
 
     def with_model(self, model: dict[str, Any]) -> Limits:
         """These limits overridden by a model's own config parameters (config.bake_parameters)."""
@@ -154,13 +166,25 @@ class Bake:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Bake:
-        requests, failures, success, success_ns = (int(n) for n in record["tally"])
+        """A bake read back from `bakes.json`; ValueError (or KeyError, TypeError) for a record that is not one
+        or holds a value out of range (controlplane/base/bounds.py): the caller drops it, never serves it."""
+        requests, failures, success, success_ns = (check_count(n) for n in record["tally"])
+        started = check_moment(record["started"])
+        ended = record.get("ended")
+        state = str(record["state"])
+        if state not in (BAKING, *AUDIT_OUTCOME):
+            raise ValueError(f"state: {state!r} is not a bake's")
         return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
-                   float(record["started"]), Tally(requests, failures, success, success_ns),
-                   record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
-                   record.get("ended"), record.get("baseline_p99_ms"), record.get("p99_ms"),
-                   bool(record.get("warned", True)), tuple(record.get("group") or ()),
+                   started, Tally(requests, failures, success, success_ns),
+                   _latency(record.get("baseline_latency_ms")), state, str(record.get("reason") or ""),
+                   None if ended is None else check_moment(ended), _latency(record.get("baseline_p99_ms")),
+                   _latency(record.get("p99_ms")), bool(record.get("warned", True)), tuple(record.get("group") or ()),
                    str(record.get("group_id") or ""))
+
+
+def _latency(value: Any) -> float | None:
+    """A latency in ms read back from a record: None, or a finite number from 0 to a week."""
+    return None if value is None else check(value, 0.0, 7 * 24 * 3600 * 1000.0)
 
 
 def verdict(bake: Bake, now: float) -> tuple[str, str, bool] | None:
