@@ -11,7 +11,7 @@ import click
 from cli import render
 from cli.options import daemon_options, host_option, json_option, reader_options
 from controlplane.base.bounds import MAX_COUNT, MAX_DURATION_S, MAX_LIMIT, check_duration
-from controlplane.errors import DeployError, TritonUnavailableError, UsageError
+from controlplane.errors import DeployError, TritonctlError, TritonUnavailableError, UsageError
 from controlplane.text import clean, duration_s
 
 if TYPE_CHECKING:
@@ -90,6 +90,30 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
         result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host, tag=tag,
                              bake_s=bake_s)
     _finish(result, as_json)
+    if bake_s and not as_json and not no_wait:
+        _say_bake(client, model, result)
+
+
+def _say_bake(client: ControlClient, model: str, result: dict[str, Any]) -> None:
+    """`load --bake`: the bake its deploy began (its end and time left), or, on content that already served
+    (`noop`: nothing was deployed, so nothing bakes), why there is none."""
+    if result.get("outcome") == "noop":
+        click.echo(f"no bake: {model} already serves this content, so nothing was deployed to bake; "
+                   f"`tritonctl load {model} --force --bake ...` loads it again and bakes it")
+        return
+    if result.get("outcome") != "ok":
+        return
+    try:
+        rows = client.status([model]).get("models") or []
+    except TritonctlError:
+        return
+    bake = rows[0].get("bake") if rows else None
+    if isinstance(bake, dict) and bake.get("digest") == result.get("digest") and bake.get("state") == "baking":
+        click.echo(clean(render.bake_line(model, bake)))
+    elif isinstance(bake, dict) and bake.get("digest") == result.get("digest") and bake.get("state"):
+        click.echo(clean(f"bake: {model} {str(bake.get('digest'))[:12]} {bake['state']}: {bake.get('reason', '')}"))
+    else:
+        click.echo(f"no bake: {model}'s deploy began none (a fleet's rollouts bake by waves: docs/bake.md)")
 
 
 def _bake_seconds(text: str | None) -> float | None:
@@ -270,7 +294,7 @@ def policy(client: ControlClient, model: str, policy: str, host: str, as_json: b
         from controlplane.intake.tags import refuse_host
 
         refuse_host(policy, host)
-    render.kv(client.set_policy(model, policy, host), as_json)
+    render.policy(client.set_policy(model, policy, host), as_json)
 
 
 def _pin_command(name: str, pinned: bool, doc: str) -> click.Command:

@@ -152,8 +152,9 @@ class LauncherError(TritonctlError):
     """The embedded tritonserver could not be found, assembled or started."""
 
 
-class StateDirInUseError(TritonctlError):
-    """Another daemon runs on this state directory (its lock file is held)."""
+class StateDirInUseError(ConfigError):
+    """Another daemon runs on this state directory (its lock file is held): a start-up refusal like a bad
+    setting, exit 2 (docs/cli.md "Exit codes")."""
 
 
 class DeployError(TritonctlError):
