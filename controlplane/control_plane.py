@@ -174,7 +174,8 @@ class ControlPlane:
         self.intake.look_again(model, delay_s)
 
     def due_retries(self) -> list[str]:
-        return [retry.model for retry in self.retries.due()]
+        """The models whose environment-fault retry is due now, each taken (RetryBook.take_due)."""
+        return [retry.model for retry in self.retries.take_due()]
 
     def retry(self, model: str) -> Outcome | None:
         """Deploy again what failed for an environment fault, unless something now holds the model."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controlplane.errors import EnvironmentFault, TritonUnavailableError
 from controlplane.vocab import Cause
@@ -121,3 +121,14 @@ class RetryBook:
         moment = now if now is not None else time.time()
         with self._lock:
             return sorted((r for r in self._retries.values() if r.due_at <= moment), key=lambda r: r.model)
+
+    def take_due(self, now: float | None = None) -> list[Retry]:
+        """The retries due now, each taken: not due again until its outcome records the next (`failed`) or
+        ends it (`clear`), or, should none come, after the longest wait (`cap_s`). The daemon asks every
+        supervision round (a second), so a retry fires when the log said, and a slow one is not sent twice."""
+        moment = now if now is not None else time.time()
+        with self._lock:
+            due = sorted((r for r in self._retries.values() if r.due_at <= moment), key=lambda r: r.model)
+            for retry in due:
+                self._retries[retry.model] = replace(retry, due_at=moment + self.cap_s)
+            return due
