@@ -61,7 +61,8 @@ from controlplane.deploy.engine import Deployer
 from controlplane.deploy.plans import Plan, order, serving_member
 from controlplane.documents.results import Outcome
 from controlplane.errors import NotFoundError, TritonctlError
-from controlplane.settings.config import Settings, bake_parameters
+from controlplane.settings.config import Settings
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import RequestCounts, TritonClient

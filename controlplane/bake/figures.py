@@ -43,7 +43,7 @@ class Limits:
             raise ValueError(f"inconclusive: expected one of {', '.join(BAKE_INCONCLUSIVE)}")
 
     def with_model(self, model: dict[str, Any]) -> Limits:
-        """These limits overridden by a model's own config parameters (config.bake_parameters)."""
+        """These limits overridden by a model's own config parameters (settings/modelparams.bake_parameters)."""
         return replace(self, bake_s=model.get("bake_s", self.bake_s),
                        max_failure_ratio=model.get("bake_max_failure_ratio", self.max_failure_ratio),
                        max_latency_ratio=model.get("bake_max_latency_ratio", self.max_latency_ratio))
@@ -51,7 +51,7 @@ class Limits:
     @classmethod
     def of(cls, settings: Settings, bake_s: float | None = None, model: dict[str, Any] | None = None) -> Limits:
         """The daemon's `settings`, overridden by the model's own config parameters (`model`:
-        config.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
+        settings/modelparams.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
         own = {**(model or {}), **({} if bake_s is None else {"bake_s": bake_s})}
         return cls(settings.bake_s, settings.bake_max_failure_ratio, settings.bake_max_latency_ratio,
                    settings.bake_min_requests, settings.bake_inconclusive).with_model(own)

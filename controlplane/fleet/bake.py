@@ -31,7 +31,7 @@ from controlplane.bake.figures import AUDIT_OUTCOME, BAKING, FAILED, INCONCLUSIV
 from controlplane.errors import TritonctlError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.settings import FleetSettings
-from controlplane.settings.config import bake_parameters
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.store.fleet import FleetStore, audit_event
 from controlplane.store.records import Rollout, Step
 from controlplane.store.registry import Registry

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.settings.config import model_parameter
+from controlplane.settings.modelparams import model_parameter
 from controlplane.vocab import MEMORY_KINDS
 
 STUB = "triton_python_backend_stub"
-DECLARED_MB = "footprint_mb"  # `tritonctl.footprint_mb` (settings/config.py MODEL_PARAMETERS)
+DECLARED_MB = "footprint_mb"  # `tritonctl.footprint_mb` (settings/modelparams.py MODEL_PARAMETERS)
 DECLARED_GPU_MB = "gpu_footprint_mb"
 MEASURED = "measured"
 DECLARED = "declared"

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from controlplane.settings.config import MODEL_PARAMETERS, PARAMETER_PREFIX, STAMPED_PARAMETERS, model_parameter
+from controlplane.settings.modelparams import MODEL_PARAMETERS, PARAMETER_PREFIX, STAMPED_PARAMETERS, model_parameter
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.validation.ensembles import check_ensemble_graph
 from controlplane.vocab import ERROR, WARNING
