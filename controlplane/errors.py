@@ -187,6 +187,18 @@ class BudgetError(EnvironmentFault):
     `failed`, retried when room appears."""
 
 
+class SmokeError(TritonctlError):
+    """A deploy's smoke requests (smoke.json) failed by themselves: a wrong answer, or a failure no other request
+    shared (controlplane/deploy/smoke.py). Rolled back and held back, cause `smoke`: the content validates, so
+    `status` says its smoke test failed, never that it is invalid."""
+
+
+class SmokeSharedError(EnvironmentFault):
+    """A deploy's smoke requests failed only in batches where other requests failed too, while other requests
+    passed meanwhile (issue 57: a client's request that fails its whole dynamic batch). Nothing shows the content
+    at fault: rolled back, never quarantined, cause `smoke_shared`, retried with backoff."""
+
+
 class HostCapabilityError(EnvironmentFault):
     """The target tritonserver lacks what the model needs (a backend, a GPU): found before the load."""
 

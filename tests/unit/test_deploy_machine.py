@@ -203,8 +203,8 @@ def test_a_failing_smoke_request_rolls_back(bench: Bench) -> None:
     good = bench.serving_now(1)
     bad = bench.record(2, smoke_gen=3)  # the content answers 2, its smoke file expects 3
     outcome = bench.deployer.deploy("m", bad, "alice")
-    assert (outcome.outcome, outcome.cause) == (Result.ROLLED_BACK, Cause.CONTENT)
-    assert outcome.message.split(": ", 1)[1].startswith("smoke:")
+    assert (outcome.outcome, outcome.cause) == (Result.ROLLED_BACK, Cause.SMOKE)  # its own: held, not "invalid"
+    assert outcome.message.split(": ", 1)[1].startswith("smoke test failed: m request 0: output 'gen'")
     assert served(bench) == good and bench.registry.get_snapshot("m", bad).quarantined
 
 
