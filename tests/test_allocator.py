@@ -1,6 +1,7 @@
-"""The daemon caps glibc's malloc arenas before its threads start (controlplane/runtime/allocator.py: its peak
-RSS in a first start at 10,000 models, 361 MB with glibc's default arenas, 271 MB with two); an
-operator's own MALLOC_ARENA_MAX stands instead."""
+"""The daemon caps glibc's malloc arenas before its threads start (controlplane/runtime/allocator.py; what it saves
+of a first start's peak RSS, side by side: bench/arena_ab.py, docs/benchmarks.md "Memory at 10,000 models");
+an operator's own MALLOC_ARENA_MAX stands instead. A real daemon is read from outside: its arenas, counted in
+/proc/PID/maps."""
 
 from __future__ import annotations
 

@@ -4,11 +4,12 @@ Why: glibc gives each thread that allocates while another holds an arena one of 
 core, and a freed block goes back to its own arena only. The daemon's threads (the start-up pool,
 gRPC's, the API's, the metrics endpoint's) each allocated through their own arena: in a first start
 under auto policy at 10,000 models the staged deploys' end added 67 MB to the daemon's peak RSS,
-memory freed in one arena and asked for again in another, never reused (measured: 356 MB peak; with
-two arenas 269 MB, the end of the deploys adding nothing; issue 39). Python's own small objects come
-from its arenas (pymalloc) and are not concerned; what glibc serves (objects over 512 bytes, SQLite's,
-gRPC's, protobuf's) is. The daemon holds the GIL for most of its work, so two arenas cost it nothing
-measurable.
+memory freed in one arena and asked for again in another, never reused (measured by RSS samples then:
+356 MB peak; with two arenas 269 MB, the end of the deploys adding nothing; issue 39). Since the deploys
+end a chunk at a time, the cap saves less: bench/arena_ab.py measures it side by side (docs/benchmarks.md).
+Python's own small objects come from its arenas (pymalloc) and are not concerned; what glibc serves
+(objects over 512 bytes, SQLite's, gRPC's, protobuf's) is. The daemon holds the GIL for most of its work,
+so two arenas cost it nothing measurable.
 
 `MALLOC_ARENA_MAX` in the environment (glibc read it at the process's start) stands instead; a C
 library without `mallopt` (musl, macOS) is left as it is. Child processes (tritonserver, the capture
