@@ -190,6 +190,11 @@ class HostCapabilityError(EnvironmentFault):
     """The target tritonserver lacks what the model needs (a backend, a GPU): found before the load."""
 
 
+class GatewayError(EnvironmentFault):
+    """The gateway (controlplane/gateway/) did not take a route update or answer its control channel:
+    nothing was switched, what it routed before still answers."""
+
+
 class TagError(UsageError):
     """A tag request is refused: a bad tag name, a tag on invalid or collected content, an unknown tag
     (exit 2, like every UsageError)."""

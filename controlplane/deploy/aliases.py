@@ -1,0 +1,181 @@
+"""Which name Triton serves a digest under, and the switch that makes a model's public name answer with it.
+
+Without the gateway (`--no-gateway`, `InPlace`): every digest of a model loads under the model's own name,
+and a switch is Triton reloading that name in place, which NVIDIA no longer promises to do without a gap
+(docs/gateway.md). With the gateway (`Routed`): each digest loads under a private name no client uses,
+`<model>__<8 hex>` (controlplane/names.py reserves the pattern), and a switch is one update of the gateway's
+route table (the public name → the private name of the digest that serves), made atomically for every
+model it names: a change set flips as one. No path of this mode loads new content into a loaded name.
+
+An ensemble's private name is bound to its steps' private names: its published config points at them, so
+the same ensemble content over other step content is another name (`bound_name`), loaded fresh and
+flipped together with its steps. The route table itself lives in the gateway process, which keeps it on
+disk and serves it while the daemon is away; `Routed` keeps the daemon's copy, read from the gateway at
+start (adoption) and changed only through `switch`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from controlplane.names import is_private_name
+
+
+def private_name(model: str, digest: str) -> str:
+    """The name one digest of `model` is loaded under (a change set's staged step names too)."""
+    return f"{model}__{digest[:8]}"
+
+
+def bound_name(model: str, digest: str, steps: Mapping[str, str]) -> str:
+    """An ensemble's private name for its content `digest` over the step names `steps` (step → the
+    private name it is pointed at): another binding of the same content is another name."""
+    if not steps:
+        return private_name(model, digest)
+    binding = digest + "|" + ",".join(f"{step}={name}" for step, name in sorted(steps.items()))
+    return f"{model}__{hashlib.sha256(binding.encode()).hexdigest()[:8]}"
+
+
+def public_of(name: str) -> str:
+    """The public model a private name belongs to (a public name: itself)."""
+    return name.rsplit("__", 1)[0] if is_private_name(name) else name
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a public name is routed to: the private name Triton serves, and the digest loaded under it."""
+
+    name: str
+    digest: str
+
+
+class RoutePort(Protocol):
+    """What the daemon asks of the gateway's control channel (controlplane/gateway/control.py)."""
+
+    def update(self, set: Mapping[str, Any], delete: Iterable[str] = ()) -> int: ...  # noqa: A002
+
+    def routes(self) -> Mapping[str, Any]: ...
+
+    def inflight(self, names: Iterable[str]) -> Mapping[str, int]: ...
+
+
+class Aliases:
+    """The names and switches of a Deployer without a gateway (`InPlace`): a digest serves under its model's
+    own name and loading it is the switch. `Routed` overrides each method."""
+
+    gateway = False
+
+    def name(self, model: str, digest: str, steps: Mapping[str, str] | None = None) -> str:
+        return model
+
+    def target(self, model: str) -> Target | None:
+        """What `model`'s public name answers with now (None: no route; without a gateway, always None)."""
+        return None
+
+    def targets(self) -> dict[str, Target]:
+        return {}
+
+    def switch(self, changes: Mapping[str, Target | None]) -> None:
+        """Route each model of `changes` to its target (None: no route) in one atomic update."""
+
+    def in_use(self) -> set[str]:
+        """Every private name a client request can reach now: routed, or a step of a routed ensemble."""
+        return set()
+
+
+InPlace = Aliases
+
+
+class Routed(Aliases):
+    """Names and switches through the gateway (see the module docstring). Thread-safe: deploys of different
+    models switch concurrently; each switch is one request to the gateway, answered once it is on disk."""
+
+    gateway = True
+
+    def __init__(self, port: RoutePort) -> None:
+        self.port = port
+        self._lock = threading.Lock()
+        self._targets: dict[str, Target] = {}
+        self._steps: dict[str, frozenset[str]] = {}  # an ensemble's private name -> the step names it points at
+
+    def adopt(self, steps_of: Any = None) -> dict[str, Target]:
+        """Read the gateway's routes (a restarted daemon takes over what the gateway serves); `steps_of(name)`
+        gives a routed ensemble's step names (from its published config), so they count as in use."""
+        routes = self.port.routes()
+        targets: dict[str, Target] = {}
+        for model, route in routes.items():
+            target = _first_target(route)
+            if target is not None:
+                targets[model] = target
+        with self._lock:
+            self._targets = targets
+        if steps_of is not None:
+            for target in targets.values():
+                steps = steps_of(target.name)
+                if steps:
+                    self.bind(target.name, steps)
+        return dict(targets)
+
+    def name(self, model: str, digest: str, steps: Mapping[str, str] | None = None) -> str:
+        if steps is None:
+            return private_name(model, digest)
+        name = bound_name(model, digest, steps)
+        self.bind(name, steps.values())
+        return name
+
+    def bind(self, name: str, step_names: Iterable[str]) -> None:
+        with self._lock:
+            self._steps[name] = frozenset(step_names)
+
+    def target(self, model: str) -> Target | None:
+        with self._lock:
+            return self._targets.get(model)
+
+    def targets(self) -> dict[str, Target]:
+        with self._lock:
+            return dict(self._targets)
+
+    def switch(self, changes: Mapping[str, Target | None]) -> None:
+        if not changes:
+            return
+        routes = {model: route_json(t) for model, t in changes.items() if t is not None}
+        gone = [model for model, t in changes.items() if t is None]
+        self.port.update(set=routes, delete=gone)  # GatewayError: nothing switched (the gateway kept its table)
+        with self._lock:
+            for model, target in changes.items():
+                if target is None:
+                    self._targets.pop(model, None)
+                else:
+                    self._targets[model] = target
+
+    def in_use(self) -> set[str]:
+        with self._lock:
+            names = {t.name for t in self._targets.values()}
+            for name in list(names):
+                names |= self._steps.get(name, frozenset())
+            return names
+
+    def inflight(self, names: Iterable[str]) -> Mapping[str, int]:
+        return self.port.inflight(list(names))
+
+
+def route_json(target: Target) -> dict[str, Any]:
+    """One route as the gateway's control channel takes it: every request to the single target."""
+    return {"targets": [{"name": target.name, "digest": target.digest, "weight": 100}], "state": "serving"}
+
+
+def _first_target(route: Any) -> Target | None:
+    """The target a route sends every request to (the heaviest, for a route with several)."""
+    targets = route.get("targets") if isinstance(route, Mapping) else getattr(route, "targets", None)
+    best: Target | None = None
+    best_weight = -1
+    for t in targets or ():
+        name = t.get("name") if isinstance(t, Mapping) else getattr(t, "name", None)
+        digest = t.get("digest") if isinstance(t, Mapping) else getattr(t, "digest", None)
+        weight = t.get("weight", 0) if isinstance(t, Mapping) else getattr(t, "weight", 0)
+        if isinstance(name, str) and isinstance(digest, str) and int(weight) > best_weight:
+            best, best_weight = Target(name, digest), int(weight)
+    return best
