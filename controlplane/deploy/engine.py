@@ -132,7 +132,7 @@ class Deployer:
             run = replace(plan, members=members)
             self._set_thread.active = True  # its members' outcomes are reported in this thread
             try:
-                outcome = (self._plans.run(run, actor, progress) if self.routed is None
+                outcome = (self._plans.run(run, actor, progress) if self.routed is None or run.analysis
                            else self.routed.run_set(run, actor, progress))
             finally:
                 self._set_thread.active = False

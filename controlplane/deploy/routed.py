@@ -27,27 +27,35 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from controlplane.deploy.aliases import Routed, Target, public_of
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
-from controlplane.deploy.plans import ACTION, Plan, SetRunner, audit_set, point_steps
-from controlplane.deploy.steps import BringUp, DeployOperation, ProgressFn, VerifyError, ms_since
+from controlplane.deploy.plans import ACTION, Plan, audit_set, point_steps
+from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.steps import (
+    BringUp,
+    DeployOperation,
+    LoadGuard,
+    ProgressFn,
+    TritonPort,
+    TritonSteps,
+    VerifyError,
+    ms_since,
+)
 from controlplane.documents.results import Outcome, Progress
 from controlplane.errors import EnvironmentFault, TritonctlError
 from controlplane.names import is_private_name
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
+from controlplane.store.registry import Registry
 from controlplane.triton.client import DIGEST_PARAMETER
 from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import stamp_parameter
 from controlplane.vocab import SERVING_STATES, Cause, DeployStep, ModelState, Result, StepState
-
-if TYPE_CHECKING:
-    from controlplane.deploy.engine import Deployer
 
 log = logging.getLogger("tritonctl.deploy")
 
@@ -106,10 +114,32 @@ class Up:
     ticket: Any = None
 
 
+class DeployerParts(Protocol):
+    """What the routed path uses of the Deployer (controlplane/deploy/engine.py), which builds it."""
+
+    registry: Registry
+    serving: ServingRepository
+    steps: TritonSteps
+    guard: LoadGuard
+    triton: TritonPort
+
+    def lock(self, model: str) -> AbstractContextManager[Any]: ...
+
+    def report(self, outcome: Outcome) -> None: ...
+
+    def busy_models(self) -> list[str]: ...
+
+    def _bring_up(self, op: DeployOperation, b: BringUp, *, record: bool = True, quiet: bool = False,
+                  start: str | None = None, stop: str | None = None) -> BringUp: ...
+
+    def _refusal(self, snap: SnapshotRecord, force: bool,
+                 overrides: Mapping[str, SnapshotRecord] | None = None) -> tuple[str, Cause] | None: ...
+
+
 class RoutedDeploys:
     """The Deployer's operations when a gateway routes the traffic (see the module docstring)."""
 
-    def __init__(self, deployer: Deployer, aliases: Routed, drainer: Drainer,
+    def __init__(self, deployer: DeployerParts, aliases: Routed, drainer: Drainer,
                  ensembles: Callable[[], dict[str, list[str]]]) -> None:
         self.d = deployer
         self.aliases = aliases
@@ -185,10 +215,8 @@ class RoutedDeploys:
 
     def run_set(self, plan: Plan, actor: str, progress: ProgressFn | None) -> Outcome:
         """A change set (steps before ensembles): each changed member brought up under its name, with its own
-        deployment, and every public name switched in one update; a bake's set rollback, member by member
-        (each a switch back to a name the bake kept loaded)."""
-        if plan.analysis:
-            return SetRunner(self.d).run(plan, actor, progress)
+        deployment, and every public name switched in one update. (A bake's set rollback goes member by
+        member through the Deployer's SetRunner: each a switch back to a name the bake kept loaded.)"""
         started = time.monotonic()
         set_id = secrets.token_hex(4)
         steps: list[Progress] = []
