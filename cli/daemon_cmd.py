@@ -26,6 +26,15 @@ from controlplane.settings.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load
 @click.option("--triton-grpc-port", type=int, help="--launch-triton: gRPC inference port [default: 8001; 0: free].")
 @click.option("--triton-http-port", type=int, help="--launch-triton: HTTP inference port [default: 8000; 0: free].")
 @click.option("--triton-metrics-port", type=int, help="--launch-triton: metrics port [default: 8002; 0: free].")
+@click.option("--gateway/--no-gateway", "gateway", default=None,
+              help="Answer inference through tritonctl's gateway, which switches versions without Triton reloading "
+              "a model in place [default: on with --launch-triton] (docs/gateway.md).")
+@click.option("--gateway-http-address", help="Gateway HTTP/REST inference HOST:PORT (an external tritonserver; "
+              "with --launch-triton it takes --triton-http-port).")
+@click.option("--gateway-grpc-address", help="Gateway gRPC inference HOST:PORT (an external tritonserver; with "
+              "--launch-triton it takes --triton-grpc-port).")
+@click.option("--gateway-drain", "gateway_drain_s", metavar="DURATION",
+              help="After a switch the old version answers requests sent before it this long [default: 5s].")
 @click.option("--settle", "settle_s", type=float, help="Settle window in seconds [default: 1.0, min 0.05].")
 @click.option("--policy", type=click.Choice(POLICIES),
               help="Global deploy policy [default: auto]; ondemand: loaded by `ensure`.")

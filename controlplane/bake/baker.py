@@ -94,6 +94,7 @@ class Baker:
         self.counts: dict[str, int] = {outcome: 0 for outcome in BAKE_OUTCOMES}
         self._bakes: dict[str, Bake] = {}  # the last bake of each model
         self._asked: dict[str, float] = {}  # a deploy's own --bake, taken by its outcome
+        self._held: dict[str, str] = {}  # through a gateway: the previous digest's private name a bake keeps loaded
         self._history: dict[str, deque[tuple[float, int, int, float | None]]] = {}  # latency baseline samples
         # Triton's metrics endpoint, where its p99s are read (set by the daemon); None: the mean only
         self.metrics_url: Callable[[], str | None] = lambda: None
@@ -203,6 +204,7 @@ class Baker:
                     group_id=group_id)
         with self._lock:
             self._bakes[model] = bake
+        self._hold(bake)
         self._save()
         log.info("%s: baking %s for %.0f s (previous %s)", model, digest[:12], limits.bake_s,
                  (previous or "none")[:12])
@@ -393,6 +395,9 @@ class Baker:
                 return
             bake.state, bake.reason, bake.ended = state, reason, self.clock()
             self.counts[AUDIT_OUTCOME[state]] += 1
+            held = self._held.pop(bake.model, None)
+        if held is not None and self.deployer.routed is not None:
+            self.deployer.routed.release(bake.model, held)
         self._save()
         log.log(logging.INFO if state == PASSED else logging.WARNING, "%s: bake of %s %s: %s", bake.model,
                 bake.digest[:12], state, reason)
@@ -401,6 +406,17 @@ class Baker:
                                            int((self.clock() - bake.started) * 1000)))
         except TritonctlError as exc:
             log.error("%s: bake: audit: %s", bake.model, exc)
+
+    def _hold(self, bake: Bake) -> None:
+        """Through a gateway, the previous digest stays loaded while its successor bakes: a failed bake is a
+        switch back (controlplane/deploy/routed.py), not a load."""
+        routed = self.deployer.routed
+        if routed is None or not bake.previous:
+            return
+        name = routed.hold(bake.model, bake.previous)
+        if name is not None:
+            with self._lock:
+                self._held[bake.model] = name
 
     # -- the latency baseline -----------------------------------------------------------------------
 
@@ -496,6 +512,8 @@ class Baker:
                 log.info("%s: bake of %s resumed, %d s left", bake.model, bake.digest[:12], bake.seconds_left())
             with self._lock:
                 self._bakes[bake.model] = bake
+            if bake.state == BAKING:
+                self._hold(bake)
 
     # -- the thread ---------------------------------------------------------------------------------
 

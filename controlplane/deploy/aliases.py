@@ -98,7 +98,7 @@ class Routed(Aliases):
     def __init__(self, port: RoutePort) -> None:
         self.port = port
         self._lock = threading.Lock()
-        self._targets: dict[str, Target] = {}
+        self._targets: dict[str, Target] = {}  # replaced, never changed, on each switch: `targets()` hands it out
         self._steps: dict[str, frozenset[str]] = {}  # an ensemble's private name -> the step names it points at
 
     def adopt(self, steps_of: Any = None) -> dict[str, Target]:
@@ -111,7 +111,7 @@ class Routed(Aliases):
             if target is not None:
                 targets[model] = target
         with self._lock:
-            self._targets = targets
+            self._targets = dict(targets)
         if steps_of is not None:
             for target in targets.values():
                 steps = steps_of(target.name)
@@ -135,8 +135,9 @@ class Routed(Aliases):
             return self._targets.get(model)
 
     def targets(self) -> dict[str, Target]:
+        """Every route now: one dict per switch (the same object until the next one), not to be changed."""
         with self._lock:
-            return dict(self._targets)
+            return self._targets
 
     def switch(self, changes: Mapping[str, Target | None]) -> None:
         if not changes:
@@ -145,11 +146,13 @@ class Routed(Aliases):
         gone = [model for model, t in changes.items() if t is None]
         self.port.update(set=routes, delete=gone)  # GatewayError: nothing switched (the gateway kept its table)
         with self._lock:
+            targets = dict(self._targets)
             for model, target in changes.items():
                 if target is None:
-                    self._targets.pop(model, None)
+                    targets.pop(model, None)
                 else:
-                    self._targets[model] = target
+                    targets[model] = target
+            self._targets = targets
 
     def in_use(self) -> set[str]:
         with self._lock:
@@ -179,3 +182,39 @@ def _first_target(route: Any) -> Target | None:
         if isinstance(name, str) and isinstance(digest, str) and int(weight) > best_weight:
             best, best_weight = Target(name, digest), int(weight)
     return best
+
+
+class PublicNames:
+    """A Triton client read by public names (with a gateway, Triton knows only private ones): readiness,
+    statistics and last-inference times of a model are its routed private name's, handed back under the
+    public name; every other call passes through as it is (a private name stays private)."""
+
+    def __init__(self, triton: Any, aliases: Aliases) -> None:
+        self._triton = triton
+        self._aliases = aliases
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._triton, attr)
+
+    def _name(self, model: str) -> str:
+        target = self._aliases.target(model)
+        return target.name if target is not None else model
+
+    def _public(self) -> dict[str, str]:
+        return {t.name: model for model, t in self._aliases.targets().items()}
+
+    def version_ready(self, model: str, version: str = "") -> bool:
+        return bool(self._triton.version_ready(self._name(model), version))
+
+    def last_inferences(self, model: str = "") -> dict[str, float]:
+        public = self._public()
+        out: dict[str, float] = {}
+        for name, when in self._triton.last_inferences(self._name(model) if model else "").items():
+            key = public.get(name, name)
+            out[key] = max(out.get(key, 0.0), when)
+        return out
+
+    def request_counts(self, model: str) -> dict[tuple[str, str], Any]:
+        public = self._public()
+        return {(public.get(name, name), version): counts
+                for (name, version), counts in self._triton.request_counts(self._name(model) if model else "").items()}

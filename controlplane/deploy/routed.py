@@ -429,6 +429,31 @@ class RoutedDeploys:
         for name in self.names_of(model):
             self.d.steps.take_out(name)
 
+    def hold(self, model: str, digest: str) -> str | None:
+        """Keep `digest`'s private name loaded while no route uses it (a bake's previous digest: its rollback
+        is then a switch), until `release`; the name held, or None when none of `model` serves `digest`."""
+        name = self.loaded_name(model, digest)
+        if name is not None:
+            self.drainer.hold(name)
+        return name
+
+    def release(self, model: str, name: str) -> None:
+        self.drainer.release(model, name)
+
+    def loaded_name(self, model: str, digest: str) -> str | None:
+        """The private name of `model` whose published tree carries `digest` (its routed name first)."""
+        target = self.aliases.target(model)
+        if target is not None and target.digest == digest:
+            return target.name
+        for name in self.names_of(model):
+            tree = self.d.serving.current(name)
+            try:
+                if tree is not None and digest in (tree / "config.pbtxt").read_text(errors="replace"):
+                    return name
+            except OSError:
+                continue
+        return None
+
     def names_of(self, model: str) -> list[str]:
         """The private names of `model` published in the serving root."""
         return [n for n in self.d.serving.models() if is_private_name(n) and public_of(n) == model]

@@ -38,7 +38,7 @@ NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE"
 # daemon a test starts under them is not refused.
 TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
-RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
+RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
               "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
@@ -82,6 +82,14 @@ class Settings:
     triton_grpc_port: int = 8001
     triton_http_port: int = 8000
     triton_metrics_port: int = 8002
+    # The gateway (docs/gateway.md): it answers inference and switches versions by its route table. On by
+    # default with --launch-triton (it takes the triton_*_port ports; tritonserver moves to loopback ports of
+    # its own); with an external tritonserver, on when an address below is given. `gateway = false`
+    # (--no-gateway): Triton reloads a serving model in place, as before.
+    gateway: bool = True
+    gateway_http_address: str | None = None  # HOST:PORT clients send HTTP/REST inference to (external Triton)
+    gateway_grpc_address: str | None = None  # HOST:PORT clients send gRPC inference to (external Triton)
+    gateway_drain_s: float = 5.0  # after a switch, the old digest answers the requests sent before it this long
     settle_s: float = 1.0
     policy: str = "auto"
     commit_marker: str | None = None
@@ -153,6 +161,14 @@ class Settings:
     @property
     def socket_path(self) -> Path:
         return self.socket or self.state_dir / SOCKET_NAME
+
+    @property
+    def routes_traffic(self) -> bool:
+        """Whether a gateway carries the inference traffic: on with --launch-triton unless `gateway = false`;
+        with an external tritonserver when a gateway address is given."""
+        if not self.gateway:
+            return False
+        return self.launch_triton or bool(self.gateway_http_address or self.gateway_grpc_address)
 
     @property
     def load_parallelism(self) -> int:
@@ -426,6 +442,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "triton_grpc_port": _port_or_zero,
     "triton_http_port": _port_or_zero,
     "triton_metrics_port": _port_or_zero,
+    "gateway": _bool,
+    "gateway_http_address": _web_address,
+    "gateway_grpc_address": _web_address,
+    "gateway_drain_s": _duration,
     "settle_s": _positive_float(0.05),
     "policy": _choice(POLICIES),
     "commit_marker": _text,
