@@ -52,6 +52,15 @@ class Target:
     digest: str
 
 
+@dataclass(frozen=True)
+class Weighted:
+    """A route that splits the requests (a canary step): `targets` with their percent `weights`, the first
+    one the digest the registry calls active (the one being rolled out), the others what served before."""
+
+    targets: tuple[Target, ...]
+    weights: tuple[int, ...]
+
+
 class RoutePort(Protocol):
     """What the daemon asks of the gateway's control channel (controlplane/gateway/control.py)."""
 
@@ -78,7 +87,7 @@ class Aliases:
     def targets(self) -> dict[str, Target]:
         return {}
 
-    def switch(self, changes: Mapping[str, Target | None]) -> None:
+    def switch(self, changes: Mapping[str, Target | Weighted | None]) -> None:
         """Route each model of `changes` to its target (None: no route) in one atomic update."""
 
     def in_use(self) -> set[str]:
@@ -100,18 +109,23 @@ class Routed(Aliases):
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}  # replaced, never changed, on each switch: `targets()` hands it out
         self._steps: dict[str, frozenset[str]] = {}  # an ensemble's private name -> the step names it points at
+        self._also: dict[str, tuple[Target, ...]] = {}  # a weighted route's other targets (a canary's previous)
 
     def adopt(self, steps_of: Any = None) -> dict[str, Target]:
         """Read the gateway's routes (a restarted daemon takes over what the gateway serves); `steps_of(name)`
         gives a routed ensemble's step names (from its published config), so they count as in use."""
         routes = self.port.routes()
         targets: dict[str, Target] = {}
+        also: dict[str, tuple[Target, ...]] = {}
         for model, route in routes.items():
-            target = _first_target(route)
-            if target is not None:
-                targets[model] = target
+            listed = _targets_of(route)
+            if listed:
+                targets[model] = listed[0]
+                if len(listed) > 1:
+                    also[model] = tuple(listed[1:])
         with self._lock:
             self._targets = dict(targets)
+            self._also = also
         if steps_of is not None:
             for target in targets.values():
                 steps = steps_of(target.name)
@@ -139,7 +153,7 @@ class Routed(Aliases):
         with self._lock:
             return self._targets
 
-    def switch(self, changes: Mapping[str, Target | None]) -> None:
+    def switch(self, changes: Mapping[str, Target | Weighted | None]) -> None:
         if not changes:
             return
         routes = {model: route_json(t) for model, t in changes.items() if t is not None}
@@ -148,15 +162,20 @@ class Routed(Aliases):
         with self._lock:
             targets = dict(self._targets)
             for model, target in changes.items():
+                self._also.pop(model, None)
                 if target is None:
                     targets.pop(model, None)
+                elif isinstance(target, Weighted):
+                    targets[model] = target.targets[0]
+                    if len(target.targets) > 1:
+                        self._also[model] = target.targets[1:]
                 else:
                     targets[model] = target
             self._targets = targets
 
     def in_use(self) -> set[str]:
         with self._lock:
-            names = {t.name for t in self._targets.values()}
+            names = {t.name for t in self._targets.values()} | {t.name for ts in self._also.values() for t in ts}
             for name in list(names):
                 names |= self._steps.get(name, frozenset())
             return names
@@ -165,23 +184,25 @@ class Routed(Aliases):
         return self.port.inflight(list(names))
 
 
-def route_json(target: Target) -> dict[str, Any]:
-    """One route as the gateway's control channel takes it: every request to the single target."""
-    return {"targets": [{"name": target.name, "digest": target.digest, "weight": 100}], "state": "serving"}
+def route_json(target: Target | Weighted) -> dict[str, Any]:
+    """One route as the gateway's control channel takes it: its targets in order (the active digest first),
+    each with its percent weight (a single target takes every request)."""
+    if isinstance(target, Target):
+        return {"targets": [{"name": target.name, "digest": target.digest, "weight": 100}], "state": "serving"}
+    return {"targets": [{"name": t.name, "digest": t.digest, "weight": w}
+                        for t, w in zip(target.targets, target.weights, strict=True)], "state": "serving"}
 
 
-def _first_target(route: Any) -> Target | None:
-    """The target a route sends every request to (the heaviest, for a route with several)."""
+def _targets_of(route: Any) -> list[Target]:
+    """A route's targets as the gateway holds them, in order (the first is the active digest)."""
     targets = route.get("targets") if isinstance(route, Mapping) else getattr(route, "targets", None)
-    best: Target | None = None
-    best_weight = -1
+    out: list[Target] = []
     for t in targets or ():
         name = t.get("name") if isinstance(t, Mapping) else getattr(t, "name", None)
         digest = t.get("digest") if isinstance(t, Mapping) else getattr(t, "digest", None)
-        weight = t.get("weight", 0) if isinstance(t, Mapping) else getattr(t, "weight", 0)
-        if isinstance(name, str) and isinstance(digest, str) and int(weight) > best_weight:
-            best, best_weight = Target(name, digest), int(weight)
-    return best
+        if isinstance(name, str) and isinstance(digest, str):
+            out.append(Target(name, digest))
+    return out
 
 
 class PublicNames:
