@@ -50,7 +50,7 @@ class Mark:
     @property
     def title(self) -> str:
         e = self.event
-        return f"{self.kind}: {e['action']} {e['outcome']} by {e['actor']} at {e['time']}" + (
+        return f"{self.kind}: {e['action']} {e['outcome']} by {e['actor']}{' (claimed ' + e['claimed'] + ')' if e.get('claimed') else ''} at {e['time']}" + (
             f": {e['message']}" if e.get("message") else "")
 
 
