@@ -35,7 +35,7 @@ from starlette.routing import Match
 from controlplane import errors
 from controlplane.api.oidc import OidcVerifier
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document
-from controlplane.api.tokens import SHARED_NAME, Identity, TokenBook, looks_like_token
+from controlplane.api.tokens import SHARED_NAME, CredentialEnded, Identity, TokenBook, looks_like_token
 from controlplane.api.web.gate import LoginThrottle
 from controlplane.store.records import Actor
 from controlplane.vocab import Role
@@ -180,11 +180,11 @@ def refusal_text(needed: Role, identity: Identity) -> str:
 
 def actor_of(request: Any) -> Actor:
     """The audit actor of a request: its identity, with what it declared (x-tritonctl-actor) as `claimed`
-    when that is neither the identity nor its bare name."""
+    when that is not one of the identity's own names (`Identity.aliases`)."""
     identity = request.scope.get(IDENTITY_SCOPE_KEY)
     name = identity.name if identity is not None else "unknown"
     declared = (request.headers.get(ACTOR_HEADER) or "").strip()[:64]
-    honest = declared in ("", name, identity.bare_name if identity is not None else "")
+    honest = not declared or (identity is not None and declared in identity.aliases)
     return Actor(name, None if honest else declared)
 
 
@@ -236,9 +236,10 @@ class AccessGate:
         try:  # scrypt and a registry read: off the event loop
             identity = await asyncio.to_thread(self.authenticator.identify, bearer)
         except errors.PermissionDeniedError as exc:
-            for key in keys:
-                self.throttle.failed(key)
-            await _refuse(scope, send, 401, exc)
+            if not isinstance(exc, CredentialEnded):  # a wrong secret or signature: a guess, counted
+                for key in keys:
+                    self.throttle.failed(key)
+            await _refuse(scope, send, 401, errors.PermissionDeniedError(str(exc)))
             return None
         except errors.StoreError as exc:  # the registry is down: nobody can be checked
             await _refuse(scope, send, 503, exc)

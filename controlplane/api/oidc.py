@@ -26,7 +26,7 @@ from typing import Any
 import jwt
 
 from controlplane import errors
-from controlplane.api.tokens import Identity
+from controlplane.api.tokens import CredentialEnded, Identity
 from controlplane.vocab import ROLES, Role
 
 ALGORITHMS = {"RS256": "RSA", "ES256": "EC"}  # algorithm -> the key type it must be verified with
@@ -152,6 +152,8 @@ class OidcVerifier:
         try:
             claims = jwt.decode(bearer, key.key, algorithms=[alg], audience=self.audience, issuer=self.issuer,
                                 leeway=LEEWAY_S, options={"require": ["exp", "iss", "aud"]})
+        except jwt.ExpiredSignatureError as exc:  # signed by the provider: not a guess
+            raise CredentialEnded(f"OIDC token: {exc}") from None
         except jwt.PyJWTError as exc:
             raise errors.PermissionDeniedError(f"OIDC token: {exc}") from None
         subject = claims.get("email") if claims.get("email_verified", True) is not False else None

@@ -105,7 +105,7 @@ class _Listener:
         self.sock.close()
 
 
-def token_registry(plane: Any) -> Any:
+def token_registry(plane: ControlPlane) -> Any:
     """Where tokens live: a fleet's shared registry (they work on every host), else this daemon's; None for a
     plane without one (a test's stand-in: personal tokens are then unknown)."""
     fleet = getattr(plane, "fleet", None)

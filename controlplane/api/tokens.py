@@ -42,11 +42,16 @@ CACHE_SIZE = 10_000
 MAX_EXPIRY_S = 10 * 365 * 86400.0
 
 
+class CredentialEnded(errors.PermissionDeniedError):
+    """A credential whose proof held (the secret or the signature checked) but that expired or was revoked:
+    refused (401) without counting as a guess (controlplane/api/access.py's throttle counts the others)."""
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who a request comes from, proven: `name` is the audit actor (`token:alice`, `uid:1000(alice)`,
     `oidc:alice@example.com`), `role` what it may do (None: no role), `credential` how it was proven
-    (`token`, `socket`, `oidc`), `expires` when the proof ends (a monotonic time; None: with the token)."""
+    (`token`, `socket`, `oidc`), `expires_at` when a token's proof ends (naive UTC; None: never or unknown)."""
 
     name: str
     role: Role | None
@@ -57,11 +62,15 @@ class Identity:
         return self.role is not None and self.role.allows(needed)
 
     @property
-    def bare_name(self) -> str:
-        """The part after the kind, without a uid's number: what a client would honestly declare as itself."""
-        rest = self.name.partition(":")[2]
-        inner = re.fullmatch(r"\d+\((.+)\)", rest)
-        return inner.group(1) if inner else rest
+    def aliases(self) -> frozenset[str]:
+        """What a client honestly declares as itself: the name, the part after its kind (`alice` of
+        `token:alice`), and for a uid its user name and `uid:1000` (controlplane/api/client.py sends $USER,
+        or `uid:N` without one). A declaration outside these is a claim (`claimed` in the audit)."""
+        kind, _, rest = self.name.partition(":")
+        inner = re.fullmatch(r"(\d+)\((.+)\)", rest)
+        if inner:
+            return frozenset({self.name, inner.group(2), f"{kind}:{inner.group(1)}"})
+        return frozenset({self.name, rest})
 
 
 def hash_secret(secret: str, salt: bytes | None = None) -> str:
@@ -179,9 +188,9 @@ class TokenBook:
                     self._cache.popitem(last=False)
         record = checked.record
         if record.revoked_at is not None:
-            raise errors.PermissionDeniedError(f"token '{record.name}' was revoked")
+            raise CredentialEnded(f"token '{record.name}' was revoked")
         if record.expires_at is not None and self.now() >= record.expires_at:
-            raise errors.PermissionDeniedError(f"token '{record.name}' expired at "
+            raise CredentialEnded(f"token '{record.name}' expired at "
                                                f"{record.expires_at.isoformat(timespec='seconds')}Z")
         return Identity(f"token:{record.name}", Role(record.role), "token", record.expires_at)
 
