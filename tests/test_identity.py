@@ -339,3 +339,22 @@ def test_a_token_works_on_every_host_and_its_revocation_reaches_them_within_live
         for server in servers:
             server.stop(0.1)
         shared.close()
+
+
+def test_guessing_tokens_is_slowed_down_but_a_known_token_is_not_held_up(registry: Registry) -> None:
+    plane = StandInPlane()
+    plane.registry = registry  # type: ignore[attr-defined]
+    state = Path(tempfile.mkdtemp(prefix="tctl-guess-"))
+    port = free_port()
+    server = ApiServer(plane, futures.ThreadPoolExecutor(2),  # type: ignore[arg-type]
+                       Settings(state_dir=state, listen=f"127.0.0.1:{port}"))
+    server.start()
+    try:
+        assert server.tokens is not None
+        _, token = server.tokens.create("frank", "viewer", "uid:0(root)", None)
+        assert _get(port, token) == 200
+        guesses = [_get(port, "tct_0123456789abcdef_" + "G" * 43) for _ in range(8)]
+        assert guesses[:5] == [401] * 5 and 429 in guesses[5:], guesses
+        assert _get(port, token) == 200  # checked a moment ago: costs nothing, not held up
+    finally:
+        server.stop(0.1)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests import jsonschemas
 from tests.harness import DaemonProcess, wait_for, write_gen_model
 from tests.identity_keys import AUDIENCE, ISSUER, Keys
 
@@ -34,6 +35,7 @@ class Guarded:
     keys: Keys
     tokens: dict[str, str]  # viewer, deployer, admin, expired, revoked -> the token
     base: Path
+    web: str  # the web view's HOST:PORT (it asks for a login on loopback too: web_require_token)
 
 
 def call(address: str, method: str, path: str, bearer: str | None = None, body: Any = None,
@@ -68,8 +70,9 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
     (base / "jwks.json").write_text(json.dumps(keys.jwks()))
     (base / "token").write_text(SHARED + "\n")
     (base / "token").chmod(0o600)
-    address = f"127.0.0.1:{free_port()}"
-    daemon = DaemonProcess(repo, base / "state", extra_args=["--listen", address, "--token-file", str(base / "token")],
+    address, web = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    daemon = DaemonProcess(repo, base / "state", extra_args=["--listen", address, "--token-file", str(base / "token"),
+                                                             "--web-address", web, "--web-require-token"],
                            env={"TRITONCTL_OIDC_ISSUER": ISSUER, "TRITONCTL_OIDC_AUDIENCE": AUDIENCE,
                                 "TRITONCTL_OIDC_JWKS": str(base / "jwks.json"),
                                 "TRITONCTL_OIDC_ROLES": "ml-deployers=deployer,ml-readers=viewer"}).start()
@@ -83,7 +86,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
             tokens[name] = made["token"]
         assert daemon.json("token", "revoke", "e2e-revoked")["state"] == "revoked"
         time.sleep(1.1)  # e2e-expired is past its second
-        yield Guarded(daemon, address, keys, tokens, base)
+        yield Guarded(daemon, address, keys, tokens, base, web)
     finally:
         assert daemon.stop() == 0, daemon.log_tail()
 
@@ -116,6 +119,7 @@ def test_the_audit_names_the_authenticated_identity_and_a_forged_actor_only_as_c
     assert status == 200
     event = newest(daemon, "unpin")
     assert (event["actor"], event["claimed"]) == ("token:e2e-deployer", "admin-mallory")
+    jsonschemas.assert_valid("audit", [event])
     # audit --actor filters by the identity, never by the claim; the plain output says "claimed"
     assert {e["actor"] for e in daemon.json("audit", "--actor", "token:e2e-deployer")} == {"token:e2e-deployer"}
     assert daemon.json("audit", "--actor", "admin-mallory") == []
@@ -200,3 +204,45 @@ def test_every_route_answers_each_role_as_it_declares(guarded: Guarded) -> None:
     reads = {p: s for c, m, p, s in seen if c == "viewer" and m == "get" and needs[m, p] == "viewer"}
     assert {p: s for p, s in reads.items() if s != 200} == {
         "/v1/hosts": 404, "/v1/rollouts": 404, "/v1/models/{model}/diff": 400}, reads
+
+
+def test_the_web_view_says_who_you_are_and_offers_only_what_your_role_may_do(guarded: Guarded) -> None:
+    from urllib.parse import urlencode
+
+    def page(path: str, bearer: str | None = None, cookie: str = "") -> tuple[int, str, dict[str, str]]:
+        host, port = guarded.web.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        headers = {"Host": guarded.web, **({"Authorization": f"Bearer {bearer}"} if bearer else {}),
+                   **({"Cookie": cookie} if cookie else {})}
+        conn.request("GET", path, headers=headers)
+        answer = conn.getresponse()
+        out = answer.status, answer.read().decode(), dict(answer.getheaders())
+        conn.close()
+        return out
+
+    status, html, _ = page("/ui/models/m", guarded.tokens["viewer"])
+    assert status == 200 and "Signed in as <strong>token:e2e-viewer</strong>, role <strong>viewer</strong>" in html
+    assert "Your role (viewer) reads" in html and "tritonctl load m" not in html
+    status, html, _ = page("/ui/models/m", guarded.tokens["deployer"])
+    assert "tritonctl load m" in html and "tritonctl rollback m" in html and "tritonctl policy" not in html
+    status, html, _ = page("/ui/models/m", guarded.keys.token(groups=["ml-deployers"]))  # an OIDC bearer (a proxy's)
+    assert status == 200 and "oidc:alice@example.com" in html and "tritonctl load m" in html
+    _, html, _ = page("/ui/models/m", guarded.tokens["admin"])
+    assert "tritonctl policy m manual" in html and "tritonctl gc --keep 10" in html
+    assert page("/ui/models/m", guarded.tokens["revoked"])[0] == 303  # to the login form
+    _, html, _ = page("/ui/audit?action=unpin", guarded.tokens["viewer"])
+    assert "(claimed admin-mallory)" in html
+    # a session opened with a token ends when the token is revoked
+    made = guarded.daemon.json("token", "create", "e2e-web", "--role", "viewer")
+    host, port = guarded.web.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/ui/login", body=urlencode({"token": made["token"], "next": "/ui/"}),
+                 headers={"Host": guarded.web, "Content-Type": "application/x-www-form-urlencoded"})
+    answer = conn.getresponse()
+    answer.read()
+    assert answer.status == 303
+    cookie = answer.getheader("set-cookie", "").split(";")[0]
+    conn.close()
+    assert page("/ui/", cookie=cookie)[0] == 200
+    guarded.daemon.json("token", "revoke", "e2e-web")
+    assert page("/ui/", cookie=cookie)[0] == 303

@@ -171,6 +171,13 @@ class TokenBook:
         match = TOKEN_RE.match(bearer)
         return match.group(1) if match else None
 
+    def checked_lately(self, bearer: str) -> bool:
+        """Whether this token's proof is in the cache, fresh: `identify` then reads nothing and runs no scrypt
+        (so a caller that guesses tokens is not slowing down one who holds a right one)."""
+        with self._lock:
+            checked = self._cache.get(hashlib.sha256(bearer.encode()).hexdigest())
+        return checked is not None and self.clock() - checked.checked < self.ttl_s
+
     def identify(self, bearer: str) -> Identity:
         """The identity of a personal token; PermissionDeniedError for a wrong, unknown, expired or revoked one."""
         match = TOKEN_RE.match(bearer)
