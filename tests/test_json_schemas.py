@@ -19,6 +19,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
+from controlplane.documents.access import TokenCreated, TokenList, TokenRow
 from controlplane.documents.results import (
     AuditResult,
     DbUpgradeResult,
@@ -43,7 +44,6 @@ from controlplane.documents.results import (
     VersionState,
     WebhookDeliveriesResult,
 )
-from controlplane.documents.access import TokenCreated, TokenList, TokenRow
 from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
 from controlplane.store.records import (
     AuditRecord,

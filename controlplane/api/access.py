@@ -14,8 +14,9 @@ role needed and the caller's. A route that declares none is refused at build tim
 
 Wrong bearers are throttled per client address and per token id (the web login's `LoginThrottle`): after
 5 free failures, 429 and a wait that doubles; a bearer whose check costs nothing (the shared token, a
-personal token checked lately) is not held up by someone else's guesses. The actor a route audits is the identity, always
-(`actor_of`); what the caller declares in `x-tritonctl-actor` is kept beside it as `claimed` when it differs.
+personal token checked lately) is not held up by someone else's guesses. The actor a route audits is the
+identity, always (`actor_of`); what the caller declares in `x-tritonctl-actor` is kept beside it as
+`claimed` when it differs.
 """
 
 from __future__ import annotations
