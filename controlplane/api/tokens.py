@@ -6,7 +6,7 @@ A token reads `tct_<id>_<secret>`: the id (16 hex digits) finds its row in the r
 create`; the registry never holds it. In a fleet the rows live in the shared registry, so a token works on
 every host.
 
-scrypt is slow on purpose (about 50 ms and 16 MiB a check): a stolen registry does not give the tokens
+scrypt is slow on purpose (74 ms and 16 MiB a check on this 2-core machine): a stolen registry does not give the tokens
 away. So each host keeps what it checked in `TokenBook`'s cache, keyed by the token's sha256, for
 `ttl_s` (the daemon's `liveness_s` / 2): within that a request costs a dictionary look-up; after it the
 row is read again (a primary-key read, no scrypt), so a token revoked on another host of a fleet is
