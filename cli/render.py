@@ -433,7 +433,8 @@ def audit(rows: Any, as_json: bool) -> None:
         _print_json(rows)
         return
     rows = clean_document(rows)
-    cells = [[(_when(row["time"]), ""), (row["actor"], ""), (row["action"], ""), (row.get("model") or "", ""),
+    cells = [[(_when(row["time"]), ""), (row["actor"] + (f" (claimed {row['claimed']})" if row.get("claimed") else ""),
+                                         ""), (row["action"], ""), (row.get("model") or "", ""),
               (_short(row.get("digest")), ""), (row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")),
               (f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else "", ""),
               (row.get("message", ""), "")] for row in rows]
@@ -578,3 +579,16 @@ def redelivery(row: Any, as_json: bool) -> None:
     row = clean_document(row)
     click.echo(f"delivery {row['id'][:12]} (event {row['event_id']} {row['action']} {row.get('model') or '-'}) "
                f"to {row['url']}: sent again with the same id")
+
+
+def tokens(rows: Any, as_json: bool) -> None:
+    """`tritonctl token list`: by name, never a secret."""
+    rows = document(rows)
+    if as_json:
+        _print_json(rows)
+        return
+    rows = clean_document(rows)
+    cells = [[(row["name"], ""), (row["role"], ""), (row["state"], ""), (row["creator"], ""),
+              (_when(row["created_at"]), ""), (_when(row["expires_at"]) if row["expires_at"] else "never", "")]
+             for row in rows]
+    _draw(_plural(len(rows), "token"), ("Name", "Role", "State", "Creator", "Created", "Expires"), cells)

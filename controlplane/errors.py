@@ -171,7 +171,12 @@ class DaemonUnavailableError(TritonctlError):
 
 
 class PermissionDeniedError(TritonctlError):
-    """The control API refused the caller (missing or wrong token)."""
+    """The control API does not know the caller: no token, or a wrong, expired or revoked one (HTTP 401)."""
+
+
+class ForbiddenError(PermissionDeniedError):
+    """The control API knows the caller, whose role may not do this (HTTP 403): the message names the role
+    needed and the caller's (docs/operations.md "Identities and roles")."""
 
 
 class EnvironmentFault(TritonctlError):

@@ -354,7 +354,7 @@ def test_audit_json_values(history: History) -> None:
     assert rows == [{
         "id": rows[0]["id"], "time": iso(NOW - timedelta(minutes=10)), "actor": "bob", "action": "deploy",
         "model": "linear", "digest": history.digests["linear2"], "outcome": "ok", "duration_ms": 1200,
-        "message": "deploy ok", "host": "",
+        "message": "deploy ok", "host": "", "claimed": None,
     }]
 
 

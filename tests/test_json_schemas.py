@@ -19,6 +19,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
+from controlplane.documents.access import TokenCreated, TokenList, TokenRow
 from controlplane.documents.results import (
     AuditResult,
     DbUpgradeResult,
@@ -53,6 +54,7 @@ from controlplane.store.records import (
     SnapshotRecord,
     Step,
     TagRecord,
+    TokenRecord,
 )
 from controlplane.validation.fields import ERROR, WARNING
 from controlplane.validation.modelconfig import Problem, ValidationResult
@@ -228,7 +230,11 @@ def _full_documents() -> dict[str, list[Any]]:
                                                      "(bake_warn_load_ratio 2)")]).to_json()],
         "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
                             [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
-        "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],
+        "audit": [AuditResult([AuditRecord(1, T, "token:alice", "deploy", "m", D1, "ok", 12, "served", "h1",
+                                           "bob")]).to_json()],
+        "token-create": [TokenCreated(_token(), "tct_0123456789abcdef_" + "A" * 43, T).to_json()],
+        "token-list": [TokenList([_token()], T).to_json()],
+        "token-revoke": [TokenRow(_token(), T).to_json()],
         "audit-at": [ServingAtResult(T, [ServingRecord("m", D1, [1], T, "h1")], {("m", D1): ["stable"]}).to_json()],
         "validate": [ValidationReport([validation]).to_json()],
         "policy": [PolicyResult("m", "track:stable", False, fleet=True, host="h1", tag="stable", digest=D1).to_json()],
@@ -249,6 +255,10 @@ def _full_documents() -> dict[str, list[Any]]:
         "webhooks": [WebhookDeliveriesResult([_delivery()]).to_json()],
         "webhooks-redeliver": [_delivery().to_json()],
     }
+
+
+def _token() -> TokenRecord:
+    return TokenRecord("alice", "deployer", "uid:0(root)", T, T, T, "token:admin")
 
 
 def _delivery() -> DeliveryRecord:

@@ -21,7 +21,7 @@ from controlplane import errors
 from controlplane.settings.config import private_file_problem
 
 API_PREFIX = "/v1"
-ACTOR_HEADER = "x-tritonctl-actor"  # on TCP: who the token holder says they are (audited as token:NAME)
+ACTOR_HEADER = "x-tritonctl-actor"  # who the caller says they are: audited as `claimed` beside the identity
 TOKEN_HEADER = "authorization"
 NDJSON = "application/x-ndjson"
 
@@ -31,6 +31,7 @@ STATUS_FOR_ERROR: list[tuple[type[errors.TritonctlError], int]] = [
     (errors.ConflictError, 409),
     (errors.UsageError, 400),
     (errors.ConfigError, 400),
+    (errors.ForbiddenError, 403),
     (errors.PermissionDeniedError, 401),
     (errors.TritonUnavailableError, 503),
 ]
@@ -41,9 +42,11 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DAEMON_UNREACHABLE = 3
 EXIT_TRITON_UNREACHABLE = 4
+EXIT_FORBIDDEN = 5  # the caller's role may not do this (HTTP 403)
 EXIT_CODES: list[tuple[type[errors.TritonctlError], int]] = [
     (errors.DaemonUnavailableError, EXIT_DAEMON_UNREACHABLE),
     (errors.TritonUnavailableError, EXIT_TRITON_UNREACHABLE),
+    (errors.ForbiddenError, EXIT_FORBIDDEN),
     (errors.UsageError, EXIT_USAGE),
     (errors.NotFoundError, EXIT_USAGE),  # an unknown model or digest
     (errors.ConfigError, EXIT_USAGE),

@@ -19,6 +19,7 @@ from typing import Any
 
 from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
+from controlplane.settings.access import ACCESS_PARSERS, RoleMap, check_access
 from controlplane.text import duration_s
 
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
@@ -94,8 +95,15 @@ class Settings:
     policy: str = "auto"
     commit_marker: str | None = None
     socket: Path | None = None  # default: <state_dir>/tritonctl.sock
-    listen: str | None = None  # optional TCP listener host:port (requires token_file)
-    token_file: Path | None = None
+    listen: str | None = None  # optional TCP listener host:port (personal tokens, OIDC, token_file's)
+    token_file: Path | None = None  # the shared token: a token named `default`, role admin
+    # who may do what (controlplane/settings/access.py): Unix groups on the socket; OIDC bearers on TCP
+    socket_roles: RoleMap = ()  # () : the socket's group deployer; root and the daemon's user admin
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks: str | None = None  # a JWKS file or https:// URL
+    oidc_role_claim: str = "groups"
+    oidc_roles: RoleMap = ()  # claim value -> role; (): a value that is a role's name is that role
     tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
     tls_key: Path | None = None  # ... and its private key
     allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
@@ -497,6 +505,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "bake_min_requests": _whole_int,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
     "bake_warn_load_ratio": _positive_float(1.0),
+    **ACCESS_PARSERS,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
@@ -600,8 +609,7 @@ def load_settings(
         from controlplane.remote.mlflowrest import require_extra
 
         require_extra()  # one line naming the extra (exit 2), before anything starts
-    if settings.listen and not settings.token_file:
-        raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
+    check_access(settings)
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")
     if settings.triton_url and settings.launch_triton:
