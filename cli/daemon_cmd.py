@@ -78,8 +78,10 @@ def daemon(config_file: Path | None, **flags: Any) -> None:
     import gc
 
     from controlplane.runtime.allocator import cap_arenas
+    from controlplane.runtime.process import harden
 
     cap_arenas()  # before any thread: its peak RSS (controlplane/runtime/allocator.py)
+    harden()  # umask 027, the soft file limit raised to the hard one (controlplane/runtime/process.py)
     # The daemon's imports (about 70,000 objects the collector tracks: classes, functions, dicts) are
     # made with the collector off, then moved to its permanent generation, which later collections do
     # not traverse: a restart at 10,000 models reached READY in 2.08 s instead of 2.36 s (medians of 5

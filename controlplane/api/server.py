@@ -26,10 +26,16 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane import errors
 from controlplane.api.app import ACTOR_SCOPE_KEY, build_app
+from controlplane.api.connections import (
+    ConnectionTable,
+    GuardedH11Protocol,
+    GuardedListener,
+    guarded_protocol,
+    quiet_exception_handler,
+)
 from controlplane.api.health import health_routes
 from controlplane.api.hooks import webhook_routes
 from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
@@ -59,8 +65,9 @@ def peer_user(sock: Any) -> str:
         return f"uid:{uid}"
 
 
-class PeerCredentialsProtocol(H11Protocol):
-    """uvicorn's h11 protocol that reads the peer's uid once per connection and hands it to the app."""
+class PeerCredentialsProtocol(GuardedH11Protocol):
+    """uvicorn's h11 protocol (its connections counted, controlplane/api/connections.py) that reads the peer's
+    uid once per connection and hands it to the app."""
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -121,13 +128,20 @@ def insecure_listen_refusal(key: str, listen: str, host: str, tls: bool, allow_i
 
 
 class _Listener:
-    """One uvicorn server on one bound socket, run in a thread."""
+    """One uvicorn server on one bound socket, run in a thread; its connections capped and closed when they
+    send no whole request in time (controlplane/api/connections.py)."""
 
-    def __init__(self, app: Any, sock: socket.socket, name: str, **config: Any) -> None:
-        self.sock = sock
+    def __init__(self, app: Any, sock: socket.socket, name: str,
+                 protocol: type[GuardedH11Protocol] = GuardedH11Protocol, **config: Any) -> None:
+        self.table = ConnectionTable(name)
+        self.sock = GuardedListener.wrap(sock, self.table)
         self.server = QuietServer(uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
-                                                    access_log=False, timeout_graceful_shutdown=1, **config))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
+                                                    access_log=False, timeout_graceful_shutdown=1, backlog=128,
+                                                    http=guarded_protocol(protocol, self.table), **config))
+        self.server.housekeeping = self.table.sweep
+        self.server.exception_handler = quiet_exception_handler(name)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name=name,
+                                       daemon=True)
 
     def start(self, timeout_s: float = 10.0) -> None:
         self.thread.start()
@@ -211,23 +225,23 @@ class ApiServer:
         tls = self._tls()
         app = build_web_app(self.plane, token, secure=bool(tls), events=events_routes(self.plane, self.hub))
         # only the Host names of its own address (and web_host_names): no DNS rebinding (421 before any page)
-        web = _Listener(HostCheck(app, host, self.settings.web_host_names), sock, "web", http="h11", **tls)
+        web = _Listener(HostCheck(app, host, self.settings.web_host_names), sock, "web", **tls)
         web.start()
         self.listeners.append(web)
-        bound_host, bound_port = sock.getsockname()[:2]
+        bound_host, bound_port = web.sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         log.info("web view: %s://%s:%d/ui/%s", "https" if tls else "http", shown, bound_port,
                  "" if token is None else " (log in with the token)")
 
     def start(self) -> None:
-        unix = _Listener(self.app, self._unix_socket(), "api-unix", http=PeerCredentialsProtocol)
+        unix = _Listener(self.app, self._unix_socket(), "api-unix", protocol=PeerCredentialsProtocol)
         unix.start()
         self.listeners.append(unix)
         if self.settings.listen:
             assert self.settings.token_file is not None
             token = read_token(self.settings.token_file, private=True)
             sock = self._tcp_socket(self.settings.listen)
-            tcp = _Listener(TokenGate(self.app, token), sock, "api-tcp", http="h11", **self._tls())
+            tcp = _Listener(TokenGate(self.app, token), sock, "api-tcp", **self._tls())
             tcp.start()
             self.listeners.append(tcp)
         if self.settings.web_address:

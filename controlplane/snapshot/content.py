@@ -37,11 +37,13 @@ from controlplane.errors import (
     SnapshotCollectedError,
     SnapshotCorruptError,
     SnapshotDigestError,
+    SnapshotEnvironmentError,
     SnapshotOnHoldError,
     SnapshotSourceGoneError,
     SnapshotStoreWriteError,
     SnapshotTooLargeError,
-    SnapshotUnreadableError,
+    is_environment_error,
+    unreadable,
 )
 from controlplane.snapshot.fsutil import force_rmtree, link_or_copy, write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, is_digest
@@ -273,6 +275,8 @@ class ContentStore:
         try:
             self.add_snapshot(snapshot)
         except OSError as exc:
+            if is_environment_error(exc):  # a full disk, not the content: tried again
+                raise SnapshotEnvironmentError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
             raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
         return snapshot
 
@@ -322,11 +326,11 @@ class ContentStore:
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ELOOP):
                 raise SnapshotChangingError(f"{model}: still changing ({item.rel} replaced during capture)") from None
-            raise SnapshotUnreadableError(f"{model}: cannot read {item.rel} ({exc.strerror})") from None
+            raise unreadable(f"{model}: cannot read {item.rel} ({exc.strerror})", exc) from None
         try:
             sha = self._copy_in(src, item, model)
         except OSError as exc:  # the source failing mid-read, or the store (disk full)
-            raise SnapshotUnreadableError(f"{model}: cannot capture {item.rel} ({exc.strerror})") from exc
+            raise unreadable(f"{model}: cannot capture {item.rel} ({exc.strerror})", exc) from exc
         finally:
             os.close(src)
         with self._lock:
