@@ -40,7 +40,8 @@ from controlplane.settings.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load
               help="--listen serves HTTPS with this certificate (PEM; with --tls-key).")
 @click.option("--tls-key", type=click.Path(path_type=Path, dir_okay=False), help="The private key of --tls-cert.")
 @click.option("--allow-insecure-http", is_flag=True, default=None,
-              help="Let --listen serve plain HTTP on a non-loopback address (refused without TLS otherwise).")
+              help="Let --listen serve plain HTTP on a non-loopback address (refused without TLS otherwise), and an "
+              "mlflow+http:// repository on one be read with MLflow credentials.")
 @click.option("--web-address", help="Serve the read-only web view at http(s)://HOST:PORT/ui/ (off by default; "
               "a non-loopback address needs --token-file, and TLS or --allow-insecure-http).")
 @click.option("--web-require-token", is_flag=True, default=None,

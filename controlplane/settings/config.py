@@ -90,7 +90,7 @@ class Settings:
     token_file: Path | None = None
     tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
     tls_key: Path | None = None  # ... and its private key
-    allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
+    allow_insecure_http: bool = False  # plain HTTP beyond loopback: a listener, or MLflow credentials sent to one
     web_address: str | None = None  # the read-only web view at /ui/ on HOST:PORT (off when unset)
     web_require_token: bool = False  # ask for the token on a loopback web address too (it always does elsewhere)
     web_host_names: str | None = None  # comma-separated Host names the web view answers to beyond its address's
