@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +105,22 @@ def assemble_backend_dir(dest: Path, server: Path) -> Path:
             link.unlink()
         link.symlink_to(target)
     return dest
+
+
+# What a launched tritonserver is given of the daemon's environment (issue 58, item 7): where programs and
+# libraries are, the locale, time zone and temporary directory, the user, the Python the stub runs, GPUs
+# and the numeric libraries' thread counts. Nothing else: the models' code runs in its python stubs.
+PASSED_VARIABLES = frozenset({
+    "PATH", "LD_LIBRARY_PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+    "PYTHONHOME", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+})  # fmt: skip
+PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_")
+
+
+def passed_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` a launched tritonserver gets (PASSED_VARIABLES, PASSED_PREFIXES)."""
+    return {k: v for k, v in environ.items() if k in PASSED_VARIABLES or k.startswith(PASSED_PREFIXES)}
 
 
 def _die_with_parent() -> None:
@@ -315,7 +331,9 @@ class TritonServer:
         return args
 
     def _environment(self, server: Path) -> dict[str, str]:
-        env = dict(os.environ)
+        """Only what tritonserver and its python stubs need of the daemon's environment (`passed_environment`):
+        the daemon's secrets (MLFLOW_TRACKING_TOKEN, AWS keys, TRITONCTL_*) never reach a model's code."""
+        env = passed_environment(os.environ)
         # The python stub imports model code with the first python3 on PATH: make it ours.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         libs = _bundled_libs_dir(server)
