@@ -33,6 +33,7 @@ from controlplane.settings.config import LOG_FORMATS, LOG_LEVELS, POLICIES, load
 @click.option("--poll-interval", "poll_interval_s", type=float,
               help="Seconds between listings of an s3:// or mlflow+http:// repository [default: 2.0].")
 @click.option("--socket", type=click.Path(path_type=Path), help="Control socket [default: <state-dir>/tritonctl.sock].")
+@click.option("--socket-group", help="The group that owns the control socket (mode 0660) [default: the daemon's own].")
 @click.option("--listen", help="Also listen on TCP HOST:PORT (requires --token-file).")
 @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False),
               help="Token for --listen (a file only its owner and group can read).")

@@ -1,8 +1,10 @@
-"""The control API's listeners: uvicorn on the Unix socket (mode 0660) and, with --listen, on TCP with a token.
+"""The control API's listeners: uvicorn on the Unix socket (mode 0660, group `socket_group`) and, with --listen,
+on TCP with a token.
 
-The sockets are bound here, not by uvicorn: the Unix socket is born 0660 under a restrictive umask (no
-window with wider permissions; uvicorn's own `uds=` chmods 0666), and a TCP bind failure is a
-ConfigError instead of uvicorn's exit. Each listener runs one uvicorn server in a thread of its own.
+The sockets are bound here, not by uvicorn: the Unix socket is born 0600 under a restrictive umask, given
+to `socket_group` when set, then made 0660 (no window with wider permissions; uvicorn's own `uds=`
+chmods 0666), and a TCP bind failure is a ConfigError instead of uvicorn's exit. Each listener runs one
+uvicorn server in a thread of its own, its connections capped (controlplane/api/connections.py).
 
 Who acts: on the socket, the peer's OS user read with SO_PEERCRED when the connection is made (the
 kernel's word, not the client's); on TCP, `token:NAME` where NAME is what the token holder declares in
@@ -12,6 +14,7 @@ refused unless `allow_insecure_http` says plain HTTP is meant.
 
 from __future__ import annotations
 
+import grp
 import hmac
 import logging
 import os
@@ -111,6 +114,16 @@ async def _send_json(send: Any, status: int, document: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def socket_group_id(group: str) -> int:
+    """The gid of `socket_group` (a name, or a number); ConfigError when there is no such group."""
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise errors.ConfigError(f"socket_group: no group named {group}") from None
+
+
 def parse_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
@@ -180,11 +193,21 @@ class ApiServer:
         if path.exists() or path.is_symlink():
             path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o117)  # the socket is born 0660: no window with wider permissions
+        old_umask = os.umask(0o177)  # born 0600: no window in which the wrong group may connect
         try:
             sock.bind(str(path))
         finally:
             os.umask(old_umask)
+        if self.settings.socket_group:  # its own group (issue 58): not the one tritonserver reads serving/ with
+            gid = socket_group_id(self.settings.socket_group)
+            try:
+                os.chown(path, -1, gid)
+            except OSError as exc:
+                sock.close()
+                raise errors.ConfigError(
+                    f"socket_group: cannot give the control socket to group {self.settings.socket_group} "
+                    f"({exc.strerror}): the daemon's user must be a member of it (systemd: SupplementaryGroups=)"
+                ) from None
         os.chmod(path, SOCKET_MODE)
         sock.listen(128)
         return sock

@@ -86,6 +86,7 @@ class Settings:
     policy: str = "auto"
     commit_marker: str | None = None
     socket: Path | None = None  # default: <state_dir>/tritonctl.sock
+    socket_group: str | None = None  # the group that owns the control socket (default: the daemon's own)
     listen: str | None = None  # optional TCP listener host:port (requires token_file)
     token_file: Path | None = None
     tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
@@ -430,6 +431,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "policy": _choice(POLICIES),
     "commit_marker": _text,
     "socket": _path,
+    "socket_group": _text,
     "listen": _listen,
     "token_file": _path,
     "tls_cert": _path,
