@@ -103,6 +103,34 @@ def tcp_live(address: tuple[str, int]) -> int:
         conn.close()
 
 
+class EventFollower:
+    """`GET /v1/events` over the control socket, its lines kept as they come (a connection being answered
+    for longer than the daemon's request deadline)."""
+
+    def __init__(self, daemon: DaemonProcess) -> None:
+        from controlplane.api.client import UnixHTTPConnection
+
+        self.lines: list[str] = []
+        self.ended = False
+        self.conn = UnixHTTPConnection(str(daemon.state_dir / "tritonctl.sock"), 120)
+        self.conn.request("GET", "/v1/events")
+        self.answer = self.conn.getresponse()
+        assert self.answer.status == 200
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while line := self.answer.readline():
+                self.lines.append(line.decode(errors="replace"))
+        except (OSError, ValueError):  # closed by the test
+            pass
+        self.ended = True
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def daemon_limits(pid: int) -> tuple[str, str]:
     for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
         if line.startswith("Max open files"):
@@ -135,6 +163,7 @@ def test_idle_connections_leave_both_listeners_answering_and_the_edit_deploys(tm
         assert daemon_limits(pid) == (str(FILE_LIMIT), str(FILE_LIMIT))
         wait_for(lambda: daemon.model_status("m").get("state") == "serving", 60, what="m serving")
         first = daemon.model_status("m")["digest"]
+        follower = EventFollower(daemon)
         with IdleFlood(address, ATTACKERS) as flood:
             time.sleep(2)  # the daemon has taken (and dropped) what it could
             log_before = daemon.log_path.stat().st_size
@@ -162,6 +191,11 @@ def test_idle_connections_leave_both_listeners_answering_and_the_edit_deploys(tm
                 assert answers(client, "m", 2.0)
             fds = len(os.listdir(f"/proc/{pid}/fd"))
             assert flood.reopened > 0, "the daemon closed none of the idle connections"
+            # a connection being answered (the event stream, open 20 s and more) is never closed as idle
+            assert not follower.ended, "the event stream was closed"
+            daemon.json("pin", "m")
+            wait_for(lambda: any('"pin"' in line for line in follower.lines), 30, what="the pin on the event stream")
+            follower.close()
             grown = daemon.log_path.stat().st_size - log_before
         assert fds < FILE_LIMIT - 100, f"{fds} open files of {FILE_LIMIT}"
         assert grown < 256 * 1024, f"the log grew {grown} bytes during the flood: {daemon.log_tail(2000)}"

@@ -213,8 +213,8 @@ class GuardedH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None else -1
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+    def handle_events(self) -> None:
+        super().handle_events()  # after data arrived, or after an answer (a pipelined request may start)
         cycle = self.cycle
         if cycle is not None and not cycle.more_body and not cycle.response_complete:
             self.table.answering(self._fd, True)
