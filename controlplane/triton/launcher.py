@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,20 +107,14 @@ def assemble_backend_dir(dest: Path, server: Path) -> Path:
     return dest
 
 
-# What a launched tritonserver is given of the daemon's environment (issue 58, item 7): where programs and
-# libraries are, the locale, time zone and temporary directory, the user, the Python the stub runs, GPUs
-# and the numeric libraries' thread counts. Nothing else: the models' code runs in its python stubs.
+# What a launched tritonserver and its python stubs (the models' code) get of the daemon's environment, and
+# nothing else (issue 58, item 7): programs, libraries, locale, time zone, user, the stub's Python, GPUs.
 PASSED_VARIABLES = frozenset({
     "PATH", "LD_LIBRARY_PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
     "PYTHONHOME", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
 })  # fmt: skip
 PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_")
-
-
-def passed_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of `environ` a launched tritonserver gets (PASSED_VARIABLES, PASSED_PREFIXES)."""
-    return {k: v for k, v in environ.items() if k in PASSED_VARIABLES or k.startswith(PASSED_PREFIXES)}
 
 
 def _die_with_parent() -> None:
@@ -331,9 +325,8 @@ class TritonServer:
         return args
 
     def _environment(self, server: Path) -> dict[str, str]:
-        """Only what tritonserver and its python stubs need of the daemon's environment (`passed_environment`):
-        the daemon's secrets (MLFLOW_TRACKING_TOKEN, AWS keys, TRITONCTL_*) never reach a model's code."""
-        env = passed_environment(os.environ)
+        """PASSED_VARIABLES of the daemon's environment: its secrets (MLFLOW_*, AWS_*, TRITONCTL_*) reach no model."""
+        env = {k: v for k, v in os.environ.items() if k in PASSED_VARIABLES or k.startswith(PASSED_PREFIXES)}
         # The python stub imports model code with the first python3 on PATH: make it ours.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         libs = _bundled_libs_dir(server)
