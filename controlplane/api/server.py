@@ -1,8 +1,10 @@
-"""The control API's listeners: uvicorn on the Unix socket (mode 0660) and, with --listen, on TCP.
+"""The control API's listeners: uvicorn on the Unix socket (mode 0660, group `socket_group`) and, with --listen,
+on TCP with a token.
 
-The sockets are bound here, not by uvicorn: the Unix socket is born 0660 under a restrictive umask (no
-window with wider permissions; uvicorn's own `uds=` chmods 0666), and a TCP bind failure is a
-ConfigError instead of uvicorn's exit. Each listener runs one uvicorn server in a thread of its own.
+The sockets are bound here, not by uvicorn: the Unix socket is born 0600 under a restrictive umask, given
+to `socket_group` when set, then made 0660 (no window with wider permissions; uvicorn's own `uds=`
+chmods 0666), and a TCP bind failure is a ConfigError instead of uvicorn's exit. Each listener runs one
+uvicorn server in a thread of its own, its connections capped (controlplane/api/connections.py).
 
 Who acts (controlplane/api/access.py): on the socket, the peer's uid and groups read with SO_PEERCRED and
 SO_PEERGROUPS when the connection is made (the kernel's word, not the client's), its role from its groups
@@ -14,6 +16,7 @@ listener on a non-loopback address serves TLS (`tls_cert`, `tls_key`) or is refu
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
 import socket
@@ -25,11 +28,17 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane import errors
 from controlplane.api.access import PEER_SCOPE_KEY, AccessGate, Authenticator, SocketRoles, peer_groups
 from controlplane.api.app import build_app
+from controlplane.api.connections import (
+    ConnectionTable,
+    GuardedH11Protocol,
+    GuardedListener,
+    guarded_protocol,
+    quiet_exception_handler,
+)
 from controlplane.api.health import health_routes
 from controlplane.api.hooks import webhook_routes
 from controlplane.api.oidc import verifier_from
@@ -49,8 +58,9 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
-class PeerCredentialsProtocol(H11Protocol):
-    """uvicorn's h11 protocol that reads the peer's uid and groups once per connection and hands them to the app."""
+class PeerCredentialsProtocol(GuardedH11Protocol):
+    """uvicorn's h11 protocol (its connections counted, controlplane/api/connections.py) that reads the peer's
+    uid and groups once per connection and hands them to the app."""
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -61,6 +71,16 @@ class PeerCredentialsProtocol(H11Protocol):
             await app(scope, receive, send)
 
         self.app = with_peer  # type: ignore[assignment]
+
+
+def socket_group_id(group: str) -> int:
+    """The gid of `socket_group` (a name, or a number); ConfigError when there is no such group."""
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise errors.ConfigError(f"socket_group: no group named {group}") from None
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -80,13 +100,20 @@ def insecure_listen_refusal(key: str, listen: str, host: str, tls: bool, allow_i
 
 
 class _Listener:
-    """One uvicorn server on one bound socket, run in a thread."""
+    """One uvicorn server on one bound socket, run in a thread; its connections capped and closed when they
+    send no whole request in time (controlplane/api/connections.py)."""
 
-    def __init__(self, app: Any, sock: socket.socket, name: str, **config: Any) -> None:
-        self.sock = sock
+    def __init__(self, app: Any, sock: socket.socket, name: str,
+                 protocol: type[GuardedH11Protocol] = GuardedH11Protocol, **config: Any) -> None:
+        self.table = ConnectionTable(name)
+        self.sock = GuardedListener.wrap(sock, self.table)
         self.server = QuietServer(uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
-                                                    access_log=False, timeout_graceful_shutdown=1, **config))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
+                                                    access_log=False, timeout_graceful_shutdown=1, backlog=128,
+                                                    http=guarded_protocol(protocol, self.table), **config))
+        self.server.housekeeping = self.table.sweep
+        self.server.exception_handler = quiet_exception_handler(name)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name=name,
+                                       daemon=True)
 
     def start(self, timeout_s: float = 10.0) -> None:
         self.thread.start()
@@ -143,11 +170,21 @@ class ApiServer:
         if path.exists() or path.is_symlink():
             path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o117)  # the socket is born 0660: no window with wider permissions
+        old_umask = os.umask(0o177)  # born 0600: no window in which the wrong group may connect
         try:
             sock.bind(str(path))
         finally:
             os.umask(old_umask)
+        if self.settings.socket_group:  # its own group (issue 58): not the one tritonserver reads serving/ with
+            gid = socket_group_id(self.settings.socket_group)
+            try:
+                os.chown(path, -1, gid)
+            except OSError as exc:
+                sock.close()
+                raise errors.ConfigError(
+                    f"socket_group: cannot give the control socket to group {self.settings.socket_group} "
+                    f"({exc.strerror}): the daemon's user must be a member of it (systemd: SupplementaryGroups=)"
+                ) from None
         os.chmod(path, SOCKET_MODE)
         sock.listen(128)
         return sock
@@ -187,10 +224,10 @@ class ApiServer:
         tls = self._tls()
         app = build_web_app(self.plane, login, secure=bool(tls), events=events_routes(self.plane, self.hub))
         # only the Host names of its own address (and web_host_names): no DNS rebinding (421 before any page)
-        web = _Listener(HostCheck(app, host, self.settings.web_host_names), sock, "web", http="h11", **tls)
+        web = _Listener(HostCheck(app, host, self.settings.web_host_names), sock, "web", **tls)
         web.start()
         self.listeners.append(web)
-        bound_host, bound_port = sock.getsockname()[:2]
+        bound_host, bound_port = web.sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         log.info("web view: %s://%s:%d/ui/%s", "https" if tls else "http", shown, bound_port,
                  "" if login is None else " (log in with a token)")
@@ -198,13 +235,14 @@ class ApiServer:
     def start(self) -> None:
         unix_sock = self._unix_socket()
         roles = SocketRoles(self.settings.socket_roles, os.stat(self.settings.socket_path).st_gid)
-        unix = _Listener(AccessGate(self.app, socket_roles=roles), unix_sock, "api-unix", http=PeerCredentialsProtocol)
+        unix = _Listener(AccessGate(self.app, socket_roles=roles), unix_sock, "api-unix",
+                         protocol=PeerCredentialsProtocol)
         unix.start()
         self.listeners.append(unix)
         if self.settings.listen:
             authenticator = self.authenticator()
             sock = self._tcp_socket(self.settings.listen)
-            tcp = _Listener(AccessGate(self.app, authenticator), sock, "api-tcp", http="h11", **self._tls())
+            tcp = _Listener(AccessGate(self.app, authenticator), sock, "api-tcp", **self._tls())
             tcp.start()
             self.listeners.append(tcp)
         if self.settings.web_address:

@@ -78,6 +78,7 @@ class Settings:
     policy: str = "auto"
     commit_marker: str | None = None
     socket: Path | None = None  # default: <state_dir>/tritonctl.sock
+    socket_group: str | None = None  # the group that owns the control socket (default: the daemon's own)
     listen: str | None = None  # optional TCP listener host:port (personal tokens, OIDC, token_file's)
     token_file: Path | None = None  # the shared token: a token named `default`, role admin
     # who may do what (controlplane/settings/access.py): Unix groups on the socket; OIDC bearers on TCP
@@ -89,7 +90,7 @@ class Settings:
     oidc_roles: RoleMap = ()  # claim value -> role; (): a value that is a role's name is that role
     tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
     tls_key: Path | None = None  # ... and its private key
-    allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
+    allow_insecure_http: bool = False  # plain HTTP beyond loopback: a listener, or MLflow credentials sent to one
     web_address: str | None = None  # the read-only web view at /ui/ on HOST:PORT (off when unset)
     web_require_token: bool = False  # ask for the token on a loopback web address too (it always does elsewhere)
     web_host_names: str | None = None  # comma-separated Host names the web view answers to beyond its address's
@@ -373,6 +374,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "policy": _choice(POLICIES),
     "commit_marker": _text,
     "socket": _path,
+    "socket_group": _text,
     "listen": _listen,
     "token_file": _path,
     "tls_cert": _path,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.errors import LauncherError
+from controlplane.snapshot.fsutil import ensure_dir, open_private, write_atomic
 
 RESTRICTED_HEADER = "tritonctl-key"
 # What the key guards (the same group on gRPC and HTTP): loading code, and the endpoints that would let
@@ -89,8 +90,8 @@ def assemble_backend_dir(dest: Path, server: Path) -> Path:
     stub = stubs / version / "triton_python_backend_stub"
     if not stub.exists():
         raise LauncherError(f"{stubs}: no triton_python_backend_stub for Python {version}")
-    python_dir = dest / "python"
-    python_dir.mkdir(parents=True, exist_ok=True)
+    dest.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    python_dir = ensure_dir(ensure_dir(dest, 0o750) / "python", 0o750)  # its stub runs every python model
     wanted = {
         "libtriton_python.so": wheel_backends / "python" / "libtriton_python.so",
         "triton_python_backend_utils.py": wheel_backends / "python" / "triton_python_backend_utils.py",
@@ -104,6 +105,16 @@ def assemble_backend_dir(dest: Path, server: Path) -> Path:
             link.unlink()
         link.symlink_to(target)
     return dest
+
+
+# What a launched tritonserver and its python stubs (the models' code) get of the daemon's environment, and
+# nothing else (issue 58, item 7): programs, libraries, locale, time zone, user, the stub's Python, GPUs.
+PASSED_VARIABLES = frozenset({
+    "PATH", "LD_LIBRARY_PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+    "PYTHONHOME", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+})  # fmt: skip
+PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_")
 
 
 def _die_with_parent() -> None:
@@ -227,12 +238,8 @@ class TritonServer:
             "model_repository": str(self.model_repository),
             "restricted_key": self.restricted_key,
         }
-        tmp = self.record_path.with_name(self.record_path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(record, handle)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.record_path)
+        # through a new, exclusively created temporary file: a link planted at any name is not followed
+        write_atomic(self.record_path, json.dumps(record).encode(), mode=0o600)
 
     def forget_record(self) -> None:
         if self.record_path is not None:
@@ -318,7 +325,8 @@ class TritonServer:
         return args
 
     def _environment(self, server: Path) -> dict[str, str]:
-        env = dict(os.environ)
+        """PASSED_VARIABLES of the daemon's environment: its secrets (MLFLOW_*, AWS_*, TRITONCTL_*) reach no model."""
+        env = {k: v for k, v in os.environ.items() if k in PASSED_VARIABLES or k.startswith(PASSED_PREFIXES)}
         # The python stub imports model code with the first python3 on PATH: make it ours.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         libs = _bundled_libs_dir(server)
@@ -338,8 +346,9 @@ class TritonServer:
             return self
         self.adopted_pid = self._adopted_start = None
         server = find_tritonserver(self.tritonserver)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.model_repository.mkdir(parents=True, exist_ok=True)
+        for directory in (self.workdir, self.model_repository):  # 0750 whatever the umask (issue 58)
+            directory.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            ensure_dir(directory, 0o750)
         backend_dir = self.backend_dir = assemble_backend_dir(self.workdir / "backends", server)
         choose_ports = self.grpc_port == 0
         last_error: LauncherError | None = None
@@ -365,7 +374,7 @@ class TritonServer:
         raise last_error
 
     def _spawn(self, server: Path, backend_dir: Path, load: Sequence[str] = ()) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        log = open(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab")  # noqa: SIM115 - closed in stop()
         self._log_handle = log
         self.process = subprocess.Popen(
             self.command(server, backend_dir, load),
@@ -375,6 +384,7 @@ class TritonServer:
             env=self._environment(server),
             start_new_session=True,  # its python stubs share the group, so stop() reaches them
             preexec_fn=_die_with_parent if self.die_with_parent else None,
+            umask=0o027,  # what it and its stubs write (__pycache__ beside the stub) is not the group's to change
         )
 
     def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:

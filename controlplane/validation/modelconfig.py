@@ -24,7 +24,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 
 from controlplane.documents.results import Problem, ValidationReport, ValidationResult, one_line
-from controlplane.errors import ModelConfigError, UsageError
+from controlplane.errors import ModelConfigError, SnapshotEnvironmentError, UsageError, is_environment_error
 from controlplane.names import validate_model_name
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
@@ -218,6 +218,7 @@ class _Checker:
             fd = os.open(os.path.realpath(os.path.join(self.root, CONFIG_FILE)),
                          os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
+            host_failed(exc, f"{self.config_label}: cannot open")
             self.add(CONFIG_FILE, f"cannot open: {exc.strerror}")
             return None
         try:
@@ -226,6 +227,7 @@ class _Checker:
                 return None
             data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
         except OSError as exc:
+            host_failed(exc, f"{self.config_label}: cannot read")
             self.add(CONFIG_FILE, f"cannot read: {exc.strerror}")
             return None
         finally:
@@ -383,10 +385,18 @@ class _Checker:
                     self.add(rel, f"is a {_kind(mode)}: a model may hold only files, directories, symlinks")
 
 
+def host_failed(exc: OSError, what: str) -> None:
+    """Raise SnapshotEnvironmentError when `exc` is the host's failure (out of descriptors, space, an I/O
+    error): a model is never judged on it (issue 58); its capture is tried again."""
+    if is_environment_error(exc):
+        raise SnapshotEnvironmentError(f"{what} ({exc.strerror}); trying again") from exc
+
+
 def _list(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
-    except OSError:
+    except OSError as exc:
+        host_failed(exc, f"cannot list {path}")
         return []
 
 
