@@ -236,15 +236,13 @@ def test_plain_http_to_another_host_with_a_token_is_refused_unless_allowed(tmp_p
     assert insecure_refusal("mlflow+https://192.0.2.10", token, False) is None
     assert insecure_refusal(remote, {}, False) is None  # nothing to send
     assert insecure_refusal(remote, {"MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p"}, False)
-    # the daemon's start refuses it before it creates anything
-    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
-    settings = load_settings({"repository": remote, "state_dir": str(tmp_path / "state"),
-                              "triton_url": "127.0.0.1:1"}, env={})
+    # the daemon's start refuses it before it creates anything: its settings are refused as they are read
     with pytest.raises(ConfigError, match="plain HTTP to a host that is not loopback"):
-        preflight.check(settings)
+        load_settings({"repository": remote, "state_dir": str(tmp_path / "state"), "triton_url": "127.0.0.1:1"},
+                      env=token)
     assert not (tmp_path / "state").exists()
     allowed = load_settings({"repository": remote, "state_dir": str(tmp_path / "state"), "triton_url": "127.0.0.1:1",
-                             "allow_insecure_http": True}, env={})
+                             "allow_insecure_http": True}, env=token)
     preflight.check(allowed)
 
 

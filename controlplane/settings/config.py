@@ -523,9 +523,12 @@ def load_settings(
         raise ConfigError("repository: give either a directory or an s3:// URL or mlflow+http:// URL (repository_url), "
                           "not both")
     if settings.repository_url and settings.repository_url.startswith("mlflow+"):
-        from controlplane.remote.mlflowrest import require_extra
+        from controlplane.remote.mlflowrest import insecure_refusal, require_extra
 
         require_extra()  # one line naming the extra (exit 2), before anything starts
+        refusal = insecure_refusal(settings.repository_url, env, settings.allow_insecure_http)
+        if refusal is not None:  # its credentials would go in clear to another host
+            raise refusal
     check_access(settings)
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")

@@ -17,7 +17,6 @@ from pathlib import Path
 from controlplane.api.protocol import read_token
 from controlplane.api.server import insecure_listen_refusal, parse_listen, socket_group_id
 from controlplane.errors import ConfigError, LauncherError, StateDirInUseError
-from controlplane.remote.mlflowrest import insecure_refusal, is_mlflow_url
 from controlplane.settings.config import Settings
 from controlplane.source.local import check_repository
 from controlplane.triton import launcher
@@ -94,10 +93,6 @@ def _check_files(settings: Settings) -> None:
                 raise refusal
     if settings.socket_group:
         socket_group_id(settings.socket_group)  # an unknown group stops the start here
-    if settings.repository_url and is_mlflow_url(settings.repository_url):  # its credentials, sent in clear?
-        refusal = insecure_refusal(settings.repository_url, os.environ, settings.allow_insecure_http)
-        if refusal is not None:
-            raise refusal
 
 
 def _check_ports(settings: Settings) -> None:
