@@ -364,6 +364,11 @@ class TritonSteps:
         if self.host:
             self.host.check(config, self.store.tree_path(digest))
 
+    def check_completion(self, config: dict[str, Any] | None, digest: str) -> None:
+        """`check`'s config-completion part alone (a first start's deploys, before their tritonserver runs)."""
+        if self.host:
+            self.host.check_completion(config, self.store.tree_path(digest))
+
     def load(self, name: str, timeout_s: float | None = None) -> None:
         """Load `name` through the host, which turns Triton's bare failures into their real reasons."""
         def load() -> None:
