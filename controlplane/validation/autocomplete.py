@@ -282,14 +282,14 @@ def _findings(config: mc.ModelConfig | None, codes: Mapping[str, ModelCode]) -> 
                           "Triton loads the model with no inputs and no outputs, so every request with a tensor fails")
         return
     rel = completing[0]
-    unsure = "" if codes[rel].defines else f" (if TritonPythonModel has {METHOD}: it is not defined in {rel})"
+    unsure = "" if codes[rel].defines else f"; {rel} does not define it: TritonPythonModel may inherit it"
     if config is None:
         why = "no config.pbtxt"
     elif not config.input and not config.output:
         why = "config.pbtxt declares no input or output"
     else:
         why = "it may add to config.pbtxt's inputs, outputs and max_batch_size"
-    yield Finding(rel, FIELD, f"{CHECKED_AFTER_LOAD} ({why}){unsure}", WARNING)
+    yield Finding(rel, FIELD, f"{CHECKED_AFTER_LOAD} ({why}{unsure})", WARNING)
     for rel_path, code in codes.items():
         if code.raises:
             yield Finding(rel_path, FIELD, f"{code.raises}: Triton refuses the load")
