@@ -194,7 +194,7 @@ def db_upgrade(result: DbUpgradeResult, as_json: bool) -> None:
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
 _SYNC_STYLE = {"synced": "green", "pending": "cyan", "held": "yellow", "invalid": "bold red", "removed": "dim"}
 _STATUS_COLUMNS = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
-_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "MEMORY", "SYNC REASON", "LAST ERROR"]
+_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "MEMORY", "SYNC REASON", "LAST ERROR", "CONFIG"]
 STATUS_WIDTH = 100  # the default table fits here (README "Using it"); `-o wide` shows the rest
 
 
@@ -242,6 +242,19 @@ def footprint_cell(footprint: Any) -> str:
     return f"declared {text}" if footprint.get("source") == "declared" else text
 
 
+def completed_cell(completed: Any) -> str:
+    """The config Triton completed for a model whose auto_complete_config completes it: 'completed by Triton:
+    x FP32[3] -> y FP32[3]; max_batch_size 8'; '' when none is recorded."""
+    config = completed.get("config") if isinstance(completed, dict) else None
+    if not isinstance(config, dict):
+        return ""
+    io = [", ".join(f"{t.get('name')} {str(t.get('data_type', '')).removeprefix('TYPE_')}"
+                    f"[{','.join(map(str, t.get('dims') or []))}]" for t in config.get(kind) or []) or "none"
+          for kind in ("input", "output")]
+    return (f"completed by Triton: {io[0]} -> {io[1]}; max_batch_size {config.get('max_batch_size', 0)}"
+            + ("; dynamic batching" if "dynamic_batching" in config else ""))
+
+
 def _ondemand_cell(row: dict[str, Any]) -> str:
     """Policy ondemand: 'standby', 'loading' or 'loaded (leases: N, until HH:MM:SS)' in the STATE column."""
     standing = row.get("ondemand")
@@ -280,7 +293,7 @@ def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
             _when(row.get("since")), row.get("policy", ""), "yes" if row.get("pinned") else "no",
             row.get("drift") or "-", _short(row.get("source_digest")), footprint_cell(row.get("footprint")),
             row.get("sync_reason") or "",
-            row.get("last_error") or "")]
+            row.get("last_error") or "", completed_cell(row.get("completed_config")) or "-")]
     return cells
 
 
@@ -405,6 +418,9 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
                       (footprint_cell(row.get("footprint")), ""), (note, "")])
     _draw(f"{model}: {_plural(len(rows), 'version')}",
           ("", "Digest", "First seen", "Last seen", "Triton versions", "Valid", "Memory", "Note"), cells)
+    for row in rows:  # what serves for a model that completes its config at load: not its config.pbtxt
+        if completed_cell(row.get("completed_config")):
+            click.echo(f"{_short(row['digest'])} config {completed_cell(row['completed_config'])}")
 
 
 def diff(data: Any, as_json: bool) -> None:
@@ -423,7 +439,10 @@ def diff(data: Any, as_json: bool) -> None:
     for item in data["changed"]:
         if item.get("diff"):
             click.echo(item["diff"].rstrip("\n"))
-    if not (data["added"] or data["removed"] or data["changed"]):
+    completed = data.get("completed_config_diff")
+    if completed is not None:  # what serves for a model that completes its config at load
+        click.echo("  config completed by Triton: " + (f"changed\n{completed.rstrip()}" if completed else "the same"))
+    if not (data["added"] or data["removed"] or data["changed"] or completed):
         click.echo("  no differences")
 
 

@@ -61,6 +61,14 @@ UNFILLED: dict[str, str] = {
                                          "list` and `token revoke` fill it)" for field in ("revoked_at", "revoked_by")},
     "audit:#event.claimed": "the CLI over the socket declares its own user (no claim): "
                             "tests/test_identity_e2e.py checks audit documents with a forged actor's claim",
+    **{f"{doc}:{field}": "this scenario's models have complete configs: tests/test_autocomplete_e2e.py checks the "
+                         "documents of models whose config Triton completes at load against the schema"
+       for doc, fields in (("status", ("#model.completed_config", "#model.completed_config.config",
+                                       "#model.completed_config.recorded_at")),
+                           ("versions", ("#version.completed_config", "#version.completed_config.config",
+                                         "#version.completed_config.recorded_at")),
+                           ("diff", ("$.completed_config_diff",)))
+       for field in fields},
     "status:$.registry_unreachable_since": "a time only while the registry is down: "
                                            "tests/test_fleet_outage_e2e.py crashes PostgreSQL for it",
     **{f"status:#model.bake{field}": "this scenario's daemon does not bake (bake_s 0, the default): "

@@ -95,8 +95,10 @@ class ServingRepository:
     ) -> Path:
         """Build a fresh tree for `snapshot` and make `serving/<model>` point at it; returns the tree.
 
-        `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`);
-        a snapshot without one is published as it is. On any failure the link is left unchanged.
+        `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`); a
+        snapshot without one (a python model whose auto_complete_config completes it) gets the transform of
+        an empty text: Triton completes a config that holds only the stamp as it completes none at all
+        (measured on 2.51), and serves the stamp back for verification. On any failure the link is left unchanged.
         `name` publishes it under another model name (a change set's private step name,
         controlplane/intake/changeset.py; the transform then renames the config to match). `sync` False: the link
         swap is made durable by the caller's one `sync()` after many publishes (a first start's, before
@@ -149,6 +151,10 @@ class ServingRepository:
                     link_or_copy(obj, dest)
                 except OSError as exc:
                     raise SnapshotError(f"{model}: cannot publish {entry.path} ({exc.strerror})") from exc
+        if config_transform is not None and not any(entry.path == CONFIG_FILE for entry in snapshot.entries):
+            dest = tree / CONFIG_FILE
+            dest.write_bytes(config_transform("").encode("utf-8", errors="surrogateescape"))
+            dest.chmod(0o444)
 
     def _swap(self, model: str, tree: Path, sync: bool = True) -> None:
         link = self.link_path(model)

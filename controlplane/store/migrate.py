@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from controlplane.store.sqlite_reader import SqliteReader
 
 # The newest revision in migrations/versions/ (a test fails when a migration is added without this).
-HEAD_REVISION = "0011"
+HEAD_REVISION = "0012"
 
 
 def _config() -> Config:

@@ -124,6 +124,20 @@ def snapshot_record(row: Any) -> SnapshotRecord:
 
 
 @dataclass(frozen=True)
+class CompletedConfigRecord:
+    """The config Triton completed for a content whose python model completes it at load (its
+    `auto_complete_config`), read back after a load (controlplane/store/completed.py)."""
+
+    model: str
+    digest: str
+    config: dict[str, Any]
+    recorded_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config, "recorded_at": iso(self.recorded_at)}
+
+
+@dataclass(frozen=True)
 class FootprintRecord:
     """A digest's memory footprint (controlplane/memory/footprint.py): host MB, MB per GPU (None: unknown),
     `source` measured | declared."""

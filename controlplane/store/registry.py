@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store import schema
 from controlplane.store.batches import Batches
+from controlplane.store.completed import CompletedConfigs
 from controlplane.store.contentmemo import ContentMemo
 from controlplane.store.engine import BUSY_TIMEOUT_S, make_engine, redact
 from controlplane.store.footprints import Footprints
@@ -63,7 +64,7 @@ def unreachable(exc: BaseException) -> bool:
     return "locked" not in str(exc.orig or "")
 
 
-class Registry(History, Footprints, Batches, Tokens):
+class Registry(History, Footprints, CompletedConfigs, Batches, Tokens):
     """The registry database behind any SQLAlchemy URL."""
 
     def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S,

@@ -81,6 +81,16 @@ class Footprint(Base):
     measured_at: Mapped[datetime] = mapped_column(DateTime)
 
 
+class CompletedConfig(Base):
+    """The config Triton serves for a content its python model completes at load (migration 0012)."""
+
+    __tablename__ = "completed_configs"
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    config: Mapped[str] = mapped_column(Text)  # JSON of Triton's ModelConfig, the digest stamp left out
+    recorded_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 class Deployment(Base):
     """One deploy, rollback or unload, its step recorded before each step is taken."""
 

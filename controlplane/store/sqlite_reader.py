@@ -22,6 +22,7 @@ from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store.records import (
     AuditQuery,
     AuditRecord,
+    CompletedConfigRecord,
     FootprintRecord,
     ModelRecord,
     ServingRecord,
@@ -181,6 +182,14 @@ class SqliteReader:
                           tuple(models or ()))
         return {(m, d): FootprintRecord(m, d, mem, gpu, src, _time(at))  # type: ignore[arg-type]
                 for m, d, mem, gpu, src, at in rows}
+
+    def completed_configs(self, models: list[str] | None = None) -> dict[tuple[str, str], CompletedConfigRecord]:
+        """Recorded completed configs by (model, digest); as `Registry.completed_configs`."""
+        where = f" WHERE model IN ({', '.join('?' * len(models))})" if models else ""
+        rows = self._rows("SELECT model, digest, config, recorded_at FROM completed_configs" + where,
+                          tuple(models or ()))
+        return {(m, d): CompletedConfigRecord(m, d, json.loads(c), _time(at))  # type: ignore[arg-type]
+                for m, d, c, at in rows}
 
     def query_audit(self, query: AuditQuery) -> list[AuditRecord]:
         """Newest first, filtered; uses the (model, time) and (time) indexes."""
