@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli import render
+from cli import render, render_admin
 from cli.options import daemon_options, json_option
 from controlplane.errors import UsageError
 from controlplane.text import duration_s
@@ -66,7 +66,7 @@ def list_tokens(client: ControlClient, as_json: bool) -> None:
     Examples:
       tritonctl token list
     """
-    render.tokens(client.tokens(), as_json)
+    render_admin.tokens(client.tokens(), as_json)
 
 
 @token.command()
