@@ -1,0 +1,559 @@
+"""One gRPC call relayed: a client's stream on the front, one stream to tritonserver, and what flows between.
+
+Requests that name a model (ModelInfer, ModelStreamInfer, ModelMetadata, ModelReady, ModelConfig,
+ModelStatistics: the name is field 1 in each) are walked as their bytes arrive (wire.RequestScan):
+the bytes before field 1 are held, the route is chosen when the name is known, field 1 is replaced by
+the target's private name, the 5-byte prefix gets the new length, and the rest of the message streams
+on untouched. Answers: a ModelInfer or ModelMetadata answer's first field is renamed as it passes; a
+stream's answers, ModelConfig's and ModelStatistics' are held whole and rewritten (grpcmeta.py);
+trailers' grpc-message loses its private names. Everything else passes byte for byte.
+
+Flow control is end to end: bytes a side received are credited back to it only once the other side
+has sent them on (`up_window` / `client_window`), so a slow reader slows its writer and the gateway
+holds at most the windows it granted. A client's RST_STREAM cancels the stream to tritonserver; a
+reset or GOAWAY from tritonserver reaches the client (REFUSED_STREAM, which gRPC clients retry, for
+streams tritonserver never processed).
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from typing import Any
+
+from controlplane.gateway import frames as f
+from controlplane.gateway import grpcwire as g
+from controlplane.gateway.figures import BUCKETS
+from controlplane.gateway.table import LiveTarget, RouteRefusal
+from controlplane.gateway.wire import (
+    RequestScan,
+    WireError,
+    grpc_prefix,
+    public_text,
+    rename_stream_response,
+    response_head,
+    rest_ok,
+    stream_error,
+)
+
+JOIN_BELOW = 32 << 10  # pieces of a message smaller than this leave as one DATA frame
+HOLD_LIMIT = 1 << 20  # bytes of a request held while its model_name (field 1) has not come yet
+_perf = time.perf_counter
+_REFUSAL_STATUS = {"not_found": g.NOT_FOUND, "unavailable": g.UNAVAILABLE, "bad_pin": g.INVALID_ARGUMENT}
+
+
+class _Cursor:
+    """Where the walk of a client's request messages stands (the general path: a message in pieces)."""
+
+    __slots__ = ("msg_left", "pre", "scan", "held", "held_n", "body_off", "resolved")
+
+    def __init__(self) -> None:
+        self.msg_left = -1  # bytes of the current message still to come; -1: at a 5-byte prefix
+        self.pre = b""
+        self.scan = RequestScan()
+        self.held: list[Any] = []
+        self.held_n = 0
+        self.body_off = 0
+        self.resolved = False
+
+
+class GrpcCall:
+    __slots__ = ("gw", "front", "fst", "head", "kind", "table", "up", "ust", "early", "early_end", "owed",
+                 "owed_up", "cur", "target", "t0", "done", "resp_started", "rleft", "rbuf", "whole",
+                 "public_field", "reqbuf")
+
+    def __init__(self, gw: Any, front: Any, fst: Any, head: g.RequestHead) -> None:
+        self.gw = gw
+        self.front = front
+        self.fst = fst
+        self.head = head
+        self.kind = head.kind
+        self.table = gw.table  # read once: the whole call keeps the routes it started with
+        self.up: Any = None
+        self.ust: Any = None
+        self.early: list[Any] | None = None  # pieces waiting for a connection to tritonserver
+        self.early_end = False
+        self.owed = 0  # client bytes sent on, not yet credited back to the client
+        self.owed_up = 0  # tritonserver bytes sent on, not yet credited back to it
+        self.cur: _Cursor | None = None
+        self.target: LiveTarget | None = None
+        self.t0 = _perf()
+        self.done = False
+        self.resp_started = False
+        self.rleft = 0
+        self.rbuf = b""
+        self.whole: list[Any] | None = None  # a whole-message answer being collected
+        self.public_field = b""
+        self.reqbuf: list[Any] | None = None
+
+    # -- from the client ----------------------------------------------------------------------------
+
+    def start(self, end: bool) -> None:
+        head, kind = self.head, self.kind
+        if head.error is not None:
+            self.refuse(g.INVALID_ARGUMENT, head.error.encode(), "client")
+        elif kind == g.PASS:
+            self._emit([], end)
+        elif kind == g.REFUSE:
+            self.refuse(g.PERMISSION_DENIED, b"models are loaded and unloaded by tritonctl, not through the gateway: "
+                        b"use `tritonctl load MODEL` / `tritonctl unload MODEL`", "client")
+        elif kind in g.NAMED:
+            if end and self._message_name(b"") is not None:
+                self._emit([], True)
+        else:
+            self.reqbuf = []
+            if end:
+                self.gw.local(self, b"")
+
+    def client_data(self, payload: Any, end: bool) -> None:
+        if self.done:
+            self.front.consumed(None, len(payload))
+            return
+        kind = self.kind
+        if kind == g.PASS:
+            self.owed += len(payload)
+            self._emit([payload] if payload else [], end)
+        elif kind in g.NAMED:
+            self._request(payload, end)
+        else:
+            reqbuf = self.reqbuf
+            assert reqbuf is not None
+            reqbuf.append(bytes(payload))
+            self.front.consumed(self.fst, len(payload))
+            if sum(len(p) for p in reqbuf) > 1 << 20:
+                self.refuse(g.RESOURCE_EXHAUSTED, b"request over 1 MiB for a method that takes a few bytes", "client")
+            elif end:
+                body = b"".join(reqbuf)
+                self.reqbuf = None
+                self.gw.local(self, body)
+
+    def _request(self, data: Any, end: bool) -> None:
+        """Walk request messages as their bytes come: hold until field 1, rename it, stream the rest."""
+        cur = self.cur
+        if cur is None:
+            n = len(data)
+            # the usual case, one whole message whose first field is a short name: rename at once
+            if n > 7 and data[5] == 0x0A and data[6] < 0x80 and data[0] == 0 and \
+                    int.from_bytes(data[1:5], "big") == n - 5 and rest_ok(data, 7 + data[6], n):
+                name_end = 7 + data[6]
+                target = self._message_name(bytes(data[7:name_end]))
+                if target is None:
+                    return
+                self.owed += n
+                field = target.field
+                head = grpc_prefix(n - name_end + len(field)) + field
+                if n - name_end < JOIN_BELOW:
+                    self._emit([head + data[name_end:]], end)
+                else:
+                    self._emit([head, data[name_end:]], end)
+                return
+            cur = self.cur = _Cursor()
+        pos, n = 0, len(data)
+        while pos < n and not self.done:
+            if cur.msg_left < 0:
+                take = 5 - len(cur.pre)
+                cur.pre += bytes(data[pos : pos + take])
+                pos += take
+                if len(cur.pre) < 5:
+                    break
+                if cur.pre[0] != 0:
+                    self.refuse(g.UNIMPLEMENTED, b"compressed gRPC messages are not supported by the tritonctl "
+                                b"gateway: turn request compression off", "client")
+                    return
+                length = int.from_bytes(cur.pre[1:5], "big")
+                if length > self.gw.max_message:
+                    self.refuse(g.RESOURCE_EXHAUSTED, b"request message of %d bytes over the gateway's limit of %d"
+                                % (length, self.gw.max_message), "client")
+                    return
+                cur.msg_left = length
+                cur.scan = RequestScan()
+                cur.body_off = 0
+                cur.resolved = False
+                cur.held, cur.held_n = [], 0
+                if length == 0:
+                    self._resolve_message(cur, 0)
+                    cur.msg_left = -1
+                    cur.pre = b""
+                continue
+            take = min(cur.msg_left, n - pos)
+            chunk = data[pos : pos + take]
+            pos += take
+            cur.msg_left -= take
+            scan = cur.scan
+            try:
+                scan.feed(chunk, cur.body_off)
+                if cur.msg_left == 0:
+                    scan.finish(cur.body_off + take)
+            except WireError as exc:
+                self.refuse(g.INVALID_ARGUMENT, f"not a valid request message: {exc}".encode(), "client")
+                return
+            cur.body_off += take
+            if cur.resolved:
+                self.owed += take
+                self._emit([chunk], False)
+            else:
+                cur.held.append(chunk)
+                cur.held_n += take
+                if scan.name is not None or cur.msg_left == 0:
+                    self._resolve_message(cur, cur.body_off)
+                elif cur.held_n > HOLD_LIMIT:
+                    self.refuse(g.INVALID_ARGUMENT, b"model_name (field 1) must come within the first %d bytes of "
+                                b"the request message" % HOLD_LIMIT, "client")
+                    return
+            if cur.msg_left == 0:
+                cur.msg_left = -1
+                cur.pre = b""
+        if self.done:
+            return
+        if end:
+            if cur.msg_left >= 0 or cur.pre:
+                self.refuse(g.INVALID_ARGUMENT, b"the request ends inside a message", "client")
+            else:
+                self._emit([], True)
+
+    def _resolve_message(self, cur: _Cursor, received: int) -> None:
+        """Field 1 is known (or the message ended without it): choose the target, send the held bytes."""
+        scan = cur.scan
+        name = scan.name if scan.name is not None else b""
+        target = self._message_name(name)
+        if target is None:
+            return
+        cur.resolved = True
+        body_len = cur.msg_left + received
+        held, cur.held = cur.held, []
+        self.owed += 5 + cur.held_n
+        if scan.name is None:  # no name and still served: only ModelStatistics for every model
+            self._emit([cur.pre, *held], False)
+            return
+        joined = held[0] if len(held) == 1 else b"".join(bytes(p) for p in held)
+        new_len = body_len - (scan.end - scan.start) + len(target.field)
+        head = grpc_prefix(new_len) + bytes(joined[: scan.start]) + target.field
+        rest = joined[scan.end :]
+        if len(rest) < JOIN_BELOW:
+            self._emit([head + rest] if len(rest) else [head], False)
+        else:
+            self._emit([head, rest], False)
+
+    def _message_name(self, name: bytes) -> LiveTarget | None:
+        """The target for a request naming `name`; None when refused (the call is then over)."""
+        if not name and self.kind == g.STATS:
+            return _ALL_MODELS
+        try:
+            route = self.table.route(name)
+            target = route.choose(self.head.pin, self.head.headers.get(route.sticky) if route.sticky else None)
+        except RouteRefusal as exc:
+            status = _REFUSAL_STATUS[exc.kind]
+            self.refuse(status, exc.message.encode(), "unavailable" if status == g.UNAVAILABLE else "client")
+            return None
+        slot = target.slot
+        if self.target is None:
+            self.target = target
+            self.public_field = target.public_field
+            slot.inflight += 1
+            self.gw.figures.last[target.model] = time.time()
+        if self.kind == g.INFER or self.kind == g.STREAM:
+            slot.grpc.requests += 1
+        return target
+
+    def client_reset(self, code: int) -> None:
+        if not self.done:
+            self._cancel_upstream()
+            self._end(g.CANCELLED)
+
+    def client_window(self) -> None:
+        if self.owed_up and self.ust is not None:
+            self.up.consumed(self.ust, self.owed_up)
+            self.owed_up = 0
+
+    # -- toward tritonserver ------------------------------------------------------------------------
+
+    def _emit(self, pieces: list[Any], end: bool) -> None:
+        ust = self.ust
+        if ust is None:
+            if self.early is not None:
+                self.early.extend(pieces)
+                self.early_end = end
+                return
+            conn = self.gw.pool.pick()
+            if conn is None:
+                self.early, self.early_end = list(pieces), end
+                self.gw.pool.wait(self)
+                return
+            self._open(conn, pieces, end)
+            return
+        up = self.up
+        sent = True
+        if not pieces:
+            if end:
+                up.send_data(ust, b"", True)
+        else:
+            last = len(pieces) - 1
+            for i, piece in enumerate(pieces):
+                sent = up.send_data(ust, piece, end and i == last)
+        if sent and self.owed:
+            self.front.consumed(self.fst, self.owed)
+            self.owed = 0
+
+    def _open(self, conn: Any, pieces: list[Any], end: bool) -> None:
+        self.up = conn
+        if len(pieces) == 1:
+            self.ust, sent = conn.start(self, self.head.up_block, pieces[0], end)
+            if sent and self.owed:
+                self.front.consumed(self.fst, self.owed)
+                self.owed = 0
+            return
+        self.ust, _ = conn.start(self, self.head.up_block, None, end and not pieces)
+        if pieces:
+            self._emit(pieces, end)
+
+    def upstream_ready(self, conn: Any) -> None:
+        pieces, self.early = self.early or [], None
+        if not self.done:
+            self._open(conn, pieces, self.early_end)
+
+    def up_window(self) -> None:
+        if self.owed:
+            self.front.consumed(self.fst, self.owed)
+            self.owed = 0
+
+    def _cancel_upstream(self) -> None:
+        if self.ust is not None:
+            self.up.release(self.ust)
+        elif self.early is not None:
+            self.gw.pool.cancel(self)
+            self.early = None
+
+    # -- from tritonserver ------------------------------------------------------------------------
+
+    def up_headers(self, head: g.ResponseHead, end: bool) -> None:
+        if self.done:
+            return
+        if not end:
+            if not self.resp_started:
+                self.resp_started = True
+                self.front.send_headers(self.fst, head.block or g.RESPONSE_HEADERS)
+            return
+        if self.whole is not None:
+            self._whole_answers(True)
+            if self.done:
+                return
+        status = head.status if head.status is not None else g.UNKNOWN
+        first = bool(head.http_status) and not self.resp_started  # trailers-only: a whole answer in one block
+        if head.block and (first or not head.http_status):
+            block = head.block
+        else:
+            pairs = [(b":status", head.http_status)] if first else []
+            pairs += head.trailer_pairs
+            if head.message:
+                pairs.append((b"grpc-message", g.percent(public_text(head.message))))
+            block = f.encode_headers(pairs)
+        self.front.send_headers(self.fst, block, True)
+        self._end(status)
+
+    def up_data(self, payload: Any, end: bool) -> None:
+        if self.done:
+            return
+        kind = self.kind
+        n = len(payload)
+        if kind == g.INFER or kind == g.META:
+            pf = self.public_field
+            # the usual case, one whole answer whose first field is a short name: rename at once
+            if not self.rleft and not self.rbuf and n > 7 and payload[5] == 0x0A and payload[6] < 0x80 and \
+                    int.from_bytes(payload[1:5], "big") == n - 5 and pf:
+                name_end = 7 + payload[6]
+                if n - name_end < JOIN_BELOW:
+                    sent = self.front.send_data(self.fst, grpc_prefix(n - name_end + len(pf)) + pf + payload[name_end:])
+                else:
+                    self.front.send_data(self.fst, grpc_prefix(n - name_end + len(pf)) + pf)
+                    sent = self.front.send_data(self.fst, payload[name_end:])
+                if sent:
+                    self.up.consumed(self.ust, n)
+                else:
+                    self.owed_up += n
+            else:
+                self._renamed_answer(payload)
+        elif kind == g.PASS or kind == g.READY:
+            self.owed_up += n
+            if self.front.send_data(self.fst, payload):
+                self.client_window()
+        else:
+            if self.whole is None:
+                self.whole = []
+            self.whole.append(bytes(payload))
+            if self.fst.pending:  # the client reads slowly: credit tritonserver only as it catches up
+                self.owed_up += n
+            else:
+                self.up.consumed(self.ust, n)
+            if sum(len(p) for p in self.whole) > self.gw.max_message + 5:
+                self.refuse(g.RESOURCE_EXHAUSTED, b"an answer over the gateway's message limit", "unavailable")
+                return
+            if kind == g.STREAM:
+                self._whole_answers(False)
+        if end and not self.done:
+            self.refuse(g.INTERNAL, b"tritonserver ended the call without a status", "unavailable")
+
+    def _renamed_answer(self, data: Any) -> None:
+        """Answers whose first field is the model name: rename it as the message passes."""
+        pos, n = 0, len(data)
+        out: list[Any] = []
+        while pos < n:
+            if self.rleft > 0:
+                take = min(self.rleft, n - pos)
+                out.append(data[pos : pos + take])
+                self.rleft -= take
+                pos += take
+                continue
+            had = len(self.rbuf)
+            buf: Any = self.rbuf + bytes(data[pos:]) if had else data[pos:]
+            if len(buf) < 5:
+                self.rbuf = bytes(buf)
+                break
+            length = int.from_bytes(buf[1:5], "big")
+            span = buf[5 : 5 + length]
+            found = response_head(span)
+            if found is None and len(buf) - 5 < length and len(buf) < 4096:
+                self.rbuf = bytes(buf)
+                break
+            avail = min(len(buf), 5 + length)
+            if found is None or found == (0, 0) or not self.public_field:
+                out.append(buf[:avail])
+            else:
+                delta = len(self.public_field) - found[1]
+                out.append(grpc_prefix(length + delta) + self.public_field)
+                if avail > 5 + found[1]:
+                    out.append(buf[5 + found[1] : avail])
+            self.rleft = 5 + length - avail
+            pos += avail - had
+            self.rbuf = b""
+        self.owed_up += n
+        sent = True
+        if out:
+            if len(out) > 1 and sum(len(p) for p in out) < JOIN_BELOW:
+                out = [b"".join(out)]
+            for piece in out:
+                sent = self.front.send_data(self.fst, piece)
+        if sent:
+            self.client_window()
+
+    def _whole_answers(self, final: bool) -> None:
+        """Answers held whole: a stream's (renamed as each completes), ModelConfig's, ModelStatistics'."""
+        whole = self.whole or []
+        data = whole[0] if len(whole) == 1 else b"".join(whole)
+        pos, out = 0, []
+        while len(data) - pos >= 5:
+            length = int.from_bytes(data[pos + 1 : pos + 5], "big")
+            if len(data) - pos - 5 < length:
+                break
+            body = data[pos + 5 : pos + 5 + length]
+            if data[pos] != 0:
+                self.refuse(g.INTERNAL, b"tritonserver sent a compressed answer", "unavailable")
+                return
+            pos += 5 + length
+            try:
+                body = self._stream_answer(body) if self.kind == g.STREAM else self.gw.meta_answer(self, body)
+            except (WireError, ValueError) as exc:
+                self.refuse(g.INTERNAL, f"the gateway could not read tritonserver's answer: {exc}".encode(),
+                            "unavailable")
+                return
+            out.append(grpc_prefix(len(body)) + body)
+        self.whole = [data[pos:]] if pos < len(data) else None
+        if final and self.whole is not None:
+            self.refuse(g.INTERNAL, b"tritonserver's answer ends inside a message", "unavailable")
+            return
+        for piece in out:
+            self.front.send_data(self.fst, piece)
+        if not self.fst.pending:
+            self.client_window()
+
+    def _stream_answer(self, body: bytes) -> bytes:
+        error = stream_error(body)
+        if error and self.target is not None:
+            self.target.slot.grpc.model += 1  # an error response counts as the model's failure
+        return rename_stream_response(body)
+
+    def up_reset(self, code: int) -> None:
+        if self.done:
+            return
+        if code == f.REFUSED_STREAM and not self.resp_started:
+            self.front.reset(self.fst, f.REFUSED_STREAM)
+            self._end(g.UNAVAILABLE)
+            return
+        self.ust = None
+        status = g.CANCELLED if code == f.CANCEL else g.INTERNAL
+        self.refuse(status, b"tritonserver reset the call (HTTP/2 error %d)" % code,
+                    "client" if status == g.CANCELLED else "unavailable")
+
+    def up_refused(self) -> None:
+        """tritonserver will not process this stream (GOAWAY): the client may retry it elsewhere."""
+        self.ust = None
+        if not self.done:
+            self.front.reset(self.fst, f.REFUSED_STREAM)
+            self._end(g.UNAVAILABLE)
+
+    def up_lost(self, reason: str) -> None:
+        self.ust = None
+        self.early = None
+        if not self.done:
+            self.refuse(g.UNAVAILABLE, reason.encode(), "unavailable")
+
+    # -- ending -------------------------------------------------------------------------------------
+
+    def answer(self, message: bytes) -> None:
+        """A whole answer of the gateway's own (the repository index): headers, one message, OK."""
+        self.front.send_headers(self.fst, g.RESPONSE_HEADERS)
+        self.front.send_data(self.fst, grpc_prefix(len(message)) + message)
+        self.front.send_headers(self.fst, g.TRAILERS_OK, True)
+        self._end(g.OK)
+
+    def refuse(self, status: int, message: bytes, failure: str) -> None:
+        """End the call with `status` (trailers-only when nothing was sent yet); cancel tritonserver's side."""
+        if self.done:
+            return
+        self._cancel_upstream()
+        message = public_text(message)
+        if self.resp_started:
+            self.front.send_headers(self.fst, g.trailers(status, message), True)
+        else:
+            self.front.send_headers(self.fst, g.trailers(status, message, only=True), True)
+        self._end(status, failure)
+
+    def _end(self, status: int, failure: str | None = None) -> None:
+        self.done = True
+        target = self.target
+        if failure is None and status:
+            failure = g.failure_class(status)
+        if target is not None and target is not _ALL_MODELS:
+            slot = target.slot
+            slot.inflight -= 1
+            fig = slot.grpc
+            if self.kind == g.INFER:
+                seconds = _perf() - self.t0
+                fig.counts[bisect_left(BUCKETS, seconds)] += 1
+                fig.sum += seconds
+            if failure is not None and self.kind in (g.INFER, g.STREAM):
+                fig.fail(failure)
+        elif self.kind in (g.INFER, g.STREAM):
+            unrouted = self.gw.figures.unrouted
+            unrouted.requests += 1
+            if failure is not None:
+                unrouted.fail(failure)
+        if self.ust is not None:
+            self.up.release(self.ust)
+            if self.owed_up:
+                self.client_window()
+        fst = self.fst
+        if not fst.remote_closed and not fst.pending and fst.sid in self.front.streams:
+            self.front.reset(fst, f.NO_ERROR)  # the answer is complete: the client need send no more
+        self.gw.calls -= 1
+
+
+class _AllModels:
+    """ModelStatistics without a name: every model (the answer is filtered to public ones)."""
+
+    model = ""
+    field = b""
+    public_field = b""
+    slot: Any = None
+
+
+_ALL_MODELS: Any = _AllModels()
