@@ -22,11 +22,12 @@ def parse(argv: list[str]) -> GatewayOptions:
     parser.add_argument("--grpc-address", type=_address)
     parser.add_argument("--http-address", type=_address)
     parser.add_argument("--triton-grpc", type=_address, required=True)
+    parser.add_argument("--triton-http", type=_address)
     parser.add_argument("--routes-file", type=Path)
     parser.add_argument("--upstream-connections", type=int, default=4)
     args = parser.parse_args(argv)
     return GatewayOptions(grpc_address=args.grpc_address, http_address=args.http_address,
-                          triton_grpc=args.triton_grpc, routes_file=args.routes_file,
+                          triton_grpc=args.triton_grpc, triton_http=args.triton_http, routes_file=args.routes_file,
                           upstream_connections=args.upstream_connections)
 
 

@@ -21,6 +21,8 @@ import time
 from bisect import bisect_left
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from controlplane.gateway import frames as f
 from controlplane.gateway import grpcwire as g
 from controlplane.gateway.figures import BUCKETS
@@ -39,6 +41,7 @@ from controlplane.gateway.wire import (
 JOIN_BELOW = 32 << 10  # pieces of a message smaller than this leave as one DATA frame
 HOLD_LIMIT = 1 << 20  # bytes of a request held while its model_name (field 1) has not come yet
 _perf = time.perf_counter
+_COMPRESSED = b"compressed gRPC messages are not supported by the tritonctl gateway: turn request compression off"
 _REFUSAL_STATUS = {"not_found": g.NOT_FOUND, "unavailable": g.UNAVAILABLE, "bad_pin": g.INVALID_ARGUMENT}
 
 
@@ -103,7 +106,7 @@ class GrpcCall:
         else:
             self.reqbuf = []
             if end:
-                self.gw.local(self, b"")
+                self.gw.local(self, b"")  # no message: the request's defaults
 
     def client_data(self, payload: Any, end: bool) -> None:
         if self.done:
@@ -123,9 +126,14 @@ class GrpcCall:
             if sum(len(p) for p in reqbuf) > 1 << 20:
                 self.refuse(g.RESOURCE_EXHAUSTED, b"request over 1 MiB for a method that takes a few bytes", "client")
             elif end:
-                body = b"".join(reqbuf)
+                data = b"".join(reqbuf)
                 self.reqbuf = None
-                self.gw.local(self, body)
+                if data and (len(data) < 5 or int.from_bytes(data[1:5], "big") != len(data) - 5):
+                    self.refuse(g.INVALID_ARGUMENT, b"expected one request message", "client")
+                elif data[:1] == b"\x01":
+                    self.refuse(g.UNIMPLEMENTED, _COMPRESSED, "client")
+                else:
+                    self.gw.local(self, data[5:])
 
     def _request(self, data: Any, end: bool) -> None:
         """Walk request messages as their bytes come: hold until field 1, rename it, stream the rest."""
@@ -157,8 +165,7 @@ class GrpcCall:
                 if len(cur.pre) < 5:
                     break
                 if cur.pre[0] != 0:
-                    self.refuse(g.UNIMPLEMENTED, b"compressed gRPC messages are not supported by the tritonctl "
-                                b"gateway: turn request compression off", "client")
+                    self.refuse(g.UNIMPLEMENTED, _COMPRESSED, "client")
                     return
                 length = int.from_bytes(cur.pre[1:5], "big")
                 if length > self.gw.max_message:
@@ -238,12 +245,25 @@ class GrpcCall:
         """The target for a request naming `name`; None when refused (the call is then over)."""
         if not name and self.kind == g.STATS:
             return _ALL_MODELS
+        kind = self.kind
         try:
             route = self.table.route(name)
-            target = route.choose(self.head.pin, self.head.headers.get(route.sticky) if route.sticky else None)
+            if kind == g.INFER or kind == g.STREAM:
+                pin = self.head.pin
+                if pin is None and route.single is not None:
+                    target = route.single
+                else:
+                    target = route.choose(pin, self.head.headers.get(route.sticky) if route.sticky else None)
+            else:
+                target = route.primary(self.head.pin)
         except RouteRefusal as exc:
-            status = _REFUSAL_STATUS[exc.kind]
-            self.refuse(status, exc.message.encode(), "unavailable" if status == g.UNAVAILABLE else "client")
+            if kind == g.READY and exc.kind != "bad_pin":
+                self.answer(b"")  # ready: false, as tritonserver answers for a model it does not serve
+            elif kind == g.STATS and exc.kind == "not_found":
+                self.refuse(g.INVALID_ARGUMENT, b"requested model '%s' is not available" % name, "client")
+            else:
+                status = _REFUSAL_STATUS[exc.kind]
+                self.refuse(status, exc.message.encode(), "unavailable" if status == g.UNAVAILABLE else "client")
             return None
         slot = target.slot
         if self.target is None:
@@ -251,7 +271,7 @@ class GrpcCall:
             self.public_field = target.public_field
             slot.inflight += 1
             self.gw.figures.last[target.model] = time.time()
-        if self.kind == g.INFER or self.kind == g.STREAM:
+        if kind == g.INFER or kind == g.STREAM:
             slot.grpc.requests += 1
         return target
 
@@ -451,7 +471,7 @@ class GrpcCall:
             pos += 5 + length
             try:
                 body = self._stream_answer(body) if self.kind == g.STREAM else self.gw.meta_answer(self, body)
-            except (WireError, ValueError) as exc:
+            except (WireError, ValueError, DecodeError) as exc:
                 self.refuse(g.INTERNAL, f"the gateway could not read tritonserver's answer: {exc}".encode(),
                             "unavailable")
                 return
@@ -498,6 +518,10 @@ class GrpcCall:
 
     # -- ending -------------------------------------------------------------------------------------
 
+    def forward(self, message: bytes) -> None:
+        """Send tritonserver a whole request message the gateway built (a decoded method's)."""
+        self._emit([grpc_prefix(len(message)) + message], True)
+
     def answer(self, message: bytes) -> None:
         """A whole answer of the gateway's own (the repository index): headers, one message, OK."""
         self.front.send_headers(self.fst, g.RESPONSE_HEADERS)
@@ -510,7 +534,6 @@ class GrpcCall:
         if self.done:
             return
         self._cancel_upstream()
-        message = public_text(message)
         if self.resp_started:
             self.front.send_headers(self.fst, g.trailers(status, message), True)
         else:

@@ -113,10 +113,12 @@ class ResponseHead:
                 continue  # re-encoded by `trailers` after its private names are made public
             pairs.append((name, value))
         self.trailer_pairs = pairs
-        if self.http_status:
+        if self.message:
+            self.block = b""  # built per call: its message is rewritten first
+        elif self.http_status:
             self.block = f.encode_headers([(b":status", self.http_status), *pairs])
         else:
-            self.block = f.encode_headers(pairs) if self.message == b"" else b""
+            self.block = f.encode_headers(pairs)
 
 
 def percent(message: bytes) -> bytes:

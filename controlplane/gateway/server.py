@@ -19,6 +19,8 @@ from controlplane.gateway import grpcmeta
 from controlplane.gateway.figures import Figures
 from controlplane.gateway.grpcfront import FrontConnection
 from controlplane.gateway.h2 import Limits
+from controlplane.gateway.httpfront import HttpFront
+from controlplane.gateway.httpup import HttpPool
 from controlplane.gateway.routes import RouteTable, read_table
 from controlplane.gateway.table import LiveTable
 from controlplane.gateway.upstream import UpstreamPool
@@ -53,6 +55,9 @@ class Gateway:
         host, port = options.triton_grpc
         self.authority = f"{host}:{port}".encode()
         self.pool = UpstreamPool(host, port, options.upstream_connections, Limits(max_streams=0))
+        http_host, http_port = options.triton_http or (host, 0)
+        self.http_authority = f"{http_host}:{http_port}".encode()
+        self.http_pool = HttpPool(http_host, http_port)
         self.routes = RouteTable()
         self.table = LiveTable(self.routes, self.figures)
         self.connections: set[Any] = set()
@@ -93,6 +98,10 @@ class Gateway:
             server = await loop.create_server(lambda: FrontConnection(self), host, port, reuse_address=True,
                                               backlog=1024)
             self.servers.append(server)
+        if self.options.http_address is not None:
+            host, port = self.options.http_address
+            server = await loop.create_server(lambda: HttpFront(self), host, port, reuse_address=True, backlog=1024)
+            self.servers.append(server)
 
     def bound_ports(self) -> list[int]:
         return [int(s.sockets[0].getsockname()[1]) for s in self.servers if s.sockets]
@@ -103,8 +112,9 @@ class Gateway:
         for server in self.servers:
             server.close()
         for conn in list(self.connections):
-            conn.send_goaway()
-            conn.flush()
+            if isinstance(conn, FrontConnection):
+                conn.send_goaway()
+                conn.flush()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.drain_s
         while self.calls > 0 and loop.time() < deadline:
@@ -113,6 +123,7 @@ class Gateway:
             if conn.transport is not None:
                 conn.transport.close()
         self.pool.close()
+        self.http_pool.close()
 
 
 async def serve(options: GatewayOptions, ready: Any = None) -> int:

@@ -50,7 +50,7 @@ class LiveTarget:
 
 
 class LiveRoute:
-    __slots__ = ("model", "targets", "single", "cumulative", "weighted", "sticky", "state")
+    __slots__ = ("model", "targets", "single", "cumulative", "weighted", "sticky", "state", "serving")
 
     def __init__(self, route: Route, figures: Figures) -> None:
         self.model = route.model
@@ -66,6 +66,18 @@ class LiveRoute:
         self.cumulative = tuple(cumulative)
         only = len(self.weighted) == 1 and route.state == "serving" and self.sticky is None
         self.single = self.weighted[0] if only else None
+        heaviest = route.serving()
+        self.serving = next((t for t in self.targets if heaviest is not None and t.name == heaviest.name), None) \
+            if route.state == "serving" else None
+
+    def primary(self, pin: bytes | None) -> LiveTarget:
+        """The target a question about the model goes to (metadata, config, readiness, statistics): the
+        serving digest, or the pinned one; never a weighted draw, so the answers do not flicker."""
+        if pin is not None:
+            return self._pinned(pin)
+        if self.serving is None:
+            raise RouteRefusal("unavailable", f"model '{self.model}' is not serving: it is {self.state}")
+        return self.serving
 
     def choose(self, pin: bytes | None, sticky: bytes | None) -> LiveTarget:
         if pin is not None:
@@ -91,12 +103,14 @@ class LiveRoute:
 
 
 class LiveTable:
-    __slots__ = ("version", "routes", "source")
+    __slots__ = ("version", "routes", "source", "serving_names")
 
     def __init__(self, source: RouteTable, figures: Figures) -> None:
         self.source = source
         self.version = source.version
         self.routes = {name.encode(): LiveRoute(route, figures) for name, route in source.routes.items()}
+        # private name -> public name, for the digests that serve (what statistics may show)
+        self.serving_names = {r.serving.name: r.model for r in self.routes.values() if r.serving is not None}
 
     def route(self, public: bytes) -> LiveRoute:
         found = self.routes.get(public)
