@@ -193,3 +193,8 @@ class HostCapabilityError(EnvironmentFault):
 class TagError(UsageError):
     """A tag request is refused: a bad tag name, a tag on invalid or collected content, an unknown tag
     (exit 2, like every UsageError)."""
+
+
+class GatewayError(TritonctlError):
+    """The gateway (the data path in front of tritonserver) cannot be reached over its control socket,
+    refused a request (`update` with invalid routes) or answered out of protocol."""

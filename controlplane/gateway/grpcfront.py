@@ -16,7 +16,8 @@ from typing import Any
 from controlplane.gateway import frames as f
 from controlplane.gateway.grpccall import GrpcCall
 from controlplane.gateway.grpcwire import RequestHead
-from controlplane.gateway.h2 import H2Connection, Stream
+from controlplane.gateway.h2 import H2Connection
+from controlplane.gateway.h2state import Stream
 from controlplane.gateway.upstream import nodelay
 
 

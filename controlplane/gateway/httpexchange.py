@@ -242,8 +242,10 @@ class Exchange:
             else:
                 payload = hn.index_json(grpcmeta.index_entries(self.table, ready))
                 self.local = simple_response(200, "", self.keep_alive, payload)
-        self.front.write(self.local)
-        self._finish(int(self.local[9:12]))
+        local = self.local
+        assert local is not None
+        self.front.write(local)
+        self._finish(int(local[9:12]))
 
     # -- the answer ---------------------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ from typing import Any
 from controlplane.gateway import frames as f
 from controlplane.gateway.frames import frame_header
 from controlplane.gateway.grpcwire import ResponseHead
-from controlplane.gateway.h2 import DIRTY, H2Connection, Limits, Stream, flush_dirty
+from controlplane.gateway.h2 import H2Connection
+from controlplane.gateway.h2state import DIRTY, Limits, Stream, flush_dirty
 
 log = logging.getLogger("tritonctl.gateway")
 GROW_AT = 64  # open another connection (up to `size`) once every open one carries this many streams
