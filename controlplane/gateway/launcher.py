@@ -209,8 +209,9 @@ class GatewayProcess:
         self.ports = {str(k): int(v) for k, v in hello.get("ports", {}).items()}
         return True
 
-    def stop(self, timeout_s: float | None = None) -> None:
-        """SIGTERM (the gateway drains its calls), then SIGKILL after the bound."""
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM (the gateway drains its calls), then SIGKILL after the bound. Returns the exit code
+        when this object started the process (None for an adopted one)."""
         bound = self.drain_s + 5.0 if timeout_s is None else timeout_s
         for sig, wait_s in ((signal.SIGTERM, bound), (signal.SIGKILL, 5.0)):
             if not self.is_running():
@@ -225,14 +226,16 @@ class GatewayProcess:
                 if self._process is not None:
                     self._process.poll()  # reap our own child so its pid stops counting as alive
                 time.sleep(0.02)
+        code = None
         if self._process is not None:
             try:
-                self._process.wait(1.0)
+                code = self._process.wait(1.0)
             except subprocess.TimeoutExpired:
                 pass
         self.pid = self._start = None
         self._process = None
         self.forget_record()
+        return code
 
     def kill(self) -> None:
         """Abrupt death (fault tests; a supervisor's last resort). The record stays, as after a crash."""

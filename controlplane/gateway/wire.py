@@ -19,7 +19,9 @@ import re
 from typing import Any
 
 NAME_MAX = 1024  # bytes of a model name the walk holds; a longer field 1 is refused
-PRIVATE_IN_TEXT = re.compile(rb"([A-Za-z0-9_][A-Za-z0-9_.\-]*?)__[0-9a-f]{8}(?![0-9A-Za-z_.\-])")
+# a private name in a text: `<model>__<8 hex>` not followed by a letter or digit (the python backend names an
+# instance `<model>_0_0`: `boom__0123abcd_0_0` becomes `boom_0_0`)
+PRIVATE_IN_TEXT = re.compile(rb"([A-Za-z0-9_][A-Za-z0-9_.\-]*?)__[0-9a-f]{8}(?![0-9A-Za-z])")
 
 
 class WireError(Exception):
