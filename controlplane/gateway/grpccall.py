@@ -55,9 +55,23 @@ class _Cursor:
 
 
 class GrpcCall(Answers):
-    __slots__ = ("gw", "front", "fst", "head", "kind", "table", "up", "ust", "early", "early_end", "owed",
-                 "owed_up", "cur", "target", "t0", "done", "resp_started", "rleft", "rbuf", "whole",
-                 "public_field", "reqbuf")
+    # Defaults as class attributes, set on the instance only when they change: a call is created per
+    # request, and most of these stay as they are for a unary call.
+    up: Any = None
+    ust: Any = None
+    early: list[Any] | None = None  # pieces waiting for a connection to tritonserver
+    early_end = False
+    owed = 0  # client bytes sent on, not yet credited back to the client
+    owed_up = 0  # tritonserver bytes sent on, not yet credited back to it
+    cur: _Cursor | None = None
+    target: LiveTarget | None = None
+    done = False
+    resp_started = False
+    rleft = 0
+    rbuf = b""
+    whole: list[Any] | None = None  # a whole-message answer being collected
+    public_field = b""
+    reqbuf: list[Any] | None = None
 
     def __init__(self, gw: Any, front: Any, fst: Any, head: g.RequestHead) -> None:
         self.gw = gw
@@ -66,22 +80,7 @@ class GrpcCall(Answers):
         self.head = head
         self.kind = head.kind
         self.table = gw.table  # read once: the whole call keeps the routes it started with
-        self.up: Any = None
-        self.ust: Any = None
-        self.early: list[Any] | None = None  # pieces waiting for a connection to tritonserver
-        self.early_end = False
-        self.owed = 0  # client bytes sent on, not yet credited back to the client
-        self.owed_up = 0  # tritonserver bytes sent on, not yet credited back to it
-        self.cur: _Cursor | None = None
-        self.target: LiveTarget | None = None
         self.t0 = _perf()
-        self.done = False
-        self.resp_started = False
-        self.rleft = 0
-        self.rbuf = b""
-        self.whole: list[Any] | None = None  # a whole-message answer being collected
-        self.public_field = b""
-        self.reqbuf: list[Any] | None = None
 
     # -- from the client ----------------------------------------------------------------------------
 
