@@ -161,6 +161,12 @@ def model_set() -> dict[str, tuple[str, str]]:
     name = private("bls_sync", "2")
     bls_inputs = [*ADD_SUB_IO[0], ("MODEL_NAME", "TYPE_STRING", "1")]
     models[name] = (config(name, bls_inputs, ADD_SUB_IO[1]), BLS)
+    name = private("pipe", "3")  # an ensemble whose one step is gen's private name, as the daemon publishes it
+    step = ('ensemble_scheduling { step [ { model_name: "' + private("gen", "a") + '" model_version: -1 '
+            'input_map { key: "x" value: "x" } output_map { key: "gen" value: "gen" } } ] }\n')
+    models[name] = (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+                    'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                    'output [ { name: "gen" data_type: TYPE_FP32 dims: [ 1 ] } ]\n' + step, "")
     return models
 
 
@@ -168,7 +174,8 @@ def write_models(repo: Path, models: dict[str, tuple[str, str]]) -> None:
     for name, (config_text, code) in models.items():
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "config.pbtxt").write_text(config_text)
-        (repo / name / "1" / "model.py").write_text(code)
+        if code:  # an ensemble has no code
+            (repo / name / "1" / "model.py").write_text(code)
 
 
 def route(model: str, *targets: tuple[str, int], sticky: str | None = None) -> Route:
@@ -178,7 +185,8 @@ def route(model: str, *targets: tuple[str, int], sticky: str | None = None) -> R
 
 def default_routes() -> RouteTable:
     routes = {m: route(m, (c, 100)) for m, c in (("gen", "a"), ("ident", "c"), ("text", "d"), ("boom", "e"),
-                                                  ("square_int32", "f"), ("add_sub", "1"), ("bls_sync", "2"))}
+                                                  ("square_int32", "f"), ("add_sub", "1"), ("bls_sync", "2"),
+                                                  ("pipe", "3"))}
     return RouteTable(1, routes)
 
 

@@ -170,6 +170,14 @@ def test_unknown_and_private_names_are_not_found(rig: GatewayRig, grpc: grpcclie
     assert (status, json.loads(body)) == (400, {"error": "requested model 'nope' is not available"})
 
 
+def test_an_ensemble_over_private_steps_answers_publicly(grpc: grpcclient.InferenceServerClient,
+                                                         http: httpclient.InferenceServerClient) -> None:
+    assert grpc.infer("pipe", [gen_input()]).get_response().model_name == "pipe"
+    for config in (grpc.get_model_config("pipe", as_json=True)["config"], http.get_model_config("pipe")):
+        assert config["name"] == "pipe"
+        assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == ["gen"]
+
+
 # -- HTTP -------------------------------------------------------------------------------------------
 
 
@@ -204,6 +212,14 @@ def test_curl_json_binary_chunked_and_expect(rig: GatewayRig) -> None:
     assert status == 200 and int(headers["content-length"]) == len(answer)
     assert json.loads(answer[:size])["model_name"] == "gen"
     assert np.frombuffer(answer[size:], dtype=np.float32).tolist() == [1.0]
+
+
+def test_http_generate_stream_is_renamed_event_by_event(rig: GatewayRig) -> None:
+    status, body, headers = curl("-N", "-X", "POST", f"http://{rig.http_url}/v2/models/square_int32/generate_stream",
+                                 "-d", json.dumps({"IN": [3]}))
+    events = [json.loads(line[5:]) for line in body.decode().splitlines() if line.startswith("data:")]
+    assert status == 200 and headers.get("transfer-encoding") == "chunked", body
+    assert [(e["model_name"], e["OUT"]) for e in events] == [("square_int32", 3)] * 3
 
 
 def test_repository_index_and_load_refused(rig: GatewayRig, grpc: grpcclient.InferenceServerClient) -> None:

@@ -95,16 +95,19 @@ class UpstreamConnection(H2Connection):
         if end_stream:
             self._maybe_close(st)
             self.pool.freed()
+            self._retire_if_done()
 
     def on_data(self, st: Stream, payload: Any, end_stream: bool) -> None:
         st.call.up_data(payload, end_stream)
         if end_stream:
             self._maybe_close(st)
             self.pool.freed()
+            self._retire_if_done()
 
     def on_reset(self, st: Stream, code: int) -> None:
         st.call.up_reset(code)
         self.pool.freed()
+        self._retire_if_done()
 
     def on_window(self, st: Stream) -> None:
         call = st.call
@@ -117,6 +120,13 @@ class UpstreamConnection(H2Connection):
             self.forget(st)
             st.call.up_refused()
         self.pool.lost(self, keep=bool(self.streams))
+
+    def _retire_if_done(self) -> None:
+        """A connection out of the pool (GOAWAY) closes once its last stream ended."""
+        if not self.ready and not self.streams and self.transport is not None and not self.closed:
+            self.send_goaway()
+            self.flush()
+            self.transport.close()
 
     def on_lost(self) -> None:
         self.ready = False
@@ -132,6 +142,7 @@ class UpstreamConnection(H2Connection):
             else:
                 self.reset(st, f.CANCEL)
             self.pool.freed()
+            self._retire_if_done()
 
 
 class UpstreamPool:
@@ -212,11 +223,13 @@ class UpstreamPool:
         flush_dirty()
 
     def lost(self, conn: UpstreamConnection, keep: bool = False) -> None:
-        """`conn` takes no new stream (GOAWAY, or closed); `keep`: its open streams still finish."""
-        if conn in self.conns and not keep:
+        """`conn` takes no new stream (GOAWAY, or closed): out of the pool, so a fresh one can open; with
+        `keep` its open streams still finish on it (it closes once they have)."""
+        conn.ready = False
+        if conn in self.conns:
             self.conns.remove(conn)
-        elif conn in self.conns:
-            conn.ready = False
+        if not keep and conn.transport is not None and not conn.closed:
+            conn.transport.close()
         if self.waiting and not self.connecting:
             self._connect()
 

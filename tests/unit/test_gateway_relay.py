@@ -200,3 +200,28 @@ def test_a_stream_answer_is_renamed_inside() -> None:
     renamed = pb.ModelStreamInferResponse.FromString(rename_stream_response(answer.SerializeToString()))
     assert renamed.error_message == "'linear' said no"
     assert renamed.infer_response.model_name == "linear" and renamed.infer_response.id == "3"
+
+
+def test_goaway_from_tritonserver_refuses_what_it_never_processed() -> None:
+    """Streams above GOAWAY's last id never reached a model: the client gets RST_STREAM(REFUSED_STREAM),
+    which gRPC clients retry by themselves, and the connection leaves the pool (a new one opens)."""
+    gw, front, front_t, up, up_t = rig()
+    front.data_received(request_bytes(a_request().SerializeToString()))
+    assert upstream_request(up_t)[2]
+    up.data_received(f.settings_frame({}) + f.goaway(0, f.NO_ERROR))
+    flush_dirty()
+    resets = [(sid, f.u32(p)) for t, _, sid, p in frames_of(front_t.data) if t == f.RST_STREAM]
+    assert resets == [(1, f.REFUSED_STREAM)]
+    assert gw.pool.conns == [] and up_t.closed
+    assert gw.figures.slots[PRIVATE].inflight == 0
+
+
+def test_a_client_reset_cancels_the_stream_to_tritonserver() -> None:
+    gw, front, _, up, up_t = rig()
+    front.data_received(request_bytes(a_request().SerializeToString()))
+    front.data_received(f.rst_stream(1, f.CANCEL))
+    flush_dirty()
+    resets = [(sid, f.u32(p)) for t, _, sid, p in frames_of(up_t.data[len(f.PREFACE):]) if t == f.RST_STREAM]
+    assert resets == [(1, f.CANCEL)]
+    slot = gw.figures.slots[PRIVATE]
+    assert (slot.inflight, slot.grpc.client, up.streams) == (0, 1, {})
