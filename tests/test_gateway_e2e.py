@@ -499,3 +499,23 @@ def test_hostile_http2_costs_only_its_own_connection(rig: GatewayRig, grpc: grpc
     # meanwhile and after, other clients are served
     assert grpc.infer("gen", [gen_input()]).as_numpy("gen")[0][0] == 1.0
     assert rig.gateway.is_running()
+
+
+def test_hostile_http_costs_only_its_own_connection(rig: GatewayRig, http: httpclient.InferenceServerClient) -> None:
+    import socket
+
+    host, port = rig.http_url.split(":")
+
+    def exchange(payload: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(payload)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            return data
+
+    assert exchange(b"NOT HTTP AT ALL\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert exchange(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 414 ")
+    huge = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000) for i in range(70))
+    assert exchange(b"GET /v2 HTTP/1.1\r\nHost: x\r\n" + huge + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    assert http.infer("gen", [gen_input(httpclient)]).as_numpy("gen")[0][0] == 1.0

@@ -97,7 +97,10 @@ class H2Sender:
         if self.out:
             out, self.out = self.out, []
             if self.transport is not None and not self.closed:
-                self.transport.writelines(out)
+                if len(out) <= 8 and sum(map(len, out)) < 65536:  # a few small frames: uvloop's direct write
+                    self.transport.write(b"".join(out))
+                else:
+                    self.transport.writelines(out)
 
     def header_block(self, block: bytes) -> bytes:
         if self.table_update_due:

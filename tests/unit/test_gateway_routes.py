@@ -138,3 +138,16 @@ def test_metrics_text_and_tritons_labels() -> None:
     triton = b'nv_inference_request_success{model="m__aaaaaaaa",version="1"} 5\nnv_x{model="plain"} 1\n'
     assert relabel_triton(triton, {"m__aaaaaaaa": A}) == (
         b'nv_inference_request_success{model="m",digest="aaaaaaaaaaaa",version="1"} 5\nnv_x{model="plain"} 1\n')
+
+
+def test_what_the_daemon_imports_pulls_in_no_event_loop() -> None:
+    """routes.py, control.py and launcher.py are the daemon's side: no asyncio, uvloop, HTTP or HPACK
+    library, gRPC or numpy comes with them (they run in the daemon's threads)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, controlplane.gateway.launcher, controlplane.gateway.control, controlplane.gateway.routes;"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'asyncio', 'uvloop', 'httptools', 'hpack', "
+             "'grpc', 'numpy', 'tritonclient'}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
