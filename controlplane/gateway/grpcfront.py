@@ -73,6 +73,12 @@ class FrontConnection(H2Connection):
         if call is not None:
             call.client_window()
 
+    def on_goaway(self, last_sid: int, code: int) -> None:
+        """The client opens no more streams: with none open, the connection is done."""
+        if not self.streams and self.transport is not None:
+            self.flush()
+            self.transport.close()
+
     def on_lost(self) -> None:
         self.gw.connections.discard(self)
         for st in list(self.streams.values()):
