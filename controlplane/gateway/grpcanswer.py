@@ -156,7 +156,7 @@ class Answers:
             pos += avail - had
             self.rbuf = b""
         self.owed_up += n
-        sent = True
+        sent = not self.fst.pending  # nothing queued toward the client: what was owed has left
         if out:
             if len(out) > 1 and sum(len(p) for p in out) < JOIN_BELOW:
                 out = [b"".join(out)]

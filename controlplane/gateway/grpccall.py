@@ -295,10 +295,10 @@ class GrpcCall(Answers):
             self._open(conn, pieces, end)
             return
         up = self.up
-        sent = True
+        sent = not ust.pending  # nothing queued: what was owed has left
         if not pieces:
             if end:
-                up.send_data(ust, b"", True)
+                sent = up.send_data(ust, b"", True)
         else:
             last = len(pieces) - 1
             for i, piece in enumerate(pieces):

@@ -199,7 +199,8 @@ class H2Sender:
             st.pending_end = False
             self.queue(_frame_header(0, _DATA, _END_STREAM, st.sid))
         self._maybe_close(st)
-        self.on_window(st)
+        if not pending:  # all of it left: its source may be credited now, not before
+            self.on_window(st)
 
     def _maybe_close(self, st: Stream) -> None:
         if st.local_closed and st.remote_closed and not st.pending and st.pending_trailers is None:

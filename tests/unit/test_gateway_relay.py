@@ -16,7 +16,7 @@ import pytest
 from controlplane.gateway import frames as f
 from controlplane.gateway import protos
 from controlplane.gateway.grpcfront import FrontConnection
-from controlplane.gateway.h2state import flush_dirty
+from controlplane.gateway.h2state import Limits, flush_dirty
 from controlplane.gateway.routes import Route, RouteTable, Target
 from controlplane.gateway.server import Gateway, GatewayOptions
 from controlplane.gateway.upstream import UpstreamConnection
@@ -225,3 +225,27 @@ def test_a_client_reset_cancels_the_stream_to_tritonserver() -> None:
     assert resets == [(1, f.CANCEL)]
     slot = gw.figures.slots[PRIVATE]
     assert (slot.inflight, slot.grpc.client, up.streams) == (0, 1, {})
+
+
+def test_a_request_waits_for_tritonservers_window_and_the_client_is_credited_after() -> None:
+    """Backpressure toward tritonserver: with a 1,000-byte stream window only that much leaves; the rest
+    waits for its WINDOW_UPDATE, and the client's bytes are credited back only once they left."""
+    _, front, front_t, up, up_t = rig()
+    front.limits = Limits(stream_window=65536, conn_window=65536)  # credit back from 16 KiB on
+    up.data_received(f.settings_frame({f.S_INITIAL_WINDOW_SIZE: 1000}))
+    request = a_request(40000)
+    front.data_received(request_bytes(request.SerializeToString()))
+    flush_dirty()
+    sent = [p for t, _, sid, p in frames_of(up_t.data[len(f.PREFACE):]) if t == f.DATA and sid == 1]
+    assert sum(map(len, sent)) == 1000
+
+    def credited() -> int:
+        return sum(f.u32(p) for t, _, sid, p in frames_of(front_t.data) if t == f.WINDOW_UPDATE and sid == 0)
+
+    before = credited()
+    up.data_received(f.window_update(1, 1 << 20))
+    flush_dirty()
+    _, message, ended = upstream_request(up_t)
+    request.model_name = PRIVATE
+    assert ended and message == request
+    assert credited() - before >= 40000  # granted again once sent on
