@@ -138,8 +138,7 @@ class H2Connection(H2Sender, asyncio.Protocol):
         except Exception:  # noqa: BLE001 - a bug must cost this connection only, never the process
             log.exception("gateway: internal error on a connection; closing it")
             self.fail(f.INTERNAL_ERROR, "internal error")
-        self.flush()
-        flush_dirty()
+        flush_dirty()  # this connection among them: whatever queued output registered it
 
     def _continue_data(self, data: bytes, pos: int) -> int:
         """More of a large DATA frame: pass it on as it comes (no frame is ever copied whole)."""

@@ -17,6 +17,8 @@ from controlplane.gateway.h2state import DIRTY, Limits, Stream
 
 log = logging.getLogger("tritonctl.gateway")
 _frame_header = f.frame_header
+_pack = f.FRAME_HEADER.pack  # (length >> 8, length & 0xFF, type, flags, stream id): inline on the hot paths
+_END_HEADERS = f.FLAG_END_HEADERS
 _DATA, _HEADERS = f.DATA, f.HEADERS
 _END_STREAM = f.FLAG_END_STREAM
 
@@ -116,12 +118,14 @@ class H2Sender:
             if not self.out:
                 DIRTY.append(self)
             if end_stream:
-                self.out += (_frame_header(len(block), _HEADERS, _END_STREAM | f.FLAG_END_HEADERS, st.sid), block)
+                size = len(block)
+                self.out += (_pack(size >> 8, size & 0xFF, _HEADERS, _END_STREAM | _END_HEADERS, st.sid), block)
                 st.local_closed = True
                 if st.remote_closed:
                     self.streams.pop(st.sid, None)
             else:
-                self.out += (_frame_header(len(block), _HEADERS, f.FLAG_END_HEADERS, st.sid), block)
+                size = len(block)
+                self.out += (_pack(size >> 8, size & 0xFF, _HEADERS, _END_HEADERS, st.sid), block)
             return
         if end_stream and st.pending:
             st.pending_trailers = [block]
@@ -150,12 +154,12 @@ class H2Sender:
             if not self.out:
                 DIRTY.append(self)
             if end_stream:
-                self.out += (_frame_header(n, _DATA, _END_STREAM, st.sid), data) if n else \
+                self.out += (_pack(n >> 8, n & 0xFF, _DATA, _END_STREAM, st.sid), data) if n else \
                     (_frame_header(0, _DATA, _END_STREAM, st.sid),)
                 st.local_closed = True
                 self._maybe_close(st)
             elif n:
-                self.out += (_frame_header(n, _DATA, 0, st.sid), data)
+                self.out += (_pack(n >> 8, n & 0xFF, _DATA, 0, st.sid), data)
             return True
         if n:
             st.pending.append(data)

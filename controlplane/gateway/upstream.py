@@ -18,12 +18,12 @@ from collections import deque
 from typing import Any
 
 from controlplane.gateway import frames as f
-from controlplane.gateway.frames import frame_header
 from controlplane.gateway.grpcwire import ResponseHead
 from controlplane.gateway.h2 import H2Connection
 from controlplane.gateway.h2state import DIRTY, Limits, Stream, flush_dirty
 
 log = logging.getLogger("tritonctl.gateway")
+_pack = f.FRAME_HEADER.pack
 GROW_AT = 64  # open another connection (up to `size`) once every open one carries this many streams
 LAST_SID = 2**31 - 64
 
@@ -75,8 +75,9 @@ class UpstreamConnection(H2Connection):
             st.send_window -= n
             if not self.out:
                 DIRTY.append(self)
-            self.out += (frame_header(len(block), f.HEADERS, f.FLAG_END_HEADERS, sid), block,
-                         frame_header(n, f.DATA, f.FLAG_END_STREAM if end_stream else 0, sid), data)
+            size = len(block)
+            self.out += (_pack(size >> 8, size & 0xFF, f.HEADERS, f.FLAG_END_HEADERS, sid), block,
+                         _pack(n >> 8, n & 0xFF, f.DATA, f.FLAG_END_STREAM if end_stream else 0, sid), data)
             if end_stream:
                 st.local_closed = True
             return st, True
@@ -93,16 +94,12 @@ class UpstreamConnection(H2Connection):
             st.remote_closed = True
         st.call.up_headers(head, end_stream)
         if end_stream:
-            self._maybe_close(st)
-            self.pool.freed()
-            self._retire_if_done()
+            self._ended(st)
 
     def on_data(self, st: Stream, payload: Any, end_stream: bool) -> None:
         st.call.up_data(payload, end_stream)
         if end_stream:
-            self._maybe_close(st)
-            self.pool.freed()
-            self._retire_if_done()
+            self._ended(st)
 
     def on_reset(self, st: Stream, code: int) -> None:
         st.call.up_reset(code)
@@ -120,6 +117,16 @@ class UpstreamConnection(H2Connection):
             self.forget(st)
             st.call.up_refused()
         self.pool.lost(self, keep=bool(self.streams))
+
+    def _ended(self, st: Stream) -> None:
+        """tritonserver ended `st`: forget it once ours ended too; a waiting call may take its place."""
+        if st.local_closed and not st.pending and st.pending_trailers is None:
+            self.streams.pop(st.sid, None)
+            self.blocked.pop(st.sid, None)
+        if self.pool.waiting:
+            self.pool.freed()
+        if not self.ready:
+            self._retire_if_done()
 
     def _retire_if_done(self) -> None:
         """A connection out of the pool (GOAWAY) closes once its last stream ended."""

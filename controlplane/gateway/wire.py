@@ -16,6 +16,7 @@ Private names (`<model>__<8 hex>`, controlplane/names.py) in error texts become 
 from __future__ import annotations
 
 import re
+import struct
 from typing import Any
 
 NAME_MAX = 1024  # bytes of a model name the walk holds; a longer field 1 is refused
@@ -56,8 +57,12 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
+_PREFIX = struct.Struct(">BL").pack
+
+
 def grpc_prefix(length: int) -> bytes:
-    return b"\x00" + length.to_bytes(4, "big")
+    """An uncompressed gRPC message's 5-byte prefix."""
+    return _PREFIX(0, length)
 
 
 def string_field(number: int, value: bytes) -> bytes:
