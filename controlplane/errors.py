@@ -220,8 +220,9 @@ class HostCapabilityError(EnvironmentFault):
 
 
 class GatewayError(EnvironmentFault):
-    """The gateway (controlplane/gateway/) did not take a route update or answer its control channel:
-    nothing was switched, what it routed before still answers."""
+    """The gateway (controlplane/gateway/, the data path in front of tritonserver) cannot be reached over its
+    control socket, refused a request (`update` with invalid routes) or answered out of protocol: nothing was
+    switched, what it routed before still answers (an environment fault: retried)."""
 
 
 class TagError(UsageError):

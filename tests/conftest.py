@@ -57,6 +57,7 @@ SERVER_MODULES = {
     "test_differential": ("triton",),
     "test_ensemble_daemon": ("triton",),
     "test_exit_codes": ("triton",),
+    "test_gateway_e2e": ("triton",),
     "test_faults": ("triton",),
     "test_fleet_changesets": ("triton", "postgres"),
     "test_fleet_e2e": ("triton", "postgres"),
