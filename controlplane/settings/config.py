@@ -10,16 +10,19 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import stat
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
+from controlplane.settings.canarysteps import AT_ONCE, header_name, parse_steps
+from controlplane.settings.webhooktables import WebhookTarget, private_file_problem, read_secret, webhooks
 from controlplane.text import duration_s
+
+__all__ = ["Settings", "WebhookTarget", "private_file_problem", "read_secret", "load_settings", "bake_parameters"]
 
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
 ENV_PREFIX = "TRITONCTL_"
@@ -41,24 +44,14 @@ TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
-              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
-# An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
-ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
-WEBHOOK_KEYS = ("url", "events", "secret_file")
-
-
-@dataclass(frozen=True)
-class WebhookTarget:
-    """One `[[webhook]]` table: where events go, which actions, and the secret that signs them (read
-    when the config is loaded, so SIGHUP picks up a rotated secret)."""
-
-    url: str
-    events: tuple[str, ...]
-    secret_file: Path
-    secret: str = field(repr=False, compare=False, default="")
-
-    def wants(self, action: str) -> bool:
-        return "*" in self.events or action in self.events
+              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio", "canary_steps",
+              "canary_sticky_header", "wave_steps")
+# The mode's defaults (docs/bake.md "Safe defaults"): where a gateway carries the traffic
+# (`Settings.routes_traffic`) a new digest takes a tenth of the requests for a minute before all of them;
+# without one, a deploy switches at once and does not bake (what tritonctl did before the gateway).
+GATEWAY_CANARY_STEPS: tuple[int | str, ...] = (10, 100)
+GATEWAY_BAKE_S = 60.0
+MODE_DEFAULT = -1.0  # `bake_s` not given: the mode's default, resolved when the Settings are made
 
 
 @dataclass(frozen=True)
@@ -145,7 +138,7 @@ class Settings:
     idle_unload_s: float = 300.0  # policy ondemand: unloaded after this long with no inference and no lease
     # Bake (docs/bake.md, controlplane/bake/baker.py): a new digest serves this long on Triton's figures before its
     # deploy is done; 0, the default, is no bake.
-    bake_s: float = 0.0
+    bake_s: float = MODE_DEFAULT  # the mode's: GATEWAY_BAKE_S where a gateway carries the traffic, else 0 (off)
     bake_max_failure_ratio: float = 0.01  # failed requests over all requests to the new digest
     bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
     bake_min_requests: int = 20  # fewer by the end: inconclusive
@@ -153,6 +146,19 @@ class Settings:
     # a baked digest whose load took more than this times the previous digest's, or whose footprint grew
     # more than this, gets one warning line in the audit and a mark in `versions` (controlplane/bake/warn.py)
     bake_warn_load_ratio: float = 2.0
+    # Canary steps (docs/bake.md): through a gateway, a new digest takes these percents of the requests in
+    # turn, each step baking `bake_s` on the gateway's figures ("pause": until `tritonctl promote`). Empty: the
+    # mode's, GATEWAY_CANARY_STEPS where a gateway carries the traffic, else AT_ONCE (the only one without).
+    canary_steps: tuple[int | str, ...] = ()
+    canary_sticky_header: str | None = None  # a request header whose value's hash keeps a client on one version
+    wave_steps: tuple[int | str, ...] = AT_ONCE  # a fleet's waves after the canary wave (which takes canary_steps)
+
+    def __post_init__(self) -> None:
+        """The mode's defaults (`bake_s`, `canary_steps` not given): safe where a gateway carries the traffic."""
+        if self.bake_s == MODE_DEFAULT:
+            object.__setattr__(self, "bake_s", GATEWAY_BAKE_S if self.routes_traffic else 0.0)
+        if not self.canary_steps:
+            object.__setattr__(self, "canary_steps", GATEWAY_CANARY_STEPS if self.routes_traffic else AT_ONCE)
 
     @property
     def registry_url(self) -> str:
@@ -358,74 +364,6 @@ def _host_names(value: Any) -> str:
     return ",".join(cleaned)
 
 
-def private_file_problem(path: os.PathLike[str] | str, mode: int) -> str | None:
-    """What is wrong with a secret file (a webhook's secret, the daemon's token file) of this st_mode: not
-    a regular file, or writable by its group or open to others; None when nothing is."""
-    if not stat.S_ISREG(mode):
-        return f"{path} is not a regular file"
-    if mode & 0o027:
-        return (f"{path} has mode {stat.S_IMODE(mode):04o}: others (or its group) may read or change it; "
-                f"chmod 600 {path}")
-    return None
-
-
-def read_secret(path: Path) -> str:
-    """A webhook's secret: a regular file, not writable by its group nor open to others (like a token
-    file: whoever reads it can sign events), at least 16 characters."""
-    try:
-        problem = private_file_problem(path, os.stat(path).st_mode)  # before open: a fifo would block it
-        if problem:
-            raise ValueError(problem)
-        with open(path, encoding="utf-8") as handle:
-            secret = handle.read().strip()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(secret) < 16:
-        raise ValueError(f"{path}: the secret must be at least 16 characters")
-    return secret
-
-
-def _webhook_table(index: int, table: Any) -> WebhookTarget:
-    where = f"[[webhook]] #{index + 1}"
-    if not isinstance(table, dict):
-        raise ValueError(f"{where}: expected a table with url, events and secret_file")
-    unknown = sorted(set(table) - set(WEBHOOK_KEYS))
-    if unknown:
-        raise ValueError(f"{where}: {unknown[0]}: unknown key (expected url, events, secret_file)")
-    for key in WEBHOOK_KEYS:
-        if key not in table:
-            raise ValueError(f"{where}: {key}: missing")
-    url = table["url"]
-    if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url) or any(c.isspace() for c in url):
-        raise ValueError(f"{where}: url: expected an http:// or https:// URL, got {url!r}")
-    events = table["events"]
-    if (not isinstance(events, list) or not events
-            or not all(isinstance(e, str) and (e == "*" or ACTION_NAME.match(e)) for e in events)):
-        raise ValueError(f"{where}: events: expected a list of audit action names (deploy, rollback, tag, "
-                         f"changeset, ...) or [\"*\"], got {events!r}")
-    try:
-        secret_file = _path(table["secret_file"])
-    except ValueError:
-        raise ValueError(f"{where}: secret_file: expected a path") from None
-    try:
-        secret = read_secret(secret_file)
-    except ValueError as exc:
-        raise ValueError(f"{where}: secret_file: {exc}") from None
-    return WebhookTarget(url, tuple(events), secret_file, secret)
-
-
-def _webhooks(value: Any) -> tuple[WebhookTarget, ...]:
-    """`[[webhook]]` tables (the config file only: a list of tables has no flag or variable form)."""
-    if not isinstance(value, list):
-        raise ValueError("expected [[webhook]] tables in the config file")
-    targets = tuple(_webhook_table(i, table) for i, table in enumerate(value))
-    urls = [t.url for t in targets]
-    for url in urls:
-        if urls.count(url) > 1:
-            raise ValueError(f"url {url} is configured twice (one table per receiver)")
-    return targets
-
-
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "repository": _repository,
     "repository_url": _s3_url,
@@ -485,7 +423,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "heartbeat_s": _positive_float(0.1),
     "converge_s": _positive_float(0.1),
     "wave_bake_s": _duration,
-    "webhook": _webhooks,
+    "webhook": webhooks,
     "webhook_retry_max_s": _positive_float(0.1),
     "memory_budget_mb": _positive_float(1.0),
     "gpu_memory_budget_mb": _positive_float(1.0),
@@ -497,13 +435,16 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "bake_min_requests": _whole_int,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
     "bake_warn_load_ratio": _positive_float(1.0),
+    "canary_steps": parse_steps,
+    "canary_sticky_header": header_name,
+    "wave_steps": parse_steps,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
 
 # A model's own bake settings, `parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }` in its
 # config.pbtxt: parsed as the daemon's settings are (docs/bake.md); validation refuses a bad one.
-BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio")
+BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio", "canary_steps")
 PARAMETER_PREFIX = "tritonctl."
 
 
