@@ -57,6 +57,14 @@ UNFILLED: dict[str, str] = {
                      "#bake.latency_ms", "#bake.latency_stat", "#bake.reason", "#bake.requests", "#bake.started",
                      "#bake.state", "#bake.until", "#bake.wave", "#step.figures", "#step.figures.failures",
                      "#step.figures.requests", "#step.figures.success", "#step.figures.success_ns")},
+    **{f"status:#model.canary{field}": "this scenario's daemon has no gateway (canary steps need one): "
+                                       "tests/test_json_schemas.py types a canary from the bake's own record, "
+                                       "tests/test_canary_e2e.py checks real ones against the schema"
+       for field in ("", ".step", ".steps", ".weight", ".seconds_left", ".state", ".history", ".history[].step",
+                     ".history[].weight", ".history[].started", ".history[].ended", ".history[].outcome",
+                     ".history[].requests", ".history[].failures")},
+    **{f"versions:#version.canary{field}": "as status's `canary`: no gateway in this scenario"
+       for field in ("", ".weights", ".state", ".reason")},
     "status:$.registry_unreachable_since": "a time only while the registry is down: "
                                            "tests/test_fleet_outage_e2e.py crashes PostgreSQL for it",
     **{f"status:#model.bake{field}": "this scenario's daemon does not bake (bake_s 0, the default): "

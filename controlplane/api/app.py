@@ -110,6 +110,8 @@ class LoadBody(BaseModel):
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
     bake_s: float | None = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
+    # this deploy's canary steps (percents rising to 100, "pause"); unset: the model's or the daemon's canary_steps
+    steps: list[int | str] | None = None
 
 
 class ChangeSetBody(BaseModel):
@@ -266,7 +268,8 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
             digest = plane.tag_digest(model, body.tag) if body.tag else body.digest
-            return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s)
+            return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s,
+                              steps=body.steps)
 
         return stream_operation(run) if body.wait else submit([model], run)
 
@@ -295,6 +298,12 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
                  summary="promote: end the model's bake in progress as passed (docs/bake.md); answers the bake")
     def promote(model: ModelPath, request: Request) -> JSONResponse:
         return JSONResponse(plane.promote(model, actor_of(request)))
+
+    @router.post("/models/{model}/abort", tags=["models"],
+                 summary="abort: end the model's canary (or bake) in progress as a crossed limit does: every request "
+                         "back on the previous digest, the deploy rolled back (docs/bake.md); answers the bake")
+    def abort(model: ModelPath, request: Request) -> JSONResponse:
+        return JSONResponse(plane.abort(model, actor_of(request)))
 
     @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)")
     def unload(model: ModelPath, request: Request, body: UnloadBody | None = None) -> Response:

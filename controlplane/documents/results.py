@@ -127,6 +127,9 @@ class StatusRow:
     # "started", "until", "requests", "failures", "failure_ratio", "latency_ms", "baseline_latency_ms", "latency_stat",
     # "reason"}
     bake: dict[str, Any] | None = None
+    # that bake's canary steps through the gateway (controlplane/bake/canary.py): {"step", "steps", "weight",
+    # "seconds_left", "state", "history"}
+    canary: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +152,7 @@ class StatusRow:
             "footprint": self.footprint.to_json() if self.footprint else None,
             "ondemand": dict(self.ondemand) if self.ondemand else None,
             "bake": dict(self.bake) if self.bake else None,
+            "canary": dict(self.canary) if self.canary else None,
         }
 
 
@@ -325,6 +329,8 @@ class VersionRow:
     tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/intake/tags.py)
     footprint: records.FootprintRecord | None = None  # its footprint on this host (memory/footprint.py)
     bake_warning: str | None = None  # its bake's warning: load time or footprint against the previous digest's
+    # its last canary rollout (controlplane/bake/canary.py histories): {"weights", "state", "reason"}
+    canary: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
@@ -333,6 +339,7 @@ class VersionRow:
         data["tags"] = list(self.tags)
         data["footprint"] = self.footprint.to_json() if self.footprint else None
         data["bake_warning"] = self.bake_warning
+        data["canary"] = dict(self.canary) if self.canary else None
         return data
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, Any
 
+from controlplane.bake.canary import CANARY_ACTION, histories
 from controlplane.bake.warn import WARNING, warnings_by_digest
 from controlplane.base.clock import now as now  # moments as text (base/clock.py)
 from controlplane.base.clock import parse_time as parse_time
@@ -63,9 +64,10 @@ def versions(registry: Registry, model: str) -> VersionsResult:
     footprints = registry.footprints([model])
     warned = warnings_by_digest(registry.query_audit(AuditQuery(model=model, action="bake", outcome=WARNING,
                                                                 limit=1000)))
+    rollouts = histories(registry.query_audit(AuditQuery(model=model, action=CANARY_ACTION, limit=1000)))
     return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest,
                                              footprint=footprints.get((model, snap.digest)),
-                                             bake_warning=warned.get(snap.digest))
+                                             bake_warning=warned.get(snap.digest), canary=rollouts.get(snap.digest))
                                   for snap in registry.list_snapshots(model)])
 
 

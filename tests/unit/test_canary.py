@@ -21,7 +21,7 @@ from controlplane.bake.baker import Baker
 from controlplane.bake.canary import histories, weights_text
 from controlplane.bake.traffic import Counts, GatewayFigures
 from controlplane.deploy.aliases import PublicNames, Routed, private_name
-from controlplane.deploy.engine import Deployer, Outcome
+from controlplane.deploy.engine import Deployer
 from controlplane.deploy.plans import Plan, serving_member
 from controlplane.errors import ConfigError, NotFoundError
 from controlplane.settings.config import Settings, load_settings
@@ -363,7 +363,8 @@ def test_canary_steps_settings_are_checked_and_the_defaults_are_the_modes(tmp_pa
     gateway = Settings(launch_triton=True)
     assert gateway.canary_steps == (10, 100) and gateway.bake_s == 60.0 and gateway.bake_inconclusive == "keep"
     assert Settings(launch_triton=True, gateway=False).canary_steps == (100,)
-    assert load_settings({}, env={"TRITONCTL_CANARY_STEPS": "[5, pause, 25, 100]"}).canary_steps == (5, "pause", 25, 100)
+    steps = load_settings({}, env={"TRITONCTL_CANARY_STEPS": "[5, pause, 25, 100]"}).canary_steps
+    assert steps == (5, "pause", 25, 100)
     assert load_settings({}, env={"TRITONCTL_CANARY_STEPS": "[100]", "TRITONCTL_BAKE_S": "0",
                                   "TRITONCTL_LAUNCH_TRITON": "1"}).canary_steps == (100,)
     path = tmp_path / "t.toml"
@@ -388,5 +389,20 @@ def test_the_bake_state_file_keeps_the_canary(bench: Canaries) -> None:
     assert canary["steps"] == [10, 100] and canary["index"] == 0 and canary["lanes"][0]["model"] == "m"
 
 
-def _outcomes(bench: Canaries) -> list[Outcome]:
-    return list(bench.outcomes)
+
+def test_status_shows_the_step_and_its_weight_without_wide(bench: Canaries) -> None:
+    """`status` (plain, no -o wide): the SYNC cell says `canary 10% 60s left`; `versions` notes each rollout."""
+    from cli import render
+    from controlplane.documents.results import StatusResult
+    from controlplane.views import queries
+
+    first, second = two_versions(bench)
+    row = queries.status_row(bench.registry.get_model("m"), "auto", [], None, True)
+    row.sync = "synced"
+    row.canary = bench.baker.canary_of(bench.baker.of("m"))
+    lines = render.status_lines(StatusResult(True, "x", None, {}, [row]).to_json(), wide=False, max_width=100)
+    assert "synced canary 10% 60s left" in lines[-1]
+    bench.baker.abort("m", "alice")
+    versions = queries.versions(bench.registry, "m").to_json()
+    rollout = next(v["canary"] for v in versions if v["digest"] == second)
+    assert render.rollout_text(rollout) == "canary 10% aborted"
