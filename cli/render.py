@@ -502,9 +502,10 @@ def fleet_rollouts(rows: Any, as_json: bool) -> None:
                    + (f" - {rollout['error']}" if rollout.get("error") else ""))
         bake = rollout.get("bake")
         if bake:
-            wave = "canary" if bake["wave"] == 0 else f"wave {bake['wave']}"
+            wave, steps = "canary" if bake["wave"] == 0 else f"wave {bake['wave']}", bake.get("canary") or {}
             click.echo(f"  bake of the {wave} ({', '.join(bake['hosts'])}): {bake['state']}, {bake['requests']} "
                        f"requests, {bake['failures']} failed, until {_when(bake['until'])}"
+                       + (f", {steps['weight']}% (step {steps['step'] + 1}/{len(steps['steps'])})" if steps else "")
                        + (f" - {bake['reason']}" if bake.get("reason") else ""))
         for step in rollout["steps"]:
             label = "canary" if step["wave"] == 0 and step["action"] in ("deploy", "bake") else f"wave {step['wave']}"

@@ -47,6 +47,7 @@ from controlplane.store.health import RegistryHealth
 from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.target.targets import FleetStrategy, HostTarget, Target, recorded_digest
+from controlplane.triton.client import RequestCounts
 from controlplane.views import queries
 from controlplane.views.status import StatusView
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Policy
@@ -298,6 +299,27 @@ class ControlPlane:
     def deploy_here(self, model: str, digest: str, actor: str, *, force: bool = False,
                     kind: str = "deploy") -> Outcome:
         return self.deployer.deploy(model, digest, actor, force=force, kind=kind)
+
+    # a fleet's canary wave on this host (controlplane/fleet/bake.py): the leader judges, this host follows
+    def canary_first(self, model: str, digest: str, weight: int) -> None:
+        self.baker.rollouts.fleet_first(model, digest, weight)
+
+    def canary_weight(self, model: str, digest: str, weight: int) -> bool:
+        return self.baker.rollouts.fleet_weight(model, digest, weight)
+
+    def canary_done(self, model: str, digest: str) -> None:
+        self.baker.rollouts.fleet_done(model, digest)
+
+    def bake_counts(self, model: str, digest: str) -> dict[tuple[str, str], RequestCounts]:
+        """This host's figures of `digest` of `model` for a fleet bake: its gateway's (what clients got, error
+        responses failed), else its tritonserver's counts of the model."""
+        traffic = self.baker.rollouts.traffic
+        if traffic is None:
+            return self.triton.request_counts(model)
+        counts = traffic.counts(model).get(digest)
+        if counts is None:
+            return {}
+        return {("gateway", digest): RequestCounts(counts.successes, counts.failures, int(counts.latency_s * 1e9))}
 
     def rollback_here(self, model: str, actor: str, to: str | None, progress: ProgressFn | None) -> Outcome:
         return self.deployer.rollback(model, actor, to, progress)

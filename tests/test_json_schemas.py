@@ -238,7 +238,12 @@ def _full_documents() -> dict[str, list[Any]]:
                  figures={"requests": 312, "failures": 66, "success": 246, "success_ns": 984000000})
     bake = {"state": "failed", "digest": D1, "started": "2026-12-03T07:12:02Z", "until": "2026-12-03T07:17:02Z",
             "requests": 312, "failures": 66, "failure_ratio": 0.2115, "latency_ms": 4.0, "latency_stat": "mean",
-            "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)", "wave": 0, "hosts": ["h1"]}
+            "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)", "wave": 0, "hosts": ["h1"],
+            "canary": {"steps": [10, 100], "step": 1, "weight": 100, "step_started": 1796282000.5,
+                       "zero": {"requests": 31, "failures": 0, "success": 31, "success_ns": 99000000},
+                       "history": [{"step": 0, "weight": 10, "started": "2026-12-03T07:12:02Z",
+                                    "ended": "2026-12-03T07:13:02Z", "outcome": "passed", "requests": 31,
+                                    "failures": 0}]}}
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
     return {

@@ -91,6 +91,9 @@ class Rollouts:
         self.traffic: TrafficFigures | None = None  # the gateway's figures (set by build_parts)
         self._asked: dict[str, tuple[int | str, ...]] = {}  # a deploy's own `load --steps`
         self._planned: dict[str, Planned] = {}
+        # a fleet host: the first weight of a rollout step's deploy (the agent's), and the lanes it moved
+        self._fleet_first: dict[tuple[str, str], int] = {}
+        self._fleet_lanes: dict[str, tuple[str, list[Lane]]] = {}
         self._lock = threading.Lock()
 
     # -- the switch's first weight ---------------------------------------------------------------------
@@ -137,8 +140,10 @@ class Rollouts:
 
     def _weigh(self, lanes: list[Lane], bake_s: Callable[[str, str], float]) -> int:
         own = [lane for lane in lanes if lane.kind]
-        if not own or any(lane.kind != "deploy" for lane in own) or self.settings().fleet:
+        if not own or any(lane.kind != "deploy" for lane in own):
             return 100
+        if self.settings().fleet:  # the leader judges a fleet's canary wave (controlplane/fleet/bake.py)
+            return self._fleet_weigh(own, lanes)
         if not any(lane.old is not None and lane.old.name != lane.new.name for lane in own):
             return 100  # a first deploy: nothing to split with
         choices = [self.steps_of(lane.model, lane.new.digest) for lane in own]
@@ -158,6 +163,52 @@ class Rollouts:
         with self._lock:
             planned = self._planned.pop(model, None)
         return planned if planned is not None and planned.digest == digest else None
+
+    # -- a fleet host's canary wave (the leader judges it: controlplane/fleet/bake.py) ----------------
+
+    def fleet_first(self, model: str, digest: str, weight: int) -> None:
+        """A rollout step's deploy of `digest` on this host begins at `weight` percent (its wave's first step)."""
+        with self._lock:
+            self._fleet_first[(model, digest)] = weight
+
+    def _fleet_weigh(self, own: list[Lane], lanes: list[Lane]) -> int:
+        with self._lock:
+            weights = [self._fleet_first.pop((lane.model, lane.new.digest), 100) for lane in own]
+        weight = min(weights)
+        if weight >= 100 or not any(lane.old is not None and lane.old.name != lane.new.name for lane in own):
+            return 100
+        with self._lock:
+            for lane in own:
+                self._fleet_lanes[lane.model] = (lane.new.digest, [lane, *(x for x in lanes if not x.kind)])
+        drainer = self.deployer.drainer
+        for lane in lanes:  # the previous names stay loaded while the wave's canary runs: a rollback is a flip
+            if drainer is not None and lane.old is not None:
+                drainer.hold(lane.old.name)
+        return weight
+
+    def fleet_weight(self, model: str, digest: str, weight: int) -> bool:
+        """The leader set the wave's next weight: this host's route of `model` follows (one update)."""
+        with self._lock:
+            found = self._fleet_lanes.get(model)
+        if found is None or found[0] != digest:
+            return weight >= 100  # nothing split here (a first deploy, no gateway): every request is its already
+        return self.move_lanes(found[1], weight)
+
+    def fleet_done(self, model: str, digest: str) -> None:
+        """The wave's bake ended (the leader ended this host's bake step): the held names are released, and
+        the ones no route uses drain."""
+        with self._lock:
+            found = self._fleet_lanes.get(model)
+            if found is None or found[0] != digest:
+                return
+            del self._fleet_lanes[model]
+        routed, drainer = self.deployer.routed, self.deployer.drainer
+        if routed is None or drainer is None:
+            return
+        for lane in found[1]:
+            if lane.old is not None:
+                routed.release(lane.model, lane.old.name)
+            drainer.retire(lane.model, lane.new.name)
 
     # -- a canary's life -------------------------------------------------------------------------------
 
@@ -309,18 +360,22 @@ class Rollouts:
     def move(self, members: list[Bake], weight: int, strict: bool = False) -> bool:
         """One route update giving every lane's new digest `weight` percent; False (`strict`: GatewayError)
         when a deploy lock is busy, the gateway refused it, or another operation moved a lane meanwhile."""
-        lanes = [lane for bake in members if bake.canary is not None for lane in bake.canary.lanes]
+        return self.move_lanes([lane for bake in members if bake.canary is not None for lane in bake.canary.lanes],
+                               weight, strict)
+
+    def move_lanes(self, lanes: list[Lane], weight: int, strict: bool = False) -> bool:
+        first = lanes[0].model if lanes else ""
         with self._locked({lane.model for lane in lanes}, wait_s=LOCK_WAIT_S if strict else 0.0) as got:
             mine = [lane for lane in lanes if lane.model in got and self._routed_to_canary(lane)]
             if len(mine) != len(lanes):
-                log.info("canary of %s: a lane is busy or moved; the next weight waits", members[0].model)
+                log.info("canary of %s: a lane is busy or moved; the next weight waits", first)
                 if strict:
-                    raise TritonctlError(f"'{members[0].model}': another operation holds it; try again")
+                    raise TritonctlError(f"'{first}': another operation holds it; try again")
                 return False
             try:
                 self.deployer.aliases.switch({lane.model: lane.at(weight) for lane in lanes})
             except TritonctlError as exc:
-                log.warning("canary of %s: the gateway did not take %d%%: %s", members[0].model, weight, exc)
+                log.warning("canary of %s: the gateway did not take %d%%: %s", first, weight, exc)
                 if strict:
                     raise
                 return False
