@@ -308,7 +308,7 @@ class Baker:
     def tick(self) -> None:
         """Read each baking model's figures; end the bakes whose limits were crossed or whose time is up."""
         baking = self.baking()
-        p99s = self.baselines.round(bool(baking))
+        p99s = self.baselines.round(any(b.canary is None for b in map(self.of, baking) if b is not None))
         sets: dict[str, list[Bake]] = {}
         for model in baking:
             bake = self.of(model)

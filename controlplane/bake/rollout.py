@@ -44,7 +44,7 @@ from controlplane.bake.canary import ABORTED, CANARY_ACTION, DONE, ROLLED_BACK, 
 from controlplane.bake.figures import INCONCLUSIVE, PASSED, Bake, judge
 from controlplane.bake.traffic import Counts, TrafficFigures
 from controlplane.base.jsontext import iso
-from controlplane.deploy.aliases import Lane, Target
+from controlplane.deploy.aliases import Lane, Routed, Target
 from controlplane.deploy.engine import Deployer
 from controlplane.errors import TritonctlError
 from controlplane.settings.canarysteps import PAUSE
@@ -65,6 +65,7 @@ class Planned:
     digest: str
     steps: tuple[int | str, ...]
     lanes: tuple[Lane, ...]
+    index: int = 0  # the step it begins at (a split taken on after a restart: the step of its weight)
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,26 @@ class Rollouts:
         return _first_weight(steps)
 
     def taken(self, model: str, digest: str) -> Planned | None:
-        """The canary the deploy of `digest` began, for the bake its outcome starts."""
+        """The canary the deploy of `digest` began, for the bake its outcome starts; else a split the gateway
+        routes for it that no canary drives (a daemon killed between a canary's switch and its commit: the
+        recovery rolled it forward), which the bake takes on from the step of its weight now."""
         with self._lock:
             planned = self._planned.pop(model, None)
-        return planned if planned is not None and planned.digest == digest else None
+        if planned is not None and planned.digest == digest:
+            return planned
+        routes = self.deployer.aliases
+        if not isinstance(routes, Routed) or self.settings().fleet:
+            return None
+        split = routes.split(model)
+        if len(split) < 2 or split[0].digest != digest:
+            return None
+        weight = routes.weights().get(model, {}).get(digest, 0)
+        steps = self.steps_of(model, digest)
+        canary = Canary(steps, ())
+        index = next((i for i in range(len(steps)) if canary.weight_at(i) == weight), 0)
+        log.warning("%s: a split of %d%% no canary drove (a daemon stopped mid-switch): taken on at step %d",
+                    model, weight, index + 1)
+        return Planned(digest, steps, (Lane(model, split[0], split[1]),), index)
 
     # -- a fleet host's canary wave (the leader judges it: controlplane/fleet/bake.py) ----------------
 
@@ -216,7 +233,7 @@ class Rollouts:
         """`bake` (begun now) goes through `planned`'s steps: its window starts at the figures now, the
         ensembles riding along keep their previous names loaded (held) until it ends."""
         canary = bake.canary = Canary(planned.steps, planned.lanes, step_started=bake.started)
-        canary.begin(0, bake.started, self._zero(bake))
+        canary.begin(planned.index, bake.started, self._zero(bake))
         self.hold(bake)
         self._audit(bake, canary.step_line(bake.limits.bake_s))
 

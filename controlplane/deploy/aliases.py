@@ -175,6 +175,12 @@ class Routed(Aliases):
         with self._lock:
             return self._targets.get(model)
 
+    def split(self, model: str) -> tuple[Target, ...]:
+        """Every target of `model`'s route, the active digest first (one: no split; none: no route)."""
+        with self._lock:
+            first = self._targets.get(model)
+            return (first, *self._also.get(model, ())) if first is not None else ()
+
     def targets(self) -> dict[str, Target]:
         """Every route now: one dict per switch (the same object until the next one), not to be changed."""
         with self._lock:

@@ -406,3 +406,29 @@ def test_status_shows_the_step_and_its_weight_without_wide(bench: Canaries) -> N
     versions = queries.versions(bench.registry, "m").to_json()
     rollout = next(v["canary"] for v in versions if v["digest"] == second)
     assert render.rollout_text(rollout) == "canary 10% aborted"
+
+
+def test_a_split_left_by_a_daemon_killed_mid_switch_is_taken_on_by_the_recovered_deploy(bench: Canaries) -> None:
+    """A daemon SIGKILLed after a canary's first switch, before its commit: the gateway kept the split; the
+    restarted daemon's recovery rolls the deploy forward, and its bake takes the split on at the step of its
+    weight (nothing left at 10 % with nobody judging it)."""
+    first = bench.record(1)
+    bench.deployer.deploy("m", first, "alice")
+    second = bench.record(2)
+    bench.registry.ensure_model("m")
+    deployment = bench.registry.begin_deployment("m", "deploy", second, first, "alice")
+    routed = bench.deployer.routed
+    assert routed is not None
+    b = routed.bring_up_of("m", second, bench.registry.get_snapshot("m", second), private_name("m", second), None,
+                           reload=False)
+    bench.deployer.steps.bring_up(b)
+    bench.routes.update({"m": {"targets": [{"name": private_name("m", second), "digest": second, "weight": 10},
+                                           {"name": private_name("m", first), "digest": first, "weight": 90}]}})
+    bench.restart()
+    outcome = bench.deployer.recover(deployment)
+    assert outcome is not None and "rolled forward" in outcome.message
+    bake = bench.baker.of("m")
+    assert bake is not None and bake.canary is not None and (bake.canary.index, bake.canary.weight) == (0, 10)
+    bench.figures.send("m", second, 25, failures=5)
+    bench.later(1)
+    assert bench.weights() == [(first, 100)]
