@@ -318,7 +318,7 @@ def test_a_pause_first_reaches_the_new_digest_by_pinning_only_then_promote_and_a
     rollback = rollback_to(daemon, "paused", d1)
     assert rollback is not None and rollback["actor"] != "tritonctl:bake"  # by the operator
     again = daemon.run("abort", "paused")
-    assert again.exit_code == 2 and "no bake or canary in progress" in again.output
+    assert again.exit_code == 2 and "has no bake in progress" in again.output
 
 
 def test_one_user_sees_one_version_through_a_step(daemon: DaemonProcess) -> None:

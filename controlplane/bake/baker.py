@@ -281,7 +281,7 @@ class Baker:
         with self._lock:
             bake = self._bakes.get(model)
         if bake is None or bake.state != BAKING:
-            raise NotFoundError(f"model '{model}' has no bake or canary in progress")
+            raise NotFoundError(f"model '{model}' has no bake in progress")
         return bake
 
     def document(self, bake: Bake) -> dict[str, Any]:

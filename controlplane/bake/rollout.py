@@ -96,6 +96,7 @@ class Rollouts:
         self._fleet_first: dict[tuple[str, str], int] = {}
         self._fleet_lanes: dict[str, tuple[str, list[Lane]]] = {}
         self._lock = threading.Lock()
+        self._stepping = threading.Lock()  # the judging thread and a `promote` never move a canary on together
 
     # -- the switch's first weight ---------------------------------------------------------------------
 
@@ -302,6 +303,10 @@ class Rollouts:
     def judge(self, members: list[Bake]) -> Ending | None:
         """A canary's step judged (a change set's members together): how the bake ends, or None (it goes on,
         perhaps on to its next step)."""
+        with self._stepping:
+            return self._judge(members)
+
+    def _judge(self, members: list[Bake]) -> Ending | None:
         now = self.clock()
         windows: dict[str, tuple[Counts, str, str]] = {}
         for bake in members:
@@ -330,6 +335,10 @@ class Rollouts:
     def promote(self, members: list[Bake], actor: str) -> Ending | None:
         """`tritonctl promote`: the step now ends as passed and the next one begins (None); past the last
         step, the bake ends passed (the Ending). A gateway that does not take the next weight: GatewayError."""
+        with self._stepping:
+            return self._promote(members, actor)
+
+    def _promote(self, members: list[Bake], actor: str) -> Ending | None:
         now = self.clock()
         windows = {}
         for bake in members:

@@ -247,7 +247,7 @@ def test_abort_flips_back_and_ends_the_deploy_rolled_back_by_the_operator(bench:
     assert ("alice", "rollback", "rolled_back") in [(e.actor, e.action, e.outcome) for e in entries]
     assert ("alice", "bake", "failed") in [(e.actor, e.action, e.outcome) for e in entries]
     assert bench.canary_audit()[-1][1].startswith("aborted at 10% (step 1/2): aborted by alice")
-    with pytest.raises(NotFoundError, match="no bake or canary in progress"):
+    with pytest.raises(NotFoundError, match="has no bake in progress"):
         bench.baker.abort("m", "alice")
 
 
