@@ -194,7 +194,7 @@ def db_upgrade(result: DbUpgradeResult, as_json: bool) -> None:
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
 _SYNC_STYLE = {"synced": "green", "pending": "cyan", "held": "yellow", "invalid": "bold red", "removed": "dim"}
 _STATUS_COLUMNS = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
-_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "MEMORY", "SYNC REASON", "LAST ERROR"]
+_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "MEMORY", "SYNC REASON", "LAST ERROR", "CONFIG"]
 STATUS_WIDTH = 100  # the default table fits here (README "Using it"); `-o wide` shows the rest
 
 
@@ -240,6 +240,19 @@ def footprint_cell(footprint: Any) -> str:
         parts.append(f"{footprint['gpu_memory_mb']:.0f} MB GPU")
     text = " + ".join(parts)
     return f"declared {text}" if footprint.get("source") == "declared" else text
+
+
+def completed_cell(completed: Any) -> str:
+    """The config Triton completed for a model whose auto_complete_config completes it: 'completed by Triton:
+    x FP32[3] -> y FP32[3]; max_batch_size 8'; '' when none is recorded."""
+    config = completed.get("config") if isinstance(completed, dict) else None
+    if not isinstance(config, dict):
+        return ""
+    io = [", ".join(f"{t.get('name')} {str(t.get('data_type', '')).removeprefix('TYPE_')}"
+                    f"[{','.join(map(str, t.get('dims') or []))}]" for t in config.get(kind) or []) or "none"
+          for kind in ("input", "output")]
+    return (f"completed by Triton: {io[0]} -> {io[1]}; max_batch_size {config.get('max_batch_size', 0)}"
+            + ("; dynamic batching" if "dynamic_batching" in config else ""))
 
 
 def _ondemand_cell(row: dict[str, Any]) -> str:
@@ -297,7 +310,7 @@ def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
             _when(row.get("since")), row.get("policy", ""), "yes" if row.get("pinned") else "no",
             row.get("drift") or "-", _short(row.get("source_digest")), footprint_cell(row.get("footprint")),
             row.get("sync_reason") or "",
-            row.get("last_error") or "")]
+            row.get("last_error") or "", completed_cell(row.get("completed_config")) or "-")]
     return cells
 
 
@@ -424,6 +437,9 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
                       (footprint_cell(row.get("footprint")), ""), (note, "")])
     _draw(f"{model}: {_plural(len(rows), 'version')}",
           ("", "Digest", "First seen", "Last seen", "Triton versions", "Valid", "Memory", "Note"), cells)
+    for row in rows:  # what serves for a model that completes its config at load: not its config.pbtxt
+        if completed_cell(row.get("completed_config")):
+            click.echo(f"{_short(row['digest'])} config {completed_cell(row['completed_config'])}")
 
 
 def diff(data: Any, as_json: bool) -> None:
@@ -442,7 +458,10 @@ def diff(data: Any, as_json: bool) -> None:
     for item in data["changed"]:
         if item.get("diff"):
             click.echo(item["diff"].rstrip("\n"))
-    if not (data["added"] or data["removed"] or data["changed"]):
+    completed = data.get("completed_config_diff")
+    if completed is not None:  # what serves for a model that completes its config at load
+        click.echo("  config completed by Triton: " + (f"changed\n{completed.rstrip()}" if completed else "the same"))
+    if not (data["added"] or data["removed"] or data["changed"] or completed):
         click.echo("  no differences")
 
 
@@ -452,7 +471,8 @@ def audit(rows: Any, as_json: bool) -> None:
         _print_json(rows)
         return
     rows = clean_document(rows)
-    cells = [[(_when(row["time"]), ""), (row["actor"], ""), (row["action"], ""), (row.get("model") or "", ""),
+    cells = [[(_when(row["time"]), ""), (row["actor"] + (f" (claimed {row['claimed']})" if row.get("claimed") else ""),
+                                         ""), (row["action"], ""), (row.get("model") or "", ""),
               (_short(row.get("digest")), ""), (row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")),
               (f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else "", ""),
               (row.get("message", ""), "")] for row in rows]
@@ -551,50 +571,3 @@ def _placement(placement: dict[str, Any] | None) -> str:
 
 
 # --- webhooks: deliveries ----------------------------------------------------------------------------
-
-_DELIVERY_STYLE = {"delivered": "green", "pending": "yellow", "failed": "bold red"}
-
-
-def _answer(row: dict[str, Any]) -> str:
-    """The receiver's last answer: its status and the start of its body, or why there was none."""
-    parts = [str(row["status_code"])] if row.get("status_code") is not None else []
-    if row.get("answer"):
-        parts.append(row["answer"])
-    if row["state"] == "pending" and row.get("next_attempt_at"):
-        parts.append(f"(next try {_when(row['next_attempt_at'])})")
-    return " ".join(parts) or "-"
-
-
-def webhook_deliveries(rows: Any, as_json: bool) -> None:
-    """`tritonctl webhooks`: newest first, one delivery (one event to one webhook) a row."""
-    rows = document(rows)
-    if as_json:
-        _print_json(rows)
-        return
-    rows = clean_document(rows)
-    if not rows:
-        click.echo("no webhook deliveries")
-        return
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=_plural(len(rows), "delivery").replace("deliverys", "deliveries"), title_justify="left")
-    for column in ("Delivery", "State", "Event", "Action", "Model", "Tries", "Last answer", "URL"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        # Text, never markup: the receiver's answer is its own text (`[/x]` would stop rich's parser)
-        table.add_row(Text(row["id"][:12]), Text(row["state"], _DELIVERY_STYLE.get(row["state"], "")),
-                      *(Text(cell) for cell in (str(row["event_id"]), row["action"], row.get("model") or "",
-                                                str(row["attempts"]), _answer(row), row["url"])))
-    _console().print(table)
-
-
-def redelivery(row: Any, as_json: bool) -> None:
-    """`tritonctl webhooks redeliver ID`: the delivery, pending again."""
-    row = document(row)
-    if as_json:
-        _print_json(row)
-        return
-    row = clean_document(row)
-    click.echo(f"delivery {row['id'][:12]} (event {row['event_id']} {row['action']} {row.get('model') or '-'}) "
-               f"to {row['url']}: sent again with the same id")

@@ -69,6 +69,7 @@ SERVER_MODULES = {
     "test_fleet_e2e": ("triton", "postgres"),
     "test_fleet_unpin_e2e": ("triton", "postgres"),
     "test_help_examples": ("triton",),
+    "test_identity_e2e": ("triton",),
     "test_json_contract": ("triton", "postgres"),
     "test_operator_view": ("triton",),
     "test_readme_using_it": ("triton",),

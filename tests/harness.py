@@ -156,6 +156,8 @@ class DaemonProcess:
     env: dict[str, str] = field(default_factory=dict)
     settle_s: float = 0.2
     launch: bool = True  # --launch-triton; False: pass --triton-url in extra_args
+    # a command the daemon runs under, e.g. ["prlimit", "--nofile=1024:1024", "--"] (a file limit)
+    wrapper: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     switch_at_once: bool = True  # SWITCH_AT_ONCE_ENV (False: the mode's defaults, canary steps and a bake)
 
@@ -174,9 +176,9 @@ class DaemonProcess:
             elif env.get(name) == value:
                 env.pop(name)
         env.update(self.env)
-        args = [TRITONCTL, "daemon", "--repository", str(self.repository), "--state-dir", str(self.state_dir),
-                "--settle", str(self.settle_s), *(["--launch-triton", *FREE_PORTS] if self.launch else []),
-                *self.extra_args]
+        args = [*self.wrapper, TRITONCTL, "daemon", "--repository", str(self.repository),
+                "--state-dir", str(self.state_dir), "--settle", str(self.settle_s),
+                *(["--launch-triton", *FREE_PORTS] if self.launch else []), *self.extra_args]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()

@@ -154,6 +154,10 @@ SCRIPT = [
     "tritonctl ensure linear --for 1h --json",
     "tritonctl lease renew linear 3f2a9c1b2c3d4e5f --for 30m",
     "tritonctl lease release linear 3f2a9c1b2c3d4e5f",
+    "tritonctl token create alice --role deployer --expires 90d",
+    "tritonctl token create ci --role deployer --json",
+    "tritonctl token list",
+    "tritonctl token revoke alice",
 ]
 # Run by other means in this module, as written.
 RUN_APART = {

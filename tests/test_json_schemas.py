@@ -19,6 +19,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
+from controlplane.documents.access import TokenCreated, TokenList, TokenRow
 from controlplane.documents.results import (
     AuditResult,
     DbUpgradeResult,
@@ -46,6 +47,7 @@ from controlplane.documents.results import (
 from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
 from controlplane.store.records import (
     AuditRecord,
+    CompletedConfigRecord,
     DeliveryRecord,
     FootprintRecord,
     Rollout,
@@ -53,6 +55,7 @@ from controlplane.store.records import (
     SnapshotRecord,
     Step,
     TagRecord,
+    TokenRecord,
 )
 from controlplane.validation.fields import ERROR, WARNING
 from controlplane.validation.modelconfig import Problem, ValidationResult
@@ -219,6 +222,10 @@ def _rollout() -> dict[str, Any]:
     return histories(entries)[D1]
 
 
+COMPLETED = CompletedConfigRecord("m", D1, {"name": "m", "backend": "python", "max_batch_size": 8, "input": [
+    {"name": "x", "data_type": "TYPE_FP32", "dims": ["3"]}]}, T)
+
+
 def _full_documents() -> dict[str, list[Any]]:
     """Per schema, documents made by the results dataclasses with every field holding a value."""
     outcome = Outcome("m", "load", Result.FAILED, D1, D2, "load refused", 12, cause=Cause.CONTENT)
@@ -231,7 +238,7 @@ def _full_documents() -> dict[str, list[Any]]:
                           "until": "2026-01-01T00:05:00Z", "requests": 312, "failures": 66, "failure_ratio": 0.2115,
                           "latency_ms": 4.2, "baseline_latency_ms": 3.9, "latency_stat": "p99",
                           "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"},
-                    canary=_canary())
+                    completed_config=COMPLETED, canary=_canary())
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     baked = Step(8, 4, "h1", 0, "bake", D1, "failed", "failure ratio 0.21 > 0.01 over 312 requests (66 failed)",
                  model="m", started_at=T, finished_at=T,
@@ -256,10 +263,14 @@ def _full_documents() -> dict[str, list[Any]]:
         "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",),
                                                      FootprintRecord("m", D1, 97.5, 0.0, "declared", T),
                                                      "memory 450 MB, 4.5 x the previous digest's 100 MB "
-                                                     "(bake_warn_load_ratio 2)", _rollout())]).to_json()],
+                                                     "(bake_warn_load_ratio 2)", COMPLETED, _rollout())]).to_json()],
         "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
-                            [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
-        "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],
+                            [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")], "@@ -4 +4 @@").to_json()],
+        "audit": [AuditResult([AuditRecord(1, T, "token:alice", "deploy", "m", D1, "ok", 12, "served", "h1",
+                                           "bob")]).to_json()],
+        "token-create": [TokenCreated(_token(), "tct_0123456789abcdef_" + "A" * 43, T).to_json()],
+        "token-list": [TokenList([_token()], T).to_json()],
+        "token-revoke": [TokenRow(_token(), T).to_json()],
         "audit-at": [ServingAtResult(T, [ServingRecord("m", D1, [1], T, "h1")], {("m", D1): ["stable"]}).to_json()],
         "validate": [ValidationReport([validation]).to_json()],
         "policy": [PolicyResult("m", "track:stable", False, fleet=True, host="h1", tag="stable", digest=D1).to_json()],
@@ -280,6 +291,10 @@ def _full_documents() -> dict[str, list[Any]]:
         "webhooks": [WebhookDeliveriesResult([_delivery()]).to_json()],
         "webhooks-redeliver": [_delivery().to_json()],
     }
+
+
+def _token() -> TokenRecord:
+    return TokenRecord("alice", "deployer", "uid:0(root)", T, T, T, "token:admin")
 
 
 def _delivery() -> DeliveryRecord:

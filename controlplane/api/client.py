@@ -287,6 +287,17 @@ class ControlClient:
     def redeliver(self, delivery_id: str) -> dict[str, Any]:
         return dict(self.call("POST", f"/webhooks/deliveries/{quote(delivery_id, safe='')}/redeliver"))
 
+    # -- personal tokens (role admin) ----------------------------------------------------------------------
+
+    def create_token(self, name: str, role: str, expires_s: float | None) -> dict[str, Any]:
+        return dict(self.call("POST", "/tokens", {"name": name, "role": role, "expires_s": expires_s}))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/tokens"))
+
+    def revoke_token(self, name: str) -> dict[str, Any]:
+        return dict(self.call("DELETE", f"/tokens/{quote(name, safe='')}"))
+
     # -- the event stream ------------------------------------------------------------------------------
 
     def events(self, after: int | None = None, reconnect: bool = True) -> Iterator[Event]:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -72,6 +71,7 @@ from controlplane.deploy.plans import Plan, order, serving_member
 from controlplane.documents.results import Outcome
 from controlplane.errors import NotFoundError, TritonctlError
 from controlplane.settings.config import Settings, bake_parameters
+from controlplane.snapshot.fsutil import write_atomic
 from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import RequestCounts, TritonClient
@@ -525,10 +525,8 @@ class Baker:
             return
         with self._lock:
             records = [bake.to_record() for bake in self._bakes.values()]
-        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
-        try:
-            temp.write_text(json.dumps(records))
-            os.replace(temp, self.path)
+        try:  # through an exclusive temporary file, mode 0640 whatever the umask (issue 58)
+            write_atomic(self.path, json.dumps(records).encode(), mode=0o640)
         except OSError as exc:
             log.warning("bake: cannot write %s: %s", self.path, exc)
 

@@ -101,7 +101,7 @@ class Deployer:
         self.on_outcome = on_outcome
         self.on_set: Callable[[Plan, Outcome], None] | None = None  # a change set ended (its bake: bake/baker.py)
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
-        self.steps = TritonSteps(content, serving, triton, host, load_timeout_s)
+        self.steps = TritonSteps(content, serving, triton, host, load_timeout_s, registry)
         self._plans = SetRunner(self)
         self._sets = threading.Lock()
         self._set_thread = threading.local()

@@ -82,7 +82,9 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
         if staged:
             fault_point("after_intent")
 
-        def publish(s: Staged) -> None:  # the host's capability check needs the server: its load's reason says it
+        def publish(s: Staged) -> None:  # the host's capability check needs the server: its load's reason says it,
+            # but whether it completes configs is known before it runs (a model it would load incomplete)
+            deployer.steps.check_completion(s.bring_up.config, s.bring_up.digest)
             deployer._bring_up(s.op, s.bring_up, record=False, start="publish", stop="load")
 
         failed = _each(pool, publish, staged)

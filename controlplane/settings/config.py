@@ -18,11 +18,12 @@ from typing import Any
 
 from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
+from controlplane.settings.access import ACCESS_PARSERS, RoleMap, check_access
 from controlplane.settings.canarysteps import AT_ONCE, header_name, parse_steps
-from controlplane.settings.webhooktables import WebhookTarget, private_file_problem, read_secret, webhooks
+from controlplane.settings.webhooks import WebhookTarget as WebhookTarget  # the [[webhook]] tables
+from controlplane.settings.webhooks import private_file_problem as private_file_problem
+from controlplane.settings.webhooks import webhook_tables
 from controlplane.text import duration_s
-
-__all__ = ["Settings", "WebhookTarget", "private_file_problem", "read_secret", "load_settings", "bake_parameters"]
 
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
 ENV_PREFIX = "TRITONCTL_"
@@ -87,11 +88,19 @@ class Settings:
     policy: str = "auto"
     commit_marker: str | None = None
     socket: Path | None = None  # default: <state_dir>/tritonctl.sock
-    listen: str | None = None  # optional TCP listener host:port (requires token_file)
-    token_file: Path | None = None
+    socket_group: str | None = None  # the group that owns the control socket (default: the daemon's own)
+    listen: str | None = None  # optional TCP listener host:port (personal tokens, OIDC, token_file's)
+    token_file: Path | None = None  # the shared token: a token named `default`, role admin
+    # who may do what (controlplane/settings/access.py): Unix groups on the socket; OIDC bearers on TCP
+    socket_roles: RoleMap = ()  # () : the socket's group deployer; root and the daemon's user admin
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks: str | None = None  # a JWKS file or https:// URL
+    oidc_role_claim: str = "groups"
+    oidc_roles: RoleMap = ()  # claim value -> role; (): a value that is a role's name is that role
     tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
     tls_key: Path | None = None  # ... and its private key
-    allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
+    allow_insecure_http: bool = False  # plain HTTP beyond loopback: a listener, or MLflow credentials sent to one
     web_address: str | None = None  # the read-only web view at /ui/ on HOST:PORT (off when unset)
     web_require_token: bool = False  # ask for the token on a loopback web address too (it always does elsewhere)
     web_host_names: str | None = None  # comma-separated Host names the web view answers to beyond its address's
@@ -103,6 +112,9 @@ class Settings:
     # Triton's model-load thread count: a launched tritonserver gets --model-load-thread-count of it; for
     # an external one, set it to that server's own (Triton's default: 4)
     triton_load_threads: int = 4
+    # the launched tritonserver completes python models' configs (their auto_complete_config); False: it runs
+    # with --disable-auto-complete-config (each python load about 1.2 s faster; docs/validation.md)
+    triton_auto_complete: bool = True
     ready_waits_for_deploys: bool = True  # READY=1 after the initial deploys (False: after the scan)
     load_timeout_s: float = 120.0
     shutdown_timeout_s: float = 30.0
@@ -388,6 +400,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "policy": _choice(POLICIES),
     "commit_marker": _text,
     "socket": _path,
+    "socket_group": _text,
     "listen": _listen,
     "token_file": _path,
     "tls_cert": _path,
@@ -402,6 +415,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "reconcile_interval_s": _positive_float(0.5),
     "startup_parallelism": _whole_int,
     "triton_load_threads": _positive_int,
+    "triton_auto_complete": _bool,
     "ready_waits_for_deploys": _bool,
     "load_timeout_s": _positive_float(1.0),
     "shutdown_timeout_s": _positive_float(1.0),
@@ -423,7 +437,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "heartbeat_s": _positive_float(0.1),
     "converge_s": _positive_float(0.1),
     "wave_bake_s": _duration,
-    "webhook": webhooks,
+    "webhook": webhook_tables,
     "webhook_retry_max_s": _positive_float(0.1),
     "memory_budget_mb": _positive_float(1.0),
     "gpu_memory_budget_mb": _positive_float(1.0),
@@ -438,6 +452,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "canary_steps": parse_steps,
     "canary_sticky_header": header_name,
     "wave_steps": parse_steps,
+    **ACCESS_PARSERS,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
@@ -538,11 +553,13 @@ def load_settings(
         raise ConfigError("repository: give either a directory or an s3:// URL or mlflow+http:// URL (repository_url), "
                           "not both")
     if settings.repository_url and settings.repository_url.startswith("mlflow+"):
-        from controlplane.remote.mlflowrest import require_extra
+        from controlplane.remote.mlflowrest import insecure_refusal, require_extra
 
         require_extra()  # one line naming the extra (exit 2), before anything starts
-    if settings.listen and not settings.token_file:
-        raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
+        refusal = insecure_refusal(settings.repository_url, env, settings.allow_insecure_http)
+        if refusal is not None:  # its credentials would go in clear to another host
+            raise refusal
+    check_access(settings)
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")
     if settings.triton_url and settings.launch_triton:

@@ -56,7 +56,8 @@ class Mark:
     @property
     def title(self) -> str:
         e = self.event
-        return f"{self.kind}: {e['action']} {e['outcome']} by {e['actor']} at {e['time']}" + (
+        claimed = f" (claimed {e['claimed']})" if e.get("claimed") else ""
+        return f"{self.kind}: {e['action']} {e['outcome']} by {e['actor']}{claimed} at {e['time']}" + (
             f": {e['message']}" if e.get("message") else "")
 
 

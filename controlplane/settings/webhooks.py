@@ -1,9 +1,6 @@
-"""The config file's `[[webhook]]` tables (docs/operations.md "Webhooks"): where events go, which audit actions,
-and the secret that signs them, read and checked when the config is loaded (so SIGHUP picks up a rotated
-secret). Also the check every secret file passes (a webhook's secret, the daemon's token file): a regular
-file nobody else may read or change. Split from controlplane/settings/config.py, which parses the tables
-with `webhooks` and re-exports the rest.
-"""
+"""The `[[webhook]]` tables of the config file (controlplane/outcomes/webhooks.py delivers to them), and the
+checks every secret file takes (a webhook's secret, the daemon's token file): apart from config.py, which
+parses every other setting, to keep each module to one job and under its size."""
 
 from __future__ import annotations
 
@@ -78,10 +75,10 @@ def _webhook_table(index: int, table: Any) -> WebhookTarget:
             or not all(isinstance(e, str) and (e == "*" or ACTION_NAME.match(e)) for e in events)):
         raise ValueError(f"{where}: events: expected a list of audit action names (deploy, rollback, tag, "
                          f"changeset, ...) or [\"*\"], got {events!r}")
-    try:
-        secret_file = _path(table["secret_file"])
-    except ValueError:
-        raise ValueError(f"{where}: secret_file: expected a path") from None
+    secret_file = table["secret_file"]
+    if not isinstance(secret_file, (str, os.PathLike)) or not str(secret_file):
+        raise ValueError(f"{where}: secret_file: expected a path")
+    secret_file = Path(secret_file).expanduser()
     try:
         secret = read_secret(secret_file)
     except ValueError as exc:
@@ -89,7 +86,7 @@ def _webhook_table(index: int, table: Any) -> WebhookTarget:
     return WebhookTarget(url, tuple(events), secret_file, secret)
 
 
-def webhooks(value: Any) -> tuple[WebhookTarget, ...]:
+def webhook_tables(value: Any) -> tuple[WebhookTarget, ...]:
     """`[[webhook]]` tables (the config file only: a list of tables has no flag or variable form)."""
     if not isinstance(value, list):
         raise ValueError("expected [[webhook]] tables in the config file")
@@ -99,10 +96,3 @@ def webhooks(value: Any) -> tuple[WebhookTarget, ...]:
         if urls.count(url) > 1:
             raise ValueError(f"url {url} is configured twice (one table per receiver)")
     return targets
-
-
-
-def _path(value: Any) -> Path:
-    if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise ValueError("expected a path")
-    return Path(value).expanduser()
