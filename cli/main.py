@@ -33,7 +33,7 @@ exit_code_for = protocol.exit_code_for
 LAZY_COMMANDS: dict[str, str] = {
     **{name: "cli.operations" for name in
        ("load", "unload", "rollback", "status", "policy", "pin", "unpin", "gc", "hosts", "rollouts",
-        "promote")},
+        "promote", "abort")},
     **{name: "cli.history" for name in ("versions", "diff", "audit", "db")},
     "daemon": "cli.daemon_cmd",
     "tag": "cli.tags_cmd",

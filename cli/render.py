@@ -283,10 +283,27 @@ def _status_title(data: dict[str, Any]) -> str:
     return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)") + exposed
 
 
+def canary_text(canary: dict[str, Any]) -> str:
+    """A canary in progress (`canary 10% 42s left`, `canary 10% paused: tritonctl promote`); "" once it ended."""
+    left, state = canary.get("seconds_left"), canary.get("state")
+    if state not in ("running", "paused"):
+        return ""
+    return f"canary {canary.get('weight')}%" + (" paused: tritonctl promote" if state == "paused" else
+                                                 f" {left}s left" if left is not None else "")
+
+
+def rollout_text(history: dict[str, Any]) -> str:
+    """A rollout's history (`versions`): `canary 10% → 100% done`, `canary 10% rolled back`."""
+    steps = " → ".join(f"{w}%" for w in history.get("weights") or []) or "-"
+    return f"canary {steps} {str(history.get('state') or '').replace('_', ' ')}"
+
+
 def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
-    """One row of the status table: (text, style) per column."""
+    """One row of the status table: (text, style) per column (a canary in progress: in SYNC, always shown)."""
     state, sync = _ondemand_cell(row) or str(row.get("state", "")), str(row.get("sync") or "-")
-    cells = [(str(row["model"]), ""), (state, _MODEL_STATE_STYLE.get(state, "")), (sync, _SYNC_STYLE.get(sync, "")),
+    canary = canary_text(row["canary"]) if row.get("canary") else ""
+    cells = [(str(row["model"]), ""), (state, _MODEL_STATE_STYLE.get(state, "")),
+             (f"{sync} {canary}" if canary else sync, _SYNC_STYLE.get(sync, "")),
              (_tagged(row, row.get("digest")), ""), (_versions_cell(row), ""), (age(row.get("since")), "")]
     if wide:
         cells += [(str(text), "") for text in (
@@ -411,6 +428,8 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
             note = (note + "; " if note else "") + "content removed by gc"
         if row.get("bake_warning"):  # its bake's warning: a load or footprint over bake_warn_load_ratio
             note = (note + "; " if note else "") + f"! {row['bake_warning']}"
+        if row.get("canary"):  # its last rollout through canary steps: the weights it reached, how it ended
+            note = (note + "; " if note else "") + rollout_text(row["canary"])
         cells.append([("*" if row.get("active") else "", "bold"), (_tagged(row, row["digest"]), ""),
                       (_when(row["first_seen"]), ""), (_when(row["last_seen"]), ""),
                       (", ".join(str(v) for v in row.get("versions", [])), ""),
@@ -503,9 +522,10 @@ def fleet_rollouts(rows: Any, as_json: bool) -> None:
                    + (f" - {rollout['error']}" if rollout.get("error") else ""))
         bake = rollout.get("bake")
         if bake:
-            wave = "canary" if bake["wave"] == 0 else f"wave {bake['wave']}"
+            wave, steps = "canary" if bake["wave"] == 0 else f"wave {bake['wave']}", bake.get("canary") or {}
             click.echo(f"  bake of the {wave} ({', '.join(bake['hosts'])}): {bake['state']}, {bake['requests']} "
                        f"requests, {bake['failures']} failed, until {_when(bake['until'])}"
+                       + (f", {steps['weight']}% (step {steps['step'] + 1}/{len(steps['steps'])})" if steps else "")
                        + (f" - {bake['reason']}" if bake.get("reason") else ""))
         for step in rollout["steps"]:
             label = "canary" if step["wave"] == 0 and step["action"] in ("deploy", "bake") else f"wave {step['wave']}"

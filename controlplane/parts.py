@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from controlplane.bake.baker import BAKES_FILE, Baker
+from controlplane.bake.traffic import GatewayFigures
 from controlplane.deploy.aliases import Aliases, InPlace, PublicNames, Routed, RoutePort
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.servedview import ServedView
 from controlplane.deploy.servingensembles import ServingEnsembles, step_names
+from controlplane.errors import TritonctlError
 from controlplane.intake.flow import Intake
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
@@ -71,6 +73,21 @@ class HostParts:
     webhooks: Webhooks | None  # the daemon's delivery worker, which `tritonctl webhooks` asks
 
 
+def route_extras(registry: Registry, live: LiveSettings) -> Any:
+    """What a route carries beside its targets (controlplane/deploy/aliases.py route_json): the sticky header
+    a split hashes (`canary_sticky_header`), and the model's tags on the route's digests, so that a client's
+    `x-tritonctl-route: TAG` reaches the digest the tag names (docs/bake.md "Sticky routing")."""
+
+    def extras(model: str, digests: tuple[str, ...]) -> dict[str, Any]:
+        try:
+            tags = {t.name: t.digest for t in registry.list_tags(model) if t.digest in digests}
+        except TritonctlError:
+            tags = {}
+        return {"sticky_header": live().canary_sticky_header if len(digests) > 1 else None, "tags": tags}
+
+    return extras
+
+
 def build_parts(settings: Settings, registry: Registry, content: ContentStore, serving: ServingRepository,
                 triton: TritonClient, outcomes: Outcomes | None = None, *, source: Source | None = None,
                 host: TritonHost | None = None, http_url: str | None = None,
@@ -81,7 +98,7 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
     of the gateway that routes the traffic (controlplane/deploy/aliases.py; None: Triton reloads in place)."""
     live = LiveSettings(settings)
     outcomes = outcomes if outcomes is not None else Outcomes()
-    aliases: Aliases = Routed(gateway) if gateway is not None else InPlace()
+    aliases: Aliases = Routed(gateway, route_extras(registry, live)) if gateway is not None else InPlace()
     if isinstance(aliases, Routed):
         aliases.adopt(steps_of=lambda name: step_names(serving, name))  # what the gateway routes now
     # readiness and figures by public name: PublicNames answers every TritonClient call (passing the rest through)
@@ -124,6 +141,11 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
     baker = Baker(registry, deployer, public, live, path=settings.state_dir / BAKES_FILE)
     outcomes.subscribe(baker.note)
     deployer.on_set = baker.note_set  # a change set bakes as one
+    if deployer.routed is not None:  # canary steps: the switch's first weight, the gateway's figures
+        deployer.routed.weigh = baker.weigh
+        figures = getattr(gateway, "figures", None)
+        baker.rollouts.traffic = GatewayFigures(figures) if callable(figures) else None
+        baker.resume()  # before the first reconcile sweeps unrouted names: a bake's held names stay
     return HostParts(settings, live, registry, content, serving, triton, outcomes, counters, retries, restores,
                      served_view, serving_ensembles, leases, guard, deployer, ondemand, intake, reconciler, baker,
                      http_url, webhooks)

@@ -56,7 +56,22 @@ UNFILLED: dict[str, str] = {
        for field in ("$[].bake", "#bake.digest", "#bake.failure_ratio", "#bake.failures", "#bake.hosts",
                      "#bake.latency_ms", "#bake.latency_stat", "#bake.reason", "#bake.requests", "#bake.started",
                      "#bake.state", "#bake.until", "#bake.wave", "#step.figures", "#step.figures.failures",
-                     "#step.figures.requests", "#step.figures.success", "#step.figures.success_ns")},
+                     "#step.figures.requests", "#step.figures.success", "#step.figures.success_ns",
+                     "#bake.canary", "#bake.canary.steps", "#bake.canary.step", "#bake.canary.weight",
+                     "#bake.canary.step_started", "#bake.canary.zero", "#bake.canary.zero.requests",
+                     "#bake.canary.zero.failures", "#bake.canary.zero.success", "#bake.canary.zero.success_ns",
+                     "#bake.canary.history", "#bake.canary.history[].step", "#bake.canary.history[].weight",
+                     "#bake.canary.history[].started", "#bake.canary.history[].ended",
+                     "#bake.canary.history[].outcome", "#bake.canary.history[].requests",
+                     "#bake.canary.history[].failures")},
+    **{f"status:#model.canary{field}": "this scenario's daemon has no gateway (canary steps need one): "
+                                       "tests/test_json_schemas.py types a canary from the bake's own record, "
+                                       "tests/test_canary_e2e.py checks real ones against the schema"
+       for field in ("", ".step", ".steps", ".weight", ".seconds_left", ".state", ".history", ".history[].step",
+                     ".history[].weight", ".history[].started", ".history[].ended", ".history[].outcome",
+                     ".history[].requests", ".history[].failures")},
+    **{f"versions:#version.canary{field}": "as status's `canary`: no gateway in this scenario"
+       for field in ("", ".weights", ".state", ".reason")},
     **{f"token-create:#created.{field}": "a token just created is not revoked: null by construction (`token "
                                          "list` and `token revoke` fill it)" for field in ("revoked_at", "revoked_by")},
     "audit:#event.claimed": "the CLI over the socket declares its own user (no claim): "

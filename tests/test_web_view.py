@@ -53,6 +53,24 @@ def test_a_bake_is_a_mark_on_its_digest_and_a_failed_bakes_rollback_serves_the_p
     assert [m.kind for m in bands["aaa"].marks] == ["deploy", "rollback"]
 
 
+def test_a_canary_step_is_a_share_of_both_bands_until_the_next_step() -> None:
+    """docs/bake.md "Canary steps": the new digest's band carries each step below 100 % with its weight, the
+    band of the digest that served before it the rest of the requests, until the next step."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 4, "deploy", "bbb"),
+              {**event(3, 4, "canary", "bbb", "ok", "step 1/2: 10% of the requests for 60 s"),
+               "actor": "tritonctl:bake"},
+              {**event(4, 6, "canary", "bbb", "ok", "step 2/2: 100% of the requests for 60 s"),
+               "actor": "tritonctl:bake"},
+              {**event(5, 7, "canary", "bbb", "ok", "done at 100% (step 2/2): passed"), "actor": "tritonctl:bake"}]
+    line = build_timeline([version("bbb", 3), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert bands["bbb"].canary == [(40.0, 20.0, 10)] and bands["aaa"].canary == [(40.0, 20.0, 90)]
+    assert [m.letter for m in bands["bbb"].marks if m.kind == "canary"] == ["W", "W", "W"]
+    # a canary still at its step now: to the timeline's end
+    line = build_timeline([version("bbb", 3), version("aaa", 0)], events[:3], NOW)
+    assert {band.digest: band for band in line.bands}["bbb"].canary == [(40.0, 60.0, 10)]
+
+
 def test_an_unload_ends_the_band_and_a_skip_is_a_quarantine_mark() -> None:
     events = [event(1, 0, "deploy", "aaa"), event(2, 5, "unload", "aaa"), event(3, 6, "skip", "bbb", "invalid")]
     line = build_timeline([version("aaa", 0), version("bbb", 6)], events, NOW)

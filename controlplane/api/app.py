@@ -122,6 +122,8 @@ class LoadBody(BaseModel):
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
     bake_s: float | None = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
+    # this deploy's canary steps (percents rising to 100, "pause"); unset: the model's or the daemon's canary_steps
+    steps: list[int | str] | None = None
 
 
 class ChangeSetBody(BaseModel):
@@ -275,7 +277,8 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
             digest = plane.tag_digest(model, body.tag) if body.tag else body.digest
-            return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s)
+            return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s,
+                              steps=body.steps)
 
         return stream_operation(run) if body.wait else submit([model], run)
 
@@ -307,6 +310,13 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
                                                                                **needs(Role.DEPLOYER))
     def promote(model: ModelPath, request: Request) -> JSONResponse:
         return JSONResponse(plane.promote(model, actor_of(request)))
+
+    @router.post("/models/{model}/abort", tags=["models"],
+                 summary="abort: end the model's canary (or bake) in progress as a crossed limit does: every request "
+                         "back on the previous digest, the deploy rolled back (docs/bake.md); answers the bake",
+                 **needs(Role.DEPLOYER))
+    def abort(model: ModelPath, request: Request) -> JSONResponse:
+        return JSONResponse(plane.abort(model, actor_of(request)))
 
     @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)",
                  **needs(Role.DEPLOYER))

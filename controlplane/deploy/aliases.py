@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +59,25 @@ class Weighted:
 
     targets: tuple[Target, ...]
     weights: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One public name a switch moves, to `new` from `old` (what served before; None: nothing did): a canary
+    splits the requests between the two (controlplane/bake/canary.py). `kind` is the operation's ("deploy",
+    "rollback"...), "" for an ensemble bound again to the new names of its steps (it moves with them)."""
+
+    model: str
+    new: Target
+    old: Target | None
+    kind: str = "deploy"
+
+    def at(self, weight: int) -> Target | Weighted:
+        """The route that gives the new digest `weight` percent of the requests (100: all; 0: none, it is
+        reached by pinning only) and the old one the rest."""
+        if weight >= 100 or self.old is None or self.old.name == self.new.name:
+            return self.new
+        return Weighted((self.new, self.old), (weight, 100 - weight))
 
 
 class RoutePort(Protocol):
@@ -104,8 +123,13 @@ class Routed(Aliases):
 
     gateway = True
 
-    def __init__(self, port: RoutePort) -> None:
+    def __init__(self, port: RoutePort, extras: Callable[[str, tuple[str, ...]], Mapping[str, Any]] | None = None
+                 ) -> None:
+        """`extras(model, digests)`: what a route of `model` over `digests` carries beside its targets (the
+        sticky header a split hashes, the tags a client may pin: route_json), read at each switch."""
         self.port = port
+        self.extras = extras
+        self._weights: dict[str, dict[str, int]] = {}  # model -> digest -> percent (tritonctl_gateway_route_weight)
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}  # replaced, never changed, on each switch: `targets()` hands it out
         self._steps: dict[str, frozenset[str]] = {}  # an ensemble's private name -> the step names it points at
@@ -117,8 +141,10 @@ class Routed(Aliases):
         routes = self.port.routes()
         targets: dict[str, Target] = {}
         also: dict[str, tuple[Target, ...]] = {}
+        weights: dict[str, dict[str, int]] = {}
         for model, route in routes.items():
             listed = _targets_of(route)
+            weights[model] = _weights_of(route, listed)
             if listed:
                 targets[model] = listed[0]
                 if len(listed) > 1:
@@ -126,6 +152,7 @@ class Routed(Aliases):
         with self._lock:
             self._targets = dict(targets)
             self._also = also
+            self._weights = weights
         if steps_of is not None:
             for target in targets.values():
                 steps = steps_of(target.name)
@@ -148,6 +175,12 @@ class Routed(Aliases):
         with self._lock:
             return self._targets.get(model)
 
+    def split(self, model: str) -> tuple[Target, ...]:
+        """Every target of `model`'s route, the active digest first (one: no split; none: no route)."""
+        with self._lock:
+            first = self._targets.get(model)
+            return (first, *self._also.get(model, ())) if first is not None else ()
+
     def targets(self) -> dict[str, Target]:
         """Every route now: one dict per switch (the same object until the next one), not to be changed."""
         with self._lock:
@@ -156,13 +189,16 @@ class Routed(Aliases):
     def switch(self, changes: Mapping[str, Target | Weighted | None]) -> None:
         if not changes:
             return
-        routes = {model: route_json(t) for model, t in changes.items() if t is not None}
+        routes = {model: route_json(t, self._extras(model, t)) for model, t in changes.items() if t is not None}
         gone = [model for model, t in changes.items() if t is None]
         self.port.update(set=routes, delete=gone)  # GatewayError: nothing switched (the gateway kept its table)
         with self._lock:
             targets = dict(self._targets)
             for model, target in changes.items():
                 self._also.pop(model, None)
+                self._weights.pop(model, None)
+                if target is not None:
+                    self._weights[model] = _weights_of(routes[model], _targets_of(routes[model]))
                 if target is None:
                     targets.pop(model, None)
                 elif isinstance(target, Weighted):
@@ -172,6 +208,17 @@ class Routed(Aliases):
                 else:
                     targets[model] = target
             self._targets = targets
+
+    def _extras(self, model: str, target: Target | Weighted) -> Mapping[str, Any] | None:
+        if self.extras is None:
+            return None
+        digests = (target.digest,) if isinstance(target, Target) else tuple(t.digest for t in target.targets)
+        return self.extras(model, digests)
+
+    def weights(self) -> dict[str, dict[str, int]]:
+        """model → digest → the percent of its requests the gateway routes to it now."""
+        with self._lock:
+            return {model: dict(w) for model, w in self._weights.items()}
 
     def in_use(self) -> set[str]:
         with self._lock:
@@ -184,13 +231,31 @@ class Routed(Aliases):
         return self.port.inflight(list(names))
 
 
-def route_json(target: Target | Weighted) -> dict[str, Any]:
+def route_json(target: Target | Weighted, extras: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One route as the gateway's control channel takes it: its targets in order (the active digest first),
-    each with its percent weight (a single target takes every request)."""
+    each with its percent weight (a single target takes every request), and the `extras` given: a split's
+    `sticky_header` (the request header whose value's hash picks the target: one client, one version), and
+    `tags` (tag → digest, for the targets' digests: a client's `x-tritonctl-route: TAG` pins to it)."""
     if isinstance(target, Target):
-        return {"targets": [{"name": target.name, "digest": target.digest, "weight": 100}], "state": "serving"}
-    return {"targets": [{"name": t.name, "digest": t.digest, "weight": w}
-                        for t, w in zip(target.targets, target.weights, strict=True)], "state": "serving"}
+        route: dict[str, Any] = {"targets": [{"name": target.name, "digest": target.digest, "weight": 100}],
+                                 "state": "serving"}
+    else:
+        route = {"targets": [{"name": t.name, "digest": t.digest, "weight": w}
+                             for t, w in zip(target.targets, target.weights, strict=True)], "state": "serving"}
+    for key, value in (extras or {}).items():
+        if value:
+            route[key] = value
+    return route
+
+
+def _weights_of(route: Any, targets: list[Target]) -> dict[str, int]:
+    """digest → percent, from a route as route_json writes it (a target without a weight takes 100)."""
+    listed = route.get("targets") if isinstance(route, Mapping) else getattr(route, "targets", None)
+    out: dict[str, int] = {}
+    for target, raw in zip(targets, listed or (), strict=False):
+        weight = raw.get("weight", 100) if isinstance(raw, Mapping) else getattr(raw, "weight", 100)
+        out[target.digest] = out.get(target.digest, 0) + (int(weight) if isinstance(weight, int) else 100)
+    return out
 
 
 def _targets_of(route: Any) -> list[Target]:

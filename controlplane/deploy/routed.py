@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controlplane.deploy.aliases import Routed, Target, public_of
+from controlplane.deploy.aliases import Lane, Routed, Target, public_of
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
 from controlplane.deploy.plans import ACTION, Plan, audit_set, point_steps
@@ -145,6 +145,9 @@ class RoutedDeploys:
         self.aliases = aliases
         self.drainer = drainer
         self.ensembles = ensembles  # each serving ensemble -> its steps (deploy/servingensembles.py)
+        # the percent of the requests a switch gives the new digests first: a canary's first step (set by the
+        # bake, controlplane/bake/baker.py `weigh`; asked once per switch with every lane it moves)
+        self.weigh: Callable[[list[Lane]], int] = lambda lanes: 100
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -283,7 +286,10 @@ class RoutedDeploys:
             for up in ups:
                 assert up.op is not None
                 up.op.emit(DeployStep.COMMIT, StepState.START, f"switching the gateway to {up.name}")
-            self.aliases.switch({u.model: Target(u.name, u.digest) for u in [*ups, *rebound]})
+            lanes = [Lane(u.model, Target(u.name, u.digest), u.old, u.op.kind if u.op is not None else "")
+                     for u in [*ups, *rebound]]
+            weight = self.weigh(lanes)  # 100: every request at once; less: a canary's first step
+            self.aliases.switch({lane.model: lane.at(weight) for lane in lanes})
         except (TritonctlError, OSError) as exc:
             culprit = current.model if current is not None and current.op is not None else None
             if current is not None and current.op is None:  # an ensemble over a changed step refused it

@@ -129,6 +129,9 @@ class StatusRow:
     bake: dict[str, Any] | None = None
     # the config Triton completed for the serving digest, whose model completes it at load (its auto_complete_config)
     completed_config: records.CompletedConfigRecord | None = None
+    # that bake's canary steps through the gateway (controlplane/bake/canary.py): {"step", "steps", "weight",
+    # "seconds_left", "state", "history"}
+    canary: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -152,6 +155,7 @@ class StatusRow:
             "ondemand": dict(self.ondemand) if self.ondemand else None,
             "bake": dict(self.bake) if self.bake else None,
             "completed_config": self.completed_config.to_json() if self.completed_config else None,
+            "canary": dict(self.canary) if self.canary else None,
         }
 
 
@@ -330,6 +334,8 @@ class VersionRow:
     bake_warning: str | None = None  # its bake's warning: load time or footprint against the previous digest's
     # what Triton completed at a load, for a content whose model completes its config (its auto_complete_config)
     completed_config: records.CompletedConfigRecord | None = None
+    # its last canary rollout (controlplane/bake/canary.py histories): {"weights", "state", "reason"}
+    canary: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
@@ -339,6 +345,7 @@ class VersionRow:
         data["footprint"] = self.footprint.to_json() if self.footprint else None
         data["bake_warning"] = self.bake_warning
         data["completed_config"] = self.completed_config.to_json() if self.completed_config else None
+        data["canary"] = dict(self.canary) if self.canary else None
         return data
 
 

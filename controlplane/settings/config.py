@@ -19,6 +19,7 @@ from typing import Any
 from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
 from controlplane.settings.access import ACCESS_PARSERS, RoleMap, check_access
+from controlplane.settings.canarysteps import AT_ONCE, header_name, parse_steps
 from controlplane.settings.webhooks import WebhookTarget as WebhookTarget  # the [[webhook]] tables
 from controlplane.settings.webhooks import private_file_problem as private_file_problem
 from controlplane.settings.webhooks import webhook_tables
@@ -44,7 +45,16 @@ TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
-              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
+              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio", "canary_steps",
+              "canary_sticky_header", "wave_steps")
+# The mode's defaults (docs/bake.md "Safe defaults"): where a gateway carries the traffic
+# (`Settings.routes_traffic`) a new digest takes a tenth of the requests for a minute before all of them;
+# without one, a deploy switches at once and does not bake (what tritonctl did before the gateway).
+GATEWAY_CANARY_STEPS: tuple[int | str, ...] = (10, 100)
+GATEWAY_BAKE_S = 60.0
+MODE_DEFAULT = -1.0  # `bake_s` not given: the mode's default, resolved when the Settings are made
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the daemon needs, with units in the names."""
@@ -140,7 +150,7 @@ class Settings:
     idle_unload_s: float = 300.0  # policy ondemand: unloaded after this long with no inference and no lease
     # Bake (docs/bake.md, controlplane/bake/baker.py): a new digest serves this long on Triton's figures before its
     # deploy is done; 0, the default, is no bake.
-    bake_s: float = 0.0
+    bake_s: float = MODE_DEFAULT  # the mode's: GATEWAY_BAKE_S where a gateway carries the traffic, else 0 (off)
     bake_max_failure_ratio: float = 0.01  # failed requests over all requests to the new digest
     bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
     bake_min_requests: int = 20  # fewer by the end: inconclusive
@@ -148,6 +158,19 @@ class Settings:
     # a baked digest whose load took more than this times the previous digest's, or whose footprint grew
     # more than this, gets one warning line in the audit and a mark in `versions` (controlplane/bake/warn.py)
     bake_warn_load_ratio: float = 2.0
+    # Canary steps (docs/bake.md): through a gateway, a new digest takes these percents of the requests in
+    # turn, each step baking `bake_s` on the gateway's figures ("pause": until `tritonctl promote`). Empty: the
+    # mode's, GATEWAY_CANARY_STEPS where a gateway carries the traffic, else AT_ONCE (the only one without).
+    canary_steps: tuple[int | str, ...] = ()
+    canary_sticky_header: str | None = None  # a request header whose value's hash keeps a client on one version
+    wave_steps: tuple[int | str, ...] = AT_ONCE  # a fleet's waves after the canary wave (which takes canary_steps)
+
+    def __post_init__(self) -> None:
+        """The mode's defaults (`bake_s`, `canary_steps` not given): safe where a gateway carries the traffic."""
+        if self.bake_s == MODE_DEFAULT:
+            object.__setattr__(self, "bake_s", GATEWAY_BAKE_S if self.routes_traffic else 0.0)
+        if not self.canary_steps:
+            object.__setattr__(self, "canary_steps", GATEWAY_CANARY_STEPS if self.routes_traffic else AT_ONCE)
 
     @property
     def registry_url(self) -> str:
@@ -426,6 +449,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "bake_min_requests": _whole_int,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
     "bake_warn_load_ratio": _positive_float(1.0),
+    "canary_steps": parse_steps,
+    "canary_sticky_header": header_name,
+    "wave_steps": parse_steps,
     **ACCESS_PARSERS,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
@@ -433,7 +459,7 @@ assert set(PARSERS) == {f.name for f in fields(Settings)}
 
 # A model's own bake settings, `parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }` in its
 # config.pbtxt: parsed as the daemon's settings are (docs/bake.md); validation refuses a bad one.
-BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio")
+BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio", "canary_steps")
 PARAMETER_PREFIX = "tritonctl."
 
 

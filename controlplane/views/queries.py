@@ -11,6 +11,7 @@ import difflib
 import json
 from typing import TYPE_CHECKING, Any
 
+from controlplane.bake.canary import CANARY_ACTION, histories
 from controlplane.bake.warn import WARNING, warnings_by_digest
 from controlplane.base.clock import now as now  # moments as text (base/clock.py)
 from controlplane.base.clock import parse_time as parse_time
@@ -65,10 +66,12 @@ def versions(registry: Registry, model: str) -> VersionsResult:
     completed = registry.completed_configs([model])
     warned = warnings_by_digest(registry.query_audit(AuditQuery(model=model, action="bake", outcome=WARNING,
                                                                 limit=1000)))
+    rollouts = histories(registry.query_audit(AuditQuery(model=model, action=CANARY_ACTION, limit=1000)))
     return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest,
                                              footprint=footprints.get((model, snap.digest)),
                                              bake_warning=warned.get(snap.digest),
-                                             completed_config=completed.get((model, snap.digest)))
+                                             completed_config=completed.get((model, snap.digest)),
+                                             canary=rollouts.get(snap.digest))
                                   for snap in registry.list_snapshots(model)])
 
 
