@@ -50,7 +50,8 @@ TEMPLATE = c.ROOT / "bench" / "benchmarks.md.in"
 DOCS = c.ROOT / "docs" / "benchmarks.md"
 # every page rendered from bench/results, by its template: the same placeholders in each
 PAGES = {TEMPLATE: DOCS, c.ROOT / "bench" / "ondemand.md.in": c.ROOT / "docs" / "ondemand.md",
-         c.ROOT / "bench" / "bake.md.in": c.ROOT / "docs" / "bake.md"}
+         c.ROOT / "bench" / "bake.md.in": c.ROOT / "docs" / "bake.md",
+         c.ROOT / "bench" / "gateway.md.in": c.ROOT / "docs" / "gateway.md"}
 PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 # FORMAT for a list: `failed_per_edit|max`
 AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {"min": min, "max": max, "len": len, "sum": sum}

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
 
 BENCHMARKS = ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency",
-              "fleet_rollout", "bake")
+              "fleet_rollout", "bake", "gateway")
 TITLES = {
     "edit_torture": "Edit torture: slow randomized writers, tritonctl vs Triton poll",
     "swap_availability": "Swap availability: requests during swaps, tritonctl vs Triton explicit vs Triton poll",
@@ -27,6 +27,7 @@ TITLES = {
     "cli_latency": "CLI latency: each command as a new process, beside `python -c pass`",
     "fleet_rollout": "Fleet rollout: edit → every host serving, by fleet size (daemons and tritonservers on loopback)",
     "bake": "Bad deploys under live traffic: tritonctl with a bake, without one, Triton poll (docs/bake.md)",
+    "gateway": "Gateway cost: direct to tritonserver vs through the gateway (and a byte relay), gRPC and HTTP",
     "audit_query": "Audit query (bench/audit_query.py, run with --with-audit; latest results)",
 }
 DOCS = c.ROOT / "docs" / "benchmarks.md"

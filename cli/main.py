@@ -23,6 +23,7 @@ EXIT_FAILED = protocol.EXIT_FAILED
 EXIT_USAGE = protocol.EXIT_USAGE
 EXIT_DAEMON_UNREACHABLE = protocol.EXIT_DAEMON_UNREACHABLE
 EXIT_TRITON_UNREACHABLE = protocol.EXIT_TRITON_UNREACHABLE
+EXIT_FORBIDDEN = protocol.EXIT_FORBIDDEN
 exit_code_for = protocol.exit_code_for
 
 
@@ -32,7 +33,7 @@ exit_code_for = protocol.exit_code_for
 LAZY_COMMANDS: dict[str, str] = {
     **{name: "cli.operations" for name in
        ("load", "unload", "rollback", "status", "policy", "pin", "unpin", "gc", "hosts", "rollouts",
-        "promote")},
+        "promote", "abort")},
     **{name: "cli.history" for name in ("versions", "diff", "audit", "db")},
     "daemon": "cli.daemon_cmd",
     "tag": "cli.tags_cmd",
@@ -40,9 +41,10 @@ LAZY_COMMANDS: dict[str, str] = {
     "webhooks": "cli.webhooks_cmd",
     "ensure": "cli.lease_cmd",
     "lease": "cli.lease_cmd",
+    "token": "cli.token_cmd",
 }
 COMMAND_MODULES = ("cli.operations", "cli.history", "cli.daemon_cmd", "cli.tags_cmd", "cli.webhooks_cmd",
-                   "cli.lease_cmd")
+                   "cli.lease_cmd", "cli.token_cmd")
 
 
 def _module_commands(module_name: str) -> dict[str, click.Command]:

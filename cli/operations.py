@@ -12,6 +12,7 @@ from cli import render
 from cli.options import daemon_options, host_option, json_option, reader_options
 from controlplane.base.bounds import MAX_COUNT, MAX_DURATION_S, MAX_LIMIT, check_duration
 from controlplane.errors import DeployError, TritonctlError, TritonUnavailableError, UsageError
+from controlplane.settings.canarysteps import parse_steps
 from controlplane.text import clean, duration_s
 
 if TYPE_CHECKING:
@@ -48,11 +49,14 @@ def failed_models(status: dict[str, Any]) -> list[str]:
 @click.option("--no-wait", is_flag=True, help="Return once the daemon accepted the request.")
 @click.option("--bake", "bake", metavar="DURATION", default=None,
               help="Bake this deploy this long on live traffic (5m; 0: no bake) [the daemon's bake_s].")
+@click.option("--steps", "steps", metavar="STEPS", default=None,
+              help="Through the gateway, this deploy's canary steps: percents of the requests rising to 100, "
+                   "`pause` waits for `tritonctl promote` (e.g. '[5, 25, 100]' or 10,pause,100) [canary_steps].")
 @host_option
 @json_option
 @daemon_options
 def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, force: bool, failed: bool,
-         no_wait: bool, bake: str | None, host: str, as_json: bool) -> None:
+         no_wait: bool, bake: str | None, steps: str | None, host: str, as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
     Several MODELs (an ensemble and its steps) deploy as one change set: the old pipeline answers
@@ -65,13 +69,16 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
       tritonctl load linear --tag stable
       tritonctl load linear --force      # retry a quarantined digest
       tritonctl load linear --bake 5m    # serve it 5 minutes on live traffic; roll back if it fails
+      tritonctl load linear --steps 5,pause,100 --bake 10m  # 5 % for 10 minutes, then `tritonctl promote`
       tritonctl load --failed            # retry every model whose last deploy failed
     """
     model = models[0] if models else None
     bake_s = _bake_seconds(bake)
+    canary = _steps(steps)
     if len(models) > 1:
-        if digest or tag or host or failed or bake_s is not None:
-            raise UsageError("--digest, --tag, --host, --failed and --bake take one MODEL, not a change set of several")
+        if digest or tag or host or failed or bake_s is not None or canary is not None:
+            raise UsageError("--digest, --tag, --host, --failed, --bake and --steps take one MODEL, not a change set "
+                             "of several")
         with render.progress_display(as_json) as show:
             result = client.load(models[0], "", force, wait=not no_wait, on_progress=show, models=list(models))
         _finish(result, as_json)
@@ -88,7 +95,7 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
         raise UsageError("give --digest or --tag, not both")
     with render.progress_display(as_json) as show:
         result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host, tag=tag,
-                             bake_s=bake_s)
+                             bake_s=bake_s, steps=canary)
     _finish(result, as_json)
     if bake_s and not as_json and not no_wait:
         _say_bake(client, model, result)
@@ -128,18 +135,49 @@ def _bake_seconds(text: str | None) -> float | None:
         raise UsageError(f"--bake: '{text}': {exc}") from None
 
 
+def _steps(text: str | None) -> list[int | str] | None:
+    if text is None:
+        return None
+    try:
+        return list(parse_steps(text))
+    except ValueError as exc:
+        raise UsageError(f"--steps: '{text}': {exc}") from None
+
+
 @click.command()
 @click.argument("model")
 @daemon_options
 def promote(client: ControlClient, model: str) -> None:
     """End MODEL's bake in progress as passed: the new version stays (docs/bake.md).
 
+    Through the gateway, a canary goes on to its next step (a `pause` step's only way on); past its
+    last step, its bake ends passed.
+
     \b
     Examples:
       tritonctl promote linear
     """
     bake = client.promote(model)
+    canary = bake.get("canary")
+    if bake.get("state") == "baking" and canary:
+        click.echo(clean(f"{model}: canary of {str(bake.get('digest') or '')[:12]}: {render.canary_text(canary)}"))
+        return
     click.echo(clean(f"{model}: bake of {str(bake.get('digest') or '')[:12]} passed: {bake.get('reason', '')}"))
+
+
+@click.command()
+@click.argument("model")
+@daemon_options
+def abort(client: ControlClient, model: str) -> None:
+    """End MODEL's canary (or bake) in progress: every request back on the previous version at once,
+    the deploy rolled back (cause analysis), by you (docs/bake.md).
+
+    \b
+    Examples:
+      tritonctl abort linear
+    """
+    bake = client.abort(model)
+    click.echo(clean(f"{model}: {str(bake.get('digest') or '')[:12]} rolled back: {bake.get('reason', '')}"))
 
 
 def _load_failed(client: ControlClient, force: bool, as_json: bool) -> None:
@@ -382,4 +420,4 @@ def rollouts(reader: Any, only_open: bool, watch: bool, interval: float, limit: 
         time.sleep(interval)
 
 
-COMMANDS = [load, unload, rollback, status, policy, pin, unpin, gc, hosts, rollouts, promote]
+COMMANDS = [load, unload, rollback, status, policy, pin, unpin, gc, hosts, rollouts, promote, abort]

@@ -23,7 +23,10 @@ from cli.statustable import (  # noqa: F401 - age, footprint_cell, bake_line, ST
     _when,
     age,
     bake_line,
+    canary_text,
+    completed_cell,
     footprint_cell,
+    rollout_text,
     status_lines,
 )
 from controlplane.base import jsontext
@@ -303,6 +306,8 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
             note = (note + "; " if note else "") + "content removed by gc"
         if row.get("bake_warning"):  # its bake's warning: a load or footprint over bake_warn_load_ratio
             note = (note + "; " if note else "") + f"! {row['bake_warning']}"
+        if row.get("canary"):  # its last rollout through canary steps: the weights it reached, how it ended
+            note = (note + "; " if note else "") + rollout_text(row["canary"])
         cells.append([("*" if row.get("active") else "", "bold"), (_tagged(row, row["digest"]), ""),
                       (_when(row["first_seen"]), ""), (_when(row["last_seen"]), ""),
                       (", ".join(str(v) for v in row.get("versions", [])), ""),
@@ -310,6 +315,9 @@ def versions(model: str, rows: Any, as_json: bool) -> None:
                       (footprint_cell(row.get("footprint")), ""), (note, "")])
     _draw(f"{model}: {_plural(len(rows), 'version')}",
           ("", "Digest", "First seen", "Last seen", "Triton versions", "Valid", "Memory", "Note"), cells)
+    for row in rows:  # what serves for a model that completes its config at load: not its config.pbtxt
+        if completed_cell(row.get("completed_config")):
+            click.echo(f"{_short(row['digest'])} config {completed_cell(row['completed_config'])}")
 
 
 def diff(data: Any, as_json: bool) -> None:
@@ -328,7 +336,10 @@ def diff(data: Any, as_json: bool) -> None:
     for item in data["changed"]:
         if item.get("diff"):
             click.echo(item["diff"].rstrip("\n"))
-    if not (data["added"] or data["removed"] or data["changed"]):
+    completed = data.get("completed_config_diff")
+    if completed is not None:  # what serves for a model that completes its config at load
+        click.echo("  config completed by Triton: " + (f"changed\n{completed.rstrip()}" if completed else "the same"))
+    if not (data["added"] or data["removed"] or data["changed"] or completed):
         click.echo("  no differences")
 
 
@@ -338,7 +349,8 @@ def audit(rows: Any, as_json: bool) -> None:
         _print_json(rows)
         return
     rows = clean_document(rows)
-    cells = [[(_when(row["time"]), ""), (row["actor"], ""), (row["action"], ""), (row.get("model") or "", ""),
+    cells = [[(_when(row["time"]), ""), (row["actor"] + (f" (claimed {row['claimed']})" if row.get("claimed") else ""),
+                                         ""), (row["action"], ""), (row.get("model") or "", ""),
               (_short(row.get("digest")), ""), (row["outcome"], _OUTCOME_STYLE.get(row["outcome"], "")),
               (f"{row['duration_ms']} ms" if row.get("duration_ms") is not None else "", ""),
               (row.get("message", ""), "")] for row in rows]
@@ -388,9 +400,10 @@ def fleet_rollouts(rows: Any, as_json: bool) -> None:
                    + (f" - {rollout['error']}" if rollout.get("error") else ""))
         bake = rollout.get("bake")
         if bake:
-            wave = "canary" if bake["wave"] == 0 else f"wave {bake['wave']}"
+            wave, steps = "canary" if bake["wave"] == 0 else f"wave {bake['wave']}", bake.get("canary") or {}
             click.echo(f"  bake of the {wave} ({', '.join(bake['hosts'])}): {bake['state']}, {bake['requests']} "
                        f"requests, {bake['failures']} failed, until {_when(bake['until'])}"
+                       + (f", {steps['weight']}% (step {steps['step'] + 1}/{len(steps['steps'])})" if steps else "")
                        + (f" - {bake['reason']}" if bake.get("reason") else ""))
         for step in rollout["steps"]:
             label = "canary" if step["wave"] == 0 and step["action"] in ("deploy", "bake") else f"wave {step['wave']}"
@@ -436,50 +449,3 @@ def _placement(placement: dict[str, Any] | None) -> str:
 
 
 # --- webhooks: deliveries ----------------------------------------------------------------------------
-
-_DELIVERY_STYLE = {"delivered": "green", "pending": "yellow", "failed": "bold red"}
-
-
-def _answer(row: dict[str, Any]) -> str:
-    """The receiver's last answer: its status and the start of its body, or why there was none."""
-    parts = [str(row["status_code"])] if row.get("status_code") is not None else []
-    if row.get("answer"):
-        parts.append(row["answer"])
-    if row["state"] == "pending" and row.get("next_attempt_at"):
-        parts.append(f"(next try {_when(row['next_attempt_at'])})")
-    return " ".join(parts) or "-"
-
-
-def webhook_deliveries(rows: Any, as_json: bool) -> None:
-    """`tritonctl webhooks`: newest first, one delivery (one event to one webhook) a row."""
-    rows = document(rows)
-    if as_json:
-        _print_json(rows)
-        return
-    rows = clean_document(rows)
-    if not rows:
-        click.echo("no webhook deliveries")
-        return
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=_plural(len(rows), "delivery").replace("deliverys", "deliveries"), title_justify="left")
-    for column in ("Delivery", "State", "Event", "Action", "Model", "Tries", "Last answer", "URL"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        # Text, never markup: the receiver's answer is its own text (`[/x]` would stop rich's parser)
-        table.add_row(Text(row["id"][:12]), Text(row["state"], _DELIVERY_STYLE.get(row["state"], "")),
-                      *(Text(cell) for cell in (str(row["event_id"]), row["action"], row.get("model") or "",
-                                                str(row["attempts"]), _answer(row), row["url"])))
-    _console().print(table)
-
-
-def redelivery(row: Any, as_json: bool) -> None:
-    """`tritonctl webhooks redeliver ID`: the delivery, pending again."""
-    row = document(row)
-    if as_json:
-        _print_json(row)
-        return
-    row = clean_document(row)
-    click.echo(f"delivery {row['id'][:12]} (event {row['event_id']} {row['action']} {row.get('model') or '-'}) "
-               f"to {row['url']}: sent again with the same id")

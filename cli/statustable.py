@@ -26,7 +26,7 @@ def _short(digest: Any) -> str:
 _MODEL_STATE_STYLE = {"serving": "green", "degraded": "yellow", "failed": "bold red", "unloaded": "dim"}
 _SYNC_STYLE = {"synced": "green", "pending": "cyan", "held": "yellow", "invalid": "bold red", "removed": "dim"}
 _STATUS_COLUMNS = ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
-_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "MEMORY", "SYNC REASON", "LAST ERROR"]
+_WIDE_COLUMNS = ["SINCE", "POLICY", "PINNED", "DRIFT", "SOURCE", "MEMORY", "SYNC REASON", "LAST ERROR", "CONFIG"]
 STATUS_WIDTH = 100  # the default table fits here (README "Using it"); `-o wide` shows the rest
 
 
@@ -74,6 +74,19 @@ def footprint_cell(footprint: Any) -> str:
     return f"declared {text}" if footprint.get("source") == "declared" else text
 
 
+def completed_cell(completed: Any) -> str:
+    """The config Triton completed for a model whose auto_complete_config completes it: 'completed by Triton:
+    x FP32[3] -> y FP32[3]; max_batch_size 8'; '' when none is recorded."""
+    config = completed.get("config") if isinstance(completed, dict) else None
+    if not isinstance(config, dict):
+        return ""
+    io = [", ".join(f"{t.get('name')} {str(t.get('data_type', '')).removeprefix('TYPE_')}"
+                    f"[{','.join(map(str, t.get('dims') or []))}]" for t in config.get(kind) or []) or "none"
+          for kind in ("input", "output")]
+    return (f"completed by Triton: {io[0]} -> {io[1]}; max_batch_size {config.get('max_batch_size', 0)}"
+            + ("; dynamic batching" if "dynamic_batching" in config else ""))
+
+
 def _ondemand_cell(row: dict[str, Any]) -> str:
     """Policy ondemand: 'standby', 'loading' or 'loaded (leases: N, until HH:MM:SS)' in the STATE column."""
     standing = row.get("ondemand")
@@ -100,6 +113,21 @@ def _status_title(data: dict[str, Any]) -> str:
     urls = " ".join(f"{k.split('_')[1]} {data[k]}" for k in ("triton_grpc_url", "triton_http_url") if data.get(k))
     exposed = " (KEY EXPOSED: other users can read its command line)" if data.get("triton_key_exposed") else ""
     return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)") + exposed
+
+
+def canary_text(canary: dict[str, Any]) -> str:
+    """A canary in progress (`canary 10% 42s left`, `canary 10% paused: tritonctl promote`); "" once it ended."""
+    left, state = canary.get("seconds_left"), canary.get("state")
+    if state not in ("running", "paused"):
+        return ""
+    return f"canary {canary.get('weight')}%" + (" paused: tritonctl promote" if state == "paused" else
+                                                 f" {left}s left" if left is not None else "")
+
+
+def rollout_text(history: dict[str, Any]) -> str:
+    """A rollout's history (`versions`): `canary 10% → 100% done`, `canary 10% rolled back`."""
+    steps = " → ".join(f"{w}%" for w in history.get("weights") or []) or "-"
+    return f"canary {steps} {str(history.get('state') or '').replace('_', ' ')}"
 
 
 def seconds_left(until: Any, now: datetime | None = None) -> int | None:
@@ -131,19 +159,20 @@ def bake_line(model: str, bake: dict[str, Any]) -> str:
 
 
 def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
-    """One row of the status table: (text, style) per column. A model that bakes shows it in SYNC with its
-    time left (its JSON `sync` stays `synced`: the bake is its own key)."""
+    """One row of the status table: (text, style) per column. SYNC, always shown, also says a canary in progress
+    or, else, a bake's time left (its JSON `sync` stays what it is: the canary and the bake are keys of their own)."""
     state, sync = _ondemand_cell(row) or str(row.get("state", "")), str(row.get("sync") or "-")
-    sync = baking(row) or sync
+    canary = canary_text(row["canary"]) if row.get("canary") else ""
+    bake = "" if canary else baking(row)
     cells = [(str(row["model"]), ""), (state, _MODEL_STATE_STYLE.get(state, "")),
-             (sync, _SYNC_STYLE.get(sync, "cyan" if sync.startswith("baking") else "")),
+             (f"{sync} {canary}" if canary else bake or sync, "cyan" if bake else _SYNC_STYLE.get(sync, "")),
              (_tagged(row, row.get("digest")), ""), (_versions_cell(row), ""), (age(row.get("since")), "")]
     if wide:
         cells += [(str(text), "") for text in (
             _when(row.get("since")), row.get("policy", ""), "yes" if row.get("pinned") else "no",
             row.get("drift") or "-", _short(row.get("source_digest")), footprint_cell(row.get("footprint")),
             row.get("sync_reason") or "",
-            row.get("last_error") or "")]
+            row.get("last_error") or "", completed_cell(row.get("completed_config")) or "-")]
     return cells
 
 

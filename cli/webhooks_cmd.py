@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli import render
+from cli import render_admin
 from cli.options import daemon_options, json_option
 from controlplane.base.bounds import MAX_LIMIT
 
@@ -37,7 +37,7 @@ def webhooks(ctx: click.Context, client: ControlClient, state: str | None, limit
     """
     if ctx.invoked_subcommand is not None:
         return
-    render.webhook_deliveries(client.webhook_deliveries(state, limit), as_json)
+    render_admin.webhook_deliveries(client.webhook_deliveries(state, limit), as_json)
 
 
 @webhooks.command()
@@ -52,7 +52,7 @@ def redeliver(client: ControlClient, delivery_id: str, as_json: bool) -> None:
     Examples:
       tritonctl webhooks redeliver 3f2a9c1b
     """
-    render.redelivery(client.redeliver(delivery_id), as_json)
+    render_admin.redelivery(client.redeliver(delivery_id), as_json)
 
 
 COMMANDS = [webhooks]

@@ -39,6 +39,7 @@ from controlplane.names import is_private_name, validate_digest, validate_model_
 from controlplane.outcomes.counters import PipelineCounts
 from controlplane.parts import HostParts
 from controlplane.runtime import garbage
+from controlplane.settings.canarysteps import parse_steps
 from controlplane.settings.config import Settings
 from controlplane.snapshot import Snapshot
 from controlplane.source.protocol import Source
@@ -47,6 +48,7 @@ from controlplane.store.health import RegistryHealth
 from controlplane.store.records import AuditRecord, ModelRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.target.targets import FleetStrategy, HostTarget, Target, recorded_digest
+from controlplane.triton.client import RequestCounts
 from controlplane.views import queries
 from controlplane.views.status import StatusView
 from controlplane.vocab import SERVING_STATES, WATCHER_ACTOR, Policy
@@ -197,20 +199,25 @@ class ControlPlane:
 
     def load(
         self, model: str, actor: str, digest: str = "", force: bool = False, progress: ProgressFn | None = None,
-        host: str = "", bake_s: float | None = None,
+        host: str = "", bake_s: float | None = None, steps: Sequence[int | str] | None = None,
     ) -> Outcome:
-        """`bake_s`: this deploy's own bake (`load --bake 5m`; 0: none), else the daemon's `bake_s`."""
+        """`bake_s`: this deploy's own bake (`load --bake 5m`; 0: none), else the daemon's `bake_s`; `steps`: its
+        own canary steps (`load --steps [5, 100]`), else the model's or the daemon's `canary_steps`."""
         validate_model_name(model)
         if bake_s is not None:
             try:
                 check_duration(bake_s)
             except ValueError as exc:
                 raise UsageError(f"--bake: {bake_s!r}: {exc}") from None
+        try:
+            canary = parse_steps(list(steps)) if steps is not None else None
+        except ValueError as exc:
+            raise UsageError(f"--steps: {exc}") from None
         if digest:
             target = recorded_digest(self.registry, model, validate_digest(digest))
         else:
             target = self.intake.source_content(model, actor)
-        self.baker.ask(model, bake_s)
+        self.baker.ask(model, bake_s, canary)
         try:
             return self.target.load(model, target, actor, force, progress, host)
         except BaseException:
@@ -221,6 +228,12 @@ class ControlPlane:
         """`tritonctl promote MODEL`: the bake in progress ends `passed` now (controlplane/bake/baker.py)."""
         validate_model_name(model)
         return self.baker.promote(model, actor)
+
+    def abort(self, model: str, actor: str) -> dict[str, Any]:
+        """`tritonctl abort MODEL`: the canary (or bake) in progress ends as a crossed limit ends it, by `actor`:
+        every request back on the previous digest at once, the deploy `rolled_back` (controlplane/bake/baker.py)."""
+        validate_model_name(model)
+        return self.baker.abort(model, actor)
 
     def load_set(self, models: list[str], actor: str, force: bool = False,
                  progress: ProgressFn | None = None) -> Outcome:
@@ -291,6 +304,27 @@ class ControlPlane:
     def deploy_here(self, model: str, digest: str, actor: str, *, force: bool = False,
                     kind: str = "deploy") -> Outcome:
         return self.deployer.deploy(model, digest, actor, force=force, kind=kind)
+
+    # a fleet's canary wave on this host (controlplane/fleet/bake.py): the leader judges, this host follows
+    def canary_first(self, model: str, digest: str, weight: int) -> None:
+        self.baker.rollouts.fleet_first(model, digest, weight)
+
+    def canary_weight(self, model: str, digest: str, weight: int) -> bool:
+        return self.baker.rollouts.fleet_weight(model, digest, weight)
+
+    def canary_done(self, model: str, digest: str) -> None:
+        self.baker.rollouts.fleet_done(model, digest)
+
+    def bake_counts(self, model: str, digest: str) -> dict[tuple[str, str], RequestCounts]:
+        """This host's figures of `digest` of `model` for a fleet bake: its gateway's (what clients got, error
+        responses failed), else its tritonserver's counts of the model."""
+        traffic = self.baker.rollouts.traffic
+        if traffic is None:
+            return self.triton.request_counts(model)
+        counts = traffic.counts(model).get(digest)
+        if counts is None:
+            return {}
+        return {("gateway", digest): RequestCounts(counts.successes, counts.failures, int(counts.latency_s * 1e9))}
 
     def rollback_here(self, model: str, actor: str, to: str | None, progress: ProgressFn | None) -> Outcome:
         return self.deployer.rollback(model, actor, to, progress)

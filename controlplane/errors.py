@@ -7,6 +7,11 @@ the CLI renders them in one place and maps each class to an exit code.
 
 from __future__ import annotations
 
+import errno
+
+# errnos that say the host, not a model's content, failed: out of descriptors, space, memory; an I/O error
+ENVIRONMENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EIO})
+
 
 class TritonctlError(Exception):
     """Root of every error tritonctl raises on purpose."""
@@ -84,6 +89,25 @@ class SnapshotTooLargeError(SnapshotError):
 class SnapshotUnsupportedError(SnapshotError):
     """Content tritonctl refuses to capture: a symlink leaving the model or dangling, a directory
     loop, a fifo or device, an unsafe or clashing object key."""
+
+
+class SnapshotEnvironmentError(SnapshotError):
+    """The host, not the content, failed a capture or its validation: out of file descriptors (EMFILE,
+    ENFILE), space (ENOSPC, EDQUOT) or memory (ENOMEM), or an I/O error (EIO). Tried again later, never
+    recorded as the content's fault."""
+
+    retryable = True
+
+
+def is_environment_error(exc: BaseException) -> bool:
+    """An OSError the host caused (ENVIRONMENT_ERRNOS), which must never be taken for bad content."""
+    return isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS
+
+
+def unreadable(message: str, exc: OSError) -> SnapshotError:
+    """The error for a model file or directory that could not be read: SnapshotEnvironmentError (retried)
+    when the host is at fault, SnapshotUnreadableError (reported) otherwise."""
+    return SnapshotEnvironmentError(message) if is_environment_error(exc) else SnapshotUnreadableError(message)
 
 
 class SnapshotStoreWriteError(SnapshotError):
@@ -172,7 +196,12 @@ class DaemonUnavailableError(TritonctlError):
 
 
 class PermissionDeniedError(TritonctlError):
-    """The control API refused the caller (missing or wrong token)."""
+    """The control API does not know the caller: no token, or a wrong, expired or revoked one (HTTP 401)."""
+
+
+class ForbiddenError(PermissionDeniedError):
+    """The control API knows the caller, whose role may not do this (HTTP 403): the message names the role
+    needed and the caller's (docs/operations.md "Identities and roles")."""
 
 
 class EnvironmentFault(TritonctlError):
@@ -201,6 +230,12 @@ class SmokeSharedError(EnvironmentFault):
 
 class HostCapabilityError(EnvironmentFault):
     """The target tritonserver lacks what the model needs (a backend, a GPU): found before the load."""
+
+
+class GatewayError(EnvironmentFault):
+    """The gateway (controlplane/gateway/, the data path in front of tritonserver) cannot be reached over its
+    control socket, refused a request (`update` with invalid routes) or answered out of protocol: nothing was
+    switched, what it routed before still answers (an environment fault: retried)."""
 
 
 class TagError(UsageError):

@@ -13,14 +13,17 @@ it, the lease book before the on-demand book that expires it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from controlplane.bake.baker import BAKES_FILE, Baker
+from controlplane.bake.traffic import GatewayFigures
+from controlplane.deploy.aliases import Aliases, InPlace, PublicNames, Routed, RoutePort
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.servedview import ServedView
-from controlplane.deploy.servingensembles import ServingEnsembles
+from controlplane.deploy.servingensembles import ServingEnsembles, step_names
+from controlplane.errors import TritonctlError
 from controlplane.intake.flow import Intake
 from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
@@ -70,16 +73,38 @@ class HostParts:
     webhooks: Webhooks | None  # the daemon's delivery worker, which `tritonctl webhooks` asks
 
 
+def route_extras(registry: Registry, live: LiveSettings) -> Any:
+    """What a route carries beside its targets (controlplane/deploy/aliases.py route_json): the sticky header
+    a split hashes (`canary_sticky_header`), and the model's tags on the route's digests, so that a client's
+    `x-tritonctl-route: TAG` reaches the digest the tag names (docs/bake.md "Sticky routing")."""
+
+    def extras(model: str, digests: tuple[str, ...]) -> dict[str, Any]:
+        try:
+            tags = {t.name: t.digest for t in registry.list_tags(model) if t.digest in digests}
+        except TritonctlError:
+            tags = {}
+        return {"sticky_header": live().canary_sticky_header if len(digests) > 1 else None, "tags": tags}
+
+    return extras
+
+
 def build_parts(settings: Settings, registry: Registry, content: ContentStore, serving: ServingRepository,
                 triton: TritonClient, outcomes: Outcomes | None = None, *, source: Source | None = None,
                 host: TritonHost | None = None, http_url: str | None = None,
-                webhooks: Webhooks | None = None) -> HostParts:
+                webhooks: Webhooks | None = None, gateway: RoutePort | None = None) -> HostParts:
     """`outcomes`: where every finished operation is reported; `source`: where models come from
     (controlplane/source/protocol.py: a directory, s3://; default none); `host`: capability checks and
-    Triton's real reasons; `webhooks`: the daemon's webhook delivery worker."""
+    Triton's real reasons; `webhooks`: the daemon's webhook delivery worker; `gateway`: the control channel
+    of the gateway that routes the traffic (controlplane/deploy/aliases.py; None: Triton reloads in place)."""
     live = LiveSettings(settings)
     outcomes = outcomes if outcomes is not None else Outcomes()
-    counters, retries, restores, served_view = Counters(), RetryBook(), RetryBook(), ServedView()
+    aliases: Aliases = Routed(gateway, route_extras(registry, live)) if gateway is not None else InPlace()
+    if isinstance(aliases, Routed):
+        aliases.adopt(steps_of=lambda name: step_names(serving, name))  # what the gateway routes now
+    # readiness and figures by public name: PublicNames answers every TritonClient call (passing the rest through)
+    public = cast(TritonClient, PublicNames(triton, aliases)) if aliases.gateway else triton
+    counters, retries, restores = Counters(), RetryBook(), RetryBook()
+    served_view = ServedView(routes=aliases.targets if aliases.gateway else None)
     source_graph = SourceGraph(registry)  # recorded source contents: signatures, ensemble graph
     serving_ensembles = ServingEnsembles(registry, source_graph, serving)
     # the first subscriber: the others read what it keeps
@@ -89,7 +114,7 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
 
     def last_used() -> dict[str, float]:
         used = leases.last_used()
-        for model, when in triton.last_inferences().items():
+        for model, when in public.last_inferences().items():
             used[model] = max(used.get(model, 0.0), when)
         return used
 
@@ -102,19 +127,25 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
                         gpu_memory_budget_mb=settings.gpu_memory_budget_mb,
                         protected_tags=[t.strip() for t in settings.protected_tags.split(",") if t.strip()])
     deployer = built["deployer"] = Deployer(registry, content, serving, triton, load_timeout_s=settings.load_timeout_s,
-                                            on_outcome=outcomes.publish, host=host, guard=guard)
-    ondemand = built["ondemand"] = OnDemand(registry, deployer, triton, leases, live.policy_of,
+                                            on_outcome=outcomes.publish, host=host, guard=guard, aliases=aliases,
+                                            drain_s=live.getter("gateway_drain_s"), ensembles=serving_ensembles.get)
+    ondemand = built["ondemand"] = OnDemand(registry, deployer, public, leases, live.policy_of,
                                             live.getter("idle_unload_s"),
                                             guard.spared, guard.fits, guard.refused, live.getter("load_timeout_s"))
     intake = Intake(live, registry, content, source if source is not None else NoSource(), source_graph,
                     serving_ensembles, retries)
     ondemand.recording = intake.recording
-    reconciler = Reconciler(registry, triton, deployer, serving_ensembles, served_view, counters, restores,
+    reconciler = Reconciler(registry, public, deployer, serving_ensembles, served_view, counters, restores,
                             live.getter("load_parallelism"))
     outcomes.subscribe(reconciler.note)
-    baker = Baker(registry, deployer, triton, live, path=settings.state_dir / BAKES_FILE)
+    baker = Baker(registry, deployer, public, live, path=settings.state_dir / BAKES_FILE)
     outcomes.subscribe(baker.note)
     deployer.on_set = baker.note_set  # a change set bakes as one
+    if deployer.routed is not None:  # canary steps: the switch's first weight, the gateway's figures
+        deployer.routed.weigh = baker.weigh
+        figures = getattr(gateway, "figures", None)
+        baker.rollouts.traffic = GatewayFigures(figures) if callable(figures) else None
+        baker.resume()  # before the first reconcile sweeps unrouted names: a bake's held names stay
     return HostParts(settings, live, registry, content, serving, triton, outcomes, counters, retries, restores,
                      served_view, serving_ensembles, leases, guard, deployer, ondemand, intake, reconciler, baker,
                      http_url, webhooks)

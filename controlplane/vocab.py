@@ -149,3 +149,22 @@ class Policy(Word):
 MEMORY = "memory_mb"
 GPU = "gpu_memory_mb"
 MEMORY_KINDS = (MEMORY, GPU)
+
+
+class Role(Word):
+    """Who may do what on the control API (docs/operations.md "Identities and roles"): each role may do all
+    that the roles before it may. `viewer` reads, `deployer` changes what serves, `admin` the rest."""
+
+    VIEWER = "viewer"
+    DEPLOYER = "deployer"
+    ADMIN = "admin"
+
+    @property
+    def rank(self) -> int:
+        return ROLES.index(self)
+
+    def allows(self, needed: Role) -> bool:
+        return self.rank >= needed.rank
+
+
+ROLES: tuple[Role, ...] = (Role.VIEWER, Role.DEPLOYER, Role.ADMIN)

@@ -27,7 +27,13 @@ import pytest
 
 from controlplane.store.registry import Registry
 from controlplane.triton.launcher import TritonServer
+from tests.harness import SWITCH_AT_ONCE_ENV
 from tests.pg import pg_url, postgres  # noqa: F401 - fixtures: a throwaway PostgreSQL server
+
+# Every daemon the suite starts switches a deploy at once unless its test opts out (tests/harness.py
+# SWITCH_AT_ONCE_ENV: the safe defaults of issue 55 are tested where a test asks for them).
+for _name, _value in SWITCH_AT_ONCE_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -47,6 +53,7 @@ SERVER_MODULES = {
     "test_api_contract": ("triton",),
     "test_bench_quick": ("triton",),
     "test_bounds_e2e": ("triton",),
+    "test_canary_e2e": ("triton",),
     "test_capture_at_once": ("triton",),
     "test_bench_smoke": ("triton",),  # the bench records the tritonserver version: it starts one briefly
     "test_changeset_kills": ("triton",),
@@ -58,11 +65,13 @@ SERVER_MODULES = {
     "test_differential": ("triton",),
     "test_ensemble_daemon": ("triton",),
     "test_exit_codes": ("triton",),
+    "test_gateway_e2e": ("triton",),
     "test_faults": ("triton",),
     "test_fleet_changesets": ("triton", "postgres"),
     "test_fleet_e2e": ("triton", "postgres"),
     "test_fleet_unpin_e2e": ("triton", "postgres"),
     "test_help_examples": ("triton",),
+    "test_identity_e2e": ("triton",),
     "test_json_contract": ("triton", "postgres"),
     "test_operator_view": ("triton",),
     "test_readme_using_it": ("triton",),

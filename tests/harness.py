@@ -135,15 +135,31 @@ def python_stubs(server_pid: int) -> list[int]:
     return stubs
 
 
+# The suite's daemons switch a deploy at once, as tritonctl did before issue 55: with a gateway the defaults
+# are canary steps [10, 100] with a 60 s bake (docs/bake.md "Safe defaults"), which the end-to-end tests
+# written before them do not expect. Every daemon a test starts gets these unless the test says otherwise:
+# DaemonProcess by default (`switch_at_once=False` opts out: a test of the defaults), and every other launch
+# (a `tritonctl daemon` subprocess, CliRunner) through the environment tests/conftest.py sets for the session.
+# A flag (`--bake 4s`) or a model's own `tritonctl.*` parameter still wins over them.
+SWITCH_AT_ONCE_ENV = {"TRITONCTL_CANARY_STEPS": "[100]", "TRITONCTL_BAKE_S": "0"}
+
+
 @dataclass
 class DaemonProcess:
+    """The real `tritonctl daemon` as a subprocess (with its launched tritonserver). It runs with
+    SWITCH_AT_ONCE_ENV (canary steps [100], no bake: a deploy switches at once) unless `switch_at_once` is
+    False, which a test of the safe defaults sets (then the mode's defaults apply: docs/bake.md)."""
+
     repository: Path
     state_dir: Path
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     settle_s: float = 0.2
     launch: bool = True  # --launch-triton; False: pass --triton-url in extra_args
+    # a command the daemon runs under, e.g. ["prlimit", "--nofile=1024:1024", "--"] (a file limit)
+    wrapper: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    switch_at_once: bool = True  # SWITCH_AT_ONCE_ENV (False: the mode's defaults, canary steps and a bake)
 
     @property
     def log_path(self) -> Path:
@@ -154,10 +170,15 @@ class DaemonProcess:
         env.pop("NOTIFY_SOCKET", None)
         env.setdefault("TRITONCTL_RECONCILE_INTERVAL_S", "1")
         env.setdefault("TRITONCTL_LOG_LEVEL", "debug")  # tests read the deploy steps' lines (DEBUG)
+        for name, value in SWITCH_AT_ONCE_ENV.items():  # see SWITCH_AT_ONCE_ENV
+            if self.switch_at_once:
+                env.setdefault(name, value)
+            elif env.get(name) == value:
+                env.pop(name)
         env.update(self.env)
-        args = [TRITONCTL, "daemon", "--repository", str(self.repository), "--state-dir", str(self.state_dir),
-                "--settle", str(self.settle_s), *(["--launch-triton", *FREE_PORTS] if self.launch else []),
-                *self.extra_args]
+        args = [*self.wrapper, TRITONCTL, "daemon", "--repository", str(self.repository),
+                "--state-dir", str(self.state_dir), "--settle", str(self.settle_s),
+                *(["--launch-triton", *FREE_PORTS] if self.launch else []), *self.extra_args]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()

@@ -28,6 +28,7 @@ SCHEMA_OF = {
     "gc": "gc", "db-upgrade": "db-upgrade", "hosts": "hosts", "rollouts": "rollouts", "tag": "tag", "tags": "tags",
     "webhooks": "webhooks", "webhooks-redeliver": "webhooks-redeliver",
     "ensure": "lease", "lease-renew": "lease", "lease-release": "lease",
+    "token-create": "token-create", "token-list": "token-list", "token-revoke": "token-revoke",
 }
 FLAG_SCHEMAS = {"audit-at": "audit --at T", "status-fleet": "status --fleet"}
 # Values whose keys are data, not the contract's: a model's config.pbtxt as JSON (Triton's own schema).

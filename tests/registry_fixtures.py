@@ -36,7 +36,8 @@ LINEAR_CONFIG = {"name": "linear", "backend": "python", "max_batch_size": 8}
 ENSEMBLE_CONFIG = {"name": "pipeline", "platform": "ensemble",
                    "ensemble_scheduling": {"step": [{"model_name": "linear"}, {"model_name": "linear"},
                                                     {"model_name": "post"}]}}
-RELEASED = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]  # every revision before head
+# every revision before head
+RELEASED = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"]
 
 
 def t(minutes: float) -> datetime:

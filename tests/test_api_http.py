@@ -130,13 +130,15 @@ def test_fleet_resources_need_a_fleet(served: ApiServer) -> None:
         assert "not in a fleet" in error["message"]
 
 
-def test_the_socket_actor_is_the_peers_os_user(served: ApiServer) -> None:
+def test_the_socket_actor_is_the_peers_uid_and_a_declared_one_only_a_claim(served: ApiServer) -> None:
     import pwd
 
     client = ControlClient(socket=served.settings.socket_path)
-    client._headers["x-tritonctl-actor"] = "someone-else"  # declared on the socket: ignored
+    client._headers["x-tritonctl-actor"] = "someone-else"  # declared on the socket: a claim, not the actor
     client.set_pin("linear", True)
-    assert served.plane.calls[-1] == ("pin", "linear", True, pwd.getpwuid(os.getuid()).pw_name)  # type: ignore
+    _, _, _, actor = served.plane.calls[-1]  # type: ignore[attr-defined]
+    assert actor == f"uid:{os.getuid()}({pwd.getpwuid(os.getuid()).pw_name})"
+    assert actor.claimed == "someone-else"
 
 
 def test_load_streams_each_step_then_the_result(served: ApiServer) -> None:
@@ -158,7 +160,7 @@ def _unix(path: Path) -> http.client.HTTPConnection:
 # --- the TCP listener --------------------------------------------------------------------------------------
 
 
-def test_tcp_needs_the_token_and_audits_it_as_token_actor(state: Path) -> None:
+def test_tcp_needs_the_token_and_audits_it_as_the_default_token(state: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
     server = _server(state, listen=address, token_file=_token_file(state))
     server.start()
@@ -170,9 +172,10 @@ def test_tcp_needs_the_token_and_audits_it_as_token_actor(state: Path) -> None:
         assert conn.getresponse().status == 401
         client = ControlClient(address=address, token=TOKEN)
         assert client.status()["triton_url"] == "127.0.0.1:8001"
-        client._headers["x-tritonctl-actor"] = "alice"
+        client._headers["x-tritonctl-actor"] = "alice"  # the shared token's holder says who they are: a claim
         client.set_pin("linear", False)
-        assert server.plane.calls[-1] == ("pin", "linear", False, "token:alice")  # type: ignore[attr-defined]
+        assert server.plane.calls[-1] == ("pin", "linear", False, "token:default")  # type: ignore[attr-defined]
+        assert server.plane.calls[-1][-1].claimed == "alice"  # type: ignore[attr-defined]
     finally:
         server.stop(0.1)
 

@@ -191,6 +191,17 @@ def test_bake_quick(tmp_path: Path) -> None:
     assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
 
 
+def test_gateway_quick(tmp_path: Path) -> None:
+    """bench/gateway.py end to end: every case measured direct, through a byte relay and through the
+    gateway, each checked to answer the name asked for with the tensor echoed (timings not judged)."""
+    report = run_bench("gateway", tmp_path, timeout_s=300)
+    assert set(report["summary"]) == {f"{p} {s} c={k}" for p in ("grpc", "http") for s in ("64 B", "1 MiB")
+                                      for k in (1, 16)}
+    for case in report["summary"].values():
+        assert case["gateway_cpu_us"] > 0 and case["direct_throughput"] > 0 and case["gateway_throughput"] > 0
+    assert any(r["measurement"].startswith("gateway CPU per request, grpc 64 B c=1") for r in report["rows"])
+
+
 def test_run_all_renders_docs_from_results(tmp_path: Path) -> None:
     """run_all --from-results rebuilds its block of the docs and leaves everything else in the file."""
     docs = tmp_path / "benchmarks.md"

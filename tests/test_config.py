@@ -168,7 +168,22 @@ def test_conflicting_settings(tmp_path: Path) -> None:
     path = write(tmp_path, 'triton_url = "127.0.0.1:8001"\n')
     message = one_line_error(load_settings, {"launch_triton": True}, env={}, config_file=path)
     assert message.startswith("triton_url: ")
-    assert one_line_error(load_settings, {"listen": "0.0.0.0:7001"}, env={}).startswith("listen: ")
+    # a TCP listener needs no shared token any more (personal tokens, OIDC); OIDC takes its three keys together
+    assert load_settings({"listen": "127.0.0.1:7001"}, env={}).token_file is None
+    assert one_line_error(load_settings, {"oidc_issuer": "https://id.example"}, env={}).startswith(
+        "oidc_audience: OIDC needs oidc_issuer, oidc_audience and oidc_jwks together")
+
+
+def test_role_maps_from_the_file_the_environment_and_a_bad_role(tmp_path: Path) -> None:
+    path = write(tmp_path, 'socket_roles = { "tritonctl-admin" = "admin", "tritonctl" = "Deployer" }\n')
+    assert read_config_file(path)["socket_roles"] == (("tritonctl-admin", "admin"), ("tritonctl", "deployer"))
+    settings = load_settings(env={"TRITONCTL_OIDC_ROLES": "ml-admins=admin, ml=viewer"})
+    assert settings.oidc_roles == (("ml-admins", "admin"), ("ml", "viewer"))
+    message = one_line_error(read_config_file, write(tmp_path, 'socket_roles = { "ops" = "root" }\n'))
+    assert message.endswith("socket_roles: invalid value {'ops': 'root'} (ops: expected a role (viewer, deployer, "
+                            "admin), got 'root')"), message
+    message = one_line_error(load_settings, env={"TRITONCTL_OIDC_JWKS": "http://id.example/jwks"})
+    assert "oidc_jwks" in message and "https://" in message
 
 
 def test_reloaded_takes_only_reloadable_settings() -> None:
@@ -183,7 +198,8 @@ def test_reloaded_takes_only_reloadable_settings() -> None:
                                "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s",
                                "wave_bake_s", "webhook", "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio",
                                "bake_max_latency_ratio", "bake_min_requests", "bake_inconclusive",
-                               "bake_warn_load_ratio"}
+                               "bake_warn_load_ratio", "gateway_drain_s", "canary_steps", "canary_sticky_header",
+                               "wave_steps"}
 
 
 def test_example_config_has_every_key_and_parses(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from controlplane.triton.launcher import TritonServer
 from controlplane.validation.modelconfig import Problem
 from tests.differential.cases import all_cases, categories
-from tests.differential.runner import Outcome, run
+from tests.differential.runner import Outcome, run, suite_server
 from tests.differential.verdicts import (
     ALLOWED_FALSE_ACCEPTS,
     REASON_DIFFERS,
@@ -33,7 +33,7 @@ from tests.differential.verdicts import (
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     base = tmp_path_factory.mktemp("differential")
     (base / "repo").mkdir()
-    triton = TritonServer(model_repository=base / "repo", workdir=base / "work")
+    triton = suite_server(base)
     triton.start()
     yield triton
     triton.stop()

@@ -154,3 +154,44 @@ def test_missing_daemon_message_in_a_subprocess(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert result.stderr == (f"error: no daemon at {tmp_path / 'tritonctl.sock'}; start one (`tritonctl daemon`) "
                              "or set TRITONCTL_STATE_DIR / --state-dir\n")
+
+
+def test_a_role_short_of_the_routes_exits_5_and_no_valid_token_exits_1(tmp_path: Path) -> None:
+    """Row 5 and the 401 line under the table, through the installed `tritonctl` as a process: the real control
+    API server (its TCP listener, the access gate, personal tokens in a real SQLite registry) over the stand-in
+    plane of tests/test_cli_daemon_commands.py (the refusal comes before any plane method)."""
+    import tempfile
+    from concurrent import futures
+
+    from controlplane.api.server import ApiServer
+    from controlplane.settings.config import Settings
+    from controlplane.store import migrate
+    from controlplane.store.registry import Registry
+    from controlplane.triton.launcher import free_port
+    from tests.test_cli_daemon_commands import StandInPlane
+
+    state = Path(tempfile.mkdtemp(prefix="tctl-exit5-"))
+    registry = Registry(f"sqlite:///{state / 'registry.db'}")
+    migrate.upgrade(registry)
+    plane = StandInPlane()
+    plane.registry = registry  # type: ignore[attr-defined]  # where the daemon keeps its tokens
+    address = f"127.0.0.1:{free_port()}"
+    server = ApiServer(plane, futures.ThreadPoolExecutor(2), Settings(state_dir=state, listen=address))  # type: ignore[arg-type]
+    server.start()
+    try:
+        assert server.tokens is not None
+        _, viewer = server.tokens.create("reader", "viewer", "uid:0(root)", None)
+        token_file = tmp_path / "reader.token"
+        token_file.write_text(viewer)
+        token_file.chmod(0o600)
+        connect = ["--address", address, "--token-file", str(token_file)]
+        result = subprocess.run([TRITONCTL, "gc", *connect], capture_output=True, text=True, timeout=60)
+        assert (result.returncode, one_line(result.stderr)) == (
+            5, "error: token:reader has role viewer; this needs role admin"), result.stderr
+        assert subprocess.run([TRITONCTL, "status", *connect], capture_output=True, timeout=60).returncode == 0
+        server.tokens.revoke("reader", "uid:0(root)")
+        result = subprocess.run([TRITONCTL, "status", *connect], capture_output=True, text=True, timeout=60)
+        assert (result.returncode, one_line(result.stderr)) == (1, "error: token 'reader' was revoked"), result.stderr
+    finally:
+        server.stop(0.1)
+        registry.close()

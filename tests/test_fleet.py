@@ -370,6 +370,81 @@ def test_a_canary_waves_bake_pools_its_hosts_figures_and_a_failed_one_rolls_back
     assert [s.action for s in leader.store.rollout(back).steps].count("bake") == 2
 
 
+def test_a_canary_waves_steps_are_judged_on_pooled_windows_and_the_hosts_follow_each_weight(
+        leader: Leader, shared: Registry, tmp_path: Path) -> None:
+    """Issue 55 item 7 (docs/bake.md "Sets and fleets"): the canary wave goes through `canary_steps` on its hosts'
+    gateways. The leader judges each step on the hosts' figures pooled over the step's window and sets the next
+    weight in the bake document; each host's agent follows it on its own route (`HostBakes`, against a stand-in
+    host plane here). A step failing on the window's pooled figures stops the rollout and rolls back every host
+    that took the digest; the later waves take `wave_steps` ([100]: at once)."""
+    from types import SimpleNamespace
+
+    from controlplane.fleet.bake import HostBakes, first_weight, steps_of_wave
+    from controlplane.fleet.settings import FleetSettings
+    from controlplane.settings.config import Settings
+
+    settings = Settings(bake_s=60.0, canary_steps=(10, "pause", 100), bake_min_requests=20)
+    assert steps_of_wave(settings, {}, 0) == (10, 100)  # a pause is not honoured in a fleet
+    assert steps_of_wave(settings, {"canary_steps": (25, 100)}, 0) == (25, 100)
+    assert steps_of_wave(settings, {}, 1) == (100,)
+    assert (first_weight(settings, {}, 0), first_weight(settings, {}, 1)) == (10, 100)
+    assert first_weight(Settings(bake_s=0.0, canary_steps=(10, 100)), {}, 0) == 100  # a wave that does not bake
+    leader.member.machine.fleet = FleetSettings(shared_store=tmp_path / "shared", canary_count=2, wave_size=2,
+                                                bake=settings)
+    now = [time.time()]
+    leader.member.machine.bakes.clock = lambda: now[0]
+    with leader.store.session() as session:
+        leader.store.set_target(session, "m", D1)
+    rid = leader.member.propose("m", shared.get_snapshot("m", D2))
+    assert rid is not None
+    leader.report(rid, "h1", "ok")
+    leader.report(rid, "h2", "ok")
+    leader.drive()
+    canary = leader.store.rollout(rid).bake["canary"]  # type: ignore[index]
+    assert (canary["steps"], canary["step"], canary["weight"]) == ([10, 100], 0, 10)
+    # the hosts' side: each follows the document's weight on its route and writes its own figures
+    routes: dict[str, list[int]] = {"h1": [], "h2": []}
+    counted: dict[str, dict[tuple[str, str], Any]] = {"h1": {}, "h2": {}}
+
+    def host(name: str) -> HostBakes:
+        plane = SimpleNamespace(bake_counts=lambda model, digest: counted[name],
+                                canary_weight=lambda model, digest, weight: routes[name].append(weight) or True,
+                                canary_done=lambda model, digest: routes[name].append(-1))
+        return HostBakes(plane, leader.store)  # type: ignore[arg-type]
+
+    from controlplane.triton.client import RequestCounts
+
+    hosts = {name: host(name) for name in ("h1", "h2")}
+    for name, bakes in hosts.items():
+        bakes.take(leader.store.claim(name))
+    for name, bakes in hosts.items():
+        counted[name] = {("gateway", D2): RequestCounts(15, 0, 15_000_000)}
+        bakes.tick()
+    assert routes == {"h1": [10], "h2": [10]}
+    leader.drive()
+    assert leader.store.rollout(rid).bake["canary"]["step"] == 0  # type: ignore[index]  # the window is not over
+    now[0] += 61
+    leader.drive()
+    canary = leader.store.rollout(rid).bake["canary"]  # type: ignore[index]
+    assert (canary["step"], canary["weight"]) == (1, 100) and canary["history"][0]["requests"] == 30
+    assert [s[3] for s in leader.states(rid)][2:4] == ["waiting", "waiting"]  # wave 1 waits for the last step
+    for bakes in hosts.values():
+        bakes.tick()
+    assert routes == {"h1": [10, 100], "h2": [10, 100]}
+    # at 100 %, the step's window: 20 requests pooled, 3 failed (what came before the step is not its)
+    counted["h1"] = {("gateway", D2): RequestCounts(27, 0, 27_000_000)}
+    counted["h2"] = {("gateway", D2): RequestCounts(20, 3, 20_000_000)}
+    for bakes in hosts.values():
+        bakes.tick()
+    leader.drive()
+    rollout = leader.store.rollout(rid)
+    assert rollout.state == "rolling_back", rollout.bake
+    assert rollout.error == "bake failed: failure ratio 0.15 > 0.01 over 20 requests (3 failed) at 100% (step 2/2)"
+    for bakes in hosts.values():
+        bakes.tick()  # the leader ended the bake steps: the hosts release what they held
+    assert routes == {"h1": [10, 100, -1], "h2": [10, 100, -1]}
+
+
 def test_later_waves_bake_wave_bake_s_and_an_inconclusive_bake_lets_the_next_wave_start(
         leader: Leader, shared: Registry, tmp_path: Path) -> None:
     """`bake_s` 0: the canary wave does not bake; `wave_bake_s`: wave 1 bakes before wave 2 starts, and with

@@ -27,7 +27,7 @@ from click.testing import CliRunner, Result
 from cli.main import cli
 from controlplane.store import migrate
 from controlplane.store.registry import Registry
-from tests.harness import TRITONCTL, DaemonProcess, wait_for
+from tests.harness import SWITCH_AT_ONCE_ENV, TRITONCTL, DaemonProcess, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,6 +122,8 @@ SCRIPT = [
     "tritonctl diff linear stable canary",
     "tritonctl rollback linear",
     "tritonctl load linear --bake 5m",
+    "tritonctl abort linear",
+    "tritonctl load linear --steps 5,pause,100 --bake 10m",
     "tritonctl promote linear",
     "tritonctl load linear",
     "tritonctl load linear --digest 3f2a9c1b",
@@ -152,6 +154,10 @@ SCRIPT = [
     "tritonctl ensure linear --for 1h --json",
     "tritonctl lease renew linear 3f2a9c1b2c3d4e5f --for 30m",
     "tritonctl lease release linear 3f2a9c1b2c3d4e5f",
+    "tritonctl token create alice --role deployer --expires 90d",
+    "tritonctl token create ci --role deployer --json",
+    "tritonctl token list",
+    "tritonctl token revoke alice",
 ]
 # Run by other means in this module, as written.
 RUN_APART = {
@@ -214,7 +220,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     for name in MODELS:
         shutil.copytree(ROOT / "examples" / "model_repository" / name, repo / name)
     daemon = DaemonProcess(repo, clone / ".state", launch=False)
-    env = {**_user_env(), "TRITONCTL_TRITON_GRPC_PORT": "0", "TRITONCTL_TRITON_HTTP_PORT": "0",
+    env = {**_user_env(), **SWITCH_AT_ONCE_ENV, "TRITONCTL_TRITON_GRPC_PORT": "0", "TRITONCTL_TRITON_HTTP_PORT": "0",
            "TRITONCTL_TRITON_METRICS_PORT": "0", "TRITONCTL_SETTLE_S": "0.2", "TRITONCTL_RECONCILE_INTERVAL_S": "1"}
     line = next(iter(RUN_APART))
     log = open(daemon.log_path, "ab")  # noqa: SIM115 - owned by the process
@@ -274,6 +280,11 @@ def _check(served: Served, line: str, result: Result) -> None:
         bake = row("linear")["bake"]
         assert bake["state"] == "baking" and b is not None and bake["digest"].startswith(b), bake
         assert "baking" in row("linear")["sync_reason"] and "s left" in row("linear")["sync_reason"]
+    elif line == "tritonctl abort linear":  # no gateway here: the previous digest loaded again, by the operator
+        assert a is not None and str(row("linear")["digest"]).startswith(a), row("linear")
+        assert row("linear")["bake"]["state"] == "failed" and "aborted by" in row("linear")["bake"]["reason"]
+    elif line == "tritonctl load linear --steps 5,pause,100 --bake 10m":  # steps need a gateway: a bake here
+        assert row("linear")["bake"]["state"] == "baking" and row("linear")["canary"] is None
     elif line == "tritonctl promote linear":
         assert row("linear")["bake"]["state"] == "passed" and "passed" in result.output
     elif line in ("tritonctl load linear", "tritonctl load linear --force"):

@@ -56,7 +56,34 @@ UNFILLED: dict[str, str] = {
        for field in ("$[].bake", "#bake.digest", "#bake.failure_ratio", "#bake.failures", "#bake.hosts",
                      "#bake.latency_ms", "#bake.latency_stat", "#bake.reason", "#bake.requests", "#bake.started",
                      "#bake.state", "#bake.until", "#bake.wave", "#step.figures", "#step.figures.failures",
-                     "#step.figures.requests", "#step.figures.success", "#step.figures.success_ns")},
+                     "#step.figures.requests", "#step.figures.success", "#step.figures.success_ns",
+                     "#bake.canary", "#bake.canary.steps", "#bake.canary.step", "#bake.canary.weight",
+                     "#bake.canary.step_started", "#bake.canary.zero", "#bake.canary.zero.requests",
+                     "#bake.canary.zero.failures", "#bake.canary.zero.success", "#bake.canary.zero.success_ns",
+                     "#bake.canary.history", "#bake.canary.history[].step", "#bake.canary.history[].weight",
+                     "#bake.canary.history[].started", "#bake.canary.history[].ended",
+                     "#bake.canary.history[].outcome", "#bake.canary.history[].requests",
+                     "#bake.canary.history[].failures")},
+    **{f"status:#model.canary{field}": "this scenario's daemon has no gateway (canary steps need one): "
+                                       "tests/test_json_schemas.py types a canary from the bake's own record, "
+                                       "tests/test_canary_e2e.py checks real ones against the schema"
+       for field in ("", ".step", ".steps", ".weight", ".seconds_left", ".state", ".history", ".history[].step",
+                     ".history[].weight", ".history[].started", ".history[].ended", ".history[].outcome",
+                     ".history[].requests", ".history[].failures")},
+    **{f"versions:#version.canary{field}": "as status's `canary`: no gateway in this scenario"
+       for field in ("", ".weights", ".state", ".reason")},
+    **{f"token-create:#created.{field}": "a token just created is not revoked: null by construction (`token "
+                                         "list` and `token revoke` fill it)" for field in ("revoked_at", "revoked_by")},
+    "audit:#event.claimed": "the CLI over the socket declares its own user (no claim): "
+                            "tests/test_identity_e2e.py checks audit documents with a forged actor's claim",
+    **{f"{doc}:{field}": "this scenario's models have complete configs: tests/test_autocomplete_e2e.py checks the "
+                         "documents of models whose config Triton completes at load against the schema"
+       for doc, fields in (("status", ("#model.completed_config", "#model.completed_config.config",
+                                       "#model.completed_config.recorded_at")),
+                           ("versions", ("#version.completed_config", "#version.completed_config.config",
+                                         "#version.completed_config.recorded_at")),
+                           ("diff", ("$.completed_config_diff",)))
+       for field in fields},
     "status:$.registry_unreachable_since": "a time only while the registry is down: "
                                            "tests/test_fleet_outage_e2e.py crashes PostgreSQL for it",
     **{f"status:#model.bake{field}": "this scenario's daemon does not bake (bake_s 0, the default): "
@@ -75,7 +102,8 @@ def run_json(*args: str) -> Any:
 
 def schema_of(document: str) -> str:
     """tests' document names ("load-failed", "tag-move") -> the schema it must match."""
-    for prefix in ("audit-at", "status-fleet", "db-upgrade", "webhooks-redeliver"):
+    for prefix in ("audit-at", "status-fleet", "db-upgrade", "webhooks-redeliver", "token-create", "token-list",
+                   "token-revoke"):
         if document.startswith(prefix):
             return prefix
     command = document.split("-")[0]
@@ -197,6 +225,9 @@ def documents(daemon: DaemonProcess, receiver: Receiver) -> dict[str, Any]:
     # the document's `model` would be null and its type never checked)
     newest_of_a_model = next(d for d in docs["webhooks"] if d["model"])
     docs["webhooks-redeliver"] = run_json("webhooks", "redeliver", newest_of_a_model["id"], *sd)
+    docs["token-create"] = run_json("token", "create", "contract", "--role", "viewer", "--expires", "30d", *sd)
+    docs["token-revoke"] = run_json("token", "revoke", "contract", *sd)
+    docs["token-list"] = run_json("token", "list", *sd)
     return docs
 
 
@@ -222,7 +253,7 @@ DAEMON_DOCUMENTS = ["status", "status-late", "status-drift", "versions", "versio
                     "versions-tagged", "diff", "load", "load-no-wait", "load-failed", "rollback", "unload", "tag",
                     "tag-move", "tags", "tags-at", "policy", "policy-track", "pin", "unpin", "gc", "audit", "audit-at",
                     "webhooks", "webhooks-pending", "webhooks-redeliver", "ensure", "ensure-renewed",
-                    "status-ondemand"]
+                    "status-ondemand", "token-create", "token-revoke", "token-list"]
 
 
 @pytest.mark.parametrize("name", DAEMON_DOCUMENTS)

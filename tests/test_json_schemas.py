@@ -19,6 +19,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from cli.main import cli
+from controlplane.documents.access import TokenCreated, TokenList, TokenRow
 from controlplane.documents.results import (
     AuditResult,
     DbUpgradeResult,
@@ -46,6 +47,7 @@ from controlplane.documents.results import (
 from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
 from controlplane.store.records import (
     AuditRecord,
+    CompletedConfigRecord,
     DeliveryRecord,
     FootprintRecord,
     Rollout,
@@ -53,6 +55,7 @@ from controlplane.store.records import (
     SnapshotRecord,
     Step,
     TagRecord,
+    TokenRecord,
 )
 from controlplane.validation.fields import ERROR, WARNING
 from controlplane.validation.modelconfig import Problem, ValidationResult
@@ -194,6 +197,35 @@ def _snapshot(digest: str) -> SnapshotRecord:
                           quarantine_reason="initialize() raised", collected=True)
 
 
+def _canary() -> dict[str, Any]:
+    """A canary's document as the bake writes it (controlplane/bake/canary.py), at its second step, paused."""
+    from controlplane.bake.canary import Canary
+    from controlplane.deploy.aliases import Lane, Target
+
+    canary = Canary((10, "pause", 100), (Lane("m", Target("m__d1d1d1d1", D1), Target("m__d2d2d2d2", D2)),),
+                    step_started=1767225600.0)
+    canary.history.append({"step": 0, "weight": 10, "started": "2026-01-01T00:00:00Z",
+                           "ended": "2026-01-01T00:01:00Z", "outcome": "passed", "requests": 312, "failures": 0})
+    canary.begin(1, 1767225660.0, {})
+    document = canary.to_json(60.0, now=1767225670.0)
+    document["seconds_left"] = 50  # a running step's (paused: null); the schema types both
+    return document
+
+
+def _rollout() -> dict[str, Any]:
+    """A digest's last rollout (`versions`), read back from its audit lines (controlplane/bake/canary.py)."""
+    from controlplane.bake.canary import histories
+
+    lines = ["rolled_back at 10% (step 1/2): failure ratio 0.20 > 0.01 over 25 requests (5 failed)",
+             "step 1/2: 10% of the requests for 60 s"]
+    entries = [AuditRecord(i, T, "tritonctl:bake", "canary", "m", D1, "ok", 1, line) for i, line in enumerate(lines)]
+    return histories(entries)[D1]
+
+
+COMPLETED = CompletedConfigRecord("m", D1, {"name": "m", "backend": "python", "max_batch_size": 8, "input": [
+    {"name": "x", "data_type": "TYPE_FP32", "dims": ["3"]}]}, T)
+
+
 def _full_documents() -> dict[str, list[Any]]:
     """Per schema, documents made by the results dataclasses with every field holding a value."""
     outcome = Outcome("m", "load", Result.FAILED, D1, D2, "load refused", 12, cause=Cause.CONTENT)
@@ -205,14 +237,20 @@ def _full_documents() -> dict[str, list[Any]]:
                     bake={"state": "failed", "digest": D1, "started": "2026-01-01T00:00:00Z",
                           "until": "2026-01-01T00:05:00Z", "requests": 312, "failures": 66, "failure_ratio": 0.2115,
                           "latency_ms": 4.2, "baseline_latency_ms": 3.9, "latency_stat": "p99",
-                          "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"})
+                          "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"},
+                    completed_config=COMPLETED, canary=_canary())
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     baked = Step(8, 4, "h1", 0, "bake", D1, "failed", "failure ratio 0.21 > 0.01 over 312 requests (66 failed)",
                  model="m", started_at=T, finished_at=T,
                  figures={"requests": 312, "failures": 66, "success": 246, "success_ns": 984000000})
     bake = {"state": "failed", "digest": D1, "started": "2026-12-03T07:12:02Z", "until": "2026-12-03T07:17:02Z",
             "requests": 312, "failures": 66, "failure_ratio": 0.2115, "latency_ms": 4.0, "latency_stat": "mean",
-            "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)", "wave": 0, "hosts": ["h1"]}
+            "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)", "wave": 0, "hosts": ["h1"],
+            "canary": {"steps": [10, 100], "step": 1, "weight": 100, "step_started": 1796282000.5,
+                       "zero": {"requests": 31, "failures": 0, "success": 31, "success_ns": 99000000},
+                       "history": [{"step": 0, "weight": 10, "started": "2026-12-03T07:12:02Z",
+                                    "ended": "2026-12-03T07:13:02Z", "outcome": "passed", "requests": 31,
+                                    "failures": 0}]}}
     problem = Problem("config.pbtxt", "input[0].dims", "missing", ERROR)
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
     return {
@@ -225,10 +263,14 @@ def _full_documents() -> dict[str, list[Any]]:
         "versions": [VersionsResult("m", [VersionRow(_snapshot(D1), True, ("stable",),
                                                      FootprintRecord("m", D1, 97.5, 0.0, "declared", T),
                                                      "memory 450 MB, 4.5 x the previous digest's 100 MB "
-                                                     "(bake_warn_load_ratio 2)")]).to_json()],
+                                                     "(bake_warn_load_ratio 2)", COMPLETED, _rollout())]).to_json()],
         "diff": [DiffResult("m", D1, D2, [FileSize("b.txt", 3)], [FileSize("a.txt", 2)],
-                            [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")]).to_json()],
-        "audit": [AuditResult([AuditRecord(1, T, "alice", "deploy", "m", D1, "ok", 12, "served", "h1")]).to_json()],
+                            [FileChange("config.pbtxt", 10, 12, "@@ -1 +1 @@")], "@@ -4 +4 @@").to_json()],
+        "audit": [AuditResult([AuditRecord(1, T, "token:alice", "deploy", "m", D1, "ok", 12, "served", "h1",
+                                           "bob")]).to_json()],
+        "token-create": [TokenCreated(_token(), "tct_0123456789abcdef_" + "A" * 43, T).to_json()],
+        "token-list": [TokenList([_token()], T).to_json()],
+        "token-revoke": [TokenRow(_token(), T).to_json()],
         "audit-at": [ServingAtResult(T, [ServingRecord("m", D1, [1], T, "h1")], {("m", D1): ["stable"]}).to_json()],
         "validate": [ValidationReport([validation]).to_json()],
         "policy": [PolicyResult("m", "track:stable", False, fleet=True, host="h1", tag="stable", digest=D1).to_json()],
@@ -249,6 +291,10 @@ def _full_documents() -> dict[str, list[Any]]:
         "webhooks": [WebhookDeliveriesResult([_delivery()]).to_json()],
         "webhooks-redeliver": [_delivery().to_json()],
     }
+
+
+def _token() -> TokenRecord:
+    return TokenRecord("alice", "deployer", "uid:0(root)", T, T, T, "token:admin")
 
 
 def _delivery() -> DeliveryRecord:

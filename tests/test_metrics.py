@@ -114,6 +114,26 @@ def test_outcomes_are_counted(metrics: Metrics, plane: Any) -> None:
     assert value(samples, "tritonctl_triton_reachable") == 1
 
 
+def test_the_gateways_route_weights_are_a_gauge_per_model_and_digest(metrics: Metrics, plane: Any) -> None:
+    """tritonctl_gateway_route_weight{model,digest}: what the route table gives each digest now, a canary's
+    split included (issue 55); nothing without a gateway."""
+    assert not [name for name, _ in scrape(metrics.port) if name == "tritonctl_gateway_route_weight"]
+    from controlplane.deploy.aliases import Lane, Routed, Target
+    from tests.unit.test_deploy_routed import StandinRoutes
+
+    aliases = Routed(StandinRoutes())
+    plane.deployer = SimpleNamespace(aliases=aliases)
+    new, old = Target("linear__bbbbbbbb", "b" * 64), Target("linear__aaaaaaaa", "a" * 64)
+    aliases.switch({"linear": Lane("linear", new, old).at(10)})
+    samples = scrape(metrics.port)
+    assert value(samples, "tritonctl_gateway_route_weight", model="linear", digest="b" * 64) == 10
+    assert value(samples, "tritonctl_gateway_route_weight", model="linear", digest="a" * 64) == 90
+    aliases.switch({"linear": new})
+    samples = scrape(metrics.port)
+    assert value(samples, "tritonctl_gateway_route_weight", model="linear", digest="b" * 64) == 100
+    assert ("tritonctl_gateway_route_weight", (("digest", "a" * 64), ("model", "linear"))) not in samples
+
+
 def test_webhook_deliveries_are_counted_by_state(metrics: Metrics, plane: Any) -> None:
     receiver = Receiver("metrics-webhook-secret")
     receiver.mode = "500"

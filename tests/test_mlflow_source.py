@@ -19,7 +19,8 @@ from controlplane.errors import ConfigError, MLflowError, SnapshotChangingError,
 from controlplane.remote import mlflowrest
 from controlplane.settings.config import load_settings
 from controlplane.snapshot.content import ContentStore
-from controlplane.source.mlflowsource import MLflowSource, unsafe_path
+from controlplane.source.mlflowfiles import unsafe_path
+from controlplane.source.mlflowsource import MLflowSource
 from controlplane.source.mlflowwriteback import DIGEST_TAG, HOSTS_TAG, STATE_TAG, Standing, WriteBack
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
@@ -62,7 +63,7 @@ class StandIn:
                                                                     "file_size": len(data)}
         return list(seen.values())
 
-    def open_artifact(self, path: str) -> Any:
+    def open_artifact(self, path: str, deadline: float = 0.0) -> Any:
         self.downloads += 1
         if self.on_download is not None:
             self.on_download()

@@ -265,7 +265,8 @@ def test_symlinks_inside_the_model_are_fine(tmp_path: Path) -> None:
     assert result.ok and result.problems == [] and result.versions == [1, 2]
 
 
-def test_only_config_pbtxt_is_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_config_pbtxt_and_the_served_model_py_are_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.py is read for its auto_complete_config (controlplane/validation/autocomplete.py); nothing else."""
     model = write_model(tmp_path / "linear")
     with open(model / "1" / "weights.bin", "wb") as fh:
         fh.truncate(8 << 30)  # sparse: reading it would take long
@@ -279,7 +280,7 @@ def test_only_config_pbtxt_is_opened(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(os, "open", spy)
     result = validate_model_dir(model)
     assert result.ok
-    assert [Path(p).name for p in opened] == ["config.pbtxt"]
+    assert [Path(p).name for p in opened] == ["config.pbtxt", "model.py"]
 
 
 def test_bad_paths_become_problems_not_exceptions(tmp_path: Path) -> None:

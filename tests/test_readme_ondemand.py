@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import wait_for
+from tests.harness import SWITCH_AT_ONCE_ENV, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +39,7 @@ def test_the_ondemand_block_runs_verbatim(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
     shutil.copytree(ROOT / "examples" / "model_repository", clone / "examples" / "model_repository")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONCTL_")}
+    env.update(SWITCH_AT_ONCE_ENV)  # the suite's daemons switch at once (tests/harness.py)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv, activated
     daemon_line, *lines = ondemand_block()
     log = (tmp_path / "daemon.log").open("w")

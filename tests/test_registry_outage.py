@@ -308,7 +308,7 @@ def test_a_single_hosts_postgresql_restart_answers_from_what_it_read_and_loses_n
         own_postgres: PostgresServer, tmp_path: Path) -> None:  # noqa: F811
     """A single host on a PostgreSQL that restarts: the reads `status` makes answer what they last read, a
     deployment begun before the crash and ended during it is journaled, and the first read that answers
-    again ends the outage and writes it (and its footprint) once."""
+    again ends the outage and writes it (and its footprint, and the config Triton completed at its load) once."""
     registry = JournaledRegistry(own_postgres.new_database("single"), tmp_path / JOURNAL_NAME, host="h1")
     migrate.upgrade(registry)
     a = "cc" * 32
@@ -326,6 +326,7 @@ def test_a_single_hosts_postgresql_restart_answers_from_what_it_read_and_loses_n
                     registry.footprints()) == known
             assert not registry.health.reachable
             registry.record_footprint("m", a, 12.0, None, "measured")
+            registry.record_completed_config("m", a, {"name": "m", "max_batch_size": 8})
             registry.finish_deployment(begun.id, outcome="ok", error=None, serving=ServingRecord("m", a, [1]),
                                        audit=AuditEntry("test", "deploy", "m", a, "ok", "serving cc"),
                                        model_state="serving")
@@ -338,6 +339,7 @@ def test_a_single_hosts_postgresql_restart_answers_from_what_it_read_and_loses_n
         assert not registry.journal.path.exists()
         assert [(e.action, e.model) for e in registry.query_audit(AuditQuery(model="m"))] == [("deploy", "m")]
         assert registry.footprints(["m"])[("m", a)].memory_mb == 12.0
+        assert registry.completed_configs(["m"])[("m", a)].config == {"name": "m", "max_batch_size": 8}
         assert registry.get_model("m").active_digest == a
     finally:
         registry.close()

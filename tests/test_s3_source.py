@@ -347,3 +347,63 @@ def test_missing_boto3_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ConfigError) as info:
         S3Source("s3://bkt/models", lambda _m: None)
     assert str(info.value) == "object storage needs boto3: pip install 'tritonctl[s3]'"
+
+
+class _Lying:
+    """The real client (a real server cannot lie about sizes): its listing says `sizes` for some keys, and
+    its GETs of `flood` keys answer an endless body; `read` counts the bytes taken from those."""
+
+    def __init__(self, client: Any, *, sizes: dict[str, Any] | None = None, flood: str | None = None) -> None:
+        self._client, self._sizes, self._flood, self.read = client, sizes or {}, flood, 0
+
+    def get_paginator(self, name: str) -> Any:
+        real, sizes = self._client.get_paginator(name), self._sizes
+
+        class Pages:
+            def paginate(self, **kw: Any) -> Any:
+                for page in real.paginate(**kw):
+                    for row in page.get("Contents", ()):
+                        row["Size"] = sizes.get(row["Key"].rsplit("/", 1)[-1], row["Size"])
+                    yield page
+
+        return Pages()
+
+    def get_object(self, **kw: Any) -> Any:
+        answer = self._client.get_object(**kw)
+        if self._flood and kw["Key"].endswith(self._flood):
+            owner = self
+
+            class Endless:
+                def read(self, n: int = -1) -> bytes:
+                    n = 1 << 20 if n is None or n < 0 else n
+                    owner.read += n
+                    return b"#" * n
+
+                def close(self) -> None:
+                    pass
+
+            answer["Body"] = Endless()
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_an_object_longer_than_listed_is_not_read_past_its_size(s3env: MotoServer, bucket: str,
+                                                                 tmp_path: Path) -> None:
+    put(s3env.client(), bucket, "m", MODEL_V1)
+    lying = _Lying(s3env.client(), flood="model.py")
+    source = S3Source(f"s3://{bucket}/models", lambda _m: None, client=lying)
+    with pytest.raises(SnapshotError, match=r"more than the 8 bytes the listing said; stopped reading"):
+        source.capture("m", ContentStore(tmp_path / "store", fsync=False), settled=False)
+    assert lying.read == 8 + 1
+
+
+@pytest.mark.parametrize("size", [-1, True, 2.5])
+def test_a_listed_size_that_is_no_size_is_refused(s3env: MotoServer, bucket: str, tmp_path: Path,
+                                                  size: Any) -> None:
+    put(s3env.client(), bucket, "m", MODEL_V1)
+    source = S3Source(f"s3://{bucket}/models", lambda _m: None,
+                      client=_Lying(s3env.client(), sizes={"weights.bin": size}))
+    with pytest.raises(SnapshotError, match=r"'1/weights.bin' is listed with size .*not a number of bytes"):
+        source.capture("m", ContentStore(tmp_path / "store", fsync=False), settled=False)

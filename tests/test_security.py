@@ -3,6 +3,7 @@ names from outside that cannot escape, symlinks that are never followed out of a
 
 from __future__ import annotations
 
+import grp
 import os
 import stat
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from controlplane.names import resolve_inside, validate_model_name
 from tests.harness import DaemonProcess, token_daemon, wait_for, write_gen_model
 
 TOKEN = "0123456789abcdef0123456789abcdef"
+# a group that is not this process's own: the socket is given to it (`socket_group`, issue 58 item 5)
+SOCKET_GROUP = next(g.gr_name for g in grp.getgrall() if g.gr_gid != os.getgid())
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonPro
     repo = base / "repo"
     repo.mkdir()
     write_gen_model(repo, "guarded", 1)
-    daemon, address, token_file = token_daemon(repo, base, TOKEN)
+    daemon, address, token_file = token_daemon(repo, base, TOKEN, extra_args=["--socket-group", SOCKET_GROUP])
     wait_for(lambda: daemon.model_status("guarded").get("state") == "serving", 30, what="guarded serving")
     yield daemon, address, token_file
     assert daemon.stop() == 0
@@ -41,6 +44,7 @@ def test_control_socket_is_owner_and_group_only(locked: tuple[DaemonProcess, str
     assert stat.S_ISSOCK(info.st_mode)
     assert stat.S_IMODE(info.st_mode) == 0o660
     assert info.st_uid == os.getuid()
+    assert info.st_gid == grp.getgrnam(SOCKET_GROUP).gr_gid, "the socket is not socket_group's"
     # exactly 0750 (issue 57: "no world bits" let 0770 pass): its group reads, nobody else
     assert oct(stat.S_IMODE(daemon.state_dir.stat().st_mode)) == oct(0o750)
 
@@ -176,3 +180,15 @@ def test_any_model_name_is_rejected_or_stays_inside(name: str) -> None:
         return
     assert (root / name).resolve().parent == root.resolve()
     assert resolve_inside(root, name).is_relative_to(root)
+
+
+def test_an_unknown_socket_group_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    from controlplane.errors import ConfigError
+    from controlplane.settings.config import load_settings
+    from controlplane.startup import preflight
+
+    settings = load_settings({"repository": str(tmp_path), "state_dir": str(tmp_path / "state"),
+                              "triton_url": "127.0.0.1:1", "socket_group": "no-such-group-here"}, env={})
+    with pytest.raises(ConfigError, match="socket_group: no group named no-such-group-here"):
+        preflight.check(settings)
+    assert not (tmp_path / "state").exists()

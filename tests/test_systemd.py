@@ -432,3 +432,33 @@ def test_a_blocked_main_loop_stops_the_watchdog_while_the_process_lives(tmp_path
         daemon.stop(timeout_s=STOP_BOUND_S)
         notify.close()
         shutil.rmtree(short, ignore_errors=True)
+
+
+def _shipped_config() -> dict[str, object]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    return dict(tomllib.loads((UNITS / "tritonctl.toml").read_text()))
+
+
+def test_the_control_socket_has_a_group_tritonserver_is_not_in() -> None:
+    """Issue 58, item 5: tritonserver (every model's code) read serving/ through group tritonctl, which was
+    also the control socket's group, so any model.py could drive the control plane. The shipped config
+    gives the socket a group of its own (`socket_group`), in the runtime directory where its members reach
+    it without the state directory's group; tritonserver keeps reading serving/ through that group."""
+    config, daemon, server = _shipped_config(), _unit("tritonctl.service"), _unit("tritonserver.service")
+    group = config.get("socket_group")
+    assert isinstance(group, str) and group, "tritonctl.toml sets no socket_group"
+    triton_groups = {*server["Group"], *" ".join(server.get("SupplementaryGroups", [])).split()}
+    assert group not in triton_groups, f"tritonserver is in the socket's group {group}"
+    assert group != daemon["Group"][0]
+    assert daemon["Group"][0] in triton_groups, "tritonserver can no longer read serving/"
+    # the daemon may hand its socket to that group (a user can chgrp only to its own groups)
+    assert group in " ".join(daemon.get("SupplementaryGroups", [])).split()
+    # and its members reach the socket: not under the state directory (0750, group tritonctl)
+    socket_path = Path(str(config["socket"]))
+    assert socket_path.parent == Path("/run") / daemon["RuntimeDirectory"][0]
+    assert int(daemon["RuntimeDirectoryMode"][0], 8) & 0o001, "others cannot reach the runtime directory"
+    assert not socket_path.is_relative_to(Path(str(config["state_dir"])))
+    assert f"--unix-socket {socket_path} " in daemon["ExecStartPost"][0]

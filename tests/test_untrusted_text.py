@@ -48,7 +48,7 @@ def test_clean_shows_control_characters_and_bidi_controls_escaped() -> None:
 def test_file_names_diff_text_and_answers_show_escaped_in_the_renderers(capsys: pytest.CaptureFixture[str]) -> None:
     """The renderers alone (the end-to-end runs below go through them): a file name and a diff line with
     escape codes, a receiver's answer in rich markup."""
-    from cli import render
+    from cli import render, render_admin
 
     render.diff({"model": "m", "a": "a" * 64, "b": "b" * 64, "added": [{"path": f"1/{EVIL}x.py", "size": 1}],
                  "removed": [], "changed": [{"path": "1/model.py", "size_a": 1, "size_b": 2,
@@ -57,9 +57,9 @@ def test_file_names_diff_text_and_answers_show_escaped_in_the_renderers(capsys: 
     shown = capsys.readouterr().out
     assert "\x1b" not in shown and "\x07" not in shown
     assert f"added    1/{SHOWN}x.py" in shown and f"+print('{SHOWN}')\n\tindented" in shown
-    render.webhook_deliveries([{"id": "d" * 32, "state": "failed", "event_id": 7, "action": "deploy", "model": "m",
-                                "attempts": 3, "status_code": 500, "answer": ANSWER, "next_attempt_at": None,
-                                "url": "http://127.0.0.1:9/"}], as_json=False)
+    render_admin.webhook_deliveries([{"id": "d" * 32, "state": "failed", "event_id": 7, "action": "deploy",
+                                      "model": "m", "attempts": 3, "status_code": 500, "answer": ANSWER,
+                                      "next_attempt_at": None, "url": "http://127.0.0.1:9/"}], as_json=False)
     table = capsys.readouterr().out
     assert "[/x] [bold]receiver[/bold]" in table and SHOWN in table and "\x1b" not in table
 

@@ -191,30 +191,34 @@ def test_db_upgrade_dry_run_says_what_would_run_and_changes_nothing(tmp_path: Pa
     result = invoke(["db", "upgrade", "--dry-run", "--state-dir", str(state)])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
-        "from: 0007", "to: 0010",
+        "from: 0007", "to: 0012",
         "would run: 0008 footprints: each deployed digest's memory footprint, measured at load or declared by the "
         "model.",
         "would run: 0009 placements: where the fleet loaded each on-demand model, the leases that hold it, each "
         "host's budget.",
         "would run: 0010 rollout bakes: a fleet rollout's wave bakes on the figures its hosts read from their own "
-        "tritonservers."]
+        "tritonservers.",
+        "would run: 0011 tokens: personal tokens of the control API, and the claimed actor beside the authenticated "
+        "one.",
+        "would run: 0012 completed configs: the config Triton serves for a content its python model completes at "
+        "load."]
     assert _files(state) == before
     document = json.loads(invoke(["db", "upgrade", "--dry-run", "--json", "--state-dir", str(state)]).stdout)
     assert (document["from"], document["to"], [m["revision"] for m in document["migrations"]],
-            document["dry_run"]) == ("0007", "0010", ["0008", "0009", "0010"], True)
+            document["dry_run"]) == ("0007", "0012", ["0008", "0009", "0010", "0011", "0012"], True)
 
     result = invoke(["db", "upgrade", "--json", "--state-dir", str(state)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["backup"] == str(state / "registry.db.before-0007")
-    assert [m["revision"] for m in document["migrations"]] == ["0008", "0009", "0010"]
+    assert [m["revision"] for m in document["migrations"]] == ["0008", "0009", "0010", "0011", "0012"]
     result = invoke(["db", "upgrade", "--dry-run", "--state-dir", str(state)])
-    assert result.stdout.splitlines() == ["from: 0010", "to: 0010", "migrations: none, the schema is current"]
+    assert result.stdout.splitlines() == ["from: 0012", "to: 0012", "migrations: none, the schema is current"]
 
     fresh = tmp_path / "fresh"
     result = invoke(["db", "upgrade", "--dry-run", "--json", "--state-dir", str(fresh)])
     assert json.loads(result.stdout)["from"] is None
-    assert len(json.loads(result.stdout)["migrations"]) == int(migrate.HEAD_REVISION)
+    assert len(json.loads(result.stdout)["migrations"]) == len(migrate.pending(None))
     assert not fresh.exists()  # a dry run creates nothing
 
 

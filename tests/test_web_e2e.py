@@ -63,7 +63,7 @@ def non_loopback_address() -> str | None:
 
 @pytest.fixture(scope="module")
 def base_url(daemon: DaemonProcess) -> str:
-    found = wait_for(lambda: re.search(r"web view: http://([0-9.]+):(\d+)/ui/ \(log in with the token\)",
+    found = wait_for(lambda: re.search(r"web view: http://([0-9.]+):(\d+)/ui/ \(log in with a token\)",
                                        daemon.log_path.read_text()), 10, what="the daemon's `web view:` log line")
     host = found.group(1)
     assert not host.startswith("127."), host

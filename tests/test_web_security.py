@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from controlplane.api.server import TokenGate
+from controlplane.api.access import AccessGate, Authenticator
 from controlplane.api.web import gate
 from tests.harness import DaemonProcess, token_daemon, wait_for, write_gen_model
 
@@ -180,7 +180,7 @@ def test_the_token_gate_passes_no_scope_type_without_the_token() -> None:
     async def receive() -> dict[str, Any]:
         return {}
 
-    token_gate = TokenGate(app, TOKEN)
+    token_gate = AccessGate(app, Authenticator(shared_token=TOKEN))
     for kind in ("http", "websocket", "lifespan", "something-new"):
         asyncio.run(token_gate({"type": kind, "headers": []}, receive, send))
     assert reached == []

@@ -5,9 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from controlplane.api.tokens import Identity
 from controlplane.api.web import gate
 from controlplane.api.web.pages import prose
 from controlplane.api.web.timeline import LANE_REM, MARK_GAP_PCT, STRIP_REM, build_timeline, config_field_changes
+from controlplane.errors import PermissionDeniedError
+from controlplane.vocab import Role
 
 NOW = datetime(2026, 1, 1, 12, 10, tzinfo=timezone.utc)
 
@@ -49,6 +52,24 @@ def test_a_bake_is_a_mark_on_its_digest_and_a_failed_bakes_rollback_serves_the_p
     (bake,) = [m for m in bands["bbb"].marks if m.kind == "bake"]
     assert bake.letter == "B" and "failure ratio 0.21" in bake.title
     assert [m.kind for m in bands["aaa"].marks] == ["deploy", "rollback"]
+
+
+def test_a_canary_step_is_a_share_of_both_bands_until_the_next_step() -> None:
+    """docs/bake.md "Canary steps": the new digest's band carries each step below 100 % with its weight, the
+    band of the digest that served before it the rest of the requests, until the next step."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 4, "deploy", "bbb"),
+              {**event(3, 4, "canary", "bbb", "ok", "step 1/2: 10% of the requests for 60 s"),
+               "actor": "tritonctl:bake"},
+              {**event(4, 6, "canary", "bbb", "ok", "step 2/2: 100% of the requests for 60 s"),
+               "actor": "tritonctl:bake"},
+              {**event(5, 7, "canary", "bbb", "ok", "done at 100% (step 2/2): passed"), "actor": "tritonctl:bake"}]
+    line = build_timeline([version("bbb", 3), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert bands["bbb"].canary == [(40.0, 20.0, 10)] and bands["aaa"].canary == [(40.0, 20.0, 90)]
+    assert [m.letter for m in bands["bbb"].marks if m.kind == "canary"] == ["W", "W", "W"]
+    # a canary still at its step now: to the timeline's end
+    line = build_timeline([version("bbb", 3), version("aaa", 0)], events[:3], NOW)
+    assert {band.digest: band for band in line.bands}["bbb"].canary == [(40.0, 60.0, 10)]
 
 
 def test_an_unload_ends_the_band_and_a_skip_is_a_quarantine_mark() -> None:
@@ -109,24 +130,33 @@ def test_changed_config_fields_are_paired_by_name() -> None:
 def test_the_gate_opens_with_a_live_session_cookie_or_the_bearer_token_only() -> None:
     token = "s3cret-token-0123456789"
     sessions = gate.Sessions()
+    revoked: set[str] = set()
+
+    def login(credential: str) -> Identity:  # the Authenticator's part the gate uses
+        if credential != token or credential in revoked:
+            raise PermissionDeniedError("missing or wrong token")
+        return Identity("token:default", Role.ADMIN, "token")
 
     def scope(path: str = "/ui/", **headers: str) -> dict[str, Any]:
         return {"path": path, "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
 
     assert gate.allowed(scope(), None, sessions)  # a loopback view without login
-    assert not gate.allowed(scope(), token, sessions)
-    assert gate.allowed(scope("/ui/login"), token, sessions)
-    assert gate.allowed(scope("/ui/static/web.css"), token, sessions)
-    first, second = sessions.open(), sessions.open()
+    assert not gate.allowed(scope(), login, sessions)
+    assert gate.allowed(scope("/ui/login"), login, sessions)
+    assert gate.allowed(scope("/ui/static/web.css"), login, sessions)
+    first, second = sessions.open(token), sessions.open(token)
     assert first != second and token not in first and len(first) >= 40  # random, not derived from the token
-    assert gate.allowed(scope(cookie=f"a=b; tritonctl_web={first}"), token, sessions)
-    assert not gate.allowed(scope(cookie=f"tritonctl_web={'0' * 43}"), token, sessions)
-    assert not gate.allowed(scope(cookie=f"tritonctl_web={token}"), token, sessions)  # the cookie is not the token
+    assert gate.allowed(scope(cookie=f"a=b; tritonctl_web={first}"), login, sessions)
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={'0' * 43}"), login, sessions)
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={token}"), login, sessions)  # the cookie is not the token
     sessions.end(first)  # logout: the same cookie opens nothing from now on
-    assert not gate.allowed(scope(cookie=f"tritonctl_web={first}"), token, sessions)
-    assert gate.allowed(scope(cookie=f"tritonctl_web={second}"), token, sessions)
-    assert gate.allowed(scope(authorization=f"Bearer {token}"), token, sessions)
-    assert not gate.allowed(scope(authorization="Bearer nope"), token, sessions)
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={first}"), login, sessions)
+    assert gate.allowed(scope(cookie=f"tritonctl_web={second}"), login, sessions)
+    assert gate.allowed(scope(authorization=f"Bearer {token}"), login, sessions)
+    assert not gate.allowed(scope(authorization="Bearer nope"), login, sessions)
+    revoked.add(token)  # the token revoked: its session ends at the next request
+    assert not gate.allowed(scope(cookie=f"tritonctl_web={second}"), login, sessions)
+    assert not sessions.valid(second)
     header = gate.cookie_header(second, secure=True)
     assert "HttpOnly" in header and "SameSite=Strict" in header and "Secure" in header
     assert "Max-Age" not in header and token not in header  # gone with the browser; expired by the server
@@ -135,7 +165,7 @@ def test_the_gate_opens_with_a_live_session_cookie_or_the_bearer_token_only() ->
 def test_a_session_expires_after_its_lifetime() -> None:
     now = [1000.0]
     sessions = gate.Sessions(lifetime_s=60, clock=lambda: now[0])
-    session = sessions.open()
+    session = sessions.open("credential")
     now[0] += 59
     assert sessions.valid(session)
     now[0] += 1
@@ -194,15 +224,15 @@ def test_a_non_loopback_web_address_needs_the_token_and_tls_or_the_insecure_swit
     token.write_text("a-token-of-some-length")
     os.chmod(token, 0o600)
     server = object.__new__(ApiServer)  # only the settings: the checks run before the app or a socket
-    server.settings = Settings(state_dir=tmp_path)
-    with pytest.raises(errors.ConfigError, match=r"^web_address: 192\.0\.2\.1:8080 needs the token: give token_file"):
+    server.settings, server.tokens, server._authenticator = Settings(state_dir=tmp_path), None, None  # no registry
+    with pytest.raises(errors.ConfigError, match=r"^web_address: 192\.0\.2\.1:8080 needs a login: personal tokens"):
         server._start_web("192.0.2.1:8080")
-    server.settings = replace(server.settings, token_file=token)
+    server.settings, server._authenticator = replace(server.settings, token_file=token), None
     with pytest.raises(errors.ConfigError, match=r"^web_address: 192\.0\.2\.1:8080 is not a loopback address: "
                                                  r"give tls_cert and tls_key"):
         server._start_web("192.0.2.1:8080")
-    server.settings = replace(server.settings, web_require_token=True, token_file=None)
-    with pytest.raises(errors.ConfigError, match="needs the token"):  # loopback, but the token is asked for
+    server.settings, server._authenticator = replace(server.settings, web_require_token=True, token_file=None), None
+    with pytest.raises(errors.ConfigError, match="needs a login"):  # loopback, but a login is asked for
         server._start_web("127.0.0.1:8080")
 
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from controlplane import errors
+from controlplane.api.access import ROLE_KEY, actor_of, check_roles, needs
 from controlplane.api.leases import lease_routes
 from controlplane.api.params import (
     STRICT,
@@ -53,10 +54,10 @@ from controlplane.control_plane import ControlPlane
 from controlplane.documents.results import Outcome, Progress, accepted
 from controlplane.names import validate_digest, validate_model_name
 from controlplane.views import queries
+from controlplane.vocab import Role
 
 log = logging.getLogger("tritonctl.api")
 
-ACTOR_SCOPE_KEY = "tritonctl.actor"
 OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
 ERROR_SCHEMA = {
     "type": "object", "required": ["error"],
@@ -92,7 +93,18 @@ RESULT_SCHEMAS: dict[tuple[str, str], tuple[str, str]] = {
     (f"{_P}/models/{{model}}/lease/{{lease}}", "put"): ("lease", "application/json"),
     (f"{_P}/models/{{model}}/lease/{{lease}}", "delete"): ("lease", "application/json"),
     (f"{_P}/webhooks/deliveries/{{delivery_id}}/redeliver", "post"): ("webhooks-redeliver", "application/json"),
+    (f"{_P}/tokens", "post"): ("token-create", "application/json"),
+    (f"{_P}/tokens", "get"): ("token-list", "application/json"),
+    (f"{_P}/tokens/{{name}}", "delete"): ("token-revoke", "application/json"),
 }
+# Who may call what (controlplane/api/access.py): on TCP a bearer, on the socket the peer's uid and groups.
+SECURITY_SCHEMES = {"bearer": {
+    "type": "http", "scheme": "bearer",
+    "description": "On TCP (--listen): a personal token (tritonctl token create), the shared token of token_file "
+                   "or an OIDC JWT. On the Unix socket none: the peer's uid and groups (SO_PEERCRED) are the "
+                   "identity. Each operation's x-tritonctl-role is the role it needs (viewer < deployer < admin)."}}
+UNAUTHENTICATED = "No token, or a wrong, expired or revoked one (TCP)"
+FORBIDDEN = "The caller's role may not do this: it needs role {role} (the CLI exits 5)"
 CHOSEN_BY = {"status|status-fleet": "?fleet=true", "audit|audit-at": "?at="}  # the query that picks the second
 DESCRIPTION = (
     "The daemon's control API: what every `tritonctl` verb calls. Errors: "
@@ -111,6 +123,8 @@ class LoadBody(BaseModel):
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
     bake_s: BakeSeconds = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
+    # this deploy's canary steps (percents rising to 100, "pause"); unset: the model's or the daemon's canary_steps
+    steps: list[int | str] | None = None
 
 
 class ChangeSetBody(BaseModel):
@@ -161,10 +175,6 @@ class TagBody(BaseModel):
     model_config = STRICT
 
     digest: RefField = ""  # a digest (prefix) or another tag; empty: what serves now
-
-
-def actor_of(request: Request) -> str:
-    return str(request.scope.get(ACTOR_SCOPE_KEY) or "unknown")[:64]
 
 
 class _JSONResponse(JSONResponse):
@@ -237,13 +247,13 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
     router = APIRouter(prefix=API_PREFIX)
 
     @router.get("/models", tags=["models"], summary="status: every model (or those named by ?model=); ?fleet=true: "
-                "the fleet's model x host matrix (status --fleet)")
+                "the fleet's model x host matrix (status --fleet)", **needs(Role.VIEWER))
     def list_models(model: ModelsQuery = [], fleet: bool = False) -> JSONResponse:  # noqa: B006
         if fleet:
             return _json(fleet_matrix(plane, model))
         return _json(plane.status(model or None))
 
-    @router.get("/models/{model}", tags=["models"], summary="status of one model")
+    @router.get("/models/{model}", tags=["models"], summary="status of one model", **needs(Role.VIEWER))
     def get_model(model: ModelPath) -> JSONResponse:
         return _json(plane.status([model]))
 
@@ -261,17 +271,20 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
         executor.submit(run_logged)
         return StreamingResponse(iter([_line("result", accepted(names[0]).to_json())]), media_type=NDJSON)
 
-    @router.post("/models/{model}/load", tags=["models"], summary="load: deploy (NDJSON steps, then the outcome)")
+    @router.post("/models/{model}/load", tags=["models"], summary="load: deploy (NDJSON steps, then the outcome)",
+                 **needs(Role.DEPLOYER))
     def load(model: ModelPath, request: Request, body: LoadBody | None = None) -> Response:
         body, actor = body or LoadBody(), actor_of(request)
 
         def run(progress: Callable[[Progress], None]) -> Outcome:
             digest = plane.tag_digest(model, body.tag) if body.tag else body.digest
-            return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s)
+            return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s,
+                              steps=body.steps)
 
         return stream_operation(run) if body.wait else submit([model], run)
 
-    @router.post("/changesets", tags=["models"], summary="load of several models as one change set (NDJSON)")
+    @router.post("/changesets", tags=["models"], summary="load of several models as one change set (NDJSON)",
+                 **needs(Role.DEPLOYER))
     def load_set(body: ChangeSetBody, request: Request) -> Response:
         actor = actor_of(request)
 
@@ -282,7 +295,8 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
             raise errors.UsageError("models: name at least one model")
         return stream_operation(run) if body.wait else submit(body.models, run)
 
-    @router.post("/models/{model}/rollback", tags=["models"], summary="rollback (NDJSON steps, then the outcome)")
+    @router.post("/models/{model}/rollback", tags=["models"], summary="rollback (NDJSON steps, then the outcome)",
+                 **needs(Role.DEPLOYER))
     def rollback(model: ModelPath, request: Request, body: RollbackBody | None = None) -> Response:
         body, actor = body or RollbackBody(), actor_of(request)
 
@@ -293,29 +307,40 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
         return stream_operation(run)
 
     @router.post("/models/{model}/promote", tags=["models"],
-                 summary="promote: end the model's bake in progress as passed (docs/bake.md); answers the bake")
+                 summary="promote: end the model's bake in progress as passed (docs/bake.md); answers the bake",
+                                                                               **needs(Role.DEPLOYER))
     def promote(model: ModelPath, request: Request) -> JSONResponse:
         return JSONResponse(plane.promote(model, actor_of(request)))
 
-    @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)")
+    @router.post("/models/{model}/abort", tags=["models"],
+                 summary="abort: end the model's canary (or bake) in progress as a crossed limit does: every request "
+                         "back on the previous digest, the deploy rolled back (docs/bake.md); answers the bake",
+                 **needs(Role.DEPLOYER))
+    def abort(model: ModelPath, request: Request) -> JSONResponse:
+        return JSONResponse(plane.abort(model, actor_of(request)))
+
+    @router.post("/models/{model}/unload", tags=["models"], summary="unload (NDJSON steps, then the outcome)",
+                 **needs(Role.DEPLOYER))
     def unload(model: ModelPath, request: Request, body: UnloadBody | None = None) -> Response:
         body, actor = body or UnloadBody(), actor_of(request)
         return stream_operation(lambda progress: plane.unload(model, actor, body.dependents, progress, body.force,
                                                               **_host(body.host)))
 
-    @router.put("/models/{model}/policy", tags=["models"], summary="policy: auto, manual, inherit or track:TAG")
+    @router.put("/models/{model}/policy", tags=["models"], summary="policy: auto, manual, inherit or track:TAG",
+                **needs(Role.ADMIN))
     def set_policy(model: ModelPath, body: PolicyBody, request: Request) -> JSONResponse:
         return _json(plane.set_policy(model, body.policy, actor_of(request), **_host(body.host)))
 
-    @router.put("/models/{model}/pin", tags=["models"], summary="pin: hold the model at its active snapshot")
+    @router.put("/models/{model}/pin", tags=["models"], summary="pin: hold the model at its active snapshot",
+                **needs(Role.DEPLOYER))
     def pin(model: ModelPath, request: Request, body: PinBody | None = None) -> JSONResponse:
         return _json(plane.set_pin(model, True, actor_of(request), **_host((body or PinBody()).host)))
 
-    @router.delete("/models/{model}/pin", tags=["models"], summary="unpin")
+    @router.delete("/models/{model}/pin", tags=["models"], summary="unpin", **needs(Role.DEPLOYER))
     def unpin(model: ModelPath, request: Request, host: str = "") -> JSONResponse:
         return _json(plane.set_pin(model, False, actor_of(request), **_host(host)))
 
-    @router.post("/gc", tags=["models"], summary="gc: drop the stored content of old snapshots")
+    @router.post("/gc", tags=["models"], summary="gc: drop the stored content of old snapshots", **needs(Role.ADMIN))
     def gc(request: Request, body: GcBody | None = None) -> JSONResponse:
         return _json(plane.gc((body or GcBody()).keep, actor_of(request)))
 
@@ -326,15 +351,18 @@ def history_routes(plane: ControlPlane) -> APIRouter:
     """/v1/models/{model}/versions, /diff, /tags; /v1/audit; /v1/tags: the registry's history."""
     router = APIRouter(prefix=API_PREFIX)
 
-    @router.get("/models/{model}/versions", tags=["versions"], summary="versions: every content the model had")
+    @router.get("/models/{model}/versions", tags=["versions"], summary="versions: every content the model had",
+                **needs(Role.VIEWER))
     def versions(model: ModelPath) -> JSONResponse:
         return _json(plane.versions(model))
 
-    @router.get("/models/{model}/diff", tags=["versions"], summary="diff between two digests or tags")
+    @router.get("/models/{model}/diff", tags=["versions"], summary="diff between two digests or tags",
+                **needs(Role.VIEWER))
     def diff(model: ModelPath, a: RefQuery, b: RefQuery) -> JSONResponse:
         return _json(plane.diff(model, a, b))
 
-    @router.get("/audit", tags=["audit"], summary="audit: the audit log, newest first (or ?at=: what served)")
+    @router.get("/audit", tags=["audit"], summary="audit: the audit log, newest first (or ?at=: what served)",
+                **needs(Role.VIEWER))
     def audit(model: ModelQuery = None, action: str | None = None, outcome: OutcomeQuery = None,
               actor: str | None = None, since: TimeQuery = None, until: TimeQuery = None,
               limit: LimitQuery = 100, at: TimeQuery = None) -> JSONResponse:
@@ -344,16 +372,18 @@ def history_routes(plane: ControlPlane) -> APIRouter:
         return _json(plane.audit(model=model, action=action, outcome=outcome, actor=actor, since=since,
                                  until=until, limit=limit))
 
-    @router.get("/tags", tags=["tags"], summary="tags: where each tag points (or pointed ?at=)")
+    @router.get("/tags", tags=["tags"], summary="tags: where each tag points (or pointed ?at=)", **needs(Role.VIEWER))
     def list_tags(model: ModelQuery = None, at: TimeQuery = None) -> JSONResponse:
         return _json(plane.tag_listing(model, at))
 
-    @router.put("/models/{model}/tags/{name}", tags=["tags"], summary="tag: point NAME at a digest (NDJSON)")
+    @router.put("/models/{model}/tags/{name}", tags=["tags"], summary="tag: point NAME at a digest (NDJSON)",
+                **needs(Role.DEPLOYER))
     def move_tag(model: ModelPath, name: TagPath, request: Request, body: TagBody | None = None) -> Response:
         actor, ref = actor_of(request), (body or TagBody()).digest
         return stream_operation(lambda progress: plane.move_tag(model, name, ref, actor, progress))  # type: ignore
 
-    @router.delete("/models/{model}/tags/{name}", tags=["tags"], summary="tag --delete (NDJSON)")
+    @router.delete("/models/{model}/tags/{name}", tags=["tags"], summary="tag --delete (NDJSON)",
+                   **needs(Role.DEPLOYER))
     def delete_tag(model: ModelPath, name: TagPath, request: Request) -> Response:
         actor = actor_of(request)
         return stream_operation(lambda progress: plane.move_tag(model, name, "", actor, progress,  # type: ignore
@@ -393,13 +423,14 @@ def fleet_routes(plane: ControlPlane) -> APIRouter:
     def shared() -> Any:
         return shared_registry(plane)
 
-    @router.get("/hosts", summary="hosts: the fleet's hosts, last heartbeat, alive, leader")
+    @router.get("/hosts", summary="hosts: the fleet's hosts, last heartbeat, alive, leader", **needs(Role.VIEWER))
     def hosts() -> JSONResponse:
         from controlplane.fleet import queries as fleet_queries
 
         return JSONResponse([row.to_json() for row in fleet_queries.hosts(shared())])
 
-    @router.get("/rollouts", summary="rollouts: newest first, each host's step (?open=true: in progress only)")
+    @router.get("/rollouts", summary="rollouts: newest first, each host's step (?open=true: in progress only)",
+                **needs(Role.VIEWER))
     def rollouts(open: bool = False, limit: LimitQuery = 20) -> JSONResponse:  # noqa: A002
         from controlplane.fleet import queries as fleet_queries
 
@@ -481,7 +512,7 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
         error = errors.TritonctlError(f"internal error: {type(exc).__name__}: {exc}")
         return JSONResponse(error_document(error), status_code=500)
 
-    @app.get(f"{API_PREFIX}/ping", tags=["daemon"], summary="the daemon's pid and Triton URL")
+    @app.get(f"{API_PREFIX}/ping", tags=["daemon"], summary="the daemon's pid and Triton URL", **needs(Role.VIEWER))
     def ping() -> JSONResponse:
         return JSONResponse({"pid": os.getpid(), "triton_url": plane.triton.url})
 
@@ -491,6 +522,7 @@ def build_app(plane: ControlPlane, executor: futures.Executor, *extra: APIRouter
     app.include_router(lease_routes(plane, actor_of))  # ensure, renew, release (api/leases.py)
     for router in extra:
         app.include_router(router)
+    check_roles(app, (OPENAPI_PATH,))  # a route without a role never serves (controlplane/api/access.py)
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     return app
 
@@ -521,12 +553,17 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         openapi.add_line_schemas(schemas, ERROR_SCHEMA)
         error = {"description": "An error: the core class, its message, the CLI's exit code",
                  "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        document["components"]["securitySchemes"] = SECURITY_SCHEMES
+        document["security"] = [{"bearer": []}]
         for path, operations in document["paths"].items():
             for operation in operations.values():
                 for parameter in operation.get("parameters", ()):
                     parameter["schema"] = _not_null(parameter["schema"])  # a parameter is absent, never null
                 operation["responses"].pop("422", None)  # validation errors answer 400 with the one error shape
                 operation["responses"]["default"] = error
+                operation["responses"]["401"] = {**error, "description": UNAUTHENTICATED}
+                operation["responses"]["403"] = {**error, "description": FORBIDDEN.format(
+                    role=operation.get(ROLE_KEY, "viewer"))}
                 if path in FLEET_ONLY or any(p["name"] == "fleet" for p in operation.get("parameters", ())):
                     operation["responses"]["404"] = {**error, "description": NOT_IN_A_FLEET}
         for (path, method), (name, media) in RESULT_SCHEMAS.items():
@@ -538,8 +575,9 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         if events is not None:
             openapi.document_events(events, schemas)
         document["paths"][OPENAPI_PATH] = {"get": {
-            "tags": ["daemon"], "summary": "this OpenAPI 3 document", "operationId": "openapi",
+            "tags": ["daemon"], "summary": "this OpenAPI 3 document", "operationId": "openapi", ROLE_KEY: "viewer",
             "responses": {"200": {"description": "The OpenAPI document",
-                                  "content": {"application/json": {"schema": {"type": "object"}}}}}}}
+                                  "content": {"application/json": {"schema": {"type": "object"}}}},
+                          "401": {**error, "description": UNAUTHENTICATED}}}}
         app.openapi_schema = document
     return app.openapi_schema

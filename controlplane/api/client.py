@@ -185,20 +185,27 @@ class ControlClient:
 
     def load(self, model: str, digest: str = "", force: bool = False, wait: bool = True,
              on_progress: ProgressFn | None = None, host: str = "", tag: str = "",
-             models: list[str] | None = None, bake_s: float | None = None) -> dict[str, Any]:
+             models: list[str] | None = None, bake_s: float | None = None,
+             steps: list[int | str] | None = None) -> dict[str, Any]:
         if models and len(models) > 1:
-            if digest or host or tag or bake_s is not None:
-                raise errors.UsageError("--digest, --tag, --host and --bake take one MODEL, not a change set of "
-                                        "several")
+            if digest or host or tag or bake_s is not None or steps is not None:
+                raise errors.UsageError("--digest, --tag, --host, --bake and --steps take one MODEL, not a change set "
+                                        "of several")
             return self.stream("POST", "/changesets", {"models": models, "force": force, "wait": wait}, on_progress)
         body: dict[str, Any] = {"digest": digest, "tag": tag, "force": force, "wait": wait, "host": host}
         if bake_s is not None:
             body["bake_s"] = bake_s
+        if steps is not None:
+            body["steps"] = steps
         return self.stream("POST", f"{_model(model)}/load", body, on_progress)
 
     def promote(self, model: str) -> dict[str, Any]:
         """End MODEL's bake in progress as passed; answers the bake (status's `bake`)."""
         return dict(self.call("POST", f"{_model(model)}/promote", {}))
+
+    def abort(self, model: str) -> dict[str, Any]:
+        """End MODEL's canary (or bake) in progress as a crossed limit does; answers the bake."""
+        return dict(self.call("POST", f"{_model(model)}/abort", {}))
 
     def rollback(self, model: str, to_digest: str = "", on_progress: ProgressFn | None = None, force: bool = False,
                  host: str = "", to_tag: str = "") -> dict[str, Any]:
@@ -279,6 +286,17 @@ class ControlClient:
 
     def redeliver(self, delivery_id: str) -> dict[str, Any]:
         return dict(self.call("POST", f"/webhooks/deliveries/{quote(delivery_id, safe='')}/redeliver"))
+
+    # -- personal tokens (role admin) ----------------------------------------------------------------------
+
+    def create_token(self, name: str, role: str, expires_s: float | None) -> dict[str, Any]:
+        return dict(self.call("POST", "/tokens", {"name": name, "role": role, "expires_s": expires_s}))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/tokens"))
+
+    def revoke_token(self, name: str) -> dict[str, Any]:
+        return dict(self.call("DELETE", f"/tokens/{quote(name, safe='')}"))
 
     # -- the event stream ------------------------------------------------------------------------------
 

@@ -22,12 +22,13 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from controlplane.api.access import needs
 from controlplane.api.params import ModelPath
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
 from controlplane.documents.results import StatusRow
 from controlplane.errors import StoreError
-from controlplane.vocab import SyncState
+from controlplane.vocab import Role, SyncState
 
 SETTLED = (SyncState.SYNCED.value, SyncState.HELD.value, SyncState.INVALID.value, SyncState.REMOVED.value)
 LIVE_STALE_S = 10.0
@@ -69,17 +70,19 @@ def health_routes(plane: ControlPlane, loop_age_s: Callable[[], float | None]) -
     router = APIRouter(prefix=API_PREFIX, tags=["health"])
 
     @router.get("/ready", summary="200 when Triton is reachable and every auto model serves what it should; "
-                "else 503 with the models not there yet and why")
+                "else 503 with the models not there yet and why", **needs(Role.VIEWER))
     def ready() -> JSONResponse:
         ok, document = readiness(plane)
         return JSONResponse(document, status_code=200 if ok else 503)
 
-    @router.get("/models/{model}/ready", summary="200 when this model serves what it should; else 503 and why")
+    @router.get("/models/{model}/ready", summary="200 when this model serves what it should; else 503 and why",
+                **needs(Role.VIEWER))
     def model_ready(model: ModelPath) -> JSONResponse:
         ok, document = readiness(plane, model)
         return JSONResponse(document, status_code=200 if ok else 503)
 
-    @router.get("/live", summary="200 while the daemon's main loop turns; 503 when it has not for 10 s")
+    @router.get("/live", summary="200 while the daemon's main loop turns; 503 when it has not for 10 s",
+                **needs(Role.VIEWER))
     def live() -> JSONResponse:
         age = loop_age_s()
         alive = age is None or age < LIVE_STALE_S

@@ -14,9 +14,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from controlplane.api.access import needs
 from controlplane.api.params import STRICT, LeaseSeconds, ModelPath
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
+from controlplane.vocab import Role
 
 DEFAULT_LEASE_S = 600.0
 
@@ -31,16 +33,18 @@ def lease_routes(plane: ControlPlane, actor_of: Callable[[Request], str]) -> API
     """The routes; `actor_of`: the audit actor of a request (app.py's, from the peer or the token)."""
     router = APIRouter(prefix=API_PREFIX, tags=["leases"])
 
-    @router.post("/models/{model}/lease", summary="ensure: load the model (or find it loaded) and lease it")
+    @router.post("/models/{model}/lease", summary="ensure: load the model (or find it loaded) and lease it",
+                 **needs(Role.DEPLOYER))
     def ensure(model: ModelPath, request: Request, body: LeaseBody | None = None) -> JSONResponse:
         result = plane.ensure(model, (body or LeaseBody()).for_s, actor_of(request))
         return JSONResponse(result.to_json())
 
-    @router.put("/models/{model}/lease/{lease}", summary="renew a lease for for_s seconds from now")
+    @router.put("/models/{model}/lease/{lease}", summary="renew a lease for for_s seconds from now",
+                **needs(Role.DEPLOYER))
     def renew(model: ModelPath, lease: str, body: LeaseBody | None = None) -> JSONResponse:
         return JSONResponse(plane.renew_lease(model, lease, (body or LeaseBody()).for_s).to_json())
 
-    @router.delete("/models/{model}/lease/{lease}", summary="release a lease")
+    @router.delete("/models/{model}/lease/{lease}", summary="release a lease", **needs(Role.DEPLOYER))
     def release(model: ModelPath, lease: str) -> JSONResponse:
         return JSONResponse(plane.release_lease(model, lease).to_json())
 

@@ -13,7 +13,9 @@ and `controlplane.errors`.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from controlplane import errors
 from controlplane.settings.config import private_file_problem
 
 API_PREFIX = "/v1"
-ACTOR_HEADER = "x-tritonctl-actor"  # on TCP: who the token holder says they are (audited as token:NAME)
+ACTOR_HEADER = "x-tritonctl-actor"  # who the caller says they are: audited as `claimed` beside the identity
 TOKEN_HEADER = "authorization"
 NDJSON = "application/x-ndjson"
 
@@ -31,6 +33,7 @@ STATUS_FOR_ERROR: list[tuple[type[errors.TritonctlError], int]] = [
     (errors.ConflictError, 409),
     (errors.UsageError, 400),
     (errors.ConfigError, 400),
+    (errors.ForbiddenError, 403),
     (errors.PermissionDeniedError, 401),
     (errors.TritonUnavailableError, 503),
 ]
@@ -41,9 +44,11 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DAEMON_UNREACHABLE = 3
 EXIT_TRITON_UNREACHABLE = 4
+EXIT_FORBIDDEN = 5  # the caller's role may not do this (HTTP 403)
 EXIT_CODES: list[tuple[type[errors.TritonctlError], int]] = [
     (errors.DaemonUnavailableError, EXIT_DAEMON_UNREACHABLE),
     (errors.TritonUnavailableError, EXIT_TRITON_UNREACHABLE),
+    (errors.ForbiddenError, EXIT_FORBIDDEN),
     (errors.UsageError, EXIT_USAGE),
     (errors.NotFoundError, EXIT_USAGE),  # an unknown model or digest
     (errors.ConfigError, EXIT_USAGE),
@@ -99,18 +104,61 @@ class ProgressMessage:
 
 
 def read_token(path: os.PathLike[str] | str, private: bool = False) -> str:
-    """The bearer token in `path`: at least 16 characters. `private` (the daemon's own token file): a regular
-    file that other users cannot read and its group cannot change (as a webhook's secret file), or the
-    daemon refuses to start."""
+    """The bearer token in `path`: at least 16 characters, in a regular file (a FIFO is refused, never waited
+    on: it is opened non-blocking and checked on the open file). `private` (the daemon's own token file): not a
+    symbolic link either, owned by the daemon's user or root, and neither open to others nor writable by its
+    group (as a webhook's secret file), or the daemon refuses to start (issue 58, item 7)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if private else 0)
     try:
-        with open(path, encoding="utf-8") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            token = handle.read().strip()
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and private:
+            raise errors.ConfigError(f"token_file {path}: is a symbolic link; give the file itself") from None
+        raise errors.ConfigError(f"token_file {path}: cannot read: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise errors.ConfigError(f"token_file {path}: is a {_kind(info.st_mode)}, not a regular file")
+        if private:
+            _check_private(path, info)
+        data = os.read(fd, MAX_TOKEN_BYTES + 1)
     except OSError as exc:
         raise errors.ConfigError(f"token_file {path}: cannot read: {exc.strerror}") from None
-    problem = private_file_problem(path, mode) if private else None
-    if problem:  # as strict as a webhook's secret file: whoever changes it changes who may deploy
-        raise errors.ConfigError(f"token_file {problem}")
+    finally:
+        os.close(fd)
+    token = data.decode("utf-8", "replace").strip()
+    if len(data) > MAX_TOKEN_BYTES:
+        raise errors.ConfigError(f"token_file {path}: over {MAX_TOKEN_BYTES} bytes: not a token")
     if len(token) < 16:
         raise errors.ConfigError(f"token_file {path}: the token must be at least 16 characters")
     return token
+
+
+MAX_TOKEN_BYTES = 4096
+
+
+def _check_private(path: os.PathLike[str] | str, info: os.stat_result) -> None:
+    """The daemon's token file: its owner (whoever owns it decides who may deploy) and its mode."""
+    if info.st_uid not in (os.geteuid(), 0):
+        raise errors.ConfigError(f"token_file {path}: owned by uid {info.st_uid} ({_user(info.st_uid)}), not by the "
+                                 f"daemon's user ({_user(os.geteuid())}) or root; chown {_user(os.geteuid())} {path}")
+    problem = private_file_problem(path, info.st_mode)
+    if problem:  # as strict as a webhook's secret file: whoever changes it changes who may deploy
+        raise errors.ConfigError(f"token_file {problem}")
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"

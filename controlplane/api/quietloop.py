@@ -5,12 +5,15 @@ second and to notice `should_exit`: an idle daemon's listener thread spent 0.18 
 wake-ups (measured per thread at 2,000 models, bench/idle_windows.py), as much as its reconcile. Here
 the loop waits up to `TICK_S` on an event that `stop()` sets from any thread, so the header still
 changes every second and a stop is seen at once. Requests are served by the event loop as before; this
-loop only keeps house.
+loop only keeps house: it also runs `housekeeping` once a tick (the listener's connection sweep,
+controlplane/api/connections.py), and the loop's exception handler is set before it serves (`exception_handler`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -23,6 +26,13 @@ class QuietServer(uvicorn.Server):
 
     _wake: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    housekeeping: Callable[[], None] | None = None  # run once a tick
+    exception_handler: Any = None  # the event loop's, set before the server serves
+
+    async def startup(self, sockets: Any = None) -> None:
+        if self.exception_handler is not None:
+            asyncio.get_running_loop().set_exception_handler(self.exception_handler)
+        await super().startup(sockets=sockets)
 
     async def main_loop(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
@@ -34,6 +44,8 @@ class QuietServer(uvicorn.Server):
             except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
                 pass
             counter = (counter + TICKS_PER_WAIT) % 864000
+            if self.housekeeping is not None:
+                self.housekeeping()
             should_exit = await self.on_tick(counter)
 
     def stop(self) -> None:

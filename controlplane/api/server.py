@@ -1,23 +1,25 @@
-"""The control API's listeners: uvicorn on the Unix socket (mode 0660) and, with --listen, on TCP with a token.
+"""The control API's listeners: uvicorn on the Unix socket (mode 0660, group `socket_group`) and, with --listen,
+on TCP with a token.
 
-The sockets are bound here, not by uvicorn: the Unix socket is born 0660 under a restrictive umask (no
-window with wider permissions; uvicorn's own `uds=` chmods 0666), and a TCP bind failure is a
-ConfigError instead of uvicorn's exit. Each listener runs one uvicorn server in a thread of its own.
+The sockets are bound here, not by uvicorn: the Unix socket is born 0600 under a restrictive umask, given
+to `socket_group` when set, then made 0660 (no window with wider permissions; uvicorn's own `uds=`
+chmods 0666), and a TCP bind failure is a ConfigError instead of uvicorn's exit. Each listener runs one
+uvicorn server in a thread of its own, its connections capped (controlplane/api/connections.py).
 
-Who acts: on the socket, the peer's OS user read with SO_PEERCRED when the connection is made (the
-kernel's word, not the client's); on TCP, `token:NAME` where NAME is what the token holder declares in
-`x-tritonctl-actor`. A TCP listener on a non-loopback address serves TLS (`tls_cert`, `tls_key`) or is
-refused unless `allow_insecure_http` says plain HTTP is meant.
+Who acts (controlplane/api/access.py): on the socket, the peer's uid and groups read with SO_PEERCRED and
+SO_PEERGROUPS when the connection is made (the kernel's word, not the client's), its role from its groups
+(`socket_roles`; default: the socket file's group deployer, root and the daemon's user admin); on TCP, the
+bearer: a personal token, the shared token of `token_file` (`token:default`, admin) or an OIDC JWT. A TCP
+listener on a non-loopback address serves TLS (`tls_cert`, `tls_key`) or is refused unless
+`allow_insecure_http` says plain HTTP is meant.
 """
 
 from __future__ import annotations
 
-import hmac
+import grp
 import logging
 import os
-import pwd
 import socket
-import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -26,15 +28,25 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane import errors
-from controlplane.api.app import ACTOR_SCOPE_KEY, build_app
+from controlplane.api.access import PEER_SCOPE_KEY, AccessGate, Authenticator, SocketRoles, peer_groups
+from controlplane.api.app import build_app
+from controlplane.api.connections import (
+    ConnectionTable,
+    GuardedH11Protocol,
+    GuardedListener,
+    guarded_protocol,
+    quiet_exception_handler,
+)
 from controlplane.api.health import health_routes
 from controlplane.api.hooks import webhook_routes
-from controlplane.api.protocol import ACTOR_HEADER, TOKEN_HEADER, error_document, read_token
+from controlplane.api.oidc import verifier_from
+from controlplane.api.protocol import read_token
 from controlplane.api.quietloop import QuietServer
 from controlplane.api.stream import EventHub, events_routes
+from controlplane.api.tokenroutes import token_routes
+from controlplane.api.tokens import TokenBook
 from controlplane.api.web.gate import is_loopback
 from controlplane.control_plane import ControlPlane
 from controlplane.settings.config import Settings
@@ -46,62 +58,29 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
-def peer_user(sock: Any) -> str:
-    """The OS user at the other end of a Unix socket connection (SO_PEERCRED), e.g. `alice` or `uid:1002`."""
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-    except (OSError, AttributeError):
-        return "unknown"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid:{uid}"
-
-
-class PeerCredentialsProtocol(H11Protocol):
-    """uvicorn's h11 protocol that reads the peer's uid once per connection and hands it to the app."""
+class PeerCredentialsProtocol(GuardedH11Protocol):
+    """uvicorn's h11 protocol (its connections counted, controlplane/api/connections.py) that reads the peer's
+    uid and groups once per connection and hands them to the app."""
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        actor, app = peer_user(transport.get_extra_info("socket")), self.app
+        peer, app = peer_groups(transport.get_extra_info("socket")), self.app
 
-        async def with_actor(scope: Scope, receive: Any, send: Any) -> None:
-            scope[ACTOR_SCOPE_KEY] = actor
+        async def with_peer(scope: Scope, receive: Any, send: Any) -> None:
+            scope[PEER_SCOPE_KEY] = peer
             await app(scope, receive, send)
 
-        self.app = with_actor  # type: ignore[assignment]
+        self.app = with_peer  # type: ignore[assignment]
 
 
-class TokenGate:
-    """Every request on the TCP listener needs `authorization: Bearer <token>`, whatever its scope type (a
-    websocket without it is closed before it is accepted: 403); the actor is `token:NAME`."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        headers = dict(scope.get("headers") or ())
-        if not hmac.compare_digest(headers.get(TOKEN_HEADER.encode(), b""), self._expected):
-            if scope["type"] == "http":
-                await _send_json(send, 401, error_document(errors.PermissionDeniedError("missing or wrong token")))
-            elif scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008})
-            return  # any other scope (lifespan is off on this listener) never reaches the app
-        declared = headers.get(ACTOR_HEADER.encode(), b"unknown").decode("utf-8", "replace")
-        scope[ACTOR_SCOPE_KEY] = f"token:{declared}"[:64]
-        await self.app(scope, receive, send)
-
-
-async def _send_json(send: Any, status: int, document: dict[str, Any]) -> None:
-    import json
-
-    body = json.dumps(document).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"www-authenticate", b"Bearer")]})
-    await send({"type": "http.response.body", "body": body})
+def socket_group_id(group: str) -> int:
+    """The gid of `socket_group` (a name, or a number); ConfigError when there is no such group."""
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise errors.ConfigError(f"socket_group: no group named {group}") from None
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -121,13 +100,20 @@ def insecure_listen_refusal(key: str, listen: str, host: str, tls: bool, allow_i
 
 
 class _Listener:
-    """One uvicorn server on one bound socket, run in a thread."""
+    """One uvicorn server on one bound socket, run in a thread; its connections capped and closed when they
+    send no whole request in time (controlplane/api/connections.py)."""
 
-    def __init__(self, app: Any, sock: socket.socket, name: str, **config: Any) -> None:
-        self.sock = sock
+    def __init__(self, app: Any, sock: socket.socket, name: str,
+                 protocol: type[GuardedH11Protocol] = GuardedH11Protocol, **config: Any) -> None:
+        self.table = ConnectionTable(name)
+        self.sock = GuardedListener.wrap(sock, self.table)
         self.server = QuietServer(uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
-                                                    access_log=False, timeout_graceful_shutdown=1, **config))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
+                                                    access_log=False, timeout_graceful_shutdown=1, backlog=128,
+                                                    http=guarded_protocol(protocol, self.table), **config))
+        self.server.housekeeping = self.table.sweep
+        self.server.exception_handler = quiet_exception_handler(name)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name=name,
+                                       daemon=True)
 
     def start(self, timeout_s: float = 10.0) -> None:
         self.thread.start()
@@ -146,8 +132,15 @@ class _Listener:
         self.sock.close()
 
 
+def token_registry(plane: ControlPlane) -> Any:
+    """Where tokens live: a fleet's shared registry (they work on every host), else this daemon's; None for a
+    plane without one (a test's stand-in: personal tokens are then unknown)."""
+    fleet = getattr(plane, "fleet", None)
+    return getattr(fleet, "registry", None) if fleet is not None else getattr(plane, "registry", None)
+
+
 class ApiServer:
-    """The Unix-socket listener and, with --listen, the token-protected TCP one, serving one app."""
+    """The Unix-socket listener and, with --listen, the TCP one, serving one app behind the access gate."""
 
     def __init__(self, plane: ControlPlane, executor: futures.Executor, settings: Settings,
                  routers: tuple[APIRouter, ...] = (), loop_age_s: Callable[[], float | None] = lambda: None) -> None:
@@ -156,9 +149,20 @@ class ApiServer:
         self.executor = executor
         self.settings = settings
         self.hub = EventHub(plane)
+        registry = token_registry(plane)
+        # a token revoked on another host of a fleet is refused here within liveness_s
+        self.tokens = TokenBook(registry, ttl_s=settings.liveness_s / 2) if registry is not None else None
         self.app = build_app(plane, executor, health_routes(plane, loop_age_s), webhook_routes(plane),
-                             events_routes(plane, self.hub), *routers)
+                             events_routes(plane, self.hub), token_routes(self.tokens), *routers)
         self.listeners: list[_Listener] = []
+        self._authenticator: Authenticator | None = None
+
+    def authenticator(self) -> Authenticator:
+        """Personal tokens, the shared token of token_file, OIDC: read once, at the first listener that needs it."""
+        if self._authenticator is None:
+            shared = read_token(self.settings.token_file, private=True) if self.settings.token_file else None
+            self._authenticator = Authenticator(self.tokens, shared, verifier_from(self.settings))
+        return self._authenticator
 
     def _unix_socket(self) -> socket.socket:
         path = self.settings.socket_path
@@ -166,11 +170,21 @@ class ApiServer:
         if path.exists() or path.is_symlink():
             path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o117)  # the socket is born 0660: no window with wider permissions
+        old_umask = os.umask(0o177)  # born 0600: no window in which the wrong group may connect
         try:
             sock.bind(str(path))
         finally:
             os.umask(old_umask)
+        if self.settings.socket_group:  # its own group (issue 58): not the one tritonserver reads serving/ with
+            gid = socket_group_id(self.settings.socket_group)
+            try:
+                os.chown(path, -1, gid)
+            except OSError as exc:
+                sock.close()
+                raise errors.ConfigError(
+                    f"socket_group: cannot give the control socket to group {self.settings.socket_group} "
+                    f"({exc.strerror}): the daemon's user must be a member of it (systemd: SupplementaryGroups=)"
+                ) from None
         os.chmod(path, SOCKET_MODE)
         sock.listen(128)
         return sock
@@ -202,32 +216,33 @@ class ApiServer:
         from controlplane.api.web.pages import build_web_app
 
         host, _port = parse_listen(address)
-        token = None
-        if self.settings.web_require_token or not is_loopback(host):
-            if self.settings.token_file is None:
-                raise errors.ConfigError(f"web_address: {address} needs the token: give token_file (--token-file)")
-            token = read_token(self.settings.token_file, private=True)
+        login = self.authenticator() if self.settings.web_require_token or not is_loopback(host) else None
+        if login is not None and login.book is None and login.shared_token is None and login.oidc is None:
+            raise errors.ConfigError(f"web_address: {address} needs a login: personal tokens (the registry), "
+                                     "token_file (--token-file) or OIDC (oidc_issuer, oidc_audience, oidc_jwks)")
         sock = self._tcp_socket(address, "web_address")
         tls = self._tls()
-        app = build_web_app(self.plane, token, secure=bool(tls), events=events_routes(self.plane, self.hub))
+        app = build_web_app(self.plane, login, secure=bool(tls), events=events_routes(self.plane, self.hub))
         # only the Host names of its own address (and web_host_names): no DNS rebinding (421 before any page)
-        web = _Listener(HostCheck(app, host, self.settings.web_host_names), sock, "web", http="h11", **tls)
+        web = _Listener(HostCheck(app, host, self.settings.web_host_names), sock, "web", **tls)
         web.start()
         self.listeners.append(web)
-        bound_host, bound_port = sock.getsockname()[:2]
+        bound_host, bound_port = web.sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         log.info("web view: %s://%s:%d/ui/%s", "https" if tls else "http", shown, bound_port,
-                 "" if token is None else " (log in with the token)")
+                 "" if login is None else " (log in with a token)")
 
     def start(self) -> None:
-        unix = _Listener(self.app, self._unix_socket(), "api-unix", http=PeerCredentialsProtocol)
+        unix_sock = self._unix_socket()
+        roles = SocketRoles(self.settings.socket_roles, os.stat(self.settings.socket_path).st_gid)
+        unix = _Listener(AccessGate(self.app, socket_roles=roles), unix_sock, "api-unix",
+                         protocol=PeerCredentialsProtocol)
         unix.start()
         self.listeners.append(unix)
         if self.settings.listen:
-            assert self.settings.token_file is not None
-            token = read_token(self.settings.token_file, private=True)
+            authenticator = self.authenticator()
             sock = self._tcp_socket(self.settings.listen)
-            tcp = _Listener(TokenGate(self.app, token), sock, "api-tcp", http="h11", **self._tls())
+            tcp = _Listener(AccessGate(self.app, authenticator), sock, "api-tcp", **self._tls())
             tcp.start()
             self.listeners.append(tcp)
         if self.settings.web_address:

@@ -29,10 +29,12 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from controlplane.api.access import needs
 from controlplane.api.protocol import API_PREFIX
 from controlplane.control_plane import ControlPlane
 from controlplane.documents.events import event_document
 from controlplane.store.records import AuditRecord, iso, utcnow
+from controlplane.vocab import Role
 
 SAMPLE_S = 0.05  # how often settling / deploying are sampled while someone follows
 KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing an idle stream
@@ -155,7 +157,8 @@ def events_routes(plane: ControlPlane, hub: EventHub) -> APIRouter:
     @router.get("/events", summary="server-sent events: audit records (id: the audit id; resume with "
                 "Last-Event-ID or ?after=) and state changes (event: state)",
                 response_class=StreamingResponse,
-                responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}})
+                responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+                **needs(Role.VIEWER))
     async def events(after: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
                      last_event_id: str | None = Header(default=None)) -> StreamingResponse:
         if last_event_id is not None and last_event_id.strip().isdigit():

@@ -6,10 +6,12 @@ that reset counted as resets), and `verdict`, which says how it ends on them. Th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from controlplane.bake.canary import Canary
 from controlplane.base.bounds import MAX_COUNT, MAX_RATIO, check, check_count, check_duration, check_moment
 from controlplane.settings.config import BAKE_INCONCLUSIVE, Settings
 from controlplane.store.records import iso
@@ -108,6 +110,10 @@ class Bake:
     warned: bool = False  # its load time and footprint were compared (controlplane/bake/warn.py)
     group: tuple[str, ...] = ()  # a change set's bake: every model of the set (its unchanged ones too)
     group_id: str = ""  # the set's bake, shared by its members' bakes
+    # through a gateway: the canary's steps and the step now (controlplane/bake/canary.py), and the latency the
+    # last step judged on the gateway's figures: (p99 or mean, the new digest's ms, the previous digest's ms)
+    canary: Canary | None = None
+    judged: tuple[str, float | None, float | None] | None = None
 
     @property
     def until(self) -> float:
@@ -123,6 +129,8 @@ class Bake:
     def latency(self) -> tuple[str, float | None, float | None]:
         """(which, the digest's latency in ms, the previous digest's): "p99" where Triton reported it (and the
         baseline, when there is one, is a p99 too), else "mean" (the statistics API's, over the bake)."""
+        if self.judged is not None:
+            return self.judged
         if self.p99_ms is not None and (self.baseline_p99_ms is not None or self.baseline_latency_ms is None):
             return "p99", self.p99_ms, self.baseline_p99_ms
         return "mean", self.tally.mean_ms(), self.baseline_latency_ms
@@ -162,7 +170,9 @@ class Bake:
                 "reason": self.reason, "ended": self.ended, "baseline_p99_ms": self.baseline_p99_ms,
                 "p99_ms": self.p99_ms, "warned": self.warned,
                 "tally": [t.requests, t.failures, t.success, t.success_ns],
-                "group": list(self.group), "group_id": self.group_id}
+                "group": list(self.group), "group_id": self.group_id,
+                "canary": self.canary.to_record() if self.canary is not None else None,
+                "judged": list(self.judged) if self.judged is not None else None}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Bake:
@@ -179,7 +189,9 @@ class Bake:
                    _latency(record.get("baseline_latency_ms")), state, str(record.get("reason") or ""),
                    None if ended is None else check_moment(ended), _latency(record.get("baseline_p99_ms")),
                    _latency(record.get("p99_ms")), bool(record.get("warned", True)), tuple(record.get("group") or ()),
-                   str(record.get("group_id") or ""))
+                   str(record.get("group_id") or ""),
+                   Canary.from_record(record["canary"]) if record.get("canary") else None,
+                   tuple(record["judged"]) if record.get("judged") else None)  # type: ignore[arg-type]
 
 
 def _latency(value: Any) -> float | None:
@@ -190,24 +202,33 @@ def _latency(value: Any) -> float | None:
 def verdict(bake: Bake, now: float) -> tuple[str, str, bool] | None:
     """How the bake ends on its figures so far at `now`: (state, reason, whether it rolls back), or None:
     it bakes on (a fleet's leader judges its pooled figures with it too: controlplane/fleet/bake.py)."""
-    limits, tally = bake.limits, bake.tally
-    ratio = bake.failure_ratio
-    if ratio is not None and tally.requests >= limits.min_requests and ratio > limits.max_failure_ratio:
-        return (FAILED, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {tally.requests} "
-                        f"requests ({tally.failures} failed)", True)
     which, latency, baseline = bake.latency()
-    if (limits.max_latency_ratio is not None and baseline and latency is not None
-            and tally.success >= limits.min_requests and latency / baseline > limits.max_latency_ratio):
-        return (FAILED, f"latency ratio {latency / baseline:.2f} > {limits.max_latency_ratio:g}"
-                        f" ({which} {latency:.1f} ms, before {baseline:.1f} ms) over {tally.success} requests", True)
-    if now < bake.until:
+    return judge(bake.limits, bake.tally.requests, bake.tally.failures, bake.tally.success, (which, latency, baseline),
+                 bake.until, now, bake.figures)
+
+
+def judge(limits: Limits, requests: int, failures: int, success: int,
+          latency: tuple[str, float | None, float | None], until: float, now: float,
+          figures: Callable[[], str]) -> tuple[str, str, bool] | None:
+    """The limits on figures: (state, reason, whether it rolls back), or None: on until `until`. A bake judges
+    its whole figures; a canary step (controlplane/bake/canary.py) the new digest's in the step's window."""
+    ratio = failures / requests if requests else None
+    if ratio is not None and requests >= limits.min_requests and ratio > limits.max_failure_ratio:
+        return (FAILED, f"failure ratio {ratio:.2f} > {limits.max_failure_ratio:g} over {requests} "
+                        f"requests ({failures} failed)", True)
+    which, ms, baseline = latency
+    if (limits.max_latency_ratio is not None and baseline and ms is not None
+            and success >= limits.min_requests and ms / baseline > limits.max_latency_ratio):
+        return (FAILED, f"latency ratio {ms / baseline:.2f} > {limits.max_latency_ratio:g}"
+                        f" ({which} {ms:.1f} ms, before {baseline:.1f} ms) over {success} requests", True)
+    if now < until:
         return None
-    if tally.requests < limits.min_requests:
-        reason = f"inconclusive: {tally.requests} requests < bake_min_requests {limits.min_requests}"
+    if requests < limits.min_requests:
+        reason = f"inconclusive: {requests} requests < bake_min_requests {limits.min_requests}"
         if limits.inconclusive == "rollback":
             return INCONCLUSIVE, reason, True
         return INCONCLUSIVE, f"{reason}; kept", False
-    return PASSED, f"passed: {bake.figures()}", False
+    return PASSED, f"passed: {figures()}", False
 
 
 def _utc(epoch: float) -> datetime:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from controlplane.base.bounds import check_duration
+from controlplane.snapshot.fsutil import write_atomic
 from controlplane.store.records import FootprintRecord
 from controlplane.vocab import Result
 
@@ -61,10 +61,8 @@ class LoadTimes:
                 del digests[old]
             text = json.dumps(self._times)
         if self.path is not None:
-            temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
-            try:
-                temp.write_text(text)
-                os.replace(temp, self.path)
+            try:  # through an exclusive temporary file, mode 0640 whatever the umask (issue 58)
+                write_atomic(self.path, text.encode(), mode=0o640)
             except OSError as exc:
                 log.warning("bake: cannot write %s: %s", self.path, exc)
 

@@ -18,9 +18,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from controlplane.deploy.aliases import Aliases, InPlace, Routed, Target
 from controlplane.deploy.causes import classify
+from controlplane.deploy.drain import Drainer
 from controlplane.deploy.plans import Plan, SetRunner, serving_digest
 from controlplane.deploy.publish import ServingRepository
+from controlplane.deploy.routed import RoutedDeploys
 from controlplane.deploy.steps import (
     FAULT_POINTS,
     BringUp,
@@ -85,6 +88,9 @@ class Deployer:
         on_outcome: Callable[[Outcome], None] | None = None,
         host: TritonHost | None = None,
         guard: LoadGuard | None = None,
+        aliases: Aliases | None = None,
+        drain_s: Callable[[], float] = lambda: 5.0,
+        ensembles: Callable[[], dict[str, list[str]]] = dict,
     ) -> None:
         self.registry = registry
         self.guard: LoadGuard = guard or NoBudget()  # footprints and the memory budget
@@ -95,12 +101,22 @@ class Deployer:
         self.on_outcome = on_outcome
         self.on_set: Callable[[Plan, Outcome], None] | None = None  # a change set ended (its bake: bake/baker.py)
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
-        self.steps = TritonSteps(content, serving, triton, host, load_timeout_s)
+        self.steps = TritonSteps(content, serving, triton, host, load_timeout_s, registry)
         self._plans = SetRunner(self)
         self._sets = threading.Lock()
         self._set_thread = threading.local()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # with a gateway (controlplane/deploy/aliases.py), every digest under its own name and one switch:
+        # controlplane/deploy/routed.py; without one (InPlace) Triton reloads the model's own name
+        self.aliases: Aliases = aliases if aliases is not None else InPlace()
+        self.routed: RoutedDeploys | None = None
+        self.drainer: Drainer | None = None
+        if isinstance(self.aliases, Routed):
+            routed = self.aliases
+            self.drainer = Drainer(lambda model, name: bool(self.routed and self.routed.retire_now(model, name)),
+                                   routed.in_use, routed.inflight, drain_s)
+            self.routed = RoutedDeploys(self, routed, self.drainer, ensembles)
 
     # -- plans: one model, or a change set (controlplane/deploy/plans.py) -------------------------------
 
@@ -116,7 +132,8 @@ class Deployer:
             run = replace(plan, members=members)
             self._set_thread.active = True  # its members' outcomes are reported in this thread
             try:
-                outcome = self._plans.run(run, actor, progress)
+                outcome = (self._plans.run(run, actor, progress) if self.routed is None or run.analysis
+                           else self.routed.run_set(run, actor, progress))
             finally:
                 self._set_thread.active = False
         if self.on_set is not None:
@@ -134,6 +151,9 @@ class Deployer:
         if not self._sets.acquire(blocking=False):
             return False
         try:
+            if self.routed is not None:  # names nothing routes, drains or holds: drained at once
+                self.routed.sweep()
+                return True
             return self._plans.sweep(ensembles)[1]
         finally:
             self._sets.release()
@@ -212,6 +232,8 @@ class Deployer:
         op.emit(DeployStep.VALIDATE, StepState.OK)
         if previous == digest and not force and self._serves(model, digest):
             return op.skip(f"already serving {digest[:12]}")
+        if self.routed is not None:  # admitted beside what serves, under its own name (deploy/routed.py)
+            return self.routed.deploy_admitted(op, snap, None)
         try:
             ticket = self.guard.admit(model, digest, snap.config, previous)
         except EnvironmentFault as exc:  # no room within the memory budget: nothing was touched
@@ -258,8 +280,10 @@ class Deployer:
                 if failure is not None:
                     raise failure
                 self._bring_up(op, b, start="load")
+                if self.routed is not None:
+                    self.aliases.switch({op.model: Target(b.served_as, b.digest)})
             except (TritonError, VerifyError, SnapshotError, TritonctlError) as exc:
-                outcome = self._recover_from_failure(op, exc)
+                outcome = self._recover_from_failure(op, exc, b.served_as)
                 return outcome
             outcome = self._committed(op, staged.snap, b.ready)
             return outcome
@@ -282,12 +306,16 @@ class Deployer:
         return None
 
     def _serves(self, model: str, digest: str) -> bool:
+        if self.routed is not None:
+            return self.routed.routed_serves(model, digest)
         try:
             return self.triton.served_digest(model) == digest and bool(self.triton.ready_versions(model))
         except TritonctlError:
             return False
 
-    def _recover_from_failure(self, op: DeployOperation, exc: Exception) -> Outcome:
+    def _recover_from_failure(self, op: DeployOperation, exc: Exception, name: str | None = None) -> Outcome:
+        if self.routed is not None:  # nothing was switched: the new name goes, what served still serves
+            return self.routed.failed(op, exc, name or op.model)
         model, digest, previous = op.model, op.require_digest(), op.previous
         error = str(exc)
         op.emit(DeployStep.DEPLOY, StepState.FAILED, error)
@@ -351,12 +379,16 @@ class Deployer:
             op = self._operation(model, None, current.active_digest, actor, "unload")
             op.begin()
             try:
-                self.triton.unload(model, dependents)
+                if self.routed is not None:  # the route first: the gateway answers with a clear error
+                    self.routed.take_out_model(model)
+                else:
+                    self.triton.unload(model, dependents)
             except TritonctlError as exc:
                 cause = Cause.TRITON_UNREACHABLE if isinstance(exc, TritonUnavailableError) else Cause.NONE
                 return op.end(Result.FAILED, str(exc), error=str(exc), state=current.state,
                               active=current.active_digest, cause=cause)
-            self.serving.unpublish(model)
+            if self.routed is None:
+                self.serving.unpublish(model)
             if progress:
                 progress(Progress(model, DeployStep.UNLOAD, StepState.OK, "unloaded"))
             return op.end(Result.OK, "unloaded", state=ModelState.UNLOADED, active=None,
@@ -376,12 +408,16 @@ class Deployer:
             op = self._operation(model, None, current.active_digest, actor, "evict")
             op.begin()
             try:
-                self.triton.unload(model)
+                if self.routed is not None:
+                    self.routed.take_out_model(model)
+                else:
+                    self.triton.unload(model)
             except TritonctlError as exc:
                 op.end(Result.FAILED, f"evict failed ({reason}): {exc}", error=str(exc), state=current.state,
                        active=current.active_digest)
                 return False
-            self.serving.unpublish(model)
+            if self.routed is None:
+                self.serving.unpublish(model)
             op.end(Result.OK, f"evicted ({reason})", state=ModelState.UNLOADED, active=None,
                    serving=ServingRecord(model, None, []))
             return True
@@ -414,6 +450,9 @@ class Deployer:
                 return None
             op = self._operation(model, previous, digest, actor, "rollback")
             op.begin()
+            if self.routed is not None:  # a switch back: the bake kept `previous` loaded
+                return self.routed.back_to(op, previous, reason, Cause.ANALYSIS, result=Result.ROLLED_BACK,
+                                           committed=True)
             return self._back_to(op, previous, reason, Cause.ANALYSIS, result=Result.ROLLED_BACK, committed=True)
 
     def restore(self, model: str, digest: str, reason: str) -> Outcome | None:
@@ -427,7 +466,10 @@ class Deployer:
                 return None
             op = self._operation(model, digest, digest, "tritonctl", "restore")
             try:
-                self._reload_admitted(op, model, digest)
+                if self.routed is not None:
+                    self.routed.restore(op, model, digest)
+                else:
+                    self._reload_admitted(op, model, digest)
             except TritonctlError as exc:
                 message = f"restore of {digest[:12]} failed ({reason}): {exc}"
                 self.registry.update_model(model, last_error=message)
@@ -510,13 +552,15 @@ class Deployer:
         """
         if not self.registry.deployment_open(deployment.id):
             return None
-        rolled = self._plans.recover(deployment)  # an ensemble a change set left on its private steps
+        rolled = self._plans.recover(deployment) if self.routed is None else None  # a set's interim ensemble
         if rolled is not None:
             return rolled
         with self.lock(deployment.model):
             if not self.registry.deployment_open(deployment.id):
                 return None
             op = DeployOperation.resume(self.registry, self._report, deployment)
+            if self.routed is not None:  # the gateway's route says whether the switch happened
+                return self.routed.recover(op, deployment)
             model, previous, digest = deployment.model, deployment.previous_digest, deployment.digest
             reason = f"interrupted at step '{deployment.step}' by a daemon stop"
             if not self.drain(model):

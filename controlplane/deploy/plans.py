@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from google.protobuf import text_format
 
+from controlplane.deploy.aliases import private_name
 from controlplane.deploy.causes import environment_cause
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import BringUp, DeployOperation, LoadGuard, ProgressFn, TritonSteps, ms_since
@@ -55,9 +56,11 @@ log = logging.getLogger("tritonctl.changeset")
 ACTION = "changeset"
 
 
-def private_name(model: str, digest: str) -> str:
-    """The name a step's new content is staged under while its change set switches."""
-    return f"{model}__{digest[:8]}"
+def audit_set(registry: Registry, actor: str, set_id: str, members: Sequence[Member], outcome: str, message: str,
+              started: float) -> None:
+    """A change set's own audit event: its id, members and how it ended (beside each member's)."""
+    detail = {"id": set_id, "members": [m.to_json() for m in members], "message": message}
+    registry.audit(AuditEntry(actor, ACTION, None, None, outcome, json.dumps(detail), ms_since(started)))
 
 
 def rename_config(text: str, name: str) -> str:
@@ -290,8 +293,7 @@ class SetRunner:
 
     def _audit(self, actor: str, set_id: str, members: list[Member], outcome: str, message: str,
                started: float) -> None:
-        detail = {"id": set_id, "members": [m.to_json() for m in members], "message": message}
-        self.d.registry.audit(AuditEntry(actor, ACTION, None, None, outcome, json.dumps(detail), ms_since(started)))
+        audit_set(self.d.registry, actor, set_id, members, outcome, message, started)
 
     def _in_order(self, changed: list[Member], actor: str, progress: ProgressFn | None,
                   force: bool) -> tuple[str, str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from controlplane.errors import SnapshotCollectedError, SnapshotError
 from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
-from controlplane.snapshot.fsutil import force_rmtree, link_or_copy
+from controlplane.snapshot.fsutil import ensure_dir, force_rmtree, link_or_copy
 from controlplane.snapshot.layout import CONFIG_FILE
 from controlplane.snapshot.manifest import Snapshot
 
@@ -55,6 +55,7 @@ def precompile(tree: Path) -> int:
             source = os.path.join(dirpath, name)
             cfile = os.path.join(dirpath, "__pycache__", f"{name[:-3]}.{tag}.pyc")
             try:
+                os.makedirs(os.path.dirname(cfile), mode=0o755, exist_ok=True)  # py_compile's would take the umask's
                 py_compile.compile(
                     source,
                     cfile=cfile,
@@ -73,8 +74,9 @@ class ServingRepository:
     def __init__(self, serving_root: Path, published_root: Path) -> None:
         self.serving_root = Path(serving_root)
         self.published_root = Path(published_root)
-        self.serving_root.mkdir(parents=True, exist_ok=True)
-        self.published_root.mkdir(parents=True, exist_ok=True)
+        for root in (self.serving_root, self.published_root):  # Triton's group reads them; nobody writes
+            root.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            ensure_dir(root, 0o750)
         # resolved once: a publish's trees are made under them (a realpath per publish was a tenth of it)
         self._serving_real = self.serving_root.resolve()
         self._published_real = self.published_root.resolve()
@@ -93,8 +95,10 @@ class ServingRepository:
     ) -> Path:
         """Build a fresh tree for `snapshot` and make `serving/<model>` point at it; returns the tree.
 
-        `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`);
-        a snapshot without one is published as it is. On any failure the link is left unchanged.
+        `config_transform` rewrites the root config.pbtxt (e.g. stamps the digest into `parameters`); a
+        snapshot without one (a python model whose auto_complete_config completes it) gets the transform of
+        an empty text: Triton completes a config that holds only the stamp as it completes none at all
+        (measured on 2.51), and serves the stamp back for verification. On any failure the link is left unchanged.
         `name` publishes it under another model name (a change set's private step name,
         controlplane/intake/changeset.py; the transform then renames the config to match). `sync` False: the link
         swap is made durable by the caller's one `sync()` after many publishes (a first start's, before
@@ -103,9 +107,9 @@ class ServingRepository:
         model = name or snapshot.model
         check_model_name(model)
         base = self._published_real / model
-        base.mkdir(parents=True, exist_ok=True)
+        base.mkdir(mode=0o750, exist_ok=True)
         tree = base / f"{snapshot.digest[:12]}-{time.time_ns():x}-{secrets.token_hex(4)}"
-        tree.mkdir()  # exclusive: a tree is never reused
+        tree.mkdir(mode=0o750)  # exclusive: a tree is never reused
         try:
             with content.reading():
                 self._fill(tree, snapshot, content, config_transform)
@@ -139,13 +143,18 @@ class ServingRepository:
                 text = obj.read_bytes().decode("utf-8", errors="surrogateescape")
                 if config_transform is not None:
                     text = config_transform(text)
-                dest.write_bytes(text.encode("utf-8", errors="surrogateescape"))
-                dest.chmod(0o444)
+                fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(text.encode("utf-8", errors="surrogateescape"))
             else:
                 try:
                     link_or_copy(obj, dest)
                 except OSError as exc:
                     raise SnapshotError(f"{model}: cannot publish {entry.path} ({exc.strerror})") from exc
+        if config_transform is not None and not any(entry.path == CONFIG_FILE for entry in snapshot.entries):
+            dest = tree / CONFIG_FILE
+            dest.write_bytes(config_transform("").encode("utf-8", errors="surrogateescape"))
+            dest.chmod(0o444)
 
     def _swap(self, model: str, tree: Path, sync: bool = True) -> None:
         link = self.link_path(model)

@@ -28,7 +28,7 @@ seconds, issue 26). A note newer than a round's index call outlives that round's
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,8 +64,12 @@ class _Round:
 class ServedView:
     """The repository index plus each READY model's served digest, read as little as it can be."""
 
-    def __init__(self, recheck_per_round: int = RECHECK_PER_ROUND) -> None:
+    def __init__(self, recheck_per_round: int = RECHECK_PER_ROUND,
+                 routes: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.recheck_per_round = recheck_per_round
+        # with a gateway: public model -> its route's Target (name, digest), controlplane/deploy/aliases.py.
+        # Triton then knows only private names; `public` answers in public names through the routes.
+        self.routes = routes
         self._known: dict[str, str | None] = {}  # READY last round -> digest read then
         self._cursor = 0
         self._lock = threading.Lock()
@@ -74,7 +78,15 @@ class ServedView:
         self.calls_last_round = 0  # served-digest calls made by the last view() (bench/scale.py reads it)
         self._last: _Round | None = None
         self._wanted_of: tuple[Any, dict[str, str | None]] | None = None  # (models list, its digests)
-        self._public: tuple[Any, Any, list[IndexEntry], dict[str, str | None]] | None = None
+        self._public: tuple[Any, ...] | None = None
+        self._routed_wanted: tuple[Any, Any, dict[str, str | None] | None] | None = None
+
+    def _name(self, model: str) -> str:
+        """The name Triton serves `model` under (its route's private name with a gateway)."""
+        if self.routes is None:
+            return model
+        target = self.routes().get(model)
+        return target.name if target is not None else model
 
     def assume(self, digests: Mapping[str, str | None]) -> None:
         """Take `digests` as what Triton serves, without asking it: a daemon restarted over the
@@ -82,16 +94,17 @@ class ServedView:
         serving, so a restart with nothing changed costs one index call, not one call per model.
         The rotating recheck slice still reads every model again over the following rounds."""
         with self._lock:
-            self._known = dict(digests)
+            self._known = {self._name(model): digest for model, digest in digests.items()}
             self._last = None
 
     def note(self, model: str, digest: str | None) -> None:
         """Triton was just verified to serve `digest` for `model` (a deploy's, rollback's or restore's
         own reading of the stamped config, after its load): taken as read, as a round's reading is."""
+        name = self._name(model)
         with self._lock:
             self._seq += 1
-            self._known[model] = digest
-            self._notes[model] = (self._seq, digest)
+            self._known[name] = digest
+            self._notes[name] = (self._seq, digest)
 
     def public(
         self, triton: _Triton, models: Iterable[ModelRecord] | None = None, wanted: dict[str, str | None] | None = None
@@ -104,6 +117,8 @@ class ServedView:
             if memo is None or memo[0] is not models:
                 memo = self._wanted_of = (models, {m.name: m.active_digest for m in models})
             wanted = memo[1]
+        if self.routes is not None:
+            return self._routed(triton, wanted)
         index, served = self.view(triton, wanted)
         kept = self._public
         if kept is not None and kept[0] is index and kept[1] is served:
@@ -112,6 +127,28 @@ class ServedView:
             name: digest for name, digest in served.items() if not is_private_name(name)}
         self._public = (index, served, *out)
         return out
+
+    def _routed(self, triton: _Triton, wanted: Mapping[str, str | None] | None,
+                ) -> tuple[list[IndexEntry], dict[str, str | None]]:
+        """`public` through the gateway's routes: each routed model's index entries and served digest are its
+        private name's, under its public name; unrouted private names are no model's (they drain)."""
+        assert self.routes is not None
+        targets = self.routes()
+        memo = self._routed_wanted
+        if memo is None or memo[0] is not targets or memo[1] is not wanted:
+            private = None if wanted is None else {t.name: wanted.get(m) for m, t in targets.items()}
+            memo = self._routed_wanted = (targets, wanted, private)
+        index, served = self.view(triton, memo[2])
+        kept = self._public
+        if kept is not None and kept[0] is index and kept[1] is served and kept[2] is targets:
+            return kept[3], kept[4]
+        public_of = {t.name: m for m, t in targets.items()}
+        entries = [IndexEntry(public_of[e.name], e.version, e.state, e.reason) if e.name in public_of else e
+                   for e in index if e.name in public_of or not is_private_name(e.name)]
+        digests = {public_of.get(name, name): digest for name, digest in served.items()
+                   if name in public_of or not is_private_name(name)}
+        self._public = (index, served, targets, entries, digests)
+        return entries, digests
 
     def view(
         self, triton: _Triton, wanted: Mapping[str, str | None] | None = None

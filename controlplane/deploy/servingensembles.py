@@ -19,8 +19,22 @@ from controlplane.snapshot import CONFIG_FILE
 from controlplane.source.recorded import SourceGraph
 from controlplane.store.registry import Registry
 from controlplane.validation.ensemblemembers import step_models
-from controlplane.validation.modelconfig import is_ensemble_text
+from controlplane.validation.modelconfig import is_ensemble_text, parse_config_text
 from controlplane.vocab import SERVING_STATES
+
+
+def step_names(serving: ServingRepository, name: str) -> list[str]:
+    """The step names the tree published as `name` points at (an ensemble's; [] for any other model)."""
+    tree = serving.current(name)
+    if tree is None:
+        return []
+    try:
+        text = (tree / CONFIG_FILE).read_text(errors="replace")
+        if not is_ensemble_text(text):
+            return []
+        return list(dict.fromkeys(s.model_name for s in parse_config_text(text, CONFIG_FILE).ensemble_scheduling.step))
+    except (OSError, TritonctlError):
+        return []
 
 
 class ServingEnsembles:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import partial
 
+from controlplane.deploy.aliases import Target
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.steps import FAULT_POINTS, BringUp, Staged, fault_point
 from controlplane.documents.results import Outcome
@@ -32,7 +33,8 @@ from controlplane.vocab import SERVING_STATES, DeployStep, ModelState, RecordedS
 
 
 def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str, pool: Executor,
-               overrides: Mapping[str, SnapshotRecord] | None = None) -> list[Staged | Outcome]:
+               overrides: Mapping[str, SnapshotRecord] | None = None,
+               names: Mapping[str, str] | None = None) -> list[Staged | Outcome]:
     """Stage each (model, full digest), in order: the snapshots and models read at once,
     the intents recorded in one transaction, the trees published in `pool`, the serving root made durable
     once, `PUBLISHED` recorded in one transaction. Each Staged holds its model's lock until it ends."""
@@ -45,6 +47,7 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
         lock.acquire()
     out: list[Staged | Outcome | None] = [None] * len(items)
     pending: list[tuple[int, Staged]] = []
+    planned: dict[str, str] = dict(names or {})  # the private names staged so far (an ensemble binds to them)
     try:
         started = time.monotonic()
         snaps = registry.snapshots(items)
@@ -61,8 +64,15 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
                 out[i] = op.refuse(*refusal)
                 continue
             op.emit(DeployStep.VALIDATE, StepState.OK)
-            ticket = deployer.guard.admit(model, snap.digest, snap.config, previous)
-            b = BringUp(model, snap.digest, snap.config, snap.served_versions, sync=False)
+            if deployer.routed is not None:  # under its private name; switched once loaded (finish_many)
+                name, binding = deployer.routed.name_for(model, snap.digest, snap.config, planned)
+                planned[model] = name
+                ticket = deployer.guard.admit(model, snap.digest, snap.config, None, name)
+                b = deployer.routed.bring_up_of(model, snap.digest, snap, name, binding, reload=False)
+                b.sync = False
+            else:
+                ticket = deployer.guard.admit(model, snap.digest, snap.config, previous)
+                b = BringUp(model, snap.digest, snap.config, snap.served_versions, sync=False)
             pending.append((i, Staged(op, snap, b, deployer.lock(model), ticket)))
         staged = [s for _, s in pending]
         begun = registry.begin_deployments([DeploymentIntent(s.op.model, s.op.kind, s.op.digest, s.op.previous,
@@ -72,7 +82,9 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
         if staged:
             fault_point("after_intent")
 
-        def publish(s: Staged) -> None:  # the host's capability check needs the server: its load's reason says it
+        def publish(s: Staged) -> None:  # the host's capability check needs the server: its load's reason says it,
+            # but whether it completes configs is known before it runs (a model it would load incomplete)
+            deployer.steps.check_completion(s.bring_up.config, s.bring_up.digest)
             deployer._bring_up(s.op, s.bring_up, record=False, start="publish", stop="load")
 
         failed = _each(pool, publish, staged)
@@ -117,6 +129,8 @@ def finish_many(deployer: Deployer, staged: Sequence[Staged], indexed: Mapping[s
             outcomes += pool.map(partial(_failed_of, deployer, failed), failing)
             if recorded is not None:
                 _advance(deployer, live, recorded)
+        if live and deployer.routed is not None:  # one switch of the gateway for the whole chunk
+            live = _switched(deployer, live, outcomes)
         if live:
             fault_point("before_commit")
         messages = {s.model: f"serving {s.bring_up.digest[:12]} (versions {', '.join(s.bring_up.ready)})"
@@ -141,6 +155,17 @@ def finish_many(deployer: Deployer, staged: Sequence[Staged], indexed: Mapping[s
             deployer.guard.settle(s.ticket, False)
             s.lock.release()
     return outcomes
+
+
+def _switched(deployer: Deployer, live: list[Staged], outcomes: list[Outcome]) -> list[Staged]:
+    """Route every public name of `live` to its staged name in one gateway update; when the gateway does
+    not take it, each deploy fails as any deploy whose switch failed (its name taken out, retried)."""
+    try:
+        deployer.aliases.switch({s.model: Target(s.bring_up.served_as, s.bring_up.digest) for s in live})
+    except TritonctlError as exc:
+        outcomes += [_failed(deployer, s, exc) for s in live]
+        return []
+    return live
 
 
 def _each(pool: Executor, take: Callable[[Staged], None], staged: Sequence[Staged]) -> dict[str, TritonctlError]:
@@ -168,7 +193,7 @@ def _failed(deployer: Deployer, s: Staged, exc: TritonctlError) -> Outcome:
     """A staged deploy that failed a step: failed as any deploy (rolled back, quarantined), its lock released."""
     outcome: Outcome | None = None
     try:
-        outcome = deployer._recover_from_failure(s.op, exc)
+        outcome = deployer._recover_from_failure(s.op, exc, s.bring_up.served_as)
         return outcome
     finally:
         deployer.guard.settle(s.ticket, False)

@@ -32,6 +32,7 @@ from controlplane.store.records import DeploymentRecord, ServingRecord, Snapshot
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry, RequestCounts
 from controlplane.triton.host import TritonHost
+from controlplane.validation import completions
 from controlplane.validation.modelconfig import is_ensemble_text, stamp_parameter
 from controlplane.validation.smokefile import SmokeInput, load_smoke_file
 from controlplane.vocab import SMOKE_FAILED, Cause, DeployStep, ModelState, RecordedStep, Result, StepState
@@ -289,7 +290,8 @@ def _load(steps: TritonSteps, b: BringUp) -> str:
 
 def _verify(steps: TritonSteps, b: BringUp) -> str:
     b.ready = steps.verify(b.served_as, b.stamp or b.digest, b.served_versions, b.indexed)
-    return f"READY versions {', '.join(b.ready)}"
+    completed = steps.record_completion(b)
+    return f"READY versions {', '.join(b.ready)}" + ("; config completed by Triton, recorded" if completed else "")
 
 
 def _smoke(steps: TritonSteps, b: BringUp) -> str:
@@ -320,12 +322,13 @@ class TritonSteps:
     """The steps of every load on this host, for a public name or a change set's private one."""
 
     def __init__(self, content: ContentStore, serving: ServingRepository, triton: TritonPort,
-                 host: TritonHost | None, load_timeout_s: float) -> None:
+                 host: TritonHost | None, load_timeout_s: float, registry: Registry | None = None) -> None:
         self.store = content
         self.serving = serving
         self.triton = triton
         self.host = host  # capability checks and Triton's real reasons (None: a plain client)
         self.load_timeout_s = load_timeout_s
+        self.registry = registry  # where the configs Triton completes are recorded (None: not recorded)
         self._ensemble_loads = threading.Lock()  # ensembles go to Triton one at a time (`_bookkeeping_only`)
 
     def bring_up(self, b: BringUp, *, reached: Reached | None = None, emit: Emit | None = None,
@@ -363,6 +366,11 @@ class TritonSteps:
         if self.host:
             self.host.check(config, self.store.tree_path(digest))
 
+    def check_completion(self, config: dict[str, Any] | None, digest: str) -> None:
+        """`check`'s config-completion part alone (a first start's deploys, before their tritonserver runs)."""
+        if self.host:
+            self.host.check_completion(config, self.store.tree_path(digest))
+
     def load(self, name: str, timeout_s: float | None = None) -> None:
         """Load `name` through the host, which turns Triton's bare failures into their real reasons."""
         def load() -> None:
@@ -398,6 +406,14 @@ class TritonSteps:
                 f"'{name}': Triton serves digest {(served or 'none')[:20]}, not {stamp[:20]} (load ignored)"
             )
         return ready
+
+    def record_completion(self, b: BringUp) -> bool:
+        """After `verify`: for a content whose model completes its config at load, the config Triton serves,
+        recorded with the digest (controlplane/validation/completions.py); whether it recorded one."""
+        config = b.config or {}
+        if self.registry is None or config.get("backend", "python") != "python" or config.get("platform"):
+            return False  # only a python model completes its config (an ensemble, most of a big start, never)
+        return completions.record(self.registry, self.triton, b.model, b.digest, b.served_as)
 
     def smoke(self, name: str, tree: Path, label: str | None = None) -> None:
         """The tree's smoke requests against `name` (`label`: the model the file is shown under)."""

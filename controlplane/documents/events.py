@@ -16,13 +16,16 @@ from controlplane.store.records import AuditRecord, iso
 
 # The document's keys, in order: what every audit event carries (a field may be null: the model of a
 # `daemon_start`, the digest of an unload, the duration of an event that is not timed).
-EVENT_KEYS = ("id", "time", "actor", "action", "model", "digest", "outcome", "duration_ms", "message", "host")
+EVENT_KEYS = ("id", "time", "actor", "action", "model", "digest", "outcome", "duration_ms", "message", "host",
+              "claimed")
 
 
 def event_document(record: AuditRecord) -> dict[str, Any]:
     """The audit record as a JSON object: `id` (the audit log's id, increasing), `time` (ISO 8601 UTC
     with a Z), `actor`, `action` (deploy, rollback, tag, changeset, ...), `model`, `digest`, `outcome`
-    (ok, failed, rolled_back, noop, invalid), `duration_ms`, `message` and `host` ("" off a fleet)."""
+    (ok, failed, rolled_back, noop, invalid), `duration_ms`, `message`, `host` ("" off a fleet) and `claimed`
+    (what the caller declared in `x-tritonctl-actor` when it differs from the authenticated `actor`; null
+    otherwise: never the actor itself)."""
     return {
         "id": record.id,
         "time": iso(record.time),
@@ -34,6 +37,7 @@ def event_document(record: AuditRecord) -> dict[str, Any]:
         "duration_ms": record.duration_ms,
         "message": record.message,
         "host": record.host,
+        "claimed": record.claimed,
     }
 
 

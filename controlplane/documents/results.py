@@ -127,6 +127,11 @@ class StatusRow:
     # "started", "until", "requests", "failures", "failure_ratio", "latency_ms", "baseline_latency_ms", "latency_stat",
     # "reason"}
     bake: dict[str, Any] | None = None
+    # the config Triton completed for the serving digest, whose model completes it at load (its auto_complete_config)
+    completed_config: records.CompletedConfigRecord | None = None
+    # that bake's canary steps through the gateway (controlplane/bake/canary.py): {"step", "steps", "weight",
+    # "seconds_left", "state", "history"}
+    canary: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +154,8 @@ class StatusRow:
             "footprint": self.footprint.to_json() if self.footprint else None,
             "ondemand": dict(self.ondemand) if self.ondemand else None,
             "bake": dict(self.bake) if self.bake else None,
+            "completed_config": self.completed_config.to_json() if self.completed_config else None,
+            "canary": dict(self.canary) if self.canary else None,
         }
 
 
@@ -325,6 +332,10 @@ class VersionRow:
     tags: tuple[str, ...] = ()  # the tags naming this digest (controlplane/intake/tags.py)
     footprint: records.FootprintRecord | None = None  # its footprint on this host (memory/footprint.py)
     bake_warning: str | None = None  # its bake's warning: load time or footprint against the previous digest's
+    # what Triton completed at a load, for a content whose model completes its config (its auto_complete_config)
+    completed_config: records.CompletedConfigRecord | None = None
+    # its last canary rollout (controlplane/bake/canary.py histories): {"weights", "state", "reason"}
+    canary: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = self.snapshot.to_json()
@@ -333,6 +344,8 @@ class VersionRow:
         data["tags"] = list(self.tags)
         data["footprint"] = self.footprint.to_json() if self.footprint else None
         data["bake_warning"] = self.bake_warning
+        data["completed_config"] = self.completed_config.to_json() if self.completed_config else None
+        data["canary"] = dict(self.canary) if self.canary else None
         return data
 
 
@@ -383,10 +396,14 @@ class DiffResult:
     added: list[FileSize]
     removed: list[FileSize]
     changed: list[FileChange]
+    # a unified diff of the configs Triton completed for `a` and `b` (a model that completes its config at
+    # load: what serves is not its config.pbtxt); "" when they are the same, None when neither has one
+    completed_config_diff: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "a": self.a, "b": self.b, "added": [f.to_json() for f in self.added],
-                "removed": [f.to_json() for f in self.removed], "changed": [f.to_json() for f in self.changed]}
+                "removed": [f.to_json() for f in self.removed], "changed": [f.to_json() for f in self.changed],
+                "completed_config_diff": self.completed_config_diff}
 
 
 @dataclass

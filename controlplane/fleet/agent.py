@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from controlplane.deploy.engine import Outcome
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.fleet import sets
-from controlplane.fleet.bake import BAKE, HostBakes
+from controlplane.fleet.bake import BAKE, HostBakes, first_weight
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.journal import Journal
 from controlplane.fleet.ondemand import PlacedModels
@@ -28,6 +28,7 @@ from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import SharedContent
 from controlplane.intake import recording as intake
 from controlplane.intake.decision import decide, held
+from controlplane.settings.config import bake_parameters
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.registry import Registry, utcnow
 from controlplane.vocab import ModelState, Policy, Result
@@ -141,6 +142,7 @@ class HostAgent:
         log.info("%s: rollout %s step %s: %s %s", step.model, step.rollout_id, step.id, step.action,
                  (step.digest or "-")[:12])
         try:
+            self._canary_first(step)
             outcome = self._deploy(step.model, step.digest or None, step.action, FLEET_ACTOR)
             state = "ok" if outcome.succeeded else "failed"
             message, result, serving = outcome.message, str(outcome.outcome), outcome.active_digest
@@ -155,6 +157,20 @@ class HostAgent:
             found = self.plane.registry.find_model(step.model)
             serving = found.active_digest if found else None
         self._finish(step, state, message, result, serving, started)
+
+    def _canary_first(self, step: Step) -> None:
+        """A rollout's deploy of a wave that bakes through canary steps: this host's switch gives the new digest
+        the wave's first weight (controlplane/fleet/bake.py), the leader sets the next ones."""
+        if step.action != "deploy" or not step.digest or not step.rollout_id:
+            return
+        try:
+            config = self.registry.get_snapshot(step.model, step.digest).config or {}
+            parameters = bake_parameters(config.get("parameters") or {})
+        except (TritonctlError, ValueError):
+            parameters = {}
+        weight = first_weight(self.fleet.bake, parameters, step.wave)
+        if weight < 100:
+            self.plane.canary_first(step.model, step.digest, weight)
 
     def _gather(self, claimed: list[Step]) -> list[Step]:
         """The leader starts a change set's rollouts together (one transaction), but opens their later
@@ -195,6 +211,7 @@ class HostAgent:
             records = {}
             for step in steps:
                 self._import(step.model, step.digest or "")
+                self._canary_first(step)
                 records[step.model] = self.plane.registry.get_snapshot(step.model, step.digest or "")
             outcome = self.plane.deploy_set(
                 records, FLEET_ACTOR, force=any(s.action == "rollback" for s in steps))

@@ -16,6 +16,16 @@ end of the wave's bake time it passed (or is inconclusive: kept, or rolled back 
 A digest the whole fleet served before (an earlier rollout of it completed: what a fleet rollback
 returns to) does not bake again. The latency limit is not applied in a fleet (no baseline is measured
 there; the document has no `baseline_latency_ms`).
+
+Canary steps (docs/bake.md "Sets and fleets"): the canary wave takes the model's `tritonctl.canary_steps`,
+else the daemon's `canary_steps`; each later wave `wave_steps` (default [100]: at once). Where a wave's steps
+split the requests, each of its hosts' deploys gives the new digest the first weight on its own gateway
+(`steps_of_wave`, asked by the agent before the deploy), the leader judges each step on the pooled figures of
+the step's window (the bake document's `canary`: its steps, the step now, its weight, the pooled figures when
+it began), and a step passed sets the next weight in the document, which every host of the wave applies to
+its route (`HostBakes`). A host's figures are its gateway's for the new digest where it has one (error
+responses are failures there), else its tritonserver's. A `pause` is not honoured in a fleet (`promote`
+acts on one host): the wave goes on to the next weight.
 """
 
 from __future__ import annotations
@@ -24,13 +34,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from controlplane.bake.figures import AUDIT_OUTCOME, BAKING, FAILED, INCONCLUSIVE, Bake, Limits, Tally, verdict
+from controlplane.bake.figures import AUDIT_OUTCOME, BAKING, FAILED, INCONCLUSIVE, Bake, Limits, Tally, judge, verdict
+from controlplane.base.jsontext import iso
 from controlplane.errors import TritonctlError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.settings import FleetSettings
+from controlplane.settings.canarysteps import PAUSE
+from controlplane.settings.config import Settings
 from controlplane.settings.modelparams import bake_parameters
 from controlplane.store.fleet import FleetStore, audit_event
 from controlplane.store.records import Rollout, Step
@@ -44,6 +57,20 @@ BAKE = "bake"  # a rollout step's action: this host bakes the digest its wave to
 def figures(tally: Tally) -> dict[str, int]:
     return {"requests": tally.requests, "failures": tally.failures, "success": tally.success,
             "success_ns": tally.success_ns}
+
+
+def steps_of_wave(settings: Settings, parameters: dict[str, Any], wave: int) -> tuple[int, ...]:
+    """The weights a wave's hosts go through: the canary wave the model's own `canary_steps`, else the daemon's;
+    each later wave `wave_steps`. Pauses are left out (not honoured in a fleet)."""
+    steps = (parameters.get("canary_steps") or settings.canary_steps) if wave == 0 else settings.wave_steps
+    return tuple(int(s) for s in steps if s != PAUSE) or (100,)
+
+
+def first_weight(settings: Settings, parameters: dict[str, Any], wave: int) -> int:
+    """The percent of the requests a rollout step's deploy gives the new digest on its host: its wave's first
+    step where that wave bakes (`bake_s`, `wave_bake_s`), else 100."""
+    bake_s = parameters.get("bake_s", settings.bake_s) if wave == 0 else settings.wave_bake_s
+    return steps_of_wave(settings, parameters, wave)[0] if bake_s > 0 else 100
 
 
 def tally_of(steps: list[Step]) -> Tally:
@@ -66,6 +93,7 @@ class HostBakes:
         self.plane = plane
         self.store = store
         self._steps: dict[int, tuple[Step, Tally]] = {}
+        self._weights: dict[int, int] = {}  # a canary wave's weight this host's route has now, per bake step
 
     def take(self, steps: list[Step]) -> None:
         """Bake steps claimed now: counted from Triton's figures now on (a step claimed again after this
@@ -73,7 +101,7 @@ class HostBakes:
         for step in steps:
             before = tally_of([step])
             try:
-                before.last = dict(self.plane.triton.request_counts(step.model))
+                before.last = dict(self.plane.bake_counts(step.model, step.digest or ""))
             except TritonctlError as exc:
                 log.info("%s: bake step %s: no figures at its start (%s); counting from 0", step.model, step.id, exc)
             self._steps[step.id] = (step, before)
@@ -83,15 +111,31 @@ class HostBakes:
     def tick(self) -> None:
         for step, tally in list(self._steps.values()):
             try:
-                tally.add(self.plane.triton.request_counts(step.model))
+                tally.add(self.plane.bake_counts(step.model, step.digest or ""))
             except TritonctlError as exc:
                 log.info("%s: bake: figures unavailable this round: %s", step.model, exc)
                 continue
-            self._write(step, tally)
+            if self._write(step, tally):
+                self._follow(step)
 
-    def _write(self, step: Step, tally: Tally) -> None:
+    def _write(self, step: Step, tally: Tally) -> bool:
         if not self.store.set_figures(step.id, figures(tally)):  # the leader ended the step
             self._steps.pop(step.id, None)
+            self._weights.pop(step.id, None)
+            self.plane.canary_done(step.model, step.digest or "")
+            return False
+        return True
+
+    def _follow(self, step: Step) -> None:
+        """A canary wave: this host's route takes the weight the leader set for the wave now."""
+        bake = self.store.rollout(step.rollout_id).bake or {}
+        canary = bake.get("canary") if bake.get("wave") == step.wave else None
+        weight = int(canary["weight"]) if canary else None
+        if weight is not None and self._weights.get(step.id) != weight:
+            if self.plane.canary_weight(step.model, step.digest or "", weight):
+                self._weights[step.id] = weight
+                log.info("%s: rollout %s: %d%% of the requests on %s here", step.model, step.rollout_id, weight,
+                         (step.digest or "")[:12])
 
 
 class WaveBakes:
@@ -124,9 +168,14 @@ class WaveBakes:
         document = rollout.bake if rollout.bake and rollout.bake.get("wave") == wave else None
         if document is None and rollout.bake is None and self.store.served_before(rollout):
             return False, None  # a digest the whole fleet served before (a rollback's): no bake, as on one host
+        weights = steps_of_wave(self.fleet().bake, self._parameters(rollout.model, rollout.digest), wave)
         if document is None:
             bake = Bake(rollout.model, rollout.digest, rollout.previous_digest, limits, self.clock(), Tally())
-            self.store.add_bake_steps(rollout.id, took, rollout.digest, wave, self._document(bake, wave, took))
+            document = self._document(bake, wave, took)
+            if weights != (100,):
+                document["canary"] = {"steps": list(weights), "step": 0, "weight": weights[0],
+                                      "step_started": self.clock(), "zero": figures(Tally()), "history": []}
+            self.store.add_bake_steps(rollout.id, took, rollout.digest, wave, document)
             log.info("%s: rollout %s: %s bakes %s for %.0f s on %s", rollout.model, rollout.id, _label(wave),
                      rollout.digest[:12], bake_s, ", ".join(took))
             return True, None
@@ -137,9 +186,12 @@ class WaveBakes:
         mine = [s for s in steps if s.action == BAKE and s.wave == wave]
         started = datetime.fromisoformat(str(document["started"]).replace("Z", "+00:00")).timestamp()
         bake = Bake(rollout.model, rollout.digest, rollout.previous_digest, limits, started, tally_of(mine))
-        ended_now = verdict(bake, self.clock())
+        canary = document.get("canary")
+        ended_now = verdict(bake, self.clock()) if canary is None else self._step(bake, canary)
         if ended_now is None:
-            updated = self._document(bake, wave, took)
+            updated = {**self._document(bake, wave, took), **({"canary": canary} if canary else {})}
+            if canary:
+                updated["until"] = iso(_utc(float(canary["step_started"]) + limits.bake_s))
             if updated != document:
                 self.store.set_rollout(rollout.id, None, bake=updated)
             return True, None
@@ -153,15 +205,41 @@ class WaveBakes:
                 rollout.id, _label(wave), bake.state, bake.reason)
         return False, (f"bake failed: {bake.reason}" if rolls_back else None)
 
-    def _limits(self, model: str, digest: str) -> Limits:
-        """The daemon's bake limits, overridden by the model's own config parameters."""
-        limits = Limits.of(self.fleet().bake)
+    def _step(self, bake: Bake, canary: dict[str, Any]) -> tuple[str, str, bool] | None:
+        """A canary wave's step judged on the pooled figures of its window (`canary` is the document's, changed
+        in place when the step passed: the next weight, which the hosts follow). The bake's end, or None."""
+        zero, now = canary["zero"], self.clock()
+        pooled = figures(bake.tally)
+        requests, failures, success, success_ns = (max(0, pooled[k] - int(zero.get(k, 0)))
+                                                    for k in ("requests", "failures", "success", "success_ns"))
+        window = Tally(requests, failures, success, success_ns)
+        until = float(canary["step_started"]) + bake.limits.bake_s
+        where = f"at {canary['weight']}% (step {canary['step'] + 1}/{len(canary['steps'])})"
+        ended = judge(bake.limits, window.requests, window.failures, window.success,
+                      ("mean", window.mean_ms(), None), until, now, bake.figures)
+        if ended is None or ended[2]:
+            return None if ended is None else (ended[0], f"{ended[1]} {where}", True)
+        canary["history"].append({"step": canary["step"], "weight": canary["weight"],
+                                  "started": iso(_utc(float(canary["step_started"]))), "ended": iso(_utc(now)),
+                                  "outcome": ended[0], "requests": window.requests, "failures": window.failures})
+        if canary["step"] + 1 >= len(canary["steps"]):
+            return ended[0], f"{ended[1]}; every step ({' → '.join(f'{w}%' for w in canary['steps'])})", False
+        canary.update(step=canary["step"] + 1, weight=canary["steps"][canary["step"] + 1], step_started=now,
+                      zero=pooled)
+        log.info("%s: canary wave: %d%% of the requests on %s", bake.model, canary["weight"], bake.digest[:12])
+        return None
+
+    def _parameters(self, model: str, digest: str) -> dict[str, Any]:
         try:
             config = self.registry.get_snapshot(model, digest).config or {}
-            return limits.with_model(bake_parameters(config.get("parameters") or {}))
+            return bake_parameters(config.get("parameters") or {})
         except (TritonctlError, ValueError) as exc:
             log.warning("%s: bake: the config's bake parameters are not used: %s", model, exc)
-            return limits
+            return {}
+
+    def _limits(self, model: str, digest: str) -> Limits:
+        """The daemon's bake limits, overridden by the model's own config parameters."""
+        return Limits.of(self.fleet().bake).with_model(self._parameters(model, digest))
 
     @staticmethod
     def _document(bake: Bake, wave: int, hosts: list[str]) -> dict[str, Any]:
@@ -170,6 +248,10 @@ class WaveBakes:
         document = {**bake.to_json(), "wave": wave, "hosts": hosts}
         document.pop("baseline_latency_ms", None)
         return document
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)
 
 
 def _label(wave: int) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from controlplane.errors import ObjectStoreError, SnapshotError, StoreError
+from controlplane.errors import ObjectStoreError, SnapshotEnvironmentError, SnapshotError, StoreError
 from controlplane.store.records import DeploymentRecord, ModelRecord, SnapshotRecord
 from controlplane.vocab import BAKE_ACTOR, SERVING_STATES, ModelState, Policy, Result
 
@@ -157,7 +157,8 @@ def decide_capture(exc: Exception, model: str, settle_s: float) -> Decision:
     """The source's content of `model` could not be captured (`exc`): wait and look again, or skip
     (a failure the caller reports once, in the audit)."""
     reason = str(exc).removeprefix(f"{model}: ")
-    if isinstance(exc, (StoreError, ObjectStoreError)):  # busy or unreachable: nothing was recorded
+    # busy or unreachable, or the host out of descriptors, space or memory: nothing was recorded or judged
+    if isinstance(exc, (StoreError, ObjectStoreError, SnapshotEnvironmentError)):
         return wait(Rule.CAPTURE, reason, max(settle_s, 1.0))
     if capture_passes(exc):
         return wait(Rule.CAPTURE, reason, settle_s)

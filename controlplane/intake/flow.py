@@ -25,7 +25,14 @@ from controlplane.base import clock
 from controlplane.deploy.causes import RetryBook
 from controlplane.deploy.plans import Plan, serving_member
 from controlplane.deploy.servingensembles import ServingEnsembles
-from controlplane.errors import NotFoundError, ObjectStoreError, SnapshotError, StoreError, UsageError
+from controlplane.errors import (
+    NotFoundError,
+    ObjectStoreError,
+    SnapshotEnvironmentError,
+    SnapshotError,
+    StoreError,
+    UsageError,
+)
 from controlplane.intake import recording
 from controlplane.intake.changeset import ChangeSets
 from controlplane.intake.decision import Rule, Verdict, decide, decide_capture
@@ -242,7 +249,8 @@ class Intake:
         if decision.verdict is Verdict.WAIT:
             # A registry or object store that is busy or unreachable is the operator's to see (ERROR);
             # content still changing is the usual settle (INFO).
-            log.log(logging.ERROR if unreachable else logging.INFO, "%s: %s; looking again in %.1f s",
+            host_failed = unreachable or isinstance(exc, SnapshotEnvironmentError)  # the host's, not the content's
+            log.log(logging.ERROR if host_failed else logging.INFO, "%s: %s; looking again in %.1f s",
                     model, exc, decision.delay_s)
             if unreachable:
                 self.look_again(model, decision.delay_s)

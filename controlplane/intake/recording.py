@@ -19,7 +19,7 @@ from controlplane.store.records import SnapshotContent, SnapshotRecord, SourceEn
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.validation.ensemblemembers import member_problems, step_models
 from controlplane.validation.modelconfig import validate_model_dir
-from controlplane.vocab import Result
+from controlplane.vocab import ERROR, Result
 
 log = logging.getLogger("tritonctl.intake")
 
@@ -50,7 +50,8 @@ def validated(registry: Registry, snapshot: Snapshot, result: ValidationResult,
     ]
     ensemble = member_problems(registry, model, result.config, members) if result.ok else []
     return SnapshotContent(snapshot.manifest_json(), result.config, result.versions, result.served_versions,
-                           result.ok and not ensemble, problems + ensemble, snapshot.total_bytes)
+                           result.ok and not any(p["severity"] == ERROR for p in ensemble), problems + ensemble,
+                           snapshot.total_bytes)
 
 
 def revalidate(content: ContentStore, model: str, digest: str, recorded: SnapshotContent) -> SnapshotContent:

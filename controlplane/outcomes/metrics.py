@@ -21,6 +21,8 @@ Metrics (names are a contract; see docs/operations.md):
   tritonctl_source_validations_total        captured contents validated since the daemon started
   tritonctl_source_records_total            captured contents recorded in the registry since the daemon started
   tritonctl_bakes_total{outcome}            bakes ended since the daemon started: ok (passed), failed, inconclusive
+  tritonctl_gateway_route_weight{model,digest}  the percent of a model's requests the gateway routes to each digest
+                                            (a canary's step: docs/bake.md); none without a gateway
   tritonctl_startup_models_total{result}    models the start-up scans found `unchanged` (by signature; no file
                                             read) or `changed` (new, changed, or owed a deploy: captured)
 """
@@ -72,6 +74,7 @@ HELP = {
     "evictions": "Models unloaded to keep the memory budget (budget) or idle under policy ondemand (idle)",
     "ondemand_loads": "Models loaded by ensure (policy ondemand, or any model ensured while not loaded)",
     "lease_expiries": "Leases that expired without being renewed or released",
+    "route_weight": "Percent of the model's requests the gateway routes to the digest (a canary step splits them)",
 }
 DELIVERY_STATES = ("pending", "delivered", "failed")
 
@@ -163,7 +166,7 @@ class StateCollector:
         # Each family on its own: one failing query must not fail the whole scrape.
         for build in (self._model_state, self._quarantined, self._snapshots, self._store_bytes,
                       self._backlog, self._reachable, self._webhooks, self._pipeline, self._ondemand,
-                      self._bakes):
+                      self._bakes, self._route_weights):
             try:
                 yield from build()
             except Exception as exc:  # noqa: BLE001 - e.g. the database is locked; a scrape must still answer
@@ -239,6 +242,15 @@ class StateCollector:
         family = CounterMetricFamily("tritonctl_bakes", HELP["bakes"], labels=["outcome"])
         for outcome in BAKE_OUTCOMES:
             family.add_metric([outcome], float(counts.get(outcome, 0)))
+        yield family
+
+    def _route_weights(self) -> Iterable[Metric]:
+        deployer = getattr(self.plane, "deployer", None)
+        weights = getattr(getattr(deployer, "aliases", None), "weights", None)
+        family = GaugeMetricFamily("tritonctl_gateway_route_weight", HELP["route_weight"], labels=["model", "digest"])
+        for model, digests in sorted((weights() if callable(weights) else {}).items()):
+            for digest, weight in sorted(digests.items()):
+                family.add_metric([model, digest], float(weight))
         yield family
 
 

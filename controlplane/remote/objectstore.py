@@ -10,6 +10,7 @@ requests; a missing boto3 is a one-line error naming the extra that installs it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -127,8 +128,9 @@ def download_verified(client: Any, bucket: str, key: str, tmp_dir: Path, *, size
     """GET one object into a temporary file under `tmp_dir`, hashing it on the way: (path, sha256).
 
     With `etag`/`size` (from the listing that decided a capture) the object must still be exactly that
-    one: the GET is conditional (If-Match) and the answer's length is checked; `on_mismatch` builds the
-    error raised otherwise. The caller renames the file into place or removes it."""
+    one: the GET is conditional (If-Match) and the answer is read to `size` + 1 bytes at most (a server
+    that sends more is not read further); `on_mismatch` builds the error raised otherwise. The caller
+    renames the file into place or removes it."""
     extra = {"IfMatch": etag} if etag else {}
     fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix="s3-")
     try:
@@ -142,12 +144,19 @@ def download_verified(client: Any, bucket: str, key: str, tmp_dir: Path, *, size
         if etag and answer.get("ETag") not in (None, etag):
             raise on_mismatch(f"{key} replaced during the download")
         hasher, copied = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as writer:
+        body = answer["Body"]
+        limit = None if size is None else size + 1  # a longer answer is not read past its size + 1 byte
+        with os.fdopen(fd, "wb") as writer, contextlib.closing(body):
             fd = -1
-            for chunk in answer["Body"].iter_chunks(_CHUNK):
+            while limit is None or copied < limit:
+                chunk = body.read(_CHUNK if limit is None else min(_CHUNK, limit - copied))
+                if not chunk:
+                    break
                 hasher.update(chunk)
                 writer.write(chunk)
                 copied += len(chunk)
+        if size is not None and copied > size:
+            raise on_mismatch(f"{key} is more than the {size} bytes the listing said; stopped reading there")
         if size is not None and copied != size:
             raise on_mismatch(f"{key} is {copied} bytes, the listing said {size}")
         return Path(tmp), hasher.hexdigest()

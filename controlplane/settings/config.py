@@ -10,16 +10,20 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import stat
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from controlplane.base import bounds
 from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
+from controlplane.settings.access import ACCESS_PARSERS, RoleMap, check_access
+from controlplane.settings.canarysteps import AT_ONCE, header_name, parse_steps
+from controlplane.settings.webhooks import WebhookTarget as WebhookTarget  # the [[webhook]] tables
+from controlplane.settings.webhooks import private_file_problem as private_file_problem
+from controlplane.settings.webhooks import webhook_tables
 from controlplane.text import duration_s
 
 DEFAULT_CONFIG_FILE = Path("/etc/tritonctl/tritonctl.toml")
@@ -39,27 +43,17 @@ NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE"
 # daemon a test starts under them is not refused.
 TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
-RELOADABLE = ("policy", "settle_s", "log_level", "reconcile_interval_s",
+RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
-              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio")
-# An audit action name a `[[webhook]]` table may subscribe to (`*`: every action).
-ACTION_NAME = re.compile(r"^[a-z][a-z_]{0,31}$")
-WEBHOOK_KEYS = ("url", "events", "secret_file")
-
-
-@dataclass(frozen=True)
-class WebhookTarget:
-    """One `[[webhook]]` table: where events go, which actions, and the secret that signs them (read
-    when the config is loaded, so SIGHUP picks up a rotated secret)."""
-
-    url: str
-    events: tuple[str, ...]
-    secret_file: Path
-    secret: str = field(repr=False, compare=False, default="")
-
-    def wants(self, action: str) -> bool:
-        return "*" in self.events or action in self.events
+              "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio", "canary_steps",
+              "canary_sticky_header", "wave_steps")
+# The mode's defaults (docs/bake.md "Safe defaults"): where a gateway carries the traffic
+# (`Settings.routes_traffic`) a new digest takes a tenth of the requests for a minute before all of them;
+# without one, a deploy switches at once and does not bake (what tritonctl did before the gateway).
+GATEWAY_CANARY_STEPS: tuple[int | str, ...] = (10, 100)
+GATEWAY_BAKE_S = 60.0
+MODE_DEFAULT = -1.0  # `bake_s` not given: the mode's default, resolved when the Settings are made
 
 
 @dataclass(frozen=True)
@@ -83,15 +77,31 @@ class Settings:
     triton_grpc_port: int = 8001
     triton_http_port: int = 8000
     triton_metrics_port: int = 8002
+    # The gateway (docs/gateway.md): it answers inference and switches versions by its route table. On by
+    # default with --launch-triton (it takes the triton_*_port ports; tritonserver moves to loopback ports of
+    # its own); with an external tritonserver, on when an address below is given. `gateway = false`
+    # (--no-gateway): Triton reloads a serving model in place, as before.
+    gateway: bool = True
+    gateway_http_address: str | None = None  # HOST:PORT clients send HTTP/REST inference to (external Triton)
+    gateway_grpc_address: str | None = None  # HOST:PORT clients send gRPC inference to (external Triton)
+    gateway_drain_s: float = 5.0  # after a switch, the old digest answers the requests sent before it this long
     settle_s: float = 1.0
     policy: str = "auto"
     commit_marker: str | None = None
     socket: Path | None = None  # default: <state_dir>/tritonctl.sock
-    listen: str | None = None  # optional TCP listener host:port (requires token_file)
-    token_file: Path | None = None
+    socket_group: str | None = None  # the group that owns the control socket (default: the daemon's own)
+    listen: str | None = None  # optional TCP listener host:port (personal tokens, OIDC, token_file's)
+    token_file: Path | None = None  # the shared token: a token named `default`, role admin
+    # who may do what (controlplane/settings/access.py): Unix groups on the socket; OIDC bearers on TCP
+    socket_roles: RoleMap = ()  # () : the socket's group deployer; root and the daemon's user admin
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks: str | None = None  # a JWKS file or https:// URL
+    oidc_role_claim: str = "groups"
+    oidc_roles: RoleMap = ()  # claim value -> role; (): a value that is a role's name is that role
     tls_cert: Path | None = None  # TLS on the TCP listener: certificate (PEM) ...
     tls_key: Path | None = None  # ... and its private key
-    allow_insecure_http: bool = False  # a non-loopback listener without TLS is refused unless this is set
+    allow_insecure_http: bool = False  # plain HTTP beyond loopback: a listener, or MLflow credentials sent to one
     web_address: str | None = None  # the read-only web view at /ui/ on HOST:PORT (off when unset)
     web_require_token: bool = False  # ask for the token on a loopback web address too (it always does elsewhere)
     web_host_names: str | None = None  # comma-separated Host names the web view answers to beyond its address's
@@ -103,6 +113,9 @@ class Settings:
     # Triton's model-load thread count: a launched tritonserver gets --model-load-thread-count of it; for
     # an external one, set it to that server's own (Triton's default: 4)
     triton_load_threads: int = 4
+    # the launched tritonserver completes python models' configs (their auto_complete_config); False: it runs
+    # with --disable-auto-complete-config (each python load about 1.2 s faster; docs/validation.md)
+    triton_auto_complete: bool = True
     ready_waits_for_deploys: bool = True  # READY=1 after the initial deploys (False: after the scan)
     load_timeout_s: float = 120.0
     shutdown_timeout_s: float = 30.0
@@ -138,7 +151,7 @@ class Settings:
     idle_unload_s: float = 300.0  # policy ondemand: unloaded after this long with no inference and no lease
     # Bake (docs/bake.md, controlplane/bake/baker.py): a new digest serves this long on Triton's figures before its
     # deploy is done; 0, the default, is no bake.
-    bake_s: float = 0.0
+    bake_s: float = MODE_DEFAULT  # the mode's: GATEWAY_BAKE_S where a gateway carries the traffic, else 0 (off)
     bake_max_failure_ratio: float = 0.01  # failed requests over all requests to the new digest
     bake_max_latency_ratio: float | None = None  # its mean latency over the previous digest's (None: off)
     bake_min_requests: int = 20  # fewer by the end: inconclusive
@@ -146,6 +159,19 @@ class Settings:
     # a baked digest whose load took more than this times the previous digest's, or whose footprint grew
     # more than this, gets one warning line in the audit and a mark in `versions` (controlplane/bake/warn.py)
     bake_warn_load_ratio: float = 2.0
+    # Canary steps (docs/bake.md): through a gateway, a new digest takes these percents of the requests in
+    # turn, each step baking `bake_s` on the gateway's figures ("pause": until `tritonctl promote`). Empty: the
+    # mode's, GATEWAY_CANARY_STEPS where a gateway carries the traffic, else AT_ONCE (the only one without).
+    canary_steps: tuple[int | str, ...] = ()
+    canary_sticky_header: str | None = None  # a request header whose value's hash keeps a client on one version
+    wave_steps: tuple[int | str, ...] = AT_ONCE  # a fleet's waves after the canary wave (which takes canary_steps)
+
+    def __post_init__(self) -> None:
+        """The mode's defaults (`bake_s`, `canary_steps` not given): safe where a gateway carries the traffic."""
+        if self.bake_s == MODE_DEFAULT:
+            object.__setattr__(self, "bake_s", GATEWAY_BAKE_S if self.routes_traffic else 0.0)
+        if not self.canary_steps:
+            object.__setattr__(self, "canary_steps", GATEWAY_CANARY_STEPS if self.routes_traffic else AT_ONCE)
 
     @property
     def registry_url(self) -> str:
@@ -154,6 +180,14 @@ class Settings:
     @property
     def socket_path(self) -> Path:
         return self.socket or self.state_dir / SOCKET_NAME
+
+    @property
+    def routes_traffic(self) -> bool:
+        """Whether a gateway carries the inference traffic: on with --launch-triton unless `gateway = false`;
+        with an external tritonserver when a gateway address is given."""
+        if not self.gateway:
+            return False
+        return self.launch_triton or bool(self.gateway_http_address or self.gateway_grpc_address)
 
     @property
     def load_parallelism(self) -> int:
@@ -365,74 +399,6 @@ def _host_names(value: Any) -> str:
     return ",".join(cleaned)
 
 
-def private_file_problem(path: os.PathLike[str] | str, mode: int) -> str | None:
-    """What is wrong with a secret file (a webhook's secret, the daemon's token file) of this st_mode: not
-    a regular file, or writable by its group or open to others; None when nothing is."""
-    if not stat.S_ISREG(mode):
-        return f"{path} is not a regular file"
-    if mode & 0o027:
-        return (f"{path} has mode {stat.S_IMODE(mode):04o}: others (or its group) may read or change it; "
-                f"chmod 600 {path}")
-    return None
-
-
-def read_secret(path: Path) -> str:
-    """A webhook's secret: a regular file, not writable by its group nor open to others (like a token
-    file: whoever reads it can sign events), at least 16 characters."""
-    try:
-        problem = private_file_problem(path, os.stat(path).st_mode)  # before open: a fifo would block it
-        if problem:
-            raise ValueError(problem)
-        with open(path, encoding="utf-8") as handle:
-            secret = handle.read().strip()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(secret) < 16:
-        raise ValueError(f"{path}: the secret must be at least 16 characters")
-    return secret
-
-
-def _webhook_table(index: int, table: Any) -> WebhookTarget:
-    where = f"[[webhook]] #{index + 1}"
-    if not isinstance(table, dict):
-        raise ValueError(f"{where}: expected a table with url, events and secret_file")
-    unknown = sorted(set(table) - set(WEBHOOK_KEYS))
-    if unknown:
-        raise ValueError(f"{where}: {unknown[0]}: unknown key (expected url, events, secret_file)")
-    for key in WEBHOOK_KEYS:
-        if key not in table:
-            raise ValueError(f"{where}: {key}: missing")
-    url = table["url"]
-    if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url) or any(c.isspace() for c in url):
-        raise ValueError(f"{where}: url: expected an http:// or https:// URL, got {url!r}")
-    events = table["events"]
-    if (not isinstance(events, list) or not events
-            or not all(isinstance(e, str) and (e == "*" or ACTION_NAME.match(e)) for e in events)):
-        raise ValueError(f"{where}: events: expected a list of audit action names (deploy, rollback, tag, "
-                         f"changeset, ...) or [\"*\"], got {events!r}")
-    try:
-        secret_file = _path(table["secret_file"])
-    except ValueError:
-        raise ValueError(f"{where}: secret_file: expected a path") from None
-    try:
-        secret = read_secret(secret_file)
-    except ValueError as exc:
-        raise ValueError(f"{where}: secret_file: {exc}") from None
-    return WebhookTarget(url, tuple(events), secret_file, secret)
-
-
-def _webhooks(value: Any) -> tuple[WebhookTarget, ...]:
-    """`[[webhook]]` tables (the config file only: a list of tables has no flag or variable form)."""
-    if not isinstance(value, list):
-        raise ValueError("expected [[webhook]] tables in the config file")
-    targets = tuple(_webhook_table(i, table) for i, table in enumerate(value))
-    urls = [t.url for t in targets]
-    for url in urls:
-        if urls.count(url) > 1:
-            raise ValueError(f"url {url} is configured twice (one table per receiver)")
-    return targets
-
-
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "repository": _repository,
     "repository_url": _s3_url,
@@ -449,10 +415,15 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "triton_grpc_port": _port_or_zero,
     "triton_http_port": _port_or_zero,
     "triton_metrics_port": _port_or_zero,
+    "gateway": _bool,
+    "gateway_http_address": _web_address,
+    "gateway_grpc_address": _web_address,
+    "gateway_drain_s": _duration,
     "settle_s": _seconds(0.05),
     "policy": _choice(POLICIES),
     "commit_marker": _text,
     "socket": _path,
+    "socket_group": _text,
     "listen": _listen,
     "token_file": _path,
     "tls_cert": _path,
@@ -467,6 +438,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "reconcile_interval_s": _seconds(0.5),
     "startup_parallelism": _threads_or_zero,
     "triton_load_threads": _threads,
+    "triton_auto_complete": _bool,
     "ready_waits_for_deploys": _bool,
     "load_timeout_s": _seconds(1.0),
     "shutdown_timeout_s": _seconds(1.0),
@@ -488,7 +460,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "heartbeat_s": _seconds(0.1),
     "converge_s": _seconds(0.1),
     "wave_bake_s": _duration,
-    "webhook": _webhooks,
+    "webhook": webhook_tables,
     "webhook_retry_max_s": _seconds(0.1),
     "memory_budget_mb": _megabytes,
     "gpu_memory_budget_mb": _megabytes,
@@ -500,6 +472,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "bake_min_requests": _whole_count,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
     "bake_warn_load_ratio": _positive_float(1.0, bounds.MAX_RATIO),
+    "canary_steps": parse_steps,
+    "canary_sticky_header": header_name,
+    "wave_steps": parse_steps,
+    **ACCESS_PARSERS,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
 
@@ -578,11 +554,13 @@ def load_settings(
         raise ConfigError("repository: give either a directory or an s3:// URL or mlflow+http:// URL (repository_url), "
                           "not both")
     if settings.repository_url and settings.repository_url.startswith("mlflow+"):
-        from controlplane.remote.mlflowrest import require_extra
+        from controlplane.remote.mlflowrest import insecure_refusal, require_extra
 
         require_extra()  # one line naming the extra (exit 2), before anything starts
-    if settings.listen and not settings.token_file:
-        raise ConfigError("listen: a TCP listener requires token_file (--token-file)")
+        refusal = insecure_refusal(settings.repository_url, env, settings.allow_insecure_http)
+        if refusal is not None:  # its credentials would go in clear to another host
+            raise refusal
+    check_access(settings)
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise ConfigError("tls_cert and tls_key: give both (TLS on the TCP listener) or neither")
     if settings.triton_url and settings.launch_triton:

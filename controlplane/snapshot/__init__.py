@@ -12,7 +12,7 @@ controlplane.errors, each with `retryable`.
 from typing import TYPE_CHECKING
 
 from controlplane.snapshot.debris import is_ignored_name
-from controlplane.snapshot.fsutil import force_rmtree, link_or_copy, write_atomic
+from controlplane.snapshot.fsutil import ensure_dir, force_rmtree, link_or_copy, open_private, write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, SMOKE_FILE, is_digest
 from controlplane.snapshot.scan import last_change_ns, scan
 
@@ -45,11 +45,13 @@ __all__ = [
     "ContentStore",
     "ManifestEntry",
     "Snapshot",
+    "ensure_dir",
     "force_rmtree",
     "is_digest",
     "is_ignored_name",
     "last_change_ns",
     "link_or_copy",
+    "open_private",
     "scan",
     "write_atomic",
 ]

@@ -37,13 +37,15 @@ from controlplane.errors import (
     SnapshotCollectedError,
     SnapshotCorruptError,
     SnapshotDigestError,
+    SnapshotEnvironmentError,
     SnapshotOnHoldError,
     SnapshotSourceGoneError,
     SnapshotStoreWriteError,
     SnapshotTooLargeError,
-    SnapshotUnreadableError,
+    is_environment_error,
+    unreadable,
 )
-from controlplane.snapshot.fsutil import force_rmtree, link_or_copy, write_atomic
+from controlplane.snapshot.fsutil import ensure_dir, force_rmtree, link_or_copy, open_private, write_atomic
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES, is_digest
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
 from controlplane.snapshot.scan import ScanItem, first_difference, last_change_ns, scan
@@ -114,8 +116,9 @@ class ContentStore:
         self._lock = threading.RLock()
         self._deferring = threading.local()  # `deferred_sync` on this thread
         try:
+            self.root.mkdir(mode=0o750, parents=True, exist_ok=True)
             for sub in ("objects", "trees", "tmp"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
+                ensure_dir(self.root / sub, 0o750)
         except OSError as exc:
             raise SnapshotStoreWriteError(f"content store {self.root}: {exc.strerror}") from exc
         self._statcache_path = self.root / "statcache.json"
@@ -172,7 +175,7 @@ class ContentStore:
                     with open(tmp, "rb") as fh:
                         os.fsync(fh.fileno())
                 final = self.object_path(sha256)
-                final.parent.mkdir(exist_ok=True)
+                final.parent.mkdir(mode=0o750, exist_ok=True)
                 os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
@@ -185,7 +188,7 @@ class ContentStore:
 
     @contextlib.contextmanager
     def _flock(self, how: int) -> Iterator[None]:
-        fd = os.open(self.root / "lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(self.root / "lock", os.O_RDONLY, 0o640)
         try:
             fcntl.flock(fd, how)
             yield
@@ -273,6 +276,8 @@ class ContentStore:
         try:
             self.add_snapshot(snapshot)
         except OSError as exc:
+            if is_environment_error(exc):  # a full disk, not the content: tried again
+                raise SnapshotEnvironmentError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
             raise SnapshotStoreWriteError(f"{model}: cannot record the snapshot in the store ({exc})") from exc
         return snapshot
 
@@ -322,11 +327,11 @@ class ContentStore:
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ELOOP):
                 raise SnapshotChangingError(f"{model}: still changing ({item.rel} replaced during capture)") from None
-            raise SnapshotUnreadableError(f"{model}: cannot read {item.rel} ({exc.strerror})") from None
+            raise unreadable(f"{model}: cannot read {item.rel} ({exc.strerror})", exc) from None
         try:
             sha = self._copy_in(src, item, model)
         except OSError as exc:  # the source failing mid-read, or the store (disk full)
-            raise SnapshotUnreadableError(f"{model}: cannot capture {item.rel} ({exc.strerror})") from exc
+            raise unreadable(f"{model}: cannot capture {item.rel} ({exc.strerror})", exc) from exc
         finally:
             os.close(src)
         with self._lock:
@@ -371,7 +376,7 @@ class ContentStore:
                 os.fchmod(fd, 0o444)
                 if self.fsync and not getattr(self._deferring, "on", False):
                     os.fsync(fd)
-                final.parent.mkdir(exist_ok=True)
+                final.parent.mkdir(mode=0o750, exist_ok=True)
                 os.replace(tmp, final)
             return sha
         finally:
@@ -526,12 +531,13 @@ class ContentStore:
             try:
                 fold_at = max(1000, len(self._statcache) // 2)
                 if not self._statcache_rewrite and self._journal_lines + len(new) <= fold_at:
-                    with open(self._journal_path, "a", encoding="ascii") as journal:
+                    fd = open_private(self._journal_path, os.O_WRONLY | os.O_APPEND, 0o640)
+                    with open(fd, "a", encoding="ascii") as journal:
                         journal.write("".join(f"{key} {sha}\n" for key, sha in new))
                     self._journal_lines += len(new)
                     return
                 body = json.dumps({"format": 1, "entries": list(self._statcache.items())}, separators=(",", ":"))
-                write_atomic(self._statcache_path, body.encode(), mode=0o644)
+                write_atomic(self._statcache_path, body.encode(), mode=0o640)
                 self._journal_path.unlink(missing_ok=True)
                 self._journal_lines = 0
                 self._statcache_rewrite = False

@@ -1,5 +1,9 @@
 """Filesystem helpers the store and its neighbours borrow: atomic replace, link-or-copy, forced removal,
-a guarded read of a small text file in a source being edited.
+a guarded read of a small text file in a source being edited, a directory with its mode.
+
+Modes are given here, never left to the umask (issue 58, item 4): `write_atomic` writes through a
+temporary file created exclusively (a link planted at any name is never followed) and sets its mode on the
+open file; `ensure_dir` creates a directory with its mode, and puts the mode back on one found wider.
 
 Nothing here knows about snapshots; publish, the fleet's shared store and the S3 source use them too.
 """
@@ -15,18 +19,44 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` in one step (temp file in the same directory, then rename)."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o640, fsync: bool = False) -> None:
+    """Replace `path` with `data` in one step: a temporary file of a new random name in the same directory,
+    created exclusively (O_EXCL: nothing planted is followed) with mode 0600, given `mode`, then renamed
+    over `path` (a rename replaces a link at `path` itself, never its target); `fsync`: durable first."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.chmod(tmp, mode)
+            os.fchmod(fh.fileno(), mode)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def ensure_dir(path: Path, mode: int = 0o750) -> Path:
+    """`path` as a directory of exactly `mode` (its parents must exist): created so, or set so when the
+    umask of an earlier start made it wider. A link or another kind of file there is an error."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+    if stat.S_IMODE(info.st_mode) != mode and info.st_uid == os.geteuid():
+        os.chmod(path, mode)
+    return path
+
+
+def open_private(path: Path, flags: int, mode: int = 0o640) -> int:
+    """os.open for a file the daemon writes (a log, a journal): created with `mode`, never through a link
+    planted at `path` (O_NOFOLLOW: ELOOP instead)."""
+    return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
 def link_or_copy(src: Path, dest: Path) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.errors import SnapshotChangingError, SnapshotUnreadableError, SnapshotUnsupportedError
+from controlplane.errors import SnapshotChangingError, SnapshotUnsupportedError, unreadable
 from controlplane.snapshot.debris import is_ignored_name
 
 
@@ -65,7 +65,7 @@ def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset(),
         except FileNotFoundError:
             raise SnapshotChangingError(f"{model}: still changing ({rel_dir or '.'} vanished)") from None
         except OSError as exc:
-            raise SnapshotUnreadableError(f"{model}: cannot read directory {rel_dir or '.'} ({exc.strerror})") from None
+            raise unreadable(f"{model}: cannot read directory {rel_dir or '.'} ({exc.strerror})", exc) from None
         for child in children:
             name = child.name
             if is_ignored_name(name) or (not rel_dir and name in skip):
@@ -85,7 +85,7 @@ def scan(model_dir: Path, model: str, skip: frozenset[str] = frozenset(),
                     raise SnapshotUnsupportedError(f"{model}: symlink {rel} is dangling") from None
                 raise SnapshotChangingError(f"{model}: still changing ({rel} vanished during the scan)") from None
             except OSError as exc:
-                raise SnapshotUnreadableError(f"{model}: cannot read {rel} ({exc.strerror})") from None
+                raise unreadable(f"{model}: cannot read {rel} ({exc.strerror})", exc) from None
             if stat.S_ISDIR(st.st_mode):
                 if real in ancestors:
                     raise SnapshotUnsupportedError(f"{model}: symlink {rel} makes a directory loop")

@@ -13,7 +13,8 @@ tritonctl deploy, behind the same `Source` protocol as a directory or a bucket:
   the content store (a file of the same model, version, path and size captured before is not downloaded
   again), then reads the alias and the listing again: a move in between refuses the snapshot as "still
   changing", as a directory edited during its copy is. Hostile artifact paths (`..`, absolute, a
-  backslash, NUL) and links are refused as unsafe S3 keys are;
+  backslash, NUL), links and sizes that are no sizes are refused, and nothing is read past a file's
+  listed size or its deadline (controlplane/source/mlflowfiles.py);
 - write-back (controlplane/source/mlflowwriteback.py): each poll, every version this source captured gets
   the MLflow tags `tritonctl.state` (`serving`, `rolled_back`, `quarantined`, `failed`; removed once a
   version no longer serves after serving) and `tritonctl.digest`, in a fleet also `tritonctl.hosts`,
@@ -25,13 +26,13 @@ tritonctl deploy, behind the same `Source` protocol as a directory or a bucket:
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +44,16 @@ from controlplane.errors import (
     SnapshotError,
     SnapshotSourceGoneError,
     SnapshotStoreWriteError,
-    SnapshotTooLargeError,
-    SnapshotUnsupportedError,
 )
+from controlplane.remote import httpbounds
 from controlplane.remote.mlflowrest import MLflowRest, tracking_url
 from controlplane.settings.config import Settings
 from controlplane.snapshot.content import ContentStore
-from controlplane.snapshot.debris import is_ignored_name
-from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
+from controlplane.snapshot.layout import MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
+from controlplane.source.mlflowfiles import ArtifactFile, ArtifactFiles
 from controlplane.source.mlflowwriteback import HostView, RegistryView, ServingView, WriteBack
-from controlplane.source.protocol import Captured, OnChange, PerModelOnly
+from controlplane.source.protocol import Captured, OnChange, PerModelOnly, last_read
 from controlplane.source.shacache import ShaCache
 from controlplane.store.records import AuditEntry
 from controlplane.vocab import WATCHER_ACTOR, Result
@@ -63,22 +63,7 @@ HELD = "held: "  # the prefix of a not-served reason that `held` reports (alias 
 
 FILE_MODE, DIR_MODE = 0o644, 0o755
 MAX_BACKOFF_S = 30.0
-MLMODEL = "MLmodel"
-ARTIFACTS_SCHEME = "mlflow-artifacts:"
 VERSIONS_FILE = "mlflowversions.json"  # beside the content store: (model, version) -> the digest captured
-
-
-def unsafe_path(rel: str) -> bool:
-    """An artifact path that is not a plain relative path below the model (`..`, absolute, `\\`, NUL)."""
-    parts = rel.split("/")
-    return (not rel or rel.startswith("/") or "\\" in rel or "\0" in rel or ":" in parts[0]
-            or any(p in ("", ".", "..") for p in parts))
-
-
-@dataclass(frozen=True)
-class ArtifactFile:
-    path: str  # below the version's artifact root
-    size: int
 
 
 class MLflowSource(PerModelOnly):
@@ -104,11 +89,13 @@ class MLflowSource(PerModelOnly):
         # the write-back: from this host's registry, or the view given (a fleet's: fleet/mlflowview.py)
         view = view or (HostView(registry) if registry is not None else None)
         self.writeback = WriteBack(self.rest, view) if view is not None else None
+        self.files = ArtifactFiles(self.rest)  # each version's artifacts, listed and read within bounds
         self._poller = Periodic("tritonctl-mlflowpoll", self.poll_interval_s, self._round, log)
         self._failing: str | None = None
         self._failures = 0
         self.downloads = self.bytes_downloaded = 0  # counters for tests and docs
         self._root: Path | None = None  # the content store's folder (what was captured is kept there)
+        self._read_at: float | None = None  # when a poll last listed the registry (`status` says)
 
     # -- listing -----------------------------------------------------------------------------------
     def _list(self) -> dict[str, str]:
@@ -171,12 +158,11 @@ class MLflowSource(PerModelOnly):
             version = self.rest.version_by_alias(model, self.alias)
             if version is None:
                 return None
-            root, files = self._layout(model, version)
+            root, files = self.files.layout(model, version)
             if not any(f.path == root + name for f in files):
                 return None
-            with self._open(root + name, self._base(version)) as answer:
-                return str(answer.read(MAX_CONFIG_BYTES).decode(errors="replace"))
-        except (SnapshotError, OSError):
+            return self.files.read(root + name, self.files.base(version), MAX_CONFIG_BYTES).decode(errors="replace")
+        except (SnapshotError, OSError, http.client.HTTPException, httpbounds.TooLarge):
             return None
 
     def entry_problem(self, model: str) -> str | None:
@@ -220,7 +206,8 @@ class MLflowSource(PerModelOnly):
         return None  # a registered version does not change: there is nothing to settle
 
     def watch_info(self) -> Mapping[str, str | None]:
-        reason = (f"MLflow registry {self.rest.base}: alias {self.alias} read every {self.poll_interval_s:g} s")
+        reason = (f"MLflow registry {self.rest.base}: alias {self.alias} read every {self.poll_interval_s:g} s, "
+                  f"{last_read(self._read_at)}")
         if self._failing:
             reason += f"; unreachable, retrying with backoff: {self._failing}"
         return {"mode": "poll", "reason": reason}
@@ -269,6 +256,7 @@ class MLflowSource(PerModelOnly):
         if self._failing:
             log.info("MLflow at %s answers again", self.rest.base)
         self._failing, self._failures = None, 0
+        self._read_at = time.time()
         now = time.monotonic()
         due: list[str] = []
         with self._lock:
@@ -299,8 +287,8 @@ class MLflowSource(PerModelOnly):
         before = self.rest.version_by_alias(model, self.alias)
         if before is None:
             raise SnapshotSourceGoneError(self.missing(model))
-        base = self._base(before)
-        root, files = self._layout(model, before, base)
+        base = self.files.base(before)
+        root, files = self.files.layout(model, before, base)
         wanted = [f for f in files if f.path.startswith(root)]
         content.check_model_size(model, sum(f.size for f in wanted))
         shas, fetched = self._fetch(model, before, base, wanted, content)
@@ -308,7 +296,7 @@ class MLflowSource(PerModelOnly):
         if after is None or after.get("version") != before.get("version"):
             moved = "deleted" if after is None else f"moved to version {after.get('version')}"
             raise SnapshotChangingError(f"{model}: still changing (alias {self.alias} {moved} during the download)")
-        if self._list_files(model, base) != files:
+        if self.files.listing(model, base) != files:
             raise SnapshotChangingError(f"{model}: still changing (version {before.get('version')}'s artifacts "
                                         "changed during the download)")
         entries: dict[str, ManifestEntry] = {}
@@ -337,62 +325,6 @@ class MLflowSource(PerModelOnly):
                                            f"{self.alias}): {fetched} of {len(wanted)} files downloaded"))
         return snapshot
 
-    def _base(self, version: dict[str, Any]) -> str:
-        uri = self.rest.artifact_uri(version)
-        if not uri.startswith(ARTIFACTS_SCHEME):
-            raise SnapshotUnsupportedError(
-                f"{version.get('name')} version {version.get('version')}: artifacts at {uri} are not served by "
-                f"the tracking server (start it with --serve-artifacts); refusing to capture it")
-        return uri[len(ARTIFACTS_SCHEME):].lstrip("/")
-
-    def _list_files(self, model: str, base: str, rel: str = "") -> list[ArtifactFile]:
-        files: list[ArtifactFile] = []
-        for row in self.rest.list_artifacts(base + ("/" + rel if rel else "")):
-            name = str(row.get("path", ""))
-            path = f"{rel}/{name}" if rel else name
-            if unsafe_path(name) or unsafe_path(path):
-                raise SnapshotUnsupportedError(f"{model}: artifact path {path!r} is not a safe path; refusing to "
-                                               "capture it")
-            if row.get("is_dir"):
-                files.extend(self._list_files(model, base, path))
-            elif not is_ignored_name(name):
-                files.append(ArtifactFile(path, int(row.get("file_size") or 0)))
-        return sorted(files, key=lambda f: f.path)
-
-    def _layout(self, model: str, version: dict[str, Any], base: str | None = None) -> tuple[str, list[ArtifactFile]]:
-        """(the Triton model directory's prefix in the artifacts, "" or "DIR/"; every artifact file)."""
-        base = self._base(version) if base is None else base
-        files = self._list_files(model, base)
-        paths = {f.path: f for f in files}
-        if CONFIG_FILE in paths:
-            root = ""
-        elif MLMODEL in paths:
-            root = self._flavor_dir(model, base, paths[MLMODEL])
-        else:
-            raise SnapshotUnsupportedError(
-                f"{model} version {version.get('version')}: not a Triton model (no {CONFIG_FILE} and no {MLMODEL} "
-                "with a triton flavor in its artifacts)")
-        config = paths.get(root + CONFIG_FILE)
-        if config is None:
-            raise SnapshotUnsupportedError(f"{model} version {version.get('version')}: no {root}{CONFIG_FILE}")
-        if config.size > MAX_CONFIG_BYTES:
-            raise SnapshotTooLargeError(f"{model}: {CONFIG_FILE} is {config.size} bytes, over the "
-                                        f"{MAX_CONFIG_BYTES}-byte limit; refusing to capture it")
-        return root, files
-
-    def _flavor_dir(self, model: str, base: str, mlmodel: ArtifactFile) -> str:
-        with self._open(mlmodel.path, base) as answer:
-            text = answer.read(MAX_CONFIG_BYTES).decode(errors="replace")
-        data = _triton_flavor_data(text)
-        if data is None:
-            raise SnapshotUnsupportedError(f"{model}: {MLMODEL} has no flavors.triton.data: not a Triton model")
-        if unsafe_path(data):
-            raise SnapshotUnsupportedError(f"{model}: {MLMODEL} flavors.triton.data {data!r} is not a safe path")
-        return data.rstrip("/") + "/"
-
-    def _open(self, rel: str, base: str) -> Any:
-        return self.rest.open_artifact(f"{base}/{rel}")
-
     def _fetch(self, model: str, version: dict[str, Any], base: str, wanted: list[ArtifactFile],
                content: ContentStore) -> tuple[dict[str, str], int]:
         """sha256 of every wanted file, each a content-store object; how many were downloaded."""
@@ -410,12 +342,12 @@ class MLflowSource(PerModelOnly):
                 continue
             fd, tmp = tempfile.mkstemp(dir=content.root / "tmp", prefix="mlflow-")
             try:
-                hasher, copied = hashlib.sha256(), 0
-                with os.fdopen(fd, "wb") as writer, self._open(f.path, base) as answer:
-                    while chunk := answer.read(1 << 20):
-                        hasher.update(chunk)
-                        writer.write(chunk)
-                        copied += len(chunk)
+                hasher = hashlib.sha256()
+                with os.fdopen(fd, "wb") as writer:
+                    copied = self.files.download(f, base, writer.write, hasher.update)
+                if copied > f.size:
+                    raise SnapshotChangingError(f"{model}: still changing ({f.path}: more than the {f.size} bytes the "
+                                                "listing said; stopped reading there)")
                 if copied != f.size:
                     raise SnapshotChangingError(f"{model}: still changing ({f.path} is {copied} bytes, the "
                                                 f"listing said {f.size})")
@@ -462,20 +394,6 @@ class MLflowSource(PerModelOnly):
 
 def _signature(version: str) -> str:
     return f"mlflow-version:{version}"
-
-
-def _triton_flavor_data(text: str) -> str | None:
-    """`flavors.triton.data` of an MLmodel file (YAML), or None."""
-    try:
-        import yaml  # mlflow-skinny's dependency (the `mlflow` extra)
-
-        doc = yaml.safe_load(text)
-    except Exception:  # noqa: BLE001 - unreadable: not a Triton model
-        return None
-    flavors = doc.get("flavors") if isinstance(doc, dict) else None
-    flavor = flavors.get("triton") if isinstance(flavors, dict) else None
-    data = flavor.get("data") if isinstance(flavor, dict) else None
-    return data if isinstance(data, str) and data else None
 
 
 def open_source(settings: Settings, registry: RegistryView | None, store_root: Path,

@@ -16,6 +16,7 @@ start-up reads no file of an unchanged model (controlplane/startup/scan.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
@@ -142,6 +143,14 @@ class Source(Protocol):
         """Why the repository level holds `model` back (its hold, or a root marker older than the
         model's content); None when nothing does."""
         ...
+
+
+def last_read(at: float | None) -> str:
+    """`last read HH:MM:SSZ (N s ago)`, or `not read yet`: when a polling source last listed its models
+    (its `watch_info` reason says it: a poll that hangs or fails shows as an old time)."""
+    if at is None:
+        return "not read yet"
+    return f"last read {time.strftime('%H:%M:%SZ', time.gmtime(at))} ({max(0.0, time.time() - at):.0f} s ago)"
 
 
 class PerModelOnly:

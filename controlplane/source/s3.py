@@ -46,7 +46,7 @@ from controlplane.snapshot.content import ContentStore
 from controlplane.snapshot.debris import is_ignored_name
 from controlplane.snapshot.layout import CONFIG_FILE, HOLD_FILE, MAX_CONFIG_BYTES
 from controlplane.snapshot.manifest import ManifestEntry, Snapshot
-from controlplane.source.protocol import Captured, OnChange
+from controlplane.source.protocol import Captured, OnChange, last_read
 from controlplane.source.shacache import ShaCache
 
 log = logging.getLogger("tritonctl.s3source")
@@ -105,6 +105,7 @@ class S3Source:
         self._failing: str | None = None  # the last poll's error, logged once per outage
         self.lists = self.downloads = self.bytes_downloaded = 0  # counters for tests and docs
         self._captured: dict[str, str] = {}  # model -> the listing signature its last capture was taken at
+        self._listed_at: float | None = None  # when a poll last listed the prefix (`status` says)
 
     # -- listing -----------------------------------------------------------------------------------
     def _list(self, model: str | None = None) -> dict[str, Listing]:
@@ -167,7 +168,7 @@ class S3Source:
 
     def watch_info(self) -> Mapping[str, str | None]:
         return {"mode": "poll", "reason": f"object storage {self.location.url}: listed every "
-                f"{self.poll_interval_s:g} s"}
+                f"{self.poll_interval_s:g} s, {last_read(self._listed_at)}"}
 
     def repository_held(self) -> bool:
         return False  # a hold is per model here (`<model>/.tritonctl-hold`), checked by the capture
@@ -288,6 +289,7 @@ class S3Source:
         if self._failing:
             log.info("object storage %s answers again", self.location.url)
             self._failing = None
+        self._listed_at = time.time()
         now = time.monotonic()
         due: list[str] = []
         with self._lock:
@@ -399,6 +401,10 @@ class S3Source:
         for rel, row in sorted(listing.objects.items()):
             if rel == self.commit_marker or not rel:
                 continue
+            size = row.get("Size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise SnapshotUnsupportedError(f"{model}: object {rel!r} is listed with size {size!r}, not a number "
+                                               "of bytes; refusing to capture it")
             parts = rel.rstrip("/").split("/")
             if any(p in ("", ".", "..") for p in parts) or "\\" in rel or "\0" in rel:
                 raise SnapshotUnsupportedError(

@@ -61,6 +61,7 @@ def new_server(settings: Settings) -> TritonServer:
         restricted_key=secrets.token_hex(16),
         die_with_parent=False,
         record_path=workdir / RECORD_FILE,
+        disable_auto_complete=not settings.triton_auto_complete,
         extra_args=[f"--model-load-thread-count={settings.triton_load_threads}"],
     )
 

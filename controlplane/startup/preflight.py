@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 
 from controlplane.api.protocol import read_token
-from controlplane.api.server import insecure_listen_refusal, parse_listen
+from controlplane.api.server import insecure_listen_refusal, parse_listen, socket_group_id
 from controlplane.errors import ConfigError, LauncherError, StateDirInUseError
 from controlplane.settings.config import Settings
 from controlplane.source.local import check_repository
@@ -91,6 +91,8 @@ def _check_files(settings: Settings) -> None:
             refusal = insecure_listen_refusal(key, address, host, tls, settings.allow_insecure_http)
             if refusal is not None:
                 raise refusal
+    if settings.socket_group:
+        socket_group_id(settings.socket_group)  # an unknown group stops the start here
 
 
 def _check_ports(settings: Settings) -> None:

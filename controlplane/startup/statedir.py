@@ -12,10 +12,12 @@ import os
 from pathlib import Path
 from typing import IO
 
+from controlplane.snapshot.fsutil import ensure_dir
 from controlplane.startup import preflight
 
 LOCK_FILE = preflight.LOCK_FILE
 SUBDIRECTORIES = ("store", "serving", "published", "triton")
+STATE_MODE = 0o750  # the state directory and its parts: its group (tritonserver) reads, nobody else
 
 
 class StateDir:
@@ -26,12 +28,13 @@ class StateDir:
         self._lock: IO[str] | None = None  # <state>/daemon.lock, held while this daemon runs
 
     def prepare(self) -> None:
-        """Create the directory (0750) and its parts, and take its lock (a second daemon is refused)."""
+        """Create the directory and its parts (0750 each, whatever the umask: issue 58), and take its lock
+        (a second daemon is refused)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.path, 0o750)
+        os.chmod(self.path, STATE_MODE)
         self.lock()
         for sub in SUBDIRECTORIES:
-            (self.path / sub).mkdir(exist_ok=True)
+            ensure_dir(self.path / sub, STATE_MODE)
 
     def lock(self) -> None:
         """One daemon per state directory: a second one would adopt the first one's tritonserver and

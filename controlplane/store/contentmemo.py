@@ -5,7 +5,9 @@ config, the versions it serves, an ensemble's steps - never changes once recorde
 quarantine, validity and collection do, which this never keeps). Every deploy asked the registry for
 them up to three times (the ensemble checks, the serving-ensembles map): about a fifth of the daemon's
 CPU in a first start under auto policy (issue 26). One memo per Registry, bounded: the oldest entry
-goes first. What it returns is shared: read it, never change it.
+goes first. What it returns is shared: read it, never change it. The one value derived later, the config
+Triton completed at a load (controlplane/validation/completions.py), is dropped (`forget`) when a load
+records it again.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ class ContentMemo:
                     self._values.pop(next(iter(self._values)))
                 self._values[key] = value
         return value
+
+    def forget(self, key: Key) -> None:
+        """Drop what is kept for `key` (a value derived from a record that was replaced)."""
+        with self._lock:
+            self._values.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._values)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import StoreError
+from controlplane.snapshot.fsutil import open_private, write_atomic
 
 Entry = dict[str, Any]
 
@@ -36,8 +37,8 @@ class Journal:
         """Append `entry`, flushed and fsynced (an OSError, e.g. a full disk here too, is the caller's)."""
         line = json.dumps(entry)
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as f:
+            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            with open(open_private(self.path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8") as f:
                 f.write(line + "\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -83,9 +84,4 @@ class Journal:
         if not entries:
             self.path.unlink(missing_ok=True)
             return
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write("".join(json.dumps(e) + "\n" for e in entries))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(e) + "\n" for e in entries).encode(), mode=0o640, fsync=True)

@@ -2,8 +2,9 @@
 
 A deploy, rollback, restore, unload or eviction changes what this host's tritonserver serves at once,
 whatever the database does. Its record (the deployment's intent, steps and end, the model's state and
-active digest, the serving log, the audit event; a failed content's quarantine, a load's footprint) is
-what an outage would lose: a SQLite registry whose disk is full, a PostgreSQL that restarts.
+active digest, the serving log, the audit event; a failed content's quarantine, a load's footprint, the
+config Triton completed at a load) is what an outage would lose: a SQLite registry whose disk is full, a
+PostgreSQL that restarts.
 `JournaledRegistry` is the daemon's registry: each of those writes goes to the registry, and when it
 fails because the registry is unreachable or cannot be written (`registry.unreachable`, what
 `RegistryHealth` counts as an outage) it goes to a journal under the state directory instead
@@ -50,7 +51,14 @@ from controlplane.errors import NotFoundError, StoreError
 from controlplane.store import schema
 from controlplane.store.batches import DeploymentEnd, DeploymentIntent
 from controlplane.store.journal import Entry, Journal
-from controlplane.store.records import AuditEntry, DeploymentRecord, FootprintRecord, ModelRecord, ServingRecord
+from controlplane.store.records import (
+    AuditEntry,
+    CompletedConfigRecord,
+    DeploymentRecord,
+    FootprintRecord,
+    ModelRecord,
+    ServingRecord,
+)
 from controlplane.store.registry import Registry, unreachable
 from controlplane.vocab import SERVING_STATES
 
@@ -220,6 +228,17 @@ class JournaledRegistry(Registry):
                     "gpu_memory_mb": gpu_memory_mb, "source": source, "at": self.clock().isoformat()})
         return FootprintRecord(model, digest, memory_mb, gpu_memory_mb, source, self.clock())
 
+    def record_completed_config(self, model: str, digest: str, config: dict[str, Any]) -> CompletedConfigRecord:
+        """The config Triton completed at a load (an ensemble over the model is checked against it): journaled
+        like the load's record."""
+        try:
+            return super().record_completed_config(model, digest, config)
+        except StoreError as exc:
+            self._unless_away(exc)
+        self._keep({"op": "completed", "model": model, "digest": digest, "config": config,
+                    "at": self.clock().isoformat()})
+        return CompletedConfigRecord(model, digest, config, self.clock())
+
     def set_quarantine(self, model: str, digest: str, reason: str | None) -> None:
         """A failed deploy quarantines its content before it rolls back: journaled, the rollback goes on."""
         if model not in self._waiting:
@@ -332,6 +351,9 @@ class JournaledRegistry(Registry):
             return True
         if op == "update_model":
             super().update_model(entry["model"], **entry["fields"])
+            return True
+        if op == "completed":
+            super().record_completed_config(entry["model"], entry["digest"], entry["config"])
             return True
         log.warning("journal %s: unknown entry %r left out", self.journal.path, op)
         return False
@@ -466,6 +488,14 @@ class JournaledRegistry(Registry):
     def footprints(self, models: Sequence[str] | None = None) -> Any:
         key = ("footprints", None if models is None else tuple(models))
         return self._recall(key, lambda: super(JournaledRegistry, self).footprints(models))
+
+    def completed_configs(self, models: Sequence[str] | None = None) -> Any:
+        key = ("completed_configs", None if models is None else tuple(models))
+        return self._recall(key, lambda: super(JournaledRegistry, self).completed_configs(models))
+
+    def completed_config(self, model: str, digest: str) -> Any:
+        return self._recall(("completed_config", model, digest),
+                            lambda: super(JournaledRegistry, self).completed_config(model, digest))
 
     def list_tags(self, model: str | None = None) -> Any:
         return self._recall(("list_tags", model), lambda: super(JournaledRegistry, self).list_tags(model))

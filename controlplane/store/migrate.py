@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from controlplane.store.sqlite_reader import SqliteReader
 
 # The newest revision in migrations/versions/ (a test fails when a migration is added without this).
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0012"
 
 
 def _config() -> Config:
@@ -104,11 +104,17 @@ def backup_sqlite(database: Path, revision: str) -> Path:
     replaced. Written to a temporary name first, so a crash never leaves a half copy under the name."""
     import os
     import sqlite3
+    import stat
 
     target = backup_path(database, revision)
     partial = target.with_name(target.name + ".partial")
     partial.unlink(missing_ok=True)
     try:
+        # the copy is born with the registry's own mode, not the umask's (issue 58: a 0600 registry gave a
+        # 0644 copy), created here exclusively (a link planted at its name is not followed) and empty
+        mode = stat.S_IMODE(os.stat(database).st_mode)
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
+        os.chmod(partial, mode)
         source = sqlite3.connect(database)  # it exists (it has a revision); the copy only reads it
         try:
             copy = sqlite3.connect(partial)

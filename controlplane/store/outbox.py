@@ -42,7 +42,7 @@ def add_audit_event(session: Session, entry: AuditEntry, host: str, now: datetim
     """Append an audit event and, with `outbox`, its outbox row, in the caller's transaction."""
     row = schema.AuditEvent(time=now, actor=entry.actor, action=entry.action, model=entry.model,
                             digest=entry.digest, outcome=entry.outcome, duration_ms=entry.duration_ms,
-                            message=" ".join(entry.message.split()), host=host)
+                            message=" ".join(entry.message.split()), host=host, claimed=entry.claimed)
     session.add(row)
     if outbox:
         session.flush()  # the event's id
@@ -53,7 +53,8 @@ def add_audit_events(session: Session, entries: Sequence[AuditEntry], host: str,
                      outbox: bool) -> None:
     """`add_audit_event` of many events, in order, as two bulk INSERTs (the start-up scan's batches)."""
     rows = [{"time": now, "actor": e.actor, "action": e.action, "model": e.model, "digest": e.digest,
-             "outcome": e.outcome, "duration_ms": e.duration_ms, "message": " ".join(e.message.split()), "host": host}
+             "outcome": e.outcome, "duration_ms": e.duration_ms, "message": " ".join(e.message.split()), "host": host,
+             "claimed": e.claimed}
             for e in entries]
     if not rows:
         return

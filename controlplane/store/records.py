@@ -124,6 +124,20 @@ def snapshot_record(row: Any) -> SnapshotRecord:
 
 
 @dataclass(frozen=True)
+class CompletedConfigRecord:
+    """The config Triton completed for a content whose python model completes it at load (its
+    `auto_complete_config`), read back after a load (controlplane/store/completed.py)."""
+
+    model: str
+    digest: str
+    config: dict[str, Any]
+    recorded_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config, "recorded_at": iso(self.recorded_at)}
+
+
+@dataclass(frozen=True)
 class FootprintRecord:
     """A digest's memory footprint (controlplane/memory/footprint.py): host MB, MB per GPU (None: unknown),
     `source` measured | declared."""
@@ -195,6 +209,7 @@ class AuditRecord:
     duration_ms: int | None
     message: str
     host: str = ""
+    claimed: str | None = None  # what the caller declared, when it differs from `actor` (migration 0011)
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(self)
@@ -309,9 +324,24 @@ class DeliveryRecord:
         return _jsonable(self)
 
 
+class Actor(str):
+    """An authenticated identity (`token:alice`, `uid:1000(alice)`, `oidc:alice@example.com`) as the actor
+    string every verb already passes down, carrying what the caller declared (`x-tritonctl-actor`) when
+    that differs: `claimed`. Being a str, it goes through every layer unchanged; the audit entries built
+    from it keep the claim beside the actor (`AuditEntry.claimed`), never as the actor."""
+
+    claimed: str | None
+
+    def __new__(cls, identity: str, claimed: str | None = None) -> Actor:
+        actor = super().__new__(cls, identity)
+        actor.claimed = claimed or None
+        return actor
+
+
 @dataclass(frozen=True)
 class AuditEntry:
-    """An audit event to append (the registry stamps the time)."""
+    """An audit event to append (the registry stamps the time). `claimed`: the actor's claim, taken from an
+    `Actor` when not given."""
 
     actor: str
     action: str
@@ -320,3 +350,25 @@ class AuditEntry:
     outcome: str
     message: str = ""
     duration_ms: int | None = None
+    claimed: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.claimed is None and getattr(self.actor, "claimed", None):
+            object.__setattr__(self, "claimed", self.actor.claimed)  # type: ignore[attr-defined]
+        object.__setattr__(self, "actor", str(self.actor))  # a plain str from here on (journals, pickles)
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """A personal token as `token list` shows it: never its secret nor its hash."""
+
+    name: str
+    role: str
+    creator: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(self)

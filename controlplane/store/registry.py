@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store import schema
 from controlplane.store.batches import Batches
+from controlplane.store.completed import CompletedConfigs
 from controlplane.store.contentmemo import ContentMemo
 from controlplane.store.engine import BUSY_TIMEOUT_S, make_engine, redact
 from controlplane.store.footprints import Footprints
@@ -43,6 +44,7 @@ from controlplane.store.records import (  # AuditEntry, AuditQuery, utcnow: re-e
 )
 from controlplane.store.records import model_record as _model_record
 from controlplane.store.records import snapshot_record as _snapshot_record
+from controlplane.store.tokens import Tokens
 from controlplane.vocab import SERVING_STATES
 
 FULL_WORDS = ("full", "readonly", "read-only", "disk i/o")
@@ -62,7 +64,7 @@ def unreachable(exc: BaseException) -> bool:
     return "locked" not in str(exc.orig or "")
 
 
-class Registry(History, Footprints, Batches):
+class Registry(History, Footprints, CompletedConfigs, Batches, Tokens):
     """The registry database behind any SQLAlchemy URL."""
 
     def __init__(self, url: str, host: str = "", busy_timeout_s: float = BUSY_TIMEOUT_S,

@@ -81,6 +81,16 @@ class Footprint(Base):
     measured_at: Mapped[datetime] = mapped_column(DateTime)
 
 
+class CompletedConfig(Base):
+    """The config Triton serves for a content its python model completes at load (migration 0012)."""
+
+    __tablename__ = "completed_configs"
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    config: Mapped[str] = mapped_column(Text)  # JSON of Triton's ModelConfig, the digest stamp left out
+    recorded_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 class Deployment(Base):
     """One deploy, rollback or unload, its step recorded before each step is taken."""
 
@@ -118,6 +128,24 @@ class AuditEvent(Base):
     duration_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
     message: Mapped[str] = mapped_column(Text, default="")
     host: Mapped[str] = mapped_column(String(128), default="")
+    # who the caller said they were (x-tritonctl-actor) when that differs from the authenticated actor
+    claimed: Mapped[str | None] = mapped_column(String(64), nullable=True)  # migration 0011
+
+
+class Token(Base):
+    """A personal token of the control API (controlplane/api/tokens.py; migration 0011): only a slow hash
+    of its secret is kept; `id` is the token's public part, which finds its row."""
+
+    __tablename__ = "tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    secret_hash: Mapped[str] = mapped_column(String(256))  # scrypt$N$r$p$salt$hash
+    creator: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)  # None: never
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ServingLog(Base):

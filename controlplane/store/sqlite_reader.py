@@ -22,6 +22,7 @@ from controlplane.errors import NotFoundError, StoreError, UsageError
 from controlplane.store.records import (
     AuditQuery,
     AuditRecord,
+    CompletedConfigRecord,
     FootprintRecord,
     ModelRecord,
     ServingRecord,
@@ -34,7 +35,7 @@ BUSY_TIMEOUT_S = 10.0
 _MODEL_COLUMNS = "name, policy, pinned, active_digest, state, last_error, active_since, updated_at, removed_at"
 _SNAPSHOT_COLUMNS = ("model, digest, manifest, config, versions, served_versions, valid, problems, total_bytes, "
                      "first_seen, last_seen, quarantined, quarantine_reason, collected")
-_AUDIT_COLUMNS = "id, time, actor, action, model, digest, outcome, duration_ms, message, host"
+_AUDIT_COLUMNS = "id, time, actor, action, model, digest, outcome, duration_ms, message, host, claimed"
 
 # audit --at T: for each (model, host) in the log, its last change at or before T, one index seek each
 # (ix_serving_model_host_time). Sorted in Python: an ORDER BY here would add a temporary b-tree.
@@ -182,12 +183,21 @@ class SqliteReader:
         return {(m, d): FootprintRecord(m, d, mem, gpu, src, _time(at))  # type: ignore[arg-type]
                 for m, d, mem, gpu, src, at in rows}
 
+    def completed_configs(self, models: list[str] | None = None) -> dict[tuple[str, str], CompletedConfigRecord]:
+        """Recorded completed configs by (model, digest); as `Registry.completed_configs`."""
+        where = f" WHERE model IN ({', '.join('?' * len(models))})" if models else ""
+        rows = self._rows("SELECT model, digest, config, recorded_at FROM completed_configs" + where,
+                          tuple(models or ()))
+        return {(m, d): CompletedConfigRecord(m, d, json.loads(c), _time(at))  # type: ignore[arg-type]
+                for m, d, c, at in rows}
+
     def query_audit(self, query: AuditQuery) -> list[AuditRecord]:
         """Newest first, filtered; uses the (model, time) and (time) indexes."""
         rows = self._rows(*audit_statement(query))
         return [AuditRecord(id=i, time=_time(t), actor=actor, action=action, model=model,  # type: ignore[arg-type]
-                            digest=digest, outcome=outcome, duration_ms=ms, message=message, host=host)
-                for i, t, actor, action, model, digest, outcome, ms, message, host in rows]
+                            digest=digest, outcome=outcome, duration_ms=ms, message=message, host=host,
+                            claimed=claimed)
+                for i, t, actor, action, model, digest, outcome, ms, message, host, claimed in rows]
 
     def serving_at(self, when: datetime, models: list[str] | None = None) -> list[ServingRecord]:
         """What each model served at `when` (per host), by model name; as `Registry.serving_at`."""

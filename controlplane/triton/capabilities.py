@@ -16,6 +16,10 @@ Where the facts come from:
 - an external server: its metrics endpoint (`triton_metrics_url`; Triton exports `nv_gpu_*` gauges,
   one `gpu_uuid` per GPU, only when it has GPUs). Its backends and its host's files are not visible
   from outside, so they are not checked before the load (Triton's refusal is recognised after it);
+- a launched server's command line: whether it completes python models' configs (`auto_complete_config`;
+  off with `triton_auto_complete = false`); a model whose config.pbtxt is missing or declares no
+  inputs and no outputs needs that (controlplane/validation/autocomplete.py). An external server's
+  flags are not visible: Triton's refusal is reported after the load;
 - any server, after a failed load: Triton's own reason (`unable to find backend library for
   backend 'X'`, `has kind KIND_GPU but no GPUs are available`, `invalid or unsupported gpu id N`)
   is recognised and reported as the same error (`from_triton_reason`).
@@ -28,7 +32,7 @@ import logging
 import os
 import re
 import urllib.error
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +92,7 @@ class Capabilities:
     backends: frozenset[str] | None
     gpus: int | None
     host_files: bool = False
+    auto_complete: bool | None = None  # whether it completes python models' configs (None: unknown)
 
 
 def model_backend(config: Mapping[str, Any]) -> str | None:
@@ -139,11 +144,31 @@ def check_host_files(config: Mapping[str, Any], caps: Capabilities) -> None:
         )
 
 
+def needs_completion(config: Mapping[str, Any], model_dir: Path | None) -> bool:
+    """Whether a valid python model serves only once its auto_complete_config completed its config: it has no
+    config.pbtxt, or one that declares no inputs and no outputs (validation refuses that without the method)."""
+    if model_backend(config) != "python" or model_dir is None:
+        return False
+    return not (model_dir / "config.pbtxt").is_file() or not (config.get("input") or config.get("output"))
+
+
+def check_completion(config: Mapping[str, Any], caps: Capabilities, model_dir: Path | None) -> None:
+    """Raise HostCapabilityError when the config needs completing and the server does not complete configs."""
+    if caps.auto_complete is False and needs_completion(config, model_dir):
+        raise HostCapabilityError(
+            "config.pbtxt: missing or without inputs and outputs: completed only by the model's "
+            f"auto_complete_config, and the tritonserver at {caps.url} runs with --disable-auto-complete-config "
+            "(triton_auto_complete = false)"
+        )
+
+
 def check(config: Mapping[str, Any] | None, caps: Capabilities, model_dir: Path | None = None) -> None:
-    """Raise HostCapabilityError when `caps` lacks a backend, a GPU or a host file that `config` needs."""
+    """Raise HostCapabilityError when `caps` lacks a backend, a GPU, a host file or the config completion that
+    `config` needs."""
     if not config:
         return
     check_host_files(config, caps)
+    check_completion(config, caps, model_dir)
     backend = model_backend(config)
     if backend and caps.backends is not None and backend not in caps.backends:
         # Triton also takes a backend shipped inside the model directory (libtriton_<name>.so).
@@ -200,6 +225,7 @@ class HostProbe:
     backend_dir: Path | None = None  # a launched server's --backend-directory
     local: bool = False  # launched here: count this host's GPUs
     metrics_url: str | None = None  # an external server's metrics endpoint
+    auto_complete: Callable[[], bool | None] = lambda: None  # a launched server's: read from its command line
 
     def capabilities(self) -> Capabilities:
         backends: frozenset[str] | None = None
@@ -213,7 +239,7 @@ class HostProbe:
             gpus = local_gpu_count()
         elif self.metrics_url:
             gpus = fetch_metrics_gpu_count(self.metrics_url)
-        return Capabilities(self.url, backends, gpus, host_files=self.local)
+        return Capabilities(self.url, backends, gpus, host_files=self.local, auto_complete=self.auto_complete())
 
     def check(self, config: Mapping[str, Any] | None, model_dir: Path | None = None) -> None:
         check(config, self.capabilities(), model_dir)
@@ -222,7 +248,9 @@ class HostProbe:
 def probe_for(url: str, server: Any, metrics_url: str | None) -> HostProbe:
     """The probe for the daemon's tritonserver: `server` is its launched TritonServer, or None."""
     backend_dir = getattr(server, "backend_dir", None) if server is not None else None
-    return HostProbe(url, backend_dir=backend_dir, local=server is not None, metrics_url=metrics_url)
+    completes = getattr(server, "auto_completes", None)
+    return HostProbe(url, backend_dir=backend_dir, local=server is not None, metrics_url=metrics_url,
+                     auto_complete=completes if callable(completes) else lambda: None)
 
 
 def describe(caps: Capabilities) -> str:
@@ -230,13 +258,15 @@ def describe(caps: Capabilities) -> str:
     backends = ", ".join(sorted(caps.backends)) if caps.backends is not None else "unknown"
     gpus = str(caps.gpus) if caps.gpus is not None else "unknown"
     files = "checked" if caps.host_files else "not checkable"
-    return f"tritonserver {caps.url}: backends {backends}; GPUs {gpus}; host files {files}"
+    completes = {True: "on", False: "off", None: "unknown"}[caps.auto_complete]
+    return f"tritonserver {caps.url}: backends {backends}; GPUs {gpus}; host files {files}; auto-complete {completes}"
 
 
 __all__ = [
     "Capabilities",
     "HostProbe",
     "check",
+    "check_completion",
     "check_host_files",
     "describe",
     "execution_env_path",
@@ -245,6 +275,7 @@ __all__ = [
     "gpus_from_metrics",
     "local_gpu_count",
     "model_backend",
+    "needs_completion",
     "probe_for",
 ]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import TritonError, TritonTimeoutError, TritonUnavailableError
-from controlplane.triton.capabilities import HostProbe, from_triton_reason, probe_for
+from controlplane.triton.capabilities import HostProbe, check_completion, from_triton_reason, probe_for
 from controlplane.triton.client import TritonClient
 from controlplane.triton.serverlog import LoadExplainer
 
@@ -28,6 +28,12 @@ class TritonHost:
     def check(self, config: Mapping[str, Any] | None, model_dir: Path | None = None) -> None:
         """Raise HostCapabilityError when the server lacks a backend or GPU the model needs."""
         self.probe.check(config, model_dir)
+
+    def check_completion(self, config: Mapping[str, Any] | None, model_dir: Path | None = None) -> None:
+        """Only the config-completion part of `check`: it needs no running server (a first start's deploys,
+        published before their tritonserver is launched, take it; the rest comes from the load's reason)."""
+        if config:
+            check_completion(config, self.probe.capabilities(), model_dir)
 
     def load(self, model: str, load: Callable[[], None]) -> None:
         """Run `load`; on Triton's refusal, raise it with Triton's real reason in the message (a

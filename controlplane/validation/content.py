@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.documents.results import Problem
-from controlplane.errors import ModelConfigError
+from controlplane.errors import ModelConfigError, SnapshotEnvironmentError, is_environment_error
 from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.vocab import ERROR
 
@@ -23,12 +23,20 @@ MAX_PY_BYTES = 8 << 20  # larger .py files are left to Triton
 
 def _python_files(root: str) -> list[str]:
     found = []
-    for directory, dirs, files in os.walk(root):  # does not follow directory symlinks
+    for directory, dirs, files in os.walk(root, onerror=_host_failed):  # does not follow directory symlinks
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
             if name.endswith(".py"):
                 found.append(os.path.relpath(os.path.join(directory, name), root))
     return found
+
+
+def _host_failed(exc: OSError) -> None:
+    """A file the host failed to read (out of descriptors, an I/O error) is not judged: the capture is
+    tried again (issue 58)."""
+    if is_environment_error(exc):
+        raise SnapshotEnvironmentError(f"cannot read {exc.filename or 'a file'} ({exc.strerror}); trying again") \
+            from exc
 
 
 def compile_problems(root: str, label: str) -> list[tuple[str, str]]:
@@ -41,7 +49,8 @@ def compile_problems(root: str, label: str) -> list[tuple[str, str]]:
                 continue
             with open(path, "rb") as handle:
                 source = handle.read()
-        except OSError:
+        except OSError as exc:
+            _host_failed(exc)
             continue  # unreadable files are reported by the tree walk
         shown = f"{label}/{rel}"
         try:

@@ -2,21 +2,25 @@
 
 The daemon deploys one model at a time, so an ensemble's steps are other models of the registry:
 their config is the one of their active snapshot (what Triton serves), else of their latest valid
-snapshot (what they will serve). A map key or a type that does not fit that config is the
-ensemble's content fault (`member_problems`, recorded with the snapshot); a step model that the
-daemon does not serve is an environment fault (`require_members` raises EnvironmentFault: deploying
-the step first fixes it, and the ensemble's digest must not be quarantined for it). `step_models`
-lists the models an ensemble needs, for `load` (members first) and `unload --dependents`.
+snapshot (what they will serve); for a step whose model completes its config at load, the config
+Triton completed, once a load recorded it (before that, the checks that need it wait, with a warning).
+A map key or a type that does not fit that config is the ensemble's content fault (`member_problems`,
+recorded with the snapshot); a step model that the daemon does not serve is an environment fault
+(`require_members` raises EnvironmentFault: deploying the step first fixes it, and the ensemble's
+digest must not be quarantined for it). `step_models` lists the models an ensemble needs, for `load`
+(members first) and `unload --dependents`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controlplane.errors import EnvironmentFault, ModelConfigError
 from controlplane.store.records import SnapshotRecord
 from controlplane.store.registry import Registry
+from controlplane.validation.autocomplete import completes_at_load
+from controlplane.validation.completions import completed_config, completes
 from controlplane.validation.ensembles import EnsembleFinding, StepModel, as_config, check_ensemble_members, is_ensemble
 from controlplane.vocab import SERVING_STATES
 
@@ -33,11 +37,27 @@ def step_models(config: dict[str, Any] | None) -> list[str]:
     return names
 
 
+def _step_model(registry: Registry, name: str, digest: str, config: dict[str, Any], served: Sequence[int],
+                completing: bool) -> StepModel:
+    """The step model of a content: its recorded config, or the one Triton completed for a content whose
+    model completes it at load (`pending` until a load recorded it)."""
+    if completing:
+        done = completed_config(registry, name, digest)
+        if done is None:
+            return StepModel(as_config(config), served, pending=True)
+        return StepModel(as_config(done), served)
+    return StepModel(as_config(config), served)
+
+
 def _served_step(registry: Registry, name: str, digest: str) -> StepModel | None:
-    """The step model a recorded content makes, parsed once per digest (Registry.contents)."""
+    """The step model a recorded content makes, parsed once per digest (Registry.contents; a pending one
+    is not kept: its completed config comes with its load)."""
     def parse() -> tuple[StepModel | None, bool]:
         config, served = registry.snapshot_content(name, digest)
-        return (StepModel(as_config(config), served) if config is not None else None), True
+        if config is None:
+            return None, True
+        step = _step_model(registry, name, digest, config, served, completes(registry, name, digest))
+        return step, not step.pending
 
     step: StepModel | None = registry.contents.get(("step", name, digest), parse)
     return step
@@ -47,7 +67,8 @@ def _member(registry: Registry, name: str, *, served_only: bool,
             overrides: Mapping[str, SnapshotRecord] | None = None) -> StepModel | None:
     override = (overrides or {}).get(name)
     if override is not None and override.config is not None:  # a change set's member: its new content
-        return StepModel(as_config(override.config), override.served_versions)
+        return _step_model(registry, name, override.digest, override.config, override.served_versions,
+                           completes_at_load(override.problems))
     record = registry.find_model(name)
     if record is None or record.removed_at is not None:
         return None
@@ -59,7 +80,8 @@ def _member(registry: Registry, name: str, *, served_only: bool,
         return None
     for snap in registry.list_snapshots(name):  # newest first
         if snap.valid and snap.config is not None:
-            return StepModel(as_config(snap.config), snap.served_versions)
+            return _step_model(registry, name, snap.digest, snap.config, snap.served_versions,
+                               completes_at_load(snap.problems))
     return None
 
 

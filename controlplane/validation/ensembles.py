@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from google.protobuf import json_format
 
 from controlplane.triton.model_config import model_config_pb2 as mc
-from controlplane.vocab import ERROR
+from controlplane.vocab import ERROR, WARNING
 
 ENSEMBLE = "ensemble"
 LATEST = -1
@@ -48,6 +48,9 @@ class StepModel:
 
     config: mc.ModelConfig | None  # None: present, but its config.pbtxt does not parse (reported there)
     served_versions: Sequence[int]
+    # its config is completed by its model at load and no completed config is recorded yet: `config` is
+    # only what its files declare (controlplane/validation/completions.py)
+    pending: bool = False
 
 
 Lookup = Callable[[str], "StepModel | None"]
@@ -213,6 +216,11 @@ def _members(config: mc.ModelConfig, name: str, lookup: Lookup) -> Iterator[Ense
             yield EnsembleFinding(f"{where}.model_version", f'{step.model_version}: step model '
                                   f'"{step.model_name}" serves only version(s) {", ".join(map(str, served))}',
                                   environment=True)
+            continue
+        if member.pending:
+            yield EnsembleFinding(f"{where}.model_name", f'step model "{step.model_name}" completes its config at '
+                                  "load (auto_complete_config): its inputs and outputs are checked against this "
+                                  "ensemble once it has loaded", WARNING)
             continue
         yield from _step(config, where, step, member.config, tensors)
 

@@ -4,8 +4,9 @@ tritonserver explains most mistakes in a model directory only when it loads it, 
 but "failed to poll from model repository", and one (a python version without model.py) by hanging.
 tritonctl validates every snapshot here first, so a broken model is recorded and explained instead
 of deployed. config.pbtxt is parsed with tritonclient's `model_config_pb2`, the schema Triton
-itself uses; the rest of the directory is only stat'ed: nothing but config.pbtxt is ever opened, no
-symlink is followed out of the model directory, and nothing can block on a FIFO or device. Every
+itself uses; the rest of the directory is only stat'ed: nothing but config.pbtxt (and a python model's
+served model.py, for its `auto_complete_config`: controlplane/validation/autocomplete.py) is ever opened,
+no symlink is followed out of the model directory, and nothing can block on a FIFO or device. Every
 problem is a `Problem` (file, field, one-line reason); the field rules live in
 `controlplane.validation.fields`.
 """
@@ -24,12 +25,13 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 
 from controlplane.documents.results import Problem, ValidationReport, ValidationResult, one_line
-from controlplane.errors import ModelConfigError, UsageError
+from controlplane.errors import ModelConfigError, SnapshotEnvironmentError, UsageError, is_environment_error
 from controlplane.names import validate_model_name
 from controlplane.snapshot.fsutil import read_small_text
 from controlplane.snapshot.layout import CONFIG_FILE, MAX_CONFIG_BYTES
 from controlplane.triton.model_config import model_config_pb2 as mc
-from controlplane.validation.content import content_problems
+from controlplane.validation.autocomplete import check_completion, completes_at_load, read_code
+from controlplane.validation.content import MAX_PY_BYTES, content_problems
 from controlplane.validation.ensembles import StepModel, as_config, check_ensemble_members, is_ensemble
 from controlplane.validation.fields import check_config, check_version_policy
 from controlplane.validation.warmup import check_warmup
@@ -199,6 +201,7 @@ class _Checker:
         self.label = label
         self.config_label = f"{label}/{CONFIG_FILE}"
         self.problems: list[Problem] = []
+        self.config_missing = False
 
     def add(self, where: str, message: str, severity: str = ERROR, file: str | None = None) -> None:
         self.problems.append(Problem(file or self.label, where, message, severity))
@@ -206,7 +209,9 @@ class _Checker:
     def read_config(self) -> str | None:
         st, reason = _stat_inside(self.root, CONFIG_FILE)
         if st is None:
-            self.add(CONFIG_FILE, "missing: Triton cannot load the model" if reason == _MISSING else reason)
+            self.config_missing = reason == _MISSING  # a python model may complete it (`completion`)
+            if not self.config_missing:
+                self.add(CONFIG_FILE, reason)
             return None
         if not stat.S_ISREG(st.st_mode):
             self.add(CONFIG_FILE, f"is a {_kind(st.st_mode)}, not a regular file")
@@ -218,6 +223,7 @@ class _Checker:
             fd = os.open(os.path.realpath(os.path.join(self.root, CONFIG_FILE)),
                          os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
+            host_failed(exc, f"{self.config_label}: cannot open")
             self.add(CONFIG_FILE, f"cannot open: {exc.strerror}")
             return None
         try:
@@ -226,6 +232,7 @@ class _Checker:
                 return None
             data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
         except OSError as exc:
+            host_failed(exc, f"{self.config_label}: cannot read")
             self.add(CONFIG_FILE, f"cannot read: {exc.strerror}")
             return None
         finally:
@@ -324,6 +331,21 @@ class _Checker:
             elif not stat.S_ISREG(st.st_mode):
                 self.add(rel, f"is a {_kind(st.st_mode)}, not a regular file{note}", severity)
 
+    def completion(self, config: mc.ModelConfig | None, served: list[int]) -> None:
+        """A python model's completion by its `auto_complete_config` (controlplane/validation/autocomplete.py),
+        read from each served version's model file; `config` None: the model has no config.pbtxt."""
+        filename = (config.default_model_filename if config is not None else "") or PYTHON_FILE
+        codes = {}
+        for rel in (f"{v}/{filename}" for v in served):
+            st, _ = _stat_inside(self.root, rel)
+            text = read_small_text(Path(os.path.realpath(os.path.join(self.root, rel))), MAX_PY_BYTES) \
+                if st is not None and stat.S_ISREG(st.st_mode) else None
+            if text is not None:
+                codes[rel] = read_code(text)
+        for f in check_completion(config, codes):
+            where = f"{self.label}/{f.file}" if f.file else self.label if f.field == CONFIG_FILE else self.config_label
+            self.add(f.field, f.message, f.severity, file=where)
+
     def file_size(self, rel: str) -> int | None:
         """Size of the regular file `rel` inside the model, None when absent (or not a file)."""
         st, _ = _stat_inside(self.root, rel)
@@ -383,10 +405,18 @@ class _Checker:
                     self.add(rel, f"is a {_kind(mode)}: a model may hold only files, directories, symlinks")
 
 
+def host_failed(exc: OSError, what: str) -> None:
+    """Raise SnapshotEnvironmentError when `exc` is the host's failure (out of descriptors, space, an I/O
+    error): a model is never judged on it (issue 58); its capture is tried again."""
+    if is_environment_error(exc):
+        raise SnapshotEnvironmentError(f"{what} ({exc.strerror}); trying again") from exc
+
+
 def _list(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
-    except OSError:
+    except OSError as exc:
+        host_failed(exc, f"cannot list {path}")
         return []
 
 
@@ -423,6 +453,11 @@ def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
     checker.root = root
     text = checker.read_config()
     config, explicit = checker.parse(text) if text is not None else (None, None)
+    if checker.config_missing:  # Triton starts from its name and the backend its files show
+        found = checker.inferred_backend(mc.ModelConfig())
+        config = mc.ModelConfig(name=model, backend="python") if found and found[0] == "python" else None
+        if config is None:
+            checker.add(CONFIG_FILE, "missing: Triton cannot load the model")
     inferred = checker.inferred_backend(config) if config is not None else None
     if config is not None:
         for finding in check_config(config, explicit, model, inferred):
@@ -435,26 +470,34 @@ def validate_model_dir(path: Path, name: str | None = None) -> ValidationResult:
         result.served_versions = served_versions(config, versions)
         if (config.backend or (inferred and inferred[0])) == "python":
             checker.python_files(config, versions, result.served_versions)
+            checker.completion(None if checker.config_missing else config, result.served_versions)
         checker.referenced_files(config)
     result.versions = versions
     checker.walk()
-    result.problems.extend(content_problems(root, result.model, result.config))  # .py compiles, smoke.json
+    completed = completes_at_load(result.problems)  # smoke.json's tensors: checked against the completed config
+    result.problems.extend(content_problems(root, result.model, None if completed else result.config))
     result.problems[:] = list(dict.fromkeys(result.problems))  # one line per problem, first kept
     return result
 
 
 def model_dirs(path: Path) -> list[Path]:
-    """The model directories PATH names: itself, or, for a repository (no config.pbtxt of its own
-    but sub-directories with one), each non-hidden sub-directory."""
+    """The model directories PATH names: itself, or, for a repository (no config.pbtxt nor python version
+    of its own, but sub-directories with one), each non-hidden sub-directory."""
     path = Path(path)
-    if os.path.lexists(path / CONFIG_FILE) or not path.is_dir():
+    if os.path.lexists(path / CONFIG_FILE) or not path.is_dir() or _python_versions(path):
         return [path]
     children = sorted(
         p for p in _entries(path) if not p.name.startswith(".") and (p.is_dir() or p.is_symlink())
     )
-    if any(os.path.lexists(child / CONFIG_FILE) for child in children if child.is_dir()):
+    if any(os.path.lexists(child / CONFIG_FILE) or _python_versions(child) for child in children if child.is_dir()):
         return children
     return [path]
+
+
+def _python_versions(path: Path) -> bool:
+    """Whether `path` holds a version directory with a model.py: a model even without config.pbtxt (its
+    auto_complete_config may complete it)."""
+    return any(p.name.isdigit() and os.path.lexists(p / PYTHON_FILE) for p in _entries(path))
 
 
 def _entries(path: Path) -> list[Path]:
@@ -490,14 +533,16 @@ def validate_paths(paths: Iterable[str | os.PathLike[str]]) -> ValidationReport:
 def ensemble_problems(result: ValidationResult, lookup: Callable[[str], StepModel | None]) -> list[Problem]:
     """The cross-repository problems of an ensemble `result` (none for other models), its step
     models found with `lookup`. Content problems are errors; a missing or unserved step model too
-    (the repository given is incomplete), flagged in the message."""
+    (the repository given is incomplete), flagged in the message; a step whose config its model completes
+    at load, a warning (checked once it has loaded)."""
     if result.config is None:
         return []
     config = as_config(result.config)
     if not is_ensemble(config):
         return []
     label = f"{result.model}/{CONFIG_FILE}"
-    return [Problem(label, f.field, f.message, ERROR) for f in check_ensemble_members(config, result.model, lookup)]
+    findings = check_ensemble_members(config, result.model, lookup)
+    return [Problem(label, f.field, f.message, f.severity) for f in findings]
 
 
 def check_ensembles(results: list[ValidationResult]) -> None:
@@ -533,7 +578,8 @@ def check_ensembles(results: list[ValidationResult]) -> None:
             if member is None:
                 return None
             usable = member.config is not None and member.ok  # an invalid step is reported as such, below
-            return StepModel(as_config(member.config) if usable else None, member.served_versions)
+            return StepModel(as_config(member.config) if usable else None, member.served_versions,
+                             pending=completes_at_load(member.problems))
 
         problems = ensemble_problems(result, lookup)
         for step in as_config(result.config).ensemble_scheduling.step:

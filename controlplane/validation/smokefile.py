@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # numpy is imported where arrays are built: `validate` checks a smoke file without it
     import numpy as np
 
-from controlplane.errors import ModelConfigError
+from controlplane.errors import ModelConfigError, SnapshotEnvironmentError, is_environment_error
 
 DEFAULT_TOLERANCE = 1e-6
 
@@ -106,6 +106,8 @@ def load_smoke_file(path: Path, label: str | None = None, build: bool = True) ->
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
+        if is_environment_error(exc):  # the host's failure, not the file's: tried again (issue 58)
+            raise SnapshotEnvironmentError(f"{label}: cannot read ({exc}); trying again") from exc
         raise ModelConfigError(f"{label}: cannot read: {exc}") from exc
     try:
         document = json.loads(text)

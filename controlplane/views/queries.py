@@ -8,8 +8,10 @@ Results are the dataclasses of `controlplane.documents.results` (docs/json.md is
 from __future__ import annotations
 
 import difflib
+import json
 from typing import TYPE_CHECKING, Any
 
+from controlplane.bake.canary import CANARY_ACTION, histories
 from controlplane.bake.warn import WARNING, warnings_by_digest
 from controlplane.base.clock import now as now  # moments as text (base/clock.py)
 from controlplane.base.clock import parse_time as parse_time
@@ -61,11 +63,15 @@ def versions(registry: Registry, model: str) -> VersionsResult:
     if record is None:
         raise NotFoundError(f"model '{model}' is unknown to the registry")
     footprints = registry.footprints([model])
+    completed = registry.completed_configs([model])
     warned = warnings_by_digest(registry.query_audit(AuditQuery(model=model, action="bake", outcome=WARNING,
                                                                 limit=1000)))
+    rollouts = histories(registry.query_audit(AuditQuery(model=model, action=CANARY_ACTION, limit=1000)))
     return VersionsResult(model, [VersionRow(snap, snap.digest == record.active_digest,
                                              footprint=footprints.get((model, snap.digest)),
-                                             bake_warning=warned.get(snap.digest))
+                                             bake_warning=warned.get(snap.digest),
+                                             completed_config=completed.get((model, snap.digest)),
+                                             canary=rollouts.get(snap.digest))
                                   for snap in registry.list_snapshots(model)])
 
 
@@ -109,7 +115,23 @@ def diff(registry: Registry, content: ContentStore, model: str, digest_a: str, d
                     difflib.unified_diff(old, new, f"{full_a[:12]}/{path}", f"{full_b[:12]}/{path}")
                 )
         changed.append(FileChange(path, a[path].size, b[path].size, text_diff))
-    return DiffResult(model, full_a, full_b, added, removed, changed)
+    return DiffResult(model, full_a, full_b, added, removed, changed,
+                      completed_config_diff(registry, model, full_a, full_b))
+
+
+COMPLETED_LABEL = "config completed by Triton"
+
+
+def completed_config_diff(registry: Registry, model: str, a: str, b: str) -> str | None:
+    """A unified diff of the configs Triton completed for contents `a` and `b` (as JSON, keys sorted): ""
+    when they are the same, None when neither has one recorded (controlplane/store/completed.py)."""
+    completed = registry.completed_configs([model])
+    configs = [completed.get((model, digest)) for digest in (a, b)]
+    if configs == [None, None]:
+        return None
+    old, new = ((json.dumps(c.config, indent=2, sort_keys=True) + "\n" if c else "").splitlines(keepends=True)
+                for c in configs)
+    return "".join(difflib.unified_diff(old, new, f"{a[:12]}/{COMPLETED_LABEL}", f"{b[:12]}/{COMPLETED_LABEL}"))
 
 
 def audit(

@@ -138,6 +138,7 @@ class StatusView:
         names = [m.name for m in records] if wanted is not None else None
         inputs = self._sync_inputs(records, names)
         footprints = self.registry.footprints(names)
+        completed = self.registry.completed_configs(names)
         by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
         for e in index:
             by_name.setdefault(e.name, []).append(VersionState(e.version, e.state, e.reason))
@@ -152,10 +153,12 @@ class StatusView:
             row.next_retry_s = retry.seconds_left() if retry is not None else None
             row.tags = inputs.tagged.get((model.name, model.active_digest or ""), [])
             row.footprint = footprints.get((model.name, model.active_digest or ""))
+            row.completed_config = completed.get((model.name, model.active_digest or ""))
             standing = self.ondemand.standing(model)
             row.ondemand = standing.to_json() if standing is not None else None
             bake = self.baker.of(model.name)
             row.bake = bake.to_json() if bake is not None else None
+            row.canary = self.baker.canary_of(bake)
             if bake is not None and bake.state == "baking":
                 left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
                 row.sync_reason = f"{row.sync_reason}; {left}" if row.sync_reason else left

@@ -61,10 +61,11 @@ TYPES = ("TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
 
 @dataclass
 class Model:
-    config: str  # config.pbtxt; `${role}` names a model of the same case, `${self}` this one
+    config: str | None  # config.pbtxt (None: none); `${role}` names a model of the same case, `${self}` this one
     versions: tuple[int, ...] = (1,)
     files: dict[str, bytes] = field(default_factory=dict)  # extra files, relative to the model dir
     python: bool = True  # write <v>/model.py (an ensemble has only empty version dirs)
+    code: str = MODEL_PY  # what <v>/model.py holds (cases_autocomplete: an auto_complete_config)
 
 
 @dataclass
@@ -98,12 +99,13 @@ class Case:
             if path.exists():
                 shutil.rmtree(path)
             path.mkdir(parents=True)
-            text = string.Template(model.config).substitute(names, self=names[role], outside=outside)
-            (path / "config.pbtxt").write_text(text)
+            if model.config is not None:
+                text = string.Template(model.config).substitute(names, self=names[role], outside=outside)
+                (path / "config.pbtxt").write_text(text)
             for version in model.versions:
                 (path / str(version)).mkdir()
                 if model.python:
-                    (path / str(version) / "model.py").write_text(MODEL_PY)
+                    (path / str(version) / "model.py").write_text(model.code)
             for rel, data in model.files.items():
                 (path / rel).parent.mkdir(parents=True, exist_ok=True)
                 (path / rel).write_bytes(data)
@@ -126,7 +128,7 @@ class Builder:
     def __init__(self) -> None:
         self.cases: list[Case] = []
 
-    def one(self, name: str, category: str, config: str, loads: bool | None, note: str = "",
+    def one(self, name: str, category: str, config: str | None, loads: bool | None, note: str = "",
             outside: dict[str, bytes] | None = None, **model_args: object) -> None:
         model = Model(config, **model_args)  # type: ignore[arg-type]
         self.cases.append(Case(name, category, {"m": model}, "m", loads, note, dict(outside or {})))

@@ -1,7 +1,8 @@
 """Validate each case offline, ask the deploy-time host check, load it into a real tritonserver.
 
 Every case is written into one repository and validated offline first; the loads then run a few at
-a time against one server (explicit mode), each model unloaded after its verdict. Triton's answer
+a time against one server (explicit mode, completing python models' configs as the daemon's does), each
+model unloaded after its verdict. Triton's answer
 to a failed load is often only "failed to poll from model repository": its reason is in the
 server's log, so each load reads the E-lines the server wrote about the case's models
 (controlplane/triton/serverlog.py, as the daemon does). What counts as agreement is decided in
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tritonclient.grpc as grpcclient
@@ -49,6 +50,7 @@ class Outcome:
     load_s: float
     deploy: str = ""  # the deploy-time host check's refusal for a launched server ("" when it passes)
     server_died: bool = False  # every attempt met a dying server: no verdict from Triton
+    warnings: list[Problem] = field(default_factory=list)  # validation's warnings
 
     @property
     def verdict(self) -> str:
@@ -241,6 +243,7 @@ def run(cases: Iterable[Case], server: TritonServer, workers: int = WORKERS) -> 
     cases = list(cases)
     repo = server.model_repository
     offline: dict[str, tuple[bool, list[Problem]]] = {}
+    warned: dict[str, list[Problem]] = {}
     deploy: dict[str, str] = {}
     for case in cases:
         case.write(repo)
@@ -248,15 +251,22 @@ def run(cases: Iterable[Case], server: TritonServer, workers: int = WORKERS) -> 
     for case in cases:
         ok, errors, results = validate_case(case, repo)
         offline[case.name] = (ok, errors)
+        warned[case.name] = [p for r in results for p in r.warnings]
         deploy[case.name] = host_check(probe, results)
     loads = dict(zip((c.name for c in cases), _load_all(cases, server, workers), strict=True))
     return [Outcome(c, offline[c.name][0], offline[c.name][1], loads[c.name].ok, loads[c.name].message,
-                    loads[c.name].seconds, deploy[c.name], loads[c.name].gone) for c in cases]
+                    loads[c.name].seconds, deploy[c.name], loads[c.name].gone, warned[c.name]) for c in cases]
+
+
+def suite_server(base: Path) -> TritonServer:
+    """The suite's tritonserver: it completes python models' configs, as the daemon's does by default
+    (`triton_auto_complete`; cases_autocomplete needs it, and no other case's verdict changes with it)."""
+    return TritonServer(model_repository=base / "repo", workdir=base / "work", disable_auto_complete=False)
 
 
 def run_with_own_server(cases: Iterable[Case], workers: int = WORKERS) -> list[Outcome]:
     base = Path(tempfile.mkdtemp(prefix="tritonctl-differential-"))
-    server = TritonServer(model_repository=base / "repo", workdir=base / "work")
+    server = suite_server(base)
     (base / "repo").mkdir()
     server.start()
     try:

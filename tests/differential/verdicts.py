@@ -4,6 +4,9 @@
   and an entry there excuses only the refusal it names: the host capability, the text of Triton's
   refusal, and the refusal of the deploy-time host check (controlplane/triton/capabilities.py) that
   stops it before Triton for a launched server. A case refused for another reason fails.
+- A false accept of a model whose `auto_complete_config` fails only at load, for the config it is given
+  (`MODEL_DECIDES`), is excused only when validation warned that the load completes its config and
+  Triton's refusal comes from that method: what the model's code decides, no offline check can.
 - A false refusal (validation refuses, Triton loads) must be a documented stricter rule (`STRICTER`,
   docs/validation.md says why).
 - The deploy-time host check must never refuse what Triton loads.
@@ -60,7 +63,17 @@ STRICTER = {
     "dyn_no_batching": "dynamic_batching with max_batch_size 0: Triton loads it and never batches",
     "parameters_bake_bad": "a bad tritonctl.bake_s: Triton ignores tritonctl's parameters; the model would bake on "
                            "the daemon's limits",
+    "ac_no_config_no_method": "no config.pbtxt and no auto_complete_config: Triton loads it with no inputs and no "
+                              "outputs; every request with a tensor fails",
+    "ac_partial_no_io_no_method": "no inputs, no outputs and no auto_complete_config to add them: as above",
 }
+
+# Validation passes with its warning that the load completes the config, Triton refuses: the model's
+# auto_complete_config fails for the config it is given at load, which only running it shows.
+MODEL_DECIDES = {
+    "ac_raises_at_load": "raises when the config it is given declares no input",
+}
+_MODEL_CODE = r"\(\d+\): auto_complete_config\b|auto_complete_config function in model"
 
 # Both refuse, for reasons that name different fields, and why that is right. Empty: none today.
 REASON_DIFFERS: dict[str, str] = {}
@@ -96,6 +109,8 @@ TRITON_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"sequence batching control tensor must have a name", ("sequence_batching.control_input.name",)),
     (r"unknown source input name|batch input kind '\w+' expects \d+ source input", ("batch_input.source_input",)),
     (r"batch input data type must be", ("batch_input.data_type",)),
+    # the same refusal with auto-complete on (the completion's normalization words it so; measured on 2.51)
+    (r"unexpected batch input data type", ("batch_input.data_type",)),
     (r"failed to open text file for read \S*/warmup/|warmup setting expects \d+ bytes",
      ("model_warmup.inputs.input_data_file",)),
     (r"inference input '[^']*' data-type is '\w+', but model", ("model_warmup.inputs.data_type",)),
@@ -118,6 +133,14 @@ TRITON_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"allows maximum batch size \d+, but it contains model", ("max_batch_size",)),
     (r"ensemble (input|output) '[^']*' for ensemble \S+ is not used", (r"\1",)),
     (r"ensemble scheduling must be set for ensemble", ("ensemble_scheduling",)),
+    # a python model's auto_complete_config at load (pb_utils.ModelConfig's checks, the stub's): measured on 2.51
+    (r"tensor '[^']*': the model expects dims \S+ but the model configuration specifies dims", ("input.dims",
+                                                                                              "output.dims")),
+    (r"configuration expects datatype \w+ for (input|output) '", (r"\1.data_type",)),
+    (r"configuration specified max_batch_size \d+, but in auto-complete-config function", ("max_batch_size",)),
+    (_MODEL_CODE, ("auto_complete_config",)),
+    # the stub's completed config did not parse (an add_input with a data_type Triton does not know)
+    (r"model configuration is not provided for model", ("auto_complete_config",)),
 )
 _WORDS = tuple((re.compile(pattern), fields) for pattern, fields in TRITON_WORDS)
 
@@ -156,6 +179,12 @@ def excused(o: Outcome) -> bool:
             and re.search(excuse.deploy, o.deploy) is not None)
 
 
+def decided_by_model(o: Outcome) -> bool:
+    """A false accept `MODEL_DECIDES` explains: validation warned, Triton's refusal is the method's."""
+    return (o.case.name in MODEL_DECIDES and any(w.field == "auto_complete_config" for w in o.warnings)
+            and re.search(_MODEL_CODE, o.triton) is not None)
+
+
 def reason_mismatch(o: Outcome) -> bool:
     return not o.offline_ok and not o.triton_ok and not o.server_died and not same_field(o.offline, o.triton)
 
@@ -169,7 +198,7 @@ def unexpected(outcomes: list[Outcome]) -> list[str]:
                 bad.append(f"{o.case.name}: validation passes a model that killed tritonserver at every attempt "
                            f"to load it: {o.triton[:300]}")
             continue
-        if o.verdict == "false_accept" and not excused(o):
+        if o.verdict == "false_accept" and not excused(o) and not decided_by_model(o):
             excuse = ALLOWED_FALSE_ACCEPTS.get(o.case.name)
             why = f"excused only for {excuse.capability}, but Triton refuses" if excuse else "Triton refuses"
             bad.append(f"{o.case.name}: validation passes, {why}: {o.triton[:300]} | deploy check: "
@@ -191,16 +220,20 @@ def report(outcomes: list[Outcome]) -> str:
     for o in outcomes:
         cell[(o.offline_ok, o.triton_ok)] += 1
     accepts = [o for o in outcomes if o.verdict == "false_accept"]
-    content = [o for o in accepts if not excused(o)]
+    decided = [o for o in accepts if decided_by_model(o)]
+    content = [o for o in accepts if not excused(o) and not decided_by_model(o)]
     both = [o for o in outcomes if not o.offline_ok and not o.triton_ok and not o.server_died]
     mismatched = [o for o in both if reason_mismatch(o)]
     kills = [o for o in outcomes if o.server_died]
+    completing = sum(1 for o in outcomes if o.case.category == "auto_complete")
     lines = [
         f"{len(outcomes)} cases",
         f"{'':22}{'Triton loads':>14}{'Triton refuses':>16}",
         f"{'validation passes':22}{cell[(True, True)]:>14}{cell[(True, False)]:>16}",
         f"{'validation refuses':22}{cell[(False, True)]:>14}{cell[(False, False)]:>16}",
-        f"content false accepts: {len(content)}; host-dependent, excused by reason: {len(accepts) - len(content)}",
+        f"content false accepts: {len(content)}; host-dependent, excused by reason: "
+        f"{len(accepts) - len(content) - len(decided)}; decided by the model's code at load, warned: {len(decided)}",
+        f"auto-completed configs (category auto_complete): {completing} cases",
         f"both refuse: {len(both)}, naming the same field: {len(both) - len(mismatched)}, "
         f"different fields: {len(mismatched)}; killed tritonserver at every attempt: {len(kills)}",
     ]
@@ -208,6 +241,9 @@ def report(outcomes: list[Outcome]) -> str:
         excuse = ALLOWED_FALSE_ACCEPTS.get(o.case.name)
         if excused(o) and excuse is not None:
             lines.append(f"  excused       {o.case.name}: needs {excuse.capability} | deploy check: {o.deploy} | "
+                         f"Triton: {_reason(o.triton)[:160]}")
+        elif decided_by_model(o):
+            lines.append(f"  model decides {o.case.name}: {MODEL_DECIDES[o.case.name]} | "
                          f"Triton: {_reason(o.triton)[:160]}")
         else:
             lines.append(f"  FALSE ACCEPT  {o.case.name}: Triton: {_reason(o.triton)[:200]} | deploy check: "
@@ -249,7 +285,7 @@ SAMPLE = (
     "seq_corrid_no_type", "bi_unknown_source", "bi_type_string", "warm_zero", "warm_wrong_type",
     "warm_file_missing", "label_missing", "env_missing", "env_missing_abs", "ens_ok", "ens_bad_input_key",
     "ens_unused_input", "ens_mbs_above_step", "parse_unknown_field", "prio_policy_key_far", "prio_levels_no_default",
-    "ens_nested_type_mismatch",
+    "ens_nested_type_mismatch", "ac_no_config", "ac_conflict_dims", "ac_raises_at_load", "ac_no_config_no_method",
 )
 
 

@@ -114,12 +114,13 @@ def test_the_baselines_are_the_previous_digests_before_the_switch() -> None:
     """Both from before the deploy began: the mean over the last bake_s of it, the p99 as last read (the reload
     keeps Triton's summaries, which then hold the new digest's smoke requests too)."""
     baker = Baker(None, None, None, lambda: Settings(bake_s=10.0, bake_max_latency_ratio=2.0))  # type: ignore[arg-type]
-    baker._history["m"] = deque([(90.0, 10, 500_000_000, 9.0),  # out of the window (bake_s 10 before the deploy)
+    baselines = baker.baselines
+    baselines._history["m"] = deque([(90.0, 10, 500_000_000, 9.0),  # out of the window (bake_s 10 before the deploy)
                                  (100.0, 100, 100_000_000, 5.0), (101.0, 150, 200_000_000, None),
                                  (102.0, 200, 250_000_000, 6.0),  # the last p99 before the deploy began
                                  (103.0, 1, 90_000_000, 90.0),  # after the reload: the smoke request, slow
                                  (103.5, 3, 95_000_000, None)])
-    mean_ms, p99_ms = baker._baseline_ms("m", 10.0, deployed_from=102.5)
+    mean_ms, p99_ms = baselines.before("m", 10.0, deployed_from=102.5)
     assert (mean_ms, p99_ms) == (1.5, 6.0)  # 150 ms over 100 requests; not the smoke's 90 ms, nor the new digest's
-    baker._history["m"] = deque([(100.0, 5, 5_000_000, None), (101.0, 5, 5_000_000, 4.0)])
-    assert baker._baseline_ms("m", 10.0, deployed_from=101.5) == (None, None)  # no request: no baseline
+    baselines._history["m"] = deque([(100.0, 5, 5_000_000, None), (101.0, 5, 5_000_000, 4.0)])
+    assert baselines.before("m", 10.0, deployed_from=101.5) == (None, None)  # no request: no baseline

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 RECORD = AuditRecord(id=42, time=datetime(2026, 3, 4, 5, 6, 7, 890000), actor="alice", action="deploy",
                      model="resnet", digest="ab" * 32, outcome="rolled_back", duration_ms=1234,
-                     message="smoke test failed: élan", host="gpu-1")
+                     message="smoke test failed: élan", host="gpu-1", claimed="bob")
 
 
 def test_the_document_carries_every_field_of_the_audit_record() -> None:
@@ -23,7 +23,7 @@ def test_the_document_carries_every_field_of_the_audit_record() -> None:
     assert list(document) == list(EVENT_KEYS)
     assert document == {"id": 42, "time": "2026-03-04T05:06:07.890000Z", "actor": "alice", "action": "deploy",
                         "model": "resnet", "digest": "ab" * 32, "outcome": "rolled_back", "duration_ms": 1234,
-                        "message": "smoke test failed: élan", "host": "gpu-1"}
+                        "message": "smoke test failed: élan", "host": "gpu-1", "claimed": "bob"}
 
 
 def test_audit_json_prints_the_same_document() -> None:
@@ -36,6 +36,7 @@ def test_nullable_fields_stay_null() -> None:
     document = event_document(record)
     assert document["model"] is None and document["digest"] is None and document["duration_ms"] is None
     assert document["host"] == ""
+    assert document["claimed"] is None  # no claim, or the caller declared itself
 
 
 def test_the_body_is_compact_utf8_json_of_the_document() -> None:

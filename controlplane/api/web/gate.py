@@ -7,19 +7,21 @@ answers to `localhost`, `127.0.0.1` and `[::1]`; any address to its own IP liter
 (0.0.0.0, ::) to any IP literal and the loopback names; and every address to the names of the config key
 `web_host_names` (the name a browser uses for a non-loopback view). The port is not compared.
 
-Login. On a loopback listener without `web_require_token` everyone is let in. Elsewhere the token is typed
-once into the login form (a body of at most LOGIN_BODY_LIMIT bytes: 413 beyond, unread); a client's wrong
-tokens slow it down (`LoginThrottle`: after FREE_FAILURES, 429 for a wait that doubles with each further
-failure). A right one opens a session: a random id (not derived from the token) kept in this process's
-memory, for SESSION_LIFETIME_S at most, ended at logout (and by a restart of the daemon). The browser keeps
-it in a cookie (HttpOnly, SameSite=Strict, Secure when the listener serves TLS) that opens this read-only
-view and nothing else. `authorization: Bearer <token>` is accepted too (curl). Static files and the login
-form are open.
+Login. On a loopback listener without `web_require_token` everyone is let in. Elsewhere a personal token,
+the shared token or an OIDC JWT (controlplane/api/access.py's `Authenticator`) is typed once into the
+login form (a body of at most LOGIN_BODY_LIMIT bytes: 413 beyond, unread); a client's wrong tokens slow it
+down (`LoginThrottle`: after FREE_FAILURES, 429 for a wait that doubles with each further failure). A right
+one, of an identity with a role, opens a session: a random id (not derived from the token) kept in this
+process's memory with the credential, for SESSION_LIFETIME_S at most (and no longer than the credential),
+ended at logout (and by a restart of the daemon). Every request checks the credential again (cached for a
+personal token: controlplane/api/tokens.py), so a revoked or expired token ends its sessions. The browser
+keeps the id in a cookie (HttpOnly, SameSite=Strict, Secure when the listener serves TLS) that opens this
+read-only view and nothing else. `authorization: Bearer <token>` is accepted too (curl, a reverse proxy
+such as oauth2-proxy handing on the user's token). Static files and the login form are open.
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import secrets
 import threading
@@ -27,6 +29,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
+
+from controlplane.api.tokens import Identity
+from controlplane.errors import PermissionDeniedError
 
 COOKIE = "tritonctl_web"
 OPEN_PREFIXES = ("/ui/login", "/ui/static/")
@@ -132,37 +137,43 @@ class HostCheck:
 
 
 class Sessions:
-    """Random session ids in memory: each expires SESSION_LIFETIME_S after login and ends at logout."""
+    """Random session ids in memory, each with the credential it was opened with: each expires
+    SESSION_LIFETIME_S after login (or sooner, `lifetime_s=`) and ends at logout."""
 
     def __init__(self, lifetime_s: float = SESSION_LIFETIME_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.lifetime_s = lifetime_s
         self.clock = clock
-        self._expiry: OrderedDict[str, float] = OrderedDict()
+        self._open: OrderedDict[str, tuple[float, str]] = OrderedDict()  # session -> (expiry, credential)
         self._lock = threading.Lock()
 
-    def open(self) -> str:
+    def open(self, credential: str = "", lifetime_s: float | None = None) -> str:
         session = secrets.token_urlsafe(32)
+        lifetime = self.lifetime_s if lifetime_s is None else min(self.lifetime_s, lifetime_s)
         with self._lock:
-            self._expiry[session] = self.clock() + self.lifetime_s
-            while len(self._expiry) > MAX_SESSIONS:
-                self._expiry.popitem(last=False)
+            self._open[session] = (self.clock() + lifetime, credential)
+            while len(self._open) > MAX_SESSIONS:
+                self._open.popitem(last=False)
         return session
 
-    def valid(self, session: str) -> bool:
+    def credential(self, session: str) -> str | None:
+        """The credential a live session was opened with (None: no such session, or it expired)."""
         if not session:
-            return False
+            return None
         with self._lock:
-            expiry = self._expiry.get(session)
-            if expiry is None:
-                return False
-            if self.clock() >= expiry:
-                del self._expiry[session]
-                return False
-            return True
+            found = self._open.get(session)
+            if found is None:
+                return None
+            if self.clock() >= found[0]:
+                del self._open[session]
+                return None
+            return found[1]
+
+    def valid(self, session: str) -> bool:
+        return self.credential(session) is not None
 
     def end(self, session: str) -> None:
         with self._lock:
-            self._expiry.pop(session, None)
+            self._open.pop(session, None)
 
 
 class LoginThrottle:
@@ -221,15 +232,31 @@ def session_of(scope: Mapping[str, Any]) -> str:
     return ""
 
 
-def allowed(scope: Mapping[str, Any], token: str | None, sessions: Sessions) -> bool:
-    """Whether this request may see the view (`token` None: no login, a loopback listener)."""
-    if token is None or str(scope.get("path", "")).startswith(OPEN_PREFIXES):
-        return True
-    if sessions.valid(session_of(scope)):
-        return True
-    headers = dict(scope.get("headers") or ())
-    return hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {token}".encode())
+Identify = Callable[[str], Identity]  # a credential -> who it is (PermissionDeniedError: nobody)
 
 
-def token_matches(given: str, token: str) -> bool:
-    return hmac.compare_digest(given.strip().encode(), token.encode())
+def caller(scope: Mapping[str, Any], identify: Identify, sessions: Sessions) -> Identity | None:
+    """Who this request comes from, checked now: its session's credential or its bearer; None when neither
+    proves an identity with a role (a session whose token was revoked or expired ends here)."""
+    session = session_of(scope)
+    credential = sessions.credential(session)
+    if credential is None:
+        header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
+        scheme, _, credential = header.partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
+            return None
+        credential, session = credential.strip(), ""
+    try:
+        identity = identify(credential)
+    except PermissionDeniedError:
+        if session:
+            sessions.end(session)
+        return None
+    return identity if identity.role is not None else None
+
+
+def allowed(scope: Mapping[str, Any], identify: Identify | None, sessions: Sessions) -> bool:
+    """Whether this request may see the view (`identify` None: no login, a loopback listener)."""
+    if identify is None or str(scope.get("path", "")).startswith(OPEN_PREFIXES):
+        return True
+    return caller(scope, identify, sessions) is not None

@@ -14,6 +14,7 @@ Who may look is controlplane/api/web/gate.py.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -30,16 +31,36 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
 from controlplane import errors
+from controlplane.api.access import Authenticator
+from controlplane.api.tokens import Identity
 from controlplane.api.web import fleetview, gate
 from controlplane.api.web.timeline import MARK_KINDS, build_timeline, config_field_changes, parse_iso
+from controlplane.base.clock import utcnow
 from controlplane.control_plane import ControlPlane
 from controlplane.names import validate_model_name
+from controlplane.vocab import Role
 
 HERE = Path(__file__).resolve().parent
 PAGE_SIZE = 100
 SYNC_VALUES = ("synced", "pending", "held", "invalid", "removed")
 AUDIT_FILTERS = ("model", "actor", "action", "outcome", "since", "until")
 EVENTS_PREFIX = "/ui"  # the event stream on the web listener: /ui/v1/events (the session cookie's path)
+# What a model's page offers, by the role it needs: the view itself changes nothing (it is read-only), so
+# these are the CLI's commands, shown only to a caller whose role may run them.
+ACTIONS = ((Role.DEPLOYER, "tritonctl load {m}", "deploy the source's content now"),
+           (Role.DEPLOYER, "tritonctl rollback {m}", "back to the previous good digest"),
+           (Role.DEPLOYER, "tritonctl pin {m}", "hold it at what serves (unpin: release)"),
+           (Role.DEPLOYER, "tritonctl tag {m} NAME", "name what serves"),
+           (Role.DEPLOYER, "tritonctl unload {m}", "take it out of Triton"),
+           (Role.ADMIN, "tritonctl policy {m} manual", "auto, manual, ondemand, inherit or track:TAG"),
+           (Role.ADMIN, "tritonctl gc --keep 10", "drop the content of old snapshots"))
+
+
+def actions_for(identity: Identity | None, model: str) -> list[tuple[str, str]]:
+    """The commands this caller's role may run on `model` (none without a proven identity)."""
+    if identity is None:
+        return []
+    return [(command.format(m=model), why) for role, command, why in ACTIONS if identity.may(role)]
 
 
 def time_html(iso: str | None) -> Markup:
@@ -122,9 +143,11 @@ def stamp_link(request: Request, view: str) -> str:
     return "/ui/stamp?" + urlencode({"view": view, **params})
 
 
-def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: APIRouter | None = None) -> FastAPI:
-    """The view's own application (its own listener): `token` None means no login (a loopback address);
-    `events`: the control API's /v1/events router, served here as /ui/v1/events behind the same gate."""
+def build_web_app(plane: ControlPlane, login: Authenticator | None, secure: bool,
+                  events: APIRouter | None = None) -> FastAPI:
+    """The view's own application (its own listener): `login` None means no login (a loopback address),
+    else who may log in (personal tokens, the shared token, OIDC); `events`: the control API's /v1/events
+    router, served here as /ui/v1/events behind the same gate."""
     app = FastAPI(title="tritonctl web view", docs_url=None, redoc_url=None, openapi_url=None)
     sessions, throttle = gate.Sessions(), gate.LoginThrottle()
     if events is not None:
@@ -137,15 +160,20 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         """The page, or with `?fragment=1` only its live part (the template `live`)."""
         if live and request.query_params.get("fragment") == "1":
             name = live
-        context = {**context, "login": token is not None, "after": newest_audit_id(plane),
-                   "in_fleet": plane.fleet is not None, "live": live}
+        context = {**context, "login": login is not None, "after": newest_audit_id(plane),
+                   "in_fleet": plane.fleet is not None, "live": live,
+                   "who": getattr(request.state, "identity", None)}
         return templates.TemplateResponse(request, name, context,
                                           status_code=status_code)
 
     @app.middleware("http")
     async def only_with_token(request: Request, call_next: Any) -> Response:
         response: Response
-        if gate.allowed(request.scope, token, sessions):
+        open_path = login is None or request.scope["path"].startswith(gate.OPEN_PREFIXES)
+        identity = None if open_path or login is None else await asyncio.to_thread(
+            gate.caller, request.scope, login.identify, sessions)
+        request.state.identity = identity
+        if open_path or identity is not None:
             response = await call_next(request)
             response.headers["cache-control"] = "no-store"
         elif (request.scope["path"].startswith(("/ui/stamp", EVENTS_PREFIX + "/v1/"))
@@ -172,7 +200,7 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         return render(request, "login.html", {"next": _safe_next(next), "wrong": False})
 
     @app.post("/ui/login")
-    async def login(request: Request) -> Response:
+    async def log_in(request: Request) -> Response:
         client = request.client.host if request.client else ""
         wait_s = throttle.wait_s(client)
         if wait_s > 0:  # before the body is read: a client guessing tokens waits, whatever it sends
@@ -185,14 +213,21 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
             return PlainTextResponse(f"413 the login form takes at most {gate.LOGIN_BODY_LIMIT} bytes\n",
                                      status_code=413, headers={"connection": "close"})
         form = parse_qs(body.decode("utf-8", "replace"))
-        given, target = form.get("token", [""])[0], _safe_next(form.get("next", ["/ui/"])[0])
-        if token is None or gate.token_matches(given, token):
+        given, target = form.get("token", [""])[0].strip(), _safe_next(form.get("next", ["/ui/"])[0])
+        if login is None:
+            return RedirectResponse(target, status_code=303)
+        try:
+            identity: Identity | None = await asyncio.to_thread(login.identify, given)
+        except errors.PermissionDeniedError:
+            identity = None
+        if identity is not None and identity.role is not None:
             throttle.succeeded(client)
             response = RedirectResponse(target, status_code=303)
-            if token is not None:
-                response.headers["set-cookie"] = gate.cookie_header(sessions.open(), secure)
+            left = (identity.expires_at - utcnow()).total_seconds() if identity.expires_at else None
+            response.headers["set-cookie"] = gate.cookie_header(sessions.open(given, left), secure)
             return response
-        throttle.failed(client)
+        for key in (client, *login.failure_keys(given)):
+            throttle.failed(key)
         return render(request, "login.html", {"next": target, "wrong": True}, status_code=401)
 
     @app.post("/ui/logout")
@@ -236,6 +271,7 @@ def build_web_app(plane: ControlPlane, token: str | None, secure: bool, events: 
         now = datetime.now(timezone.utc)
         return render(request, "model.html", {
             "row": status["models"][0], "versions": versions, "events": events[:100],
+            "actions": actions_for(request.state.identity, model),
             "timeline": build_timeline(versions, events, now), "now": now.isoformat(timespec="seconds"),
             "stamp": live_stamp(plane, status),
             "stamp_url": "/ui/stamp?" + urlencode({"view": "model", "model": model})}, live="_model_live.html")

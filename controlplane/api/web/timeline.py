@@ -5,6 +5,11 @@ shows exactly what the CLI and the API say. A digest serves from a successful de
 until the next successful deploy, rollback or unload; a deploy that rolled back leaves the digest before
 it serving and marks the failed digest's band with Triton's reason. Positions are percentages of the
 span from the first event to `now`, so the band needs no script to draw.
+
+A canary (docs/bake.md "Canary steps") is its own band within the bands: from each step's `canary` audit
+line below 100 % until the next one (or the canary's end), the new digest's band carries a canary segment
+with its weight, and the band of the digest that served before it one with the rest of the requests (it
+still served them).
 """
 
 from __future__ import annotations
@@ -14,19 +19,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from controlplane.bake.canary import CANARY_ACTION, STEP_LINE
 from controlplane.vocab import BAKE_ACTOR  # a failed bake's rollback (docs/bake.md): `rolled_back`, its digest serves
 
 # Which audit actions put a mark on the timeline, and the letter the mark shows (colour is never the only
 # signal: each mark is a letter with its kind spelled out in the legend and the title).
 MARK_KINDS = {"deploy": "D", "rollback": "R", "quarantine": "Q", "tag": "T", "changeset": "C", "unload": "U",
-              "pin": "P", "unpin": "P", "policy": "P", "bake": "B"}
+              "pin": "P", "unpin": "P", "policy": "P", "bake": "B", "canary": "W"}
 SERVES = ("deploy", "rollback")
 GOOD = ("ok", "noop")
 # Drawing (static/web.css): a mark is about 1rem wide, centred on its moment, on a band at least 20rem wide, so
-# two marks closer than 6 % of the span would overlap: the later one goes down a lane. The served strip is
-# above the lanes, so no mark hides a band, however short (a digest that served under a second).
+# two marks closer than 6 % of the span would overlap: the later one goes down a lane. The served strip (and a
+# canary's share under it) is above the lanes, so no mark hides a band, however short (a digest that served
+# under a second).
 MARK_GAP_PCT = 6.0
-STRIP_REM = 1.1  # the served strip's height; lane k's marks are at STRIP_REM + k * LANE_REM
+STRIP_REM = 1.55  # the served strip and a canary's share under it; lane k's marks are at STRIP_REM + k * LANE_REM
 LANE_REM = 1.6
 
 
@@ -62,7 +69,8 @@ class Mark:
     @property
     def title(self) -> str:
         e = self.event
-        return f"{self.kind}: {e['action']} {e['outcome']} by {e['actor']} at {e['time']}" + (
+        claimed = f" (claimed {e['claimed']})" if e.get("claimed") else ""
+        return f"{self.kind}: {e['action']} {e['outcome']} by {e['actor']}{claimed} at {e['time']}" + (
             f": {e['message']}" if e.get("message") else "")
 
 
@@ -72,6 +80,7 @@ class Band:
     segments: list[tuple[float, float]] = field(default_factory=list)  # (left %, width %) while it served
     marks: list[Mark] = field(default_factory=list)
     serving_now: bool = False
+    canary: list[tuple[float, float, int]] = field(default_factory=list)  # (left %, width %, percent of requests)
 
     @property
     def height(self) -> float:
@@ -120,11 +129,27 @@ def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]],
     bands = {v["digest"]: Band(v["digest"]) for v in versions}
     other: list[Mark] = []
     serving: tuple[str, float] | None = None
+    before: dict[str, str] = {}  # a digest -> the one that served before its deploy (a canary splits with it)
+    split: dict[str, tuple[float, int]] = {}  # a digest whose canary step runs -> (since %, its weight)
+
+    def end_split(digest: str, at: float) -> None:
+        left, weight = split.pop(digest)
+        bands[digest].canary.append((left, round(at - left, 2), weight))
+        if before.get(digest) in bands:
+            bands[before[digest]].canary.append((left, round(at - left, 2), 100 - weight))
+
     for event in ordered:
         moment = parse_iso(event["time"])
         if moment is None:
             continue
         kind, digest = mark_kind(event), event.get("digest")
+        if event["action"] == CANARY_ACTION and digest:
+            bands.setdefault(digest, Band(digest))
+            if digest in split:
+                end_split(digest, pos(moment))
+            step = STEP_LINE.match(event.get("message") or "")
+            if step is not None and int(step.group(3)) < 100:
+                split[digest] = (pos(moment), int(step.group(3)))
         if kind in MARK_KINDS:
             mark = Mark(kind, MARK_KINDS[kind], pos(moment), event)
             band = bands.get(digest) if digest else None
@@ -136,12 +161,17 @@ def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]],
             event["action"] == "unload" and event["outcome"] in GOOD)
         if ends_serving:
             starts = event["action"] != "unload"  # a deploy or rollback starts its digest's band
+            left_by = serving[0] if serving else None
             if serving and (not starts or serving[0] != digest):
                 left = serving[1]
                 bands[serving[0]].segments.append((left, round(pos(moment) - left, 2)))
                 serving = None
             if starts and serving is None and digest:
+                if left_by is not None and left_by != digest:
+                    before[digest] = left_by
                 serving = (digest, pos(moment))
+    for digest in list(split):
+        end_split(digest, 100.0)
     if serving:
         bands[serving[0]].segments.append((serving[1], round(100.0 - serving[1], 2)))
         bands[serving[0]].serving_now = True

@@ -1,0 +1,100 @@
+"""The daemon's side of the gateway's control channel: a blocking client over the gateway's Unix socket.
+
+The channel is one JSON object per line, request then answer (controlserver.py is the gateway's side):
+
+    {"op": "hello"}                                   -> {"ok": true, "pid", "started", "version", "ports"}
+    {"op": "update", "set": {MODEL: ROUTE}, "delete": [MODEL], "version": N}
+                                                      -> {"ok": true, "version": N}
+    {"op": "routes"}                                  -> {"ok": true, "version": N, "routes": {MODEL: ROUTE}}
+    {"op": "figures"}                                 -> {"ok": true, "figures": {...}} (figures.py's shape)
+    {"op": "inflight", "names": [PRIVATE]}            -> {"ok": true, "inflight": {PRIVATE: COUNT}}
+    a refusal                                         -> {"ok": false, "error": "one line"}
+
+An `update` is written to the routes file (temporary file, fsync, rename) before it is answered, then
+swapped in whole: a daemon that saw `ok` knows the gateway serves the new routes and will again after
+a restart. Each call opens its own connection (no state to lose between calls); every failure is a
+`GatewayError` with one line naming the socket. No asyncio here: the daemon imports this.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from controlplane.errors import GatewayError
+from controlplane.gateway.routes import Route, RouteTable, route_to_json, table_from_json
+
+MAX_ANSWER = 64 << 20
+
+
+class GatewayControl:
+    def __init__(self, socket_path: Path | str, timeout_s: float = 5.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout_s = timeout_s
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One request, one answer; GatewayError when the gateway cannot be reached or refuses."""
+        data = (json.dumps(request, separators=(",", ":")) + "\n").encode()
+        chunks: list[bytes] = []
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(self.timeout_s)
+                sock.connect(str(self.socket_path))
+                sock.sendall(data)
+                size = 0
+                while True:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if chunk.endswith(b"\n"):
+                        break
+                    if size > MAX_ANSWER:
+                        raise GatewayError(f"gateway at {self.socket_path}: answer over {MAX_ANSWER} bytes")
+        except FileNotFoundError:
+            raise GatewayError(f"gateway control socket {self.socket_path} does not exist "
+                               "(gateway not running)") from None
+        except ConnectionRefusedError:
+            raise GatewayError(f"gateway at {self.socket_path} refused the connection (gateway not running)") from None
+        except TimeoutError:
+            raise GatewayError(f"gateway at {self.socket_path} did not answer within {self.timeout_s:g}s") from None
+        except OSError as exc:
+            raise GatewayError(f"gateway at {self.socket_path}: {exc.strerror or exc}") from None
+        try:
+            answer = json.loads(b"".join(chunks))
+        except ValueError:
+            raise GatewayError(f"gateway at {self.socket_path} answered out of protocol (not one JSON line)") from None
+        if not isinstance(answer, dict):
+            raise GatewayError(f"gateway at {self.socket_path} answered out of protocol (not a JSON object)")
+        if not answer.get("ok"):
+            raise GatewayError(f"gateway at {self.socket_path} refused {request.get('op')}: "
+                               f"{answer.get('error', 'no reason given')}")
+        return answer
+
+    def hello(self) -> dict[str, Any]:
+        """pid, start time (`started`, seconds since the epoch), routes `version` and bound `ports`."""
+        return self.call({"op": "hello"})
+
+    def update(self, set: Mapping[str, Route] | None = None, delete: Iterable[str] = (),  # noqa: A002 - the issue's word
+               version: int | None = None) -> int:
+        """Set and delete routes in one swap; returns the routes version now served."""
+        routes = {name: route_to_json(route) for name, route in (set or {}).items()}
+        request: dict[str, Any] = {"op": "update", "set": routes, "delete": list(delete)}
+        if version is not None:
+            request["version"] = version
+        return int(self.call(request)["version"])
+
+    def routes(self) -> RouteTable:
+        answer = self.call({"op": "routes"})
+        return table_from_json({"version": answer.get("version", 0), "routes": answer.get("routes", {})},
+                               f"gateway at {self.socket_path}")
+
+    def figures(self) -> dict[str, Any]:
+        return dict(self.call({"op": "figures"})["figures"])
+
+    def inflight(self, names: Iterable[str]) -> dict[str, int]:
+        return {str(k): int(v) for k, v in self.call({"op": "inflight", "names": list(names)})["inflight"].items()}
