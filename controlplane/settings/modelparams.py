@@ -1,10 +1,11 @@
 """A model's own `tritonctl.*` parameters in its config.pbtxt: which there are, and each one's parser.
 
-`parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }`: a model's bake (docs/bake.md), parsed as
-the daemon's settings are (settings/config.py `PARSERS`, so with the same bounds, controlplane/base/bounds.py),
-and its declared footprint (controlplane/memory/footprint.py). Every `tritonctl.*` key a model may set is here;
-validation (validation/fields.py) refuses a bad one naming it and warns of a key tritonctl does not read.
-`tritonctl.digest` is tritonctl's own stamp, written into every published config.
+`parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }`: a model's bake and canary steps
+(docs/bake.md), parsed as the daemon's settings are (settings/config.py `PARSERS`, so with the same bounds,
+controlplane/base/bounds.py), and its declared footprint (controlplane/memory/footprint.py). Every
+`tritonctl.*` key a model may set is here; validation (validation/fields.py) refuses a bad one naming it
+and warns of a key tritonctl does not read. `tritonctl.digest` is tritonctl's own stamp, written into
+every published config.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from controlplane.base import bounds
 from controlplane.settings.config import PARSERS, number_from
 
-BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio")
+BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio", "canary_steps")
 FOOTPRINT_PARAMETERS = ("footprint_mb", "gpu_footprint_mb")
 PARAMETER_PREFIX = "tritonctl."
 STAMPED_PARAMETERS = ("digest",)
