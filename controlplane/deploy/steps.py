@@ -426,7 +426,12 @@ class TritonSteps:
             tensors = [(i.name, i.datatype, i.array) for i in inputs if i.array is not None]  # built: never None
             return self.triton.infer(model, version, tensors, outputs)
 
-        failures = run_smoke(name, requests, infer)
+        def as_loaded(_shown: str, version: str, inputs: Sequence[SmokeInput],
+                      outputs: Sequence[str]) -> dict[str, np.ndarray]:
+            return infer(name, version, inputs, outputs)
+
+        # its messages name the model as its operator knows it (`label`), not a private name Triton loads it under
+        failures = run_smoke(label or name, requests, as_loaded)
         if failures:
             raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
 
