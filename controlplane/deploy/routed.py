@@ -54,7 +54,7 @@ from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 from controlplane.triton.client import DIGEST_PARAMETER
-from controlplane.validation.bls import bls_callees
+from controlplane.validation.bls import DYNAMIC, bls_callees, declared_callees
 from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import stamp_parameter
 from controlplane.vocab import SERVING_STATES, Cause, DeployStep, ModelState, Result, StepState
@@ -324,8 +324,15 @@ class RoutedDeploys:
         on (controlplane/validation/bls.py); returns the ones newly marked."""
         called: set[str] = set()
         for model, snap in members:
-            if not step_models(snap.config):
-                called |= bls_callees(self.d.store.tree_path(snap.digest)) - {model}
+            if step_models(snap.config):
+                continue
+            declared = declared_callees(snap.config)
+            calls = declared or bls_callees(self.d.store.tree_path(snap.digest))
+            if DYNAMIC in calls:  # a name computed at run time, undeclared: any model may be called
+                log.warning("%s calls models by BLS with names computed at run time and declares none "
+                            "(parameters tritonctl.bls_callees): every model is served under its own name", model)
+                calls = {m.name for m in self.d.registry.list_models()}
+            called |= calls - {model, DYNAMIC}
         return self.aliases.in_place(called)
 
     def _callees_of(self, ups: list[Up]) -> list[Up]:

@@ -6,7 +6,9 @@ the name Triton has loaded. Through the gateway every digest is loaded under a p
 there, so the deploy engine serves such a callee in place under its own name (controlplane/deploy/routed.py).
 Read from the model's source with `ast` (nothing is imported or run): the string literal given as
 `model_name`, by keyword or as the first argument, of every `InferenceRequest(...)` call. A name computed at
-run time cannot be seen here; docs/gateway.md says so.
+run time cannot be seen there: the calling model may declare its callees in its config, `parameters { key:
+"tritonctl.bls_callees" value { string_value: "add_sub,tokenizer" } }`; without that declaration every model
+may be its callee, and every model is then served under its own name (docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ast
 import os
 from pathlib import Path
+from typing import Any
 
 MAX_SOURCE_BYTES = 4 << 20  # a python file larger than this is not read for calls
 
@@ -22,8 +25,12 @@ def _literal(node: ast.AST | None) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
+DYNAMIC = "*"  # a call whose model name is computed at run time: any model may be called
+
+
 def calls_in(source: str) -> set[str]:
-    """The model names `source` passes to `InferenceRequest` as literals."""
+    """The model names `source` passes to `InferenceRequest` as literals; `DYNAMIC` among them when a call's
+    name is computed at run time (the model may call any model)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -36,12 +43,22 @@ def calls_in(source: str) -> set[str]:
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         if name != "InferenceRequest":
             continue
-        literal = next((_literal(k.value) for k in node.keywords if k.arg == "model_name"), None)
-        if literal is None and node.args:
-            literal = _literal(node.args[0])
-        if literal:
-            found.add(literal)
+        given = next((k.value for k in node.keywords if k.arg == "model_name"), None)
+        if given is None and node.args:
+            given = node.args[0]
+        if given is not None:
+            found.add(_literal(given) or DYNAMIC)
     return found
+
+
+CALLEES_PARAMETER = "tritonctl.bls_callees"
+
+
+def declared_callees(config: dict[str, Any] | None) -> set[str]:
+    """The models a config declares it calls by BLS (`tritonctl.bls_callees`, comma-separated)."""
+    value = ((config or {}).get("parameters") or {}).get(CALLEES_PARAMETER)
+    text = value.get("string_value", "") if isinstance(value, dict) else value if isinstance(value, str) else ""
+    return {name.strip() for name in text.split(",") if name.strip()}
 
 
 def bls_callees(tree: Path) -> set[str]:

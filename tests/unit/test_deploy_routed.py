@@ -356,5 +356,23 @@ def test_bls_calls_are_read_from_the_source() -> None:
               'r = pb_utils.InferenceRequest(model_name="add_sub", inputs=[], requested_output_names=[])\n'
               'q = InferenceRequest("pytorch", [], [])\n'
               'dynamic = pb_utils.InferenceRequest(model_name=name, inputs=[])\n')
-    assert calls_in(source) == {"add_sub", "pytorch"}
+    assert calls_in(source) == {"add_sub", "pytorch", "*"}  # *: a name computed at run time
     assert calls_in("def broken(:\n") == set()
+
+
+def test_a_bls_call_by_a_name_computed_at_run_time_serves_every_model_under_its_own_name(bench: Bench) -> None:
+    """Undeclared: any model may be its callee, so none may answer only to a private name."""
+    other = bench.record(1, model="other")
+    bench.deployer.deploy("other", other, "alice")
+    write_gen_model(bench.repo, "router", 1)
+    source = bench.repo / "router" / "1" / "model.py"
+    source.write_text(source.read_text() + '\n\ndef forward(name, x):\n'
+                      '    return pb_utils.InferenceRequest(model_name=name, requested_output_names=["gen"],'
+                      ' inputs=[x])\n')
+    snap = bench.store.capture(bench.repo / "router", "router")
+    result = validate_model_dir(bench.store.tree_path(snap.digest), name="router")
+    record, _ = bench.registry.record_snapshot("router", snap.digest, snap.manifest_json(), config=result.config,
+                                               versions=result.versions, served_versions=result.served_versions,
+                                               valid=True, problems=[], total_bytes=snap.total_bytes)
+    assert bench.deployer.deploy("router", record.digest, "alice").outcome == Result.OK
+    assert bench.routes.routed("other") == ("other", other)
