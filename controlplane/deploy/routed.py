@@ -25,29 +25,25 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controlplane.deploy.aliases import Lane, Routed, Target, Weighted, public_of
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
-from controlplane.deploy.plans import ACTION, Plan, audit_set, point_steps
+from controlplane.deploy.plans import point_steps
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import (
     BringUp,
     DeployOperation,
     LoadGuard,
-    ProgressFn,
     TritonPort,
     TritonSteps,
     VerifyError,
-    ms_since,
 )
-from controlplane.documents.results import Outcome, Progress
+from controlplane.documents.results import Outcome
 from controlplane.errors import EnvironmentFault, TritonctlError
 from controlplane.names import is_private_name
 from controlplane.snapshot import ContentStore
@@ -219,51 +215,6 @@ class RoutedDeploys:
         up = Up(op.model, snap.digest, snap, "", op, self.aliases.target(op.model), ticket=ticket)
         return self.run([up])[op.model]
 
-    def run_set(self, plan: Plan, actor: str, progress: ProgressFn | None) -> Outcome:
-        """A change set (steps before ensembles): each changed member brought up under its name, with its own
-        deployment, and every public name switched in one update. (A bake's set rollback goes member by
-        member through the Deployer's SetRunner: each a switch back to a name the bake kept loaded.)"""
-        started = time.monotonic()
-        set_id = secrets.token_hex(4)
-        steps: list[Progress] = []
-
-        def emit(p: Progress) -> None:
-            steps.append(p)
-            if progress:
-                progress(p)
-
-        members = list(plan.members)
-        changed = [m for m in members if m.changed or plan.force]
-        if not changed:
-            return Outcome(plan.label, ACTION, "noop", None, None, "every member already serves its source content")
-        with ExitStack() as stack:
-            for member in sorted(changed, key=lambda m: m.model):
-                stack.enter_context(self.d.lock(member.model))
-            ups: list[Up] = []
-            for m in changed:
-                snap = self.d.registry.get_snapshot(m.model, m.digest)
-                op = DeployOperation(self.d.registry, self.d.report, m.model, snap.digest, m.previous, actor,
-                                     "deploy", progress=emit)
-                refusal = self.d._refusal(snap, plan.force, {u.model: u.snap for u in ups})
-                if refusal is not None:
-                    message = f"{m.model}: {refusal[0]}"
-                    op.refuse(*refusal)
-                    audit_set(self.d.registry, actor, set_id, members, "failed", message, started)
-                    return Outcome(plan.label, ACTION, Result.FAILED, None, None, message, ms_since(started), steps,
-                                   refusal[1])
-                ups.append(Up(m.model, snap.digest, snap, "", op, self.aliases.target(m.model)))
-            outcomes = self.run(ups)
-        failed = next((o for o in outcomes.values() if not o.succeeded), None)
-        if failed is None:
-            outcome, result = "deployed", Result.OK
-            message = f"deployed {', '.join(u.model for u in ups)} in one switch of the gateway"
-        else:
-            result = Result(failed.outcome)
-            outcome, message = failed.outcome, f"{failed.model}: {failed.message}"
-        audit_set(self.d.registry, actor, set_id, members, outcome, message, started)
-        return Outcome(plan.label, ACTION, result, None, None, f"change set {set_id}: {message}", ms_since(started),
-                       steps, Cause.NONE if failed is None else failed.cause)
-
     def run(self, ups: list[Up]) -> dict[str, Outcome]:
         """Bring every member up, rebind the serving ensembles over changed steps, switch once, commit."""
         planned: dict[str, str] = {}
@@ -316,7 +267,7 @@ class RoutedDeploys:
             up.op.emit(DeployStep.COMMIT, StepState.OK, message)
             self._settle(up, True)
         for up in [*ups, *rebound, *callees]:
-            self._leave(up)
+            self.leave(up)
         return done
 
     def mark_callees(self, members: Sequence[tuple[str, SnapshotRecord]]) -> set[str]:
@@ -420,7 +371,7 @@ class RoutedDeploys:
             ticket, up.ticket = up.ticket, None
             self.d.guard.settle(ticket, loaded)
 
-    def _leave(self, up: Up) -> None:
+    def leave(self, up: Up) -> None:
         """The name `up` switched away from drains; the published trees of its new name are pruned."""
         if up.old is not None and up.old.name != up.name:
             self.drainer.retire(up.model, up.old.name)
@@ -447,7 +398,7 @@ class RoutedDeploys:
             return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED,
                           active=op.digest if committed else previous, cause=cause)
         message = f"rolled back to {previous[:12]}: {error}"
-        self._leave(up)
+        self.leave(up)
         op.emit(DeployStep.ROLLBACK, StepState.OK, message, previous)
         serving = ServingRecord(model, previous, [int(v) for v in up.ready if v.isdigit()]) if committed else None
         return op.end(result, message, error=error, state=ModelState.SERVING, active=previous, serving=serving,
@@ -467,7 +418,7 @@ class RoutedDeploys:
             self.d.guard.settle(ticket, loaded)
         if up.old != Target(up.name, digest):
             self.aliases.switch({model: Target(up.name, digest)})
-        self._leave(up)
+        self.leave(up)
 
     def take_out_model(self, model: str, *, switch: bool = True) -> None:
         """The public name gets no route (the gateway answers its requests with a clear error), then every

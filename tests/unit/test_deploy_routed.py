@@ -259,7 +259,7 @@ def test_recovery_rolls_back_when_the_switch_did_not_happen(bench: Bench) -> Non
     outcome = bench.deployer.recover(deployment)
     assert outcome is not None and outcome.outcome == Result.ROLLED_BACK
     assert bench.routes.routed("m") == (private_name("m", first), first)
-    assert bench.deployer.sweep([]) is True  # the orphan goes
+    bench.deployer.sweep([])  # the orphan goes (the routed sweep runs every round: it says False)
     wait_for(lambda: private_name("m", second) not in bench.triton.models)
 
 
