@@ -38,6 +38,7 @@ from controlplane.settings.config import Settings
 from controlplane.snapshot import CONFIG_FILE, ContentStore
 from controlplane.source.protocol import NoSource, Source
 from controlplane.startup import bulk, launch, preflight
+from controlplane.startup.dataplane import DataPlane
 from controlplane.startup.record import Wave, deploy_alone, record_wave
 from controlplane.startup.registries import open_registries
 from controlplane.startup.scan import plan_start
@@ -88,6 +89,7 @@ class Daemon:
         self.inflight = InFlight()  # what a stop waits for (reconcile runs in a worker and may submit work too)
         self._reconciling: Future[Any] | None = None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy")
+        self.data = DataPlane(settings)  # tritonserver and the gateway in front of it (startup/dataplane.py)
         self.triton_server: TritonServer | None = None
         self.triton_key_exposed = False  # other local users can read the launched tritonserver's key
         self.source: Source = NoSource()  # where models come from (controlplane/source/protocol.py)
@@ -107,19 +109,12 @@ class Daemon:
     # -- start-up -------------------------------------------------------------------------------
 
     def _start_triton(self, serving: ServingRepository) -> tuple[str, str | None]:
-        """The gRPC URL and key of the tritonserver this daemon drives: launched or adopted
-        (controlplane/startup/launch.py), or the external one of --triton-url."""
-        if self.settings.launch_triton:
-            assert self.registry is not None
-            server = self.triton_server = launch.new_server(self.settings)  # a failed start stops it
-            preloaded = launch.adopt_or_launch(self.settings, self.registry, server, serving,
-                                               defer=bulk.eligible(self.settings))
-            self._deferred_launch = preloaded is None  # launched by the initial scan, with its deploys
-            self._preloaded = preloaded or []
-            return server.grpc_url, server.restricted_key
-        if not self.settings.triton_url:
-            raise TritonctlError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
-        return self.settings.triton_url, self.settings.triton_key
+        """The tritonserver this daemon drives (controlplane/startup/dataplane.py): its gRPC URL and key."""
+        assert self.registry is not None
+        url, key = self.data.start_triton(self.registry, serving)
+        self.triton_server, self._preloaded = self.data.triton_server, self.data.preloaded
+        self._deferred_launch = self.data.deferred_launch
+        return url, key
 
     def start(self) -> None:
         settings = self.settings
@@ -132,6 +127,7 @@ class Daemon:
         if swept := serving.sweep_temp_links():
             log.info("removed %d temporary serving links a stop left mid-swap", swept)
         url, key = self._start_triton(serving)
+        gateway = self.data.start_gateway()  # in front of it: the clients' ports (docs/gateway.md)
         triton = TritonClient(url, restricted_key=key, timeouts=Timeouts(load_s=settings.load_timeout_s))
         # The source is built (not watched yet) before the plane, which holds it.
         self.source = configured_source(settings, self.registry, shared=self.shared_registry,  # MLflow's write-back
@@ -148,8 +144,8 @@ class Daemon:
             settings, self.registry, store, serving, triton, outcomes=self.outcomes, webhooks=self.webhooks,
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
-            source=self.source,
-            http_url=f"http://{self.triton_server.http_url}" if self.triton_server is not None else None)
+            source=self.source, http_url=self.data.http_url(), gateway=gateway)
+        parts.gateway = self.data.gateway_info  # status: where clients send inference, and the server behind it
         self.plane = ControlPlane(parts, target=self._fleet_target if self.fleet_settings is not None else None)
         self.outcome_log = OutcomeLog(self.registry, parts.counters)
         self.outcomes.subscribe(self.outcome_log.note)  # after the parts' own bookkeeping (its last action)
@@ -191,8 +187,7 @@ class Daemon:
                                                      "initial scan"))
         self.registry.audit(AuditEntry("tritonctl", "daemon_start", None, None, "ok", f"triton {url}"))
         systemd.ready(self.status_line())
-        inference = self.triton_server.inference_urls() if self.triton_server else ""
-        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, inference)
+        log.info("ready: control socket %s, triton %s%s", settings.socket_path, url, self.data.inference_urls())
         # The inotify watches (20,000 at 10,000 models: a third of a restart's CPU) are added behind
         # READY, in a thread of their own; a change made before its directory is watched is handed on by
         # the rescan that follows them (controlplane/source/inotify.py, start_events).
@@ -346,12 +341,12 @@ class Daemon:
         if signum == signal.SIGINT:
             self._sigint_count += 1
             if self._sigint_count > 1:
-                server = self.triton_server
-                if server is not None and server.pid is not None and not self.settings.keep_triton:
-                    try:  # do not leave a launched tritonserver (its own session) behind
-                        os.killpg(server.pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+                for pid in (p.pid for p in (self.triton_server, self.data.gateway) if p is not None):
+                    if pid is not None and not self.settings.keep_triton:
+                        try:  # do not leave a launched tritonserver or gateway (their own sessions) behind
+                            os.killpg(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
                 os._exit(130)  # the operator insists
         self.stop_requested.set()
         self._wake.set()  # the loop sees it at once
@@ -457,6 +452,7 @@ class Daemon:
         server = self.triton_server
         if self._deferred_launch:
             return  # the initial scan launches it
+        self.data.supervise_gateway()  # a gateway that died: started again with its last routes
         if server is not None:
             changed = not server.is_running()
         else:
@@ -561,13 +557,7 @@ class Daemon:
                 self.registry.audit(AuditEntry("tritonctl", "daemon_stop", None, None, "ok", "clean shutdown"))
             except TritonctlError as exc:
                 log.error("audit at shutdown: %s", exc)
-        if self.triton_server is not None:
-            if self.settings.keep_triton:
-                log.info("leaving tritonserver pid %s serving (keep_triton); the next start adopts it",
-                         self.triton_server.pid)
-                self.triton_server.release()
-            else:
-                self.triton_server.stop()
+        self.data.stop()  # tritonserver and the gateway, unless keep_triton leaves them serving
         if self.plane is not None:
             self.plane.triton.close()
         if self.registry is not None:
@@ -586,8 +576,7 @@ class Daemon:
             lambda: self.api.stop(grace_s=0.5) if self.api else None,
             lambda: self.webhooks.stop() if self.webhooks else None,
             lambda: self.metrics.stop() if self.metrics else None,
-            # A server this start adopted was serving before it: leave it for the next start.
-            lambda: self.triton_server.stop() if self.triton_server and not self.triton_server.adopted_pid else None,
+            self.data.stop_failed_start,  # what this start launched; an adopted server was serving before it
             lambda: self.registry.close() if self.registry else None,
             lambda: self.shared_registry.close() if self.shared_registry else None,
             self.state_dir.unlock,

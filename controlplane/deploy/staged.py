@@ -29,12 +29,12 @@ from controlplane.documents.results import Outcome
 from controlplane.errors import TritonctlError
 from controlplane.store.batches import DeploymentIntent
 from controlplane.store.records import SnapshotRecord
-from controlplane.vocab import SERVING_STATES, DeployStep, ModelState, RecordedStep, Result, StepState
+from controlplane.validation.ensemblemembers import step_models
+from controlplane.vocab import SERVING_STATES, Cause, DeployStep, ModelState, RecordedStep, Result, StepState
 
 
 def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str, pool: Executor,
-               overrides: Mapping[str, SnapshotRecord] | None = None,
-               names: Mapping[str, str] | None = None) -> list[Staged | Outcome]:
+               overrides: Mapping[str, SnapshotRecord] | None = None) -> list[Staged | Outcome]:
     """Stage each (model, full digest), in order: the snapshots and models read at once,
     the intents recorded in one transaction, the trees published in `pool`, the serving root made durable
     once, `PUBLISHED` recorded in one transaction. Each Staged holds its model's lock until it ends."""
@@ -47,11 +47,18 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
         lock.acquire()
     out: list[Staged | Outcome | None] = [None] * len(items)
     pending: list[tuple[int, Staged]] = []
-    planned: dict[str, str] = dict(names or {})  # the private names staged so far (an ensemble binds to them)
+    # the private names staged so far in this start (an ensemble binds to them): the steps staged before
+    planned: dict[str, str] = {}
+    if deployer.routed is not None:
+        for staged_model, staged_snap in (overrides or {}).items():
+            if not step_models(staged_snap.config):
+                planned.setdefault(staged_model, deployer.routed.name_for(staged_model, staged_snap.digest, None)[0])
     try:
         started = time.monotonic()
         snaps = registry.snapshots(items)
         current = registry.ensure_models([model for model, _ in items])
+        if deployer.routed is not None:  # what these models call by BLS is staged under its own name
+            deployer.routed.mark_callees([(m, (snaps.get((m, d)) or registry.get_snapshot(m, d))) for m, d in items])
         for i, (model, digest) in enumerate(items):
             snap = snaps.get((model, digest)) or registry.get_snapshot(model, digest)
             record = current[model]
@@ -65,7 +72,12 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
                 continue
             op.emit(DeployStep.VALIDATE, StepState.OK)
             if deployer.routed is not None:  # under its private name; switched once loaded (finish_many)
-                name, binding = deployer.routed.name_for(model, snap.digest, snap.config, planned)
+                try:  # an ensemble binds to its steps' names: staged in this start, or routed now
+                    name, binding = deployer.routed.name_for(model, snap.digest, snap.config, planned)
+                except TritonctlError as exc:
+                    _release(held, i)
+                    out[i] = op.refuse(str(exc), Cause.ENVIRONMENT)
+                    continue
                 planned[model] = name
                 ticket = deployer.guard.admit(model, snap.digest, snap.config, None, name)
                 b = deployer.routed.bring_up_of(model, snap.digest, snap, name, binding, reload=False)
@@ -115,7 +127,7 @@ def finish_many(deployer: Deployer, staged: Sequence[Staged], indexed: Mapping[s
     try:
         for s in live:
             s.op.emit(DeployStep.LOAD, StepState.OK, "loaded in tritonserver's start-up", s.bring_up.digest)
-            s.bring_up.indexed = indexed.get(s.model)
+            s.bring_up.indexed = indexed.get(s.bring_up.served_as)
         _advance(deployer, live, RecordedStep.LOADED)
         for step, recorded in (("verify", RecordedStep.VERIFIED), ("smoke", None)):
             stop = "smoke" if step == "verify" else None

@@ -428,6 +428,10 @@ class TritonSteps:
             tensors = [(i.name, i.datatype, i.array) for i in inputs if i.array is not None]  # built: never None
             return self.triton.infer(model, version, tensors, outputs)
 
+        def as_loaded(_shown: str, version: str, inputs: Sequence[SmokeInput],
+                      outputs: Sequence[str]) -> dict[str, np.ndarray]:
+            return infer(name, version, inputs, outputs)
+
         def counts() -> tuple[int, int] | None:
             try:
                 figures = self.triton.request_counts(name).values()
@@ -435,7 +439,8 @@ class TritonSteps:
                 return None
             return sum(c.success for c in figures), sum(c.failure for c in figures)
 
-        result = smoke_test(name, requests, infer, counts)
+        # its messages name the model as its operator knows it (`label`), not a private name Triton loads it under
+        result = smoke_test(label or name, requests, as_loaded, counts)
         if result.failures:
             more = f" (+{len(result.failures) - 1} more)" if len(result.failures) > 1 else ""
             if result.shared:  # nobody's proven fault (controlplane/deploy/smoke.py): retried, never quarantined

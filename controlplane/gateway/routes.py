@@ -51,6 +51,7 @@ class Route:
     targets: tuple[Target, ...]
     sticky_header: str | None = None
     state: str = "serving"
+    tags: Mapping[str, str] = field(default_factory=dict)  # tag → digest: `x-tritonctl-route: TAG` pins to it
 
     def serving(self) -> Target | None:
         """The target the model's figures and statistics are named after: the heaviest (first on a tie)."""
@@ -97,10 +98,12 @@ def target_from_json(data: Any, model: str, where: str) -> Target:
         raise _field(f"{where}.digest", "must be 8 to 64 lowercase hex digits")
     if name is None:
         name = private_name(model, digest)
-    if not isinstance(name, str) or not is_private_name(name):
-        raise _field(f"{where}.name", f"{name!r} is not a private name (<model>__<8 hex>)")
-    if name != private_name(model, digest):
-        raise _field(f"{where}.name", f"{name!r} is not model {model!r}'s name for digest {digest[:8]}")
+    # a private name of this model: `<model>__<8 hex>` (an ensemble's is bound to its steps' names, so its hex
+    # is not its digest's: controlplane/deploy/aliases.py bound_name), or the public name itself for a model
+    # Triton serves in place (one another model calls by name through BLS, inside Triton)
+    if not isinstance(name, str) or not (name == model or (is_private_name(name) and name.rsplit("__", 1)[0] == model)):
+        raise _field(f"{where}.name", f"{name!r} is neither model {model!r}'s own name nor one of its private names "
+                                      "(<model>__<8 hex>)")
     if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
         raise _field(f"{where}.weight", "must be an integer percent from 0 to 100")
     return Target(name, digest, weight)
@@ -114,7 +117,7 @@ def route_from_json(model: str, data: Any, where: str = "routes") -> Route:
         raise _field(where, str(exc)) from None
     if not isinstance(data, dict):
         raise _field(where, "a route must be an object with targets")
-    unknown = set(data) - {"targets", "sticky_header", "state"}
+    unknown = set(data) - {"targets", "sticky_header", "state", "tags"}
     if unknown:
         raise _field(where, f"unknown key {sorted(unknown)[0]!r}")
     state = data.get("state", "serving")
@@ -136,7 +139,12 @@ def route_from_json(model: str, data: Any, where: str = "routes") -> Route:
     if sticky is not None:
         if not isinstance(sticky, str) or not _HEADER_RE.fullmatch(sticky) or sticky in RESERVED_HEADERS:
             raise _field(f"{where}.sticky_header", f"{sticky!r} is not a lowercase header name the gateway can hash")
-    return Route(model, targets, sticky, state)
+    tags = data.get("tags") or {}
+    if not isinstance(tags, dict) or not all(
+            isinstance(k, str) and 0 < len(k) <= 128 and isinstance(v, str) and _HEX_RE.fullmatch(v)
+            for k, v in tags.items()):
+        raise _field(f"{where}.tags", "must map tag names to digests (8 to 64 lowercase hex digits)")
+    return Route(model, targets, sticky, state, dict(sorted(tags.items())))
 
 
 def route_to_json(route: Route) -> dict[str, Any]:
@@ -146,6 +154,8 @@ def route_to_json(route: Route) -> dict[str, Any]:
         out["sticky_header"] = route.sticky_header
     if route.state != "serving":
         out["state"] = route.state
+    if route.tags:
+        out["tags"] = dict(route.tags)
     return out
 
 

@@ -50,7 +50,7 @@ class LiveTarget:
 
 
 class LiveRoute:
-    __slots__ = ("model", "targets", "single", "cumulative", "weighted", "sticky", "state", "serving")
+    __slots__ = ("model", "targets", "single", "cumulative", "weighted", "sticky", "state", "serving", "tags")
 
     def __init__(self, route: Route, figures: Figures) -> None:
         self.model = route.model
@@ -58,6 +58,7 @@ class LiveRoute:
                                         figures.slot(route.model, t.digest, t.name)) for t in route.targets)
         self.state = route.state
         self.sticky = route.sticky_header.encode() if route.sticky_header else None
+        self.tags = dict(route.tags)
         self.weighted = tuple(t for t in self.targets if t.weight > 0)
         running, cumulative = 0, []
         for target in self.weighted:
@@ -94,6 +95,7 @@ class LiveRoute:
 
     def _pinned(self, pin: bytes) -> LiveTarget:
         text = pin.decode("latin-1")
+        text = self.tags.get(text, text)  # a tag names its digest
         for target in self.targets:
             if text == target.name or (len(text) >= MIN_PIN and target.digest.startswith(text)):
                 return target

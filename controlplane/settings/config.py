@@ -84,6 +84,7 @@ class Settings:
     gateway: bool = True
     gateway_http_address: str | None = None  # HOST:PORT clients send HTTP/REST inference to (external Triton)
     gateway_grpc_address: str | None = None  # HOST:PORT clients send gRPC inference to (external Triton)
+    triton_http_url: str | None = None  # an external tritonserver's HTTP HOST:PORT, for the gateway's HTTP side
     gateway_drain_s: float = 5.0  # after a switch, the old digest answers the requests sent before it this long
     settle_s: float = 1.0
     policy: str = "auto"
@@ -418,6 +419,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gateway": _bool,
     "gateway_http_address": _web_address,
     "gateway_grpc_address": _web_address,
+    "triton_http_url": _web_address,
     "gateway_drain_s": _duration,
     "settle_s": _seconds(0.05),
     "policy": _choice(POLICIES),

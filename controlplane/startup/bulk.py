@@ -70,7 +70,8 @@ class Bulk:
 
     @property
     def names(self) -> list[str]:
-        return [s.model for s in self.staged]
+        """What tritonserver's start-up loads: each deploy's name there (its private name with a gateway)."""
+        return [s.bring_up.served_as for s in self.staged]
 
 
 def stage_all(plane: WavePlane, deploy: Sequence[tuple[str, str]], pool: Executor,
@@ -134,11 +135,12 @@ def finish_all(plane: WavePlane, bulk: Bulk, *, loaded: bool, lines: Sequence[Lo
                     indexed.setdefault(entry.name, []).append(entry.version)
         except TritonctlError as exc:
             log.warning("repository index after tritonserver's start-up: %s; verifying each model", exc)
-            entries = {s.model: IndexEntry(s.model, "", READY, "") for s in bulk.staged}
+            entries = {s.bring_up.served_as: IndexEntry(s.bring_up.served_as, "", READY, "") for s in bulk.staged}
         for s in bulk.staged:
-            found = entries.get(s.model)
+            name = s.bring_up.served_as  # its name in tritonserver (a private name with a gateway)
+            found = entries.get(name)
             if found is None or found.state != READY:
-                failures[s.model] = startup_failure(s.model, found, summarise(reasons_for(s.model, lines)), url)
+                failures[s.model] = startup_failure(name, found, summarise(reasons_for(name, lines)), url)
         plane.counts.add("startup_loads", len(bulk.staged) - len(failures))
 
     def finish(s: Staged) -> Outcome:  # one by one: loaded by its own request, or failed in the start-up

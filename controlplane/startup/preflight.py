@@ -17,10 +17,11 @@ from pathlib import Path
 from controlplane.api.protocol import read_token
 from controlplane.api.server import insecure_listen_refusal, parse_listen, socket_group_id
 from controlplane.errors import ConfigError, LauncherError, StateDirInUseError
+from controlplane.gateway import launcher as gateway_launcher
 from controlplane.settings.config import Settings
 from controlplane.source.local import check_repository
 from controlplane.triton import launcher
-from controlplane.triton.ports import HOST, PORT_FLAGS, check_port_free, requested_ports
+from controlplane.triton.ports import HOST, PORT_FLAGS, check_port_free, gateway_ports, requested_ports
 
 LOCK_FILE = "daemon.lock"
 
@@ -98,6 +99,14 @@ def _check_files(settings: Settings) -> None:
 def _check_ports(settings: Settings) -> None:
     """The ports this start binds, free now. A launched tritonserver's record (a crash or keep_triton left
     it serving) means the start adopts it, ports and all: those are not checked."""
+    if settings.launch_triton and settings.routes_traffic and not (
+            settings.state_dir / "gateway" / gateway_launcher.RECORD_FILE).exists():
+        for flag, port in zip(PORT_FLAGS, gateway_ports(settings), strict=True):  # the gateway's, now
+            if port:
+                try:
+                    check_port_free(port, flag)
+                except LauncherError as exc:
+                    raise ConfigError(str(exc)) from None
     if settings.launch_triton and not (settings.state_dir / "triton" / launcher.RECORD_FILE).exists():
         for flag, port in zip(PORT_FLAGS, requested_ports(settings), strict=True):
             if port:

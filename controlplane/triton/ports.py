@@ -125,7 +125,15 @@ def taken_message(port: int, flag: str) -> str:
 
 
 def requested_ports(settings: Settings) -> tuple[int, int, int]:
-    """The (gRPC, HTTP, metrics) ports the settings ask for; 0 means any free one."""
+    """The (gRPC, HTTP, metrics) ports the settings ask for the launched tritonserver; 0 means any free one.
+    With the gateway the clients' ports are the gateway's, and tritonserver takes free loopback ones."""
+    if settings.launch_triton and settings.routes_traffic:
+        return 0, 0, 0
+    return settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port
+
+
+def gateway_ports(settings: Settings) -> tuple[int, int, int]:
+    """The (gRPC, HTTP, metrics) ports a launched tritonserver's gateway takes: the clients' ports."""
     return settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port
 
 
