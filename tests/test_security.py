@@ -113,8 +113,9 @@ def test_tcp_listener_refuses_a_raw_http_call_without_token(locked: tuple[Daemon
 
 def test_launched_triton_refuses_model_control_from_others(locked: tuple[DaemonProcess, str, Path]) -> None:
     """The launched tritonserver's model repository, shared-memory, logging and trace protocols answer only
-    with the daemon's key (in its 0600 `triton/server.json`), over gRPC and HTTP alike; inference, health,
-    metadata and statistics stay open."""
+    with the daemon's key (in its 0600 `triton/server.json`), over gRPC and HTTP alike, asked of the
+    tritonserver itself (behind the gateway, where there is one); inference, health, metadata and statistics
+    stay open. Where clients send inference (the gateway, or that tritonserver) a load or unload is refused."""
     import http.client
     import json
 
@@ -123,8 +124,9 @@ def test_launched_triton_refuses_model_control_from_others(locked: tuple[DaemonP
     daemon, _, _ = locked
     record = daemon.state_dir / "triton" / "server.json"
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
-    key = json.loads(record.read_text())["restricted_key"]
-    client = grpcclient.InferenceServerClient(daemon.triton_url())
+    server = json.loads(record.read_text())
+    key = server["restricted_key"]
+    client = grpcclient.InferenceServerClient(f"{server['host']}:{server['grpc_port']}")
     grpc_header = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # gRPC's form of the header (triton/client.py)
     keyed = {grpc_header: key}
     calls = {  # each protocol's read and write
@@ -145,16 +147,21 @@ def test_launched_triton_refuses_model_control_from_others(locked: tuple[DaemonP
             with pytest.raises(InferenceServerException, match="restricted"):
                 call({grpc_header: "not-the-key"})
         read(keyed)  # the daemon's key opens it (nothing changed: only reads)
-    host, port = daemon.status()["triton_http_url"].removeprefix("http://").rsplit(":", 1)
+    host, port = server["host"], server["http_port"]
     for path in ("/v2/repository/index", "/v2/systemsharedmemory/status", "/v2/logging", "/v2/trace/setting"):
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
         conn.request("POST" if path == "/v2/repository/index" else "GET", path)
         answer = conn.getresponse()
         assert answer.status == 403 and b"restricted" in answer.read().lower(), path
         conn.close()
-    assert client.is_model_ready("guarded"), "inference stays open; only model control is locked"
-    assert client.get_inference_statistics("guarded").model_stats
-    assert client.get_model_metadata("guarded").name == "guarded"
+    assert client.is_server_live() and client.get_server_metadata()  # health stays open
+    public = grpcclient.InferenceServerClient(daemon.triton_url())  # where clients send inference
+    for call in (lambda: public.unload_model("guarded"), lambda: public.load_model("guarded")):
+        with pytest.raises(InferenceServerException):
+            call()
+    assert public.is_model_ready("guarded"), "inference stays open; only model control is locked"
+    assert public.get_inference_statistics("guarded").model_stats
+    assert public.get_model_metadata("guarded").name == "guarded"
 
 
 def test_symlink_out_of_a_model_is_never_followed(locked: tuple[DaemonProcess, str, Path], tmp_path: Path) -> None:
