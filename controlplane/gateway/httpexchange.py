@@ -68,7 +68,7 @@ def chunk(data: bytes) -> bytes:
 class Exchange:
     __slots__ = ("front", "gw", "table", "keep_alive", "method", "t0", "kind", "info", "target", "local", "up",
                  "early", "kept", "started", "req_ended", "done", "chunked", "expect", "head_out", "status",
-                 "mode", "rheaders", "rbuf", "rsize", "json_len", "sse", "chunked_out", "retries", "pin")
+                 "mode", "rheaders", "rbuf", "rsize", "json_len", "sse", "chunked_out", "retries", "pin", "shadow")
 
     def __init__(self, front: Any, url: bytes, headers: list[tuple[bytes, bytes]], method: bytes,
                  keep_alive: bool, version: str) -> None:
@@ -93,6 +93,7 @@ class Exchange:
         self.sse: hn.SseRenamer | None = None
         self.chunked_out = False
         self.retries = 0
+        self.shadow: Any = None  # a copied request's Pair (controlplane/gateway/shadow.py)
         found = dict(headers)
         self.pin = found.get(b"x-tritonctl-route")
         self.chunked = b"chunked" in found.get(b"transfer-encoding", b"").lower()
@@ -121,6 +122,8 @@ class Exchange:
             parts += [b"Content-Length: ", found[b"content-length"], b"\r\n"]
         parts.append(b"\r\n")
         self.head_out = b"".join(parts)
+        if self.shadow is not None:
+            self.shadow.http_head(method, info.private_path(self.shadow.state.name).encode("latin-1") + query, headers)
 
     def _route(self, info: hn.PathInfo, headers: dict[bytes, bytes], path: str) -> str:
         kind = info.kind
@@ -137,6 +140,8 @@ class Exchange:
                     target = route.single
                 else:
                     target = route.choose(pin, headers.get(route.sticky) if route.sticky else None)
+                    if route.shadow is not None and kind == hn.INFER and pin is None:
+                        self.shadow = route.shadow.pair(self.gw, "http")
             else:
                 target = route.primary(pin)
         except RouteRefusal as exc:
@@ -207,6 +212,8 @@ class Exchange:
             if self.early is not None and sum(len(b) for b in self.early) < 65536:
                 self.early.append(body)
             return
+        if self.shadow is not None:
+            self.shadow.request_piece(body)
         self.client_body_raw(chunk(body) if self.chunked else body)
 
     def client_end(self) -> None:
@@ -215,6 +222,8 @@ class Exchange:
             if self.started:
                 self._answer_local()
             return
+        if self.shadow is not None:
+            self.shadow.request_end()
         if self.chunked:
             self.client_body_raw(b"0\r\n\r\n")
 
@@ -252,6 +261,8 @@ class Exchange:
     def up_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         self.rheaders = headers
+        if self.shadow is not None:
+            self.shadow.serving_head(status, headers)
         kind = self.kind
         if status >= 400 or kind in (hn.META, hn.CONFIG, hn.STATS, hn.STATS_ALL) or \
                 (kind in (hn.INFER, hn.GENERATE) and status == 200):
@@ -278,6 +289,8 @@ class Exchange:
                                        self.keep_alive) + body)
 
     def up_body(self, body: bytes) -> None:
+        if self.shadow is not None:
+            self.shadow.answer(body)
         mode = self.mode
         if mode == BUFFER:
             self.rbuf.append(body)
@@ -403,7 +416,10 @@ class Exchange:
             slot.inflight -= 1
             if self.kind in hn.COUNTED:
                 fig = slot.http
-                fig.observe(_perf() - self.t0)
+                seconds = _perf() - self.t0
+                fig.observe(seconds)
+                if self.shadow is not None:
+                    self.shadow.serving_done(status, seconds)
                 failure = http_failure(status)
                 if failure is not None:
                     fig.fail(failure)

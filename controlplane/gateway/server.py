@@ -28,6 +28,7 @@ from controlplane.gateway.httpfront import HttpFront
 from controlplane.gateway.httpup import HttpPool
 from controlplane.gateway.metrics import MetricsServer
 from controlplane.gateway.routes import RouteTable, read_table
+from controlplane.gateway.shadow import Comparer
 from controlplane.gateway.table import LiveTable
 from controlplane.gateway.upstream import UpstreamPool
 
@@ -75,6 +76,7 @@ class Gateway:
         self.meta = grpcmeta.Meta(self)
         self.metrics = MetricsServer(self)
         self.control: ControlServer | None = None
+        self.comparer = Comparer()  # a shadow's pairs compared off the event loop (shadow.py)
 
     # -- routes -------------------------------------------------------------------------------------
 
@@ -154,6 +156,7 @@ class Gateway:
         self.http_pool.close()
         if self.control is not None:
             self.control.close()
+        self.comparer.close()
         log.info("gateway: stopped (%d calls still in flight cut)", left)
 
 
