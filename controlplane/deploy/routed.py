@@ -148,6 +148,9 @@ class RoutedDeploys:
         # the percent of the requests a switch gives the new digests first: a canary's first step (set by the
         # bake, controlplane/bake/baker.py `weigh`; asked once per switch with every lane it moves)
         self.weigh: Callable[[list[Lane]], int] = lambda lanes: 100
+        # a lane's shadow when its first weight is 0 and it is judged on copies first (docs/bake.md "Shadow"):
+        # the route's `shadow` fields but its name and digest, else None (set with `weigh`)
+        self.shadowing: Callable[[Lane], Mapping[str, Any] | None] = lambda lane: None
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -289,7 +292,8 @@ class RoutedDeploys:
             lanes = [Lane(u.model, Target(u.name, u.digest), u.old, u.op.kind if u.op is not None else "")
                      for u in [*ups, *rebound]]
             weight = self.weigh(lanes)  # 100: every request at once; less: a canary's first step
-            self.aliases.switch({lane.model: lane.at(weight) for lane in lanes})
+            self.aliases.switch({lane.model: lane.at(weight, self.shadowing(lane) if weight == 0 else None)
+                                 for lane in lanes})
         except (TritonctlError, OSError) as exc:
             culprit = current.model if current is not None and current.op is not None else None
             if current is not None and current.op is None:  # an ensemble over a changed step refused it
