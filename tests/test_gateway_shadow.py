@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from controlplane.gateway.routes import Route, RouteTable, Shadow, Target, table_to_json
-from controlplane.gateway.shadow import COPY_RATE
+from controlplane.gateway.shadow import COPY_RATE, INLINE_BYTES
 from controlplane.triton.launcher import TritonServer
 from tests.gateway_harness import FP32_X, HEADER, GatewayRig, config, digest, private, write_models
 
@@ -66,6 +66,20 @@ class TritonPythonModel:
         return out
 '''
 SH_KINDS = {"a": "serving", "b": "close", "c": "off", "d": "raises"}
+# big: echoes INPUT0 (serving, a); b: the same but element 40,000 doubled (answers over shadow.INLINE_BYTES: the
+# comparing thread's)
+BIG = HEADER + '''ODD = {odd}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy().copy()
+            if ODD:
+                x[40000] *= 2
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+'''
 
 
 def models() -> dict[str, tuple[str, str]]:
@@ -77,6 +91,9 @@ def models() -> dict[str, tuple[str, str]]:
         name = private("tx", char)
         out[name] = (config(name, [("TEXT", "TYPE_STRING", "-1")], [("UPPER", "TYPE_STRING", "-1")], max_batch=8),
                      TX.format(bang=bang))
+        name = private("big", char)
+        out[name] = (config(name, [("INPUT0", "TYPE_FP32", "-1")], [("OUTPUT0", "TYPE_FP32", "-1")]),
+                     BIG.format(odd=bang))
     return out
 
 
@@ -89,7 +106,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayRig]:
     triton.start(live_timeout_s=120.0, load=sorted(found))
     rig = GatewayRig(base, triton, GatewayRig.new_gateway(base, triton))
     try:
-        table = RouteTable(1, {m: Route(m, (Target(private(m, "a"), digest("a")),)) for m in ("sh", "tx")})
+        table = RouteTable(1, {m: Route(m, (Target(private(m, "a"), digest("a")),)) for m in ("sh", "tx", "big")})
         rig.gateway.routes_file.parent.mkdir(parents=True, exist_ok=True)
         rig.gateway.routes_file.write_text(json.dumps(table_to_json(table)))
         rig.gateway.start()
@@ -229,3 +246,22 @@ def test_the_routes_file_keeps_the_shadow_but_never_an_input(rig: GatewayRig) ->
     shadow_of(rig, "tx", "b", keep_inputs=True)
     text = Path(rig.gateway.routes_file).read_text()
     assert '"shadow"' in text and "hello" not in text
+
+
+def test_large_answers_are_compared_in_the_comparing_thread(rig: GatewayRig) -> None:
+    assert 50_000 * 4 > INLINE_BYTES // 2  # each answer: the pair goes to the thread
+    ident = shadow_of(rig, "big", "b")
+    client = grpcclient.InferenceServerClient(rig.grpc_url)
+    try:
+        x = grpcclient.InferInput("INPUT0", [50_000], "FP32")
+        values = np.arange(50_000, dtype=np.float32)
+        x.set_data_from_numpy(values)
+        for _ in range(3):
+            time.sleep(1.5 / COPY_RATE)
+            assert np.array_equal(client.infer("big", [x]).as_numpy("OUTPUT0"), values)  # the serving answer
+    finally:
+        client.close()
+    found = figures(rig, ident, 3)
+    assert (found["pairs"], found["disagreed"]) == (3, 3), found
+    first = found["disagreements"][0]
+    assert (first["index"], first["serving"], first["shadow"]) == (40000, 40000.0, 80000.0)

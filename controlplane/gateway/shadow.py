@@ -43,6 +43,7 @@ COPY_IN_FLIGHT = 16  # copies whose pair is not yet compared, per shadow
 COPY_MAX_BYTES = 1 << 20  # a larger request is not copied
 ANSWER_MAX_BYTES = shadowcopy.ANSWER_LIMIT  # a larger answer (either side) is not compared
 COMPARE_QUEUE = 64  # pairs waiting for the comparing thread; more are not compared
+INLINE_BYTES = 128 << 10  # a pair whose two answers together are smaller is compared on the loop (docs/gateway.md)
 KEEP = 5  # disagreements kept per shadow
 KEPT_STATES = 32  # shadows whose figures are kept (the oldest go first)
 SKIPS = ("rate", "busy", "size", "abandoned", "unavailable", "unreadable")
@@ -271,7 +272,9 @@ class Pair:
         job = _Job(state, self.protocol, status, self.serving_text.decode("utf-8", "replace"), seconds, serving_body,
                    self.json_out, self.shadow, self.kept, self.json_in, loop, self.gw.comparer)
         self.kept = b""
-        if not self.gw.comparer.submit(job.run):
+        if len(serving_body) + len(self.shadow[3]) <= INLINE_BYTES and not job.kept:
+            job.record(*job.compute())  # small: cheaper here than a hand-over to the thread and back
+        elif not self.gw.comparer.submit(job.run):
             state.skipped["busy"] += 1
 
 
@@ -294,6 +297,14 @@ class _Job:
         return c.http_answer(status, body, json_len)
 
     def run(self) -> None:
+        """In the comparing thread: the verdict, handed back to the event loop."""
+        found = self.compute()
+        try:
+            self.loop.call_soon_threadsafe(self._record, *found)
+        except RuntimeError:  # the loop closed: the gateway is stopping
+            pass
+
+    def compute(self) -> tuple[str, dict[str, Any] | None, tuple[float, float], list[dict[str, Any]] | None]:
         inputs = None
         try:
             serving, shadow = self._answer(self.serving), self._answer(self.shadow)
@@ -308,14 +319,15 @@ class _Job:
             log.exception("gateway: shadow %s: comparing a pair failed", self.state.id)
             outcome, disagreement, both = "unreadable", None, False
         seconds = (self.serving[2], self.shadow[2]) if both else (-1.0, -1.0)
-        try:
-            self.loop.call_soon_threadsafe(self._record, outcome, disagreement, seconds, inputs)
-        except RuntimeError:  # the loop closed: the gateway is stopping
-            pass
+        return outcome, disagreement, seconds, inputs
 
     def _record(self, outcome: str, disagreement: dict[str, Any] | None, seconds: tuple[float, float],
                 inputs: list[dict[str, Any]] | None) -> None:
         self.comparer.waiting -= 1
+        self.record(outcome, disagreement, seconds, inputs)
+
+    def record(self, outcome: str, disagreement: dict[str, Any] | None, seconds: tuple[float, float],
+               inputs: list[dict[str, Any]] | None) -> None:
         self.state.record(outcome, disagreement, seconds[0], seconds[1], inputs, self.protocol)
 
 
