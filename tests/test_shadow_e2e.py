@@ -119,7 +119,7 @@ def test_a_version_that_disagrees_is_rolled_back_before_any_client_sees_it(daemo
     assert rollback["actor"] == "tritonctl:bake" and "shadow agreement" in rollback["message"]
     row = daemon.model_status("sd")
     assert row["digest"] == d1 and row["bake"]["state"] == "failed"
-    assert (row["canary"]["state"], row["canary"]["history"]) == ("rolled_back", [])  # never reached a step
+    assert (row["canary"]["state"], row["canary"]["weight"], row["canary"]["history"]) == ("rolled_back", 0, [])
     shadow = row["shadow"]
     assert shadow["state"] == "rolled_back" and shadow["pairs"] >= 20 and shadow["agreement"] < 1
     first = shadow["disagreements"][0]

@@ -115,10 +115,11 @@ class Canary:
         until = self.until(bake_s)
         left = None if self.state not in (RUNNING,) or until == math.inf else \
             max(0, int(round(until - (time.time() if now is None else now))))
-        if self.shadowing and self.state in (RUNNING, PAUSED):  # before its first step: no request on it yet
-            assert self.shadow is not None
-            return {"step": self.index, "steps": list(self.steps), "weight": 0, "state": SHADOW,
-                    "seconds_left": self.shadow.to_json(now)["seconds_left"], "history": []}
+        if self.shadow is not None and self.shadow.state in (RUNNING, ROLLED_BACK, ABORTED, SUPERSEDED):  # no step yet
+            shadowing = self.shadowing and self.state in (RUNNING, PAUSED)
+            return {"step": self.index, "steps": list(self.steps), "weight": 0,
+                    "state": SHADOW if shadowing else self.state,
+                    "seconds_left": self.shadow.to_json(now)["seconds_left"] if shadowing else None, "history": []}
         return {"step": self.index, "steps": list(self.steps), "weight": self.weight, "seconds_left": left,
                 "state": self.state, "history": [dict(h) for h in self.history]}
 

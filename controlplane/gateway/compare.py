@@ -1,7 +1,8 @@
 """A shadow's pair of answers decoded and compared: does the new version answer as the serving one does?
 
 The gateway relays tensors without decoding them; a shadow (controlplane/gateway/shadow.py) needs them
-decoded, but only for the requests it copied, and only in its comparing thread, never on the event loop.
+decoded, but only for the requests it copied, and only once both answers are in (the client got its own):
+a small pair on the event loop, a large one in the shadow's comparing thread (shadow.py `INLINE_BYTES`).
 Both protocols' answers become `Answer`s: gRPC `ModelInferResponse` bytes (decoded with tritonclient's
 generated class, protos.py: the `raw_output_contents`, else the typed `contents`), HTTP/REST JSON with or
 without the binary tensor extension (`Inference-Header-Content-Length`, each output's
@@ -14,7 +15,7 @@ without the binary tensor extension (`Inference-Header-Content-Length`, each out
   reference; NaN equals NaN).
 
 A disagreement names what differs: the output, the first index (row-major, flattened) and both values.
-`request_inputs` decodes a request's inputs the same way, for the first disagreements of a shadow with
+`grpc_inputs` and `http_inputs` decode a request's inputs the same way, for the first disagreements of a shadow with
 `keep_inputs`. numpy is imported on the first comparison (the gateway starts without it).
 """
 

@@ -76,7 +76,7 @@ class Gateway:
         self.meta = grpcmeta.Meta(self)
         self.metrics = MetricsServer(self)
         self.control: ControlServer | None = None
-        self.comparer = Comparer()  # a shadow's pairs compared off the event loop (shadow.py)
+        self.comparer = Comparer()  # the thread a shadow's large pairs are compared in (shadow.py)
 
     # -- routes -------------------------------------------------------------------------------------
 

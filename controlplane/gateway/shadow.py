@@ -7,8 +7,10 @@ copies at once per shadow. The copied request is relayed to the serving version 
 are also kept (at most COPY_MAX_BYTES: a larger request is not copied) and, once the client's request is
 whole, sent to the shadow's private name (shadowcopy.py) beside it. The serving answer goes to the client
 as it comes; the gateway keeps a copy of it (at most ANSWER_MAX_BYTES) and the shadow's answer never
-leaves the gateway. When both answers are in, the pair goes to one comparing thread (at most
-COMPARE_QUEUE waiting; compare.py decodes and compares), and the verdict comes back to the event loop.
+leaves the gateway. When both answers are in (the client got its own already), the pair is decoded and
+compared (compare.py): on the event loop when its two answers together are under INLINE_BYTES (a hand-over
+to a thread and back costs more than that comparison: docs/gateway.md), else in one comparing thread (at
+most COMPARE_QUEUE waiting), whose verdict comes back to the event loop.
 
 What a copy costs a request that is not copied: nothing but the route's `shadow` attribute being there
 (a route with a shadow is never a single-target route, table.py). A copied request costs the gateway a

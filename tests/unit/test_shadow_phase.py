@@ -122,6 +122,8 @@ def test_a_disagreement_rolls_back_before_any_step(bench: Shadowed) -> None:
     bake = bench.baker.of("m")
     assert bake is not None and bake.state == "failed" and bake.canary is not None
     assert bake.canary.state == "rolled_back" and bake.canary.history == []  # it never reached a step
+    assert bench.baker.canary_of(bake) == {"step": 0, "steps": [10, 100], "weight": 0, "state": "rolled_back",
+                                           "seconds_left": None, "history": []}
     shadow = bench.baker.shadow_of(bake)
     assert shadow is not None and shadow["state"] == "rolled_back" and shadow["disagreements"] == [first_disagreement]
     assert bench.canary_audit() == [] and bench.shadow_audit()[-1][0] == "failed"
@@ -206,3 +208,12 @@ def test_judge(figures: dict[str, Any], now: float, expected: tuple[str, bool] |
     limits = Limits(60.0, 0.01, None, 20, "keep")
     found = judge(phase, limits, now)
     assert (found[0], found[2]) == expected if found is not None else expected is None
+
+
+def test_status_says_the_shadow_runs_in_its_sync_cell() -> None:
+    from cli.render import canary_text
+
+    canary = {"state": "shadow", "seconds_left": 42, "weight": 0, "step": 0, "steps": [10, 100], "history": []}
+    assert canary_text(canary, {"pairs": 120, "agreement": 1.0}) == "shadow 42s left, 120 pairs, agreement 1.00"
+    assert canary_text(canary, {"pairs": 0, "agreement": None}) == "shadow 42s left"
+    assert canary_text({**canary, "state": "running", "weight": 10}) == "canary 10% 42s left"
