@@ -16,7 +16,8 @@ The channel is one JSON object per line, request then answer (controlserver.py i
     {"op": "refuse", "model": MODEL, "reason": TEXT}  -> {"ok": true, "answered": N}
     a refusal                                         -> {"ok": false, "error": "one line"}
 
-`last` is each public model's last inference request (what the memory budget's LRU reads). `wanted` is a
+`last` is each public model's last inference request, now for a model with a request in flight (what the
+memory budget's LRU and the idle sweep read). `wanted` is a
 long poll: it answers once a model becomes wanted after generation G (a request for a `loadable` route was
 parked: controlplane/gateway/parking.py), or after S seconds, and sets how long parked requests wait (W,
 `gateway_load_wait_s`). `note` says what a load is doing (named by a timeout), `refuse` answers every request

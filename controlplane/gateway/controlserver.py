@@ -94,7 +94,7 @@ class ControlServer:
             if op == "update":
                 return await self._update(request)
             if op == "last":
-                return {"ok": True, "last": dict(self.gw.figures.last)}
+                return {"ok": True, "last": self.gw.figures.last_use()}
             if op in ("wanted", "note", "refuse"):
                 return await self._loads(op, request)
         except TritonctlError as exc:
