@@ -53,6 +53,7 @@ MARGIN_S = 0.5  # the load's wait for room ends this much before the requests' o
 WORKERS = 4  # models loaded at once on request
 NOT_SERVING = (ModelState.NEW.value, ModelState.UNLOADED.value, ModelState.FAILED.value)
 MANY = 500  # more candidates than this: every model's last deployment is read in one query instead
+FLEET_SYNC_S = 10.0  # on a fleet, the routes are synced this often too (the fleet's models change elsewhere)
 _NO_POLICY = ModelRecord("", None, False, None, "", None, None, datetime(1970, 1, 1), None)  # the default policy's
 
 
@@ -98,6 +99,10 @@ class RequestLoads:
         self.ensure: Callable[[str, float, str, float], LeaseResult] = \
             lambda model, for_s, actor, wait_s: ondemand.ensure(model, for_s, actor, wait_s=wait_s)
         self.release: Callable[[str, str], object] = ondemand.release
+        # on a fleet, its on-demand models (controlplane/fleet/ondemand.py): loadable here whether this host
+        # knows them yet or not, and loaded through the fleet's placement (`ensure` above)
+        self.fleet_models: Callable[[], set[str]] | None = None
+        self._synced_at = 0.0
         self.counts = {"loads": 0, "refused": 0}
         self._busy: set[str] = set()
         self._guard = threading.Lock()
@@ -126,13 +131,20 @@ class RequestLoads:
         models that no longer are; only when the registry was written or the default policy changed since
         the last sync (or `force`). Returns the routes changed."""
         key = (self.registry.writes, self._default_policy())
-        if not force and key == self._synced:
+        fleet = self.fleet_models is not None and time.monotonic() - self._synced_at >= FLEET_SYNC_S
+        if not force and key == self._synced and not fleet:
             return {}
-        self._synced = key
+        self._synced, self._synced_at = key, time.monotonic()
         candidates = self.registry.list_models(states=NOT_SERVING)
         names = [r.name for r in candidates]
         last = self.registry.last_deployments(names if len(names) <= MANY else None) if names else {}
         want = {r.name for r in candidates if loads_on_request(r, self.policy_of(r), last.get(r.name))}
+        placed = self.fleet_models() if self.fleet_models is not None else set()
+        if placed:  # the fleet's on-demand models: loadable here unless this host serves one or unloaded it
+            local = {r.name: r for r in self.registry.list_models(names=sorted(placed))}
+            lasts = self.registry.last_deployments(sorted(placed) if len(placed) <= MANY else None)
+            want |= {m for m in placed if m not in local
+                     or loads_on_request(local[m], Policy.ONDEMAND, lasts.get(m))}
         routed, loadable = self.aliases.targets(), self.aliases.loadable()
         moves = sorted({m for m in want if m not in loadable and m not in routed} | (loadable - want))
         changes: dict[str, Route] = {}
@@ -143,8 +155,8 @@ class RequestLoads:
                     continue
                 stack.callback(lock.release)
                 record = self.registry.find_model(model)
-                now = record is not None and loads_on_request(record, self.policy_of(record),
-                                                              self.registry.last_deployment(model))
+                now = (record is None and model in placed) or (record is not None and loads_on_request(
+                    record, self.policy_of(record), self.registry.last_deployment(model)))
                 if self.aliases.target(model) is not None:
                     continue
                 if now and model not in self.aliases.loadable():
@@ -216,6 +228,8 @@ class RequestLoads:
         """One load of `model` for the requests waiting since `since`: refused at once when it cannot be, else
         an ensure within what is left of `gateway_load_wait_s`. The ensure's answer, or None when refused."""
         record = self.registry.find_model(model)
+        if record is None and self.fleet_models is not None and model in self.fleet_models():
+            return self._ensure(model, since, "the fleet is placing it")  # not here yet: placement decides
         if record is None:
             self._refuse(model, "it is unknown to the registry (`tritonctl status` lists the models)")
             return None
@@ -232,7 +246,11 @@ class RequestLoads:
         if blocked is not None and blocked[1]:  # pinned and protected models alone hold the budget
             self._refuse(model, blocked[0])
             return None
-        self._note(model, f"waiting for room: {blocked[0]}" if blocked else f"tritonctl is loading {digest[:12]}")
+        return self._ensure(model, since, f"waiting for room: {blocked[0]}" if blocked
+                            else f"tritonctl is loading {digest[:12]}")
+
+    def _ensure(self, model: str, since: float, note: str) -> LeaseResult | None:
+        self._note(model, note)
         left = self.load_wait_s() - (time.time() - since) - MARGIN_S
         try:
             result = self.ensure(model, LEASE_S, GATEWAY_ACTOR, max(0.0, left))
