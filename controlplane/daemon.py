@@ -152,6 +152,7 @@ class Daemon:
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
             source=self.source, http_url=self.data.http_url(), gateway=gateway)
+        parts.gateway = self.data.gateway_info  # status: where clients send inference, and the server behind it
         self.plane = ControlPlane(parts, target=self._fleet_target if self.fleet_settings is not None else None)
         self.outcome_log = OutcomeLog(self.registry, parts.counters)
         self.outcomes.subscribe(self.outcome_log.note)  # after the parts' own bookkeeping (its last action)

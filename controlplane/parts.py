@@ -12,6 +12,7 @@ it, the lease book before the on-demand book that expires it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -71,8 +72,9 @@ class HostParts:
     reconciler: Reconciler  # Triton made to serve what the registry says: recoveries, restores, the sentinel
     baker: Baker  # a new digest served on live figures, rolled back by itself
     request_loads: RequestLoads | None  # with a gateway: requests load the models they ask for
-    http_url: str | None  # a launched tritonserver's HTTP URL
+    http_url: str | None  # where clients send HTTP inference (the gateway's, or a launched tritonserver's)
     webhooks: Webhooks | None  # the daemon's delivery worker, which `tritonctl webhooks` asks
+    gateway: Callable[[], dict[str, Any] | None] = lambda: None  # status's gateway: addresses, upstream
 
 
 def route_extras(registry: Registry, live: LiveSettings) -> Any:

@@ -150,6 +150,7 @@ class Routed(Aliases):
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}  # replaced, never changed, on each switch: `targets()` hands it out
         self._steps: dict[str, frozenset[str]] = {}  # an ensemble's private name -> the step names it points at
+        self._in_place: set[str] = set()  # models other models call by BLS: served under their own names
         self._also: dict[str, tuple[Target, ...]] = {}  # a weighted route's other targets (a canary's previous)
         self._loadable: frozenset[str] = frozenset()  # models routed LOADABLE
 
@@ -176,6 +177,7 @@ class Routed(Aliases):
             self._also = also
             self._weights = weights
             self._loadable = frozenset(loadable)
+            self._in_place |= {model for model, target in targets.items() if target.name == model}
         if steps_of is not None:
             for target in targets.values():
                 steps = steps_of(target.name)
@@ -184,11 +186,22 @@ class Routed(Aliases):
         return dict(targets)
 
     def name(self, model: str, digest: str, steps: Mapping[str, str] | None = None) -> str:
+        with self._lock:
+            if model in self._in_place:  # another model calls it by BLS, inside Triton: its own name
+                return model
         if steps is None:
             return private_name(model, digest)
         name = bound_name(model, digest, steps)
         self.bind(name, steps.values())
         return name
+
+    def in_place(self, models: Iterable[str]) -> set[str]:
+        """Serve `models` under their own names from their next bring-up on (another model calls them by
+        BLS: controlplane/validation/bls.py); returns those that were not so yet."""
+        with self._lock:
+            new = set(models) - self._in_place
+            self._in_place |= new
+            return new
 
     def bind(self, name: str, step_names: Iterable[str]) -> None:
         with self._lock:

@@ -34,7 +34,7 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controlplane.deploy.aliases import LOADABLE, Lane, Routed, Target, public_of
+from controlplane.deploy.aliases import LOADABLE, Lane, Routed, Target, Weighted, public_of
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
 from controlplane.deploy.plans import ACTION, Plan, audit_set, point_steps
@@ -52,9 +52,11 @@ from controlplane.deploy.steps import (
 from controlplane.documents.results import Outcome, Progress
 from controlplane.errors import EnvironmentFault, TritonctlError
 from controlplane.names import is_private_name
+from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 from controlplane.triton.client import DIGEST_PARAMETER
+from controlplane.validation.bls import DYNAMIC, bls_callees, declared_callees
 from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import stamp_parameter
 from controlplane.vocab import SERVING_STATES, Cause, DeployStep, ModelState, Result, StepState
@@ -120,6 +122,7 @@ class DeployerParts(Protocol):
     """What the routed path uses of the Deployer (controlplane/deploy/engine.py), which builds it."""
 
     registry: Registry
+    store: ContentStore
     serving: ServingRepository
     steps: TritonSteps
     guard: LoadGuard
@@ -267,11 +270,16 @@ class RoutedDeploys:
         """Bring every member up, rebind the serving ensembles over changed steps, switch once, commit."""
         planned: dict[str, str] = {}
         rebound: list[Up] = []
+        callees: list[Up] = []
         current: Up | None = None
         for up in ups:
             assert up.op is not None
             up.op.begin()
         try:
+            callees = self._callees_of(ups)  # what the members call by BLS: under their own names, first
+            for up in callees:
+                current = up
+                self.bring_up(up, None, reload=True)
             for up in ups:
                 current = up
                 up.name, binding = self.name_for(up.model, up.digest, up.snap.config, planned)
@@ -291,13 +299,15 @@ class RoutedDeploys:
             lanes = [Lane(u.model, Target(u.name, u.digest), u.old, u.op.kind if u.op is not None else "")
                      for u in [*ups, *rebound]]
             weight = self.weigh(lanes)  # 100: every request at once; less: a canary's first step
-            self.aliases.switch({lane.model: lane.at(weight) for lane in lanes})
+            changes: dict[str, Target | Weighted] = {lane.model: lane.at(weight) for lane in lanes}
+            changes.update({u.model: Target(u.name, u.digest) for u in callees})  # the same content: at once
+            self.aliases.switch(changes)
         except (TritonctlError, OSError) as exc:
             culprit = current.model if current is not None and current.op is not None else None
             if current is not None and current.op is None:  # an ensemble over a changed step refused it
                 culprit = next((u.model for u in ups if u.model in set(self.ensembles().get(current.model, []))),
                                ups[-1].model)
-            return self._failed_before_switch(ups, rebound, exc, culprit)
+            return self._failed_before_switch(ups, [*rebound, *callees], exc, culprit)
         done: dict[str, Outcome] = {}
         for up in ups:
             assert up.op is not None
@@ -307,9 +317,41 @@ class RoutedDeploys:
                 self.d.registry.set_quarantine(up.model, up.digest, None)
             up.op.emit(DeployStep.COMMIT, StepState.OK, message)
             self._settle(up, True)
-        for up in [*ups, *rebound]:
+        for up in [*ups, *rebound, *callees]:
             self._leave(up)
         return done
+
+    def mark_callees(self, members: Sequence[tuple[str, SnapshotRecord]]) -> set[str]:
+        """The models these (model, recorded content) call by BLS are served under their own names from now
+        on (controlplane/validation/bls.py); returns the ones newly marked."""
+        called: set[str] = set()
+        for model, snap in members:
+            if step_models(snap.config):
+                continue
+            declared = declared_callees(snap.config)
+            calls = declared or bls_callees(self.d.store.tree_path(snap.digest))
+            if DYNAMIC in calls:  # a name computed at run time, undeclared: any model may be called
+                log.warning("%s calls models by BLS with names computed at run time and declares none "
+                            "(parameters tritonctl.bls_callees): every model is served under its own name", model)
+                calls = {m.name for m in self.d.registry.list_models()}
+            called |= calls - {model, DYNAMIC}
+        return self.aliases.in_place(called)
+
+    def _callees_of(self, ups: list[Up]) -> list[Up]:
+        """The models `ups`' python code calls by BLS (controlplane/validation/bls.py) are served under their
+        own names from now on; each that serves under a private name now is brought up under its own name in
+        the same switch (an in-place name, loaded fresh, its private one drained)."""
+        members = {u.model for u in ups}
+        out: list[Up] = []
+        for model in sorted(self.mark_callees([(u.model, u.snap) for u in ups]) - members):
+            target = self.aliases.target(model)
+            if target is None or target.name == model:
+                continue  # not serving yet: its own deploy uses its own name
+            snap = self.d.registry.get_snapshot(model, target.digest)
+            log.info("%s: called by BLS from %s: served under its own name from now on", model,
+                     ", ".join(sorted(members)))
+            out.append(Up(model, target.digest, snap, model, None, target))
+        return out
 
     def _rebind(self, planned: dict[str, str], members: set[str]) -> list[Up]:
         """Every serving ensemble over a planned step (and over those, nested), not in the plan itself:
@@ -466,8 +508,9 @@ class RoutedDeploys:
         return None
 
     def names_of(self, model: str) -> list[str]:
-        """The private names of `model` published in the serving root."""
-        return [n for n in self.d.serving.models() if is_private_name(n) and public_of(n) == model]
+        """The names of `model` published in the serving root: its private ones, and its own when it is
+        served under it (a model another calls by BLS)."""
+        return [n for n in self.d.serving.models() if n == model or (is_private_name(n) and public_of(n) == model)]
 
     def retire_now(self, model: str, name: str) -> bool:
         """The drainer's unload: `name` out of Triton and the serving root unless routed again (under the
