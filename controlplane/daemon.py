@@ -183,15 +183,9 @@ class Daemon:
         self.api.start()
         self.webhooks.start()
         self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/memory/ondemand.py)
-        self.request_loads = parts.request_loads
-        if self.request_loads is not None:  # requests load models (controlplane/memory/onrequest.py)
-            if self.fleet is not None:  # on a fleet, through its placement (controlplane/fleet/ondemand.py)
-                fleet = self.fleet
-                self.request_loads.ensure = lambda model, for_s, actor, _wait_s: fleet.ensure_for_request(
-                    model, for_s, actor)
-                self.request_loads.release = fleet.release_lease
-                self.request_loads.fleet_models = fleet.ondemand_models
-            self.request_loads.start()
+        self.request_loads = parts.request_loads  # requests load models (memory/onrequest.py; a fleet's placement)
+        if self.request_loads is not None:
+            self.request_loads.start(fleet=self.fleet)
         self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake/baker.py)
         self.source.watch(self._hand_on)
         if self.fleet is not None:

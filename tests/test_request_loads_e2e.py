@@ -198,7 +198,7 @@ def test_the_budget_follows_the_gateways_requests_and_names_the_holders_when_it_
         # c's only recent requests go to tritonserver directly, past the gateway: Triton's stamps would make a
         # the least recently used, the gateway's make it c
         private = GatewayControl(daemon.state_dir / "gateway" / "gateway.sock").routes().routes["c"].targets[0].name
-        direct = grpcclient.InferenceServerClient(daemon.triton_url())
+        direct = grpcclient.InferenceServerClient(daemon.status()["gateway"]["upstream_grpc_url"])
         try:
             for _ in range(3):
                 assert direct.infer(private, [x_input()]).as_numpy("gen")[0][0] == 3.0

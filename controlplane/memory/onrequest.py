@@ -69,6 +69,16 @@ class RequestPort(Protocol):
     def last(self) -> dict[str, float]: ...
 
 
+class FleetPort(Protocol):
+    """On a fleet, its member (controlplane/fleet/member.py): loads through the fleet's placement."""
+
+    def ensure_for_request(self, model: str, for_s: float, actor: str) -> LeaseResult: ...
+
+    def release_lease(self, model: str, lease: str) -> LeaseResult: ...
+
+    def ondemand_models(self) -> set[str]: ...
+
+
 def loads_on_request(record: ModelRecord, policy: str, last: DeploymentRecord | None) -> bool:
     """Whether a request for `record` loads it (see the module docstring): not serving, not removed, not last
     unloaded by an operator; and evicted (or loaded on demand since), or under policy ondemand."""
@@ -171,7 +181,14 @@ class RequestLoads:
 
     # -- the loads ----------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, fleet: FleetPort | None = None) -> None:
+        """The thread that polls the gateway; on a fleet, the loads go through its placement (a request at this
+        host's gateway places the model here when it can: controlplane/fleet/ondemand.py), and its on-demand
+        models are routed loadable here whether this host knows them yet or not."""
+        if fleet is not None:
+            self.ensure = lambda model, for_s, actor, _wait_s: fleet.ensure_for_request(model, for_s, actor)
+            self.release = fleet.release_lease
+            self.fleet_models = fleet.ondemand_models
         self._thread = threading.Thread(target=self._run, name="request-loads", daemon=True)
         self._thread.start()
 
