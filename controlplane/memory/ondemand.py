@@ -85,7 +85,7 @@ class OnDemand:
         self.counts = {"loads": 0, "evictions_idle": 0, "lease_expiries": 0}
         # each model's last use: its last inference request through the gateway when one carries the traffic
         # (controlplane/memory/onrequest.py), else Triton's last-inference stamps
-        self.last_inferences: Callable[[], dict[str, float]] = triton.last_inferences
+        self.last_inferences: Callable[[], dict[str, float]] = lambda: self.triton.last_inferences()
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._loading: set[str] = set()

@@ -165,8 +165,9 @@ class RequestLoads:
                     continue
                 stack.callback(lock.release)
                 record = self.registry.find_model(model)
+                policy = Policy.ONDEMAND if model in placed else self.policy_of(record) if record else ""
                 now = (record is None and model in placed) or (record is not None and loads_on_request(
-                    record, self.policy_of(record), self.registry.last_deployment(model)))
+                    record, policy, self.registry.last_deployment(model)))
                 if self.aliases.target(model) is not None:
                     continue
                 if now and model not in self.aliases.loadable():
@@ -203,6 +204,8 @@ class RequestLoads:
                 self.sync()
             except TritonctlError as exc:
                 log.warning("gateway routes of the models a request loads: %s", exc)
+            except Exception:  # noqa: BLE001 - the thread must outlive any one failure
+                log.exception("gateway routes of the models a request loads")
             try:
                 generation, wanted = self.port.wanted(generation, POLL_S, self.load_wait_s())
             except TritonctlError as exc:  # the gateway restarts, or is gone: the supervisor starts it again
