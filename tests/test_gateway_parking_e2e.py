@@ -240,7 +240,21 @@ def test_the_bounds_refuse_at_once(tmp_path: Path, rig: GatewayRig) -> None:
                           "parameters": {"pad": "p" * 8192}}).encode()
         status, body = http_infer(http_url, body=big, chunked=True)
         assert status == 503 and "hold" in body["error"] and "bound is 0 MiB" in body["error"], body
-        assert control.wanted(0, 0)[1] == {}
+        assert all(w["waiting"] == 0 for w in control.wanted(0, 0)[1].values())  # nothing waits (still wanted)
     finally:
         grpc.close()
         gateway.stop(5.0)
+
+
+def test_a_wait_of_zero_answers_at_once_and_still_asks_for_the_load(loadable: GatewayRig) -> None:
+    """gateway_load_wait_s = 0: the request is answered at once, and its model is still wanted (the daemon's
+    next poll loads it for the requests after it), as is one whose client gave up before the poll."""
+    rig = loadable
+    generation, _ = rig.control.wanted(0, 0, load_wait_s=0)
+    started = time.monotonic()
+    status, body = http_infer(rig.http_url)
+    assert status == 503 and time.monotonic() - started < 2.0
+    assert body["error"].startswith("model 'gen' is not loaded: it did not load within gateway_load_wait_s = 0 s")
+    after, wanted = rig.control.wanted(generation, 5.0)
+    assert after > generation and wanted["gen"]["waiting"] == 0, wanted
+    assert waiting(rig) == {}  # reported once

@@ -4,7 +4,8 @@ A route in state `loadable` has no target: the model is registered but not loade
 the memory budget, unloaded for idleness). A request that needs the model (an inference, a stream, metadata,
 config) is parked here instead of refused. The first request of a model makes it *wanted*; the daemon learns
 it through the control channel (`wanted`, a long poll that answers as soon as a model becomes wanted) and
-answers with ONE load, however many requests wait. Then:
+answers with ONE load, however many requests wait (a model wanted since the last answer is reported once
+even when its requests went already: past a wait of 0, or a client that gave up). Then:
 
 - the route becomes `serving` (the load's switch reaches `Gateway.install`): every parked request goes on from
   where it stopped, against the new table, in the order it arrived;
@@ -51,6 +52,7 @@ class Parking:
         self.since: dict[str, float] = {}  # model -> time.time() its first waiting request arrived
         self.notes: dict[str, str] = {}  # model -> what the daemon's load is doing (for a timeout's message)
         self.generation = 0  # counts models becoming wanted: a `wanted` poll answers once it passes `after`
+        self.asked: dict[str, float] = {}  # models wanted since the last `wanted` answer, waiters or not
         self.parked = 0  # requests ever parked (the metrics)
         self.polls = 0  # `wanted` polls waiting now
         self.polled = 0.0  # time.monotonic() of the last poll's end
@@ -68,7 +70,7 @@ class Parking:
             return self.over_bytes()
         if queue is None:
             queue = self.waiting[model] = {}
-            self.since[model] = time.time()
+            self.since[model] = self.asked[model] = time.time()
             self.generation += 1
             if self._wake is not None:
                 self._wake.set()
@@ -179,11 +181,16 @@ class Parking:
         flush_dirty()
 
     def wanted_now(self) -> dict[str, Any]:
+        """Every model requests wait for, and those wanted since the last answer whose requests went already
+        (past a wait of 0, a client that gave up): their load goes on for the next request."""
         now = time.time()
-        return {"generation": self.generation,
-                "wanted": {model: {"since": self.since[model], "waiting": len(queue),
-                                   "waited_s": round(now - self.since[model], 3)}
-                           for model, queue in self.waiting.items()}}
+        wanted = {model: {"since": since, "waiting": 0, "waited_s": round(now - since, 3)}
+                  for model, since in self.asked.items()}
+        self.asked = {}
+        wanted.update({model: {"since": self.since[model], "waiting": len(queue),
+                               "waited_s": round(now - self.since[model], 3)}
+                       for model, queue in self.waiting.items()})
+        return {"generation": self.generation, "wanted": wanted}
 
     async def wanted(self, after: int, wait_s: float) -> dict[str, Any]:
         """The models requests wait for, once one became wanted after generation `after` (at most `wait_s`)."""
