@@ -96,7 +96,8 @@ class ControlPlane:
         # `status` rows (controlplane/views/status.py)
         self.status_view = StatusView(parts.registry, parts.triton, parts.served_view, parts.deployer, parts.intake,
                                       parts.retries, parts.restores, parts.ondemand, parts.baker,
-                                      tag_registry=self.target.tag_registry, http_url=parts.http_url)
+                                      tag_registry=self.target.tag_registry, http_url=parts.http_url,
+                                      gateway=parts.gateway)
 
     @property
     def fleet(self) -> FleetStrategy | None:

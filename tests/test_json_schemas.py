@@ -274,7 +274,10 @@ def _full_documents() -> dict[str, list[Any]]:
     validation = ValidationResult("m", Path("/srv/models/m"), [problem], {"name": "m"}, [1], [1])
     return {
         "status": [StatusResult(True, "127.0.0.1:8001", "127.0.0.1:8000", {"mode": "inotify", "reason": "local ext4"},
-                                [row]).to_json(),
+                                [row], gateway={"pid": 4242, "grpc_url": "127.0.0.1:8001",
+                                                "http_url": "http://127.0.0.1:8000",
+                                                "metrics_url": "http://127.0.0.1:8002/metrics",
+                                                "upstream_grpc_url": "127.0.0.1:41001"}).to_json(),
                    StatusResult(True, "127.0.0.1:8001", None, {"mode": None, "reason": "no source repository"}, [row],
                                 registry_reachable=False, registry_unreachable_since="2026-12-03T07:12:02Z",
                                 registry_reason="registry postgresql://db/fleet: connection refused").to_json()],

@@ -398,10 +398,12 @@ class Rollouts(ShadowRuns):
         if lead.last:
             inconclusive = any(b.canary is not None and b.canary.inconclusive for b in members)
             state = INCONCLUSIVE if inconclusive else PASSED
-            steps = " → ".join(f"{w}%" for w in dict.fromkeys(h["weight"] for h in lead.history))
-            return Ending(state, f"{'inconclusive' if inconclusive else 'passed'} every step ({steps}): "
-                                 + ("; ".join(_figures(b, None) for b in members)) + ("; kept" if inconclusive else ""),
-                          False)
+            weights = list(dict.fromkeys(h["weight"] for h in lead.history))
+            word = "inconclusive" if inconclusive else "passed"
+            # one step at 100 % is the bake as it was before canary steps: its words too
+            head = f"{word} every step ({' → '.join(f'{w}%' for w in weights)})" if weights != [100] else word
+            return Ending(state, f"{head}: " + ("; ".join(_figures(b, None) for b in members))
+                          + ("; kept" if inconclusive else ""), False)
         for bake in members:
             canary = bake.canary
             assert canary is not None

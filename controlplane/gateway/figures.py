@@ -77,7 +77,7 @@ class Figures:
 
     def __init__(self) -> None:
         self.slots: dict[str, Slot] = {}
-        self.last: dict[str, float] = {}  # public model -> time.time() of its last request
+        self.last: dict[str, float] = {}  # public model -> time.time() of its last inference request
         self.unrouted = Fig()  # requests for no known model (unknown, private names, bad requests)
         self.started = time.time()
         self.shadows: dict[str, Any] = {}  # a shadow's id -> its ShadowState (controlplane/gateway/shadow.py)
@@ -87,6 +87,16 @@ class Figures:
         if found is None or found.digest != digest:
             found = self.slots[name] = Slot(model, digest, name)
         return found
+
+    def last_use(self) -> dict[str, float]:
+        """Each public model's last inference request; now for one with a request in flight (in use now: the
+        memory budget and the idle sweep must not take it out under that request)."""
+        last = dict(self.last)
+        now = time.time()
+        for slot in self.slots.values():
+            if slot.inflight > 0:
+                last[slot.model] = now
+        return last
 
     def inflight(self, names: list[str]) -> dict[str, int]:
         return {name: (self.slots[name].inflight if name in self.slots else 0) for name in names}

@@ -8,8 +8,10 @@ A `Route` has one target (the usual case) or several with percent weights that a
 canary step, issue 55); a target of weight 0 is loaded and reachable only by pinning
 (`x-tritonctl-route: <digest prefix>`), as an old digest is while it drains. `sticky_header` names a
 request header whose value picks the target by hash, so one user stays on one version. `state` is
-`serving`, or `unavailable` for a model the route table knows but that serves nothing now (its
-requests are answered UNAVAILABLE / 503 by the gateway). `shadow` (issue 55 item 4) names a target of
+`serving`; `unavailable` for a model the route table knows but that serves nothing now (its
+requests are answered UNAVAILABLE / 503 by the gateway); or `loadable`, no target, for a model that is
+registered but not loaded and that a request loads (its requests wait in parking.py while the daemon
+loads it: docs/ondemand.md "Requests load models"). `shadow` (issue 55 item 4) names a target of
 weight 0 that gets a copy of the route's inference requests, whose answers the gateway compares with the
 serving version's and never returns to a client (controlplane/gateway/shadow.py).
 
@@ -31,7 +33,7 @@ from typing import Any
 from controlplane.errors import UsageError
 from controlplane.names import is_private_name, validate_model_name
 
-STATES = ("serving", "unavailable")
+STATES = ("serving", "unavailable", "loadable")
 ROUTES_FILE_FORMAT = 1
 _HEADER_RE = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]{1,64}", re.ASCII)
 _HEX_RE = re.compile(r"[0-9a-f]{8,64}", re.ASCII)
@@ -191,6 +193,8 @@ def route_from_json(model: str, data: Any, where: str = "routes") -> Route:
             raise _field(f"{where}.targets", "a serving route needs at least one target")
         if sum(t.weight for t in targets) != 100:
             raise _field(f"{where}.targets", f"weights add up to {sum(t.weight for t in targets)}, not 100")
+    if state == "loadable" and targets:
+        raise _field(f"{where}.targets", "a loadable route has no targets (the model is not loaded)")
     sticky = data.get("sticky_header")
     if sticky is not None:
         if not isinstance(sticky, str) or not _HEADER_RE.fullmatch(sticky) or sticky in RESERVED_HEADERS:

@@ -29,7 +29,8 @@ MIN_PIN = 4  # hex digits of a digest a pin must give
 
 
 class RouteRefusal(Exception):
-    """The route cannot take this request: `kind` is not_found, unavailable or bad_pin."""
+    """The route cannot take this request: `kind` is not_found, unavailable, bad_pin, or loadable (the model is
+    not loaded and a request loads it: the caller parks the request, parking.py)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -81,17 +82,22 @@ class LiveRoute:
     def primary(self, pin: bytes | None) -> LiveTarget:
         """The target a question about the model goes to (metadata, config, readiness, statistics): the
         serving digest, or the pinned one; never a weighted draw, so the answers do not flicker."""
-        if pin is not None:
+        if pin is not None and self.state != "loadable":
             return self._pinned(pin)
         if self.serving is None:
-            raise RouteRefusal("unavailable", f"model '{self.model}' is not serving: it is {self.state}")
+            raise self._not_serving()
         return self.serving
 
+    def _not_serving(self) -> RouteRefusal:
+        if self.state == "loadable":
+            return RouteRefusal("loadable", f"model '{self.model}' is not loaded (a request for it loads it)")
+        return RouteRefusal("unavailable", f"model '{self.model}' is not serving: it is {self.state}")
+
     def choose(self, pin: bytes | None, sticky: bytes | None) -> LiveTarget:
-        if pin is not None:
+        if pin is not None and self.state != "loadable":
             return self._pinned(pin)
         if self.state != "serving" or not self.weighted:
-            raise RouteRefusal("unavailable", f"model '{self.model}' is not serving: it is {self.state}")
+            raise self._not_serving()
         if len(self.weighted) == 1:
             return self.weighted[0]
         if sticky is not None:

@@ -42,7 +42,7 @@ NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE"
 # daemon a test starts under them is not refused.
 TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
-RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "log_level", "reconcile_interval_s",
+RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "gateway_load_wait_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
               "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio", "canary_steps",
@@ -86,6 +86,7 @@ class Settings:
     gateway_grpc_address: str | None = None  # HOST:PORT clients send gRPC inference to (external Triton)
     triton_http_url: str | None = None  # an external tritonserver's HTTP HOST:PORT, for the gateway's HTTP side
     gateway_drain_s: float = 5.0  # after a switch, the old digest answers the requests sent before it this long
+    gateway_load_wait_s: float = 60.0  # a request for a model not loaded waits this long for its load (onrequest.py)
     settle_s: float = 1.0
     policy: str = "auto"
     commit_marker: str | None = None
@@ -414,6 +415,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gateway_grpc_address": _web_address,
     "triton_http_url": _web_address,
     "gateway_drain_s": _duration,
+    "gateway_load_wait_s": _duration,
     "settle_s": _positive_float(0.05),
     "policy": _choice(POLICIES),
     "commit_marker": _text,
