@@ -157,6 +157,7 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
     deployer.on_set = baker.note_set  # a change set bakes as one
     if deployer.routed is not None:  # canary steps: the switch's first weight, the gateway's figures
         deployer.routed.weigh = baker.weigh
+        deployer.routed.shadowing = baker.rollouts.shadow_spec  # a shadow before the first step
         figures = getattr(gateway, "figures", None)
         baker.rollouts.traffic = GatewayFigures(figures) if callable(figures) else None
         baker.resume()  # before the first reconcile sweeps unrouted names: a bake's held names stay

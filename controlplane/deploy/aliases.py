@@ -57,10 +57,13 @@ class Target:
 @dataclass(frozen=True)
 class Weighted:
     """A route that splits the requests (a canary step): `targets` with their percent `weights`, the first
-    one the digest the registry calls active (the one being rolled out), the others what served before."""
+    one the digest the registry calls active (the one being rolled out), the others what served before.
+    `shadow`: the first target, of weight 0, gets a copy of the requests the others serve (its `id`,
+    `fraction`, `rtol`, `atol`, `keep_inputs`: controlplane/gateway/routes.py `Shadow`)."""
 
     targets: tuple[Target, ...]
     weights: tuple[int, ...]
+    shadow: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,12 +87,13 @@ class Lane:
     old: Target | None
     kind: str = "deploy"
 
-    def at(self, weight: int) -> Target | Weighted:
+    def at(self, weight: int, shadow: Mapping[str, Any] | None = None) -> Target | Weighted:
         """The route that gives the new digest `weight` percent of the requests (100: all; 0: none, it is
-        reached by pinning only) and the old one the rest."""
+        reached by pinning only) and the old one the rest; with `shadow` (at 0 only) a copy of the old one's
+        requests goes to the new digest (docs/bake.md "Shadow")."""
         if weight >= 100 or self.old is None or self.old.name == self.new.name:
             return self.new
-        return Weighted((self.new, self.old), (weight, 100 - weight))
+        return Weighted((self.new, self.old), (weight, 100 - weight), shadow if weight == 0 else None)
 
 
 class RoutePort(Protocol):
@@ -289,6 +293,8 @@ def route_json(target: Target | Weighted, extras: Mapping[str, Any] | None = Non
     else:
         route = {"targets": [{"name": t.name, "digest": t.digest, "weight": w}
                              for t, w in zip(target.targets, target.weights, strict=True)], "state": "serving"}
+        if target.shadow:
+            route["shadow"] = {"name": target.targets[0].name, "digest": target.targets[0].digest, **target.shadow}
     for key, value in (extras or {}).items():
         if value:
             route[key] = value

@@ -149,6 +149,9 @@ class RoutedDeploys:
         # the percent of the requests a switch gives the new digests first: a canary's first step (set by the
         # bake, controlplane/bake/baker.py `weigh`; asked once per switch with every lane it moves)
         self.weigh: Callable[[list[Lane]], int] = lambda lanes: 100
+        # a lane's shadow when its first weight is 0 and it is judged on copies first (docs/bake.md "Shadow"):
+        # the route's `shadow` fields but its name and digest, else None (set with `weigh`)
+        self.shadowing: Callable[[Lane], Mapping[str, Any] | None] = lambda lane: None
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -250,7 +253,8 @@ class RoutedDeploys:
             lanes = [Lane(u.model, Target(u.name, u.digest), u.old, u.op.kind if u.op is not None else "")
                      for u in [*ups, *rebound]]
             weight = self.weigh(lanes)  # 100: every request at once; less: a canary's first step
-            changes: dict[str, Target | Weighted] = {lane.model: lane.at(weight) for lane in lanes}
+            changes: dict[str, Target | Weighted] = {
+                lane.model: lane.at(weight, self.shadowing(lane) if weight == 0 else None) for lane in lanes}
             changes.update({u.model: Target(u.name, u.digest) for u in callees})  # the same content: at once
             self.aliases.switch(changes)
         except (TritonctlError, OSError) as exc:

@@ -80,6 +80,7 @@ class Figures:
         self.last: dict[str, float] = {}  # public model -> time.time() of its last inference request
         self.unrouted = Fig()  # requests for no known model (unknown, private names, bad requests)
         self.started = time.time()
+        self.shadows: dict[str, Any] = {}  # a shadow's id -> its ShadowState (controlplane/gateway/shadow.py)
 
     def slot(self, model: str, digest: str, name: str) -> Slot:
         found = self.slots.get(name)
@@ -106,4 +107,5 @@ class Figures:
             entry = models.setdefault(slot.model, {"last_request": self.last.get(slot.model), "digests": {}})
             entry["digests"][slot.digest] = {"name": slot.name, "in_flight": slot.inflight,
                                              "grpc": slot.grpc.to_json(), "http": slot.http.to_json()}
-        return {"started": self.started, "models": models, "unrouted": self.unrouted.to_json()}
+        return {"started": self.started, "models": models, "unrouted": self.unrouted.to_json(),
+                "shadows": {ident: state.to_json() for ident, state in self.shadows.items()}}

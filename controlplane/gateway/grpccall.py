@@ -76,6 +76,7 @@ class GrpcCall(Answers):
     whole: list[Any] | None = None  # a whole-message answer being collected
     public_field = b""
     reqbuf: list[Any] | None = None
+    shadow: Any = None  # a copied request's Pair (controlplane/gateway/shadow.py)
     parked: str | None = None  # the model whose load this call waits for (parking.py)
     stash: list[bytes] | None = None  # its request bytes held meanwhile, from the first message's start
     stash_end = False
@@ -118,6 +119,10 @@ class GrpcCall(Answers):
             self._emit([payload] if payload else [], end)
         elif kind in g.NAMED:
             self._request(payload, end)
+            if self.shadow is not None:  # a copied request: its bytes go to the shadow too, once whole
+                self.shadow.request_piece(payload)
+                if end:
+                    self.shadow.request_end()
         else:
             reqbuf = self.reqbuf
             assert reqbuf is not None
@@ -263,6 +268,8 @@ class GrpcCall(Answers):
                     target = route.single
                 else:
                     target = route.choose(pin, self.head.headers.get(route.sticky) if route.sticky else None)
+                    if route.shadow is not None and kind == g.INFER and pin is None and self.target is None:
+                        self.shadow = route.shadow.pair(self.gw, "grpc", self.head.up_block)
             else:
                 target = route.primary(self.head.pin)
         except RouteRefusal as exc:
@@ -420,6 +427,8 @@ class GrpcCall(Answers):
         if self.done:
             return
         self._cancel_upstream()
+        if self.shadow is not None:
+            self.shadow.serving_text = message
         if self.resp_started:
             self.front.send_headers(self.fst, g.trailers(status, message), True)
         else:
@@ -443,6 +452,8 @@ class GrpcCall(Answers):
                 seconds = _perf() - self.t0
                 fig.counts[bisect_left(BUCKETS, seconds)] += 1
                 fig.sum += seconds
+                if self.shadow is not None:
+                    self.shadow.serving_done(status, seconds)
             if failure is not None and self.kind in (g.INFER, g.STREAM):
                 fig.fail(failure)
         elif self.kind in (g.INFER, g.STREAM):

@@ -73,7 +73,7 @@ class Exchange:
     __slots__ = ("front", "gw", "table", "keep_alive", "method", "t0", "kind", "info", "target", "local", "up",
                  "early", "kept", "started", "req_ended", "done", "chunked", "expect", "head_out", "status",
                  "mode", "rheaders", "rbuf", "rsize", "json_len", "sse", "chunked_out", "retries", "pin",
-                 "parked", "pending")
+                 "parked", "pending", "shadow")
 
     def __init__(self, front: Any, url: bytes, headers: list[tuple[bytes, bytes]], method: bytes,
                  keep_alive: bool, version: str) -> None:
@@ -100,6 +100,7 @@ class Exchange:
         self.retries = 0
         self.parked: str | None = None  # the model whose load it waits for (parking.py)
         self.pending: tuple[list[tuple[bytes, bytes]], dict[bytes, bytes], str, bytes | None] | None = None
+        self.shadow: Any = None  # a copied request's Pair (controlplane/gateway/shadow.py)
         found = dict(headers)
         self.pin = found.get(b"x-tritonctl-route")
         self.chunked = b"chunked" in found.get(b"transfer-encoding", b"").lower()
@@ -133,6 +134,9 @@ class Exchange:
         elif b"content-length" in found:
             parts += [b"Content-Length: ", found[b"content-length"], b"\r\n"]
         parts.append(b"\r\n")
+        if self.shadow is not None:  # the copy's head: the same, with the shadow's private name in the path
+            self.shadow.http_head(self.method, self.info.private_path(self.shadow.state.name).encode("latin-1") +
+                                  (b"?" + query if query else b""), headers)
         return b"".join(parts)
 
     def _route(self, info: hn.PathInfo, headers: dict[bytes, bytes], path: str) -> str:
@@ -150,6 +154,8 @@ class Exchange:
                     target = route.single
                 else:
                     target = route.choose(pin, headers.get(route.sticky) if route.sticky else None)
+                    if route.shadow is not None and kind == hn.INFER and pin is None:
+                        self.shadow = route.shadow.pair(self.gw, "http")
             else:
                 target = route.primary(pin)
         except RouteRefusal as exc:
@@ -270,6 +276,8 @@ class Exchange:
             if self.early is not None and sum(len(b) for b in self.early) < 65536:
                 self.early.append(body)
             return
+        if self.shadow is not None:
+            self.shadow.request_piece(body)
         self.client_body_raw(chunk(body) if self.chunked else body)
 
     def client_end(self) -> None:
@@ -278,6 +286,8 @@ class Exchange:
             if self.started:
                 self._answer_local()
             return
+        if self.shadow is not None:
+            self.shadow.request_end()
         if self.chunked:
             self.client_body_raw(b"0\r\n\r\n")
 
@@ -319,6 +329,8 @@ class Exchange:
     def up_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         self.rheaders = headers
+        if self.shadow is not None:
+            self.shadow.serving_head(status, headers)
         kind = self.kind
         if status >= 400 or kind in (hn.META, hn.CONFIG, hn.STATS, hn.STATS_ALL) or \
                 (kind in (hn.INFER, hn.GENERATE) and status == 200):
@@ -345,6 +357,8 @@ class Exchange:
                                        self.keep_alive) + body)
 
     def up_body(self, body: bytes) -> None:
+        if self.shadow is not None:
+            self.shadow.answer(body)
         mode = self.mode
         if mode == BUFFER:
             self.rbuf.append(body)
@@ -473,7 +487,10 @@ class Exchange:
             slot.inflight -= 1
             if self.kind in hn.COUNTED:
                 fig = slot.http
-                fig.observe(_perf() - self.t0)
+                seconds = _perf() - self.t0
+                fig.observe(seconds)
+                if self.shadow is not None:
+                    self.shadow.serving_done(status, seconds)
                 failure = http_failure(status)
                 if failure is not None:
                     fig.fail(failure)

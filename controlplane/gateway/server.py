@@ -30,6 +30,7 @@ from controlplane.gateway.httpup import HttpPool
 from controlplane.gateway.metrics import MetricsServer
 from controlplane.gateway.parking import DEFAULT_LOAD_WAIT_S, MAX_BYTES, PER_MODEL, Parking
 from controlplane.gateway.routes import RouteTable, read_table
+from controlplane.gateway.shadow import Comparer
 from controlplane.gateway.table import LiveTable
 from controlplane.gateway.upstream import UpstreamPool
 
@@ -82,6 +83,7 @@ class Gateway:
         self.meta = grpcmeta.Meta(self)
         self.metrics = MetricsServer(self)
         self.control: ControlServer | None = None
+        self.comparer = Comparer()  # the thread a shadow's large pairs are compared in (shadow.py)
 
     # -- routes -------------------------------------------------------------------------------------
 
@@ -165,6 +167,7 @@ class Gateway:
         self.http_pool.close()
         if self.control is not None:
             self.control.close()
+        self.comparer.close()
         log.info("gateway: stopped (%d calls still in flight cut)", left)
 
 

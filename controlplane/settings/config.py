@@ -46,7 +46,8 @@ RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "gateway_load_wait_s", "l
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
               "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio", "canary_steps",
-              "canary_sticky_header", "wave_steps")
+              "canary_sticky_header", "wave_steps", "shadow_s", "shadow_fraction", "shadow_rtol", "shadow_atol",
+              "shadow_keep_inputs", "shadow_min_agreement")
 # The mode's defaults (docs/bake.md "Safe defaults"): where a gateway carries the traffic
 # (`Settings.routes_traffic`) a new digest takes a tenth of the requests for a minute before all of them;
 # without one, a deploy switches at once and does not bake (what tritonctl did before the gateway).
@@ -166,6 +167,14 @@ class Settings:
     canary_steps: tuple[int | str, ...] = ()
     canary_sticky_header: str | None = None  # a request header whose value's hash keeps a client on one version
     wave_steps: tuple[int | str, ...] = AT_ONCE  # a fleet's waves after the canary wave (which takes canary_steps)
+    # Shadow (docs/bake.md "Shadow"): through a gateway, before a canary's first step, a copy of live requests goes
+    # to the new digest for `shadow_s` (0: no shadow) and the gateway compares each pair of answers
+    shadow_s: float = 0.0
+    shadow_fraction: float = 1.0  # of the requests copied (up to the gateway's rate limit, docs/gateway.md)
+    shadow_rtol: float = 1e-5  # floating outputs agree within atol + rtol * |the serving version's|
+    shadow_atol: float = 1e-8
+    shadow_keep_inputs: bool = False  # the first disagreements keep the request's inputs (else none are kept)
+    shadow_min_agreement: float = 1.0  # pairs that agree over all pairs, at least
 
     def __post_init__(self) -> None:
         """The mode's defaults (`bake_s`, `canary_steps` not given): safe where a gateway carries the traffic."""
@@ -295,6 +304,13 @@ def _ratio(value: Any) -> float:
     number = _positive_float(0.0)(value)
     if number > 1.0:
         raise ValueError("expected a ratio from 0 to 1")
+    return number
+
+
+def _fraction(value: Any) -> float:
+    number = _ratio(value)
+    if number <= 0:
+        raise ValueError("expected a fraction above 0, up to 1")
     return number
 
 
@@ -456,6 +472,12 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "canary_steps": parse_steps,
     "canary_sticky_header": header_name,
     "wave_steps": parse_steps,
+    "shadow_s": _duration,
+    "shadow_fraction": _fraction,
+    "shadow_rtol": _positive_float(0.0),
+    "shadow_atol": _positive_float(0.0),
+    "shadow_keep_inputs": _bool,
+    "shadow_min_agreement": _ratio,
     **ACCESS_PARSERS,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
