@@ -201,15 +201,18 @@ class ControlPlane:
     def load(
         self, model: str, actor: str, digest: str = "", force: bool = False, progress: ProgressFn | None = None,
         host: str = "", bake_s: float | None = None, steps: Sequence[int | str] | None = None,
+        shadow_s: float | None = None,
     ) -> Outcome:
         """`bake_s`: this deploy's own bake (`load --bake 5m`; 0: none), else the daemon's `bake_s`; `steps`: its
-        own canary steps (`load --steps [5, 100]`), else the model's or the daemon's `canary_steps`."""
+        own canary steps (`load --steps [5, 100]`), else the model's or the daemon's `canary_steps`; `shadow_s`:
+        its own shadow before the first step (`load --shadow 5m`; 0: none), else the daemon's `shadow_s`."""
         validate_model_name(model)
-        if bake_s is not None:
-            try:
-                check_duration(bake_s)
-            except ValueError as exc:
-                raise UsageError(f"--bake: {bake_s!r}: {exc}") from None
+        for flag, seconds in (("--bake", bake_s), ("--shadow", shadow_s)):
+            if seconds is not None:
+                try:
+                    check_duration(seconds)
+                except ValueError as exc:
+                    raise UsageError(f"{flag}: {seconds!r}: {exc}") from None
         try:
             canary = parse_steps(list(steps)) if steps is not None else None
         except ValueError as exc:
@@ -218,7 +221,7 @@ class ControlPlane:
             target = recorded_digest(self.registry, model, validate_digest(digest))
         else:
             target = self.intake.source_content(model, actor)
-        self.baker.ask(model, bake_s, canary)
+        self.baker.ask(model, bake_s, canary, shadow_s)
         try:
             return self.target.load(model, target, actor, force, progress, host)
         except BaseException:

@@ -28,6 +28,7 @@ from controlplane.base import systemd
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonctlError
+from controlplane.memory.onrequest import RequestLoads
 from controlplane.outcomes.bus import Outcomes
 from controlplane.outcomes.log import OutcomeLog
 from controlplane.parts import build_parts
@@ -103,6 +104,7 @@ class Daemon:
         self._deferred_launch = False
         self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (outcomes/log.py)
         self.webhooks: Webhooks | None = None
+        self.request_loads: RequestLoads | None = None  # with a gateway: requests load the models they ask for
         self.state_dir = StateDir(settings.state_dir)  # its layout, and daemon.lock held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
 
@@ -176,6 +178,9 @@ class Daemon:
         self.api.start()
         self.webhooks.start()
         self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/memory/ondemand.py)
+        self.request_loads = parts.request_loads  # requests load models (memory/onrequest.py; a fleet's placement)
+        if self.request_loads is not None:
+            self.request_loads.start(fleet=self.fleet)
         self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake/baker.py)
         self.source.watch(self._hand_on)
         if self.fleet is not None:
@@ -540,6 +545,8 @@ class Daemon:
             self.api.stop(grace_s=1.0)
         if self.webhooks is not None:
             self.webhooks.stop()
+        if self.request_loads is not None:
+            self.request_loads.stop()
         if self.plane is not None:
             self.plane.ondemand.stop()
             self.plane.baker.stop()

@@ -98,6 +98,10 @@ LeaseSeconds = Annotated[float, Field(ge=1, le=MAX_LEASE_S, allow_inf_nan=False,
 BakeSeconds = Annotated[float | None, Field(ge=0, le=MAX_DURATION_S, allow_inf_nan=False,
                                             description=f"this deploy's bake in seconds, 0 (none) to "
                                                         f"{MAX_DURATION_S:.0f}; absent: the daemon's bake_s")]
+# A deploy's own shadow before its first canary step (`load --shadow`), bounded as every duration.
+ShadowSeconds = Annotated[float | None, Field(ge=0, le=MAX_DURATION_S, allow_inf_nan=False,
+                                              description=f"this deploy's shadow in seconds, 0 (none) to "
+                                                          f"{MAX_DURATION_S:.0f}; absent: the daemon's shadow_s")]
 
 
 def _a_number(value: Any) -> Any:

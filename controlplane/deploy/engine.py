@@ -410,8 +410,8 @@ class Deployer:
             op = self._operation(model, None, current.active_digest, actor, "evict")
             op.begin()
             try:
-                if self.routed is not None:
-                    self.routed.take_out_model(model)
+                if self.routed is not None:  # its requests wait while a request loads it again
+                    self.routed.take_out_model(model, loadable=True)
                 else:
                     self.triton.unload(model)
             except TritonctlError as exc:

@@ -132,6 +132,7 @@ class StatusRow:
     # that bake's canary steps through the gateway (controlplane/bake/canary.py): {"step", "steps", "weight",
     # "seconds_left", "state", "history"}
     canary: dict[str, Any] | None = None
+    shadow: dict[str, Any] | None = None  # that bake's shadow before its first step (bake/shadow.py `to_json`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +157,7 @@ class StatusRow:
             "bake": dict(self.bake) if self.bake else None,
             "completed_config": self.completed_config.to_json() if self.completed_config else None,
             "canary": dict(self.canary) if self.canary else None,
+            "shadow": dict(self.shadow) if self.shadow else None,
         }
 
 

@@ -161,8 +161,11 @@ class StatusView:
             bake = self.baker.of(model.name)
             row.bake = bake.to_json() if bake is not None else None
             row.canary = self.baker.canary_of(bake)
+            row.shadow = self.baker.shadow_of(bake)
             if bake is not None and bake.state == "baking":
                 left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
+                if row.shadow is not None and row.shadow["state"] == "running":  # before its first step
+                    left = f"shadow of {bake.digest[:12]}: {row.shadow['seconds_left']} s left"
                 row.sync_reason = f"{row.sync_reason}; {left}" if row.sync_reason else left
             rows.append(row)
         outage = self.registry_outage()
