@@ -60,6 +60,7 @@ from controlplane.bake.figures import (
     Bake,
     Limits,
     Tally,
+    bakes_from_records,
     verdict,
 )
 from controlplane.bake.rollout import Ending, Planned, Rollouts
@@ -554,22 +555,10 @@ class Baker:
         if self.path is None or not self.path.exists():
             return
         try:
-            records = json.loads(self.path.read_text())
-            if not isinstance(records, list):
-                raise ValueError("expected a list of bakes")
+            bakes, dropped = bakes_from_records(json.loads(self.path.read_text()))
         except (OSError, ValueError) as exc:
             log.warning("bake: %s unreadable, no bake resumed: %s", self.path, exc)
             return
-        bakes, dropped = [], []
-        for record in records:
-            try:
-                bakes.append(Bake.from_record(record))
-            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
-                model = record.get("model") if isinstance(record, dict) else None
-                dropped.append(f"{model or '?'}: {type(exc).__name__}: {exc}")
-        if dropped:  # one line, and the file rewritten without them: the next start does not warn again
-            log.warning("bake: %s: %d record(s) out of range or unreadable dropped (%s)", self.path, len(dropped),
-                        "; ".join(dropped)[:500])
         for bake in bakes:
             try:
                 current = self.registry.find_model(bake.model)
@@ -585,7 +574,8 @@ class Baker:
             if bake.state == BAKING:
                 self._hold(bake)
                 self.rollouts.hold(bake)
-        if dropped:
+        if dropped:  # one line, and the file rewritten without them: the next start does not warn again
+            log.warning("bake: %s: %s", self.path, dropped)
             self._save()
 
     def _count_from_now(self, bake: Bake) -> None:

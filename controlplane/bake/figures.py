@@ -194,6 +194,23 @@ class Bake:
                    tuple(record["judged"]) if record.get("judged") else None)  # type: ignore[arg-type]
 
 
+def bakes_from_records(records: Any) -> tuple[list[Bake], str]:
+    """`bakes.json` read back: its bakes, and what was dropped in one line ("" when nothing: a record that is not a
+    bake, or holds a value out of range, controlplane/base/bounds.py). ValueError when it is no list at all."""
+    if not isinstance(records, list):
+        raise ValueError("expected a list of bakes")
+    bakes, dropped = [], []
+    for record in records:
+        try:
+            bakes.append(Bake.from_record(record))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+            model = record.get("model") if isinstance(record, dict) else None
+            dropped.append(f"{model or '?'}: {type(exc).__name__}: {exc}")
+    if not dropped:
+        return bakes, ""
+    return bakes, f"{len(dropped)} record(s) out of range or unreadable dropped ({'; '.join(dropped)[:500]})"
+
+
 def _latency(value: Any) -> float | None:
     """A latency in ms read back from a record: None, or a finite number from 0 to a week."""
     return None if value is None else check(value, 0.0, 7 * 24 * 3600 * 1000.0)
