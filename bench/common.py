@@ -230,14 +230,14 @@ def _package_version(name: str) -> str:
         return "?"
 
 
-def git_commit() -> str:
-    """HEAD of the checkout the benchmark ran from, with `-dirty` when tracked files had changes."""
+def git_commit(tree: Path | None = None) -> str:
+    """HEAD of the checkout the benchmark ran from (or of `tree`), with `-dirty` when tracked files had changes."""
     import subprocess
 
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree or ROOT, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree or ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

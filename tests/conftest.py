@@ -52,6 +52,7 @@ SERVER_TIERS = frozenset(TIER_FIXTURES)
 SERVER_MODULES = {
     "test_api_contract": ("triton",),
     "test_bench_quick": ("triton",),
+    "test_bounds_e2e": ("triton",),
     "test_canary_e2e": ("triton",),
     "test_capture_at_once": ("triton",),
     "test_bench_smoke": ("triton",),  # the bench records the tritonserver version: it starts one briefly

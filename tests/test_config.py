@@ -121,7 +121,7 @@ def test_client_only_environment_is_ignored() -> None:
         ("bake_s = -1", "bake_s", "expected seconds or a duration like 30s, 5m"),
         ("bake_max_failure_ratio = 1.5", "bake_max_failure_ratio", "expected a ratio from 0 to 1"),
         ("bake_max_latency_ratio = 0.5", "bake_max_latency_ratio", "must be at least 1.0"),
-        ("bake_min_requests = -3", "bake_min_requests", "expected a whole number (0 or more)"),
+        ("bake_min_requests = -3", "bake_min_requests", "expected a whole number from 0 to 1000000"),
         ('bake_inconclusive = "maybe"', "bake_inconclusive", "expected one of keep, rollback"),
     ],
 )

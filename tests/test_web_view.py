@@ -7,7 +7,8 @@ from typing import Any
 
 from controlplane.api.tokens import Identity
 from controlplane.api.web import gate
-from controlplane.api.web.timeline import build_timeline, config_field_changes
+from controlplane.api.web.pages import prose
+from controlplane.api.web.timeline import LANE_REM, MARK_GAP_PCT, STRIP_REM, build_timeline, config_field_changes
 from controlplane.errors import PermissionDeniedError
 from controlplane.vocab import Role
 
@@ -77,6 +78,45 @@ def test_an_unload_ends_the_band_and_a_skip_is_a_quarantine_mark() -> None:
     bands = {band.digest: band for band in line.bands}
     assert bands["aaa"].segments == [(0.0, 50.0)] and not bands["aaa"].serving_now
     assert [m.kind for m in bands["bbb"].marks] == ["quarantine"]
+
+
+def test_marks_close_in_time_go_down_a_lane_and_never_cover_the_band() -> None:
+    """Issue 57: a deploy and a pin a moment apart drew their D and P on top of each other, and a digest that
+    served under a second had marks but no band (the marks hid its strip). Marks closer than MARK_GAP_PCT
+    take the next lane; every lane is below the served strip."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 0, "pin", "aaa"), event(3, 0, "tag", "aaa"),
+              {**event(4, 5, "deploy", "bbb"), "time": "2026-01-01T12:05:00.100Z"},
+              {**event(5, 5, "rollback", "aaa", "rolled_back"), "time": "2026-01-01T12:05:00.900Z",
+               "actor": "tritonctl:bake"}]
+    line = build_timeline([version("bbb", 4), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert [(m.letter, m.lane) for m in bands["aaa"].marks] == [("D", 0), ("P", 1), ("T", 2), ("R", 0)]
+    assert bands["aaa"].height == round(STRIP_REM + 3 * LANE_REM, 2)
+    assert all(m.top >= STRIP_REM for band in bands.values() for m in band.marks)  # below the strip
+    (segment,) = bands["bbb"].segments  # served 0.8 s of ten minutes: a strip of its own all the same
+    assert 50.0 <= segment[0] < 50.1 and 0 < segment[1] < 0.5
+    for band in bands.values():
+        for a in band.marks:
+            for b in band.marks:
+                assert a is b or a.lane != b.lane or abs(a.left - b.left) >= MARK_GAP_PCT
+
+
+def test_a_quarantined_digest_has_a_q_mark_where_it_was_quarantined() -> None:
+    """The legend lists Q: a digest quarantined by a deploy that rolled back has one (beside the R), at the
+    deploy, titled with the quarantine's reason; a bake's rollback quarantines nothing."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 5, "deploy", "bbb", "rolled_back", "weights missing")]
+    versions = [{**version("bbb", 4), "quarantined": True, "quarantine_reason": "initialize raised"},
+                version("aaa", 0)]
+    bands = {band.digest: band for band in build_timeline(versions, events, NOW).bands}
+    assert sorted(m.letter for m in bands["bbb"].marks) == ["Q", "R"]
+    (q,) = [m for m in bands["bbb"].marks if m.letter == "Q"]
+    assert q.left == 50.0 and "initialize raised" in q.title
+    assert len({m.lane for m in bands["bbb"].marks}) == 2  # one moment: two lanes
+
+
+def test_reasons_show_their_quoted_commands_as_code_not_backticks() -> None:
+    shown = prose("policy manual; `tritonctl load m` deploys <b>")
+    assert "`" not in shown and "<code>tritonctl load m</code>" in shown and "&lt;b&gt;" in shown
 
 
 def test_changed_config_fields_are_paired_by_name() -> None:

@@ -60,6 +60,7 @@ from controlplane.bake.figures import (
     Bake,
     Limits,
     Tally,
+    bakes_from_records,
     verdict,
 )
 from controlplane.bake.rollout import Ending, Planned, Rollouts
@@ -70,7 +71,8 @@ from controlplane.deploy.engine import Deployer
 from controlplane.deploy.plans import Plan, order, serving_member
 from controlplane.documents.results import Outcome
 from controlplane.errors import NotFoundError, TritonctlError
-from controlplane.settings.config import Settings, bake_parameters
+from controlplane.settings.config import Settings
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.snapshot.fsutil import write_atomic
 from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.store.registry import AuditEntry, Registry
@@ -553,8 +555,8 @@ class Baker:
         if self.path is None or not self.path.exists():
             return
         try:
-            bakes = [Bake.from_record(r) for r in json.loads(self.path.read_text())]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            bakes, dropped = bakes_from_records(json.loads(self.path.read_text()))
+        except (OSError, ValueError) as exc:
             log.warning("bake: %s unreadable, no bake resumed: %s", self.path, exc)
             return
         for bake in bakes:
@@ -572,6 +574,9 @@ class Baker:
             if bake.state == BAKING:
                 self._hold(bake)
                 self.rollouts.hold(bake)
+        if dropped:  # one line, and the file rewritten without them: the next start does not warn again
+            log.warning("bake: %s: %s", self.path, dropped)
+            self._save()
 
     def _count_from_now(self, bake: Bake) -> None:
         if bake.canary is None:

@@ -52,7 +52,8 @@ from controlplane.deploy.aliases import Lane, Routed, Target
 from controlplane.deploy.engine import Deployer
 from controlplane.errors import TritonctlError
 from controlplane.settings.canarysteps import AT_ONCE, PAUSE
-from controlplane.settings.config import Settings, bake_parameters
+from controlplane.settings.config import Settings
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import TritonClient
 from controlplane.vocab import BAKE_ACTOR, Result

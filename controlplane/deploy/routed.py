@@ -346,16 +346,16 @@ class RoutedDeploys:
             op = up.op
             assert op is not None
             own = up.model == culprit
-            if own and fault.cause is Cause.CONTENT:
+            if own and fault.cause.quarantines:
                 self.d.registry.set_quarantine(up.model, up.digest, error)
                 log.warning("%s %s quarantined: %s", up.model, up.digest[:12], error)
             message = error if own or culprit is None else f"{culprit} failed in the same change set: {error}"
-            if fault.cause is not Cause.CONTENT:
+            if not fault.cause.quarantines:
                 message = f"{fault.reason}: {message}"
             op.emit(DeployStep.DEPLOY, StepState.FAILED, message)
-            cause = fault.cause if own or fault.cause is not Cause.CONTENT else Cause.NONE
+            cause = fault.cause if own or not fault.cause.quarantines else Cause.NONE
             if op.previous:
-                result = Result.ROLLED_BACK if fault.cause is Cause.CONTENT else Result.FAILED
+                result = Result.ROLLED_BACK if fault.cause.quarantines else Result.FAILED
                 text = f"rolled back to {op.previous[:12]}: {message}" if result is Result.ROLLED_BACK else message
                 outcomes[up.model] = op.end(result, text, error=message, state=ModelState.SERVING,
                                             active=op.previous, cause=cause)

@@ -17,7 +17,7 @@ from controlplane.deploy.causes import Retry, RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.reconcile import plan
 from controlplane.deploy.servedview import ServedView
-from controlplane.documents.results import StatusPage, StatusResult, VersionState
+from controlplane.documents.results import StatusPage, StatusResult, StatusRow, VersionState
 from controlplane.errors import NotFoundError, StoreError, TritonctlError
 from controlplane.intake import tags
 from controlplane.intake.flow import Intake
@@ -29,7 +29,7 @@ from controlplane.store.registry import Registry
 from controlplane.triton.client import TritonClient
 from controlplane.views import queries
 from controlplane.views.sync import needs_last_deployment, sync_state, track_sync
-from controlplane.vocab import CAPTURE_REFUSED, SyncState
+from controlplane.vocab import CAPTURE_REFUSED, ModelState, SyncState
 
 LASTS_BY_NAME = 500  # `status`: up to this many models not in sync have their last deployments read by name
 
@@ -77,7 +77,9 @@ class StatusView:
         for name in models or []:
             validate_model_name(name)
         if not models:
-            return self._status_of(self.registry.list_models(), None)
+            result = self._status_of(self.registry.list_models(), None)
+            result.models.extend(self._bad_name_rows())
+            return result
         records = self.registry.list_models(names=models)
         known = {m.name for m in records}
         for name in models:
@@ -100,6 +102,8 @@ class StatusView:
             shown = matching[(page - 1) * size: page * size]
             result = self._status_of(self.registry.list_models(names=shown) if shown else [],
                                      self.registry.active_digests())
+            if page == 1 and sync == SyncState.INVALID and state in ("", ModelState.NEW):
+                result.models.extend(self._bad_name_rows(name))
             return StatusPage(result, len(matching), page, pages, self.registry.model_states())
         total, names = self.registry.model_page(state=state or None, name_contains=name or None,
                                                 offset=(max(page, 1) - 1) * size, limit=size)
@@ -110,7 +114,19 @@ class StatusView:
                                                     offset=(page - 1) * size, limit=size)
         result = self._status_of(self.registry.list_models(names=names) if names else [],
                                  self.registry.active_digests())
+        if page <= 1 and state in ("", ModelState.NEW):  # the source's badly named entries: on the first page
+            result.models.extend(self._bad_name_rows(name))
         return StatusPage(result, total, max(page, 1), pages, self.registry.model_states())
+
+    def _bad_name_rows(self, name_contains: str = "") -> list[StatusRow]:
+        """A row for each source entry whose name no model can have (`my model`: the intake's `bad_names`), sync
+        `invalid` with why. It is no model of the registry: nothing is kept or made under its name."""
+        policy = self.intake.settings.policy
+        return [StatusRow(model=name, state=ModelState.NEW, versions=[], digest=None, since=None, policy=policy,
+                          pinned=False, drift=None, drift_detail=None, last_error=reason, removed=False,
+                          sync=SyncState.INVALID, sync_reason=reason)
+                for name, reason in sorted(dict(self.intake.bad_names).items())
+                if name_contains.lower() in name.lower()]
 
     def _status_of(self, records: list[ModelRecord], wanted: dict[str, str | None] | None) -> StatusResult:
         """The status rows of `records`; `wanted`: every model's active digest, when `records` is not
