@@ -35,7 +35,8 @@ from controlplane.text import clean, clean_document
 if TYPE_CHECKING:  # type names only: render imports nothing of the core at run time
     from rich.console import Console  # rich is imported where text is rendered: --json never pays for it
 
-    from controlplane.documents.results import DbUpgradeResult, ValidationReport
+    from controlplane.documents.results import DbUpgradeResult
+    from controlplane.documents.validation import ValidationReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 

@@ -98,7 +98,7 @@ class ControlPlane:
         self.status_view = StatusView(parts.registry, parts.triton, parts.served_view, parts.deployer, parts.intake,
                                       parts.retries, parts.restores, parts.ondemand, parts.baker,
                                       tag_registry=self.target.tag_registry, http_url=parts.http_url,
-                                      gateway=parts.gateway)
+                                      gateway=parts.gateway, traffic=parts.traffic)
 
     @property
     def fleet(self) -> FleetStrategy | None:

@@ -12,7 +12,7 @@ it, the lease book before the on-demand book that expires it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -75,6 +75,7 @@ class HostParts:
     http_url: str | None  # where clients send HTTP inference (the gateway's, or a launched tritonserver's)
     webhooks: Webhooks | None  # the daemon's delivery worker, which `tritonctl webhooks` asks
     gateway: Callable[[], dict[str, Any] | None] = lambda: None  # status's gateway: addresses, upstream
+    traffic: Callable[[], Mapping[str, Any]] = dict  # status's traffic: the gateway's figures per public model
 
 
 def route_extras(registry: Registry, live: LiveSettings) -> Any:
@@ -161,6 +162,11 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
         figures = getattr(gateway, "figures", None)
         baker.rollouts.traffic = GatewayFigures(figures) if callable(figures) else None
         baker.resume()  # before the first reconcile sweeps unrouted names: a bake's held names stay
+    parts_traffic: Callable[[], Mapping[str, Any]] = dict
+    figures_of = getattr(gateway, "figures", None)
+    if callable(figures_of):
+        def parts_traffic() -> Mapping[str, Any]:
+            return dict((figures_of() or {}).get("models") or {})
     return HostParts(settings, live, registry, content, serving, triton, outcomes, counters, retries, restores,
                      served_view, serving_ensembles, leases, guard, deployer, ondemand, intake, reconciler, baker,
-                     requests, http_url, webhooks)
+                     requests, http_url, webhooks, traffic=parts_traffic)

@@ -8,7 +8,7 @@ While the registry does not answer, the rows come from what this host last read 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,8 @@ class StatusView:
     def __init__(self, registry: Registry, triton: TritonClient, served_view: ServedView, deployer: Deployer,
                  intake: Intake, retries: RetryBook, restores: RetryBook, ondemand: OnDemand, baker: Baker,
                  *, tag_registry: Callable[[], Registry], http_url: str | None,
-                 gateway: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
+                 gateway: Callable[[], dict[str, Any] | None] = lambda: None,
+                 traffic: Callable[[], Mapping[str, Any]] = dict) -> None:
         """`tag_registry`: where tags live (a fleet's shared registry)."""
         self.registry = registry
         self.triton = triton
@@ -69,6 +70,7 @@ class StatusView:
         self.tag_registry = tag_registry
         self.http_url = http_url
         self.gateway = gateway  # where the gateway listens and its upstream (None without one)
+        self.traffic = traffic  # what the gateway saw, per public model (status --json `traffic`)
         # other local users can read the launched tritonserver's key (the daemon learns it before the plane)
         self.key_exposed = False
         self._tags_seen: tuple[list[Any], dict[str, str]] = ([], {})  # the last tags and tracks read
@@ -144,6 +146,10 @@ class StatusView:
         by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
         for e in index:
             by_name.setdefault(e.name, []).append(VersionState(e.version, e.state, e.reason))
+        try:  # one figures document for every row (a gateway that does not answer: none)
+            traffic = self.traffic()
+        except TritonctlError:
+            traffic = {}
         rows = []
         for model in records:
             sync, reason, policy, retry = self._sync_of(model, inputs)
@@ -161,6 +167,7 @@ class StatusView:
             bake = self.baker.of(model.name)
             row.bake = bake.to_json() if bake is not None else None
             row.canary = self.baker.canary_of(bake)
+            row.traffic = traffic.get(model.name)
             row.shadow = self.baker.shadow_of(bake)
             if bake is not None and bake.state == "baking":
                 left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
