@@ -13,12 +13,17 @@ the new digest, whole, and none from the old one once the switch was seen.
 - `RouteWatch`: polls the gateway's route table over its control socket (a few ms apart) and records when
   each model's route changed: the moment a switch was *seen*, after which no request may begin and be
   answered by the old digest.
-- `verdict`: the figures of one switch from those records.
+- `probe_verdict`: the figures of one switch from those records.
+- `kill_gateway`: SIGKILL a daemon's gateway under clients and measure what they lost until the daemon's
+  supervision had it serving again (tests/test_gateway_daemon_e2e.py asserts on it, bench/gateway_kills.py
+  records it).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -288,3 +293,65 @@ def probe_verdict(samples: list[Sample], old: int, new: int, switched_at: float)
                                 f"{s.began - switched_at:.3f} s after the switch was seen")
     return Verdict(len(samples), len(failed), mixed, stale, counts[old], counts[new],
                    sorted({s.error or "" for s in failed})[:5], examples)
+
+
+# A failure that says the gateway was not there (connection refused or reset, gRPC UNAVAILABLE).
+REFUSED = ("UNAVAILABLE", "Connection refused", "connection refused", "Connection reset", "failed to connect",
+           "Socket closed", "Broken pipe", "RemoteDisconnected", "Connection aborted", "ConnectionRefused",
+           "Connection to the server failed", "connection closed")
+
+
+def refused(error: str) -> bool:
+    return any(w in error for w in REFUSED)
+
+
+def outage(samples: list[Sample], protocol: str, killed: float) -> float:
+    """From the kill to the first answer after the last failure, for one protocol's client."""
+    lane = [s for s in samples if s.protocol == protocol and s.ended >= killed]
+    last_failure = max((s.ended for s in lane if s.error is not None), default=killed)
+    first_back = min((s.ended for s in lane if s.error is None and s.began >= last_failure), default=last_failure)
+    return first_back - killed
+
+
+def kill_gateway(state: Path, model: str, period_s: float = 0.02) -> dict[str, Any]:
+    """SIGKILL the gateway of the daemon on `state` while a gRPC and an HTTP client ask `model` every
+    `period_s`; wait until the daemon started it again and both clients were answered again. What the clients
+    saw: per protocol the outage (kill → first answer after the last failure) and the failed requests, the
+    errors, the answers (before and after: its routes), the gateway's pid and ports before and after."""
+    before = gateway_record(state)
+    grpc, http = gateway_urls(state)
+    with Traffic(grpc, http, model, period_s=period_s) as traffic:
+        deadline = time.monotonic() + 60
+        while traffic.answered() < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed = time.monotonic()
+        os.kill(int(before["pid"]), signal.SIGKILL)
+        after: dict[str, Any] = {}
+        while time.monotonic() < killed + 30:
+            try:
+                record = gateway_record(state)
+            except (OSError, ValueError):
+                record = {}
+            if record.get("pid") not in (None, before["pid"]) and record.get("ports"):
+                after = record
+                break
+            time.sleep(0.02)
+        restarted = time.monotonic()
+        while time.monotonic() < restarted + 30 and not all(
+                any(s.error is None for s in traffic.since(restarted) if s.protocol == p) for p in ("grpc", "http")):
+            time.sleep(0.05)
+        time.sleep(1.0)
+    samples = traffic.samples
+    failed = [s for s in samples if s.error is not None]
+    return {
+        "restart_s": round(restarted - killed, 3) if after else None,
+        "outage_s": {p: round(outage(samples, p, killed), 3) for p in ("grpc", "http")},
+        "failed": {p: sum(1 for s in failed if s.protocol == p) for p in ("grpc", "http")},
+        "failed_before_the_kill": sum(1 for s in failed if s.ended < killed),
+        "failed_not_refused": sorted({s.error or "" for s in failed if not refused(s.error or "")})[:5],
+        "errors": sorted({(s.error or "")[:120] for s in failed})[:5],
+        "requests": len(samples), "period_s": period_s,
+        "answers": sorted({s.answer for s in samples if s.answer is not None}),
+        "pid_before": before["pid"], "pid_after": after.get("pid"),
+        "same_ports": after.get("ports") == before["ports"],
+    }

@@ -20,8 +20,6 @@ proved here is the switch itself; canary steps through the gateway are tests/tes
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +37,8 @@ from tests.gateway_traffic import (
     Sample,
     Traffic,
     control,
-    gateway_record,
     gateway_urls,
+    kill_gateway,
     probe_verdict,
     routed_digest,
     write_probe,
@@ -356,56 +354,12 @@ def test_a_killed_gateway_is_started_again_with_its_routes(daemon: DaemonProcess
     by that outage, each is a connection refused / UNAVAILABLE, and none fails once it is back."""
     write_probe(daemon.repository, "steady", 1)
     wait_for(lambda: serving(daemon, "steady"), 90, 0.2, "steady serving")
-    before = gateway_record(daemon.state_dir)
-    with clients(daemon, "steady", period_s=KILL_PERIOD_S) as traffic:
-        warmed(traffic)
-        expected = next(s.answer for s in traffic.samples if s.answer is not None)
-        killed = time.monotonic()
-        os.kill(int(before["pid"]), signal.SIGKILL)
-        after = wait_for(lambda: _restarted(daemon, int(before["pid"])), 30, 0.05, "the gateway started again")
-        back = time.monotonic()
-        wait_for(lambda: all(any(s.error is None and s.began > back for s in traffic.since(back)
-                                 if s.protocol == p) for p in ("grpc", "http")), 30, 0.05, "both protocols back")
-        time.sleep(1.0)
-    samples = traffic.samples
-    assert after["ports"] == before["ports"], "the same ports as before"
-    assert int(after["pid"]) != int(before["pid"])
-    answers = [s for s in samples if s.answer is not None]
-    assert {s.answer for s in answers} == {expected}, "its routes: the same digest answers"
-    failed = [s for s in samples if s.error is not None]
-    outage = {p: _outage(samples, p, killed) for p in ("grpc", "http")}
-    print(f"gateway SIGKILLed: restarted by the daemon {back - killed:.2f} s later; failed requests "
-          f"{len(failed)} of {len(samples)}; outage seen by the clients: "
-          + ", ".join(f"{p} {s:.2f} s" for p, s in outage.items()))
-    assert back - killed < 10.0, "supervision runs every second"
-    # every failure is in the outage: before the kill and once each client was answered again, none
-    assert not [s for s in failed if s.ended < killed], failed[:3]
-    for protocol, seconds in outage.items():
-        lost = [s for s in failed if s.protocol == protocol]
-        assert len(lost) <= seconds / KILL_PERIOD_S + 5, (protocol, len(lost), seconds)
-        assert all(_refused(s.error or "") for s in lost), sorted({s.error for s in lost})[:5]
-    assert len(failed) > 0, "the kill was seen by the clients (the test can fail)"
-
-
-def _restarted(daemon: DaemonProcess, old_pid: int) -> dict[str, Any] | None:
-    try:
-        record = gateway_record(daemon.state_dir)
-    except (OSError, ValueError):
-        return None
-    return record if int(record["pid"]) != old_pid and record.get("ports") else None
-
-
-def _outage(samples: list[Sample], protocol: str, killed: float) -> float:
-    """From the kill to the first answer after the last failure, for one protocol's client."""
-    lane = [s for s in samples if s.protocol == protocol and s.ended >= killed]
-    last_failure = max((s.ended for s in lane if s.error is not None), default=killed)
-    first_back = min((s.ended for s in lane if s.error is None and s.began >= last_failure), default=last_failure)
-    return first_back - killed
-
-
-def _refused(error: str) -> bool:
-    """A failure that says the gateway was not there (connection refused / reset, UNAVAILABLE)."""
-    words = ("UNAVAILABLE", "Connection refused", "connection refused", "Connection reset", "failed to connect",
-             "Socket closed", "Broken pipe", "RemoteDisconnected", "Connection aborted", "ConnectionRefused",
-             "Connection to the server failed", "connection closed")
-    return any(w in error for w in words)
+    seen = kill_gateway(daemon.state_dir, "steady", KILL_PERIOD_S)
+    print(f"gateway SIGKILLed: {seen}")
+    assert seen["restart_s"] is not None and seen["restart_s"] < 10.0, "supervision runs every second"
+    assert seen["same_ports"] and seen["pid_after"] != seen["pid_before"], seen
+    assert seen["answers"] == [(1, 1, 1, 1)], "its routes: the same digest answers"
+    assert seen["failed_before_the_kill"] == 0 and seen["failed_not_refused"] == [], seen
+    for protocol in ("grpc", "http"):  # every failure is in the outage, and none once answered again
+        assert seen["failed"][protocol] <= seen["outage_s"][protocol] / KILL_PERIOD_S + 5, (protocol, seen)
+    assert sum(seen["failed"].values()) > 0, "the kill was seen by the clients (the test can fail)"
