@@ -199,6 +199,19 @@ def test_bake_quick(tmp_path: Path) -> None:
     assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
 
 
+@pytest.mark.slow
+def test_gateway_kills_quick(tmp_path: Path) -> None:
+    """Three daemon kills mid-switch and two gateway kills, clients through the gateway (about 60 s, so slow):
+    nothing failed or mixed through the daemon's kills; the gateway came back on its ports each time."""
+    report = run_bench("gateway_kills", tmp_path, timeout_s=400)
+    daemon, gateway = report["daemon_kills"], report["gateway_summary"]
+    assert daemon["kills"] == 3 and daemon["failed"] == 0 and daemon["mixed"] == 0, daemon
+    assert daemon["requests"] > 100 and not daemon["behind_the_route"]
+    assert len(report["gateway_kills"]) == 2 and gateway["same_ports"] and gateway["failed_not_refused"] == 0
+    assert gateway["restart_median_s"] is not None and gateway["grpc_outage_max_s"] > 0
+    assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
+
+
 def test_gateway_quick(tmp_path: Path) -> None:
     """bench/gateway.py end to end: every case measured direct, through a byte relay and through the
     gateway, each checked to answer the name asked for with the tensor echoed (timings not judged)."""
