@@ -318,17 +318,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
     end = max([t for times in failed.values() for t in times] + [marks[-1]["at_s"] + report["settings"]["window_s"]])
     for system, times in failed.items():
         ax.step([0.0, *times, end], [*range(len(times) + 1), len(times)], where="post", label=system)
-    for i, mark in enumerate(marks):
+    for mark in marks:
         style = ":" if mark["kind"] == "failing" else "--"
         label = {"failing": "a version failing a fifth of requests written",
                  "slow": f"a version {SLOW_DELAY_S * 1000:.0f} ms slower written"}[mark["kind"]]
         first = next(m for m in marks if m["kind"] == mark["kind"]) is mark
         ax.axvline(mark["at_s"], color="grey", linestyle=style, label=label if first else None)
-        del i
     s = report["settings"]
     ax.set_xlabel("seconds since the first bad version was written")
     ax.set_ylabel("failed requests (cumulative)")
     ax.set_yscale("symlog", linthresh=20)
+    ax.set_ylim(bottom=0)
     commit = c.short_commit(report.get("git_commit") or c.git_commit())
     ax.set_title(f"bad deploys, {s['rate']:g} requests/s per system; commit {commit}", fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
