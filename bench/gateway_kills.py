@@ -73,7 +73,8 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         "gateway_summary": {
             "restart_median_s": round(c.median(restarts), 2) if restarts else None,
             "restart_max_s": max(restarts) if restarts else None,
-            **{f"{p}_outage_median_s": round(c.median([g["outage_s"][p] for g in gateway]), 2) for p in ("grpc", "http")},
+            **{f"{p}_outage_median_s": round(c.median([g["outage_s"][p] for g in gateway]), 2)
+               for p in ("grpc", "http")},
             **{f"{p}_outage_max_s": max(g["outage_s"][p] for g in gateway) for p in ("grpc", "http")},
             **{f"{p}_failed_median": c.median([g["failed"][p] for g in gateway]) for p in ("grpc", "http")},
             "same_ports": all(g["same_ports"] for g in gateway),
