@@ -352,7 +352,8 @@ class Kubelet:
                 with self.lock:
                     if c.proc is None or c.proc.poll() is None or self.stop_event.is_set():
                         continue
-                    c.restarts += 1
+                    self._set_ready(c, False)  # exited: not ready from now (before its restart is counted,
+                    c.restarts += 1             # so that no reader sees the new run with the old run's readiness)
                     self._start(c)
                 self._run_probes(c)
 

@@ -203,7 +203,7 @@ def test_single_pod_survives_a_killed_sidecar(tmp_path: Path) -> None:
         assert stats["failed"] == 0, stats["errors"]
         assert _loads(loads) == 2
         # the deploy of the edit left the pod Ready (Triton not strict; tritonctl's readiness tolerates it)
-        assert all(ready for at, ready in sidecar.ready_changes if at > back_at)
+        assert all(ready for at, ready in sidecar.ready_changes if at > back_at), (back_at, sidecar.ready_changes)
         assert all(ready for at, ready in triton.ready_changes if at > back_at)
         # the probes ran their own commands on their periods
         readiness = sidecar.probes["readiness"].results
