@@ -51,11 +51,14 @@ def failed_models(status: dict[str, Any]) -> list[str]:
 @click.option("--steps", "steps", metavar="STEPS", default=None,
               help="Through the gateway, this deploy's canary steps: percents of the requests rising to 100, "
                    "`pause` waits for `tritonctl promote` (e.g. '[5, 25, 100]' or 10,pause,100) [canary_steps].")
+@click.option("--shadow", "shadow", metavar="DURATION", default=None,
+              help="Through the gateway, before its first canary step, judge this deploy this long on a copy of "
+                   "live requests whose answers no client gets (5m; 0: no shadow) [shadow_s].")
 @host_option
 @json_option
 @daemon_options
 def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, force: bool, failed: bool,
-         no_wait: bool, bake: str | None, steps: str | None, host: str, as_json: bool) -> None:
+         no_wait: bool, bake: str | None, steps: str | None, shadow: str | None, host: str, as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
     Several MODELs (an ensemble and its steps) deploy as one change set: the old pipeline answers
@@ -69,15 +72,17 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
       tritonctl load linear --force      # retry a quarantined digest
       tritonctl load linear --bake 5m    # serve it 5 minutes on live traffic; roll back if it fails
       tritonctl load linear --steps 5,pause,100 --bake 10m  # 5 % for 10 minutes, then `tritonctl promote`
+      tritonctl load linear --shadow 5m  # copies of live requests compared for 5 minutes before any client
       tritonctl load --failed            # retry every model whose last deploy failed
     """
     model = models[0] if models else None
     bake_s = _bake_seconds(bake)
     canary = _steps(steps)
+    shadow_s = _bake_seconds(shadow, "--shadow", "no shadow")
     if len(models) > 1:
-        if digest or tag or host or failed or bake_s is not None or canary is not None:
-            raise UsageError("--digest, --tag, --host, --failed, --bake and --steps take one MODEL, not a change set "
-                             "of several")
+        if digest or tag or host or failed or bake_s is not None or canary is not None or shadow_s is not None:
+            raise UsageError("--digest, --tag, --host, --failed, --bake, --steps and --shadow take one MODEL, not a "
+                             "change set of several")
         with render.progress_display(as_json) as show:
             result = client.load(models[0], "", force, wait=not no_wait, on_progress=show, models=list(models))
         _finish(result, as_json)
@@ -94,16 +99,16 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
         raise UsageError("give --digest or --tag, not both")
     with render.progress_display(as_json) as show:
         result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host, tag=tag,
-                             bake_s=bake_s, steps=canary)
+                             bake_s=bake_s, steps=canary, shadow_s=shadow_s)
     _finish(result, as_json)
 
 
-def _bake_seconds(text: str | None) -> float | None:
+def _bake_seconds(text: str | None, flag: str = "--bake", zero: str = "no bake") -> float | None:
     if text is None:
         return None
     seconds = duration_s(text)
     if seconds is None:
-        raise UsageError(f"--bake: '{text}' is not a duration like 30s, 5m, 1h (0: no bake)")
+        raise UsageError(f"{flag}: '{text}' is not a duration like 30s, 5m, 1h (0: {zero})")
     return seconds
 
 

@@ -283,9 +283,15 @@ def _status_title(data: dict[str, Any]) -> str:
     return f"triton {urls or data.get('triton_url', '')}" + ("" if reachable else " (UNREACHABLE)") + exposed
 
 
-def canary_text(canary: dict[str, Any]) -> str:
-    """A canary in progress (`canary 10% 42s left`, `canary 10% paused: tritonctl promote`); "" once it ended."""
+def canary_text(canary: dict[str, Any], shadow: dict[str, Any] | None = None) -> str:
+    """A canary in progress (`canary 10% 42s left`, `canary 10% paused: tritonctl promote`, its shadow first:
+    `shadow 42s left, 120 pairs, agreement 1.00`); "" once it ended."""
     left, state = canary.get("seconds_left"), canary.get("state")
+    if state == "shadow":
+        text = f"shadow {left}s left" if left is not None else "shadow"
+        if shadow and shadow.get("pairs"):
+            text += f", {shadow['pairs']} pairs, agreement {shadow.get('agreement') or 0:.2f}"
+        return text
     if state not in ("running", "paused"):
         return ""
     return f"canary {canary.get('weight')}%" + (" paused: tritonctl promote" if state == "paused" else
@@ -301,7 +307,7 @@ def rollout_text(history: dict[str, Any]) -> str:
 def _status_cells(row: dict[str, Any], wide: bool) -> list[tuple[str, str]]:
     """One row of the status table: (text, style) per column (a canary in progress: in SYNC, always shown)."""
     state, sync = _ondemand_cell(row) or str(row.get("state", "")), str(row.get("sync") or "-")
-    canary = canary_text(row["canary"]) if row.get("canary") else ""
+    canary = canary_text(row["canary"], row.get("shadow")) if row.get("canary") else ""
     cells = [(str(row["model"]), ""), (state, _MODEL_STATE_STYLE.get(state, "")),
              (f"{sync} {canary}" if canary else sync, _SYNC_STYLE.get(sync, "")),
              (_tagged(row, row.get("digest")), ""), (_versions_cell(row), ""), (age(row.get("since")), "")]

@@ -96,7 +96,8 @@ class ControlPlane:
         # `status` rows (controlplane/views/status.py)
         self.status_view = StatusView(parts.registry, parts.triton, parts.served_view, parts.deployer, parts.intake,
                                       parts.retries, parts.restores, parts.ondemand, parts.baker,
-                                      tag_registry=self.target.tag_registry, http_url=parts.http_url)
+                                      tag_registry=self.target.tag_registry, http_url=parts.http_url,
+                                      gateway=parts.gateway)
 
     @property
     def fleet(self) -> FleetStrategy | None:
@@ -198,12 +199,16 @@ class ControlPlane:
     def load(
         self, model: str, actor: str, digest: str = "", force: bool = False, progress: ProgressFn | None = None,
         host: str = "", bake_s: float | None = None, steps: Sequence[int | str] | None = None,
+        shadow_s: float | None = None,
     ) -> Outcome:
         """`bake_s`: this deploy's own bake (`load --bake 5m`; 0: none), else the daemon's `bake_s`; `steps`: its
-        own canary steps (`load --steps [5, 100]`), else the model's or the daemon's `canary_steps`."""
+        own canary steps (`load --steps [5, 100]`), else the model's or the daemon's `canary_steps`; `shadow_s`:
+        its own shadow before the first step (`load --shadow 5m`; 0: none), else the daemon's `shadow_s`."""
         validate_model_name(model)
         if bake_s is not None and not 0 <= bake_s < float("inf"):
             raise UsageError(f"--bake: {bake_s:g} s: expected 0 or more seconds")
+        if shadow_s is not None and not 0 <= shadow_s < float("inf"):
+            raise UsageError(f"--shadow: {shadow_s:g} s: expected 0 or more seconds")
         try:
             canary = parse_steps(list(steps)) if steps is not None else None
         except ValueError as exc:
@@ -212,7 +217,7 @@ class ControlPlane:
             target = recorded_digest(self.registry, model, validate_digest(digest))
         else:
             target = self.intake.source_content(model, actor)
-        self.baker.ask(model, bake_s, canary)
+        self.baker.ask(model, bake_s, canary, shadow_s)
         try:
             return self.target.load(model, target, actor, force, progress, host)
         except BaseException:

@@ -28,6 +28,7 @@ from controlplane.base import systemd
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonctlError
+from controlplane.memory.onrequest import RequestLoads
 from controlplane.outcomes.bus import Outcomes
 from controlplane.outcomes.log import OutcomeLog
 from controlplane.parts import build_parts
@@ -108,6 +109,7 @@ class Daemon:
         self._deferred_launch = False
         self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (outcomes/log.py)
         self.webhooks: Webhooks | None = None
+        self.request_loads: RequestLoads | None = None  # with a gateway: requests load the models they ask for
         self.state_dir = StateDir(settings.state_dir)  # its layout, and daemon.lock held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
 
@@ -150,6 +152,7 @@ class Daemon:
             host=host_for(triton, self.triton_server, metrics_url=settings.triton_metrics_url,
                           log_path=settings.triton_log_path),
             source=self.source, http_url=self.data.http_url(), gateway=gateway)
+        parts.gateway = self.data.gateway_info  # status: where clients send inference, and the server behind it
         self.plane = ControlPlane(parts, target=self._fleet_target if self.fleet_settings is not None else None)
         self.outcome_log = OutcomeLog(self.registry, parts.counters)
         self.outcomes.subscribe(self.outcome_log.note)  # after the parts' own bookkeeping (its last action)
@@ -180,6 +183,9 @@ class Daemon:
         self.api.start()
         self.webhooks.start()
         self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/memory/ondemand.py)
+        self.request_loads = parts.request_loads  # requests load models (memory/onrequest.py; a fleet's placement)
+        if self.request_loads is not None:
+            self.request_loads.start(fleet=self.fleet)
         self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake/baker.py)
         if self.plane.deployer.drainer is not None:  # names a switch left, unloaded once drained (deploy/drain.py)
             self.plane.deployer.drainer.start()
@@ -541,6 +547,8 @@ class Daemon:
             self.api.stop(grace_s=1.0)
         if self.webhooks is not None:
             self.webhooks.stop()
+        if self.request_loads is not None:
+            self.request_loads.stop()
         if self.plane is not None:
             self.plane.ondemand.stop()
             self.plane.baker.stop()

@@ -105,17 +105,28 @@ def clients(url: str, model: str, threads: int = 2) -> Iterator[dict[str, Any]]:
             w.join(15)
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+def _bake_daemon(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Iterator[DaemonProcess]:
     base = tmp_path_factory.mktemp("bake")
     repo = base / "repo"
     repo.mkdir()
-    proc = DaemonProcess(repo, base / "state", extra_args=["--bake", f"{BAKE_S}s"],
+    proc = DaemonProcess(repo, base / "state", extra_args=["--bake", f"{BAKE_S}s", *extra],
                          env={"TRITONCTL_BAKE_MIN_REQUESTS": "20", "TRITONCTL_BAKE_MAX_FAILURE_RATIO": "0.01"}).start()
     try:
         yield proc
     finally:
         assert proc.stop() == 0, proc.log_tail()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """Through the gateway (the default with --launch-triton)."""
+    yield from _bake_daemon(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def in_place_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """--no-gateway: Triton reloads in place; a set goes back through the change set's staged plan."""
+    yield from _bake_daemon(tmp_path_factory, "--no-gateway")
 
 
 def serving(daemon: DaemonProcess, name: str, gen_digest: str | None = None) -> str | None:
@@ -291,12 +302,16 @@ def test_a_change_set_with_one_failing_member_rolls_back_as_a_set(daemon: Daemon
 
 
 @pytest.mark.triton
-def test_an_ensemble_and_its_steps_roll_back_as_a_set_with_the_old_pipeline_answering(daemon: DaemonProcess) -> None:
+@pytest.mark.parametrize("mode", ["gateway", "in_place"])
+def test_an_ensemble_and_its_steps_roll_back_as_a_set_with_the_old_pipeline_answering(
+        mode: str, request: pytest.FixtureRequest) -> None:
     """The set that needs its staged switch: `pipe` over `a` → `b`, all three edited at once (the tensor
-    between them renamed), `b` raising on a fifth of its inputs. Its bake fails, and the set goes back
+    between them renamed), `b` raising on a fifth of its inputs. Its bake fails, and the set goes back:
+    through the gateway in one switch back to the names the bake kept loaded; without it (`--no-gateway`)
     through the change set's own plan (old steps staged under private names, `pipe` pointed at them,
-    then the public steps, then `pipe` back): every member `rolled_back`, the pipeline answering
+    then the public steps, then `pipe` back). Every member `rolled_back`, the pipeline answering
     throughout the rollback."""
+    daemon: DaemonProcess = request.getfixturevalue("daemon" if mode == "gateway" else "in_place_daemon")
     from tests.test_changesets import request_every, write_pipe
 
     members = ("a", "b", "pipe")
@@ -333,7 +348,8 @@ def test_an_ensemble_and_its_steps_roll_back_as_a_set_with_the_old_pipeline_answ
                ("rolled_back", "tritonctl:bake", firsts[member]), rollback
         assert daemon.audit("--model", member, "--action", "bake")[0]["digest"] == baked[member]
     changeset = json.loads(daemon.audit("--action", "changeset")[0]["message"])
-    assert changeset["message"].startswith("rolled back as a set (deployed a, b, pipe with the old pipeline"), \
+    assert changeset["message"].startswith("rolled back as a set in one switch of the gateway" if mode == "gateway"
+                                           else "rolled back as a set (deployed a, b, pipe with the old pipeline"), \
         changeset
 
 

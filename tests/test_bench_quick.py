@@ -361,3 +361,15 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     finally:
         triton.close()
         registry.close()
+
+
+def test_shadow_quick(tmp_path: Path) -> None:
+    """bench/shadow.py end to end: through a route without a shadow nothing is copied, through one copying
+    none nothing is, through one copying every request each is copied and compared, and every pair agrees
+    (the two versions answer alike). Timings not judged."""
+    report = run_bench("shadow", tmp_path, "--requests", "30", timeout_s=300)
+    for key, case in report["summary"].items():
+        copied = key.endswith("every request copied")
+        assert case["gateway_cpu_us"] > 0, key
+        assert (case["copied"], case["pairs"], case["agreed"]) == ((30, 30, 30) if copied else (0, 0, 0)), (key, case)
+        assert case["disagreed"] == 0 and case["skipped"] == 0, (key, case)

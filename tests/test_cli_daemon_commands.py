@@ -75,7 +75,8 @@ class StandInPlane:
         return Outcome(model, action, outcome, digest, digest if outcome == "ok" else "1" * 64, message, 42)
 
     def load(self, model: str, actor: str, digest: str, force: bool, progress: Callable[[Progress], None],
-             bake_s: float | None = None, steps: list[int | str] | None = None) -> Outcome:
+             bake_s: float | None = None, steps: list[int | str] | None = None,
+             shadow_s: float | None = None) -> Outcome:
         self.calls.append(("load", model, actor, digest, force))
         return self._operate("deploy", model, digest or "9" * 64, progress)
 

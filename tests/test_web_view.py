@@ -261,3 +261,41 @@ def test_web_host_names_take_a_list_or_commas_and_refuse_a_port_in_one_line(tmp_
     assert load_settings({"web_host_names": "a.example, b.example"}, env={}).web_host_names == "a.example,b.example"
     with pytest.raises(errors.ConfigError, match=r"web_host_names: .*without ports"):
         load_settings({"web_host_names": "view.example.com:8080"}, env={})
+
+
+def test_a_shadow_is_a_share_of_none_on_the_new_band_until_its_end_then_its_steps() -> None:
+    """docs/bake.md "Shadow": from its begin line to its end the new digest got copies only (0 %), the previous
+    digest every request; then the first canary step splits them."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 4, "deploy", "bbb"),
+              {**event(3, 4, "shadow", "bbb", "ok", "shadow of bbb: a copy of 1 of the live requests for 60 s"),
+               "actor": "tritonctl:bake"},
+              {**event(4, 6, "shadow", "bbb", "ok", "passed: agreement 1.00 over 40 pairs"), "actor": "tritonctl:bake"},
+              {**event(5, 6, "canary", "bbb", "ok", "step 1/2: 10% of the requests for 60 s"),
+               "actor": "tritonctl:bake"}]
+    line = build_timeline([version("bbb", 3), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert bands["bbb"].canary == [(40.0, 20.0, 0), (60.0, 40.0, 10)]
+    assert bands["aaa"].canary == [(40.0, 20.0, 100), (60.0, 40.0, 90)]
+    assert [m.letter for m in bands["bbb"].marks if m.kind == "shadow"] == ["S", "S"]
+
+
+def test_the_model_page_shows_the_shadows_figures_and_first_disagreements() -> None:
+    from controlplane.api.web.pages import make_templates
+
+    shadow = {"state": "rolled_back", "seconds_left": None, "copied": 21, "pairs": 20, "agreed": 19, "disagreed": 1,
+              "agreement": 0.95, "min_agreement": 1.0, "errors": {"shadow": 0, "serving": 0}, "latency_ratio": 1.1,
+              "reason": "shadow agreement 0.95 < 1 over 20 pairs (1 disagreed)",
+              "disagreements": [{"kind": "value", "output": "gen", "index": 3, "serving": 1.0, "shadow": 2.0,
+                                 "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0.93],
+                                             "truncated": False}]},
+                                {"kind": "error", "serving": "OK", "shadow": "INTERNAL: boom"}]}
+    row = {"model": "m", "state": "serving", "sync": "synced", "sync_reason": "", "digest": "b" * 64, "since": None,
+           "policy": "auto", "pinned": False, "last_error": None, "shadow": shadow}
+    html = make_templates().env.get_template("_model_live.html").render(
+        row=row, versions=[], events=[], timeline=build_timeline([], [], NOW), now=NOW.isoformat())
+    assert "Shadow <span class=\"badge\">rolled_back</span>" in html and "agreement 0.95, at least 1.0" in html
+    assert "<td>gen</td><td>3</td>" in html and "<code>x</code> FP32 [1, 1]: 0.93" in html
+    assert "INTERNAL: boom" in html and "not kept (shadow_keep_inputs)" in html
+    row["shadow"] = None
+    assert "Shadow" not in make_templates().env.get_template("_model_live.html").render(
+        row=row, versions=[], events=[], timeline=build_timeline([], [], NOW), now=NOW.isoformat())

@@ -114,15 +114,18 @@ class Baker:
 
     # -- what starts and ends a bake --------------------------------------------------------------
 
-    def ask(self, model: str, bake_s: float | None, steps: tuple[int | str, ...] | None = None) -> None:
-        """`load MODEL --bake 5m --steps [5, 100]`: the next deploy of `model` bakes this long (0: not at all)
-        and goes through these canary steps (where a gateway carries the traffic)."""
+    def ask(self, model: str, bake_s: float | None, steps: tuple[int | str, ...] | None = None,
+            shadow_s: float | None = None) -> None:
+        """`load MODEL --bake 5m --steps [5, 100] --shadow 5m`: the next deploy of `model` bakes this long (0: not
+        at all), goes through these canary steps, and is shadowed this long first (where a gateway carries the
+        traffic)."""
         with self._lock:
             if bake_s is None:
                 self._asked.pop(model, None)
             else:
                 self._asked[model] = bake_s
         self.rollouts.ask(model, steps)
+        self.rollouts.ask_shadow(model, shadow_s)
 
     def weigh(self, lanes: list[Lane]) -> int:
         """The routed deploy path's question before its switch: the percent of the requests the new digests
@@ -286,7 +289,7 @@ class Baker:
 
     def document(self, bake: Bake) -> dict[str, Any]:
         """The bake's document (`status --json` row's `bake`) with its canary's (`canary`, null without)."""
-        return {**bake.to_json(), "canary": self.canary_of(bake)}
+        return {**bake.to_json(), "canary": self.canary_of(bake), "shadow": self.shadow_of(bake)}
 
     @staticmethod
     def canary_of(bake: Bake | None) -> dict[str, Any] | None:
@@ -294,6 +297,13 @@ class Baker:
         if bake is None or bake.canary is None:
             return None
         return bake.canary.to_json(bake.limits.bake_s)
+
+    @staticmethod
+    def shadow_of(bake: Bake | None) -> dict[str, Any] | None:
+        """`status --json`'s `shadow` of a model's last bake (None: it was not shadowed; docs/bake.md "Shadow")."""
+        if bake is None or bake.canary is None or bake.canary.shadow is None:
+            return None
+        return bake.canary.shadow.to_json()
 
     def of(self, model: str) -> Bake | None:
         with self._lock:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from controlplane.deploy import routedsets
 from controlplane.deploy.aliases import Aliases, InPlace, Routed, Target
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
@@ -132,8 +133,9 @@ class Deployer:
             run = replace(plan, members=members)
             self._set_thread.active = True  # its members' outcomes are reported in this thread
             try:
-                outcome = (self._plans.run(run, actor, progress) if self.routed is None or run.analysis
-                           else self.routed.run_set(run, actor, progress))
+                outcome = (self._plans.run(run, actor, progress) if self.routed is None
+                           else routedsets.roll_back_set(self.routed, run, actor, progress) if run.analysis
+                           else routedsets.run_set(self.routed, run, actor, progress))
             finally:
                 self._set_thread.active = False
         if self.on_set is not None:
@@ -151,9 +153,9 @@ class Deployer:
         if not self._sets.acquire(blocking=False):
             return False
         try:
-            if self.routed is not None:  # names nothing routes, drains or holds: drained at once
-                self.routed.sweep()
-                return True
+            if self.routed is not None:  # names nothing routes, drains or holds: drained at once, every round
+                self.routed.sweep()  # (a step an ensemble used when its drain came is found here later)
+                return False
             return self._plans.sweep(ensembles)[1]
         finally:
             self._sets.release()
@@ -408,8 +410,8 @@ class Deployer:
             op = self._operation(model, None, current.active_digest, actor, "evict")
             op.begin()
             try:
-                if self.routed is not None:
-                    self.routed.take_out_model(model)
+                if self.routed is not None:  # its requests wait while a request loads it again
+                    self.routed.take_out_model(model, loadable=True)
                 else:
                     self.triton.unload(model)
             except TritonctlError as exc:

@@ -13,8 +13,10 @@ traffic (controlplane/deploy/aliases.py `Routed`; docs/gateway.md):
 - **rollback after a bake** (`back_to`): the previous digest's name is still loaded (the bake holds it), so
   it is a switch back; otherwise it is brought up afresh first.
 - **restore** (reconcile: Triton lost it): the active digest brought up under its name, then routed.
-- **unload / evict**: the route goes first (requests get a clear error from the gateway), then every
-  private name of the model is unloaded.
+- **unload / evict**: the route goes first (an unload: requests get a clear error from the gateway; an
+  eviction, by the memory budget or for idleness: the route becomes `loadable`, so a request waits while
+  the model is loaded again, docs/ondemand.md "Requests load models"), then every private name of the
+  model is unloaded.
 - **recover** a deployment a crash left open: the gateway's route says whether the switch happened — the
   new digest is routed and READY: committed (rolled forward); else rolled back, its name unloaded.
 
@@ -25,34 +27,32 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controlplane.deploy.aliases import Lane, Routed, Target, public_of
+from controlplane.deploy.aliases import LOADABLE, Lane, Routed, Target, Weighted, public_of
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
-from controlplane.deploy.plans import ACTION, Plan, audit_set, point_steps
+from controlplane.deploy.plans import point_steps
 from controlplane.deploy.publish import ServingRepository
 from controlplane.deploy.steps import (
     BringUp,
     DeployOperation,
     LoadGuard,
-    ProgressFn,
     TritonPort,
     TritonSteps,
     VerifyError,
-    ms_since,
 )
-from controlplane.documents.results import Outcome, Progress
+from controlplane.documents.results import Outcome
 from controlplane.errors import EnvironmentFault, TritonctlError
 from controlplane.names import is_private_name
+from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import Registry
 from controlplane.triton.client import DIGEST_PARAMETER
+from controlplane.validation.bls import DYNAMIC, bls_callees, declared_callees
 from controlplane.validation.ensemblemembers import step_models
 from controlplane.validation.modelconfig import stamp_parameter
 from controlplane.vocab import SERVING_STATES, Cause, DeployStep, ModelState, Result, StepState
@@ -118,6 +118,7 @@ class DeployerParts(Protocol):
     """What the routed path uses of the Deployer (controlplane/deploy/engine.py), which builds it."""
 
     registry: Registry
+    store: ContentStore
     serving: ServingRepository
     steps: TritonSteps
     guard: LoadGuard
@@ -148,6 +149,9 @@ class RoutedDeploys:
         # the percent of the requests a switch gives the new digests first: a canary's first step (set by the
         # bake, controlplane/bake/baker.py `weigh`; asked once per switch with every lane it moves)
         self.weigh: Callable[[list[Lane]], int] = lambda lanes: 100
+        # a lane's shadow when its first weight is 0 and it is judged on copies first (docs/bake.md "Shadow"):
+        # the route's `shadow` fields but its name and digest, else None (set with `weigh`)
+        self.shadowing: Callable[[Lane], Mapping[str, Any] | None] = lambda lane: None
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -216,60 +220,20 @@ class RoutedDeploys:
         up = Up(op.model, snap.digest, snap, "", op, self.aliases.target(op.model), ticket=ticket)
         return self.run([up])[op.model]
 
-    def run_set(self, plan: Plan, actor: str, progress: ProgressFn | None) -> Outcome:
-        """A change set (steps before ensembles): each changed member brought up under its name, with its own
-        deployment, and every public name switched in one update. (A bake's set rollback goes member by
-        member through the Deployer's SetRunner: each a switch back to a name the bake kept loaded.)"""
-        started = time.monotonic()
-        set_id = secrets.token_hex(4)
-        steps: list[Progress] = []
-
-        def emit(p: Progress) -> None:
-            steps.append(p)
-            if progress:
-                progress(p)
-
-        members = list(plan.members)
-        changed = [m for m in members if m.changed or plan.force]
-        if not changed:
-            return Outcome(plan.label, ACTION, "noop", None, None, "every member already serves its source content")
-        with ExitStack() as stack:
-            for member in sorted(changed, key=lambda m: m.model):
-                stack.enter_context(self.d.lock(member.model))
-            ups: list[Up] = []
-            for m in changed:
-                snap = self.d.registry.get_snapshot(m.model, m.digest)
-                op = DeployOperation(self.d.registry, self.d.report, m.model, snap.digest, m.previous, actor,
-                                     "deploy", progress=emit)
-                refusal = self.d._refusal(snap, plan.force, {u.model: u.snap for u in ups})
-                if refusal is not None:
-                    message = f"{m.model}: {refusal[0]}"
-                    op.refuse(*refusal)
-                    audit_set(self.d.registry, actor, set_id, members, "failed", message, started)
-                    return Outcome(plan.label, ACTION, Result.FAILED, None, None, message, ms_since(started), steps,
-                                   refusal[1])
-                ups.append(Up(m.model, snap.digest, snap, "", op, self.aliases.target(m.model)))
-            outcomes = self.run(ups)
-        failed = next((o for o in outcomes.values() if not o.succeeded), None)
-        if failed is None:
-            outcome, result = "deployed", Result.OK
-            message = f"deployed {', '.join(u.model for u in ups)} in one switch of the gateway"
-        else:
-            result = Result(failed.outcome)
-            outcome, message = failed.outcome, f"{failed.model}: {failed.message}"
-        audit_set(self.d.registry, actor, set_id, members, outcome, message, started)
-        return Outcome(plan.label, ACTION, result, None, None, f"change set {set_id}: {message}", ms_since(started),
-                       steps, Cause.NONE if failed is None else failed.cause)
-
     def run(self, ups: list[Up]) -> dict[str, Outcome]:
         """Bring every member up, rebind the serving ensembles over changed steps, switch once, commit."""
         planned: dict[str, str] = {}
         rebound: list[Up] = []
+        callees: list[Up] = []
         current: Up | None = None
         for up in ups:
             assert up.op is not None
             up.op.begin()
         try:
+            callees = self._callees_of(ups)  # what the members call by BLS: under their own names, first
+            for up in callees:
+                current = up
+                self.bring_up(up, None, reload=True)
             for up in ups:
                 current = up
                 up.name, binding = self.name_for(up.model, up.digest, up.snap.config, planned)
@@ -289,13 +253,16 @@ class RoutedDeploys:
             lanes = [Lane(u.model, Target(u.name, u.digest), u.old, u.op.kind if u.op is not None else "")
                      for u in [*ups, *rebound]]
             weight = self.weigh(lanes)  # 100: every request at once; less: a canary's first step
-            self.aliases.switch({lane.model: lane.at(weight) for lane in lanes})
+            changes: dict[str, Target | Weighted] = {
+                lane.model: lane.at(weight, self.shadowing(lane) if weight == 0 else None) for lane in lanes}
+            changes.update({u.model: Target(u.name, u.digest) for u in callees})  # the same content: at once
+            self.aliases.switch(changes)
         except (TritonctlError, OSError) as exc:
             culprit = current.model if current is not None and current.op is not None else None
             if current is not None and current.op is None:  # an ensemble over a changed step refused it
                 culprit = next((u.model for u in ups if u.model in set(self.ensembles().get(current.model, []))),
                                ups[-1].model)
-            return self._failed_before_switch(ups, rebound, exc, culprit)
+            return self._failed_before_switch(ups, [*rebound, *callees], exc, culprit)
         done: dict[str, Outcome] = {}
         for up in ups:
             assert up.op is not None
@@ -305,9 +272,41 @@ class RoutedDeploys:
                 self.d.registry.set_quarantine(up.model, up.digest, None)
             up.op.emit(DeployStep.COMMIT, StepState.OK, message)
             self._settle(up, True)
-        for up in [*ups, *rebound]:
-            self._leave(up)
+        for up in [*ups, *rebound, *callees]:
+            self.leave(up)
         return done
+
+    def mark_callees(self, members: Sequence[tuple[str, SnapshotRecord]]) -> set[str]:
+        """The models these (model, recorded content) call by BLS are served under their own names from now
+        on (controlplane/validation/bls.py); returns the ones newly marked."""
+        called: set[str] = set()
+        for model, snap in members:
+            if step_models(snap.config):
+                continue
+            declared = declared_callees(snap.config)
+            calls = declared or bls_callees(self.d.store.tree_path(snap.digest))
+            if DYNAMIC in calls:  # a name computed at run time, undeclared: any model may be called
+                log.warning("%s calls models by BLS with names computed at run time and declares none "
+                            "(parameters tritonctl.bls_callees): every model is served under its own name", model)
+                calls = {m.name for m in self.d.registry.list_models()}
+            called |= calls - {model, DYNAMIC}
+        return self.aliases.in_place(called)
+
+    def _callees_of(self, ups: list[Up]) -> list[Up]:
+        """The models `ups`' python code calls by BLS (controlplane/validation/bls.py) are served under their
+        own names from now on; each that serves under a private name now is brought up under its own name in
+        the same switch (an in-place name, loaded fresh, its private one drained)."""
+        members = {u.model for u in ups}
+        out: list[Up] = []
+        for model in sorted(self.mark_callees([(u.model, u.snap) for u in ups]) - members):
+            target = self.aliases.target(model)
+            if target is None or target.name == model:
+                continue  # not serving yet: its own deploy uses its own name
+            snap = self.d.registry.get_snapshot(model, target.digest)
+            log.info("%s: called by BLS from %s: served under its own name from now on", model,
+                     ", ".join(sorted(members)))
+            out.append(Up(model, target.digest, snap, model, None, target))
+        return out
 
     def _rebind(self, planned: dict[str, str], members: set[str]) -> list[Up]:
         """Every serving ensemble over a planned step (and over those, nested), not in the plan itself:
@@ -378,7 +377,7 @@ class RoutedDeploys:
             ticket, up.ticket = up.ticket, None
             self.d.guard.settle(ticket, loaded)
 
-    def _leave(self, up: Up) -> None:
+    def leave(self, up: Up) -> None:
         """The name `up` switched away from drains; the published trees of its new name are pruned."""
         if up.old is not None and up.old.name != up.name:
             self.drainer.retire(up.model, up.old.name)
@@ -405,7 +404,7 @@ class RoutedDeploys:
             return op.end(Result.FAILED, message, error=message, state=ModelState.DEGRADED,
                           active=op.digest if committed else previous, cause=cause)
         message = f"rolled back to {previous[:12]}: {error}"
-        self._leave(up)
+        self.leave(up)
         op.emit(DeployStep.ROLLBACK, StepState.OK, message, previous)
         serving = ServingRecord(model, previous, [int(v) for v in up.ready if v.isdigit()]) if committed else None
         return op.end(result, message, error=error, state=ModelState.SERVING, active=previous, serving=serving,
@@ -425,12 +424,15 @@ class RoutedDeploys:
             self.d.guard.settle(ticket, loaded)
         if up.old != Target(up.name, digest):
             self.aliases.switch({model: Target(up.name, digest)})
-        self._leave(up)
+        self.leave(up)
 
-    def take_out_model(self, model: str, *, switch: bool = True) -> None:
-        """The public name gets no route (the gateway answers its requests with a clear error), then every
-        private name of `model` Triton or the serving root has goes."""
-        if switch and self.aliases.target(model) is not None:
+    def take_out_model(self, model: str, *, switch: bool = True, loadable: bool = False) -> None:
+        """The public name gets no route (the gateway answers its requests with a clear error), or with
+        `loadable` (an eviction) a LOADABLE one (its requests wait while a load brings it back: docs/ondemand.md
+        "Requests load models"); then every private name of `model` Triton or the serving root has goes."""
+        if loadable:
+            self.aliases.switch({model: LOADABLE})
+        elif switch and (self.aliases.target(model) is not None or model in self.aliases.loadable()):
             self.aliases.switch({model: None})
         for name in self.names_of(model):
             self.d.steps.take_out(name)
@@ -461,8 +463,9 @@ class RoutedDeploys:
         return None
 
     def names_of(self, model: str) -> list[str]:
-        """The private names of `model` published in the serving root."""
-        return [n for n in self.d.serving.models() if is_private_name(n) and public_of(n) == model]
+        """The names of `model` published in the serving root: its private ones, and its own when it is
+        served under it (a model another calls by BLS)."""
+        return [n for n in self.d.serving.models() if n == model or (is_private_name(n) and public_of(n) == model)]
 
     def retire_now(self, model: str, name: str) -> bool:
         """The drainer's unload: `name` out of Triton and the serving root unless routed again (under the
@@ -492,7 +495,7 @@ class RoutedDeploys:
         reason = f"interrupted at step '{deployment.step}' by a daemon stop"
         target = self.aliases.target(model)
         if deployment.kind in ("unload", "evict"):
-            self.take_out_model(model)
+            self.take_out_model(model, loadable=deployment.kind == "evict")
             return op.end(Result.OK, f"finished after restart; {reason}", state=ModelState.UNLOADED, active=None,
                           serving=ServingRecord(model, None, []))
         if digest and target is not None and target.digest == digest:

@@ -57,6 +57,8 @@ def stage_many(deployer: Deployer, items: Sequence[tuple[str, str]], actor: str,
         started = time.monotonic()
         snaps = registry.snapshots(items)
         current = registry.ensure_models([model for model, _ in items])
+        if deployer.routed is not None:  # what these models call by BLS is staged under its own name
+            deployer.routed.mark_callees([(m, (snaps.get((m, d)) or registry.get_snapshot(m, d))) for m, d in items])
         for i, (model, digest) in enumerate(items):
             snap = snaps.get((model, digest)) or registry.get_snapshot(model, digest)
             record = current[model]

@@ -132,6 +132,7 @@ class StatusRow:
     # that bake's canary steps through the gateway (controlplane/bake/canary.py): {"step", "steps", "weight",
     # "seconds_left", "state", "history"}
     canary: dict[str, Any] | None = None
+    shadow: dict[str, Any] | None = None  # that bake's shadow before its first step (bake/shadow.py `to_json`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +157,7 @@ class StatusRow:
             "bake": dict(self.bake) if self.bake else None,
             "completed_config": self.completed_config.to_json() if self.completed_config else None,
             "canary": dict(self.canary) if self.canary else None,
+            "shadow": dict(self.shadow) if self.shadow else None,
         }
 
 
@@ -174,10 +176,14 @@ class StatusResult:
     registry_unreachable_since: str | None = None
     registry_reason: str = ""
     triton_key_exposed: bool = False  # a launched tritonserver's command line (its key) is readable by other users
+    # with a gateway (docs/gateway.md): where it listens and the tritonserver behind it; triton_url and
+    # triton_http_url are then the gateway's, where clients send inference, as they were Triton's before
+    gateway: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "triton_reachable": self.triton_reachable,
+            "gateway": dict(self.gateway) if self.gateway is not None else None,
             "triton_url": self.triton_url,
             "triton_grpc_url": self.triton_url,
             "triton_http_url": self.triton_http_url,

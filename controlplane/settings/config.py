@@ -42,11 +42,12 @@ NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE"
 # daemon a test starts under them is not refused.
 TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
-RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "log_level", "reconcile_interval_s",
+RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "gateway_load_wait_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
               "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio", "canary_steps",
-              "canary_sticky_header", "wave_steps")
+              "canary_sticky_header", "wave_steps", "shadow_s", "shadow_fraction", "shadow_rtol", "shadow_atol",
+              "shadow_keep_inputs", "shadow_min_agreement")
 # The mode's defaults (docs/bake.md "Safe defaults"): where a gateway carries the traffic
 # (`Settings.routes_traffic`) a new digest takes a tenth of the requests for a minute before all of them;
 # without one, a deploy switches at once and does not bake (what tritonctl did before the gateway).
@@ -88,6 +89,7 @@ class Settings:
     # it and never starts, restarts or stops it (docs/kubernetes.md)
     gateway_control_socket: Path | None = None
     gateway_drain_s: float = 5.0  # after a switch, the old digest answers the requests sent before it this long
+    gateway_load_wait_s: float = 60.0  # a request for a model not loaded waits this long for its load (onrequest.py)
     settle_s: float = 1.0
     policy: str = "auto"
     commit_marker: str | None = None
@@ -168,6 +170,14 @@ class Settings:
     canary_steps: tuple[int | str, ...] = ()
     canary_sticky_header: str | None = None  # a request header whose value's hash keeps a client on one version
     wave_steps: tuple[int | str, ...] = AT_ONCE  # a fleet's waves after the canary wave (which takes canary_steps)
+    # Shadow (docs/bake.md "Shadow"): through a gateway, before a canary's first step, a copy of live requests goes
+    # to the new digest for `shadow_s` (0: no shadow) and the gateway compares each pair of answers
+    shadow_s: float = 0.0
+    shadow_fraction: float = 1.0  # of the requests copied (up to the gateway's rate limit, docs/gateway.md)
+    shadow_rtol: float = 1e-5  # floating outputs agree within atol + rtol * |the serving version's|
+    shadow_atol: float = 1e-8
+    shadow_keep_inputs: bool = False  # the first disagreements keep the request's inputs (else none are kept)
+    shadow_min_agreement: float = 1.0  # pairs that agree over all pairs, at least
 
     def __post_init__(self) -> None:
         """The mode's defaults (`bake_s`, `canary_steps` not given): safe where a gateway carries the traffic."""
@@ -301,6 +311,13 @@ def _ratio(value: Any) -> float:
     return number
 
 
+def _fraction(value: Any) -> float:
+    number = _ratio(value)
+    if number <= 0:
+        raise ValueError("expected a fraction above 0, up to 1")
+    return number
+
+
 def _whole_number(expected: str, minimum: int = 0, maximum: int | None = None) -> Callable[[Any], int]:
     """A whole number from `minimum` to `maximum` (an int or its digits); `expected` names the range."""
 
@@ -403,6 +420,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "triton_http_url": _web_address,
     "gateway_control_socket": _path,
     "gateway_drain_s": _duration,
+    "gateway_load_wait_s": _duration,
     "settle_s": _positive_float(0.05),
     "policy": _choice(POLICIES),
     "commit_marker": _text,
@@ -459,6 +477,12 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "canary_steps": parse_steps,
     "canary_sticky_header": header_name,
     "wave_steps": parse_steps,
+    "shadow_s": _duration,
+    "shadow_fraction": _fraction,
+    "shadow_rtol": _positive_float(0.0),
+    "shadow_atol": _positive_float(0.0),
+    "shadow_keep_inputs": _bool,
+    "shadow_min_agreement": _ratio,
     **ACCESS_PARSERS,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}

@@ -10,6 +10,7 @@ clients send inference, restarts a gateway that died (supervision) and stops bot
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonctlError
@@ -67,6 +68,17 @@ class DataPlane:
         if self.gateway is not None:
             return gateway.http_url(self.gateway)
         return f"http://{self.triton_server.http_url}" if self.triton_server is not None else None
+
+    def gateway_info(self) -> dict[str, Any] | None:
+        """`status`'s gateway: where it listens (what clients use) and the tritonserver behind it."""
+        process = self.gateway
+        if process is None:
+            return None
+        ports = process.ports
+        return {"pid": process.pid, "grpc_url": f"127.0.0.1:{ports['grpc']}" if "grpc" in ports else None,
+                "http_url": gateway.http_url(process),
+                "metrics_url": f"http://127.0.0.1:{ports['metrics']}/metrics" if "metrics" in ports else None,
+                "upstream_grpc_url": process.triton_grpc}
 
     def supervise_gateway(self) -> bool:
         """A gateway that died is started again; True when it was."""

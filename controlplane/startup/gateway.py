@@ -57,6 +57,20 @@ class GatewayPort:
     def figures(self) -> dict[str, Any]:
         return self.process.control().figures()
 
+    # requests that load models (controlplane/memory/onrequest.py `RequestPort`)
+
+    def wanted(self, after: int, wait_s: float, load_wait_s: float | None = None) -> tuple[int, dict[str, Any]]:
+        return self.process.control(wait_s + 5.0).wanted(after, wait_s, load_wait_s)
+
+    def note(self, model: str, text: str) -> bool:
+        return self.process.control().note(model, text)
+
+    def refuse(self, model: str, reason: str) -> int:
+        return self.process.control().refuse(model, reason)
+
+    def last(self) -> dict[str, float]:
+        return self.process.control().last()
+
 
 @dataclass
 class ExternalGateway(GatewayProcess):

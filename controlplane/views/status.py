@@ -54,7 +54,8 @@ class StatusView:
 
     def __init__(self, registry: Registry, triton: TritonClient, served_view: ServedView, deployer: Deployer,
                  intake: Intake, retries: RetryBook, restores: RetryBook, ondemand: OnDemand, baker: Baker,
-                 *, tag_registry: Callable[[], Registry], http_url: str | None) -> None:
+                 *, tag_registry: Callable[[], Registry], http_url: str | None,
+                 gateway: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
         """`tag_registry`: where tags live (a fleet's shared registry)."""
         self.registry = registry
         self.triton = triton
@@ -67,6 +68,7 @@ class StatusView:
         self.baker = baker
         self.tag_registry = tag_registry
         self.http_url = http_url
+        self.gateway = gateway  # where the gateway listens and its upstream (None without one)
         # other local users can read the launched tritonserver's key (the daemon learns it before the plane)
         self.key_exposed = False
         self._tags_seen: tuple[list[Any], dict[str, str]] = ([], {})  # the last tags and tracks read
@@ -143,12 +145,18 @@ class StatusView:
             bake = self.baker.of(model.name)
             row.bake = bake.to_json() if bake is not None else None
             row.canary = self.baker.canary_of(bake)
+            row.shadow = self.baker.shadow_of(bake)
             if bake is not None and bake.state == "baking":
                 left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
+                if row.shadow is not None and row.shadow["state"] == "running":  # before its first step
+                    left = f"shadow of {bake.digest[:12]}: {row.shadow['seconds_left']} s left"
                 row.sync_reason = f"{row.sync_reason}; {left}" if row.sync_reason else left
             rows.append(row)
         outage = self.registry_outage()
-        return StatusResult(reachable, self.triton.url, self.http_url, dict(self.intake.source.watch_info()), rows,
+        gateway = self.gateway()
+        grpc_url = str(gateway["grpc_url"]) if gateway is not None and gateway.get("grpc_url") else self.triton.url
+        return StatusResult(reachable, grpc_url, self.http_url, dict(self.intake.source.watch_info()), rows,
+                            gateway=gateway,
                             registry_reachable=outage is None,
                             registry_unreachable_since=iso(outage.since) if outage and outage.since else None,
                             registry_reason=f"registry {outage.name}: {outage.reason}" if outage else "",

@@ -259,7 +259,7 @@ def test_recovery_rolls_back_when_the_switch_did_not_happen(bench: Bench) -> Non
     outcome = bench.deployer.recover(deployment)
     assert outcome is not None and outcome.outcome == Result.ROLLED_BACK
     assert bench.routes.routed("m") == (private_name("m", first), first)
-    assert bench.deployer.sweep([]) is True  # the orphan goes
+    bench.deployer.sweep([])  # the orphan goes (the routed sweep runs every round: it says False)
     wait_for(lambda: private_name("m", second) not in bench.triton.models)
 
 
@@ -321,3 +321,58 @@ def test_concurrent_deploys_of_two_models_switch_independently(bench: Bench) -> 
     assert bench.routes.routed("a") == (private_name("a", a), a)
     assert bench.routes.routed("b") == (private_name("b", b), b)
     assert Target(private_name("a", a), a) == bench.deployer.aliases.target("a")
+
+
+def test_a_model_another_calls_by_bls_is_served_under_its_own_name(bench: Bench) -> None:
+    """A BLS call goes inside Triton by name, past the gateway: the callee answers to its own name there."""
+    callee = bench.record(1, model="callee")
+    bench.deployer.deploy("callee", callee, "alice")
+    assert bench.routes.routed("callee") == (private_name("callee", callee), callee)
+    write_gen_model(bench.repo, "caller", 1)
+    source = bench.repo / "caller" / "1" / "model.py"
+    source.write_text(source.read_text() + '\n\ndef forward(x):\n'
+                      '    return pb_utils.InferenceRequest(model_name="callee", requested_output_names=["gen"],'
+                      ' inputs=[x])\n')
+    snap = bench.store.capture(bench.repo / "caller", "caller")
+    result = validate_model_dir(bench.store.tree_path(snap.digest), name="caller")
+    record, _ = bench.registry.record_snapshot("caller", snap.digest, snap.manifest_json(), config=result.config,
+                                               versions=result.versions, served_versions=result.served_versions,
+                                               valid=True, problems=[], total_bytes=snap.total_bytes)
+    outcome = bench.deployer.deploy("caller", record.digest, "alice")
+    assert outcome.outcome == Result.OK, outcome.message
+    assert bench.routes.routed("callee") == ("callee", callee)  # switched with the caller, same content
+    assert bench.triton.served_digest("callee") == callee
+    wait_for(lambda: private_name("callee", callee) not in bench.triton.models)
+    # its next version loads under its own name too (in place: Triton routes the BLS calls)
+    second = bench.record(2, model="callee")
+    assert bench.deployer.deploy("callee", second, "alice").outcome == Result.OK
+    assert bench.routes.routed("callee") == ("callee", second)
+
+
+def test_bls_calls_are_read_from_the_source() -> None:
+    from controlplane.validation.bls import calls_in
+
+    source = ('import triton_python_backend_utils as pb_utils\n'
+              'r = pb_utils.InferenceRequest(model_name="add_sub", inputs=[], requested_output_names=[])\n'
+              'q = InferenceRequest("pytorch", [], [])\n'
+              'dynamic = pb_utils.InferenceRequest(model_name=name, inputs=[])\n')
+    assert calls_in(source) == {"add_sub", "pytorch", "*"}  # *: a name computed at run time
+    assert calls_in("def broken(:\n") == set()
+
+
+def test_a_bls_call_by_a_name_computed_at_run_time_serves_every_model_under_its_own_name(bench: Bench) -> None:
+    """Undeclared: any model may be its callee, so none may answer only to a private name."""
+    other = bench.record(1, model="other")
+    bench.deployer.deploy("other", other, "alice")
+    write_gen_model(bench.repo, "router", 1)
+    source = bench.repo / "router" / "1" / "model.py"
+    source.write_text(source.read_text() + '\n\ndef forward(name, x):\n'
+                      '    return pb_utils.InferenceRequest(model_name=name, requested_output_names=["gen"],'
+                      ' inputs=[x])\n')
+    snap = bench.store.capture(bench.repo / "router", "router")
+    result = validate_model_dir(bench.store.tree_path(snap.digest), name="router")
+    record, _ = bench.registry.record_snapshot("router", snap.digest, snap.manifest_json(), config=result.config,
+                                               versions=result.versions, served_versions=result.served_versions,
+                                               valid=True, problems=[], total_bytes=snap.total_bytes)
+    assert bench.deployer.deploy("router", record.digest, "alice").outcome == Result.OK
+    assert bench.routes.routed("other") == ("other", other)

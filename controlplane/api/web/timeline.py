@@ -20,12 +20,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controlplane.bake.canary import CANARY_ACTION, STEP_LINE
+from controlplane.bake.shadow import SHADOW_ACTION
 from controlplane.vocab import BAKE_ACTOR  # a failed bake's rollback (docs/bake.md): `rolled_back`, its digest serves
 
 # Which audit actions put a mark on the timeline, and the letter the mark shows (colour is never the only
 # signal: each mark is a letter with its kind spelled out in the legend and the title).
 MARK_KINDS = {"deploy": "D", "rollback": "R", "quarantine": "Q", "tag": "T", "changeset": "C", "unload": "U",
-              "pin": "P", "unpin": "P", "policy": "P", "bake": "B", "canary": "W"}
+              "pin": "P", "unpin": "P", "policy": "P", "bake": "B", "canary": "W", "shadow": "S"}
 SERVES = ("deploy", "rollback")
 GOOD = ("ok", "noop")
 
@@ -106,13 +107,15 @@ def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]],
         if moment is None:
             continue
         kind, digest = mark_kind(event), event.get("digest")
-        if event["action"] == CANARY_ACTION and digest:
+        if event["action"] in (CANARY_ACTION, SHADOW_ACTION) and digest:
             bands.setdefault(digest, Band(digest))
             if digest in split:
                 end_split(digest, pos(moment))
             step = STEP_LINE.match(event.get("message") or "")
             if step is not None and int(step.group(3)) < 100:
                 split[digest] = (pos(moment), int(step.group(3)))
+            elif event["action"] == SHADOW_ACTION and (event.get("message") or "").startswith("shadow of "):
+                split[digest] = (pos(moment), 0)  # copies only: every request on the previous digest
         if kind in MARK_KINDS:
             mark = Mark(kind, MARK_KINDS[kind], pos(moment), event)
             band = bands.get(digest) if digest else None
