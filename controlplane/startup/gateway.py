@@ -27,6 +27,7 @@ from controlplane.gateway.launcher import GatewayProcess
 from controlplane.gateway.routes import route_from_json, route_to_json
 from controlplane.settings.config import Settings
 from controlplane.triton.launcher import TritonServer
+from controlplane.triton.ports import PORT_FLAGS
 
 log = logging.getLogger("tritonctl.daemon")
 
@@ -168,10 +169,19 @@ def upstream_of(process: GatewayProcess) -> dict[str, str]:
     return out
 
 
-def adopt_or_start(process: GatewayProcess) -> GatewayProcess:
+def port_flags(settings: Settings) -> dict[str, str]:
+    """Which flag asks for each of the gateway's ports (its listener kind → the flag), for the warnings."""
+    if settings.launch_triton:
+        return dict(zip(("grpc", "http", "metrics"), PORT_FLAGS, strict=True))
+    return {"grpc": "--gateway-grpc-address", "http": "--gateway-http-address"}
+
+
+def adopt_or_start(process: GatewayProcess, flags: Mapping[str, str] | None = None) -> GatewayProcess:
     """The gateway of the last daemon if it is still that process, answering, in front of the same
     tritonserver; else a fresh one (which reads the routes file the last one wrote) on the ports the last
-    one had where the settings leave the port to it (0)."""
+    one had where the settings leave the port to it (0). An adopted gateway keeps its ports, as an adopted
+    tritonserver does (inference must not stop for a port change): a requested port it does not use is
+    named in one warning (`flags`: the flag that asks for each, port_flags)."""
     if isinstance(process, ExternalGateway):
         process.start()
         log.info("using the gateway pid %s on %s (gateway_control_socket %s: run by its own container or unit)",
@@ -185,6 +195,10 @@ def adopt_or_start(process: GatewayProcess) -> GatewayProcess:
         upstream = upstream_of(process)
         if all(upstream.get(flag) == value for flag, value in wanted.items()):
             log.info("adopted the running gateway pid %s on %s", process.pid, _where(process))
+            changed = _unlike_requested(process, flags or {})
+            if changed:
+                log.warning("the adopted gateway keeps its ports, not the requested %s, until the daemon stops it "
+                            "(SIGTERM without keep_triton); the next start then uses them", ", ".join(changed))
             return process
         log.warning("the running gateway pid %s is in front of tritonserver %s, not %s: starting it again",
                     process.pid, upstream.get("--triton-grpc"), process.triton_grpc)
@@ -214,6 +228,17 @@ def restarted(process: GatewayProcess) -> bool:
 
 
 ADDRESSES = (("grpc_address", "grpc"), ("http_address", "http"), ("metrics_address", "metrics"))
+
+
+def _unlike_requested(process: GatewayProcess, flags: Mapping[str, str]) -> list[str]:
+    """The requested ports (not 0) an adopted gateway does not listen on, as `FLAG N (serves on M)`."""
+    out = []
+    for attr, kind in ADDRESSES:
+        address, have = getattr(process, attr), process.ports.get(kind)
+        want = address.rsplit(":", 1)[-1] if address else "0"
+        if kind in flags and want.isdigit() and int(want) != 0 and have is not None and int(want) != have:
+            out.append(f"{flags[kind]} {want} (serves on {have})")
+    return out
 
 
 def _start_on(process: GatewayProcess, ports: dict[str, Any]) -> None:
