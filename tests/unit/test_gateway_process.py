@@ -50,6 +50,7 @@ def test_a_gateway_whose_ports_were_taken_starts_on_free_ones(tmp_path: Path) ->
     try:
         ports = dict(process.ports)
         process.kill()
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds (past TIME_WAIT)
         holder.bind(("127.0.0.1", ports["grpc"]))  # someone took its gRPC port meanwhile
         holder.listen()
         assert gateway.restarted(process)
