@@ -619,6 +619,15 @@ def daemon_process(repo: Path, state: Path, settle_s: float, *, policy: str = "a
                          env={"TRITONCTL_RECONCILE_INTERVAL_S": str(reconcile_s)}, settle_s=settle_s, launch=launch)
 
 
+def inference_url(daemon: Any) -> str:
+    """Where a daemon's clients send gRPC inference: its gateway's port (`<state>/gateway/gateway.json`, the
+    launcher's record) when a gateway carries the traffic, else its tritonserver's."""
+    record = daemon.state_dir / "gateway" / "gateway.json"
+    if record.exists():
+        return f"127.0.0.1:{json.loads(record.read_text())['ports']['grpc']}"
+    return str(daemon.triton_url())
+
+
 def triton_log_count(server_log: Path, needle: str) -> int:
     try:
         return server_log.read_text(errors="replace").count(needle)

@@ -182,6 +182,8 @@ class Daemon:
         if self.request_loads is not None:
             self.request_loads.start(fleet=self.fleet)
         self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake/baker.py)
+        if self.plane.deployer.drainer is not None:  # names a switch left, unloaded once drained (deploy/drain.py)
+            self.plane.deployer.drainer.start()
         self.source.watch(self._hand_on)
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
@@ -550,6 +552,8 @@ class Daemon:
         if self.plane is not None:
             self.plane.ondemand.stop()
             self.plane.baker.stop()
+            if self.plane.deployer.drainer is not None:
+                self.plane.deployer.drainer.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
         # also operations the control API started in its own threads
         running = self.inflight.wait(deadline, self.plane.deployer.busy_models if self.plane else list, TICK_S)

@@ -66,6 +66,8 @@ SERVER_MODULES = {
     "test_ensemble_daemon": ("triton",),
     "test_exit_codes": ("triton",),
     "test_gateway_e2e": ("triton",),
+    "test_gateway_daemon_e2e": ("triton",),
+    "test_gateway_kills": ("triton",),
     "test_gateway_shadow": ("triton",),
     "test_faults": ("triton",),
     "test_fleet_changesets": ("triton", "postgres"),

@@ -86,6 +86,9 @@ class Settings:
     gateway_http_address: str | None = None  # HOST:PORT clients send HTTP/REST inference to (external Triton)
     gateway_grpc_address: str | None = None  # HOST:PORT clients send gRPC inference to (external Triton)
     triton_http_url: str | None = None  # an external tritonserver's HTTP HOST:PORT, for the gateway's HTTP side
+    # a gateway something else runs (its own container or unit): its control socket; the daemon routes through
+    # it and never starts, restarts or stops it (docs/kubernetes.md)
+    gateway_control_socket: Path | None = None
     gateway_drain_s: float = 5.0  # after a switch, the old digest answers the requests sent before it this long
     gateway_load_wait_s: float = 60.0  # a request for a model not loaded waits this long for its load (onrequest.py)
     settle_s: float = 1.0
@@ -195,10 +198,11 @@ class Settings:
     @property
     def routes_traffic(self) -> bool:
         """Whether a gateway carries the inference traffic: on with --launch-triton unless `gateway = false`;
-        with an external tritonserver when a gateway address is given."""
+        with an external tritonserver when a gateway address or a gateway's control socket is given."""
         if not self.gateway:
             return False
-        return self.launch_triton or bool(self.gateway_http_address or self.gateway_grpc_address)
+        return self.launch_triton or bool(self.gateway_http_address or self.gateway_grpc_address
+                                          or self.gateway_control_socket)
 
     @property
     def load_parallelism(self) -> int:
@@ -437,6 +441,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gateway_http_address": _web_address,
     "gateway_grpc_address": _web_address,
     "triton_http_url": _web_address,
+    "gateway_control_socket": _path,
     "gateway_drain_s": _duration,
     "gateway_load_wait_s": _duration,
     "settle_s": _seconds(0.05),
