@@ -352,14 +352,9 @@ def test_bls_client_through_the_daemons_gateway(examples: DaemonProcess) -> None
     test_add_sub_client_through_the_daemons_gateway(examples)
 
 
-BLS_LATER = ("a model added after a BLS caller whose callee names are computed at run time is served under its "
-             "private name only: the daemon serves 'every model' under its own name as of the caller's deploy, so "
-             "bls_sync's call to the later model finds no such name inside tritonserver (seen as well when a "
-             "caller and its callee are written at once and the callee deploys while the caller switches)")
-
-
-@pytest.mark.xfail(strict=True, raises=InferenceServerException, reason=BLS_LATER)
 def test_a_model_added_after_a_bls_caller_is_callable_by_it(examples: DaemonProcess) -> None:
+    """A caller whose callee names are computed at run time may call any model, one added later too: it is
+    served under its own name from its first deploy (deploy/aliases.py `in_place`)."""
     write_example(examples.repository, "add_sub_later", rig.config("add_sub_later", *rig.ADD_SUB_IO), rig.ADD_SUB)
     wait_for(lambda: serving(examples, "add_sub_later"), 120, 0.3, "add_sub_later serving")
     deadline = time.monotonic() + 20  # the daemon may set it right a little later: that would do

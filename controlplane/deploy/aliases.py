@@ -155,6 +155,9 @@ class Routed(Aliases):
         self._targets: dict[str, Target] = {}  # replaced, never changed, on each switch: `targets()` hands it out
         self._steps: dict[str, frozenset[str]] = {}  # an ensemble's private name -> the step names it points at
         self._in_place: set[str] = set()  # models other models call by BLS: served under their own names
+        # a model calls by BLS a name computed at run time, undeclared: every model, later ones too, is served
+        # under its own name (from this daemon's first such deploy on; its own models keep theirs after a restart)
+        self._every_in_place = False
         self._also: dict[str, tuple[Target, ...]] = {}  # a weighted route's other targets (a canary's previous)
         self._loadable: frozenset[str] = frozenset()  # models routed LOADABLE
 
@@ -191,7 +194,7 @@ class Routed(Aliases):
 
     def name(self, model: str, digest: str, steps: Mapping[str, str] | None = None) -> str:
         with self._lock:
-            if model in self._in_place:  # another model calls it by BLS, inside Triton: its own name
+            if model in self._in_place or self._every_in_place:  # called by BLS, inside Triton: its own name
                 return model
         if steps is None:
             return private_name(model, digest)
@@ -203,7 +206,9 @@ class Routed(Aliases):
         """Serve `models` under their own names from their next bring-up on (another model calls them by
         BLS: controlplane/validation/bls.py); returns those that were not so yet."""
         with self._lock:
-            new = set(models) - self._in_place
+            if "*" in models:  # controlplane/validation/bls.py DYNAMIC: any model may be called
+                self._every_in_place = True
+            new = set(models) - self._in_place - {"*"}
             self._in_place |= new
             return new
 

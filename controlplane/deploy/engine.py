@@ -1,13 +1,13 @@
 """The per-model deploy / rollback / unload state machine.
 
-One operation at a time per model (different models deploy concurrently). Every step is recorded in
-the registry before it is taken, so a crash leaves a deployment that `recover` can finish or roll
-back. A deploy is: publish a fresh tree → load → verify every served version READY and the served
-config carrying the new digest → smoke requests → commit. On any failure the last good snapshot is
-published as a fresh tree and loaded again (Triton ignores a re-point to an old tree; see
-shared/TRITON_NOTES.md). When the content is at fault (controlplane.deploy.causes) the failing digest is
-quarantined and the outcome is `rolled_back`; an environment fault ends `failed`, unquarantined, and
-the control plane retries it later.
+One operation at a time per model (different models deploy concurrently). Every step is recorded in the
+registry before it is taken, so a crash leaves a deployment that `recover` can finish or roll back. A deploy
+is: publish a fresh tree → load → verify every served version READY and the served config carrying the new
+digest → smoke requests → commit. Through a gateway each digest is brought up under its own private name and
+a route switch ends it (controlplane/deploy/routed.py); without one, any failure publishes the last good
+snapshot as a fresh tree and loads it again (Triton ignores a re-point to an old tree: TRITON_NOTES). Content
+at fault (controlplane.deploy.causes) is quarantined (`rolled_back`); an environment fault ends `failed`,
+unquarantined, and the control plane retries it later.
 """
 
 from __future__ import annotations
@@ -143,8 +143,7 @@ class Deployer:
         return outcome
 
     def in_change_set(self) -> bool:
-        """Whether the calling thread runs a change set now (an outcome subscriber tells a set's member from a
-        deploy of its own: a bake does not bake a set's members one by one)."""
+        """Whether this thread runs a change set now (a bake does not bake a set's members one by one)."""
         return bool(getattr(self._set_thread, "active", False))
 
     def sweep(self, ensembles: Iterable[str]) -> bool:
@@ -153,8 +152,10 @@ class Deployer:
         if not self._sets.acquire(blocking=False):
             return False
         try:
-            if self.routed is not None:  # names nothing routes, drains or holds: drained at once, every round
-                self.routed.sweep()  # (a step an ensemble used when its drain came is found here later)
+            if self.routed is not None:  # every round: names nothing routes, drains or holds go; a model
+                self.routed.sweep()  # called by BLS since its switch comes under its own name (a restore)
+                for model, digest in self.routed.misnamed():
+                    self.restore(model, digest, "another model calls it by BLS: served under its own name")
                 return False
             return self._plans.sweep(ensembles)[1]
         finally:

@@ -285,11 +285,11 @@ class RoutedDeploys:
                 continue
             declared = declared_callees(snap.config)
             calls = declared or bls_callees(self.d.store.tree_path(snap.digest))
-            if DYNAMIC in calls:  # a name computed at run time, undeclared: any model may be called
+            if DYNAMIC in calls:  # a name computed at run time, undeclared: any model may be called, later ones too
                 log.warning("%s calls models by BLS with names computed at run time and declares none "
                             "(parameters tritonctl.bls_callees): every model is served under its own name", model)
-                calls = {m.name for m in self.d.registry.list_models()}
-            called |= calls - {model, DYNAMIC}
+                calls = {m.name for m in self.d.registry.list_models()} | {DYNAMIC}
+            called |= calls - {model}
         return self.aliases.in_place(called)
 
     def _callees_of(self, ups: list[Up]) -> list[Up]:
@@ -486,6 +486,13 @@ class RoutedDeploys:
         for name in left:
             self.drainer.retire(public_of(name), name, after_s=0.0)
         return left
+
+    def misnamed(self) -> list[tuple[str, str]]:
+        """(model, digest) of the routed models not served under the name they take now: one another model
+        came to call by BLS while it switched (a caller and its callee deployed at once), to restore."""
+        busy = set(self.d.busy_models())
+        return [(model, target.digest) for model, target in self.aliases.targets().items()
+                if model not in busy and target.name != model and self.aliases.name(model, target.digest) == model]
 
     # -- after a crash --------------------------------------------------------------------------
 
