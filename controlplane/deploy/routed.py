@@ -42,6 +42,7 @@ from controlplane.deploy.steps import (
     TritonPort,
     TritonSteps,
     VerifyError,
+    fault_point,
 )
 from controlplane.documents.results import Outcome
 from controlplane.errors import EnvironmentFault, TritonctlError
@@ -251,6 +252,7 @@ class RoutedDeploys:
             changes: dict[str, Target | Weighted] = {lane.model: lane.at(weight) for lane in lanes}
             changes.update({u.model: Target(u.name, u.digest) for u in callees})  # the same content: at once
             self.aliases.switch(changes)
+            fault_point("before_commit")  # switched, not committed: the recovery rolls forward (tests' kill point)
         except (TritonctlError, OSError) as exc:
             culprit = current.model if current is not None and current.op is not None else None
             if current is not None and current.op is None:  # an ensemble over a changed step refused it
