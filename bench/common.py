@@ -230,14 +230,14 @@ def _package_version(name: str) -> str:
         return "?"
 
 
-def git_commit() -> str:
-    """HEAD of the checkout the benchmark ran from, with `-dirty` when tracked files had changes."""
+def git_commit(tree: Path | None = None) -> str:
+    """HEAD of the checkout the benchmark ran from (or of `tree`), with `-dirty` when tracked files had changes."""
     import subprocess
 
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree or ROOT, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree or ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -617,6 +617,15 @@ def daemon_process(repo: Path, state: Path, settle_s: float, *, policy: str = "a
 
     return DaemonProcess(repo, state, extra_args=["--policy", policy, *extra],
                          env={"TRITONCTL_RECONCILE_INTERVAL_S": str(reconcile_s)}, settle_s=settle_s, launch=launch)
+
+
+def inference_url(daemon: Any) -> str:
+    """Where a daemon's clients send gRPC inference: its gateway's port (`<state>/gateway/gateway.json`, the
+    launcher's record) when a gateway carries the traffic, else its tritonserver's."""
+    record = daemon.state_dir / "gateway" / "gateway.json"
+    if record.exists():
+        return f"127.0.0.1:{json.loads(record.read_text())['ports']['grpc']}"
+    return str(daemon.triton_url())
 
 
 def triton_log_count(server_log: Path, needle: str) -> int:

@@ -8,16 +8,21 @@ pauses SHORTER than tritonctl's settle window (and cut at line ends half the tim
 valid Python). Every response carries [config gen, code gen]; a probe client per model and system
 checks both on every response.
 
-The two systems watch two identical directories and get the identical edit stream at the same
-moments (every chunk is written to both, then the pause): the same seed, the same noise.
+The three systems watch three identical directories and get the identical edit stream at the same
+moments (every chunk is written to each, then the pause): the same seed, the same noise.
 
   * Triton poll mode: `tritonserver --model-control-mode=poll --repository-poll-secs=1` on its dir.
-  * tritonctl: `tritonctl daemon --launch-triton --policy auto --settle 1.0` watching the other.
+  * tritonctl: `tritonctl daemon --launch-triton --policy auto --settle 1.0` watching another, its clients
+    through its gateway (every digest under its own private name, a switch one route update: docs/gateway.md).
+  * tritonctl --no-gateway: the same daemon with `--no-gateway` (Triton reloads the model's own name in place).
+
+Both daemons switch at once (canary steps [100], no bake: tests/harness.py SWITCH_AT_ONCE_ENV): the torture
+measures the switch itself, not a canary's bake (docs/bake.md).
 
 Reported per system: mixed/partial states served (config gen != code gen in an answer, or an error
 that shows half-written code: NameError / "does not implement execute" / a hang), failed requests,
-failed loads (Triton's log), edits never served, and edit-to-served time. Targets for tritonctl:
-0 mixed or partial states, 0 failed requests.
+failed loads (Triton's log), edits never served, and edit-to-served time. Targets for tritonctl, with and
+without its gateway: 0 mixed or partial states, 0 failed requests.
 
     python bench/edit_torture.py            # 200 edits over 3 models (about 6 minutes)
     python bench/edit_torture.py --quick    # 20 edits (about 1 minute)
@@ -40,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c  # noqa: E402
 
 NAME = "edit_torture"
-SYSTEMS = ("tritonctl", "Triton poll")
+SYSTEMS = ("tritonctl", "tritonctl --no-gateway", "Triton poll")
+DAEMONS = {"tritonctl": ("state", []), "tritonctl --no-gateway": ("state-no-gateway", ["--no-gateway"])}
 TIMELINE_MODELS = 2  # models whose answers over time the results keep (the timeline plot)
 
 
@@ -204,19 +210,25 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     models = [f"torture_{i}" for i in range(args.models)]
     by_model = plan(models, args.edits, args.settle, args.seed)
     with c.workspace(NAME, keep=args.keep) as base:
-        repo_ctl, repo_poll = base / "watched-by-tritonctl", base / "triton-poll-repo"
-        for repo in (repo_ctl, repo_poll):
+        repos = {"tritonctl": base / "watched-by-tritonctl", "tritonctl --no-gateway": base / "watched-no-gateway",
+                 "Triton poll": base / "triton-poll-repo"}
+        for repo in repos.values():
             repo.mkdir()
             for m in models:
                 c.write_pair_model(repo, m, 0)
         console.print(f"[dim]{args.edits} edits over {len(models)} models; systems start in {base}[/dim]")
-        poll = c.triton_server(repo_poll, base / "poll-work", mode="poll", poll_secs=args.poll_secs)
-        daemon = c.daemon_process(repo_ctl, base / "state", args.settle, extra=["--log-format", "json"])
+        poll = c.triton_server(repos["Triton poll"], base / "poll-work", mode="poll", poll_secs=args.poll_secs)
+        daemons = {system: c.daemon_process(repos[system], base / state, args.settle,
+                                            extra=["--log-format", "json", *flags])
+                   for system, (state, flags) in DAEMONS.items()}
         probes: dict[str, dict[str, c.Probe]] = {}
+        ctl_logs: dict[str, str] = {}
         try:
             poll.start(live_timeout_s=120)
-            daemon.start()
-            urls = {"tritonctl": daemon.triton_url(), "Triton poll": poll.grpc_url}
+            for daemon in daemons.values():
+                daemon.start()
+            urls = {**{system: c.inference_url(daemon) for system, daemon in daemons.items()},
+                    "Triton poll": poll.grpc_url}
             for system, url in urls.items():
                 for m in models:
                     if c.serves(url, m, 0, 60) is None:
@@ -225,7 +237,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                 probes[system] = {m: c.Probe(url, m, pause_s=args.probe_pause).start() for m in models}
             t0 = time.monotonic()
             failures: list[str] = []
-            writers = [threading.Thread(target=writer, args=(by_model[m], [repo_ctl / m, repo_poll / m], failures),
+            writers = [threading.Thread(target=writer, args=(by_model[m], [r / m for r in repos.values()], failures),
                                         name=f"writer-{m}") for m in models]
             for w in writers:
                 w.start()
@@ -243,28 +255,30 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
             for per_model in probes.values():
                 for p in per_model.values():
                     p.stop()
-            ctl_log = daemon.log_tail(2_000_000)
-            daemon.stop()
+            for system, daemon in daemons.items():
+                ctl_logs[system] = daemon.log_tail(2_000_000)
+                daemon.stop()
             poll.stop()
         results = {system: analyse(system, probes[system], by_model, t0) for system in SYSTEMS}
         for system in SYSTEMS:
             results[system].converged = converged[system]
-        poll_log = poll.log_path
-        ctl_triton_log = base / "state" / "triton" / "tritonserver.log"
-        for system, log in (("Triton poll", poll_log), ("tritonctl", ctl_triton_log)):
+        logs = {"Triton poll": poll.log_path, **{system: base / state / "triton" / "tritonserver.log"
+                                                 for system, (state, _) in DAEMONS.items()}}
+        for system, log in logs.items():
             counts = c.triton_load_counts(log)
             results[system].failed_loads = counts["failed"]
             results[system].loads_ok = counts["loaded"]
             results[system].extra["polls_failed_unreadable_config"] = counts["poll_failed"]
-        audit = c.audit_rows(base / "state")
-        results["tritonctl"].extra |= recorded_snapshots(base / "state", models)
-        deploys = Counter(r["outcome"] for r in audit if r["action"] == "deploy")
-        results["tritonctl"].extra |= {
-            "deploys_by_outcome": dict(deploys),
-            "snapshots_refused_still_changing": ctl_log.count("retrying after the settle window"),
-            "snapshots_recorded": sum(1 for r in audit if r["action"] == "snapshot" and r["outcome"] == "ok"),
-            "snapshots_invalid": sum(1 for r in audit if r["action"] == "snapshot" and r["outcome"] == "invalid"),
-        }
+        for system, (state, _) in DAEMONS.items():
+            audit = c.audit_rows(base / state)
+            results[system].extra |= recorded_snapshots(base / state, models)
+            deploys = Counter(r["outcome"] for r in audit if r["action"] == "deploy")
+            results[system].extra |= {
+                "deploys_by_outcome": dict(deploys),
+                "snapshots_refused_still_changing": ctl_logs[system].count("retrying after the settle window"),
+                "snapshots_recorded": sum(1 for r in audit if r["action"] == "snapshot" and r["outcome"] == "ok"),
+                "snapshots_invalid": sum(1 for r in audit if r["action"] == "snapshot" and r["outcome"] == "invalid"),
+            }
     modes = Counter(f.mode for es in by_model.values() for e in es for f in e.files)
     # the pauses the writers actually made (a starved machine can stretch a planned pause)
     pauses = [b - a for es in by_model.values() for e in es for a, b in zip(e.writes, e.writes[1:], strict=False)]
@@ -307,7 +321,7 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
     edits = report["settings"]["edits"]
     for system in SYSTEMS:
         s = report["systems"][system]
-        ctl = system == "tritonctl"
+        ctl = system in DAEMONS
         out.append(c.Row("mixed states served (distinct config/code pairs)", system,
                          str(s.get("mixed_states_distinct", "-")), "0" if ctl else "-",
                          (s.get("mixed_states_distinct") == 0) if ctl else None, value=s.get("mixed_states_distinct")))
@@ -315,15 +329,16 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
                          f"{s['mixed_or_partial']} ({s['mixed_answers']} mixed answers, "
                          f"{s['partial_code_errors']} partial-code errors)", "0" if ctl else "-",
                          (s["mixed_or_partial"] == 0) if ctl else None, value=s["mixed_or_partial"]))
-    ctl_s = report["systems"]["tritonctl"]
-    if "snapshots_mid_edit" in ctl_s:
-        out.append(c.Row("snapshots recorded mid-edit (read back from the store)", "tritonctl",
-                         f"{ctl_s['snapshots_mid_edit']} of {ctl_s['snapshots_recorded_total']}", "0",
-                         ctl_s["snapshots_mid_edit"] == 0, "; ".join(ctl_s.get("mid_edit_examples", [])[:2]),
-                         value=ctl_s["snapshots_mid_edit"]))
+    for system in DAEMONS:
+        ctl_s = report["systems"].get(system, {})
+        if "snapshots_mid_edit" in ctl_s:
+            out.append(c.Row("snapshots recorded mid-edit (read back from the store)", system,
+                             f"{ctl_s['snapshots_mid_edit']} of {ctl_s['snapshots_recorded_total']}", "0",
+                             ctl_s["snapshots_mid_edit"] == 0, "; ".join(ctl_s.get("mid_edit_examples", [])[:2]),
+                             value=ctl_s["snapshots_mid_edit"]))
     for system in SYSTEMS:
         s = report["systems"][system]
-        ctl = system == "tritonctl"
+        ctl = system in DAEMONS
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["errors_by_kind"].items())) or "none"
         out.append(c.Row("failed requests", system, f"{s['failed_requests']} of {s['requests']}",
                          "0" if ctl else "-", (s["failed_requests"] == 0) if ctl else None, kinds,
@@ -333,7 +348,7 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
         note = f"{s['successful_loads']} successful loads"
         if system == "Triton poll":
             note += f"; {s.get('polls_failed_unreadable_config', 0)} polls could not read a half-written config"
-        if system == "tritonctl":
+        if system in DAEMONS:
             d = s.get("deploys_by_outcome", {})
             note += (f"; deploys {', '.join(f'{k} {v}' for k, v in sorted(d.items()))}; "
                     f"{s.get('snapshots_refused_still_changing', 0)} captures refused as still changing")
@@ -349,7 +364,7 @@ def rows(report: dict[str, Any]) -> list[c.Row]:
         med, p90 = s["edit_to_served_median_s"], s["edit_to_served_p90_s"]
         out.append(c.Row("last close -> served (median / p90)", system,
                          "-" if med is None else f"{med:.2f} s / {p90:.2f} s", value=med,
-                         note="includes the 1 s settle window" if system == "tritonctl" else "poll every 1 s"))
+                         note="includes the 1 s settle window" if system in DAEMONS else "poll every 1 s"))
     wp = report.get("writer_pauses")
     if wp:
         out.append(c.Row("writer pauses as made (planned < settle)", "writers",

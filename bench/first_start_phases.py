@@ -1,7 +1,12 @@
 """The phases of a first start through Triton's own start-up (issue 39), from the daemon's log, and
 optionally the shares of a py-spy profile (`py-spy record -f raw`) of the same kind of start.
 
-    python bench/first_start_phases.py DAEMON.log [PROFILE.txt] --out bench/results/first_start_phases.json
+    python bench/first_start_phases.py DAEMON.log [PROFILE.txt] --log-tree TREE --out bench/results/X.json
+    python bench/first_start_phases.py DAEMON.log --log-commit 1b765bc7b3599b8a135889e965637d59a176fcae
+
+`git_commit` is the commit of the daemon that wrote the log, not of the tree that parses it (issue 57): given as
+`--log-commit`, or read from `--log-tree` (the checkout that daemon ran from, `-dirty` when it had changes);
+one of them is required. The parsing tree's commit and machine are kept apart, under `parsed_by`.
 
 Phases (seconds, from the log lines the daemon writes): the initial scan's capture, validation and
 records; staging every deploy (deployment row, published tree) until the launch; Triton's start-up
@@ -85,9 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("profile", type=Path, nargs="?")
     parser.add_argument("--out", type=Path, default=c.RESULTS / "first_start_phases.json")
     parser.add_argument("--note", default="", help="where the log and the profile come from")
+    parser.add_argument("--log-commit", help="the commit of the daemon that wrote the log")
+    parser.add_argument("--log-tree", type=Path, help="the checkout the daemon that wrote the log ran from")
     args = parser.parse_args(argv)
-    report: dict[str, Any] = {"benchmark": "first_start_phases", "machine": c.machine_info(),
-                              "git_commit": c.git_commit(), "phases": phases(args.log.read_text(errors="replace"))}
+    if bool(args.log_commit) == bool(args.log_tree):
+        parser.error("which commit's daemon wrote the log? give --log-commit COMMIT or --log-tree TREE (one)")
+    commit = args.log_commit or c.git_commit(args.log_tree)
+    if commit == "unknown":
+        parser.error(f"--log-tree {args.log_tree}: not a git checkout")
+    report: dict[str, Any] = {"benchmark": "first_start_phases", "git_commit": commit,
+                              "log": {"path": str(args.log), "git_commit": commit},
+                              "parsed_by": {"git_commit": c.git_commit(), "machine": c.machine_info()},
+                              "phases": phases(args.log.read_text(errors="replace"))}
     report["note"] = args.note
     if args.profile is not None:
         report["profile_shares_pct"] = shares(args.profile.read_text(errors="replace"))

@@ -19,14 +19,16 @@ import common as c  # noqa: E402
 BENCHMARKS = ("edit_torture", "swap_availability", "change_latency", "snapshot_cost", "scale", "cli_latency",
               "fleet_rollout", "bake", "gateway")
 TITLES = {
-    "edit_torture": "Edit torture: slow randomized writers, tritonctl vs Triton poll",
+    "edit_torture": "Edit torture: slow randomized writers, tritonctl (through its gateway, and --no-gateway) vs "
+                    "Triton poll",
     "swap_availability": "Swap availability: requests during swaps, tritonctl vs Triton explicit vs Triton poll",
     "change_latency": "Change latency: last close() to first new answer; tritonctl's own overhead per deploy",
     "snapshot_cost": "Snapshot cost: a big model against cp and sha256sum",
     "scale": "Scale: 200 to 10,000 models (start, restart, one edit, idle CPU, memory, CLI), tritonctl vs Triton",
     "cli_latency": "CLI latency: each command as a new process, beside `python -c pass`",
     "fleet_rollout": "Fleet rollout: edit → every host serving, by fleet size (daemons and tritonservers on loopback)",
-    "bake": "Bad deploys under live traffic: tritonctl with a bake, without one, Triton poll (docs/bake.md)",
+    "bake": "Bad deploys under live traffic: tritonctl's defaults (canary steps), --no-gateway with a bake, Triton "
+            "poll (docs/bake.md)",
     "gateway": "Gateway cost: direct to tritonserver vs through the gateway (and a byte relay), gRPC and HTTP",
     "audit_query": "Audit query (bench/audit_query.py, run with --with-audit; latest results)",
 }

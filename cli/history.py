@@ -10,6 +10,7 @@ import click
 
 from cli import render
 from cli.options import json_option, reader_options, state_option
+from controlplane.base.bounds import MAX_LIMIT
 from controlplane.errors import UsageError
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def diff(reader: Any, model: str, digest_a: str, digest_b: str, as_json: bool) -
 @click.option("--actor", help="Only this actor (OS user, watcher, tritonctl).")
 @click.option("--since", help="ISO 8601 or relative (30m, 2h, 7d).")
 @click.option("--until", help="ISO 8601 or relative (30m, 2h, 7d).")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=MAX_LIMIT), default=100, show_default=True)
 @click.option("--at", "at", help="Instead: what each model was serving at this time.")
 @click.option("-f", "--follow", is_flag=True, help="Instead: print each new event as the daemon writes it (its "
               "event stream; --json: one document per line); Ctrl-C to stop.")

@@ -10,7 +10,8 @@ import click
 
 from cli import render
 from cli.options import daemon_options, host_option, json_option, reader_options
-from controlplane.errors import DeployError, TritonUnavailableError, UsageError
+from controlplane.base.bounds import MAX_COUNT, MAX_DURATION_S, MAX_LIMIT, check_duration
+from controlplane.errors import DeployError, TritonctlError, TritonUnavailableError, UsageError
 from controlplane.settings.canarysteps import parse_steps
 from controlplane.text import clean, duration_s
 
@@ -51,11 +52,14 @@ def failed_models(status: dict[str, Any]) -> list[str]:
 @click.option("--steps", "steps", metavar="STEPS", default=None,
               help="Through the gateway, this deploy's canary steps: percents of the requests rising to 100, "
                    "`pause` waits for `tritonctl promote` (e.g. '[5, 25, 100]' or 10,pause,100) [canary_steps].")
+@click.option("--shadow", "shadow", metavar="DURATION", default=None,
+              help="Through the gateway, before its first canary step, judge this deploy this long on a copy of "
+                   "live requests whose answers no client gets (5m; 0: no shadow) [shadow_s].")
 @host_option
 @json_option
 @daemon_options
 def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, force: bool, failed: bool,
-         no_wait: bool, bake: str | None, steps: str | None, host: str, as_json: bool) -> None:
+         no_wait: bool, bake: str | None, steps: str | None, shadow: str | None, host: str, as_json: bool) -> None:
     """Deploy MODEL's current source content (or a recorded snapshot) and show each step.
 
     Several MODELs (an ensemble and its steps) deploy as one change set: the old pipeline answers
@@ -69,15 +73,17 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
       tritonctl load linear --force      # retry a quarantined digest
       tritonctl load linear --bake 5m    # serve it 5 minutes on live traffic; roll back if it fails
       tritonctl load linear --steps 5,pause,100 --bake 10m  # 5 % for 10 minutes, then `tritonctl promote`
+      tritonctl load linear --shadow 5m  # copies of live requests compared for 5 minutes before any client
       tritonctl load --failed            # retry every model whose last deploy failed
     """
     model = models[0] if models else None
     bake_s = _bake_seconds(bake)
     canary = _steps(steps)
+    shadow_s = _bake_seconds(shadow, "--shadow", "no shadow")
     if len(models) > 1:
-        if digest or tag or host or failed or bake_s is not None or canary is not None:
-            raise UsageError("--digest, --tag, --host, --failed, --bake and --steps take one MODEL, not a change set "
-                             "of several")
+        if digest or tag or host or failed or bake_s is not None or canary is not None or shadow_s is not None:
+            raise UsageError("--digest, --tag, --host, --failed, --bake, --steps and --shadow take one MODEL, not a "
+                             "change set of several")
         with render.progress_display(as_json) as show:
             result = client.load(models[0], "", force, wait=not no_wait, on_progress=show, models=list(models))
         _finish(result, as_json)
@@ -94,17 +100,44 @@ def load(client: ControlClient, models: tuple[str, ...], digest: str, tag: str, 
         raise UsageError("give --digest or --tag, not both")
     with render.progress_display(as_json) as show:
         result = client.load(model, digest, force, wait=not no_wait, on_progress=show, host=host, tag=tag,
-                             bake_s=bake_s, steps=canary)
+                             bake_s=bake_s, steps=canary, shadow_s=shadow_s)
     _finish(result, as_json)
+    if bake_s and not as_json and not no_wait:
+        _say_bake(client, model, result)
 
 
-def _bake_seconds(text: str | None) -> float | None:
+def _say_bake(client: ControlClient, model: str, result: dict[str, Any]) -> None:
+    """`load --bake`: the bake its deploy began (its end and time left), or, on content that already served
+    (`noop`: nothing was deployed, so nothing bakes), why there is none."""
+    if result.get("outcome") == "noop":
+        click.echo(f"no bake: {model} already serves this content, so nothing was deployed to bake; "
+                   f"`tritonctl load {model} --force --bake ...` loads it again and bakes it")
+        return
+    if result.get("outcome") != "ok":
+        return
+    try:
+        rows = client.status([model]).get("models") or []
+    except TritonctlError:
+        return
+    bake = rows[0].get("bake") if rows else None
+    if isinstance(bake, dict) and bake.get("digest") == result.get("digest") and bake.get("state") == "baking":
+        click.echo(clean(render.bake_line(model, bake)))
+    elif isinstance(bake, dict) and bake.get("digest") == result.get("digest") and bake.get("state"):
+        click.echo(clean(f"bake: {model} {str(bake.get('digest'))[:12]} {bake['state']}: {bake.get('reason', '')}"))
+    else:
+        click.echo(f"no bake: {model}'s deploy began none (a fleet's rollouts bake by waves: docs/bake.md)")
+
+
+def _bake_seconds(text: str | None, flag: str = "--bake", zero: str = "no bake") -> float | None:
     if text is None:
         return None
     seconds = duration_s(text)
     if seconds is None:
-        raise UsageError(f"--bake: '{text}' is not a duration like 30s, 5m, 1h (0: no bake)")
-    return seconds
+        raise UsageError(f"{flag}: '{text}' is not a duration like 30s, 5m, 1h (0: {zero})")
+    try:
+        return check_duration(seconds)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: '{text}': {exc}") from None
 
 
 def _steps(text: str | None) -> list[int | str] | None:
@@ -225,7 +258,7 @@ def rollback(client: ControlClient, model: str, to_digest: str, to_tag: str, for
 @click.option("--watch", is_flag=True, help="Redraw on every change the daemon reports (its event stream), and "
               "every --interval seconds (Ctrl-C to stop); off a terminal, print one table (with --json one JSON "
               "line) each time.")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("--interval", type=click.FloatRange(min=0.2, max=MAX_DURATION_S), default=2.0, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: also since, policy, pin, drift, the "
               "source's digest, why it is (not) in sync, the last error.")
 @click.option("--fleet", is_flag=True, help="The fleet's model x host matrix (digest, state, drift): the daemon's "
@@ -304,7 +337,7 @@ def policy(client: ControlClient, model: str, policy: str, host: str, as_json: b
         from controlplane.intake.tags import refuse_host
 
         refuse_host(policy, host)
-    render.kv(client.set_policy(model, policy, host), as_json)
+    render.policy(client.set_policy(model, policy, host), as_json)
 
 
 def _pin_command(name: str, pinned: bool, doc: str) -> click.Command:
@@ -335,7 +368,7 @@ unpin = _pin_command("unpin", False, """Release a pinned MODEL.
 
 
 @click.command()
-@click.option("--keep", type=click.IntRange(min=0), default=10, show_default=True,
+@click.option("--keep", type=click.IntRange(min=0, max=MAX_COUNT), default=10, show_default=True,
               help="Snapshots to keep per model besides the active one.")
 @json_option
 @daemon_options
@@ -366,8 +399,8 @@ def hosts(reader: Any, as_json: bool) -> None:
 @click.command()
 @click.option("--open", "only_open", is_flag=True, help="Only rollouts still in progress.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until no rollout is open.")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True)
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--interval", type=click.FloatRange(min=0.2, max=MAX_DURATION_S), default=1.0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=MAX_LIMIT), default=20, show_default=True)
 @json_option
 @reader_options
 def rollouts(reader: Any, only_open: bool, watch: bool, interval: float, limit: int, as_json: bool) -> None:

@@ -10,6 +10,7 @@ import click
 
 from cli import render_admin
 from cli.options import daemon_options, json_option
+from controlplane.base.bounds import MAX_LIMIT
 
 if TYPE_CHECKING:
     from controlplane.api.client import ControlClient
@@ -19,7 +20,8 @@ DELIVERY_STATES = ("pending", "delivered", "failed")
 
 @click.group(invoke_without_command=True)
 @click.option("--state", "state", type=click.Choice(DELIVERY_STATES), help="Only deliveries in this state.")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="At most this many.")
+@click.option("--limit", type=click.IntRange(min=1, max=MAX_LIMIT), default=100, show_default=True,
+              help="At most this many.")
 @json_option
 @daemon_options
 @click.pass_context

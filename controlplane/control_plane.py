@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from controlplane.base.bounds import check_duration
 from controlplane.deploy.engine import Outcome, ProgressFn
 from controlplane.deploy.reconcile import Drift
 from controlplane.documents.results import (
@@ -97,7 +98,7 @@ class ControlPlane:
         self.status_view = StatusView(parts.registry, parts.triton, parts.served_view, parts.deployer, parts.intake,
                                       parts.retries, parts.restores, parts.ondemand, parts.baker,
                                       tag_registry=self.target.tag_registry, http_url=parts.http_url,
-                                      gateway=parts.gateway)
+                                      gateway=parts.gateway, traffic=parts.traffic)
 
     @property
     def fleet(self) -> FleetStrategy | None:
@@ -176,7 +177,8 @@ class ControlPlane:
         self.intake.look_again(model, delay_s)
 
     def due_retries(self) -> list[str]:
-        return [retry.model for retry in self.retries.due()]
+        """The models whose environment-fault retry is due now, each taken (RetryBook.take_due)."""
+        return [retry.model for retry in self.retries.take_due()]
 
     def retry(self, model: str) -> Outcome | None:
         """Deploy again what failed for an environment fault, unless something now holds the model."""
@@ -199,12 +201,18 @@ class ControlPlane:
     def load(
         self, model: str, actor: str, digest: str = "", force: bool = False, progress: ProgressFn | None = None,
         host: str = "", bake_s: float | None = None, steps: Sequence[int | str] | None = None,
+        shadow_s: float | None = None,
     ) -> Outcome:
         """`bake_s`: this deploy's own bake (`load --bake 5m`; 0: none), else the daemon's `bake_s`; `steps`: its
-        own canary steps (`load --steps [5, 100]`), else the model's or the daemon's `canary_steps`."""
+        own canary steps (`load --steps [5, 100]`), else the model's or the daemon's `canary_steps`; `shadow_s`:
+        its own shadow before the first step (`load --shadow 5m`; 0: none), else the daemon's `shadow_s`."""
         validate_model_name(model)
-        if bake_s is not None and not 0 <= bake_s < float("inf"):
-            raise UsageError(f"--bake: {bake_s:g} s: expected 0 or more seconds")
+        for flag, seconds in (("--bake", bake_s), ("--shadow", shadow_s)):
+            if seconds is not None:
+                try:
+                    check_duration(seconds)
+                except ValueError as exc:
+                    raise UsageError(f"{flag}: {seconds!r}: {exc}") from None
         try:
             canary = parse_steps(list(steps)) if steps is not None else None
         except ValueError as exc:
@@ -213,7 +221,7 @@ class ControlPlane:
             target = recorded_digest(self.registry, model, validate_digest(digest))
         else:
             target = self.intake.source_content(model, actor)
-        self.baker.ask(model, bake_s, canary)
+        self.baker.ask(model, bake_s, canary, shadow_s)
         try:
             return self.target.load(model, target, actor, force, progress, host)
         except BaseException:

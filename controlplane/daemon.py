@@ -28,6 +28,7 @@ from controlplane.base import systemd
 from controlplane.control_plane import ControlPlane
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonctlError
+from controlplane.memory.onrequest import RequestLoads
 from controlplane.outcomes.bus import Outcomes
 from controlplane.outcomes.log import OutcomeLog
 from controlplane.parts import build_parts
@@ -64,15 +65,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonctl.daemon")
 
 TICK_S = 0.1
-# How often the loop checks that tritonserver is alive (a launched one's process, an external one's
-# liveness), apart from the full reconcile every reconcile_interval_s: a dead or restarted server is
-# noticed within about this long and reconciled at once.
+# Between reconciles, this often: is tritonserver alive (a dead or restarted one is reconciled at once), is a
+# retry due (an environment fault's, a restore's: sent).
 SUPERVISE_INTERVAL_S = 1.0
-# The periodic reconcile takes at most this share of one core: when one costs more CPU than that
-# allows at reconcile_interval_s (one repository-index call over many thousands of models), the next
-# waits longer. Supervision (every SUPERVISE_INTERVAL_S: a dead, restarted or emptied tritonserver)
-# still reconciles at once.
-RECONCILE_CPU_BUDGET = 0.004
+RECONCILE_CPU_BUDGET = 0.004  # the periodic reconcile's share of a core at most (a costly one: the next waits)
 
 
 class Daemon:
@@ -108,6 +104,7 @@ class Daemon:
         self._deferred_launch = False
         self.outcome_log: OutcomeLog | None = None  # every outcome's log line and STATUS= (outcomes/log.py)
         self.webhooks: Webhooks | None = None
+        self.request_loads: RequestLoads | None = None  # with a gateway: requests load the models they ask for
         self.state_dir = StateDir(settings.state_dir)  # its layout, and daemon.lock held while this daemon runs
         self._reconcile_cpu_s = 0.0  # CPU the last reconcile took (RECONCILE_CPU_BUDGET)
 
@@ -181,7 +178,12 @@ class Daemon:
         self.api.start()
         self.webhooks.start()
         self.plane.ondemand.start()  # lease expiries and idle on-demand models (controlplane/memory/ondemand.py)
+        self.request_loads = parts.request_loads  # requests load models (memory/onrequest.py; a fleet's placement)
+        if self.request_loads is not None:
+            self.request_loads.start(fleet=self.fleet)
         self.plane.baker.start()  # bakes of new digests on Triton's figures (controlplane/bake/baker.py)
+        if self.plane.deployer.drainer is not None:  # names a switch left, unloaded once drained (deploy/drain.py)
+            self.plane.deployer.drainer.start()
         self.source.watch(self._hand_on)
         if self.fleet is not None:
             self.fleet.start()  # the leader scans the source; every host converges to the fleet
@@ -385,8 +387,7 @@ class Daemon:
             self._wake.clear()  # before dispatching: a hand-on from now on wakes the next wait
             self._dispatch_settled()
             if now >= next_reconcile and (self._reconciling is None or self._reconciling.done()):
-                # In a worker: a restore or a tritonserver restart can take longer than the watchdog
-                # allows, and the loop must keep pinging and dispatching meanwhile.
+                # In a worker: a restore or a restart can outlast the watchdog; the loop keeps pinging.
                 self._reconciling = self.executor.submit(self._guarded, self._supervise_and_reconcile)
                 self.inflight.track(self._reconciling)
                 next_reconcile = time.monotonic() + max(self.settings.reconcile_interval_s,
@@ -401,8 +402,7 @@ class Daemon:
                                          next_ping if interval is not None else None, floor_s=TICK_S))
         abandoned = self.shutdown()
         if abandoned:
-            # Worker threads would hold the interpreter's exit until they finish; the registry
-            # records the interrupted deployments and the next start recovers them.
+            # Worker threads would hold the exit; the next start recovers the interrupted deployments.
             logging.shutdown()
             os._exit(0)
         return 0
@@ -472,8 +472,16 @@ class Daemon:
                 changed = True
                 log.warning("tritonserver at %s no longer serves %s (restarted?); reconciling now",
                             self.plane.triton.url, self.plane.sentinel)
-        if changed and not self.stop_requested.is_set():
-            self._supervise_and_reconcile()
+        reachable = self.plane.counters.triton_reachable and not self.stop_requested.is_set()
+        if changed and not self.stop_requested.is_set() or reachable and self.plane.restores.due():
+            self._supervise_and_reconcile()  # a restore's retry due: the reconcile restores it on time
+        elif reachable:
+            self._retry_due(self.plane)
+
+    def _retry_due(self, plane: ControlPlane) -> None:
+        """Each supervision round: "retry in 5 s" fires at 5 s, not at the next reconcile (issue 57: 9.4 s)."""
+        for model in plane.due_retries():  # their backoffs are over (controlplane/deploy/causes.py)
+            self.inflight.track(self.executor.submit(self._guarded, plane.retry, model))
 
     def _supervise_and_reconcile(self) -> None:
         assert self.plane is not None
@@ -499,8 +507,7 @@ class Daemon:
                 log.error("reconcile: %s", exc)
         self._reconcile_cpu_s = time.thread_time() - cpu_started
         if self.plane.counters.triton_reachable and not self.stop_requested.is_set():
-            for model in self.plane.due_retries():  # environment faults, with backoff (controlplane.deploy.causes)
-                self.inflight.track(self.executor.submit(self._guarded, self.plane.retry, model))
+            self._retry_due(self.plane)  # environment faults, with backoff
         if self.fleet is not None and self.plane.counters.triton_reachable and not was_reachable:
             self.fleet.initial_scan()
         elif self.plane.counters.triton_reachable and not was_reachable:
@@ -540,9 +547,13 @@ class Daemon:
             self.api.stop(grace_s=1.0)
         if self.webhooks is not None:
             self.webhooks.stop()
+        if self.request_loads is not None:
+            self.request_loads.stop()
         if self.plane is not None:
             self.plane.ondemand.stop()
             self.plane.baker.stop()
+            if self.plane.deployer.drainer is not None:
+                self.plane.deployer.drainer.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)  # queued work is dropped, running work ends
         # also operations the control API started in its own threads
         running = self.inflight.wait(deadline, self.plane.deployer.busy_models if self.plane else list, TICK_S)

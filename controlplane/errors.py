@@ -176,8 +176,9 @@ class LauncherError(TritonctlError):
     """The embedded tritonserver could not be found, assembled or started."""
 
 
-class StateDirInUseError(TritonctlError):
-    """Another daemon runs on this state directory (its lock file is held)."""
+class StateDirInUseError(ConfigError):
+    """Another daemon runs on this state directory (its lock file is held): a start-up refusal like a bad
+    setting, exit 2 (docs/cli.md "Exit codes")."""
 
 
 class DeployError(TritonctlError):
@@ -213,6 +214,18 @@ class EnvironmentFault(TritonctlError):
 class BudgetError(EnvironmentFault):
     """A deploy would exceed this host's memory budget and eviction cannot make room (controlplane/memory/budget.py):
     `failed`, retried when room appears."""
+
+
+class SmokeError(TritonctlError):
+    """A deploy's smoke requests (smoke.json) failed by themselves: a wrong answer, or a failure no other request
+    shared (controlplane/deploy/smoke.py). Rolled back and held back, cause `smoke`: the content validates, so
+    `status` says its smoke test failed, never that it is invalid."""
+
+
+class SmokeSharedError(EnvironmentFault):
+    """A deploy's smoke requests failed only in batches where other requests failed too, while other requests
+    passed meanwhile (issue 57: a client's request that fails its whole dynamic batch). Nothing shows the content
+    at fault: rolled back, never quarantined, cause `smoke_shared`, retried with backoff."""
 
 
 class HostCapabilityError(EnvironmentFault):

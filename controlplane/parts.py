@@ -12,7 +12,7 @@ it, the lease book before the on-demand book that expires it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +30,7 @@ from controlplane.memory.budget import Hooks, MemoryGuard
 from controlplane.memory.footprint import Meter
 from controlplane.memory.leases import LeaseBook
 from controlplane.memory.ondemand import OnDemand
+from controlplane.memory.onrequest import RequestLoads, RequestPort
 from controlplane.outcomes.bookkeeping import Bookkeeping
 from controlplane.outcomes.bus import Outcomes
 from controlplane.outcomes.counters import Counters
@@ -70,9 +71,11 @@ class HostParts:
     intake: Intake  # settled source content -> recorded snapshot -> plan
     reconciler: Reconciler  # Triton made to serve what the registry says: recoveries, restores, the sentinel
     baker: Baker  # a new digest served on live figures, rolled back by itself
+    request_loads: RequestLoads | None  # with a gateway: requests load the models they ask for
     http_url: str | None  # where clients send HTTP inference (the gateway's, or a launched tritonserver's)
     webhooks: Webhooks | None  # the daemon's delivery worker, which `tritonctl webhooks` asks
     gateway: Callable[[], dict[str, Any] | None] = lambda: None  # status's gateway: addresses, upstream
+    traffic: Callable[[], Mapping[str, Any]] = dict  # status's traffic: the gateway's figures per public model
 
 
 def route_extras(registry: Registry, live: LiveSettings) -> Any:
@@ -114,9 +117,15 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
     built: dict[str, Any] = {}  # the Deployer and OnDemand, for the hooks of parts built before them
     leases = LeaseBook(on_expiry=lambda lease: built["ondemand"].on_expiry(lease))
 
+    def last_inferences() -> dict[str, float]:
+        """Each model's last use: its last inference request through the gateway when one carries the traffic
+        (what clients asked for, issue 55), else (no gateway, or it did not answer) Triton's stamps."""
+        seen = built["requests"].last_requests() if built.get("requests") is not None else None
+        return seen if seen is not None else public.last_inferences()
+
     def last_used() -> dict[str, float]:
         used = leases.last_used()
-        for model, when in public.last_inferences().items():
+        for model, when in last_inferences().items():
             used[model] = max(used.get(model, 0.0), when)
         return used
 
@@ -137,6 +146,10 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
     intake = Intake(live, registry, content, source if source is not None else NoSource(), source_graph,
                     serving_ensembles, retries)
     ondemand.recording = intake.recording
+    ondemand.last_inferences = last_inferences
+    requests = built["requests"] = RequestLoads(
+        cast(RequestPort, gateway), registry, deployer, aliases, ondemand, guard, live.policy_of,
+        live.getter("gateway_load_wait_s")) if gateway is not None and hasattr(gateway, "wanted") else None
     reconciler = Reconciler(registry, public, deployer, serving_ensembles, served_view, counters, restores,
                             live.getter("load_parallelism"))
     outcomes.subscribe(reconciler.note)
@@ -145,9 +158,15 @@ def build_parts(settings: Settings, registry: Registry, content: ContentStore, s
     deployer.on_set = baker.note_set  # a change set bakes as one
     if deployer.routed is not None:  # canary steps: the switch's first weight, the gateway's figures
         deployer.routed.weigh = baker.weigh
+        deployer.routed.shadowing = baker.rollouts.shadow_spec  # a shadow before the first step
         figures = getattr(gateway, "figures", None)
         baker.rollouts.traffic = GatewayFigures(figures) if callable(figures) else None
         baker.resume()  # before the first reconcile sweeps unrouted names: a bake's held names stay
+    parts_traffic: Callable[[], Mapping[str, Any]] = dict
+    figures_of = getattr(gateway, "figures", None)
+    if callable(figures_of):
+        def parts_traffic() -> Mapping[str, Any]:
+            return dict((figures_of() or {}).get("models") or {})
     return HostParts(settings, live, registry, content, serving, triton, outcomes, counters, retries, restores,
                      served_view, serving_ensembles, leases, guard, deployer, ondemand, intake, reconciler, baker,
-                     http_url, webhooks)
+                     requests, http_url, webhooks, traffic=parts_traffic)

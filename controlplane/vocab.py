@@ -61,6 +61,9 @@ BAKE_ACTOR = "tritonctl:bake"
 # A model's last_error starts with this when the source's content was refused at capture (a symlink out
 # of the repository, over max_model_bytes, a fifo, ...): status shows it `invalid` until a capture succeeds.
 CAPTURE_REFUSED = "capture refused: "
+# How a digest held back by its own smoke test is told (a quarantine reason that starts so: status says it, not
+# `invalid`, for the content validates; controlplane/views/sync.py)
+SMOKE_FAILED = "smoke test failed: "
 
 
 class DeployStep(Word):
@@ -116,11 +119,22 @@ class Cause(Word):
     ENVIRONMENT = "environment"
     TRITON_UNREACHABLE = "triton_unreachable"
     ANALYSIS = "analysis"  # live traffic failed a bake (controlplane/bake/baker.py): rolled back, not quarantined
+    # the digest's own smoke requests failed (a wrong answer, or a failure no other request shared): rolled back
+    # and held back (quarantined), but its content validates: `status` says its smoke test failed, not invalid
+    SMOKE = "smoke"
+    # its smoke requests failed only in batches where other requests failed too, others passing meanwhile
+    # (controlplane/deploy/smoke.py): not shown to be the content's, so not quarantined; retried with backoff
+    SMOKE_SHARED = "smoke_shared"
 
     @property
     def retried(self) -> bool:
         """Not the content's fault: the control plane deploys it again later."""
-        return self in (Cause.ENVIRONMENT, Cause.TRITON_UNREACHABLE)
+        return self in (Cause.ENVIRONMENT, Cause.TRITON_UNREACHABLE, Cause.SMOKE_SHARED)
+
+    @property
+    def quarantines(self) -> bool:
+        """The content's own failure: its digest is held back until `load --force`."""
+        return self in (Cause.CONTENT, Cause.SMOKE)
 
 
 class Policy(Word):

@@ -52,6 +52,7 @@ SERVER_TIERS = frozenset(TIER_FIXTURES)
 SERVER_MODULES = {
     "test_api_contract": ("triton",),
     "test_bench_quick": ("triton",),
+    "test_bounds_e2e": ("triton",),
     "test_canary_e2e": ("triton",),
     "test_capture_at_once": ("triton",),
     "test_bench_smoke": ("triton",),  # the bench records the tritonserver version: it starts one briefly
@@ -65,6 +66,9 @@ SERVER_MODULES = {
     "test_ensemble_daemon": ("triton",),
     "test_exit_codes": ("triton",),
     "test_gateway_e2e": ("triton",),
+    "test_gateway_daemon_e2e": ("triton",),
+    "test_gateway_kills": ("triton",),
+    "test_gateway_shadow": ("triton",),
     "test_faults": ("triton",),
     "test_fleet_changesets": ("triton", "postgres"),
     "test_fleet_e2e": ("triton", "postgres"),
@@ -81,6 +85,7 @@ SERVER_MODULES = {
     "test_s3_e2e": ("triton", "s3"),
     "test_s3_fleet_e2e": ("triton", "postgres", "s3"),
     "test_security": ("triton",),
+    "test_shadow_e2e": ("triton",),
     "test_storage_faults": ("triton",),
     "test_supervision": ("triton",),
     "test_systemd": ("triton",),

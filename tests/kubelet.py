@@ -5,8 +5,11 @@ it: init containers in order, a native sidecar (restartPolicy Always) started an
 passed before the next container starts, then the containers; each container's command, args and
 environment as declared ($(VAR) expanded from its environment, Secrets from the test, the Downward API's
 fieldRef and resourceFieldRef from the pod's own name and declared limits); the probes' own exec
-commands and HTTP gets on their periods (liveness and readiness only after the startup probe passed,
-failureThreshold failures in a row to count); a sidecar that exits is started again.
+commands, HTTP gets and TCP connects on their periods (liveness and readiness only after the startup probe
+passed, failureThreshold failures in a row to count); a sidecar that exits is started again. Killing a
+container kills every process it started, whatever session they moved to, as a runtime kills a container's
+cgroup (each container's processes carry `KUBELET_CONTAINER=<pod>/<container>` in their environment, the
+stand-in's cgroup); a stop sends SIGTERM to the container's own process first, as a runtime does.
 
 What a host cannot do as a container runtime would, and how it stands in here: the images become local
 programs (`tritonctl` the venv's, `tritonserver` the nvidia-pytriton wheel's with the backend directory
@@ -14,7 +17,7 @@ the image has by default made explicit, other commands from PATH); each volume b
 directory (a ConfigMap's files written into it) and every mount path in the pod's strings (args, env
 values, the ConfigMap's files) is rewritten to it, `/dev/shm` staying the host's; the pod's fixed ports
 are rewritten to free loopback ports. Read-only mounts are not enforced and the containers run as this
-user.
+user. Images' programs under /opt/tritonctl/bin (the tritonctl image's venv) are this venv's.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
 BIN = Path(sys.executable).parent
 IMAGE_BACKENDS = "/opt/tritonserver/backends"  # NVIDIA's image's default --backend-directory
+IMAGE_VENV = "/opt/tritonctl/bin/"  # deploy/container/Containerfile's venv
+CONTAINER_MARK = "KUBELET_CONTAINER"  # in every process of a container: what a kill of the container reaches
 
 _QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
 _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
@@ -203,6 +208,8 @@ class Kubelet:
             return [str(server), f"--backend-directory={backends}", *words[1:]]
         if program == "tritonctl":
             return [str(BIN / "tritonctl"), *words[1:]]
+        if program.startswith(IMAGE_VENV):
+            return [str(BIN / program.removeprefix(IMAGE_VENV)), *words[1:]]
         found = shutil.which(program)
         assert found, f"{c.name}: {program} not found on this host"
         return [found, *words[1:]]
@@ -226,8 +233,9 @@ class Kubelet:
         c.env = self.environment(c)
         c.argv = self._argv(c, c.env)
         log = open(self.workdir / f"{c.name}.log", "ab")  # noqa: SIM115 - owned by the process
-        c.proc = subprocess.Popen(c.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                  env=self._process_env(c.env, c.argv), start_new_session=True)
+        env = {**self._process_env(c.env, c.argv), CONTAINER_MARK: self.mark(c)}
+        c.proc = subprocess.Popen(c.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
+                                  start_new_session=True)
         log.close()
         c.started = "startupProbe" not in c.spec
         self._set_ready(c, False)
@@ -247,15 +255,23 @@ class Kubelet:
                 argv = [self.translate(w) for w in spec["exec"]["command"]]
                 return subprocess.run(argv, capture_output=True, timeout=timeout, env=self._process_env(c.env),
                                       cwd=self.workdir).returncode == 0
+            if "tcpSocket" in spec:
+                import socket
+
+                with socket.create_connection(("127.0.0.1", self._port(c, spec["tcpSocket"]["port"])), timeout):
+                    return True
             get = spec["httpGet"]
-            port = get["port"]
-            if isinstance(port, str):
-                port = next(p["containerPort"] for p in c.spec.get("ports", []) if p["name"] == port)
-            url = f"http://127.0.0.1:{self.ports[int(port)]}{get.get('path', '/')}"
+            url = f"http://127.0.0.1:{self._port(c, get['port'])}{get.get('path', '/')}"
             with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback
                 return 200 <= response.status < 400
         except Exception:  # noqa: BLE001 - a probe that errs or times out failed
             return False
+
+    def _port(self, c: Container, port: int | str) -> int:
+        """A probe's port (a number, or a name of the container's ports) on this host."""
+        if isinstance(port, str):
+            port = next(p["containerPort"] for p in c.spec.get("ports", []) if p["name"] == port)
+        return self.ports[int(port)]
 
     def _probe_loop(self, c: Container, kind: str, generation: int) -> None:
         """One probe of one container run (`generation`: its restart count when it started)."""
@@ -297,12 +313,37 @@ class Kubelet:
             t.start()
             self.threads.append(t)
 
+    def mark(self, c: Container) -> str:
+        return f"{self.pod_name}/{c.name}"
+
+    def processes(self, c: Container) -> list[int]:
+        """Every live process the container started (its mark in their environment), in any session."""
+        mark = f"{CONTAINER_MARK}={self.mark(c)}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+            except OSError:
+                continue
+        return found
+
     def _kill(self, c: Container, sig: int = signal.SIGKILL) -> None:
+        """SIGTERM: the container's own process group (a runtime signals the container's first process);
+        SIGKILL: every process of the container (a runtime kills its cgroup)."""
         if c.proc is not None and c.proc.poll() is None:
             try:
                 os.killpg(c.proc.pid, sig)
             except ProcessLookupError:
                 pass
+        if sig == signal.SIGKILL:
+            for pid in self.processes(c):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
 
     def _supervise(self) -> None:
         """restartPolicy Always: a container that exited is started again (with its probes anew)."""
@@ -311,7 +352,8 @@ class Kubelet:
                 with self.lock:
                     if c.proc is None or c.proc.poll() is None or self.stop_event.is_set():
                         continue
-                    c.restarts += 1
+                    self._set_ready(c, False)  # exited: not ready from now (before its restart is counted,
+                    c.restarts += 1             # so that no reader sees the new run with the old run's readiness)
                     self._start(c)
                 self._run_probes(c)
 

@@ -45,11 +45,13 @@ def run_bench(name: str, tmp_path: Path, *args: str, timeout_s: float = 240) -> 
 
 def test_edit_torture_quick(tmp_path: Path) -> None:
     report = run_bench("edit_torture", tmp_path, "--edits", "9")  # --quick is 20 edits (about 50 s)
-    ctl = report["systems"]["tritonctl"]
-    assert ctl["mixed_or_partial"] == 0 and ctl["mixed_states_distinct"] == 0, ctl
-    assert ctl["timeline"] and report["edits_closed"]  # what the timeline plot draws
-    assert ctl["failed_requests"] == 0, ctl["error_examples"]
-    assert ctl["requests"] > 50 and ctl["converged"]
+    for system in ("tritonctl", "tritonctl --no-gateway"):  # through its gateway, and reloading in place
+        ctl = report["systems"][system]
+        assert ctl["mixed_or_partial"] == 0 and ctl["mixed_states_distinct"] == 0, (system, ctl)
+        assert ctl["timeline"] and report["edits_closed"]  # what the timeline plot draws
+        assert ctl["failed_requests"] == 0, (system, ctl["error_examples"])
+        assert ctl["requests"] > 50 and ctl["converged"], system
+        assert ctl["edit_to_served_median_s"] is not None
     poll = report["systems"]["Triton poll"]
     assert poll["requests"] > 50  # Triton's own numbers are reported, not judged
     assert report["settings"]["file_writes_by_mode"].keys() <= {"inplace", "rename"}
@@ -178,16 +180,35 @@ def test_fleet_rollout_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bake_quick(tmp_path: Path) -> None:
-    """One bad deploy (a fifth of requests raising, 5 s) at once on tritonctl with a bake, without one and
-    Triton poll (three daemons and servers: about 30 s, so slow): only the bake rolls it back by itself."""
-    report = run_bench("bake", tmp_path, "--window", "5", timeout_s=180)  # --quick: 1 bad deploy, 8 s
+    """One failing deploy (a fifth of requests raising, 10 s) and one 50 ms slower (20 s) at once on tritonctl's
+    defaults (gateway, canary steps), tritonctl --no-gateway baking and Triton poll (three daemons and servers:
+    about 80 s, so slow): with the defaults, the failing one is rolled back at its first step and the slow one by
+    the latency limit; Triton alone rolls back neither."""
+    report = run_bench("bake", tmp_path, timeout_s=300)
     systems = report["systems"]
-    baked, plain, poll = (systems[s] for s in ("tritonctl, bake", "tritonctl, no bake", "Triton poll"))
-    assert baked["rolled_back"] == 1 and baked["failure_to_rollback_median_s"] is not None, baked
-    assert plain["rolled_back"] == 0 and poll["rolled_back"] == 0
-    assert plain["failed_requests"] > 0 and poll["failed_requests"] > 0  # the bad version failed requests
-    assert report["timeline"]["bad_deploys_s"] == [0.0] and set(report["timeline"]["failed_s"]) == set(systems)
-    assert any(a["action"] == "rollback" and a["outcome"] == "rolled_back" for a in report["bake_audit"])
+    defaults, plain, poll = (systems[s] for s in ("tritonctl, defaults", "tritonctl --no-gateway, bake 30 s",
+                                                  "Triton poll"))
+    assert defaults["failing"]["rolled_back"] == 1 and defaults["failing"]["steps"] == ["10% (step 1/2)"], defaults
+    assert defaults["slow"]["by_latency"] == 1 and defaults["slow"]["failed_requests"] == 0, defaults
+    assert plain["failing"]["rolled_back"] == 1
+    assert poll["failing"]["rolled_back"] == 0 and poll["failing"]["failed_requests"] > 0  # the bad version failed
+    assert [m["kind"] for m in report["timeline"]["bad_deploys"]] == ["failing", "slow"]
+    assert set(report["timeline"]["failed_s"]) == set(systems)
+    audit = report["audit"]["tritonctl, defaults"]
+    assert any(a["action"] == "rollback" and a["outcome"] == "rolled_back" for a in audit)
+    assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
+
+
+@pytest.mark.slow
+def test_gateway_kills_quick(tmp_path: Path) -> None:
+    """Three daemon kills mid-switch and two gateway kills, clients through the gateway (about 60 s, so slow):
+    nothing failed or mixed through the daemon's kills; the gateway came back on its ports each time."""
+    report = run_bench("gateway_kills", tmp_path, timeout_s=400)
+    daemon, gateway = report["daemon_kills"], report["gateway_summary"]
+    assert daemon["kills"] == 3 and daemon["failed"] == 0 and daemon["mixed"] == 0, daemon
+    assert daemon["requests"] > 100 and not daemon["behind_the_route"]
+    assert len(report["gateway_kills"]) == 2 and gateway["same_ports"] and gateway["failed_not_refused"] == 0
+    assert gateway["restart_median_s"] is not None and gateway["grpc_outage_max_s"] > 0
     assert report["git_commit"] and len(report["machine"]["load_average_end"]) == 3  # provenance
 
 
@@ -340,3 +361,15 @@ def test_late_settled_callback_does_not_record_the_next_edit_half_written(tmp_pa
     finally:
         triton.close()
         registry.close()
+
+
+def test_shadow_quick(tmp_path: Path) -> None:
+    """bench/shadow.py end to end: through a route without a shadow nothing is copied, through one copying
+    none nothing is, through one copying every request each is copied and compared, and every pair agrees
+    (the two versions answer alike). Timings not judged."""
+    report = run_bench("shadow", tmp_path, "--requests", "30", timeout_s=300)
+    for key, case in report["summary"].items():
+        copied = key.endswith("every request copied")
+        assert case["gateway_cpu_us"] > 0, key
+        assert (case["copied"], case["pairs"], case["agreed"]) == ((30, 30, 30) if copied else (0, 0, 0)), (key, case)
+        assert case["disagreed"] == 0 and case["skipped"] == 0, (key, case)

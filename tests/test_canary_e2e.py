@@ -236,9 +236,9 @@ def test_with_the_defaults_a_failing_edit_never_gets_past_its_first_step(daemon:
     assert row["digest"] == d1 and row["bake"]["state"] == "failed"
     assert (row["canary"]["state"], row["canary"]["weight"]) == ("rolled_back", 10)
     assert "failure ratio" in row["bake"]["reason"]
-    jsonschemas.validate("status", daemon.status())
+    jsonschemas.assert_valid("status", daemon.status())
     versions = daemon.json("versions", "edit")
-    jsonschemas.validate("versions", versions)
+    jsonschemas.assert_valid("versions", versions)
     rollout = next(v["canary"] for v in versions if v["digest"] == d2)
     assert (rollout["weights"], rollout["state"]) == ([10], "rolled_back")
     assert "canary 10% rolled back" in daemon.run("versions", "edit").output
@@ -255,7 +255,7 @@ def test_a_correct_version_passes_every_step(daemon: DaemonProcess) -> None:
         write_model(daemon.repository, "good", 2, steps="[30, 100]", bake_s="4s")
         wait_for(lambda: canary_of(daemon, "good").get("weight") == 30, 90, 0.2, "the first step")
         status = daemon.status()
-        jsonschemas.validate("status", status)
+        jsonschemas.assert_valid("status", status)
         wait_for(lambda: daemon.model_status("good")["bake"]["state"] == "passed", 60, 0.3, "every step passed")
         done_at = time.time()
         time.sleep(2)

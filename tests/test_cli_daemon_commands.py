@@ -75,7 +75,8 @@ class StandInPlane:
         return Outcome(model, action, outcome, digest, digest if outcome == "ok" else "1" * 64, message, 42)
 
     def load(self, model: str, actor: str, digest: str, force: bool, progress: Callable[[Progress], None],
-             bake_s: float | None = None, steps: list[int | str] | None = None) -> Outcome:
+             bake_s: float | None = None, steps: list[int | str] | None = None,
+             shadow_s: float | None = None) -> Outcome:
         self.calls.append(("load", model, actor, digest, force))
         return self._operate("deploy", model, digest or "9" * 64, progress)
 
@@ -276,8 +277,6 @@ def test_status_json_shape(daemon: Daemon) -> None:
 @pytest.mark.parametrize(
     ("args", "call", "lines"),
     [
-        (["policy", "linear", "manual"], "policy", ["model: linear", "policy: manual", "inherited: False"]),
-        (["policy", "linear", "inherit"], "policy", ["model: linear", "policy: auto", "inherited: True"]),
         (["gc", "--keep", "2"], "gc", ["snapshots_removed: 3", "snapshots_kept: 5", "bytes_freed: 123456"]),
     ],
 )
@@ -288,6 +287,21 @@ def test_small_mutations_print_key_values(daemon: Daemon, args: list[str], call:
     assert daemon.plane.calls[0][0] == call
     as_json = json.loads(daemon.run(*args, "--json").output)
     assert [f"{k}: {v}" for k, v in as_json.items()] == lines
+
+
+@pytest.mark.parametrize(("args", "line", "document"), [
+    (["policy", "linear", "manual"], "linear: policy manual",
+     {"model": "linear", "policy": "manual", "inherited": False}),
+    (["policy", "linear", "inherit"], "linear: policy auto (inherited: the daemon's default)",
+     {"model": "linear", "policy": "auto", "inherited": True}),
+])
+def test_policy_prints_what_it_set_in_words(daemon: Daemon, args: list[str], line: str,
+                                            document: dict[str, object]) -> None:
+    """One line in words (issue 57: it printed Python's `inherited: False`); --json keeps the document."""
+    result = daemon.run(*args)
+    assert (result.exit_code, result.output.splitlines()) == (0, [line])
+    assert "False" not in result.output and "True" not in result.output
+    assert json.loads(daemon.run(*args, "--json").output) == document
 
 
 @pytest.mark.parametrize(("args", "line", "pinned"), [(["pin", "linear"], f"linear pinned at {'9' * 12}", True),

@@ -121,7 +121,7 @@ def test_client_only_environment_is_ignored() -> None:
         ("bake_s = -1", "bake_s", "expected seconds or a duration like 30s, 5m"),
         ("bake_max_failure_ratio = 1.5", "bake_max_failure_ratio", "expected a ratio from 0 to 1"),
         ("bake_max_latency_ratio = 0.5", "bake_max_latency_ratio", "must be at least 1.0"),
-        ("bake_min_requests = -3", "bake_min_requests", "expected a whole number (0 or more)"),
+        ("bake_min_requests = -3", "bake_min_requests", "expected a whole number from 0 to 1000000"),
         ('bake_inconclusive = "maybe"', "bake_inconclusive", "expected one of keep, rollback"),
     ],
 )
@@ -198,8 +198,9 @@ def test_reloaded_takes_only_reloadable_settings() -> None:
                                "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s",
                                "wave_bake_s", "webhook", "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio",
                                "bake_max_latency_ratio", "bake_min_requests", "bake_inconclusive",
-                               "bake_warn_load_ratio", "gateway_drain_s", "canary_steps", "canary_sticky_header",
-                               "wave_steps"}
+                               "bake_warn_load_ratio", "gateway_drain_s", "gateway_load_wait_s", "canary_steps",
+                               "canary_sticky_header", "wave_steps", "shadow_s", "shadow_fraction", "shadow_rtol",
+                               "shadow_atol", "shadow_keep_inputs", "shadow_min_agreement"}
 
 
 def test_example_config_has_every_key_and_parses(tmp_path: Path) -> None:

@@ -82,8 +82,8 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
     assert rc == 1 and "weights missing" in err, (rc, err)
     assert code(daemon, "status")[0] == 0
     # 2: usage: bad arguments, bad model name or digest, an unknown model or digest, a pinned model without
-    # --force, a bad setting, a tag error, a missing optional dependency, a failed schema migration (collected
-    # content: below)
+    # --force, a bad setting, a busy state directory, a tag error, a missing optional dependency, a failed schema
+    # migration (collected content: below)
     roles = digests(daemon)
     for args in (["status", "--no-such-flag"], ["load"], ["gc", "--keep", "-1"],
                  ["status", "ghost"], ["load", "ghost"], ["rollback", "ghost"], ["unload", "ghost"],
@@ -109,6 +109,11 @@ def test_every_row_of_the_table(external: tuple[DaemonProcess, TritonServer], tm
                    env={"TRITONCTL_SETTLE_S": "soon"})
     assert rc == 2 and one_line(err) == ("error: environment TRITONCTL_SETTLE_S: settle_s: invalid value 'soon' "
                                          "(expected a number)"), err
+    # a state directory another daemon runs on: a start-up refusal like a bad setting (issue 57: it exited 1)
+    rc, err = code(daemon, "daemon", "--repository", str(daemon.repository), "--state-dir", str(daemon.state_dir),
+                   "--triton-url", server.grpc_url)
+    assert rc == 2 and one_line(err).startswith(f"error: state directory {daemon.state_dir} is in use by another "
+                                                "tritonctl daemon (pid "), err
     shim = tmp_path / "no-psycopg"  # as if `tritonctl[postgres]` was not installed
     (shim / "psycopg").mkdir(parents=True)
     (shim / "psycopg" / "__init__.py").write_text(

@@ -174,6 +174,9 @@ PARSE_ONLY = {
     "tritonctl webhooks redeliver 3f2a9c1b":
         "this daemon has no [[webhook]], so no delivery to send again; tests/test_webhooks_e2e.py runs "
         "`webhooks redeliver ID` against a daemon with one",
+    "tritonctl load linear --shadow 5m":
+        "a shadow runs for minutes and is judged on clients' requests through the gateway; "
+        "tests/test_shadow_e2e.py runs `load --shadow` (then promote, abort) against a daemon with clients",
     "tritonctl daemon --config /etc/tritonctl/tritonctl.toml --triton-url 127.0.0.1:8001":
         "needs a config file in /etc and an external tritonserver on 8001; `--config` and `--triton-url` "
         "run in tests/test_config.py and tests/test_supervision.py",

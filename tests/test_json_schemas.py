@@ -38,12 +38,12 @@ from controlplane.documents.results import (
     StatusRow,
     TagResult,
     TagsResult,
-    ValidationReport,
     VersionRow,
     VersionsResult,
     VersionState,
     WebhookDeliveriesResult,
 )
+from controlplane.documents.validation import ValidationReport
 from controlplane.fleet.results import FleetMatrix, HostRow, MatrixCell, MatrixRow, PlacementCell
 from controlplane.store.records import (
     AuditRecord,
@@ -212,6 +212,39 @@ def _canary() -> dict[str, Any]:
     return document
 
 
+def _traffic() -> dict[str, Any]:
+    """A row's traffic as the gateway's figures give it (controlplane/gateway/figures.py `Figures.to_json`)."""
+    from controlplane.gateway.figures import Figures
+
+    figures = Figures()
+    slot = figures.slot("m", D1, "m__" + D1[:8])
+    slot.grpc.requests, slot.http.requests = 3, 1
+    slot.grpc.fail("model")
+    slot.grpc.observe(0.004)
+    slot.http.fail("client")
+    figures.last["m"] = 1767225600.0
+    return figures.to_json()["models"]["m"]
+
+
+def _shadow() -> dict[str, Any]:
+    """A shadow's document as the bake writes it (controlplane/bake/shadow.py), rolled back on a disagreement whose
+    inputs were kept, with the gateway's figures (controlplane/gateway/shadow.py `ShadowState.to_json`)."""
+    from controlplane.bake.shadow import ShadowPhase
+
+    latency = {"buckets": [0.001, 0.01], "cumulative": [3, 30], "count": 30, "sum_s": 0.09}
+    phase = ShadowPhase("0123abcd89ef4567", 300.0, 1767225600.0, keep_inputs=True, figures={
+        "copied": 31, "pairs": 30, "agreed": 29, "disagreed": 1, "errors": {"shadow": 0, "serving": 0},
+        "skipped": {"rate": 2, "busy": 0}, "latency": {"serving": latency, "shadow": latency},
+        "disagreements": [{"kind": "value", "output": "y", "index": 3, "serving": 1.0, "shadow": 1.5,
+                           "time": 1767225601.5, "protocol": "grpc",
+                           "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.1, 0.2, 0.3, 0.9],
+                                       "truncated": False}, {"error": "the request's inputs could not be read"}]}]})
+    phase.end("rolled_back", "shadow agreement 0.97 < 1 over 30 pairs (1 disagreed)", 1767225602.0)
+    document = phase.to_json(now=1767225602.0)
+    document["seconds_left"] = 298  # a running shadow's (ended: null); the schema types both
+    return document
+
+
 def _rollout() -> dict[str, Any]:
     """A digest's last rollout (`versions`), read back from its audit lines (controlplane/bake/canary.py)."""
     from controlplane.bake.canary import histories
@@ -238,7 +271,7 @@ def _full_documents() -> dict[str, list[Any]]:
                           "until": "2026-01-01T00:05:00Z", "requests": 312, "failures": 66, "failure_ratio": 0.2115,
                           "latency_ms": 4.2, "baseline_latency_ms": 3.9, "latency_stat": "p99",
                           "reason": "failure ratio 0.21 > 0.01 over 312 requests (66 failed)"},
-                    completed_config=COMPLETED, canary=_canary())
+                    completed_config=COMPLETED, canary=_canary(), shadow=_shadow(), traffic=_traffic())
     step = Step(7, 3, "h1", 1, "deploy", D1, "ok", "serving", model="m", started_at=T, finished_at=T)
     baked = Step(8, 4, "h1", 0, "bake", D1, "failed", "failure ratio 0.21 > 0.01 over 312 requests (66 failed)",
                  model="m", started_at=T, finished_at=T,

@@ -108,12 +108,47 @@ def test_only_the_daemon_and_the_api_import_the_control_plane() -> None:
     assert "controlplane.daemon" in importers  # the rule reads the real graph
 
 
+# What would let a verb tell which target it runs on: the fleet itself, or the target's kind.
+FLEET_NAMES = frozenset({"fleet", "FleetTarget", "HostTarget", "FleetStrategy", "FleetMember"})
+
+
+def fleet_reads(source: str, cls: str = "ControlPlane",
+                allowed: frozenset[str] = frozenset({"fleet", "__init__"})) -> list[str]:
+    """Every read, in a method of `cls` but the `allowed` ones (the `fleet` property; `__init__`, where the
+    target is chosen once), of a name or attribute that says whether it runs on a fleet (FLEET_NAMES:
+    `self.fleet`, `self.target.fleet`, `isinstance(t, FleetTarget)`, ...), or of the target's type:
+    `method: expression` each."""
+    import ast
+
+    tree = ast.parse(source)
+    plane = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    found = []
+    for method in plane.body:
+        if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef) or method.name in allowed:
+            continue
+        for node in ast.walk(method):
+            asked = (isinstance(node, ast.Attribute) and node.attr in FLEET_NAMES
+                     or isinstance(node, ast.Name) and node.id in FLEET_NAMES
+                     or isinstance(node, ast.Call) and ast.unparse(node.func) == "type")
+            if asked:
+                found.append(f"{method.name}: {ast.unparse(node)}")
+    return found
+
+
 def test_no_verb_asks_whether_it_runs_on_a_fleet() -> None:
-    """The verbs hand every change to the target the daemon chose once (controlplane/target/targets.py: this host or
-    the fleet): the verbs' module has no branch on the fleet."""
-    text = (ROOT / "controlplane" / "control_plane.py").read_text()
-    assert [line.strip() for line in text.splitlines() if "fleet is None" in line or "fleet is not None" in line] == []
-    assert "self.target." in text
+    """The verbs hand every change to the target the daemon chose once (controlplane/target/targets.py: this host
+    or the fleet): no method of the plane but its `fleet` property (which the web view and the fleet routes
+    read) and its constructor reads the fleet or the target's kind, in a branch or anywhere else (the syntax
+    tree, not the text: issue 57 found `if self.fleet: pass` in a verb passing a text match)."""
+    source = (ROOT / "controlplane" / "control_plane.py").read_text()
+    assert fleet_reads(source) == []
+    assert "self.target." in source
+    # the check itself: each way a verb could ask is found
+    for asking in ("if self.fleet:\n            pass", "x = self.target.fleet", "isinstance(self.target, FleetTarget)",
+                   "type(self.target)", "return self.fleet is not None"):
+        verb = "        validate_model_name(model)\n"
+        probe = source.replace(verb, f"        {asking}\n{verb}", 1)
+        assert probe != source and fleet_reads(probe), asking
 
 
 def test_change_sets_and_tags_take_no_plane() -> None:

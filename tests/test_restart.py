@@ -118,7 +118,7 @@ def crash_and_restart(daemon: DaemonProcess, ports: tuple[int, int, int]) -> Non
     # While it runs, the same command is refused at once: one daemon per state directory.
     assert daemon.proc is not None
     second = subprocess.run(daemon_command(daemon), capture_output=True, text=True, timeout=120)
-    assert second.returncode == 1, second.stderr
+    assert second.returncode == 2, second.stderr  # a start-up refusal (docs/cli.md "Exit codes")
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: state directory {state} is in use by another tritonctl daemon "
                       f"(pid {daemon.proc.pid}): stop it, or give another --state-dir"], second.stderr

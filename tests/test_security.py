@@ -45,7 +45,39 @@ def test_control_socket_is_owner_and_group_only(locked: tuple[DaemonProcess, str
     assert stat.S_IMODE(info.st_mode) == 0o660
     assert info.st_uid == os.getuid()
     assert info.st_gid == grp.getgrnam(SOCKET_GROUP).gr_gid, "the socket is not socket_group's"
-    assert stat.S_IMODE(daemon.state_dir.stat().st_mode) & 0o007 == 0, "state dir must not be world-accessible"
+    # exactly 0750 (issue 57: "no world bits" let 0770 pass): its group reads, nobody else
+    assert oct(stat.S_IMODE(daemon.state_dir.stat().st_mode)) == oct(0o750)
+
+
+@pytest.mark.parametrize(("mode", "refused"), [(0o600, False), (0o640, False), (0o604, True), (0o660, True),
+                                               (0o620, True), (0o644, True)])
+def test_the_token_file_others_may_read_or_its_group_change_is_refused(tmp_path: Path, mode: int,
+                                                                       refused: bool) -> None:
+    """The TCP listener's token file: others must not read it nor its group change it (whoever changes it
+    changes who may deploy). A daemon given one that is is refused at once, exit 2, the file and its mode
+    named, before its state directory exists; 0600 and 0640 pass that check."""
+    import subprocess
+
+    from controlplane.triton.launcher import free_port
+    from tests.harness import TRITONCTL
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(mode)
+    (tmp_path / "repo").mkdir()
+    state = tmp_path / "state"
+    args = [TRITONCTL, "daemon", "--repository", str(tmp_path / "repo"), "--state-dir", str(state),
+            "--triton-url", "127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}", "--token-file", str(token_file)]
+    if not refused:
+        args.append("--no-such-flag")  # the token check passes; click then refuses the flag, nothing starts
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    if refused:
+        assert done.stderr.strip() == (f"error: token_file {token_file} has mode {mode:04o}: others (or its group) "
+                                       f"may read or change it; chmod 600 {token_file}"), done.stderr
+        assert not state.exists()
+    else:
+        assert "token_file" not in done.stderr and "No such option" in done.stderr, done.stderr
 
 
 def test_tcp_listener_requires_the_token(locked: tuple[DaemonProcess, str, Path], tmp_path: Path) -> None:
@@ -80,13 +112,56 @@ def test_tcp_listener_refuses_a_raw_http_call_without_token(locked: tuple[Daemon
 
 
 def test_launched_triton_refuses_model_control_from_others(locked: tuple[DaemonProcess, str, Path]) -> None:
+    """The launched tritonserver's model repository, shared-memory, logging and trace protocols answer only
+    with the daemon's key (in its 0600 `triton/server.json`), over gRPC and HTTP alike, asked of the
+    tritonserver itself (behind the gateway, where there is one); inference, health, metadata and statistics
+    stay open. Where clients send inference (the gateway, or that tritonserver) a load or unload is refused."""
+    import http.client
+    import json
+
+    from controlplane.triton.launcher import RESTRICTED_HEADER, RESTRICTED_PROTOCOLS
+
     daemon, _, _ = locked
-    client = grpcclient.InferenceServerClient(daemon.triton_url())
-    for call in (lambda: client.unload_model("guarded"), lambda: client.load_model("guarded"),
-                 lambda: client.get_model_repository_index()):
-        with pytest.raises(InferenceServerException, match="restricted"):
+    record = daemon.state_dir / "triton" / "server.json"
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    server = json.loads(record.read_text())
+    key = server["restricted_key"]
+    client = grpcclient.InferenceServerClient(f"{server['host']}:{server['grpc_port']}")
+    grpc_header = f"triton-grpc-protocol-{RESTRICTED_HEADER}"  # gRPC's form of the header (triton/client.py)
+    keyed = {grpc_header: key}
+    calls = {  # each protocol's read and write
+        "model-repository": (lambda h: client.get_model_repository_index(headers=h),
+                             lambda h: client.unload_model("no-such-model", headers=h)),
+        "shared-memory": (lambda h: client.get_system_shared_memory_status(headers=h),
+                          lambda h: client.unregister_system_shared_memory("no-such-region", headers=h)),
+        "logging": (lambda h: client.get_log_settings(headers=h),
+                    lambda h: client.update_log_settings({"log_verbose_level": 0}, headers=h)),
+        "trace": (lambda h: client.get_trace_settings(headers=h),
+                  lambda h: client.update_trace_settings(settings={"trace_rate": "1000"}, headers=h)),
+    }
+    assert set(calls) == set(RESTRICTED_PROTOCOLS)  # every protocol the launcher restricts
+    for read, write in calls.values():
+        for call in (read, write, lambda h: client.load_model("guarded", headers=h)):
+            with pytest.raises(InferenceServerException, match="restricted"):
+                call({})
+            with pytest.raises(InferenceServerException, match="restricted"):
+                call({grpc_header: "not-the-key"})
+        read(keyed)  # the daemon's key opens it (nothing changed: only reads)
+    host, port = server["host"], server["http_port"]
+    for path in ("/v2/repository/index", "/v2/systemsharedmemory/status", "/v2/logging", "/v2/trace/setting"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("POST" if path == "/v2/repository/index" else "GET", path)
+        answer = conn.getresponse()
+        assert answer.status == 403 and b"restricted" in answer.read().lower(), path
+        conn.close()
+    assert client.is_server_live() and client.get_server_metadata()  # health stays open
+    public = grpcclient.InferenceServerClient(daemon.triton_url())  # where clients send inference
+    for call in (lambda: public.unload_model("guarded"), lambda: public.load_model("guarded")):
+        with pytest.raises(InferenceServerException):
             call()
-    assert client.is_model_ready("guarded"), "inference stays open; only model control is locked"
+    assert public.is_model_ready("guarded"), "inference stays open; only model control is locked"
+    assert public.get_inference_statistics("guarded").model_stats
+    assert public.get_model_metadata("guarded").name == "guarded"
 
 
 def test_symlink_out_of_a_model_is_never_followed(locked: tuple[DaemonProcess, str, Path], tmp_path: Path) -> None:

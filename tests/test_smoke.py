@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controlplane.deploy.smoke import InferFn, run_smoke
+from controlplane.deploy.smoke import InferFn, SmokeResult, run_smoke, smoke_test
 from controlplane.errors import ModelConfigError
 from controlplane.triton.client import TritonClient
 from controlplane.triton.launcher import TritonServer
@@ -275,3 +275,49 @@ def test_the_readme_example_is_valid_and_passes(
         assert run_smoke("linear", requests, infer) == []
     finally:
         triton_client.unload_model("linear")
+
+
+class Batches:
+    """A stand-in for a model under client traffic: each try of the smoke request either shares a batch that another
+    request fails (the smoke fails too, and Triton counts two failures) or runs in a good one; other requests
+    pass meanwhile unless `nobody_passes`."""
+
+    def __init__(self, poisoned: list[bool], answer: float = 1.0, nobody_passes: bool = False) -> None:
+        self.poisoned, self.answer, self.nobody_passes = list(poisoned), answer, nobody_passes
+        self.success = self.failure = 0
+
+    def infer(self, model: str, version: str, inputs: Any, names: Any) -> dict[str, np.ndarray]:
+        if not self.nobody_passes:
+            self.success += 3  # other clients' good batches
+        if self.poisoned.pop(0):
+            self.failure += 2  # the batch: a marked request and the smoke request
+            raise RuntimeError("a marked request is in this batch: the whole batch fails")
+        self.success += 1
+        return {"y": np.array([[self.answer]], dtype=np.float32)}
+
+    def counts(self) -> tuple[int, int]:
+        return self.success, self.failure
+
+
+def test_a_smoke_request_that_failed_in_a_shared_batch_is_tried_again_alone() -> None:
+    """Issue 57: a request that failed only where others failed too is tried again (3 tries in all); one pass
+    is a pass; three failed tries, each beside another failure while others passed, are `shared` (nobody's
+    proven fault). A wrong answer, a failure nobody else had, or a model that passes nothing, is its own."""
+    request = one_request(SmokeOutput("y", np.array([[1.0]]), 1e-6, None))
+    naps: list[float] = []
+    batches = Batches([True, True, False])
+    assert smoke_test("m", request, batches.infer, batches.counts, sleep=naps.append) == SmokeResult([])
+    assert naps == [0.2, 0.5]
+    batches = Batches([True, True, True])
+    result = smoke_test("m", request, batches.infer, batches.counts, sleep=naps.append)
+    assert result.shared and len(result.failures) == 1 and "infer failed: a marked request" in result.failures[0]
+    wrong = Batches([False], answer=2.0)
+    result = smoke_test("m", request, wrong.infer, wrong.counts, sleep=naps.append)
+    assert not result.shared and "expected 1.0, got 2.0" in result.failures[0]
+    broken = Batches([True, True, True], nobody_passes=True)
+    assert not smoke_test("m", request, broken.infer, broken.counts, sleep=naps.append).shared
+    alone = Batches([True])
+    alone.infer = lambda *a: (_ for _ in ()).throw(RuntimeError("initialize left it broken"))  # type: ignore[method-assign]
+    result = smoke_test("m", request, alone.infer, alone.counts, sleep=naps.append)  # counted: nothing else failed
+    assert not result.shared and result.failures
+    assert not smoke_test("m", request, Batches([True] * 3).infer, None, sleep=naps.append).shared  # no figures

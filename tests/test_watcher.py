@@ -308,3 +308,27 @@ def test_watches_added_later_miss_nothing_changed_before_them(repo: Path) -> Non
     finally:
         w.stop()
     assert w._events_thread is None and w._observer is None
+
+
+def test_a_rescan_inside_an_edits_settle_window_does_not_say_the_change_came_without_an_event(
+        repo: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 57: with a 0.5 s rescan interval every edit (6 of 6) was logged `rescan ... found changes without an
+    event` although its event had come: the rescan fell inside the edit's settle window. Logged only for a
+    change no event announced (here `deaf`, whose events the test hook drops)."""
+    monkeypatch.setenv("TRITONCTL_TEST_DROP_EVENTS", "deaf")
+    make_model(repo, "heard", 1)
+    make_model(repo, "deaf", 1)
+    rec = Recorder()
+    w = RepositoryWatcher(repo, rec, 1.2, rescan_interval_s=0.5)  # each settle window holds two rescans
+    with caplog.at_level("INFO", "tritonctl.watcher"):
+        w.start()
+        try:
+            for n in range(6):
+                (repo / "heard" / "1" / "model.py").write_text(f"# edit {n}\n")
+                assert rec.wait_for(n + 1, 10) == ["heard"] * (n + 1)
+            (repo / "deaf" / "1" / "model.py").write_text("# no event for this one\n")
+            assert rec.wait_for(7, 10)[-1] == "deaf"
+        finally:
+            w.stop()
+    told = [r.getMessage() for r in caplog.records if "found changes without an event" in r.getMessage()]
+    assert told and all(line.rsplit(": ", 1)[-1].startswith("deaf ") for line in told), told  # `deaf changed`

@@ -188,6 +188,61 @@ def test_diff_page_shows_changed_config_field(page: Any, base_url: str, daemon: 
     assert "config.pbtxt" in browser.text(page, "#files")
 
 
+LAYOUT = """
+return [...document.querySelectorAll('#timeline tbody tr')].map(function (row) {
+  function box(e) { var r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.bottom]; }
+  return {digest: row.dataset.digest || '', marks: [...row.querySelectorAll('.mark')].map(function (m) {
+            return {letter: m.textContent.trim(), box: box(m)}; }),
+          segs: [...row.querySelectorAll('.seg')].map(box)};
+});
+"""
+
+
+def _apart(a: list[float], b: list[float]) -> bool:
+    return a[1] <= b[0] or b[1] <= a[0] or a[3] <= b[2] or b[3] <= a[2]
+
+
+def test_the_timeline_draws_marks_and_bands_apart_and_reasons_without_backticks(
+        page: Any, base_url: str, daemon: DaemonProcess) -> None:
+    """Issue 57: D and P marks a moment apart overlapped, a quarantined digest had no Q mark though the legend
+    lists Q, a digest that served a moment had marks but no visible band, and sync reasons showed literal
+    backticks. Measured in the browser: every mark's box clear of every other mark's and of every band's."""
+    write_gen_model(daemon.repository, "gen", 11, init="raise RuntimeError('no weights')")
+    wait_for(lambda: any(v["quarantined"] for v in daemon.json("versions", "gen")), 60, 0.3, "gen 11 quarantined")
+    quarantined = next(v["digest"] for v in daemon.json("versions", "gen") if v["quarantined"])
+    seen_before = {v["digest"] for v in daemon.json("versions", "gen")}
+    write_gen_model(daemon.repository, "gen", 12)
+
+    def twelve() -> str | None:
+        row = daemon.model_status("gen")
+        return row["digest"] if row.get("state") == "serving" and row.get("digest") not in seen_before else None
+
+    brief = wait_for(twelve, 60, 0.2, "gen 12 serving")
+    daemon.cli("rollback", "gen")  # gen 12 served a moment
+    daemon.cli("pin", "gen")  # a P a moment after the rollback's R
+    try:
+        write_gen_model(daemon.repository, "gen", 13)  # held by the pin: a reason that names a command
+        page.get(f"{base_url}/ui/")
+        wait_for(lambda: "unpin" in browser.text(page, '#models tr[data-model="gen"] td.reason'), 30, 0.2,
+                 "gen held by its pin")
+        reason = page.execute_script(
+            "return document.querySelector('#models tr[data-model=\"gen\"] td.reason').innerHTML")
+        assert "`" not in reason and "<code>tritonctl unpin gen</code>" in reason, reason
+        page.get(f"{base_url}/ui/models/gen")
+        rows = {row["digest"]: row for row in page.execute_script(LAYOUT)}
+        assert "Q" in [m["letter"] for m in rows[quarantined]["marks"]], rows[quarantined]
+        assert rows[brief]["segs"], rows[brief]  # gen 12 served a moment: its band is drawn
+        for row in rows.values():
+            marks = row["marks"]
+            for i, a in enumerate(marks):
+                assert all(_apart(a["box"], b["box"]) for b in marks[i + 1:]), (row["digest"], marks)
+                assert all(_apart(a["box"], seg) for seg in row["segs"]), (row["digest"], a, row["segs"])
+            assert all(seg[1] - seg[0] >= 4 for seg in row["segs"]), row
+        browser.screenshot(page, "test_timeline_marks_apart")
+    finally:
+        daemon.cli("unpin", "gen")
+
+
 def test_wrong_or_missing_token_is_refused(page: Any, base_url: str) -> None:
     from selenium.webdriver.common.by import By
 

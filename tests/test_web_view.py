@@ -7,7 +7,8 @@ from typing import Any
 
 from controlplane.api.tokens import Identity
 from controlplane.api.web import gate
-from controlplane.api.web.timeline import build_timeline, config_field_changes
+from controlplane.api.web.pages import prose
+from controlplane.api.web.timeline import LANE_REM, MARK_GAP_PCT, STRIP_REM, build_timeline, config_field_changes
 from controlplane.errors import PermissionDeniedError
 from controlplane.vocab import Role
 
@@ -77,6 +78,45 @@ def test_an_unload_ends_the_band_and_a_skip_is_a_quarantine_mark() -> None:
     bands = {band.digest: band for band in line.bands}
     assert bands["aaa"].segments == [(0.0, 50.0)] and not bands["aaa"].serving_now
     assert [m.kind for m in bands["bbb"].marks] == ["quarantine"]
+
+
+def test_marks_close_in_time_go_down_a_lane_and_never_cover_the_band() -> None:
+    """Issue 57: a deploy and a pin a moment apart drew their D and P on top of each other, and a digest that
+    served under a second had marks but no band (the marks hid its strip). Marks closer than MARK_GAP_PCT
+    take the next lane; every lane is below the served strip."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 0, "pin", "aaa"), event(3, 0, "tag", "aaa"),
+              {**event(4, 5, "deploy", "bbb"), "time": "2026-01-01T12:05:00.100Z"},
+              {**event(5, 5, "rollback", "aaa", "rolled_back"), "time": "2026-01-01T12:05:00.900Z",
+               "actor": "tritonctl:bake"}]
+    line = build_timeline([version("bbb", 4), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert [(m.letter, m.lane) for m in bands["aaa"].marks] == [("D", 0), ("P", 1), ("T", 2), ("R", 0)]
+    assert bands["aaa"].height == round(STRIP_REM + 3 * LANE_REM, 2)
+    assert all(m.top >= STRIP_REM for band in bands.values() for m in band.marks)  # below the strip
+    (segment,) = bands["bbb"].segments  # served 0.8 s of ten minutes: a strip of its own all the same
+    assert 50.0 <= segment[0] < 50.1 and 0 < segment[1] < 0.5
+    for band in bands.values():
+        for a in band.marks:
+            for b in band.marks:
+                assert a is b or a.lane != b.lane or abs(a.left - b.left) >= MARK_GAP_PCT
+
+
+def test_a_quarantined_digest_has_a_q_mark_where_it_was_quarantined() -> None:
+    """The legend lists Q: a digest quarantined by a deploy that rolled back has one (beside the R), at the
+    deploy, titled with the quarantine's reason; a bake's rollback quarantines nothing."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 5, "deploy", "bbb", "rolled_back", "weights missing")]
+    versions = [{**version("bbb", 4), "quarantined": True, "quarantine_reason": "initialize raised"},
+                version("aaa", 0)]
+    bands = {band.digest: band for band in build_timeline(versions, events, NOW).bands}
+    assert sorted(m.letter for m in bands["bbb"].marks) == ["Q", "R"]
+    (q,) = [m for m in bands["bbb"].marks if m.letter == "Q"]
+    assert q.left == 50.0 and "initialize raised" in q.title
+    assert len({m.lane for m in bands["bbb"].marks}) == 2  # one moment: two lanes
+
+
+def test_reasons_show_their_quoted_commands_as_code_not_backticks() -> None:
+    shown = prose("policy manual; `tritonctl load m` deploys <b>")
+    assert "`" not in shown and "<code>tritonctl load m</code>" in shown and "&lt;b&gt;" in shown
 
 
 def test_changed_config_fields_are_paired_by_name() -> None:
@@ -261,3 +301,41 @@ def test_web_host_names_take_a_list_or_commas_and_refuse_a_port_in_one_line(tmp_
     assert load_settings({"web_host_names": "a.example, b.example"}, env={}).web_host_names == "a.example,b.example"
     with pytest.raises(errors.ConfigError, match=r"web_host_names: .*without ports"):
         load_settings({"web_host_names": "view.example.com:8080"}, env={})
+
+
+def test_a_shadow_is_a_share_of_none_on_the_new_band_until_its_end_then_its_steps() -> None:
+    """docs/bake.md "Shadow": from its begin line to its end the new digest got copies only (0 %), the previous
+    digest every request; then the first canary step splits them."""
+    events = [event(1, 0, "deploy", "aaa"), event(2, 4, "deploy", "bbb"),
+              {**event(3, 4, "shadow", "bbb", "ok", "shadow of bbb: a copy of 1 of the live requests for 60 s"),
+               "actor": "tritonctl:bake"},
+              {**event(4, 6, "shadow", "bbb", "ok", "passed: agreement 1.00 over 40 pairs"), "actor": "tritonctl:bake"},
+              {**event(5, 6, "canary", "bbb", "ok", "step 1/2: 10% of the requests for 60 s"),
+               "actor": "tritonctl:bake"}]
+    line = build_timeline([version("bbb", 3), version("aaa", 0)], events, NOW)
+    bands = {band.digest: band for band in line.bands}
+    assert bands["bbb"].canary == [(40.0, 20.0, 0), (60.0, 40.0, 10)]
+    assert bands["aaa"].canary == [(40.0, 20.0, 100), (60.0, 40.0, 90)]
+    assert [m.letter for m in bands["bbb"].marks if m.kind == "shadow"] == ["S", "S"]
+
+
+def test_the_model_page_shows_the_shadows_figures_and_first_disagreements() -> None:
+    from controlplane.api.web.pages import make_templates
+
+    shadow = {"state": "rolled_back", "seconds_left": None, "copied": 21, "pairs": 20, "agreed": 19, "disagreed": 1,
+              "agreement": 0.95, "min_agreement": 1.0, "errors": {"shadow": 0, "serving": 0}, "latency_ratio": 1.1,
+              "reason": "shadow agreement 0.95 < 1 over 20 pairs (1 disagreed)",
+              "disagreements": [{"kind": "value", "output": "gen", "index": 3, "serving": 1.0, "shadow": 2.0,
+                                 "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0.93],
+                                             "truncated": False}]},
+                                {"kind": "error", "serving": "OK", "shadow": "INTERNAL: boom"}]}
+    row = {"model": "m", "state": "serving", "sync": "synced", "sync_reason": "", "digest": "b" * 64, "since": None,
+           "policy": "auto", "pinned": False, "last_error": None, "shadow": shadow}
+    html = make_templates().env.get_template("_model_live.html").render(
+        row=row, versions=[], events=[], timeline=build_timeline([], [], NOW), now=NOW.isoformat())
+    assert "Shadow <span class=\"badge\">rolled_back</span>" in html and "agreement 0.95, at least 1.0" in html
+    assert "<td>gen</td><td>3</td>" in html and "<code>x</code> FP32 [1, 1]: 0.93" in html
+    assert "INTERNAL: boom" in html and "not kept (shadow_keep_inputs)" in html
+    row["shadow"] = None
+    assert "Shadow" not in make_templates().env.get_template("_model_live.html").render(
+        row=row, versions=[], events=[], timeline=build_timeline([], [], NOW), now=NOW.isoformat())

@@ -32,6 +32,7 @@ from controlplane.api.leases import lease_routes
 from controlplane.api.params import (
     STRICT,
     TRACK_TAKES_NO_HOST,
+    BakeSeconds,
     DigestField,
     KeepField,
     LimitQuery,
@@ -43,6 +44,7 @@ from controlplane.api.params import (
     PolicyField,
     RefField,
     RefQuery,
+    ShadowSeconds,
     TagField,
     TagPath,
     TimeQuery,
@@ -121,9 +123,11 @@ class LoadBody(BaseModel):
     force: bool = False  # retry a quarantined digest / reload the active one
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
-    bake_s: float | None = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
+    bake_s: BakeSeconds = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
     # this deploy's canary steps (percents rising to 100, "pause"); unset: the model's or the daemon's canary_steps
     steps: list[int | str] | None = None
+    # this deploy's shadow in seconds before its first canary step (0: none); unset: the daemon's shadow_s
+    shadow_s: ShadowSeconds = None
 
 
 class ChangeSetBody(BaseModel):
@@ -278,7 +282,7 @@ def models_routes(plane: ControlPlane, executor: futures.Executor) -> APIRouter:
         def run(progress: Callable[[Progress], None]) -> Outcome:
             digest = plane.tag_digest(model, body.tag) if body.tag else body.digest
             return plane.load(model, actor, digest, body.force, progress, **_host(body.host), bake_s=body.bake_s,
-                              steps=body.steps)
+                              steps=body.steps, shadow_s=body.shadow_s)
 
         return stream_operation(run) if body.wait else submit([model], run)
 

@@ -186,17 +186,19 @@ class ControlClient:
     def load(self, model: str, digest: str = "", force: bool = False, wait: bool = True,
              on_progress: ProgressFn | None = None, host: str = "", tag: str = "",
              models: list[str] | None = None, bake_s: float | None = None,
-             steps: list[int | str] | None = None) -> dict[str, Any]:
+             steps: list[int | str] | None = None, shadow_s: float | None = None) -> dict[str, Any]:
         if models and len(models) > 1:
-            if digest or host or tag or bake_s is not None or steps is not None:
-                raise errors.UsageError("--digest, --tag, --host, --bake and --steps take one MODEL, not a change set "
-                                        "of several")
+            if digest or host or tag or bake_s is not None or steps is not None or shadow_s is not None:
+                raise errors.UsageError("--digest, --tag, --host, --bake, --steps and --shadow take one MODEL, not a "
+                                        "change set of several")
             return self.stream("POST", "/changesets", {"models": models, "force": force, "wait": wait}, on_progress)
         body: dict[str, Any] = {"digest": digest, "tag": tag, "force": force, "wait": wait, "host": host}
         if bake_s is not None:
             body["bake_s"] = bake_s
         if steps is not None:
             body["steps"] = steps
+        if shadow_s is not None:
+            body["shadow_s"] = shadow_s
         return self.stream("POST", f"{_model(model)}/load", body, on_progress)
 
     def promote(self, model: str) -> dict[str, Any]:

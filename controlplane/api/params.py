@@ -16,6 +16,7 @@ from fastapi import Path, Query
 from pydantic import BeforeValidator, ConfigDict, Field
 from pydantic.config import JsonDict
 
+from controlplane.base.bounds import MAX_COUNT, MAX_DURATION_S, MAX_LIMIT
 from controlplane.base.defaults import OUTCOMES
 from controlplane.intake.tags import MAX_TAG_LENGTH
 from controlplane.memory.leases import MAX_LEASE_S
@@ -46,8 +47,7 @@ STRICT = ConfigDict(strict=True)
 # policy track:TAG is fleet-wide: it takes no host (controlplane/tags.refuse_host).
 TRACK_TAKES_NO_HOST: JsonDict = {"not": {"required": ["policy", "host"], "properties": {
     "policy": {"type": "string", "pattern": "^track:"}, "host": {"type": "string", "minLength": 1}}}}
-MAX_LIMIT = 100_000  # rows a listing answers at most (audit, rollouts, webhook deliveries)
-MAX_KEEP = 1_000_000  # gc --keep
+MAX_KEEP = MAX_COUNT  # gc --keep
 
 
 def _time_schema(description: str) -> dict[str, Any]:
@@ -92,6 +92,16 @@ PolicyField = Annotated[str, Field(description="auto, manual, ondemand, inherit 
 # before its holder could use or renew it.
 LeaseSeconds = Annotated[float, Field(ge=1, le=MAX_LEASE_S, allow_inf_nan=False,
                                       description=f"seconds, at least 1 and at most {MAX_LEASE_S:.0f}")]
+
+
+# A deploy's own bake (`load --bake`): 0 (none) to a week, the bound of every duration (controlplane/base/bounds.py).
+BakeSeconds = Annotated[float | None, Field(ge=0, le=MAX_DURATION_S, allow_inf_nan=False,
+                                            description=f"this deploy's bake in seconds, 0 (none) to "
+                                                        f"{MAX_DURATION_S:.0f}; absent: the daemon's bake_s")]
+# A deploy's own shadow before its first canary step (`load --shadow`), bounded as every duration.
+ShadowSeconds = Annotated[float | None, Field(ge=0, le=MAX_DURATION_S, allow_inf_nan=False,
+                                              description=f"this deploy's shadow in seconds, 0 (none) to "
+                                                          f"{MAX_DURATION_S:.0f}; absent: the daemon's shadow_s")]
 
 
 def _a_number(value: Any) -> Any:

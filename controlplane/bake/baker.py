@@ -60,6 +60,7 @@ from controlplane.bake.figures import (
     Bake,
     Limits,
     Tally,
+    bakes_from_records,
     verdict,
 )
 from controlplane.bake.rollout import Ending, Planned, Rollouts
@@ -70,7 +71,8 @@ from controlplane.deploy.engine import Deployer
 from controlplane.deploy.plans import Plan, order, serving_member
 from controlplane.documents.results import Outcome
 from controlplane.errors import NotFoundError, TritonctlError
-from controlplane.settings.config import Settings, bake_parameters
+from controlplane.settings.config import Settings
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.snapshot.fsutil import write_atomic
 from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.store.registry import AuditEntry, Registry
@@ -114,15 +116,18 @@ class Baker:
 
     # -- what starts and ends a bake --------------------------------------------------------------
 
-    def ask(self, model: str, bake_s: float | None, steps: tuple[int | str, ...] | None = None) -> None:
-        """`load MODEL --bake 5m --steps [5, 100]`: the next deploy of `model` bakes this long (0: not at all)
-        and goes through these canary steps (where a gateway carries the traffic)."""
+    def ask(self, model: str, bake_s: float | None, steps: tuple[int | str, ...] | None = None,
+            shadow_s: float | None = None) -> None:
+        """`load MODEL --bake 5m --steps [5, 100] --shadow 5m`: the next deploy of `model` bakes this long (0: not
+        at all), goes through these canary steps, and is shadowed this long first (where a gateway carries the
+        traffic)."""
         with self._lock:
             if bake_s is None:
                 self._asked.pop(model, None)
             else:
                 self._asked[model] = bake_s
         self.rollouts.ask(model, steps)
+        self.rollouts.ask_shadow(model, shadow_s)
 
     def weigh(self, lanes: list[Lane]) -> int:
         """The routed deploy path's question before its switch: the percent of the requests the new digests
@@ -286,7 +291,7 @@ class Baker:
 
     def document(self, bake: Bake) -> dict[str, Any]:
         """The bake's document (`status --json` row's `bake`) with its canary's (`canary`, null without)."""
-        return {**bake.to_json(), "canary": self.canary_of(bake)}
+        return {**bake.to_json(), "canary": self.canary_of(bake), "shadow": self.shadow_of(bake)}
 
     @staticmethod
     def canary_of(bake: Bake | None) -> dict[str, Any] | None:
@@ -294,6 +299,13 @@ class Baker:
         if bake is None or bake.canary is None:
             return None
         return bake.canary.to_json(bake.limits.bake_s)
+
+    @staticmethod
+    def shadow_of(bake: Bake | None) -> dict[str, Any] | None:
+        """`status --json`'s `shadow` of a model's last bake (None: it was not shadowed; docs/bake.md "Shadow")."""
+        if bake is None or bake.canary is None or bake.canary.shadow is None:
+            return None
+        return bake.canary.shadow.to_json()
 
     def of(self, model: str) -> Bake | None:
         with self._lock:
@@ -543,8 +555,8 @@ class Baker:
         if self.path is None or not self.path.exists():
             return
         try:
-            bakes = [Bake.from_record(r) for r in json.loads(self.path.read_text())]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            bakes, dropped = bakes_from_records(json.loads(self.path.read_text()))
+        except (OSError, ValueError) as exc:
             log.warning("bake: %s unreadable, no bake resumed: %s", self.path, exc)
             return
         for bake in bakes:
@@ -562,6 +574,9 @@ class Baker:
             if bake.state == BAKING:
                 self._hold(bake)
                 self.rollouts.hold(bake)
+        if dropped:  # one line, and the file rewritten without them: the next start does not warn again
+            log.warning("bake: %s: %s", self.path, dropped)
+            self._save()
 
     def _count_from_now(self, bake: Bake) -> None:
         if bake.canary is None:

@@ -21,15 +21,17 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from controlplane.bake.shadow import ShadowPhase
 from controlplane.bake.traffic import Counts
 from controlplane.deploy.aliases import Lane, Target, Weighted
 from controlplane.settings.canarysteps import PAUSE
 
-RUNNING, PAUSED = "running", "paused"  # in progress: a step bakes, or a pause waits for `tritonctl promote`
+# in progress: a step bakes, a pause waits for `tritonctl promote`, or the shadow before the first step runs
+RUNNING, PAUSED, SHADOW = "running", "paused", "shadow"
 # ended: every request on the new digest; back on the previous one (a limit crossed); aborted by hand
 # (`tritonctl abort`); another operation changed what the model serves (a deploy, a rollback, an unload)
 DONE, ROLLED_BACK, ABORTED, SUPERSEDED = "done", "rolled_back", "aborted", "superseded"
-STATES = (RUNNING, PAUSED, DONE, ROLLED_BACK, ABORTED, SUPERSEDED)
+STATES = (RUNNING, PAUSED, SHADOW, DONE, ROLLED_BACK, ABORTED, SUPERSEDED)
 CANARY_ACTION = "canary"  # the audit action of each step and of a canary's end
 STEP_LINE = re.compile(r"^step (\d+)/(\d+): (\d+)%")
 END_LINE = re.compile(r"^(done|rolled_back|aborted|superseded) at (\d+)%")
@@ -51,6 +53,12 @@ class Canary:
     state: str = RUNNING
     total: Counts = field(default_factory=Counts)  # the new digest's figures in the steps already ended
     inconclusive: bool = False  # a step ended with too few requests (kept): the whole canary is inconclusive
+    shadow: ShadowPhase | None = None  # judged on copies before its first step (controlplane/bake/shadow.py)
+
+    @property
+    def shadowing(self) -> bool:
+        """The shadow before the first step runs: no step has begun, no client request reaches the new digest."""
+        return self.shadow is not None and self.shadow.running
 
     def weight_at(self, index: int) -> int:
         """The percent of the requests the new digest has at step `index` (a pause keeps the one before it; a
@@ -107,6 +115,11 @@ class Canary:
         until = self.until(bake_s)
         left = None if self.state not in (RUNNING,) or until == math.inf else \
             max(0, int(round(until - (time.time() if now is None else now))))
+        if self.shadow is not None and self.shadow.state in (RUNNING, ROLLED_BACK, ABORTED, SUPERSEDED):  # no step yet
+            shadowing = self.shadowing and self.state in (RUNNING, PAUSED)
+            return {"step": self.index, "steps": list(self.steps), "weight": 0,
+                    "state": SHADOW if shadowing else self.state,
+                    "seconds_left": self.shadow.to_json(now)["seconds_left"] if shadowing else None, "history": []}
         return {"step": self.index, "steps": list(self.steps), "weight": self.weight, "seconds_left": left,
                 "state": self.state, "history": [dict(h) for h in self.history]}
 
@@ -114,7 +127,8 @@ class Canary:
         return {"steps": list(self.steps), "index": self.index, "step_started": self.step_started,
                 "lanes": [_lane_record(lane) for lane in self.lanes], "state": self.state,
                 "zero": {d: asdict(c) for d, c in self.zero.items()},
-                "history": self.history, "inconclusive": self.inconclusive, "total": asdict(self.total)}
+                "history": self.history, "inconclusive": self.inconclusive, "total": asdict(self.total),
+                "shadow": self.shadow.to_record() if self.shadow is not None else None}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Canary:
@@ -123,7 +137,8 @@ class Canary:
                    float(record["step_started"]), {d: _counts_of(c) for d, c in (record.get("zero") or {}).items()},
                    list(record.get("history") or []), str(record.get("state") or RUNNING),
                    _counts_of(record["total"]) if record.get("total") else Counts(),
-                   bool(record.get("inconclusive", False)))
+                   bool(record.get("inconclusive", False)),
+                   ShadowPhase.from_record(record["shadow"]) if record.get("shadow") else None)
 
 
 def _lane_record(lane: Lane) -> dict[str, Any]:

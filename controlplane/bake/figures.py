@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controlplane.bake.canary import Canary
-from controlplane.settings.config import Settings
+from controlplane.base.bounds import MAX_COUNT, MAX_RATIO, check, check_count, check_duration, check_moment
+from controlplane.settings.config import BAKE_INCONCLUSIVE, Settings
 from controlplane.store.records import iso
 from controlplane.triton.client import RequestCounts
 from controlplane.vocab import Result
@@ -32,8 +33,19 @@ class Limits:
     min_requests: int
     inconclusive: str  # "keep" or "rollback"
 
+    def __post_init__(self) -> None:
+        """Every source of these limits is bounded where it enters (controlplane/base/bounds.py); a record read
+        back from `bakes.json` is not, so they are checked here too: ValueError for one out of range."""
+        check_duration(self.bake_s)
+        check(self.max_failure_ratio, 0.0, 1.0)
+        if self.max_latency_ratio is not None:
+            check(self.max_latency_ratio, 0.0, MAX_RATIO)
+        check_count(self.min_requests, 0, MAX_COUNT)
+        if self.inconclusive not in BAKE_INCONCLUSIVE:
+            raise ValueError(f"inconclusive: expected one of {', '.join(BAKE_INCONCLUSIVE)}")
+
     def with_model(self, model: dict[str, Any]) -> Limits:
-        """These limits overridden by a model's own config parameters (config.bake_parameters)."""
+        """These limits overridden by a model's own config parameters (settings/modelparams.bake_parameters)."""
         return replace(self, bake_s=model.get("bake_s", self.bake_s),
                        max_failure_ratio=model.get("bake_max_failure_ratio", self.max_failure_ratio),
                        max_latency_ratio=model.get("bake_max_latency_ratio", self.max_latency_ratio))
@@ -41,7 +53,7 @@ class Limits:
     @classmethod
     def of(cls, settings: Settings, bake_s: float | None = None, model: dict[str, Any] | None = None) -> Limits:
         """The daemon's `settings`, overridden by the model's own config parameters (`model`:
-        config.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
+        settings/modelparams.bake_parameters), overridden by the deploy's own `bake_s` (`load --bake`)."""
         own = {**(model or {}), **({} if bake_s is None else {"bake_s": bake_s})}
         return cls(settings.bake_s, settings.bake_max_failure_ratio, settings.bake_max_latency_ratio,
                    settings.bake_min_requests, settings.bake_inconclusive).with_model(own)
@@ -164,15 +176,44 @@ class Bake:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Bake:
-        requests, failures, success, success_ns = (int(n) for n in record["tally"])
+        """A bake read back from `bakes.json`; ValueError (or KeyError, TypeError) for a record that is not one
+        or holds a value out of range (controlplane/base/bounds.py): the caller drops it, never serves it."""
+        requests, failures, success, success_ns = (check_count(n) for n in record["tally"])
+        started = check_moment(record["started"])
+        ended = record.get("ended")
+        state = str(record["state"])
+        if state not in (BAKING, *AUDIT_OUTCOME):
+            raise ValueError(f"state: {state!r} is not a bake's")
         return cls(str(record["model"]), str(record["digest"]), record.get("previous"), Limits(**record["limits"]),
-                   float(record["started"]), Tally(requests, failures, success, success_ns),
-                   record.get("baseline_latency_ms"), str(record["state"]), str(record.get("reason") or ""),
-                   record.get("ended"), record.get("baseline_p99_ms"), record.get("p99_ms"),
-                   bool(record.get("warned", True)), tuple(record.get("group") or ()),
+                   started, Tally(requests, failures, success, success_ns),
+                   _latency(record.get("baseline_latency_ms")), state, str(record.get("reason") or ""),
+                   None if ended is None else check_moment(ended), _latency(record.get("baseline_p99_ms")),
+                   _latency(record.get("p99_ms")), bool(record.get("warned", True)), tuple(record.get("group") or ()),
                    str(record.get("group_id") or ""),
                    Canary.from_record(record["canary"]) if record.get("canary") else None,
                    tuple(record["judged"]) if record.get("judged") else None)  # type: ignore[arg-type]
+
+
+def bakes_from_records(records: Any) -> tuple[list[Bake], str]:
+    """`bakes.json` read back: its bakes, and what was dropped in one line ("" when nothing: a record that is not a
+    bake, or holds a value out of range, controlplane/base/bounds.py). ValueError when it is no list at all."""
+    if not isinstance(records, list):
+        raise ValueError("expected a list of bakes")
+    bakes, dropped = [], []
+    for record in records:
+        try:
+            bakes.append(Bake.from_record(record))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+            model = record.get("model") if isinstance(record, dict) else None
+            dropped.append(f"{model or '?'}: {type(exc).__name__}: {exc}")
+    if not dropped:
+        return bakes, ""
+    return bakes, f"{len(dropped)} record(s) out of range or unreadable dropped ({'; '.join(dropped)[:500]})"
+
+
+def _latency(value: Any) -> float | None:
+    """A latency in ms read back from a record: None, or a finite number from 0 to a week."""
+    return None if value is None else check(value, 0.0, 7 * 24 * 3600 * 1000.0)
 
 
 def verdict(bake: Bake, now: float) -> tuple[str, str, bool] | None:

@@ -25,7 +25,9 @@ when a step passes, every request flipped back to the previous digest at once wh
 
 Route updates are made under the models' deploy locks, and only while the gateway still routes each lane
 to the canary's digests: a deploy, a rollback or an unload that came first decides (its outcome ends the
-bake).
+bake). A deploy of one model may be shadowed before its first step (`shadow_s`, `load --shadow`): its
+switch gives the new digest weight 0 and a copy of the requests (controlplane/bake/shadowrun.py, which
+this class inherits: `ShadowRuns`); the steps begin once the shadow passed or was promoted.
 """
 
 from __future__ import annotations
@@ -42,13 +44,16 @@ from typing import Any
 
 from controlplane.bake.canary import ABORTED, CANARY_ACTION, DONE, ROLLED_BACK, SUPERSEDED, Canary
 from controlplane.bake.figures import INCONCLUSIVE, PASSED, Bake, judge
+from controlplane.bake.shadow import SHADOW_ACTION, ShadowPhase
+from controlplane.bake.shadowrun import ShadowRuns
 from controlplane.bake.traffic import Counts, TrafficFigures
 from controlplane.base.jsontext import iso
 from controlplane.deploy.aliases import Lane, Routed, Target
 from controlplane.deploy.engine import Deployer
 from controlplane.errors import TritonctlError
-from controlplane.settings.canarysteps import PAUSE
-from controlplane.settings.config import Settings, bake_parameters
+from controlplane.settings.canarysteps import AT_ONCE, PAUSE
+from controlplane.settings.config import Settings
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.store.registry import AuditEntry, Registry
 from controlplane.triton.client import TritonClient
 from controlplane.vocab import BAKE_ACTOR, Result
@@ -66,6 +71,7 @@ class Planned:
     steps: tuple[int | str, ...]
     lanes: tuple[Lane, ...]
     index: int = 0  # the step it begins at (a split taken on after a restart: the step of its weight)
+    shadow: ShadowPhase | None = None  # judged on copies of the requests first (its start set when it begins)
 
 
 @dataclass(frozen=True)
@@ -79,11 +85,12 @@ class Ending:
     culprit: Bake | None = None
 
 
-class Rollouts:
+class Rollouts(ShadowRuns):
     """The canary steps of this daemon's bakes (see the module docstring)."""
 
     def __init__(self, registry: Registry, deployer: Deployer, triton: TritonClient,
                  settings: Callable[[], Settings], clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
         self.registry = registry
         self.deployer = deployer
         self.triton = triton  # by public names (PublicNames): the routed digest's counts, without a gateway's
@@ -109,9 +116,10 @@ class Rollouts:
                 self._asked[model] = steps
 
     def forget(self, model: str) -> None:
-        """A deploy's outcome took its `--steps` (or it was refused before any deploy)."""
+        """A deploy's outcome took its `--steps` and `--shadow` (or it was refused before any deploy)."""
         with self._lock:
             self._asked.pop(model, None)
+        self.forget_shadow(model)
 
     def steps_of(self, model: str, digest: str) -> tuple[int | str, ...]:
         """The steps a deploy of `digest` goes through: `load --steps`, else the model's own config parameter,
@@ -151,14 +159,19 @@ class Rollouts:
         choices = [self.steps_of(lane.model, lane.new.digest) for lane in own]
         steps = min(choices, key=lambda s: (_first_weight(s), -len(s)))
         baked = max(bake_s(lane.model, lane.new.digest) for lane in own)
+        shadow = self.shadow_plan(own, lanes)
         if baked <= 0 and PAUSE not in steps:
-            return 100  # no bake, no pause: nothing would judge a step
+            if shadow is None:
+                return 100  # no bake, no pause: nothing would judge a step
+            steps = AT_ONCE  # judged by its shadow only, then every request at once
         riders = tuple(lane for lane in lanes if not lane.kind and lane.old is not None)
         with self._lock:
             for i, lane in enumerate(own):
-                self._planned[lane.model] = Planned(lane.new.digest, steps, (lane, *(riders if i == 0 else ())))
-        log.info("canary of %s: steps %s", ", ".join(lane.model for lane in own), list(steps))
-        return _first_weight(steps)
+                self._planned[lane.model] = Planned(lane.new.digest, steps, (lane, *(riders if i == 0 else ())),
+                                                    shadow=shadow)
+        log.info("canary of %s: steps %s%s", ", ".join(lane.model for lane in own), list(steps),
+                 f" after a shadow of {shadow.shadow_s:g} s" if shadow is not None else "")
+        return 0 if shadow is not None else _first_weight(steps)
 
     def taken(self, model: str, digest: str) -> Planned | None:
         """The canary the deploy of `digest` began, for the bake its outcome starts; else a split the gateway
@@ -233,9 +246,13 @@ class Rollouts:
     def attach(self, bake: Bake, planned: Planned) -> None:
         """`bake` (begun now) goes through `planned`'s steps: its window starts at the figures now, the
         ensembles riding along keep their previous names loaded (held) until it ends."""
-        canary = bake.canary = Canary(planned.steps, planned.lanes, step_started=bake.started)
-        canary.begin(planned.index, bake.started, self._zero(bake))
+        canary = bake.canary = Canary(planned.steps, planned.lanes, step_started=bake.started,
+                                      shadow=self.began(planned.shadow, bake.started))
+        canary.begin(planned.index, bake.started, self.zero(bake))
         self.hold(bake)
+        if canary.shadow is not None:  # its first step begins once the shadow passed (shadowrun.py)
+            self._audit(bake, canary.shadow.begin_line(bake.digest), action=SHADOW_ACTION)
+            return
         self._audit(bake, canary.step_line(bake.limits.bake_s))
 
     def hold(self, bake: Bake) -> None:
@@ -253,9 +270,14 @@ class Rollouts:
         canary = bake.canary
         if canary is None or canary.state in (DONE, ROLLED_BACK, ABORTED, SUPERSEDED):
             return
-        canary.state = how
         outcome = Result.OK if how == DONE else Result.FAILED if how in (ROLLED_BACK, ABORTED) else Result.NOOP
-        self._audit(bake, canary.end_line(how, reason), outcome, actor)
+        if canary.shadowing:  # ended before any step: the shadow's end, no step's
+            assert canary.shadow is not None
+            canary.shadow.end(how, reason, self.clock())
+            self._audit(bake, canary.shadow.end_line(how, reason), outcome, actor, SHADOW_ACTION)
+        else:
+            self._audit(bake, canary.end_line(how, reason), outcome, actor)
+        canary.state = how
         routed, drainer = self.deployer.routed, self.deployer.drainer
         if routed is None or drainer is None:
             return
@@ -280,7 +302,7 @@ class Rollouts:
                                       counts.success))
         return {bake.digest: total}
 
-    def _zero(self, bake: Bake) -> dict[str, Counts]:
+    def zero(self, bake: Bake) -> dict[str, Counts]:
         try:
             return self.counts(bake)
         except TritonctlError as exc:
@@ -307,6 +329,10 @@ class Rollouts:
             return self._judge(members)
 
     def _judge(self, members: list[Bake]) -> Ending | None:
+        lead = members[0]
+        if lead.canary is not None and lead.canary.shadowing:  # copies judged before any step (a model alone)
+            failed = self.judge_shadow(lead)
+            return Ending(failed[0], failed[1], True, lead) if failed is not None else None
         now = self.clock()
         windows: dict[str, tuple[Counts, str, str]] = {}
         for bake in members:
@@ -339,6 +365,9 @@ class Rollouts:
             return self._promote(members, actor)
 
     def _promote(self, members: list[Bake], actor: str) -> Ending | None:
+        if members[0].canary is not None and members[0].canary.shadowing:  # on from the shadow to the first step
+            self.promote_shadow(members[0], actor)
+            return None
         now = self.clock()
         windows = {}
         for bake in members:
@@ -379,7 +408,7 @@ class Rollouts:
         for bake in members:
             canary = bake.canary
             assert canary is not None
-            canary.begin(canary.index + 1, now, self._zero(bake))
+            canary.begin(canary.index + 1, now, self.zero(bake))
             self._audit(bake, canary.step_line(bake.limits.bake_s), actor=actor)
         return None
 
@@ -455,9 +484,10 @@ class Rollouts:
                     got.add(model)
             yield got
 
-    def _audit(self, bake: Bake, message: str, outcome: Result = Result.OK, actor: str = BAKE_ACTOR) -> None:
+    def _audit(self, bake: Bake, message: str, outcome: Result = Result.OK, actor: str = BAKE_ACTOR,
+               action: str = CANARY_ACTION) -> None:
         try:
-            self.registry.audit(AuditEntry(actor, CANARY_ACTION, bake.model, bake.digest, outcome.value, message,
+            self.registry.audit(AuditEntry(actor, action, bake.model, bake.digest, outcome.value, message,
                                            int((self.clock() - bake.started) * 1000)))
         except TritonctlError as exc:
             log.error("%s: canary: audit: %s", bake.model, exc)

@@ -88,9 +88,12 @@ class Counts:
 
 class TrafficFigures(Protocol):
     """What a bake reads where a gateway carries the model: digest → its cumulative `Counts` (every protocol
-    together). TritonctlError when the figures cannot be read this round."""
+    together); a shadow's figures by its id (controlplane/gateway/shadow.py `ShadowState.to_json`, None before
+    its first copy). TritonctlError when the figures cannot be read this round."""
 
     def counts(self, model: str) -> Mapping[str, Counts]: ...
+
+    def shadow(self, ident: str) -> Mapping[str, Any] | None: ...
 
 
 class GatewayFigures:
@@ -103,11 +106,18 @@ class GatewayFigures:
         self._lock = threading.Lock()
         self._read: tuple[float, Mapping[str, Any]] | None = None
 
-    def counts(self, model: str) -> dict[str, Counts]:
+    def _document(self) -> Mapping[str, Any]:
         with self._lock:
             if self._read is None or self._clock() - self._read[0] > FIGURES_MAX_AGE_S:
                 self._read = (self._clock(), self._figures())
-            document = self._read[1]
+            return self._read[1]
+
+    def shadow(self, ident: str) -> Mapping[str, Any] | None:
+        found = (self._document().get("shadows") or {}).get(ident)
+        return found if isinstance(found, Mapping) else None
+
+    def counts(self, model: str) -> dict[str, Counts]:
+        document = self._document()
         entry = (document.get("models") or {}).get(model) or {}
         out: dict[str, Counts] = {}
         for digest, slot in (entry.get("digests") or {}).items():

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from controlplane.base.bounds import check_duration
 from controlplane.snapshot.fsutil import write_atomic
 from controlplane.store.records import FootprintRecord
 from controlplane.vocab import Result
@@ -41,9 +42,13 @@ class LoadTimes:
         if path is not None and path.exists():
             try:
                 data = json.loads(path.read_text())
-                self._times = {str(m): {str(d): float(s) for d, s in digests.items()} for m, digests in data.items()}
+                self._times, dropped = _read(data)
             except (OSError, ValueError, TypeError, AttributeError) as exc:
                 log.warning("bake: %s unreadable, load times start afresh: %s", path, exc)
+                return
+            if dropped:  # one line; the next note writes the file without them
+                log.warning("bake: %s: %d load time(s) out of range dropped (%s)", path, len(dropped),
+                            "; ".join(dropped)[:500])
 
     def note(self, model: str, digest: str, seconds: float | None) -> None:
         if seconds is None:
@@ -64,6 +69,20 @@ class LoadTimes:
     def of(self, model: str, digest: str | None) -> float | None:
         with self._lock:
             return self._times.get(model, {}).get(digest or "")
+
+
+def _read(data: Any) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """`loads.json`'s model → digest → seconds, and what was dropped: a load time that is not a number from 0
+    to a week (controlplane/base/bounds.py) is never compared."""
+    times: dict[str, dict[str, float]] = {}
+    dropped = []
+    for model, digests in data.items():
+        for digest, seconds in digests.items():
+            try:
+                times.setdefault(str(model), {})[str(digest)] = check_duration(seconds)
+            except ValueError as exc:
+                dropped.append(f"{model} {str(digest)[:12]}: {exc}")
+    return times, dropped
 
 
 def warning(ratio: float, load_s: float | None, previous_load_s: float | None,

@@ -9,7 +9,9 @@ model it names: a change set flips as one. No path of this mode loads new conten
 
 An ensemble's private name is bound to its steps' private names: its published config points at them, so
 the same ensemble content over other step content is another name (`bound_name`), loaded fresh and
-flipped together with its steps. The route table itself lives in the gateway process, which keeps it on
+flipped together with its steps. A model registered but not loaded that a request loads (evicted, or an
+on-demand one) is routed LOADABLE: no target, its requests wait in the gateway while the daemon loads it
+(docs/ondemand.md "Requests load models"). The route table itself lives in the gateway process, which keeps it on
 disk and serves it while the daemon is away; `Routed` keeps the daemon's copy, read from the gateway at
 start (adoption) and changed only through `switch`.
 """
@@ -55,10 +57,23 @@ class Target:
 @dataclass(frozen=True)
 class Weighted:
     """A route that splits the requests (a canary step): `targets` with their percent `weights`, the first
-    one the digest the registry calls active (the one being rolled out), the others what served before."""
+    one the digest the registry calls active (the one being rolled out), the others what served before.
+    `shadow`: the first target, of weight 0, gets a copy of the requests the others serve (its `id`,
+    `fraction`, `rtol`, `atol`, `keep_inputs`: controlplane/gateway/routes.py `Shadow`)."""
 
     targets: tuple[Target, ...]
     weights: tuple[int, ...]
+    shadow: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Loadable:
+    """A route with no target whose requests wait in the gateway while tritonctl loads the model (a model
+    registered but not loaded that a request loads: docs/ondemand.md "Requests load models")."""
+
+
+LOADABLE = Loadable()
+Route = Target | Weighted | Loadable | None  # what `switch` routes a model to (None: no route)
 
 
 @dataclass(frozen=True)
@@ -72,12 +87,13 @@ class Lane:
     old: Target | None
     kind: str = "deploy"
 
-    def at(self, weight: int) -> Target | Weighted:
+    def at(self, weight: int, shadow: Mapping[str, Any] | None = None) -> Target | Weighted:
         """The route that gives the new digest `weight` percent of the requests (100: all; 0: none, it is
-        reached by pinning only) and the old one the rest."""
+        reached by pinning only) and the old one the rest; with `shadow` (at 0 only) a copy of the old one's
+        requests goes to the new digest (docs/bake.md "Shadow")."""
         if weight >= 100 or self.old is None or self.old.name == self.new.name:
             return self.new
-        return Weighted((self.new, self.old), (weight, 100 - weight))
+        return Weighted((self.new, self.old), (weight, 100 - weight), shadow if weight == 0 else None)
 
 
 class RoutePort(Protocol):
@@ -106,12 +122,17 @@ class Aliases:
     def targets(self) -> dict[str, Target]:
         return {}
 
-    def switch(self, changes: Mapping[str, Target | Weighted | None]) -> None:
-        """Route each model of `changes` to its target (None: no route) in one atomic update."""
+    def switch(self, changes: Mapping[str, Route]) -> None:
+        """Route each model of `changes` to its target (None: no route; LOADABLE: its requests wait for a
+        load) in one atomic update."""
 
     def in_use(self) -> set[str]:
         """Every private name a client request can reach now: routed, or a step of a routed ensemble."""
         return set()
+
+    def loadable(self) -> frozenset[str]:
+        """The models whose route is LOADABLE now (their requests wait for a load)."""
+        return frozenset()
 
 
 InPlace = Aliases
@@ -135,6 +156,7 @@ class Routed(Aliases):
         self._steps: dict[str, frozenset[str]] = {}  # an ensemble's private name -> the step names it points at
         self._in_place: set[str] = set()  # models other models call by BLS: served under their own names
         self._also: dict[str, tuple[Target, ...]] = {}  # a weighted route's other targets (a canary's previous)
+        self._loadable: frozenset[str] = frozenset()  # models routed LOADABLE
 
     def adopt(self, steps_of: Any = None) -> dict[str, Target]:
         """Read the gateway's routes (a restarted daemon takes over what the gateway serves); `steps_of(name)`
@@ -143,7 +165,11 @@ class Routed(Aliases):
         targets: dict[str, Target] = {}
         also: dict[str, tuple[Target, ...]] = {}
         weights: dict[str, dict[str, int]] = {}
+        loadable = set()
         for model, route in routes.items():
+            if _state_of(route) == "loadable":
+                loadable.add(model)
+                continue
             listed = _targets_of(route)
             weights[model] = _weights_of(route, listed)
             if listed:
@@ -154,6 +180,7 @@ class Routed(Aliases):
             self._targets = dict(targets)
             self._also = also
             self._weights = weights
+            self._loadable = frozenset(loadable)
             self._in_place |= {model for model, target in targets.items() if target.name == model}
         if steps_of is not None:
             for target in targets.values():
@@ -199,20 +226,26 @@ class Routed(Aliases):
         with self._lock:
             return self._targets
 
-    def switch(self, changes: Mapping[str, Target | Weighted | None]) -> None:
+    def switch(self, changes: Mapping[str, Route]) -> None:
         if not changes:
             return
-        routes = {model: route_json(t, self._extras(model, t)) for model, t in changes.items() if t is not None}
+        routes = {model: LOADABLE_ROUTE if isinstance(t, Loadable) else route_json(t, self._extras(model, t))
+                  for model, t in changes.items() if t is not None}
         gone = [model for model, t in changes.items() if t is None]
         self.port.update(set=routes, delete=gone)  # GatewayError: nothing switched (the gateway kept its table)
         with self._lock:
             targets = dict(self._targets)
+            loadable = set(self._loadable)
             for model, target in changes.items():
                 self._also.pop(model, None)
                 self._weights.pop(model, None)
-                if target is not None:
+                loadable.discard(model)
+                if target is not None and not isinstance(target, Loadable):
                     self._weights[model] = _weights_of(routes[model], _targets_of(routes[model]))
-                if target is None:
+                if isinstance(target, Loadable):
+                    loadable.add(model)
+                    targets.pop(model, None)
+                elif target is None:
                     targets.pop(model, None)
                 elif isinstance(target, Weighted):
                     targets[model] = target.targets[0]
@@ -221,6 +254,11 @@ class Routed(Aliases):
                 else:
                     targets[model] = target
             self._targets = targets
+            self._loadable = frozenset(loadable)
+
+    def loadable(self) -> frozenset[str]:
+        with self._lock:
+            return self._loadable
 
     def _extras(self, model: str, target: Target | Weighted) -> Mapping[str, Any] | None:
         if self.extras is None:
@@ -255,10 +293,20 @@ def route_json(target: Target | Weighted, extras: Mapping[str, Any] | None = Non
     else:
         route = {"targets": [{"name": t.name, "digest": t.digest, "weight": w}
                              for t, w in zip(target.targets, target.weights, strict=True)], "state": "serving"}
+        if target.shadow:
+            route["shadow"] = {"name": target.targets[0].name, "digest": target.targets[0].digest, **target.shadow}
     for key, value in (extras or {}).items():
         if value:
             route[key] = value
     return route
+
+
+LOADABLE_ROUTE: dict[str, Any] = {"targets": [], "state": "loadable"}  # a LOADABLE route, as the gateway takes it
+
+
+def _state_of(route: Any) -> str:
+    state = route.get("state") if isinstance(route, Mapping) else getattr(route, "state", None)
+    return state if isinstance(state, str) else "serving"
 
 
 def _weights_of(route: Any, targets: list[Target]) -> dict[str, int]:

@@ -1,21 +1,24 @@
 """Whose fault a failed deploy is: the content's (quarantine it) or the environment's (retry later).
 
 Quarantine is for content Triton refused: initialize raised, the config was rejected, READY never
-came, the smoke check failed. Everything else that can end a deploy (tritonserver unreachable or
-restarting, a backend missing on that server, an ensemble member not loaded, content collected by
-gc, the state filesystem full, or any `EnvironmentFault` raised by other code) says nothing about the
-content: the deploy ends `failed` and is retried with a capped exponential backoff (`RetryBook`).
-A restore (reconcile: Triton does not serve what the registry says) that keeps failing backs off the
-same way, in a book of its own, so `status` says why and when it is tried again.
+came (cause `content`), or its own smoke requests failed (cause `smoke`: a wrong answer, or a failure
+no other request shared). A smoke request that failed only in batches other requests failed too is
+nobody's proven fault (cause `smoke_shared`, issue 57): retried like an environment fault. Everything
+else that can end a deploy (tritonserver unreachable or restarting, a backend missing on that server,
+an ensemble member not loaded, content collected by gc, the state filesystem full, or any
+`EnvironmentFault` raised by other code) says nothing about the content: the deploy ends `failed` and
+is retried with a capped exponential backoff (`RetryBook`). A restore (reconcile: Triton does not serve
+what the registry says) that keeps failing backs off the same way, in a book of its own, so `status`
+says why and when it is tried again.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from controlplane.errors import EnvironmentFault, TritonUnavailableError
+from controlplane.errors import EnvironmentFault, SmokeError, SmokeSharedError, TritonUnavailableError
 from controlplane.vocab import Cause
 
 # Substrings of Triton's (or the OS's) messages that name an environment fault, with a short cause.
@@ -34,6 +37,7 @@ _ENVIRONMENT_PATTERNS: tuple[tuple[str, str], ...] = (
     ("failed to connect", "tritonserver is unreachable"),
 )
 
+SMOKE_SHARED_REASON = "its smoke requests failed only in batches other requests failed too"
 RETRY_BASE_S = 5.0
 RETRY_CAP_S = 300.0
 
@@ -42,6 +46,10 @@ def environment_cause(exc: BaseException) -> str | None:
     """A short cause when `exc` is not the content's fault; None when it is (quarantine it)."""
     if isinstance(exc, TritonUnavailableError):
         return "tritonserver is unreachable"
+    if isinstance(exc, SmokeSharedError):
+        return SMOKE_SHARED_REASON
+    if isinstance(exc, SmokeError):
+        return None
     if isinstance(exc, EnvironmentFault):
         return "environment fault"
     text = str(exc).lower()
@@ -64,6 +72,10 @@ def classify(exc: BaseException) -> Fault:
     reason = environment_cause(exc)
     if isinstance(exc, TritonUnavailableError):
         return Fault(Cause.TRITON_UNREACHABLE, reason)
+    if isinstance(exc, SmokeSharedError):
+        return Fault(Cause.SMOKE_SHARED, reason)
+    if isinstance(exc, SmokeError):
+        return Fault(Cause.SMOKE, None)
     return Fault(Cause.CONTENT, None) if reason is None else Fault(Cause.ENVIRONMENT, reason)
 
 
@@ -121,3 +133,14 @@ class RetryBook:
         moment = now if now is not None else time.time()
         with self._lock:
             return sorted((r for r in self._retries.values() if r.due_at <= moment), key=lambda r: r.model)
+
+    def take_due(self, now: float | None = None) -> list[Retry]:
+        """The retries due now, each taken: not due again until its outcome records the next (`failed`) or
+        ends it (`clear`), or, should none come, after the longest wait (`cap_s`). The daemon asks every
+        supervision round (a second), so a retry fires when the log said, and a slow one is not sent twice."""
+        moment = now if now is not None else time.time()
+        with self._lock:
+            due = sorted((r for r in self._retries.values() if r.due_at <= moment), key=lambda r: r.model)
+            for retry in due:
+                self._retries[retry.model] = replace(retry, due_at=moment + self.cap_s)
+            return due

@@ -333,7 +333,7 @@ class Deployer:
             return op.end(Result.FAILED, message, error=message,
                           state=ModelState.SERVING if previous else ModelState.FAILED, active=previous,
                           cause=fault.cause)
-        if fault.cause is Cause.CONTENT:
+        if fault.cause.quarantines:
             self.registry.set_quarantine(model, digest, error)
             log.warning("%s %s quarantined: %s", model, digest[:12], error)
         else:
@@ -344,7 +344,7 @@ class Deployer:
             # takes ours, so the rollback's load gets room for both.
             timeout = self.load_timeout_s + ROLLBACK_GRACE_S if isinstance(exc, TritonTimeoutError) else None
             return self._back_to(op, previous, error, fault.cause, timeout_s=timeout,
-                                 result=Result.FAILED if fault.cause is Cause.ENVIRONMENT else Result.ROLLED_BACK)
+                                 result=Result.FAILED if fault.cause.retried else Result.ROLLED_BACK)
         self._take_out(model)
         return op.end(Result.FAILED, f"failed, nothing to roll back to: {error}", error=error,
                       state=ModelState.FAILED, active=None, serving=ServingRecord(model, None, []), cause=fault.cause)
@@ -410,8 +410,8 @@ class Deployer:
             op = self._operation(model, None, current.active_digest, actor, "evict")
             op.begin()
             try:
-                if self.routed is not None:
-                    self.routed.take_out_model(model)
+                if self.routed is not None:  # its requests wait while a request loads it again
+                    self.routed.take_out_model(model, loadable=True)
                 else:
                     self.triton.unload(model)
             except TritonctlError as exc:

@@ -13,8 +13,10 @@ traffic (controlplane/deploy/aliases.py `Routed`; docs/gateway.md):
 - **rollback after a bake** (`back_to`): the previous digest's name is still loaded (the bake holds it), so
   it is a switch back; otherwise it is brought up afresh first.
 - **restore** (reconcile: Triton lost it): the active digest brought up under its name, then routed.
-- **unload / evict**: the route goes first (requests get a clear error from the gateway), then every
-  private name of the model is unloaded.
+- **unload / evict**: the route goes first (an unload: requests get a clear error from the gateway; an
+  eviction, by the memory budget or for idleness: the route becomes `loadable`, so a request waits while
+  the model is loaded again, docs/ondemand.md "Requests load models"), then every private name of the
+  model is unloaded.
 - **recover** a deployment a crash left open: the gateway's route says whether the switch happened — the
   new digest is routed and READY: committed (rolled forward); else rolled back, its name unloaded.
 
@@ -30,7 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controlplane.deploy.aliases import Lane, Routed, Target, Weighted, public_of
+from controlplane.deploy.aliases import LOADABLE, Lane, Routed, Target, Weighted, public_of
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
 from controlplane.deploy.plans import point_steps
@@ -148,6 +150,9 @@ class RoutedDeploys:
         # the percent of the requests a switch gives the new digests first: a canary's first step (set by the
         # bake, controlplane/bake/baker.py `weigh`; asked once per switch with every lane it moves)
         self.weigh: Callable[[list[Lane]], int] = lambda lanes: 100
+        # a lane's shadow when its first weight is 0 and it is judged on copies first (docs/bake.md "Shadow"):
+        # the route's `shadow` fields but its name and digest, else None (set with `weigh`)
+        self.shadowing: Callable[[Lane], Mapping[str, Any] | None] = lambda lane: None
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -249,7 +254,8 @@ class RoutedDeploys:
             lanes = [Lane(u.model, Target(u.name, u.digest), u.old, u.op.kind if u.op is not None else "")
                      for u in [*ups, *rebound]]
             weight = self.weigh(lanes)  # 100: every request at once; less: a canary's first step
-            changes: dict[str, Target | Weighted] = {lane.model: lane.at(weight) for lane in lanes}
+            changes: dict[str, Target | Weighted] = {
+                lane.model: lane.at(weight, self.shadowing(lane) if weight == 0 else None) for lane in lanes}
             changes.update({u.model: Target(u.name, u.digest) for u in callees})  # the same content: at once
             self.aliases.switch(changes)
             fault_point("before_commit")  # switched, not committed: the recovery rolls forward (tests' kill point)
@@ -342,16 +348,16 @@ class RoutedDeploys:
             op = up.op
             assert op is not None
             own = up.model == culprit
-            if own and fault.cause is Cause.CONTENT:
+            if own and fault.cause.quarantines:
                 self.d.registry.set_quarantine(up.model, up.digest, error)
                 log.warning("%s %s quarantined: %s", up.model, up.digest[:12], error)
             message = error if own or culprit is None else f"{culprit} failed in the same change set: {error}"
-            if fault.cause is not Cause.CONTENT:
+            if not fault.cause.quarantines:
                 message = f"{fault.reason}: {message}"
             op.emit(DeployStep.DEPLOY, StepState.FAILED, message)
-            cause = fault.cause if own or fault.cause is not Cause.CONTENT else Cause.NONE
+            cause = fault.cause if own or not fault.cause.quarantines else Cause.NONE
             if op.previous:
-                result = Result.ROLLED_BACK if fault.cause is Cause.CONTENT else Result.FAILED
+                result = Result.ROLLED_BACK if fault.cause.quarantines else Result.FAILED
                 text = f"rolled back to {op.previous[:12]}: {message}" if result is Result.ROLLED_BACK else message
                 outcomes[up.model] = op.end(result, text, error=message, state=ModelState.SERVING,
                                             active=op.previous, cause=cause)
@@ -422,10 +428,13 @@ class RoutedDeploys:
             self.aliases.switch({model: Target(up.name, digest)})
         self.leave(up)
 
-    def take_out_model(self, model: str, *, switch: bool = True) -> None:
-        """The public name gets no route (the gateway answers its requests with a clear error), then every
-        private name of `model` Triton or the serving root has goes."""
-        if switch and self.aliases.target(model) is not None:
+    def take_out_model(self, model: str, *, switch: bool = True, loadable: bool = False) -> None:
+        """The public name gets no route (the gateway answers its requests with a clear error), or with
+        `loadable` (an eviction) a LOADABLE one (its requests wait while a load brings it back: docs/ondemand.md
+        "Requests load models"); then every private name of `model` Triton or the serving root has goes."""
+        if loadable:
+            self.aliases.switch({model: LOADABLE})
+        elif switch and (self.aliases.target(model) is not None or model in self.aliases.loadable()):
             self.aliases.switch({model: None})
         for name in self.names_of(model):
             self.d.steps.take_out(name)
@@ -488,7 +497,7 @@ class RoutedDeploys:
         reason = f"interrupted at step '{deployment.step}' by a daemon stop"
         target = self.aliases.target(model)
         if deployment.kind in ("unload", "evict"):
-            self.take_out_model(model)
+            self.take_out_model(model, loadable=deployment.kind == "evict")
             return op.end(Result.OK, f"finished after restart; {reason}", state=ModelState.UNLOADED, active=None,
                           serving=ServingRecord(model, None, []))
         if digest and target is not None and target.digest == digest:

@@ -23,19 +23,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from controlplane.deploy.publish import ServingRepository
-from controlplane.deploy.smoke import run_smoke
+from controlplane.deploy.smoke import smoke_test
 from controlplane.documents.results import Outcome, Progress
-from controlplane.errors import TritonctlError
+from controlplane.errors import SmokeError, SmokeSharedError, TritonctlError
 from controlplane.snapshot import CONFIG_FILE, SMOKE_FILE, ContentStore
 from controlplane.store.batches import DeploymentEnd
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import AuditEntry, Registry
-from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
+from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry, RequestCounts
 from controlplane.triton.host import TritonHost
 from controlplane.validation import completions
 from controlplane.validation.modelconfig import is_ensemble_text, stamp_parameter
 from controlplane.validation.smokefile import SmokeInput, load_smoke_file
-from controlplane.vocab import Cause, DeployStep, ModelState, RecordedStep, Result, StepState
+from controlplane.vocab import SMOKE_FAILED, Cause, DeployStep, ModelState, RecordedStep, Result, StepState
 
 log = logging.getLogger("tritonctl.deploy")
 
@@ -178,6 +178,8 @@ class TritonPort(Protocol):
 
     def infer(self, model: str, version: str, inputs: Sequence[tuple[str, str, np.ndarray]],
               output_names: Sequence[str], timeout_s: float | None = None) -> dict[str, np.ndarray]: ...
+
+    def request_counts(self, model: str) -> dict[tuple[str, str], RequestCounts]: ...
 
 
 class LoadGuard(Protocol):
@@ -430,10 +432,20 @@ class TritonSteps:
                       outputs: Sequence[str]) -> dict[str, np.ndarray]:
             return infer(name, version, inputs, outputs)
 
+        def counts() -> tuple[int, int] | None:
+            try:
+                figures = self.triton.request_counts(name).values()
+            except TritonctlError:
+                return None
+            return sum(c.success for c in figures), sum(c.failure for c in figures)
+
         # its messages name the model as its operator knows it (`label`), not a private name Triton loads it under
-        failures = run_smoke(label or name, requests, as_loaded)
-        if failures:
-            raise VerifyError(f"smoke: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""))
+        result = smoke_test(label or name, requests, as_loaded, counts)
+        if result.failures:
+            more = f" (+{len(result.failures) - 1} more)" if len(result.failures) > 1 else ""
+            if result.shared:  # nobody's proven fault (controlplane/deploy/smoke.py): retried, never quarantined
+                raise SmokeSharedError(f"smoke: {result.failures[0]}{more}")
+            raise SmokeError(f"{SMOKE_FAILED}{result.failures[0]}{more}")
 
     def take_out(self, name: str) -> None:
         """Unload `name` and remove its serving entry (errors logged: nothing good is left to serve)."""

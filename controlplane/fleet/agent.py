@@ -28,7 +28,7 @@ from controlplane.fleet.settings import FleetSettings
 from controlplane.fleet.sharedcontent import SharedContent
 from controlplane.intake import recording as intake
 from controlplane.intake.decision import decide, held
-from controlplane.settings.config import bake_parameters
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.store.fleet import FleetStore, Step, audit_event
 from controlplane.store.registry import Registry, utcnow
 from controlplane.vocab import ModelState, Policy, Result

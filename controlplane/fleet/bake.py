@@ -43,7 +43,8 @@ from controlplane.errors import TritonctlError
 from controlplane.fleet.hostplane import HostPlane
 from controlplane.fleet.settings import FleetSettings
 from controlplane.settings.canarysteps import PAUSE
-from controlplane.settings.config import Settings, bake_parameters
+from controlplane.settings.config import Settings
+from controlplane.settings.modelparams import bake_parameters
 from controlplane.store.fleet import FleetStore, audit_event
 from controlplane.store.records import Rollout, Step
 from controlplane.store.registry import Registry

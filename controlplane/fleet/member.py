@@ -232,6 +232,13 @@ class FleetMember:
     def ensure(self, model: str, for_s: float, actor: str) -> LeaseResult:
         return self.ondemand.ensure(model, for_s, actor)
 
+    def ensure_for_request(self, model: str, for_s: float, actor: str) -> LeaseResult:
+        """A load for requests waiting at this host's gateway: placed here if the fleet's placement allows."""
+        return self.ondemand.ensure_for_request(model, for_s, actor)
+
+    def ondemand_models(self) -> set[str]:
+        return self.ondemand.models()
+
     def renew_lease(self, model: str, lease: str, for_s: float) -> LeaseResult:
         return self.ondemand.renew(model, lease, for_s)
 

@@ -4,6 +4,9 @@ the model; its lease is renewed and released through any host.
 Why: rolling an `ondemand` model out to every host would load it everywhere. Instead the leader's
 rollouts only record its content (the shared store and registry), and:
 
+- a request at a host's gateway for an on-demand model that is not loaded (FleetOnDemand.ensure_for_request,
+  controlplane/memory/onrequest.py) places it like an ensure, on that host when it has or can make room;
+  placed (or found) on another host, the requests are answered UNAVAILABLE naming that host.
 - `ensure MODEL` on any host (FleetOnDemand.ensure) places it, one decision at a time
   (controlplane/store/placements.py: a PostgreSQL transaction lock around reading every live host's
   budget and holdings, deciding by controlplane/fleet/placement.py and recording the placement with the
@@ -96,7 +99,29 @@ class FleetOnDemand:
         best = next((r for r in mine if r.digest == digest), mine[0] if mine else None)
         return estimate([best, declared(self.registry.get_snapshot(model, digest).config)], reported)
 
-    def ensure(self, model: str, for_s: float, actor: str) -> LeaseResult:
+    def models(self) -> set[str]:
+        """The fleet's on-demand models (placed on request): a request at any host's gateway loads one."""
+        default = self.settings().policy
+        return {m.name for m in self.registry.list_models() if m.removed_at is None
+                and (m.policy or default) == Policy.ONDEMAND}
+
+    def ensure_for_request(self, model: str, for_s: float, actor: str) -> LeaseResult:
+        """An ensure for the requests waiting at this host's gateway (controlplane/memory/onrequest.py): placed
+        here when the placement allows it; placed on (or found on) another host, refused naming that host and
+        its addresses (the fleet serves an on-demand model on one host; the client sends there)."""
+        result = self.ensure(model, for_s, actor, prefer=self.host)
+        if result.host is None or result.host == self.host:
+            return result
+        try:
+            self.release(model, result.lease)
+        except TritonctlError:
+            pass
+        where = ", ".join(f"{kind} {url}" for kind, url in (("gRPC", result.grpc_url), ("HTTP", result.http_url))
+                          if url)
+        raise ConflictError(f"the fleet serves it on host {result.host}" + (f" ({where})" if where else "")
+                            + f", not on {self.host}: send its requests there")
+
+    def ensure(self, model: str, for_s: float, actor: str, prefer: str | None = None) -> LeaseResult:
         validate_model_name(model)
         check_duration(for_s)
         record = self.placed(model)
@@ -114,7 +139,7 @@ class FleetOnDemand:
         live = self.fleet_store.live_hosts(self.fleet().host_timeout_s)
 
         def decide(rooms: list[Room], has_it: list[str]) -> tuple[str, str]:
-            choice = place(model, need, host_rooms(rooms), has_it)
+            choice = place(model, need, host_rooms(rooms), has_it, prefer)
             return choice.host, choice.message
 
         try:

@@ -85,9 +85,12 @@ def _left(room: HostRoom, need: Mapping[str, float], evictable_too: bool) -> flo
     return room.room(MEMORY, evictable_too) - need.get(MEMORY, 0.0)
 
 
-def place(model: str, need: Mapping[str, float], rooms: Sequence[HostRoom], has_it: Sequence[str] = ()) -> Choice:
+def place(model: str, need: Mapping[str, float], rooms: Sequence[HostRoom], has_it: Sequence[str] = (),
+          prefer: str | None = None) -> Choice:
     """The host `model` (footprint `need`: memory_mb, gpu_memory_mb) is served by; `has_it`: live hosts
-    that have it placed or serving already. Raises BudgetError when no host has or can make room."""
+    that have it placed or serving already; `prefer`: the host a request for it arrived at (its gateway:
+    controlplane/memory/onrequest.py), chosen when it has or can make room. Raises BudgetError when no host
+    has or can make room."""
     live = {r.host: r for r in rooms}
     for host in has_it:
         if host in live:
@@ -95,6 +98,12 @@ def place(model: str, need: Mapping[str, float], rooms: Sequence[HostRoom], has_
     if not rooms:
         raise BudgetError(f"{model}: no live host in the fleet to load it on")
     size = f"{_fmt(need.get(MEMORY, 0.0))}" + (f", {_fmt(need[GPU])} per GPU" if need.get(GPU) else "")
+    here = live.get(prefer) if prefer is not None else None
+    if here is not None and _fits(here, need, False):
+        evicts = not _fits(here, need, True)
+        return Choice(here.host, "evicts" if evicts else "placed",
+                      f"{model} ({size}) placed on {here.host}, where a request for it arrived"
+                      + (": it evicts idle models for room" if evicts else ""))
     free = sorted((r for r in rooms if _fits(r, need, True)), key=lambda r: (-_left(r, need, True), r.host))
     if free:
         best = free[0]

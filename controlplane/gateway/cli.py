@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from controlplane.errors import TritonctlError
+from controlplane.gateway.parking import DEFAULT_LOAD_WAIT_S, MAX_BYTES, PER_MODEL
 from controlplane.gateway.server import DEFAULT_MAX_MESSAGE, GatewayOptions, serve
 
 
@@ -44,20 +45,31 @@ def parse(argv: list[str]) -> GatewayOptions:
     parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE,
                         help=f"largest gRPC message or buffered answer (default {DEFAULT_MAX_MESSAGE})")
     parser.add_argument("--drain-s", type=float, default=30.0, help="SIGTERM: how long calls in flight may finish")
+    parser.add_argument("--load-wait-s", type=float, default=DEFAULT_LOAD_WAIT_S,
+                        help="how long a request for a model that is not loaded waits for its load (default "
+                             f"{DEFAULT_LOAD_WAIT_S:g}; the daemon sets gateway_load_wait_s on the control socket)")
+    parser.add_argument("--waiting-per-model", type=int, default=PER_MODEL,
+                        help=f"requests that may wait for one model's load (default {PER_MODEL})")
+    parser.add_argument("--waiting-bytes", type=int, default=MAX_BYTES,
+                        help=f"request bytes all waiting requests may hold together (default {MAX_BYTES})")
     args = parser.parse_args(argv)
     if args.grpc_address is None and args.http_address is None:
         parser.error("give --grpc-address, --http-address or both")
     if args.http_address is not None and args.triton_http is None:
         parser.error("--http-address needs --triton-http")
-    for name in ("upstream_connections", "http_connections", "max_message_bytes"):
+    for name in ("upstream_connections", "http_connections", "max_message_bytes", "waiting_per_model",
+                 "waiting_bytes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.load_wait_s < float("inf"):
+        parser.error("--load-wait-s must be 0 or more seconds")
     return GatewayOptions(grpc_address=args.grpc_address, http_address=args.http_address,
                           metrics_address=args.metrics_address, triton_grpc=args.triton_grpc,
                           triton_http=args.triton_http, triton_metrics=args.triton_metrics,
                           control_socket=args.control_socket, routes_file=args.routes_file,
                           upstream_connections=args.upstream_connections, http_connections=args.http_connections,
-                          max_message=args.max_message_bytes, drain_s=args.drain_s)
+                          max_message=args.max_message_bytes, drain_s=args.drain_s, load_wait_s=args.load_wait_s,
+                          waiting_per_model=args.waiting_per_model, waiting_bytes=args.waiting_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,20 @@ The channel is one JSON object per line, request then answer (controlserver.py i
     {"op": "routes"}                                  -> {"ok": true, "version": N, "routes": {MODEL: ROUTE}}
     {"op": "figures"}                                 -> {"ok": true, "figures": {...}} (figures.py's shape)
     {"op": "inflight", "names": [PRIVATE]}            -> {"ok": true, "inflight": {PRIVATE: COUNT}}
+    {"op": "last"}                                    -> {"ok": true, "last": {MODEL: EPOCH_S}}
+    {"op": "wanted", "after": G, "wait_s": S, "load_wait_s": W}
+                                                      -> {"ok": true, "generation": G2,
+                                                          "wanted": {MODEL: {"since", "waiting", "waited_s"}}}
+    {"op": "note", "model": MODEL, "text": TEXT}      -> {"ok": true, "waiting": BOOL}
+    {"op": "refuse", "model": MODEL, "reason": TEXT}  -> {"ok": true, "answered": N}
     a refusal                                         -> {"ok": false, "error": "one line"}
+
+`last` is each public model's last inference request, now for a model with a request in flight (what the
+memory budget's LRU and the idle sweep read). `wanted` is a
+long poll: it answers once a model becomes wanted after generation G (a request for a `loadable` route was
+parked: controlplane/gateway/parking.py), or after S seconds, and sets how long parked requests wait (W,
+`gateway_load_wait_s`). `note` says what a load is doing (named by a timeout), `refuse` answers every request
+waiting for MODEL with UNAVAILABLE / 503 and the reason.
 
 An `update` is written to the routes file (temporary file, fsync, rename) before it is answered, then
 swapped in whole: a daemon that saw `ok` knows the gateway serves the new routes and will again after
@@ -98,3 +111,23 @@ class GatewayControl:
 
     def inflight(self, names: Iterable[str]) -> dict[str, int]:
         return {str(k): int(v) for k, v in self.call({"op": "inflight", "names": list(names)})["inflight"].items()}
+
+    def last(self) -> dict[str, float]:
+        """Each public model's last inference request through the gateway (seconds since the epoch)."""
+        return {str(k): float(v) for k, v in self.call({"op": "last"})["last"].items()}
+
+    def wanted(self, after: int, wait_s: float, load_wait_s: float | None = None) -> tuple[int, dict[str, Any]]:
+        """(generation, {model: {"since", "waiting", "waited_s"}}) once a model is wanted after `after`, or after
+        `wait_s`; this client's timeout must outlast `wait_s`."""
+        request: dict[str, Any] = {"op": "wanted", "after": after, "wait_s": wait_s}
+        if load_wait_s is not None:
+            request["load_wait_s"] = load_wait_s
+        answer = self.call(request)
+        wanted = answer.get("wanted")
+        return int(answer.get("generation", 0)), dict(wanted) if isinstance(wanted, dict) else {}
+
+    def note(self, model: str, text: str) -> bool:
+        return bool(self.call({"op": "note", "model": model, "text": text}).get("waiting"))
+
+    def refuse(self, model: str, reason: str) -> int:
+        return int(self.call({"op": "refuse", "model": model, "reason": reason}).get("answered", 0))

@@ -1,10 +1,10 @@
 """The gateway's side of its control channel: a Unix socket (0600), one JSON line in, one JSON line out.
 
-See control.py for the protocol. An `update` is validated whole (routes.py), written durably to the
-routes file in a worker thread (so the fsync never stalls the data path), and only then swapped in;
-updates are applied one at a time in the order they arrived. A malformed line is answered with
-`{"ok": false, "error": ...}`; a client that sends more than `MAX_LINE` bytes without a newline is
-disconnected.
+See control.py for the protocol (parking.py for `wanted`, `note` and `refuse`). An `update` is validated
+whole (routes.py), written durably to the routes file in a worker thread (so the fsync never stalls the
+data path), and only then swapped in; updates are applied one at a time in the order they arrived. A
+malformed line is answered with `{"ok": false, "error": ...}`; a client that sends more than `MAX_LINE`
+bytes without a newline is disconnected.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from controlplane.gateway.routes import RouteTable, route_to_json, routes_from_j
 
 log = logging.getLogger("tritonctl.gateway")
 MAX_LINE = 16 << 20
+MAX_POLL_S = 30.0  # the longest `wanted` poll
 
 
 class ControlServer:
@@ -92,9 +93,38 @@ class ControlServer:
                 return {"ok": True, "inflight": self.gw.figures.inflight(names)}
             if op == "update":
                 return await self._update(request)
+            if op == "last":
+                return {"ok": True, "last": self.gw.figures.last_use()}
+            if op in ("wanted", "note", "refuse"):
+                return await self._loads(op, request)
         except TritonctlError as exc:
             return {"ok": False, "error": str(exc)}
-        return {"ok": False, "error": f"unknown op {op!r} (hello, update, routes, figures, inflight)"}
+        return {"ok": False, "error": f"unknown op {op!r} (hello, update, routes, figures, inflight, last, wanted, "
+                                     "note, refuse)"}
+
+    async def _loads(self, op: str, request: dict[str, Any]) -> dict[str, Any]:
+        """The daemon's side of requests that load models (parking.py): what is wanted, how its load goes."""
+        parking = self.gw.parking
+        if op == "wanted":
+            after, wait_s, load_wait_s = request.get("after", 0), request.get("wait_s", 0), request.get("load_wait_s")
+            if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+                return {"ok": False, "error": "wanted.after: must be a non-negative integer"}
+            if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_POLL_S:
+                return {"ok": False, "error": f"wanted.wait_s: must be a number of seconds from 0 to {MAX_POLL_S:g}"}
+            if load_wait_s is not None:
+                if isinstance(load_wait_s, bool) or not isinstance(load_wait_s, (int, float)) or \
+                        not 0 <= load_wait_s < float("inf"):
+                    return {"ok": False, "error": "wanted.load_wait_s: must be 0 or more seconds"}
+                parking.load_wait_s = float(load_wait_s)
+            return {"ok": True, **await parking.wanted(after, float(wait_s))}
+        model, text = request.get("model"), request.get("reason" if op == "refuse" else "text")
+        if not isinstance(model, str) or not model:
+            return {"ok": False, "error": f"{op}.model: must be a model name"}
+        if not isinstance(text, str):
+            return {"ok": False, "error": f"{op}.{'reason' if op == 'refuse' else 'text'}: must be a string"}
+        if op == "note":
+            return {"ok": True, "waiting": parking.note(model, text)}
+        return {"ok": True, "answered": parking.refuse(model, text)}
 
     async def _update(self, request: dict[str, Any]) -> dict[str, Any]:
         set_routes = routes_from_json(request.get("set") or {}, "update.set")

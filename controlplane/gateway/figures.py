@@ -77,15 +77,26 @@ class Figures:
 
     def __init__(self) -> None:
         self.slots: dict[str, Slot] = {}
-        self.last: dict[str, float] = {}  # public model -> time.time() of its last request
+        self.last: dict[str, float] = {}  # public model -> time.time() of its last inference request
         self.unrouted = Fig()  # requests for no known model (unknown, private names, bad requests)
         self.started = time.time()
+        self.shadows: dict[str, Any] = {}  # a shadow's id -> its ShadowState (controlplane/gateway/shadow.py)
 
     def slot(self, model: str, digest: str, name: str) -> Slot:
         found = self.slots.get(name)
         if found is None or found.digest != digest:
             found = self.slots[name] = Slot(model, digest, name)
         return found
+
+    def last_use(self) -> dict[str, float]:
+        """Each public model's last inference request; now for one with a request in flight (in use now: the
+        memory budget and the idle sweep must not take it out under that request)."""
+        last = dict(self.last)
+        now = time.time()
+        for slot in self.slots.values():
+            if slot.inflight > 0:
+                last[slot.model] = now
+        return last
 
     def inflight(self, names: list[str]) -> dict[str, int]:
         return {name: (self.slots[name].inflight if name in self.slots else 0) for name in names}
@@ -96,4 +107,5 @@ class Figures:
             entry = models.setdefault(slot.model, {"last_request": self.last.get(slot.model), "digests": {}})
             entry["digests"][slot.digest] = {"name": slot.name, "in_flight": slot.inflight,
                                              "grpc": slot.grpc.to_json(), "http": slot.http.to_json()}
-        return {"started": self.started, "models": models, "unrouted": self.unrouted.to_json()}
+        return {"started": self.started, "models": models, "unrouted": self.unrouted.to_json(),
+                "shadows": {ident: state.to_json() for ident, state in self.shadows.items()}}

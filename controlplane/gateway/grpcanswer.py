@@ -44,6 +44,7 @@ class Answers:
     early: list[Any] | None
     public_field: bytes
     owed_up: int
+    shadow: Any
 
     def refuse(self, status: int, message: bytes, failure: str) -> None:
         raise NotImplementedError
@@ -68,6 +69,8 @@ class Answers:
             if self.done:
                 return
         status = head.status if head.status is not None else g.UNKNOWN
+        if self.shadow is not None:
+            self.shadow.serving_text = head.message
         first = bool(head.http_status) and not self.resp_started  # trailers-only: a whole answer in one block
         if head.block and (first or not head.http_status):
             block = head.block
@@ -83,6 +86,8 @@ class Answers:
     def up_data(self, payload: Any, end: bool) -> None:
         if self.done:
             return
+        if self.shadow is not None:  # a copied request: its answer is kept to compare with the shadow's
+            self.shadow.answer(payload)
         kind = self.kind
         n = len(payload)
         if kind == g.INFER or kind == g.META:

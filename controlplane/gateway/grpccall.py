@@ -6,7 +6,9 @@ the bytes before field 1 are held, the route is chosen when the name is known, f
 the target's private name, the 5-byte prefix gets the new length, and the rest of the message streams
 on untouched. Answers: a ModelInfer or ModelMetadata answer's first field is renamed as it passes; a
 stream's answers, ModelConfig's and ModelStatistics' are held whole and rewritten (grpcmeta.py);
-trailers' grpc-message loses its private names. Everything else passes byte for byte.
+trailers' grpc-message loses its private names. Everything else passes byte for byte. A request for a
+model whose route is `loadable` (not loaded; a request loads it) is parked (parking.py): its bytes are
+held, uncredited, until the route serves (`resume` walks them again) or no load comes (`give_up`).
 
 Flow control is end to end: bytes a side received are credited back to it only once the other side
 has sent them on (`up_window` / `client_window`), so a slow reader slows its writer and the gateway
@@ -36,7 +38,9 @@ from controlplane.gateway.wire import (
 HOLD_LIMIT = 1 << 20  # bytes of a request held while its model_name (field 1) has not come yet
 _perf = time.perf_counter
 _COMPRESSED = b"compressed gRPC messages are not supported by the tritonctl gateway: turn request compression off"
-_REFUSAL_STATUS = {"not_found": g.NOT_FOUND, "unavailable": g.UNAVAILABLE, "bad_pin": g.INVALID_ARGUMENT}
+_REFUSAL_STATUS = {"not_found": g.NOT_FOUND, "unavailable": g.UNAVAILABLE, "bad_pin": g.INVALID_ARGUMENT,
+                   "loadable": g.UNAVAILABLE}
+PARKS = frozenset({g.INFER, g.STREAM, g.META, g.CONFIG})  # wait for a loadable model's load (parking.py)
 
 
 class _Cursor:
@@ -72,6 +76,10 @@ class GrpcCall(Answers):
     whole: list[Any] | None = None  # a whole-message answer being collected
     public_field = b""
     reqbuf: list[Any] | None = None
+    shadow: Any = None  # a copied request's Pair (controlplane/gateway/shadow.py)
+    parked: str | None = None  # the model whose load this call waits for (parking.py)
+    stash: list[bytes] | None = None  # its request bytes held meanwhile, from the first message's start
+    stash_end = False
 
     def __init__(self, gw: Any, front: Any, fst: Any, head: g.RequestHead) -> None:
         self.gw = gw
@@ -111,6 +119,10 @@ class GrpcCall(Answers):
             self._emit([payload] if payload else [], end)
         elif kind in g.NAMED:
             self._request(payload, end)
+            if self.shadow is not None:  # a copied request: its bytes go to the shadow too, once whole
+                self.shadow.request_piece(payload)
+                if end:
+                    self.shadow.request_end()
         else:
             reqbuf = self.reqbuf
             assert reqbuf is not None
@@ -130,6 +142,9 @@ class GrpcCall(Answers):
 
     def _request(self, data: Any, end: bool) -> None:
         """Walk request messages as their bytes come: hold until field 1, rename it, stream the rest."""
+        if self.stash is not None:  # waiting for the model's load: held (not credited to the client) until then
+            self._hold(data, end)
+            return
         cur = self.cur
         if cur is None:
             n = len(data)
@@ -139,6 +154,8 @@ class GrpcCall(Answers):
                 name_end = 7 + data[6]
                 target = self._message_name(bytes(data[7:name_end]))
                 if target is None:
+                    if self.stash is not None:  # parked: the whole message waits
+                        self._hold(data, end)
                     return
                 self.owed += n
                 field = target.field
@@ -196,6 +213,10 @@ class GrpcCall(Answers):
                 cur.held_n += take
                 if scan.name is not None or cur.msg_left == 0:
                     self._resolve_message(cur, cur.body_off)
+                    if self.stash is not None:  # parked: this message from its start, and what follows, wait
+                        self.cur = None
+                        self._hold(cur.pre + b"".join(bytes(p) for p in cur.held) + bytes(data[pos:]), end)
+                        return
                 elif cur.held_n > HOLD_LIMIT:
                     self.refuse(g.INVALID_ARGUMENT, b"model_name (field 1) must come within the first %d bytes of "
                                 b"the request message" % HOLD_LIMIT, "client")
@@ -247,9 +268,14 @@ class GrpcCall(Answers):
                     target = route.single
                 else:
                     target = route.choose(pin, self.head.headers.get(route.sticky) if route.sticky else None)
+                    if route.shadow is not None and kind == g.INFER and pin is None and self.target is None:
+                        self.shadow = route.shadow.pair(self.gw, "grpc", self.head.up_block)
             else:
                 target = route.primary(self.head.pin)
         except RouteRefusal as exc:
+            if exc.kind == "loadable" and kind in PARKS and self.target is None:
+                self._park(name.decode("utf-8", "replace"))
+                return None
             if kind == g.READY and exc.kind != "bad_pin":
                 self.answer(b"")  # ready: false, as tritonserver answers for a model it does not serve
             elif kind == g.STATS and exc.kind == "not_found":
@@ -263,10 +289,57 @@ class GrpcCall(Answers):
             self.target = target
             self.public_field = target.public_field
             slot.inflight += 1
-            self.gw.figures.last[target.model] = time.time()
         if kind == g.INFER or kind == g.STREAM:
             slot.grpc.requests += 1
+            self.gw.figures.last[target.model] = time.time()  # the model's last use (the memory budget's LRU)
         return target
+
+    # -- waiting for the model's load (parking.py) --------------------------------------------------------
+
+    def _park(self, model: str) -> None:
+        refusal = self.gw.parking.park(model, self)
+        if refusal is not None:
+            self.refuse(g.RESOURCE_EXHAUSTED, refusal.encode(), "unavailable")
+            return
+        self.parked = model
+        self.stash = []
+
+    def _hold(self, data: Any, end: bool) -> None:
+        stash = self.stash
+        assert stash is not None and self.parked is not None
+        if data:
+            if not self.gw.parking.hold(self, len(data)):
+                parking = self.gw.parking
+                parking.leave(self.parked, self)
+                stash.append(bytes(data))
+                self._drop_stash(parking.over_bytes(), g.RESOURCE_EXHAUSTED)
+                return
+            stash.append(bytes(data))
+        if end:
+            self.stash_end = True
+
+    def resume(self) -> None:
+        """Its model's route is no longer `loadable`: the held bytes walked again against the table now (sent
+        on renamed, or refused as the route says)."""
+        stash, end = self.stash or [], self.stash_end
+        self.parked, self.stash, self.stash_end = None, None, False
+        if self.done:
+            return
+        self.table = self.gw.table
+        self.cur = None
+        self._request(b"".join(stash), end)
+
+    def give_up(self, message: str) -> None:
+        """No load came (refused, past gateway_load_wait_s, the gateway stopping): UNAVAILABLE with `message`."""
+        self._drop_stash(message, g.UNAVAILABLE)
+
+    def _drop_stash(self, message: str, status: int) -> None:
+        held = sum(len(p) for p in self.stash or ())
+        self.parked, self.stash, self.stash_end = None, None, False
+        if self.done:
+            return
+        self.front.consumed(None, held)  # dropped: the client's connection window gets them back
+        self.refuse(status, message.encode(), "unavailable")
 
     def client_reset(self, code: int) -> None:
         if not self.done:
@@ -354,6 +427,8 @@ class GrpcCall(Answers):
         if self.done:
             return
         self._cancel_upstream()
+        if self.shadow is not None:
+            self.shadow.serving_text = message
         if self.resp_started:
             self.front.send_headers(self.fst, g.trailers(status, message), True)
         else:
@@ -362,6 +437,10 @@ class GrpcCall(Answers):
 
     def _end(self, status: int, failure: str | None = None) -> None:
         self.done = True
+        if self.parked is not None:  # cancelled (or refused) while it waited for the load
+            self.gw.parking.leave(self.parked, self)
+            self.front.consumed(None, sum(len(p) for p in self.stash or ()))
+            self.parked, self.stash = None, None
         target = self.target
         if failure is None and status:
             failure = g.failure_class(status)
@@ -373,6 +452,8 @@ class GrpcCall(Answers):
                 seconds = _perf() - self.t0
                 fig.counts[bisect_left(BUCKETS, seconds)] += 1
                 fig.sum += seconds
+                if self.shadow is not None:
+                    self.shadow.serving_done(status, seconds)
             if failure is not None and self.kind in (g.INFER, g.STREAM):
                 fig.fail(failure)
         elif self.kind in (g.INFER, g.STREAM):

@@ -6,7 +6,10 @@ sent with its new Content-Length; a binary answer holds only its `Inference-Head
 bytes of JSON, fixes that header and Content-Length, and streams the tensors; generate_stream's events
 are renamed line by line as they come; anything else streams as it arrives. Requests the gateway
 answers itself: the repository index, load/unload (403), unknown or private model names (Triton's
-status and wording, with the client's name), a model that is not serving (503).
+status and wording, with the client's name), a model that is not serving (503). A request that needs a
+model whose route is `loadable` (not loaded; a request loads it) waits in the gateway's parking
+(parking.py): its head is built and sent once the model's route serves (`resume`), its body held meanwhile;
+or it is answered 503 with why no load came (`give_up`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b
                             b"upgrade", b"trailer"})
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 BUFFER, BINARY, SSE, STREAMED = range(4)
+PARKS = frozenset({hn.INFER, hn.GENERATE, hn.STREAM, hn.META, hn.CONFIG})  # wait for a loadable model's load
 REFUSED_LOAD = ("models are loaded and unloaded by tritonctl, not through the gateway: "
                 "use `tritonctl load MODEL` / `tritonctl unload MODEL`")
 
@@ -68,7 +72,8 @@ def chunk(data: bytes) -> bytes:
 class Exchange:
     __slots__ = ("front", "gw", "table", "keep_alive", "method", "t0", "kind", "info", "target", "local", "up",
                  "early", "kept", "started", "req_ended", "done", "chunked", "expect", "head_out", "status",
-                 "mode", "rheaders", "rbuf", "rsize", "json_len", "sse", "chunked_out", "retries", "pin")
+                 "mode", "rheaders", "rbuf", "rsize", "json_len", "sse", "chunked_out", "retries", "pin",
+                 "parked", "pending", "shadow")
 
     def __init__(self, front: Any, url: bytes, headers: list[tuple[bytes, bytes]], method: bytes,
                  keep_alive: bool, version: str) -> None:
@@ -93,6 +98,9 @@ class Exchange:
         self.sse: hn.SseRenamer | None = None
         self.chunked_out = False
         self.retries = 0
+        self.parked: str | None = None  # the model whose load it waits for (parking.py)
+        self.pending: tuple[list[tuple[bytes, bytes]], dict[bytes, bytes], str, bytes | None] | None = None
+        self.shadow: Any = None  # a copied request's Pair (controlplane/gateway/shadow.py)
         found = dict(headers)
         self.pin = found.get(b"x-tritonctl-route")
         self.chunked = b"chunked" in found.get(b"transfer-encoding", b"").lower()
@@ -106,12 +114,18 @@ class Exchange:
         path = parsed.path.decode("latin-1")
         info = self.info = hn.classify(path)
         self.kind = info.kind
+        self.head_out = b""
         path_out = self._route(info, found, path)
-        if self.local is not None:
-            self.head_out = b""
-            return
-        query = b"?" + parsed.query if parsed.query else b""
-        parts = [method, b" ", path_out.encode("latin-1"), query, b" HTTP/1.1\r\nHost: ", gw.http_authority, b"\r\n"]
+        if self.parked is not None:  # waits for its model's load: the head is built once it goes on (resume)
+            self.pending = (headers, found, path, parsed.query)
+        elif self.local is None:
+            self.head_out = self._head(path_out, parsed.query, headers, found)
+
+    def _head(self, path_out: str, query: bytes | None, headers: list[tuple[bytes, bytes]],
+              found: dict[bytes, bytes]) -> bytes:
+        """The request's head toward tritonserver: the private path, the client's headers less hop-by-hop ones."""
+        parts = [self.method, b" ", path_out.encode("latin-1"), b"?" + query if query else b"", b" HTTP/1.1\r\nHost: ",
+                 self.gw.http_authority, b"\r\n"]
         for name, value in headers:
             if name not in _DROP_REQUEST:
                 parts += [name, b": ", value, b"\r\n"]
@@ -120,7 +134,10 @@ class Exchange:
         elif b"content-length" in found:
             parts += [b"Content-Length: ", found[b"content-length"], b"\r\n"]
         parts.append(b"\r\n")
-        self.head_out = b"".join(parts)
+        if self.shadow is not None:  # the copy's head: the same, with the shadow's private name in the path
+            self.shadow.http_head(self.method, self.info.private_path(self.shadow.state.name).encode("latin-1") +
+                                  (b"?" + query if query else b""), headers)
+        return b"".join(parts)
 
     def _route(self, info: hn.PathInfo, headers: dict[bytes, bytes], path: str) -> str:
         kind = info.kind
@@ -137,29 +154,79 @@ class Exchange:
                     target = route.single
                 else:
                     target = route.choose(pin, headers.get(route.sticky) if route.sticky else None)
+                    if route.shadow is not None and kind == hn.INFER and pin is None:
+                        self.shadow = route.shadow.pair(self.gw, "http")
             else:
                 target = route.primary(pin)
         except RouteRefusal as exc:
+            if exc.kind == "loadable" and kind in PARKS:
+                self._park(info.name)
+                return path
             self.local = self._refusal(kind, exc, info.name)
             if kind in hn.COUNTED:
-                unrouted = self.gw.figures.unrouted
-                unrouted.requests += 1
-                unrouted.fail("unavailable" if exc.kind == "unavailable" else "client")
+                self._unrouted("client" if exc.kind in ("not_found", "bad_pin") else "unavailable")
             return path
         self.target = target
         slot = target.slot
         slot.inflight += 1
         if kind in hn.COUNTED:
             slot.http.requests += 1
-        self.gw.figures.last[target.model] = time.time()
+            self.gw.figures.last[target.model] = time.time()  # the model's last use (the memory budget's LRU)
         return info.private_path(target.name)
+
+    def _unrouted(self, failure: str) -> None:
+        unrouted = self.gw.figures.unrouted
+        unrouted.requests += 1
+        unrouted.fail(failure)
+
+    # -- waiting for the model's load (parking.py) --------------------------------------------------------
+
+    def _park(self, model: str) -> None:
+        refusal = self.gw.parking.park(model, self)
+        if refusal is None:
+            self.parked = model
+        else:
+            self.local = simple_response(503, refusal, self.keep_alive)
+            if self.kind in hn.COUNTED:
+                self._unrouted("unavailable")
+
+    def resume(self) -> None:
+        """Its model's route is no longer `loadable` (loaded, or gone): routed again against the table now,
+        then sent on with the body that arrived meanwhile (or answered as the route says)."""
+        pending, self.pending, self.parked = self.pending, None, None
+        if pending is None or self.done:
+            return
+        headers, found, path, query = pending
+        self.table = self.gw.table
+        path_out = self._route(self.info, found, path)
+        if self.parked is not None:  # loadable again: waits again
+            self.pending = pending
+            return
+        if self.local is None:
+            self.head_out = self._head(path_out, query, headers, found)
+        if self.started:
+            self.start()
+
+    def give_up(self, message: str) -> None:
+        """No load came (refused, past gateway_load_wait_s, a bound): 503 with `message`."""
+        self.pending, self.parked = None, None
+        if self.done:
+            return
+        self.early = []
+        if self.kind in hn.COUNTED:
+            self._unrouted("unavailable")
+        if self.started and not self.req_ended:  # its body's rest is not read: the connection closes after
+            self.keep_alive = False
+        self.local = simple_response(503, message, self.keep_alive)
+        if self.started:
+            self._answer_local()
 
     def _refusal(self, kind: int, exc: RouteRefusal, name: str) -> bytes:
         if exc.kind == "bad_pin":
             return simple_response(400, exc.message, self.keep_alive)
         if kind == hn.READY:
             return simple_response(400, "Model version not ready", self.keep_alive)
-        if exc.kind == "unavailable":
+        if exc.kind in ("unavailable", "loadable"):
             return simple_response(503, exc.message, self.keep_alive)
         if kind == hn.STATS:
             return simple_response(400, f"requested model '{name}' is not available", self.keep_alive)
@@ -173,6 +240,8 @@ class Exchange:
         if self.local is not None or self.kind == hn.INDEX:
             if self.req_ended:
                 self._answer_local()
+            return
+        if self.parked is not None:  # goes on from resume(), or is answered by give_up()
             return
         if self.expect:
             self.front.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -207,6 +276,8 @@ class Exchange:
             if self.early is not None and sum(len(b) for b in self.early) < 65536:
                 self.early.append(body)
             return
+        if self.shadow is not None:
+            self.shadow.request_piece(body)
         self.client_body_raw(chunk(body) if self.chunked else body)
 
     def client_end(self) -> None:
@@ -215,6 +286,8 @@ class Exchange:
             if self.started:
                 self._answer_local()
             return
+        if self.shadow is not None:
+            self.shadow.request_end()
         if self.chunked:
             self.client_body_raw(b"0\r\n\r\n")
 
@@ -231,6 +304,10 @@ class Exchange:
                     self.kept = None
         elif self.early is not None:
             self.early.append(data)
+            if self.parked is not None and not self.gw.parking.hold(self, len(data)):
+                parking = self.gw.parking
+                parking.leave(self.parked, self)
+                self.give_up(parking.over_bytes())
 
     def _answer_local(self) -> None:
         if self.kind == hn.INDEX and self.local is None:
@@ -252,6 +329,8 @@ class Exchange:
     def up_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         self.rheaders = headers
+        if self.shadow is not None:
+            self.shadow.serving_head(status, headers)
         kind = self.kind
         if status >= 400 or kind in (hn.META, hn.CONFIG, hn.STATS, hn.STATS_ALL) or \
                 (kind in (hn.INFER, hn.GENERATE) and status == 200):
@@ -278,6 +357,8 @@ class Exchange:
                                        self.keep_alive) + body)
 
     def up_body(self, body: bytes) -> None:
+        if self.shadow is not None:
+            self.shadow.answer(body)
         mode = self.mode
         if mode == BUFFER:
             self.rbuf.append(body)
@@ -397,13 +478,19 @@ class Exchange:
         if self.done:
             return
         self.done = True
+        if self.parked is not None:  # its client went while it waited for the load
+            self.gw.parking.leave(self.parked, self)
+            self.parked = self.pending = None
         target = self.target
         if target is not None:
             slot = target.slot
             slot.inflight -= 1
             if self.kind in hn.COUNTED:
                 fig = slot.http
-                fig.observe(_perf() - self.t0)
+                seconds = _perf() - self.t0
+                fig.observe(seconds)
+                if self.shadow is not None:
+                    self.shadow.serving_done(status, seconds)
                 failure = http_failure(status)
                 if failure is not None:
                     fig.fail(failure)

@@ -30,7 +30,7 @@ def _labels(**labels: str) -> str:
 
 def gateway_text(gw: Any) -> str:
     """The gateway's own families, one sample per (model, digest, protocol) it ever routed to."""
-    figures = gw.figures
+    figures, parking = gw.figures, gw.parking
     requests, failures, hist, inflight = [], [], [], []
     for slot in figures.slots.values():
         digest = slot.digest[:12]
@@ -59,6 +59,13 @@ def gateway_text(gw: Any) -> str:
         "# TYPE tritonctl_gateway_request_seconds histogram", *hist,
         "# HELP tritonctl_gateway_in_flight Requests in flight, by public model and digest.",
         "# TYPE tritonctl_gateway_in_flight gauge", *inflight,
+        "# HELP tritonctl_gateway_waiting_requests Requests waiting for their model's load, by public model.",
+        "# TYPE tritonctl_gateway_waiting_requests gauge",
+        *(f"tritonctl_gateway_waiting_requests{{{_labels(model=m)}}} {len(q)}"
+          for m, q in sorted(parking.waiting.items())),
+        "# HELP tritonctl_gateway_parked_requests_total Requests that waited for their model's load.",
+        "# TYPE tritonctl_gateway_parked_requests_total counter",
+        f"tritonctl_gateway_parked_requests_total {parking.parked}",
     ]
     return "\n".join(lines) + "\n"
 

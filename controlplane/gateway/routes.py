@@ -8,9 +8,12 @@ A `Route` has one target (the usual case) or several with percent weights that a
 canary step, issue 55); a target of weight 0 is loaded and reachable only by pinning
 (`x-tritonctl-route: <digest prefix>`), as an old digest is while it drains. `sticky_header` names a
 request header whose value picks the target by hash, so one user stays on one version. `state` is
-`serving`, or `unavailable` for a model the route table knows but that serves nothing now (its
-requests are answered UNAVAILABLE / 503 by the gateway). A future shadow target (issue 55) would be
-another field of `Route`, copied requests only, never an answer.
+`serving`; `unavailable` for a model the route table knows but that serves nothing now (its
+requests are answered UNAVAILABLE / 503 by the gateway); or `loadable`, no target, for a model that is
+registered but not loaded and that a request loads (its requests wait in parking.py while the daemon
+loads it: docs/ondemand.md "Requests load models"). `shadow` (issue 55 item 4) names a target of
+weight 0 that gets a copy of the route's inference requests, whose answers the gateway compares with the
+serving version's and never returns to a client (controlplane/gateway/shadow.py).
 
 This module is pure (no asyncio): the daemon builds and validates routes with it, the gateway reads
 the routes file with it. Every refusal is a `UsageError` with a one-line message naming the field.
@@ -19,6 +22,7 @@ the routes file with it. Every refusal is a `UsageError` with a one-line message
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -29,10 +33,11 @@ from typing import Any
 from controlplane.errors import UsageError
 from controlplane.names import is_private_name, validate_model_name
 
-STATES = ("serving", "unavailable")
+STATES = ("serving", "unavailable", "loadable")
 ROUTES_FILE_FORMAT = 1
 _HEADER_RE = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]{1,64}", re.ASCII)
 _HEX_RE = re.compile(r"[0-9a-f]{8,64}", re.ASCII)
+_SHADOW_ID_RE = re.compile(r"[0-9a-f]{8,32}", re.ASCII)
 RESERVED_HEADERS = frozenset({"x-tritonctl-route", "host", "content-length", "content-type", "te"})
 
 
@@ -46,12 +51,29 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Shadow:
+    """A copy of the route's inference requests goes to `name` (a target of weight 0), its answers compared
+    with the serving version's: floating outputs within `rtol` / `atol`, everything else equal. `id` names this
+    shadow's figures (a new shadow of the same digest counts from 0); `fraction` of the requests are copied (up
+    to the gateway's rate limit); `keep_inputs`: the first disagreements keep the request's inputs."""
+
+    name: str
+    digest: str
+    id: str
+    fraction: float = 1.0
+    rtol: float = 1e-5
+    atol: float = 1e-8
+    keep_inputs: bool = False
+
+
+@dataclass(frozen=True)
 class Route:
     model: str
     targets: tuple[Target, ...]
     sticky_header: str | None = None
     state: str = "serving"
     tags: Mapping[str, str] = field(default_factory=dict)  # tag → digest: `x-tritonctl-route: TAG` pins to it
+    shadow: Shadow | None = None
 
     def serving(self) -> Target | None:
         """The target the model's figures and statistics are named after: the heaviest (first on a tie)."""
@@ -109,6 +131,42 @@ def target_from_json(data: Any, model: str, where: str) -> Target:
     return Target(name, digest, weight)
 
 
+def _number(data: dict[str, Any], key: str, default: float, where: str, low: float, high: float) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise _field(f"{where}.{key}", f"must be a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def shadow_from_json(data: Any, targets: tuple[Target, ...], where: str) -> Shadow:
+    """A route's `shadow`: it names one of the route's targets of weight 0 (copies only, no client request)."""
+    if not isinstance(data, dict):
+        raise _field(where, "must be an object with name, digest, id, fraction, rtol, atol, keep_inputs")
+    unknown = set(data) - {"name", "digest", "id", "fraction", "rtol", "atol", "keep_inputs"}
+    if unknown:
+        raise _field(where, f"unknown key {sorted(unknown)[0]!r}")
+    name, digest, ident = data.get("name"), data.get("digest"), data.get("id")
+    if not any(t.name == name and t.digest == digest and t.weight == 0 for t in targets):
+        raise _field(f"{where}.name", f"{name!r} is not a target of weight 0 of this route with digest {digest!r}: a "
+                                      "shadow gets copies of requests, never a client's")
+    if not isinstance(ident, str) or not _SHADOW_ID_RE.fullmatch(ident):
+        raise _field(f"{where}.id", "must be 8 to 32 lowercase hex digits")
+    fraction = _number(data, "fraction", 1.0, where, 0.0, 1.0)
+    if fraction <= 0:
+        raise _field(f"{where}.fraction", "must be above 0 (up to 1: every request)")
+    keep = data.get("keep_inputs", False)
+    if not isinstance(keep, bool):
+        raise _field(f"{where}.keep_inputs", "must be true or false")
+    return Shadow(str(name), str(digest), ident, fraction, _number(data, "rtol", 1e-5, where, 0.0, 1e6),
+                  _number(data, "atol", 1e-8, where, 0.0, 1e300), keep)
+
+
+def shadow_to_json(shadow: Shadow) -> dict[str, Any]:
+    return {"name": shadow.name, "digest": shadow.digest, "id": shadow.id, "fraction": shadow.fraction,
+            "rtol": shadow.rtol, "atol": shadow.atol, "keep_inputs": shadow.keep_inputs}
+
+
 def route_from_json(model: str, data: Any, where: str = "routes") -> Route:
     where = f"{where}.{model}"
     try:
@@ -117,7 +175,7 @@ def route_from_json(model: str, data: Any, where: str = "routes") -> Route:
         raise _field(where, str(exc)) from None
     if not isinstance(data, dict):
         raise _field(where, "a route must be an object with targets")
-    unknown = set(data) - {"targets", "sticky_header", "state", "tags"}
+    unknown = set(data) - {"targets", "sticky_header", "state", "tags", "shadow"}
     if unknown:
         raise _field(where, f"unknown key {sorted(unknown)[0]!r}")
     state = data.get("state", "serving")
@@ -135,6 +193,8 @@ def route_from_json(model: str, data: Any, where: str = "routes") -> Route:
             raise _field(f"{where}.targets", "a serving route needs at least one target")
         if sum(t.weight for t in targets) != 100:
             raise _field(f"{where}.targets", f"weights add up to {sum(t.weight for t in targets)}, not 100")
+    if state == "loadable" and targets:
+        raise _field(f"{where}.targets", "a loadable route has no targets (the model is not loaded)")
     sticky = data.get("sticky_header")
     if sticky is not None:
         if not isinstance(sticky, str) or not _HEADER_RE.fullmatch(sticky) or sticky in RESERVED_HEADERS:
@@ -144,7 +204,9 @@ def route_from_json(model: str, data: Any, where: str = "routes") -> Route:
             isinstance(k, str) and 0 < len(k) <= 128 and isinstance(v, str) and _HEX_RE.fullmatch(v)
             for k, v in tags.items()):
         raise _field(f"{where}.tags", "must map tag names to digests (8 to 64 lowercase hex digits)")
-    return Route(model, targets, sticky, state, dict(sorted(tags.items())))
+    raw_shadow = data.get("shadow")
+    shadow = shadow_from_json(raw_shadow, targets, f"{where}.shadow") if raw_shadow is not None else None
+    return Route(model, targets, sticky, state, dict(sorted(tags.items())), shadow)
 
 
 def route_to_json(route: Route) -> dict[str, Any]:
@@ -156,6 +218,8 @@ def route_to_json(route: Route) -> dict[str, Any]:
         out["state"] = route.state
     if route.tags:
         out["tags"] = dict(route.tags)
+    if route.shadow is not None:
+        out["shadow"] = shadow_to_json(route.shadow)
     return out
 
 

@@ -3,7 +3,8 @@
 One process, one thread, one uvloop event loop: every connection is an asyncio Protocol whose
 callbacks run to completion, so the hot path takes no lock and the route table is swapped by one
 attribute assignment (`Gateway.install`). It starts with the routes of its routes file, so a gateway
-started again after the daemon is gone serves what it served before. SIGTERM stops accepting, sends
+started again after the daemon is gone serves what it served before. Requests for a model whose route is
+`loadable` wait in `Gateway.parking` (parking.py) until a route update brings it. SIGTERM stops accepting, sends
 GOAWAY to every gRPC client and closes idle HTTP connections, lets the calls in flight finish within
 `drain_s`, and exits 0.
 """
@@ -27,7 +28,9 @@ from controlplane.gateway.h2state import Limits
 from controlplane.gateway.httpfront import HttpFront
 from controlplane.gateway.httpup import HttpPool
 from controlplane.gateway.metrics import MetricsServer
+from controlplane.gateway.parking import DEFAULT_LOAD_WAIT_S, MAX_BYTES, PER_MODEL, Parking
 from controlplane.gateway.routes import RouteTable, read_table
+from controlplane.gateway.shadow import Comparer
 from controlplane.gateway.table import LiveTable
 from controlplane.gateway.upstream import UpstreamPool
 
@@ -51,6 +54,9 @@ class GatewayOptions:
     http_connections: int = 64
     max_message: int = DEFAULT_MAX_MESSAGE
     drain_s: float = 30.0
+    load_wait_s: float = DEFAULT_LOAD_WAIT_S  # a request for a loadable model waits this long (parking.py)
+    waiting_per_model: int = PER_MODEL  # requests that may wait for one model's load
+    waiting_bytes: int = MAX_BYTES  # request bytes the waiting requests may hold together
 
 
 class Gateway:
@@ -67,6 +73,8 @@ class Gateway:
         self.http_pool = HttpPool(http_host, http_port, options.http_connections)
         self.routes = RouteTable()
         self.table = LiveTable(self.routes, self.figures)
+        # requests waiting for their model's load
+        self.parking = Parking(options.load_wait_s, options.waiting_per_model, options.waiting_bytes)
         self.connections: set[Any] = set()
         self.calls = 0
         self.draining = False
@@ -75,13 +83,17 @@ class Gateway:
         self.meta = grpcmeta.Meta(self)
         self.metrics = MetricsServer(self)
         self.control: ControlServer | None = None
+        self.comparer = Comparer()  # the thread a shadow's large pairs are compared in (shadow.py)
 
     # -- routes -------------------------------------------------------------------------------------
 
     def install(self, routes: RouteTable) -> None:
-        """Swap the route table in one assignment: calls already started keep the table they read."""
+        """Swap the route table in one assignment: calls already started keep the table they read; requests
+        parked for a model whose route is no longer `loadable` go on against the new one."""
         self.routes = routes
         self.table = LiveTable(routes, self.figures)
+        if self.parking.waiting:
+            self.parking.resume(self.table.routes)
 
     def load_routes_file(self) -> None:
         if self.options.routes_file is not None:
@@ -136,6 +148,7 @@ class Gateway:
         for server in self.servers.values():
             server.close()
         self.metrics.close()
+        self.parking.close("the gateway is stopping")
         for conn in list(self.connections):
             if isinstance(conn, FrontConnection):
                 conn.send_goaway()
@@ -154,6 +167,7 @@ class Gateway:
         self.http_pool.close()
         if self.control is not None:
             self.control.close()
+        self.comparer.close()
         log.info("gateway: stopped (%d calls still in flight cut)", left)
 
 

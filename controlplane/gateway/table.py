@@ -9,7 +9,9 @@ in-flight request keeps the target it started with.
 Choosing a target costs a dict lookup and an attribute read for a single-target route. Weighted routes
 draw a random percent; `sticky_header` hashes the header's value (crc32, stable across processes and
 restarts); `x-tritonctl-route: <digest prefix or private name>` pins a request to any target of the
-route, weight 0 included.
+route, weight 0 included. A route with a `shadow` (shadow.py) is never a single-target route: its requests
+take `choose`, and the call asks the shadow whether to copy them; a route without one is compiled as it
+always was, so the shadow costs its requests nothing.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from bisect import bisect_right
 
 from controlplane.gateway.figures import Figures, Slot
 from controlplane.gateway.routes import Route, RouteTable
+from controlplane.gateway.shadow import ShadowState, state_for
 from controlplane.gateway.wire import string_field
 
 MIN_PIN = 4  # hex digits of a digest a pin must give
 
 
 class RouteRefusal(Exception):
-    """The route cannot take this request: `kind` is not_found, unavailable or bad_pin."""
+    """The route cannot take this request: `kind` is not_found, unavailable, bad_pin, or loadable (the model is
+    not loaded and a request loads it: the caller parks the request, parking.py)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -50,7 +54,8 @@ class LiveTarget:
 
 
 class LiveRoute:
-    __slots__ = ("model", "targets", "single", "cumulative", "weighted", "sticky", "state", "serving", "tags")
+    __slots__ = ("model", "targets", "single", "cumulative", "weighted", "sticky", "state", "serving", "tags",
+                 "shadow")
 
     def __init__(self, route: Route, figures: Figures) -> None:
         self.model = route.model
@@ -65,7 +70,10 @@ class LiveRoute:
             running += target.weight
             cumulative.append(running)
         self.cumulative = tuple(cumulative)
-        only = len(self.weighted) == 1 and route.state == "serving" and self.sticky is None
+        # a copy of the requests to the shadow, when the route has one (its target is one of weight 0)
+        self.shadow: ShadowState | None = state_for(figures, route.model, route.shadow) \
+            if route.shadow is not None and route.state == "serving" else None
+        only = len(self.weighted) == 1 and route.state == "serving" and self.sticky is None and self.shadow is None
         self.single = self.weighted[0] if only else None
         heaviest = route.serving()
         self.serving = next((t for t in self.targets if heaviest is not None and t.name == heaviest.name), None) \
@@ -74,17 +82,22 @@ class LiveRoute:
     def primary(self, pin: bytes | None) -> LiveTarget:
         """The target a question about the model goes to (metadata, config, readiness, statistics): the
         serving digest, or the pinned one; never a weighted draw, so the answers do not flicker."""
-        if pin is not None:
+        if pin is not None and self.state != "loadable":
             return self._pinned(pin)
         if self.serving is None:
-            raise RouteRefusal("unavailable", f"model '{self.model}' is not serving: it is {self.state}")
+            raise self._not_serving()
         return self.serving
 
+    def _not_serving(self) -> RouteRefusal:
+        if self.state == "loadable":
+            return RouteRefusal("loadable", f"model '{self.model}' is not loaded (a request for it loads it)")
+        return RouteRefusal("unavailable", f"model '{self.model}' is not serving: it is {self.state}")
+
     def choose(self, pin: bytes | None, sticky: bytes | None) -> LiveTarget:
-        if pin is not None:
+        if pin is not None and self.state != "loadable":
             return self._pinned(pin)
         if self.state != "serving" or not self.weighted:
-            raise RouteRefusal("unavailable", f"model '{self.model}' is not serving: it is {self.state}")
+            raise self._not_serving()
         if len(self.weighted) == 1:
             return self.weighted[0]
         if sticky is not None:

@@ -9,7 +9,8 @@ its tag names, controlplane/intake/tags.py), or nothing. The target (controlplan
 Deployer, or the fleet's rollout) runs it; its outcome goes to the subscribers wired in daemon.py.
 
 The intake also keeps what `status` says of models it has not recorded yet: handed on and not captured
-(`in_hand`), put off with a reason (`capture_waits`), refused (`capture_refusals`).
+(`in_hand`), put off with a reason (`capture_waits`), refused (`capture_refusals`), and the source's entries
+whose name no model can have (`bad_names`: `my model`, `线性`; Triton cannot take them).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from controlplane.intake import recording
 from controlplane.intake.changeset import ChangeSets
 from controlplane.intake.decision import Rule, Verdict, decide, decide_capture
 from controlplane.intake.inhand import InHand
-from controlplane.names import validate_model_name
+from controlplane.names import MAX_NAME_LENGTH, validate_model_name
 from controlplane.outcomes.counters import PipelineCounts
 from controlplane.settings.config import Settings
 from controlplane.settings.live import LiveSettings
@@ -78,6 +79,8 @@ class Intake:
         self.in_hand = InHand()  # handed on by the source, not captured yet: `status` says "capturing"
         self.capture_waits: dict[str, str] = {}  # why the watcher's last capture of a model was put off
         self.capture_refusals: dict[str, str] = {}  # why the watcher's last capture of a model was refused
+        # a source entry whose name no model can have, with why: `status` shows it, nothing is made under it
+        self.bad_names: dict[str, str] = {}
         self._capture_locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.changesets = ChangeSets(self)  # ensembles and their steps changing together
@@ -176,7 +179,7 @@ class Intake:
         try:
             validate_model_name(model)
         except UsageError as exc:
-            self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", None, None, "invalid", str(exc)))
+            self._bad_name(model, str(exc))
             return False
         problem = self.source.entry_problem(model)
         if problem is not None:  # a dangling symlink: whatever serves keeps serving, nothing is removed
@@ -198,6 +201,25 @@ class Intake:
             self.registry.audit(AuditEntry(WATCHER_ACTOR, "remove", model, existing.active_digest, "ok",
                                            "removed from the source repository; what serves keeps serving"))
         return False
+
+    def _bad_name(self, name: str, reason: str) -> None:
+        """A source entry whose name no model can have (`my model`, `线性`: Triton cannot take it), handed on
+        by the watcher: nothing is captured, and nothing is made under that name (no registry row, nothing
+        under the state directory, whose `serving/` holds model names). `status` shows it (`bad_names`: sync
+        `invalid`, the reason) while the source holds it; the first time (or when the reason changed), one
+        WARNING line and an audit event naming the entry."""
+        try:
+            present = self.source_has(name)
+        except (OSError, ValueError):
+            present = False
+        with self._guard:
+            known = self.bad_names.pop(name, None)
+            if present:
+                self.bad_names[name] = reason
+        if not present or known == reason:
+            return
+        log.warning("source entry skipped: %s (rename it to serve it)", reason)
+        self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", name[:MAX_NAME_LENGTH], None, "invalid", reason))
 
     def _capture_and_decide(self, model: str, *, complete: bool = False) -> IntakePlan | None:
         try:

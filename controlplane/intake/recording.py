@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from controlplane.documents.results import ValidationResult
+from controlplane.documents.validation import ValidationResult
 from controlplane.snapshot import ContentStore, Snapshot
 from controlplane.store.records import SnapshotContent, SnapshotRecord, SourceEntry
 from controlplane.store.registry import AuditEntry, Registry

@@ -198,6 +198,25 @@ class MemoryGuard:
             victims = set(self.candidates(exclude=model))
             return not self._over([(m, f) for m, f in self.holdings(exclude=model) if m not in victims], need)
 
+    def blocked(self, model: str, digest: str, config: Mapping[str, Any] | None) -> tuple[str, bool] | None:
+        """Why a load of `digest` cannot fit now, once every evictable model went: (the no-room message, which
+        names the budget and the holders; whether it never will by itself, the pinned and protected models
+        alone leaving no room, where leased, busy and loading ones may free theirs). None: it fits."""
+        if not self.budgets:
+            return None
+        with self._lock:
+            known = self.registry.footprints()
+            need = self._estimate(model, digest, config, known)
+            victims = set(self.candidates(exclude=model))
+            held = [(m, f) for m, f in self.holdings(exclude=model) if m not in victims]
+            over = self._over(held, need)
+            if not over:
+                return None
+            spared = self.spared()
+            fixed = {m.name for m in self._loaded(model) if spared(m)}
+            never = bool(self._over([(m, f) for m, f in held if m in fixed], need))
+            return self._no_room(model, digest, need, held, over), never
+
     def settle(self, ticket: Ticket, loaded: bool) -> None:
         """After the load: record its footprint (when it loaded) and keep the budget."""
         with self._lock:

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.settings.modelparams import model_parameter
 from controlplane.vocab import MEMORY_KINDS
 
 STUB = "triton_python_backend_stub"
-DECLARED_MB = "tritonctl.footprint_mb"
-DECLARED_GPU_MB = "tritonctl.gpu_footprint_mb"
+DECLARED_MB = "footprint_mb"  # `tritonctl.footprint_mb` (settings/modelparams.py MODEL_PARAMETERS)
+DECLARED_GPU_MB = "gpu_footprint_mb"
 MEASURED = "measured"
 DECLARED = "declared"
 MB = 1024 * 1024
@@ -42,13 +43,12 @@ class Footprint:
 
 
 def _parameter(config: Mapping[str, Any] | None, key: str) -> float | None:
-    value = ((config or {}).get("parameters") or {}).get(key)
-    text = value.get("string_value") if isinstance(value, Mapping) else value
+    """A declared footprint in MB, or None where none is declared or it is not a number from 0 to 1 PiB
+    (controlplane/base/bounds.py; validation refuses such a config, this read is for what was recorded before)."""
     try:
-        number = float(str(text))
-    except (TypeError, ValueError):
+        return model_parameter((config or {}).get("parameters") or {}, key)  # type: ignore[no-any-return]
+    except ValueError:
         return None
-    return number if number >= 0 else None
 
 
 def declared(config: Mapping[str, Any] | None) -> Footprint | None:

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controlplane.base.bounds import MAX_DURATION_S
 from controlplane.errors import NotFoundError, UsageError
 from controlplane.text import duration_s
 
-MAX_LEASE_S = 7 * 24 * 3600.0
+MAX_LEASE_S = MAX_DURATION_S  # a lease is a duration like any other (controlplane/base/bounds.py)
 DEFAULT_LEASE = "10m"
 
 
@@ -44,7 +45,7 @@ def parse_duration(text: str, field: str = "--for") -> float:
 
 def check_duration(for_s: float) -> float:
     """A lease's length: more than 0, at most a week."""
-    if not (0 < for_s <= MAX_LEASE_S):
+    if not (0 < for_s <= MAX_LEASE_S):  # NaN is refused too
         raise UsageError(f"lease duration {for_s:g} s: expected more than 0 and at most {MAX_LEASE_S:.0f} s")
     return float(for_s)
 

@@ -13,7 +13,8 @@ ensemble's lease renews and releases. Loads go through the Deployer like every l
 makes room first: controlplane/memory/budget.py), audited as action `ondemand`.
 
 The sweep (a thread of the daemon, every `SWEEP_S`) expires leases (audited `lease_expired`) and unloads
-a loaded `ondemand` model after `idle_unload_s` with no inference (Triton's statistics) and no lease
+a loaded `ondemand` model after `idle_unload_s` with no inference (the gateway's last inference request when
+it carries the traffic, else Triton's statistics: `last_inferences`) and no lease
 (audited `evict`), unless it is pinned or its serving digest carries a protected tag (as the budget
 spares it). Counts for the metrics: on-demand loads, evictions (budget, idle), lease expiries.
 """
@@ -82,6 +83,9 @@ class OnDemand:
         self.wait_s = wait_s  # how long an ensure waits for leases elsewhere to free that room
         self.refused = refused  # the budget refused the model's last admission (another load took the room)
         self.counts = {"loads": 0, "evictions_idle": 0, "lease_expiries": 0}
+        # each model's last use: its last inference request through the gateway when one carries the traffic
+        # (controlplane/memory/onrequest.py), else Triton's last-inference stamps
+        self.last_inferences: Callable[[], dict[str, float]] = lambda: self.triton.last_inferences()
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._loading: set[str] = set()
@@ -131,9 +135,10 @@ class OnDemand:
         return True
 
     def ensure(self, model: str, for_s: float, actor: str, progress: ProgressFn | None = None,
-               digest: str | None = None) -> LeaseResult:
+               digest: str | None = None, wait_s: float | None = None) -> LeaseResult:
         """Load `model` (or find it loaded) and hold it for `for_s` seconds; answers once it is READY.
-        `digest`: that content (a fleet's placement), else `target`'s."""
+        `digest`: that content (a fleet's placement), else `target`'s. `wait_s`: how long its load waits for
+        room in the memory budget (default `load_timeout_s`; a request's load: what is left of its wait)."""
         validate_model_name(model)
         check_duration(for_s)
         if not self._recorded(model):
@@ -154,7 +159,7 @@ class OnDemand:
                 with self.deployer.lock(model):  # an eviction decides under this lock, seeing the lease above
                     serves = self._serves(self.registry.get_model(model), digest)
                 if not serves:
-                    outcome = self._load(model, digest, actor, progress)
+                    outcome = self._load(model, digest, actor, progress, wait_s)
                     if not outcome.succeeded:
                         raise DeployError(f"{model}: {outcome.message}", outcome.outcome, str(outcome.cause))
                     loaded = outcome.outcome == Result.OK
@@ -167,12 +172,13 @@ class OnDemand:
             raise
         return LeaseResult(model, digest, lease.id, _utc(lease.until), loaded, int((time.monotonic() - started) * 1000))
 
-    def _load(self, model: str, digest: str, actor: str, progress: ProgressFn | None) -> Outcome:
+    def _load(self, model: str, digest: str, actor: str, progress: ProgressFn | None,
+              wait_s: float | None = None) -> Outcome:
         """Deploy `digest`. While leased (or pinned, protected, busy) models hold the budget, wait for one
         to go, up to `wait_s`; a deploy refused because another load took the room meanwhile (the budget
         still full after it) is tried again within that time; then it ends failed, naming the budget."""
         config = self.registry.get_snapshot(model, digest).config
-        deadline = time.monotonic() + self.wait_s()
+        deadline = time.monotonic() + (self.wait_s() if wait_s is None else wait_s)
         with self._guard:
             self._loading.add(model)
         try:
@@ -266,7 +272,7 @@ class OnDemand:
         loaded = [m for m in loaded if not spared(m)]
         used = self.leases.last_used()
         try:
-            for model, when in self.triton.last_inferences().items():
+            for model, when in self.last_inferences().items():
                 used[model] = max(used.get(model, 0.0), when)
         except TritonctlError as exc:
             log.debug("inference statistics unavailable: %s", exc)

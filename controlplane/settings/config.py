@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from controlplane.base import bounds
 from controlplane.base.defaults import DEFAULT_STATE_DIR, SOCKET_NAME
 from controlplane.errors import ConfigError
 from controlplane.settings.access import ACCESS_PARSERS, RoleMap, check_access
@@ -42,11 +43,12 @@ NOT_SETTINGS_ENV = ("TRITONCTL_CONFIG", "TRITONCTL_ADDRESS", "TRITONCTL_CA_FILE"
 # daemon a test starts under them is not refused.
 TEST_ENV_PREFIX = "TRITONCTL_TEST_"
 # What SIGHUP may change without a restart (everything else needs one).
-RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "log_level", "reconcile_interval_s",
+RELOADABLE = ("policy", "settle_s", "gateway_drain_s", "gateway_load_wait_s", "log_level", "reconcile_interval_s",
               "canary_hosts", "canary_count", "wave_size", "liveness_s", "converge_s", "wave_bake_s", "webhook",
               "webhook_retry_max_s", "bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio",
               "bake_min_requests", "bake_inconclusive", "bake_warn_load_ratio", "canary_steps",
-              "canary_sticky_header", "wave_steps")
+              "canary_sticky_header", "wave_steps", "shadow_s", "shadow_fraction", "shadow_rtol", "shadow_atol",
+              "shadow_keep_inputs", "shadow_min_agreement")
 # The mode's defaults (docs/bake.md "Safe defaults"): where a gateway carries the traffic
 # (`Settings.routes_traffic`) a new digest takes a tenth of the requests for a minute before all of them;
 # without one, a deploy switches at once and does not bake (what tritonctl did before the gateway).
@@ -84,7 +86,11 @@ class Settings:
     gateway_http_address: str | None = None  # HOST:PORT clients send HTTP/REST inference to (external Triton)
     gateway_grpc_address: str | None = None  # HOST:PORT clients send gRPC inference to (external Triton)
     triton_http_url: str | None = None  # an external tritonserver's HTTP HOST:PORT, for the gateway's HTTP side
+    # a gateway something else runs (its own container or unit): its control socket; the daemon routes through
+    # it and never starts, restarts or stops it (docs/kubernetes.md)
+    gateway_control_socket: Path | None = None
     gateway_drain_s: float = 5.0  # after a switch, the old digest answers the requests sent before it this long
+    gateway_load_wait_s: float = 60.0  # a request for a model not loaded waits this long for its load (onrequest.py)
     settle_s: float = 1.0
     policy: str = "auto"
     commit_marker: str | None = None
@@ -165,6 +171,14 @@ class Settings:
     canary_steps: tuple[int | str, ...] = ()
     canary_sticky_header: str | None = None  # a request header whose value's hash keeps a client on one version
     wave_steps: tuple[int | str, ...] = AT_ONCE  # a fleet's waves after the canary wave (which takes canary_steps)
+    # Shadow (docs/bake.md "Shadow"): through a gateway, before a canary's first step, a copy of live requests goes
+    # to the new digest for `shadow_s` (0: no shadow) and the gateway compares each pair of answers
+    shadow_s: float = 0.0
+    shadow_fraction: float = 1.0  # of the requests copied (up to the gateway's rate limit, docs/gateway.md)
+    shadow_rtol: float = 1e-5  # floating outputs agree within atol + rtol * |the serving version's|
+    shadow_atol: float = 1e-8
+    shadow_keep_inputs: bool = False  # the first disagreements keep the request's inputs (else none are kept)
+    shadow_min_agreement: float = 1.0  # pairs that agree over all pairs, at least
 
     def __post_init__(self) -> None:
         """The mode's defaults (`bake_s`, `canary_steps` not given): safe where a gateway carries the traffic."""
@@ -184,10 +198,11 @@ class Settings:
     @property
     def routes_traffic(self) -> bool:
         """Whether a gateway carries the inference traffic: on with --launch-triton unless `gateway = false`;
-        with an external tritonserver when a gateway address is given."""
+        with an external tritonserver when a gateway address or a gateway's control socket is given."""
         if not self.gateway:
             return False
-        return self.launch_triton or bool(self.gateway_http_address or self.gateway_grpc_address)
+        return self.launch_triton or bool(self.gateway_http_address or self.gateway_grpc_address
+                                          or self.gateway_control_socket)
 
     @property
     def load_parallelism(self) -> int:
@@ -263,37 +278,61 @@ def _bool(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
-def _positive_float(minimum: float) -> Callable[[Any], float]:
+def _positive_float(minimum: float, maximum: float, unit: str = "") -> Callable[[Any], float]:
+    """A finite number from `minimum` to `maximum` (each maximum is declared in controlplane/base/bounds.py)."""
     def parse(value: Any) -> float:
         if isinstance(value, bool):
             raise ValueError("expected a number")
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError("expected a number") from None
         if number != number or number in (float("inf"), float("-inf")):
             raise ValueError("expected a finite number")
         if number < minimum:
             raise ValueError(f"must be at least {minimum}")
+        if number > maximum:
+            raise ValueError(f"must be at most {maximum:.0f}{unit}")
         return number
 
     return parse
 
 
+number_from = _positive_float  # settings/modelparams.py: a model parameter's number, as a setting's
+_WEEK = f" seconds ({bounds.MAX_DURATION_TEXT})"
+
+
+def _seconds(minimum: float) -> Callable[[Any], float]:
+    """A duration in seconds: a number from `minimum` to a week (bounds.MAX_DURATION_S)."""
+    return _positive_float(minimum, bounds.MAX_DURATION_S, _WEEK)
+
+
 def _duration(value: Any) -> float:
-    """Seconds: a number, or a duration like 90s, 5m, 1h; 0 or more."""
+    """Seconds: a number, or a duration like 90s, 5m, 1h; 0 or more, at most a week (bounds.MAX_DURATION_S)."""
     if isinstance(value, bool):
         raise ValueError("expected seconds or a duration like 30s, 5m")
-    seconds = float(value) if isinstance(value, (int, float)) else duration_s(str(value))
-    if seconds is None or seconds != seconds or seconds < 0 or seconds == float("inf"):
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) else duration_s(str(value))
+    except OverflowError:  # an int beyond a float
+        seconds = float("inf")
+    if seconds is None or seconds != seconds or seconds < 0:
         raise ValueError("expected seconds or a duration like 30s, 5m")
+    if seconds > bounds.MAX_DURATION_S:
+        raise ValueError(f"must be at most {bounds.MAX_DURATION_S:.0f}{_WEEK}")
     return seconds
 
 
 def _ratio(value: Any) -> float:
-    number = _positive_float(0.0)(value)
+    number = _positive_float(0.0, float("inf"))(value)
     if number > 1.0:
         raise ValueError("expected a ratio from 0 to 1")
+    return number
+
+
+def _fraction(value: Any) -> float:
+    number = _ratio(value)
+    if number <= 0:
+        raise ValueError("expected a fraction above 0, up to 1")
     return number
 
 
@@ -311,8 +350,13 @@ def _whole_number(expected: str, minimum: int = 0, maximum: int | None = None) -
     return parse
 
 
-_positive_int = _whole_number("a whole number of at least 1", minimum=1)
-_whole_int = _whole_number("a whole number (0 or more)")
+_count = _whole_number(f"a whole number from 1 to {bounds.MAX_COUNT}", minimum=1, maximum=bounds.MAX_COUNT)
+_whole_count = _whole_number(f"a whole number from 0 to {bounds.MAX_COUNT}", maximum=bounds.MAX_COUNT)
+_threads = _whole_number(f"a whole number from 1 to {bounds.MAX_THREADS}", minimum=1, maximum=bounds.MAX_THREADS)
+_threads_or_zero = _whole_number(f"a whole number from 0 to {bounds.MAX_THREADS}", maximum=bounds.MAX_THREADS)
+_bytes = _whole_number(f"a whole number of bytes from 1 to {bounds.MAX_BYTES} (1 PiB)", minimum=1,
+                       maximum=bounds.MAX_BYTES)
+_megabytes = _positive_float(1.0, bounds.MAX_MEGABYTES, " MB (1 PiB)")
 _port = _whole_number("a port number 1-65535", minimum=1, maximum=65535)
 _port_or_zero = _whole_number("a port number 0-65535 (0: a free port)", maximum=65535)
 
@@ -397,8 +441,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gateway_http_address": _web_address,
     "gateway_grpc_address": _web_address,
     "triton_http_url": _web_address,
+    "gateway_control_socket": _path,
     "gateway_drain_s": _duration,
-    "settle_s": _positive_float(0.05),
+    "gateway_load_wait_s": _duration,
+    "settle_s": _seconds(0.05),
     "policy": _choice(POLICIES),
     "commit_marker": _text,
     "socket": _path,
@@ -414,71 +460,55 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "metrics_port": _port,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
-    "reconcile_interval_s": _positive_float(0.5),
-    "startup_parallelism": _whole_int,
-    "triton_load_threads": _positive_int,
+    "reconcile_interval_s": _seconds(0.5),
+    "startup_parallelism": _threads_or_zero,
+    "triton_load_threads": _threads,
     "triton_auto_complete": _bool,
     "ready_waits_for_deploys": _bool,
-    "load_timeout_s": _positive_float(1.0),
-    "shutdown_timeout_s": _positive_float(1.0),
-    "db_busy_timeout_s": _positive_float(0.1),
+    "load_timeout_s": _seconds(1.0),
+    "shutdown_timeout_s": _seconds(1.0),
+    "db_busy_timeout_s": _seconds(0.1),
     "host": _text,
     "allowed_link_roots": _paths,
-    "max_model_bytes": _positive_int,
+    "max_model_bytes": _bytes,
     "watch": _choice(WATCH_MODES),
-    "poll_interval_s": _positive_float(0.05),
-    "rescan_interval_s": _positive_float(0.5),
+    "poll_interval_s": _seconds(0.05),
+    "rescan_interval_s": _seconds(0.5),
     "keep_triton": _bool,
     "launch_loads_serving": _bool,
     "fleet": _bool,
     "shared_store": _repository,  # a directory or s3://BUCKET/PREFIX
     "canary_hosts": _text,
-    "canary_count": _positive_int,
-    "wave_size": _positive_int,
-    "liveness_s": _positive_float(0.5),
-    "heartbeat_s": _positive_float(0.1),
-    "converge_s": _positive_float(0.1),
+    "canary_count": _count,
+    "wave_size": _count,
+    "liveness_s": _seconds(0.5),
+    "heartbeat_s": _seconds(0.1),
+    "converge_s": _seconds(0.1),
     "wave_bake_s": _duration,
     "webhook": webhook_tables,
-    "webhook_retry_max_s": _positive_float(0.1),
-    "memory_budget_mb": _positive_float(1.0),
-    "gpu_memory_budget_mb": _positive_float(1.0),
+    "webhook_retry_max_s": _seconds(0.1),
+    "memory_budget_mb": _megabytes,
+    "gpu_memory_budget_mb": _megabytes,
     "protected_tags": _text,
-    "idle_unload_s": _positive_float(1.0),
+    "idle_unload_s": _seconds(1.0),
     "bake_s": _duration,
     "bake_max_failure_ratio": _ratio,
-    "bake_max_latency_ratio": _positive_float(1.0),
-    "bake_min_requests": _whole_int,
+    "bake_max_latency_ratio": _positive_float(1.0, bounds.MAX_RATIO),
+    "bake_min_requests": _whole_count,
     "bake_inconclusive": _choice(BAKE_INCONCLUSIVE),
-    "bake_warn_load_ratio": _positive_float(1.0),
+    "bake_warn_load_ratio": _positive_float(1.0, bounds.MAX_RATIO),
     "canary_steps": parse_steps,
     "canary_sticky_header": header_name,
     "wave_steps": parse_steps,
+    "shadow_s": _duration,
+    "shadow_fraction": _fraction,
+    "shadow_rtol": _positive_float(0.0, bounds.MAX_RATIO),
+    "shadow_atol": _positive_float(0.0, bounds.MAX_RATIO),
+    "shadow_keep_inputs": _bool,
+    "shadow_min_agreement": _ratio,
     **ACCESS_PARSERS,
 }
 assert set(PARSERS) == {f.name for f in fields(Settings)}
-
-
-# A model's own bake settings, `parameters { key: "tritonctl.bake_s" value { string_value: "5m" } }` in its
-# config.pbtxt: parsed as the daemon's settings are (docs/bake.md); validation refuses a bad one.
-BAKE_PARAMETERS = ("bake_s", "bake_max_failure_ratio", "bake_max_latency_ratio", "canary_steps")
-PARAMETER_PREFIX = "tritonctl."
-
-
-def bake_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """The bake settings a model's config parameters set (key → parsed value), from `parameters` as a parsed
-    config holds them (key → {"string_value": text}, or key → text). ValueError names the parameter."""
-    found: dict[str, Any] = {}
-    for key in BAKE_PARAMETERS:
-        value = parameters.get(PARAMETER_PREFIX + key)
-        if value is None:
-            continue
-        text = value.get("string_value", "") if isinstance(value, Mapping) else value
-        try:
-            found[key] = PARSERS[key](text)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f'parameters["{PARAMETER_PREFIX}{key}"]: "{text}": {exc}') from None
-    return found
 
 
 def _parse(key: str, value: Any, source: str) -> Any:

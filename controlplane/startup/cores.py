@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from controlplane.documents.results import ValidationResult
+from controlplane.documents.validation import ValidationResult
 from controlplane.errors import TritonctlError
 from controlplane.snapshot import ContentStore
 from controlplane.source.protocol import Captured, CaptureJob

@@ -54,7 +54,7 @@ class DataPlane:
         process = gateway.gateway_process(self.settings, self.triton_server)
         if process is None:
             return None
-        self.gateway = gateway.adopt_or_start(process)
+        self.gateway = gateway.adopt_or_start(process, gateway.port_flags(self.settings))
         return gateway.GatewayPort(self.gateway)
 
     def inference_urls(self) -> str:

@@ -20,6 +20,7 @@ from controlplane.errors import ConfigError, LauncherError, StateDirInUseError
 from controlplane.gateway import launcher as gateway_launcher
 from controlplane.settings.config import Settings
 from controlplane.source.local import check_repository
+from controlplane.startup import gateway
 from controlplane.triton import launcher
 from controlplane.triton.ports import HOST, PORT_FLAGS, check_port_free, gateway_ports, requested_ports
 
@@ -36,6 +37,7 @@ def check(settings: Settings) -> None:
     check_repository(settings)  # a directory source's own check (source/local.py)
     if not settings.triton_url and not settings.launch_triton:
         raise ConfigError("no tritonserver: give --triton-url HOST:PORT or --launch-triton")
+    gateway.check_settings(settings)
     _check_state_dir(settings.state_dir)
     _check_files(settings)
     _check_ports(settings)

@@ -26,7 +26,7 @@ from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from controlplane.documents.results import ValidationResult
+from controlplane.documents.validation import ValidationResult
 from controlplane.errors import StoreError, TritonctlError
 from controlplane.intake import recording as intake
 from controlplane.intake.decision import Rule, decide

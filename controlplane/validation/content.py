@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from controlplane.documents.results import Problem
+from controlplane.documents.validation import Problem
 from controlplane.errors import ModelConfigError, SnapshotEnvironmentError, is_environment_error
 from controlplane.snapshot.layout import SMOKE_FILE
 from controlplane.vocab import ERROR

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from controlplane.settings.config import BAKE_PARAMETERS, PARAMETER_PREFIX, bake_parameters
+from controlplane.settings.modelparams import MODEL_PARAMETERS, PARAMETER_PREFIX, STAMPED_PARAMETERS, model_parameter
 from controlplane.triton.model_config import model_config_pb2 as mc
 from controlplane.validation.ensembles import check_ensemble_graph
 from controlplane.vocab import ERROR, WARNING
@@ -62,21 +62,30 @@ def check_config(
     findings += _check_sequence_controls(config)
     findings += _check_batch_inputs(config)
     findings += [Finding(f.field, f.message, f.severity) for f in check_ensemble_graph(config, model_name)]
-    findings += _check_bake_parameters(config)
+    findings += _check_tritonctl_parameters(config)
     return findings
 
 
-def _check_bake_parameters(config: mc.ModelConfig) -> Iterator[Finding]:
-    """The model's own bake settings (`tritonctl.bake_s` ...; docs/bake.md): Triton ignores them, a bad one
-    would quietly bake the model on the daemon's limits."""
-    for key in BAKE_PARAMETERS:
-        name = PARAMETER_PREFIX + key
-        if name in config.parameters:
-            try:
-                bake_parameters({name: config.parameters[name].string_value})
-            except ValueError as exc:
-                field, _, message = str(exc).partition(": ")
-                yield Finding(field, message)
+def _check_tritonctl_parameters(config: mc.ModelConfig) -> Iterator[Finding]:
+    """The model's own `tritonctl.*` parameters (its bake, `tritonctl.bake_s` ..., docs/bake.md; its declared
+    footprint): Triton ignores them, so a bad one would quietly bake or budget the model on the daemon's
+    defaults, and one out of range (controlplane/base/bounds.py) must never reach a bake; a key tritonctl does
+    not read is a typo, warned of."""
+    for name in config.parameters:
+        if not name.startswith(PARAMETER_PREFIX):
+            continue
+        key = name[len(PARAMETER_PREFIX):]
+        if key in STAMPED_PARAMETERS:
+            continue
+        field = f'parameters["{name}"]'
+        if key not in MODEL_PARAMETERS:
+            yield Finding(field, f"tritonctl reads no such parameter (it reads "
+                                 f"{', '.join(PARAMETER_PREFIX + k for k in MODEL_PARAMETERS)}): ignored", WARNING)
+            continue
+        try:
+            model_parameter({name: config.parameters[name].string_value}, key)
+        except ValueError as exc:
+            yield Finding(field, str(exc).partition(": ")[2])
 
 
 def _check_identity(config: mc.ModelConfig, model_name: str, inferred: tuple[str, str] | None) -> Iterator[Finding]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory, text_format
 
-from controlplane.documents.results import Problem, ValidationReport, ValidationResult, one_line
+from controlplane.documents.validation import Problem, ValidationReport, ValidationResult, one_line
 from controlplane.errors import ModelConfigError, SnapshotEnvironmentError, UsageError, is_environment_error
 from controlplane.names import validate_model_name
 from controlplane.snapshot.fsutil import read_small_text

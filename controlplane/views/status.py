@@ -8,7 +8,7 @@ While the registry does not answer, the rows come from what this host last read 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from controlplane.deploy.causes import Retry, RetryBook
 from controlplane.deploy.engine import Deployer
 from controlplane.deploy.reconcile import plan
 from controlplane.deploy.servedview import ServedView
-from controlplane.documents.results import StatusPage, StatusResult, VersionState
+from controlplane.documents.results import StatusPage, StatusResult, StatusRow, VersionState
 from controlplane.errors import NotFoundError, StoreError, TritonctlError
 from controlplane.intake import tags
 from controlplane.intake.flow import Intake
@@ -29,7 +29,7 @@ from controlplane.store.registry import Registry
 from controlplane.triton.client import TritonClient
 from controlplane.views import queries
 from controlplane.views.sync import needs_last_deployment, sync_state, track_sync
-from controlplane.vocab import CAPTURE_REFUSED, SyncState
+from controlplane.vocab import CAPTURE_REFUSED, ModelState, SyncState
 
 LASTS_BY_NAME = 500  # `status`: up to this many models not in sync have their last deployments read by name
 
@@ -55,7 +55,8 @@ class StatusView:
     def __init__(self, registry: Registry, triton: TritonClient, served_view: ServedView, deployer: Deployer,
                  intake: Intake, retries: RetryBook, restores: RetryBook, ondemand: OnDemand, baker: Baker,
                  *, tag_registry: Callable[[], Registry], http_url: str | None,
-                 gateway: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
+                 gateway: Callable[[], dict[str, Any] | None] = lambda: None,
+                 traffic: Callable[[], Mapping[str, Any]] = dict) -> None:
         """`tag_registry`: where tags live (a fleet's shared registry)."""
         self.registry = registry
         self.triton = triton
@@ -69,6 +70,7 @@ class StatusView:
         self.tag_registry = tag_registry
         self.http_url = http_url
         self.gateway = gateway  # where the gateway listens and its upstream (None without one)
+        self.traffic = traffic  # what the gateway saw, per public model (status --json `traffic`)
         # other local users can read the launched tritonserver's key (the daemon learns it before the plane)
         self.key_exposed = False
         self._tags_seen: tuple[list[Any], dict[str, str]] = ([], {})  # the last tags and tracks read
@@ -77,7 +79,9 @@ class StatusView:
         for name in models or []:
             validate_model_name(name)
         if not models:
-            return self._status_of(self.registry.list_models(), None)
+            result = self._status_of(self.registry.list_models(), None)
+            result.models.extend(self._bad_name_rows())
+            return result
         records = self.registry.list_models(names=models)
         known = {m.name for m in records}
         for name in models:
@@ -100,6 +104,8 @@ class StatusView:
             shown = matching[(page - 1) * size: page * size]
             result = self._status_of(self.registry.list_models(names=shown) if shown else [],
                                      self.registry.active_digests())
+            if page == 1 and sync == SyncState.INVALID and state in ("", ModelState.NEW):
+                result.models.extend(self._bad_name_rows(name))
             return StatusPage(result, len(matching), page, pages, self.registry.model_states())
         total, names = self.registry.model_page(state=state or None, name_contains=name or None,
                                                 offset=(max(page, 1) - 1) * size, limit=size)
@@ -110,7 +116,19 @@ class StatusView:
                                                     offset=(page - 1) * size, limit=size)
         result = self._status_of(self.registry.list_models(names=names) if names else [],
                                  self.registry.active_digests())
+        if page <= 1 and state in ("", ModelState.NEW):  # the source's badly named entries: on the first page
+            result.models.extend(self._bad_name_rows(name))
         return StatusPage(result, total, max(page, 1), pages, self.registry.model_states())
+
+    def _bad_name_rows(self, name_contains: str = "") -> list[StatusRow]:
+        """A row for each source entry whose name no model can have (`my model`: the intake's `bad_names`), sync
+        `invalid` with why. It is no model of the registry: nothing is kept or made under its name."""
+        policy = self.intake.settings.policy
+        return [StatusRow(model=name, state=ModelState.NEW, versions=[], digest=None, since=None, policy=policy,
+                          pinned=False, drift=None, drift_detail=None, last_error=reason, removed=False,
+                          sync=SyncState.INVALID, sync_reason=reason)
+                for name, reason in sorted(dict(self.intake.bad_names).items())
+                if name_contains.lower() in name.lower()]
 
     def _status_of(self, records: list[ModelRecord], wanted: dict[str, str | None] | None) -> StatusResult:
         """The status rows of `records`; `wanted`: every model's active digest, when `records` is not
@@ -128,6 +146,10 @@ class StatusView:
         by_name: dict[str, list[VersionState]] = {}  # one pass over the index, not one per model
         for e in index:
             by_name.setdefault(e.name, []).append(VersionState(e.version, e.state, e.reason))
+        try:  # one figures document for every row (a gateway that does not answer: none)
+            traffic = self.traffic()
+        except TritonctlError:
+            traffic = {}
         rows = []
         for model in records:
             sync, reason, policy, retry = self._sync_of(model, inputs)
@@ -145,8 +167,12 @@ class StatusView:
             bake = self.baker.of(model.name)
             row.bake = bake.to_json() if bake is not None else None
             row.canary = self.baker.canary_of(bake)
+            row.traffic = traffic.get(model.name)
+            row.shadow = self.baker.shadow_of(bake)
             if bake is not None and bake.state == "baking":
                 left = f"baking {bake.digest[:12]}: {bake.seconds_left()} s left"
+                if row.shadow is not None and row.shadow["state"] == "running":  # before its first step
+                    left = f"shadow of {bake.digest[:12]}: {row.shadow['seconds_left']} s left"
                 row.sync_reason = f"{row.sync_reason}; {left}" if row.sync_reason else left
             rows.append(row)
         outage = self.registry_outage()

@@ -12,7 +12,7 @@ from datetime import datetime
 from controlplane.deploy.causes import Retry
 from controlplane.intake.decision import rollback_holds
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead
-from controlplane.vocab import SERVING_STATES, ModelState, Policy, Result, SyncState
+from controlplane.vocab import SERVING_STATES, SMOKE_FAILED, ModelState, Policy, Result, SyncState
 
 SYNC_STATES = tuple(state.value for state in SyncState)
 
@@ -57,6 +57,9 @@ def sync_state(
         return SyncState.SYNCED, f"serving the source's newest content {_short(head.digest)}{note}"
     if not head.valid:
         return SyncState.INVALID, f"source content {_short(head.digest)} is invalid: {head.first_error}; {serves}"
+    if head.quarantined and (head.quarantine_reason or "").startswith(SMOKE_FAILED):  # its content validates
+        return SyncState.HELD, (f"{_short(head.digest)}: {head.quarantine_reason}; `tritonctl load {name} --force` "
+                                f"tries it again; {serves}")
     if head.quarantined:
         return SyncState.INVALID, (f"source content {_short(head.digest)} is quarantined: {head.quarantine_reason}; "
                                    f"{serves}")

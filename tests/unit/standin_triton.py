@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import TritonError, TritonUnavailableError
-from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry
+from controlplane.triton.client import DIGEST_PARAMETER, IndexEntry, RequestCounts
 from controlplane.validation.modelconfig import parse_config_text
 
 _DIGEST = re.compile(r'key: "' + re.escape(DIGEST_PARAMETER) + r'"\s*value\s*{\s*string_value: "([^"]+)"')
@@ -48,6 +48,7 @@ class StandinTriton:
     unreachable: bool = False
     models: dict[str, Served] = field(default_factory=dict)
     calls: list[tuple[str, str, float | None]] = field(default_factory=list)  # (call, model, timeout)
+    served_requests: dict[str, list[int]] = field(default_factory=dict)  # model -> [successes, failures]
 
     def _check(self) -> None:
         if self.unreachable:
@@ -106,4 +107,11 @@ class StandinTriton:
         served = self.models[model]
         value = self.answers.get(model, served.gen)
         x = inputs[0][2]
+        self.served_requests.setdefault(model, [0, 0])[0] += 1
         return {name: np.full_like(x, value, dtype=np.float32) for name in output_names}
+
+    def request_counts(self, model: str) -> dict[tuple[str, str], RequestCounts]:
+        """Triton's statistics as the smoke test reads them: each infer counted (the stand-in never fails one)."""
+        self._check()
+        success, failure = self.served_requests.get(model, [0, 0])
+        return {(model, "1"): RequestCounts(success, failure, 0)}

@@ -199,3 +199,23 @@ def test_the_idle_sweep_looks_at_each_serving_models_policy_only_after_a_change(
     assert ondemand.sweep() == [] and {"a", "b", "c"} <= set(asked[looked:]) and evicted == []
     default[0] = "ondemand"  # a reload: a and c follow the default now, idle since they served an hour ago
     assert sorted(ondemand.sweep()) == ["a", "c"] and sorted(evicted) == ["a", "c"]
+
+
+def test_blocked_says_whether_a_load_waits_for_room_or_never_finds_it(registry: Registry) -> None:
+    """A request's load (controlplane/memory/onrequest.py) is refused at once when the pinned and protected
+    models alone leave no room, and waits while leased ones hold it (a lease ends)."""
+    plane = Plane(registry)
+    serve(registry, "pinned", 600, pinned=True)
+    serve(registry, "leased", 400)
+    serve(registry, "idle", 300)
+    plane.leased = {"leased"}
+    guard = MemoryGuard(registry, Meter(), plane.hooks(), gpu_memory_budget_mb=1200)
+    small = {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "150"}}}
+    assert guard.blocked("new", "n" * 64, small) is None  # evicting idle makes room: not blocked
+    mid = {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "500"}}}
+    message, never = guard.blocked("new", "n" * 64, mid) or ("", True)
+    assert not never and "leased 400 MB" in message and "pinned 600 MB" in message, message  # waits for the lease
+    big = {"parameters": {"tritonctl.gpu_footprint_mb": {"string_value": "700"}}}
+    message, never = guard.blocked("new", "n" * 64, big) or ("", False)
+    assert never and "gpu_memory_budget_mb = 1200 MB" in message, message  # 600 pinned + 700 > 1200
+    assert plane.evicted == []  # a question only

@@ -203,8 +203,8 @@ def test_a_failing_smoke_request_rolls_back(bench: Bench) -> None:
     good = bench.serving_now(1)
     bad = bench.record(2, smoke_gen=3)  # the content answers 2, its smoke file expects 3
     outcome = bench.deployer.deploy("m", bad, "alice")
-    assert (outcome.outcome, outcome.cause) == (Result.ROLLED_BACK, Cause.CONTENT)
-    assert outcome.message.split(": ", 1)[1].startswith("smoke:")
+    assert (outcome.outcome, outcome.cause) == (Result.ROLLED_BACK, Cause.SMOKE)  # its own: held, not "invalid"
+    assert outcome.message.split(": ", 1)[1].startswith("smoke test failed: m request 0: output 'gen'")
     assert served(bench) == good and bench.registry.get_snapshot("m", bad).quarantined
 
 
@@ -516,3 +516,21 @@ def test_recover_leaves_a_deployment_that_finished_since_the_list_was_read(bench
         end = conn.execute(select(schema.Deployment.finished_at)
                            .where(schema.Deployment.id == deployment.id)).scalar_one()
     assert end == finished.finished_at
+
+
+def test_a_retry_due_is_taken_once_until_its_outcome_says_when_next() -> None:
+    """The daemon asks every supervision round (a second) for the retries due, so "retry 1 in 5 s" fires at about
+    5 s (issue 57: it waited for the next reconcile, 9.4 s); a retry still running is not due again, and its
+    failure books the next one from then."""
+    from controlplane.deploy.causes import RetryBook
+
+    book = RetryBook(base_s=5.0, cap_s=300.0)
+    first = book.failed("m", "d" * 64, "backend missing")
+    assert book.take_due(first.due_at - 0.5) == []
+    assert [r.model for r in book.take_due(first.due_at + 0.1)] == ["m"]
+    assert book.take_due(first.due_at + 1.0) == []  # taken: the deploy runs, nothing sends it twice
+    assert book.get("m") is not None  # still owed: status says so, the deploy reads it
+    second = book.failed("m", "d" * 64, "backend missing")
+    assert second.attempt == 2 and 9.5 < second.seconds_left() <= 10
+    book.clear("m")
+    assert book.take_due(second.due_at + 400) == []

@@ -18,6 +18,7 @@ from controlplane.errors import UsageError
 from controlplane.gateway import httpnames as hn
 from controlplane.gateway.figures import Figures
 from controlplane.gateway.metrics import gateway_text, relabel_triton
+from controlplane.gateway.parking import Parking
 from controlplane.gateway.routes import (
     Route,
     RouteTable,
@@ -130,7 +131,10 @@ def test_metrics_text_and_tritons_labels() -> None:
 
     gw = Gw()
     gw.figures = figures  # type: ignore[attr-defined]
+    gw.parking = Parking()  # type: ignore[attr-defined]
+    gw.parking.waiting["n"] = {object(): None, object(): None}  # type: ignore[attr-defined, dict-item]
     text = gateway_text(gw)
+    assert 'tritonctl_gateway_waiting_requests{model="n"} 2' in text
     assert 'tritonctl_gateway_requests_total{model="m",digest="aaaaaaaaaaaa",protocol="grpc"} 3' in text
     assert 'tritonctl_gateway_failures_total{model="m",digest="aaaaaaaaaaaa",protocol="grpc",class="model"} 1' in text
     bucket = 'tritonctl_gateway_request_seconds_bucket{model="m",digest="aaaaaaaaaaaa",protocol="grpc",le="0.0025"} 1'

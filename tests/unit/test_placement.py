@@ -62,3 +62,15 @@ def test_no_room_anywhere_names_every_budget_and_what_holds_it() -> None:
 def test_no_live_host_is_an_error() -> None:
     with pytest.raises(BudgetError, match="no live host"):
         place("m", NEED, [])
+
+
+def test_a_request_places_on_the_host_it_arrived_at_when_that_host_has_or_can_make_room() -> None:
+    """A request at h1's gateway (controlplane/memory/onrequest.py) prefers h1 over the host with the most room;
+    a host that has the model already still wins; a preferred host without room is passed over."""
+    roomy, tight = HostRoom("h2", 1000.0), HostRoom("h1", 300.0, holdings=(Holding("idle", 200.0, 0.0, True),))
+    assert place("m", NEED, [roomy, tight]).host == "h2"
+    choice = place("m", NEED, [roomy, tight], prefer="h1")
+    assert (choice.host, choice.reason) == ("h1", "evicts") and "where a request for it arrived" in choice.message
+    assert place("m", NEED, [roomy, tight], has_it=["h2"], prefer="h1").host == "h2"
+    full = HostRoom("h1", 300.0, holdings=(Holding("pinned", 250.0, 0.0, False),))
+    assert place("m", NEED, [roomy, full], prefer="h1").host == "h2"

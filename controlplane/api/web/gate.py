@@ -44,9 +44,10 @@ FREE_FAILURES = 5  # wrong tokens a client may send before it waits
 MAX_WAIT_S = 300.0  # the longest wait between tries after wrong tokens
 FAILURES_FORGOTTEN_S = 900.0  # a client's wrong tokens are forgotten after this long without another
 # What a page may load: its own scripts and styles (style attributes: the timeline's positions), images
-# of its own or data: (the empty icon), fetches and the event stream of its own origin; no frames, no
-# plugins, forms posted to itself only.
-CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
+# of its own or data: (the empty icon), fetches and the event stream of its own origin (the stream in a worker
+# of its own script, static/events.js); no frames, no plugins, forms posted to itself only.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; worker-src 'self'; style-src 'self'; "
+                           "style-src-attr 'unsafe-inline'; "
                            "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
                            "base-uri 'none'")
 SECURITY_HEADERS = ((b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),

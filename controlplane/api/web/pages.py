@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from datetime import datetime, timezone
 from math import ceil
 from pathlib import Path
@@ -27,7 +28,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from controlplane import errors
 from controlplane.api.access import Authenticator
@@ -90,9 +91,29 @@ def page_link(request: Request, **changes: Any) -> str:
     return f"{request.url.path}?{urlencode({k: v for k, v in params.items() if v})}"
 
 
+_TICKED = re.compile(r"`([^`\n]+)`")
+
+
+def prose(text: str | None) -> Markup:
+    """Text whose `quoted` parts (a command, a setting: the CLI's and the docs' way) are code, not backticks."""
+    parts = _TICKED.split(str(text or ""))
+    return Markup("").join(Markup("<code>{}</code>").format(part) if i % 2 else escape(part)
+                           for i, part in enumerate(parts))
+
+
+def a_model(name: str | None) -> bool:
+    """Whether `name` is a model's (a page of its own): not a source entry whose name no model can have."""
+    try:
+        validate_model_name(name or "")
+    except errors.UsageError:
+        return False
+    return True
+
+
 def make_templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.filters.update(time=time_html, age=age, short=short)
+    templates.env.filters.update(time=time_html, age=age, short=short, prose=prose)
+    templates.env.tests.update(a_model=a_model)
     templates.env.globals.update(page_link=page_link, mark_kinds=MARK_KINDS)
     return templates
 

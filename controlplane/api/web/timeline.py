@@ -20,14 +20,22 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controlplane.bake.canary import CANARY_ACTION, STEP_LINE
+from controlplane.bake.shadow import SHADOW_ACTION
 from controlplane.vocab import BAKE_ACTOR  # a failed bake's rollback (docs/bake.md): `rolled_back`, its digest serves
 
 # Which audit actions put a mark on the timeline, and the letter the mark shows (colour is never the only
 # signal: each mark is a letter with its kind spelled out in the legend and the title).
 MARK_KINDS = {"deploy": "D", "rollback": "R", "quarantine": "Q", "tag": "T", "changeset": "C", "unload": "U",
-              "pin": "P", "unpin": "P", "policy": "P", "bake": "B", "canary": "W"}
+              "pin": "P", "unpin": "P", "policy": "P", "bake": "B", "canary": "W", "shadow": "S"}
 SERVES = ("deploy", "rollback")
 GOOD = ("ok", "noop")
+# Drawing (static/web.css): a mark is about 1rem wide, centred on its moment, on a band at least 20rem wide, so
+# two marks closer than 6 % of the span would overlap: the later one goes down a lane. The served strip (and a
+# canary's share under it) is above the lanes, so no mark hides a band, however short (a digest that served
+# under a second).
+MARK_GAP_PCT = 6.0
+STRIP_REM = 1.55  # the served strip and a canary's share under it; lane k's marks are at STRIP_REM + k * LANE_REM
+LANE_REM = 1.6
 
 
 def parse_iso(text: str | None) -> datetime | None:
@@ -52,6 +60,12 @@ class Mark:
     letter: str
     left: float  # percent of the span
     event: dict[str, Any]
+    lane: int = 0  # marks closer than MARK_GAP_PCT go down a lane: none covers another
+
+    @property
+    def top(self) -> float:
+        """rem from the band's top (below the served strip)."""
+        return round(STRIP_REM + self.lane * LANE_REM, 2)
 
     @property
     def title(self) -> str:
@@ -69,6 +83,26 @@ class Band:
     serving_now: bool = False
     canary: list[tuple[float, float, int]] = field(default_factory=list)  # (left %, width %, percent of requests)
 
+    @property
+    def height(self) -> float:
+        """rem: the served strip and one lane per row of marks (at least one)."""
+        return height(self.marks)
+
+
+def height(marks: list[Mark]) -> float:
+    return round(STRIP_REM + max([m.lane + 1 for m in marks] or [1]) * LANE_REM, 2)
+
+
+def lay_out(marks: list[Mark]) -> None:
+    """Give each mark the first lane whose last mark is MARK_GAP_PCT or more to its left (in time order)."""
+    ends: list[float] = []  # each lane's last mark
+    for mark in sorted(marks, key=lambda m: (m.left, m.event.get("id", 0))):
+        lane = next((i for i, end in enumerate(ends) if mark.left - end >= MARK_GAP_PCT), len(ends))
+        if lane == len(ends):
+            ends.append(mark.left)
+        ends[lane] = mark.left
+        mark.lane = lane
+
 
 @dataclass
 class Timeline:
@@ -76,6 +110,10 @@ class Timeline:
     end: datetime
     bands: list[Band]
     other_marks: list[Mark]  # events naming no digest (a change set, an unload)
+
+    @property
+    def other_height(self) -> float:
+        return height(self.other_marks)
 
 
 def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]], now: datetime) -> Timeline:
@@ -106,13 +144,15 @@ def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]],
         if moment is None:
             continue
         kind, digest = mark_kind(event), event.get("digest")
-        if event["action"] == CANARY_ACTION and digest:
+        if event["action"] in (CANARY_ACTION, SHADOW_ACTION) and digest:
             bands.setdefault(digest, Band(digest))
             if digest in split:
                 end_split(digest, pos(moment))
             step = STEP_LINE.match(event.get("message") or "")
             if step is not None and int(step.group(3)) < 100:
                 split[digest] = (pos(moment), int(step.group(3)))
+            elif event["action"] == SHADOW_ACTION and (event.get("message") or "").startswith("shadow of "):
+                split[digest] = (pos(moment), 0)  # copies only: every request on the previous digest
         if kind in MARK_KINDS:
             mark = Mark(kind, MARK_KINDS[kind], pos(moment), event)
             band = bands.get(digest) if digest else None
@@ -138,7 +178,30 @@ def build_timeline(versions: list[dict[str, Any]], events: list[dict[str, Any]],
     if serving:
         bands[serving[0]].segments.append((serving[1], round(100.0 - serving[1], 2)))
         bands[serving[0]].serving_now = True
+    _quarantines(versions, ordered, bands, pos)
+    for band in bands.values():
+        lay_out(band.marks)
+    lay_out(other)
     return Timeline(start, now, list(bands.values()), other)
+
+
+def _quarantines(versions: list[dict[str, Any]], ordered: list[dict[str, Any]], bands: dict[str, Band],
+                 pos: Any) -> None:
+    """A Q mark on each quarantined digest's band where it was quarantined: the first deploy of it that failed
+    or rolled back by its content's fault (a bake's rollback quarantines nothing), when no audit event of
+    its own (a skip, an invalid snapshot) marks it already."""
+    for version in versions:
+        band = bands.get(version["digest"])
+        if not version.get("quarantined") or band is None or any(m.kind == "quarantine" for m in band.marks):
+            continue
+        event = next((e for e in ordered if e.get("digest") == version["digest"] and e["action"] == "deploy"
+                      and e["outcome"] in ("rolled_back", "failed") and e["actor"] != BAKE_ACTOR), None)
+        moment = parse_iso(event["time"]) if event else None
+        if event is None or moment is None:
+            continue
+        reason = version.get("quarantine_reason") or event.get("message") or ""
+        band.marks.append(Mark("quarantine", MARK_KINDS["quarantine"], pos(moment),
+                               {**event, "action": "quarantine", "message": reason}))
 
 
 # A config.pbtxt line that sets a field: `  max_batch_size: 8`, `name: "x"`.
