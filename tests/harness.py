@@ -380,10 +380,59 @@ def example_daemon(base: Path, *examples: str, bare: bool = False, settle_s: flo
     assert proc.stop() == 0, proc.log_tail()
 
 
+# -- the gateway's layout (docs/gateway.md): where a test finds what Triton itself serves -----------------
+#
+# With a gateway (a daemon's default with --launch-triton) every digest is loaded in Triton under a private
+# name `<model>__<8 hex>`, published at `<state>/serving/<private>`, and the gateway's route table
+# `<state>/gateway/routes.json` maps each public model to it; `--no-gateway` loads it under the model's own
+# name. These helpers answer the same question either way, so a test asserts the same fact on both paths.
+
+
+def routes(state_dir: Path) -> dict[str, Any]:
+    """The gateway's route table as the daemon left it on disk: model -> its route (targets, state...);
+    empty without a gateway."""
+    try:
+        return dict(json.loads((state_dir / "gateway" / "routes.json").read_text())["routes"])
+    except FileNotFoundError:
+        return {}
+
+
+def served_name(state_dir: Path, model: str) -> str | None:
+    """The name Triton serves `model` under: its route's active target (the first: the digest the registry
+    calls active) with a gateway, its own name without one; None when a gateway has no route for it."""
+    if not (state_dir / "gateway" / "routes.json").exists():
+        return model
+    route = routes(state_dir).get(model)
+    return str(route["targets"][0]["name"]) if route and route.get("targets") else None
+
+
+def served_tree(state_dir: Path, model: str) -> Path:
+    """The published tree Triton loaded `model`'s serving digest from (`<state>/serving/<name>`)."""
+    name = served_name(state_dir, model)
+    assert name is not None, f"the gateway has no route for {model!r}: {routes(state_dir)}"
+    return state_dir / "serving" / name
+
+
+def upstream_url(daemon: DaemonProcess) -> str:
+    """tritonserver's own gRPC address (behind the gateway when there is one), where private names answer."""
+    status = daemon.status()
+    return str((status.get("gateway") or {}).get("upstream_grpc_url") or status["triton_url"])
+
+
 @contextmanager
 def triton_client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
     """A gRPC client of the daemon's tritonserver, closed on leaving."""
     client = grpcclient.InferenceServerClient(daemon.triton_url())
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextmanager
+def upstream_client(daemon: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    """A gRPC client of tritonserver itself, past the gateway (private names), closed on leaving."""
+    client = grpcclient.InferenceServerClient(upstream_url(daemon))
     try:
         yield client
     finally:

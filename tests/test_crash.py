@@ -30,7 +30,7 @@ import tritonclient.grpc as grpcclient
 
 from controlplane.store.registry import Registry
 from controlplane.triton.launcher import TritonServer
-from tests.harness import DaemonProcess, wait_for
+from tests.harness import DaemonProcess, served_name, wait_for
 
 PROBE_CONFIG = """name: "{name}"
 backend: "python"
@@ -139,7 +139,9 @@ def probe_loop(url: str, name: str, threads: int = 2) -> Iterator[dict[str, Any]
 
 
 def agree(state: Path, client: grpcclient.InferenceServerClient, name: str) -> str | None:
-    """The digest the registry, serving/ and Triton all agree on (None: not (yet) in agreement)."""
+    """The digest the registry, serving/ and Triton all agree on (None: not (yet) in agreement). `serving/`
+    is the tree Triton serves `name` from: with a gateway the one of the private name its route points at
+    (tests/harness.py served_name), asked for through the gateway by the public name."""
     registry = Registry(f"sqlite:///{state / 'registry.db'}")
     try:
         found = registry.find_model(name)
@@ -150,7 +152,10 @@ def agree(state: Path, client: grpcclient.InferenceServerClient, name: str) -> s
         registry.close()
     try:
         served = client.get_model_config(name, as_json=True)["config"]["parameters"]["tritonctl.digest"]
-        published = (state / "serving" / name / "config.pbtxt").read_text()
+        served_as = served_name(state, name)
+        if served_as is None:  # no route yet
+            return None
+        published = (state / "serving" / served_as / "config.pbtxt").read_text()
     except Exception:  # noqa: BLE001 - not loaded / not published yet
         return None
     if active and served["string_value"] == active and active in published:

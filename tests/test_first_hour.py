@@ -156,8 +156,10 @@ def test_wide_keeps_every_column_and_times_are_whole_seconds(daemon: DaemonProce
     wide = tritonctl(daemon, "status", "-o", "wide").stdout.splitlines()
     assert wide[1].split()[:6] == ["MODEL", "STATE", "SYNC", "DIGEST", "VERSIONS", "AGE"]
     assert "SYNC REASON" in wide[1] and "LAST ERROR" in wide[1]
-    # LAST ERROR whole (CONFIG, the last column since configs Triton completes are recorded, follows it)
-    assert any(line.startswith("leaky") and "points outside the model directory" in line for line in wide)
+    # the refusal whole, the last text before CONFIG (the config Triton completed: none, `-`)
+    leaky = next(line for line in wide if line.startswith("leaky"))
+    assert re.search(r"capture refused: symlink 1/extra\.txt points outside the model directory +-$", leaky), leaky
+    assert wide[1].split()[-1] == "CONFIG", wide[1]
     at = tritonctl(daemon, "audit", "--at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5)))
     assert at.returncode == 0, at.stderr
     linear = next(line for line in at.stdout.splitlines() if line.startswith("linear"))

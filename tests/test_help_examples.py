@@ -283,13 +283,25 @@ def _check(served: Served, line: str, result: Result) -> None:
         bake = row("linear")["bake"]
         assert bake["state"] == "baking" and b is not None and bake["digest"].startswith(b), bake
         assert "baking" in row("linear")["sync_reason"] and "s left" in row("linear")["sync_reason"]
-    elif line == "tritonctl abort linear":  # no gateway here: the previous digest loaded again, by the operator
+    elif line == "tritonctl abort linear":  # the gateway switched back to the previous digest, by the operator
         assert a is not None and str(row("linear")["digest"]).startswith(a), row("linear")
         assert row("linear")["bake"]["state"] == "failed" and "aborted by" in row("linear")["bake"]["reason"]
-    elif line == "tritonctl load linear --steps 5,pause,100 --bake 10m":  # steps need a gateway: a bake here
-        assert row("linear")["bake"]["state"] == "baking" and row("linear")["canary"] is None
-    elif line == "tritonctl promote linear":
-        assert row("linear")["bake"]["state"] == "passed" and "passed" in result.output
+    elif line == "tritonctl load linear --steps 5,pause,100 --bake 10m":  # the daemon's gateway splits: a canary
+        canary = row("linear")["canary"]
+        assert row("linear")["bake"]["state"] == "baking" and b is not None
+        assert str(row("linear")["digest"]).startswith(b), row("linear")
+        assert canary is not None and canary["steps"] == [5, "pause", 100], canary
+        assert (canary["step"], canary["weight"], canary["state"]) == (0, 5, "running"), canary
+    elif line == "tritonctl promote linear":  # the next step now: the pause, at the weight before it
+        canary = row("linear")["canary"]
+        assert (canary["step"], canary["weight"], canary["state"]) == (1, 5, "paused"), canary
+        assert row("linear")["bake"]["state"] == "baking" and "canary" in result.output, result.output
+        # past the last step the bake ends passed (what the next examples start from): promoted on, as written
+        for _ in range(2):
+            again = served.run(line)
+            assert again.exit_code == 0, again.output
+        assert row("linear")["bake"]["state"] == "passed" and "passed" in again.output, again.output
+        assert row("linear")["canary"]["weight"] == 100, row("linear")["canary"]
     elif line in ("tritonctl load linear", "tritonctl load linear --force"):
         assert b is not None and str(row("linear")["digest"]).startswith(b)
     elif line in ("tritonctl load linear --digest 3f2a9c1b", "tritonctl rollback linear --to 3f2a9c1b"):

@@ -123,7 +123,7 @@ class EventFollower:
         try:
             while line := self.answer.readline():
                 self.lines.append(line.decode(errors="replace"))
-        except (OSError, ValueError):  # closed by the test
+        except (OSError, ValueError, AttributeError):  # closed by the test (http.client drops its file)
             pass
         self.ended = True
 
@@ -278,6 +278,17 @@ def _shut(sock: socket.socket) -> bool:
         return True
 
 
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed `sock`'s peer (False: still open, nothing to read within 0.2 s)."""
+    sock.settimeout(0.2)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:  # reset
+        return True
+
+
 def test_over_the_cap_the_oldest_idle_connection_goes_not_one_whose_request_waits() -> None:
     table = ConnectionTable("test", cap=2, request_timeout_s=60)
     (_s1, spoke), (_s2, idle) = _pair(table), _pair(table)
@@ -313,3 +324,34 @@ def test_a_connection_sending_too_little_in_time_is_closed() -> None:
     time.sleep(0.3)
     table.sweep()
     assert _shut(slow)
+
+
+def test_the_control_apis_listener_applies_its_cap_on_the_event_loop_it_runs() -> None:
+    """The real listener (uvicorn over the guarded socket), its cap set to 2: of 4 idle connections, the
+    oldest are closed to make room. The cap lives in the listening socket's `accept`, which only asyncio's
+    own event loop calls; uvloop (installed for the gateway) accepts on the file descriptor itself, and then
+    no connection was ever counted: the daemon held every idle one (measured: 900 of its 1,024 files)."""
+    from controlplane.api.server import _Listener
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:  # never reached
+        raise AssertionError(scope)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    address = sock.getsockname()
+    listener = _Listener(app, sock, "cap-test")
+    listener.table.cap = 2
+    listener.start()
+    clients = []
+    try:
+        for _ in range(4):
+            clients.append(socket.create_connection(address, timeout=5))
+            time.sleep(0.2)  # accepted one by one, oldest first
+        wait_for(lambda: _closed(clients[0]) and _closed(clients[1]), 10, 0.1, "the oldest idle connections closed")
+        assert not _closed(clients[2]) and not _closed(clients[3]), "a newer connection was closed"
+        assert len(listener.table) == 2
+    finally:
+        for client in clients:
+            client.close()
+        listener.stop(1.0)

@@ -34,7 +34,15 @@ from cli.main import cli
 from controlplane.triton.launcher import RECORD_FILE, RESTRICTED_HEADER
 from tests import jsonschemas, registry_fixtures
 from tests.cli_helpers import invoke
-from tests.harness import DaemonProcess, answers, example_daemon, wait_for, write_gen_model
+from tests.harness import (
+    DaemonProcess,
+    answers,
+    example_daemon,
+    served_name,
+    upstream_url,
+    wait_for,
+    write_gen_model,
+)
 from tests.test_cli_daemon_commands import StandInPlane
 from tests.webhook_receiver import Receiver
 
@@ -64,13 +72,14 @@ UNFILLED: dict[str, str] = {
                      "#bake.canary.history[].started", "#bake.canary.history[].ended",
                      "#bake.canary.history[].outcome", "#bake.canary.history[].requests",
                      "#bake.canary.history[].failures")},
-    **{f"status:#model.canary{field}": "this scenario's daemon has no gateway (canary steps need one): "
+    **{f"status:#model.canary{field}": "this scenario's daemon switches at once (tests/harness.py "
+                                       "SWITCH_AT_ONCE_ENV: canary steps [100], no canary): "
                                        "tests/test_json_schemas.py types a canary from the bake's own record, "
                                        "tests/test_canary_e2e.py checks real ones against the schema"
        for field in ("", ".step", ".steps", ".weight", ".seconds_left", ".state", ".history", ".history[].step",
                      ".history[].weight", ".history[].started", ".history[].ended", ".history[].outcome",
                      ".history[].requests", ".history[].failures")},
-    **{f"versions:#version.canary{field}": "as status's `canary`: no gateway in this scenario"
+    **{f"versions:#version.canary{field}": "as status's `canary`: this scenario switches at once"
        for field in ("", ".weights", ".state", ".reason")},
     **{f"token-create:#created.{field}": "a token just created is not revoked: null by construction (`token "
                                          "list` and `token revoke` fill it)" for field in ("revoked_at", "revoked_by")},
@@ -233,13 +242,16 @@ def documents(daemon: DaemonProcess, receiver: Receiver) -> dict[str, Any]:
 
 def _status_with_drift(daemon: DaemonProcess) -> dict[str, Any]:
     """Triton unloads `linear` behind the daemon's back (with the daemon's key, from its launched-server
-    record): `status` reports the drift until the reconcile loads it again, so unload until one does."""
+    record, on tritonserver's own port behind the gateway: the name it serves `linear` under): `status`
+    reports the drift until the reconcile loads it again, so unload until one does."""
     record = json.loads((daemon.state_dir / "triton" / RECORD_FILE).read_text())
     headers = {f"triton-grpc-protocol-{RESTRICTED_HEADER}": record["restricted_key"]}
-    client = grpcclient.InferenceServerClient(daemon.triton_url())
+    client = grpcclient.InferenceServerClient(upstream_url(daemon))
 
     def drifted() -> dict[str, Any] | None:
-        client.unload_model("linear", headers=headers)
+        name = served_name(daemon.state_dir, "linear")
+        assert name is not None, "linear has no route"
+        client.unload_model(name, headers=headers)
         document: dict[str, Any] = run_json("status", "linear", "--state-dir", str(daemon.state_dir))
         return document if document["models"][0]["drift"] else None
 

@@ -107,9 +107,12 @@ class _Listener:
                  protocol: type[GuardedH11Protocol] = GuardedH11Protocol, **config: Any) -> None:
         self.table = ConnectionTable(name)
         self.sock = GuardedListener.wrap(sock, self.table)
+        # loop="asyncio": the cap is the guarded socket's `accept`, which only asyncio's own loop calls (uvloop,
+        # installed for the gateway and uvicorn's "auto" choice, accepts on the descriptor and bypasses it)
         self.server = QuietServer(uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
                                                     access_log=False, timeout_graceful_shutdown=1, backlog=128,
-                                                    http=guarded_protocol(protocol, self.table), **config))
+                                                    loop="asyncio", http=guarded_protocol(protocol, self.table),
+                                                    **config))
         self.server.housekeeping = self.table.sweep
         self.server.exception_handler = quiet_exception_handler(name)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name=name,

@@ -44,6 +44,7 @@ from controlplane.deploy.steps import (
     TritonPort,
     TritonSteps,
     VerifyError,
+    fault_point,
 )
 from controlplane.documents.results import Outcome
 from controlplane.errors import EnvironmentFault, TritonctlError
@@ -257,6 +258,7 @@ class RoutedDeploys:
                 lane.model: lane.at(weight, self.shadowing(lane) if weight == 0 else None) for lane in lanes}
             changes.update({u.model: Target(u.name, u.digest) for u in callees})  # the same content: at once
             self.aliases.switch(changes)
+            fault_point("before_commit")  # switched, not committed: the recovery rolls forward (tests' kill point)
         except (TritonctlError, OSError) as exc:
             culprit = current.model if current is not None and current.op is not None else None
             if current is not None and current.op is None:  # an ensemble over a changed step refused it

@@ -15,9 +15,12 @@ from typing import Any, Protocol
 from controlplane.base import systemd
 from controlplane.deploy.publish import ServingRepository
 from controlplane.errors import ConfigError, LauncherError, TritonctlError
+from controlplane.gateway.launcher import ROUTES_FILE
+from controlplane.gateway.routes import Route, read_table
 from controlplane.ports import WavePlane
 from controlplane.settings.config import Settings
 from controlplane.startup import bulk
+from controlplane.startup.gateway import GATEWAY_DIR
 from controlplane.startup.preload import LoadProgress, models_to_preload, preload_timeout_s
 from controlplane.store.registry import Registry
 from controlplane.triton.client import TritonClient
@@ -96,8 +99,9 @@ def launch(settings: Settings, registry: Registry, server: TritonServer, serving
     `staged`: a first start's deploys, published, to load there too (controlplane/startup/bulk.py).
     Returns the registry's models it loaded in its start-up (the next reconcile verifies and audits
     them), and whether it was launched with its loads."""
-    served = models_to_preload(settings, registry, serving)
-    preload = sorted({*served, *(staged or [])})
+    preloads = models_to_preload(settings, registry, serving, gateway_routes(settings))
+    served = list(preloads)
+    preload = sorted({*(name for names in preloads.values() for name in names), *(staged or [])})
     if preload:
         log.info("launching tritonserver with the %d models the registry serves loading in its start-up%s",
                  len(served), f", and the {len(staged)} deploys of this start" if staged else "")
@@ -121,6 +125,19 @@ def launch(settings: Settings, registry: Registry, server: TritonServer, serving
             return served, True
     server.start()
     return [], False
+
+
+def gateway_routes(settings: Settings) -> dict[str, Route] | None:
+    """The routes the gateway's file kept (the names Triton serves each model under), read before the gateway
+    is adopted or started; None without a gateway. A file that cannot be read preloads nothing (the reconcile
+    restores each model, and the gateway's own start says what is wrong with it)."""
+    if not settings.routes_traffic:
+        return None
+    try:
+        return dict(read_table(settings.state_dir / GATEWAY_DIR / ROUTES_FILE).routes)
+    except TritonctlError as exc:
+        log.warning("the gateway's routes file: %s; nothing preloaded", exc)
+        return {}
 
 
 class StagedPlane(WavePlane, Protocol):

@@ -85,8 +85,37 @@ def test_a_fresh_server_preloads_the_published_models_meant_to_serve_not_an_inte
     _serving(registry, serving, tmp_path, "unpublished", "serving", published=False)
     _serving(registry, serving, tmp_path, "interrupted", "serving")
     registry.begin_deployment("interrupted", "deploy", "e" * 64, "d" * 64, "tester")  # crash recovery decides
-    assert models_to_preload(Settings(), registry, serving) == ["degraded", "serves"]
+    assert models_to_preload(Settings(), registry, serving) == {"degraded": ["degraded"], "serves": ["serves"]}
     # each load must be admitted by the budget, the fleet's target decides, or the operator said no
     for off in (Settings(memory_budget_mb=1000.0), Settings(gpu_memory_budget_mb=1000.0), Settings(fleet=True),
                 Settings(launch_loads_serving=False)):
-        assert models_to_preload(off, registry, serving) == []
+        assert models_to_preload(off, registry, serving) == {}
+
+
+def test_with_a_gateway_each_model_preloads_under_the_names_its_route_left(registry: Registry, tmp_path: Path) -> None:
+    """With a gateway Triton knows only private names: a model is preloaded when its route (the routes file the
+    gateway kept) points at its active digest, under every name of that route (a canary's two), published."""
+    from controlplane.gateway.routes import Route, Target
+
+    serving = ServingRepository(tmp_path / "serving", tmp_path / "published")
+    active, older = "d" * 64, "c" * 64
+    for name, state in (("one", "serving"), ("split", "serving"), ("stale", "serving"), ("unrouted", "serving"),
+                        ("half", "serving")):
+        _serving(registry, serving, tmp_path, name, state, published=False)
+    for tree in ("one__dddddddd", "split__dddddddd", "split__cccccccc", "stale__cccccccc", "unrouted"):
+        (tmp_path / "trees" / tree).mkdir(parents=True)
+        serving.link_path(tree).symlink_to(tmp_path / "trees" / tree)
+    routes = {
+        "one": Route("one", (Target("one__dddddddd", active),)),
+        "split": Route("split", (Target("split__dddddddd", active, 10), Target("split__cccccccc", older, 90))),
+        "stale": Route("stale", (Target("stale__cccccccc", older),)),  # not the registry's digest: restored
+        "half": Route("half", (Target("half__dddddddd", active),)),  # its tree is not published
+    }
+    preloads = models_to_preload(Settings(launch_triton=True), registry, serving, routes)
+    assert preloads == {"one": ["one__dddddddd"], "split": ["split__dddddddd", "split__cccccccc"]}
+    # a deploy open over it (this start's staged one, or a crash's) loads another name: what the route reaches
+    # serves until that deploy switches it (in place, the same name: not preloaded, as above)
+    registry.begin_deployment("one", "deploy", "e" * 64, active, "tester")
+    assert models_to_preload(Settings(launch_triton=True), registry, serving, routes) == preloads
+    # without a gateway (no routes): each model under its own name, published as such
+    assert models_to_preload(Settings(), registry, serving) == {"unrouted": ["unrouted"]}
