@@ -136,14 +136,15 @@ def triton_load_s(log_text: str, model: str) -> float | None:
     """Triton's own load of `model` from its log: the first "loading: model:" line to the
     "successfully loaded 'model'" line (timestamps of Triton's default log format)."""
     start = end = None
+    served = c.served_as(model)
     for line in log_text.splitlines():
         m = _TRITON_LOG_TIME.match(line)
         if m is None:
             continue
         t = int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
-        if start is None and f"loading: {model}:" in line:
+        if start is None and re.search(rf"loading: {served}:", line):
             start = t
-        elif start is not None and f"successfully loaded '{model}'" in line:
+        elif start is not None and re.search(rf"successfully loaded '{served}'", line):
             end = t
             break
     if start is None or end is None:

@@ -628,6 +628,12 @@ def inference_url(daemon: Any) -> str:
     return str(daemon.triton_url())
 
 
+def served_as(model: str) -> str:
+    """A regex for the names Triton loads `model` under: its own, or the gateway's private name for one
+    digest (`model__1a2b3c4d`, controlplane/deploy/aliases.py private_name)."""
+    return rf"{re.escape(model)}(?:__[0-9a-f]{{8}})?"
+
+
 def triton_log_count(server_log: Path, needle: str) -> int:
     try:
         return server_log.read_text(errors="replace").count(needle)

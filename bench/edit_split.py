@@ -72,10 +72,11 @@ def _edit(workdir: Path, log: Path, name: str, timeout_s: float) -> dict[str, fl
     triton_log = (workdir / "state" / "triton" / "tritonserver.log").read_text(errors="replace")
     year = datetime.now(timezone.utc).year
     loading = loaded = None
+    served = c.served_as(name)
     for line in triton_log.splitlines():
-        if f'"loading: {name}:' in line:
+        if re.search(rf'"loading: {served}:', line):
             loading = _triton_time(line, year)
-        elif f"successfully loaded '{name}'" in line:
+        elif re.search(rf"successfully loaded '{served}'", line):
             loaded = _triton_time(line, year)
     if loading is None or loaded is None:
         raise SystemExit(f"{name}: Triton's log has no load of it")
