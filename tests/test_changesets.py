@@ -20,7 +20,16 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from controlplane.store.registry import Registry
-from tests.harness import DaemonProcess, copy_example, python_config, python_model, triton_client, wait_for
+from tests.harness import (
+    DaemonProcess,
+    copy_example,
+    python_config,
+    python_model,
+    served_name,
+    triton_client,
+    upstream_client,
+    wait_for,
+)
 
 PIPE = """name: "pipe"
 platform: "ensemble"
@@ -114,6 +123,19 @@ def pipe_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc
         assert proc.stop() == 0, proc.log_tail()
 
 
+def assert_serving_root_holds_only_what_serves(daemon: DaemonProcess) -> None:
+    """The serving root (what tritonserver's repository shows) holds one tree per model, the name Triton
+    serves it under (its own; with a gateway, its route's private name), once the replaced digests have
+    drained: no staged step name and no replaced digest is left behind."""
+    def left() -> list[str]:
+        return sorted(p.name for p in (daemon.state_dir / "serving").iterdir() if not p.name.startswith("."))
+
+    def expected() -> list[str]:
+        return sorted(str(served_name(daemon.state_dir, m)) for m in ("a", "b", "pipe"))
+
+    wait_for(lambda: left() == expected(), 30, 0.2, "the serving root holding a, b and pipe's served trees only")
+
+
 def until_the_set_is_over(daemon: DaemonProcess, since: int, stats: dict[str, Any], timeout_s: float = 120.0) -> Any:
     """Inside a request loop: wait for the set's `changeset` audit event (written once the whole set is
     over: public steps deployed, the ensemble pointed back, private names dropped), then for one more
@@ -159,8 +181,7 @@ def test_renamed_tensor_deploys_as_one_set_with_zero_failed_requests(pipe_daemon
         assert row["state"] == "serving" and row["digest"].startswith(members[name]["digest"][:12]), row
     names = {row["model"] for row in pipe_daemon.status()["models"]}
     assert names == {"a", "b", "pipe"}  # no private step name shows as a model
-    serving = pipe_daemon.state_dir / "serving"
-    assert sorted(p.name for p in serving.iterdir() if not p.name.startswith(".")) == ["a", "b", "pipe"]
+    assert_serving_root_holds_only_what_serves(pipe_daemon)
 
 
 def test_broken_step_leaves_the_old_pipeline_serving(pipe_daemon: DaemonProcess) -> None:
@@ -182,7 +203,7 @@ def test_broken_step_leaves_the_old_pipeline_serving(pipe_daemon: DaemonProcess)
     assert quarantined == {"b"}  # only the step that failed by its own fault
     for name in ("a", "b", "pipe"):
         assert pipe_daemon.model_status(name)["state"] == "serving"
-    assert not [p for p in (pipe_daemon.state_dir / "serving").iterdir() if "__" in p.name]
+    assert_serving_root_holds_only_what_serves(pipe_daemon)  # the set's staged names are gone
     write_pipe(pipe_daemon.repository, "t2", 30)  # back to what serves, for the next test
     wait_for(lambda: not pipe_daemon.model_status("b").get("sync") == "pending", 30, 0.2, "settled")
 
@@ -253,12 +274,10 @@ def test_a_restore_that_keeps_failing_backs_off_and_status_says_why(pipe_daemon:
     code.chmod(0o644)
     try:
         code.write_text(original + "\nraise RuntimeError('broken on restore')\n")
-        client = grpcclient.InferenceServerClient(pipe_daemon.triton_url())
-        try:
+        with upstream_client(pipe_daemon) as client:  # tritonserver's own port: the gateway refuses unloads
             key = json.loads((pipe_daemon.state_dir / "triton" / "server.json").read_text())["restricted_key"]
-            client.unload_model("a", headers={"triton-grpc-protocol-tritonctl-key": key})
-        finally:
-            client.close()
+            client.unload_model(served_name(pipe_daemon.state_dir, "a") or "a",
+                                headers={"triton-grpc-protocol-tritonctl-key": key})
         row = wait_for(lambda: (r := pipe_daemon.model_status("a")).get("next_retry_s") is not None and r, 30, 0.2,
                        "a's failed restore in status")
         assert row["sync"] == "pending", row
