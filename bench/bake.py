@@ -165,7 +165,8 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         states = {DEFAULTS: base / "state-defaults", NO_GATEWAY: base / "state-no-gateway"}
         daemons = {
             DEFAULTS: DaemonProcess(repos[DEFAULTS], states[DEFAULTS], settle_s=args.settle, switch_at_once=False,
-                                    extra_args=["--policy", "auto"], env={"TRITONCTL_RECONCILE_INTERVAL_S": "10"}),
+                                    auto_complete=True, extra_args=["--policy", "auto"],
+                                    env={"TRITONCTL_RECONCILE_INTERVAL_S": "10"}),
             NO_GATEWAY: c.daemon_process(repos[NO_GATEWAY], states[NO_GATEWAY], args.settle,
                                          extra=["--no-gateway", "--bake", f"{args.bake:g}s"]),
         }

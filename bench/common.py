@@ -615,7 +615,7 @@ def daemon_process(repo: Path, state: Path, settle_s: float, *, policy: str = "a
     `extra` names the tritonserver (`--triton-url`)."""
     from tests.harness import DaemonProcess
 
-    return DaemonProcess(repo, state, extra_args=["--policy", policy, *extra],
+    return DaemonProcess(repo, state, extra_args=["--policy", policy, *extra], auto_complete=True,
                          env={"TRITONCTL_RECONCILE_INTERVAL_S": str(reconcile_s)}, settle_s=settle_s, launch=launch)
 
 

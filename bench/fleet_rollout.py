@@ -128,7 +128,7 @@ def run_size(pg: PostgresServer, size: int, edits: int, wave_size: int, canary_c
     repo = base / f"repo-{size}"
     repo.mkdir()
     shared = base / f"shared-{size}"
-    daemons = [DaemonProcess(repo, base / f"state-{size}-h{i:02d}", settle_s=settle_s,
+    daemons = [DaemonProcess(repo, base / f"state-{size}-h{i:02d}", settle_s=settle_s, auto_complete=True,
                              env={"TRITONCTL_RECONCILE_INTERVAL_S": "10"},  # the daemon's default, not the tests' 1 s
                              extra_args=["--fleet", "--db-url", url, "--host", f"h{i:02d}", "--shared-store",
                                          str(shared), "--wave-size", str(wave_size),

@@ -40,7 +40,7 @@ def gateway_kills(base: Path, kills: int) -> list[dict[str, Any]]:
     repo = base / "repo"
     repo.mkdir()
     write_probe(repo, "probe", 1)
-    daemon = DaemonProcess(repo, base / "state")
+    daemon = DaemonProcess(repo, base / "state", auto_complete=True)
     out = []
     try:
         daemon.start()

@@ -103,7 +103,7 @@ def _rss_kb(pid: int) -> int:
 
 def run_tritonctl(base: Path, names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     repo = base / "repo"
-    daemon = DaemonProcess(repo, base / "state", settle_s=0.2,
+    daemon = DaemonProcess(repo, base / "state", settle_s=0.2, auto_complete=True,
                            env={"TRITONCTL_RECONCILE_INTERVAL_S": "10", "TRITONCTL_IDLE_UNLOAD_S": "300"},
                            extra_args=["--policy", "ondemand", "--memory-budget-mb", str(args.budget_mb),
                                        "--log-format", "json"]).start()

@@ -27,12 +27,13 @@ import pytest
 
 from controlplane.store.registry import Registry
 from controlplane.triton.launcher import TritonServer
-from tests.harness import SWITCH_AT_ONCE_ENV
+from tests.harness import TEST_DEFAULTS_ENV
 from tests.pg import pg_url, postgres  # noqa: F401 - fixtures: a throwaway PostgreSQL server
 
-# Every daemon the suite starts switches a deploy at once unless its test opts out (tests/harness.py
-# SWITCH_AT_ONCE_ENV: the safe defaults of issue 55 are tested where a test asks for them).
-for _name, _value in SWITCH_AT_ONCE_ENV.items():
+# Every daemon the suite starts switches a deploy at once, and launches tritonserver without auto-complete,
+# unless its test opts out (tests/harness.py SWITCH_AT_ONCE_ENV, NO_AUTO_COMPLETE_ENV: the safe defaults of
+# issue 55 and auto-completed configs are tested where a test asks for them).
+for _name, _value in TEST_DEFAULTS_ENV.items():
     os.environ.setdefault(_name, _value)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -143,6 +143,15 @@ def python_stubs(server_pid: int) -> list[int]:
 # A flag (`--bake 4s`) or a model's own `tritonctl.*` parameter still wins over them.
 SWITCH_AT_ONCE_ENV = {"TRITONCTL_CANARY_STEPS": "[100]", "TRITONCTL_BAKE_S": "0"}
 
+# Triton's python backend spends more than a second more on every python model's load when auto-complete
+# is on, whatever the config (docs/benchmarks.md "Auto-complete's cost per python load": 0.2 s → 1.5 s),
+# and the suite loads python models more than a thousand times: on the 2-core CI machine that alone was
+# a quarter of the suite's time. So every daemon the suite starts launches its tritonserver with
+# auto-complete off, like SWITCH_AT_ONCE_ENV, unless its test asks for it (`DaemonProcess(auto_complete=True)`,
+# or the variable in its env): the tests of auto-completed models, and of the product's defaults, do.
+NO_AUTO_COMPLETE_ENV = {"TRITONCTL_TRITON_AUTO_COMPLETE": "false"}
+TEST_DEFAULTS_ENV = {**SWITCH_AT_ONCE_ENV, **NO_AUTO_COMPLETE_ENV}
+
 
 @dataclass
 class DaemonProcess:
@@ -160,6 +169,7 @@ class DaemonProcess:
     wrapper: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     switch_at_once: bool = True  # SWITCH_AT_ONCE_ENV (False: the mode's defaults, canary steps and a bake)
+    auto_complete: bool = False  # True: the product's default, tritonserver completes configs (see above)
 
     @property
     def log_path(self) -> Path:
@@ -170,11 +180,13 @@ class DaemonProcess:
         env.pop("NOTIFY_SOCKET", None)
         env.setdefault("TRITONCTL_RECONCILE_INTERVAL_S", "1")
         env.setdefault("TRITONCTL_LOG_LEVEL", "debug")  # tests read the deploy steps' lines (DEBUG)
-        for name, value in SWITCH_AT_ONCE_ENV.items():  # see SWITCH_AT_ONCE_ENV
-            if self.switch_at_once:
-                env.setdefault(name, value)
-            elif env.get(name) == value:
-                env.pop(name)
+        opted = ((SWITCH_AT_ONCE_ENV, self.switch_at_once), (NO_AUTO_COMPLETE_ENV, not self.auto_complete))
+        for defaults, wanted in opted:
+            for name, value in defaults.items():  # see SWITCH_AT_ONCE_ENV, NO_AUTO_COMPLETE_ENV
+                if wanted:
+                    env.setdefault(name, value)
+                elif env.get(name) == value:
+                    env.pop(name)
         env.update(self.env)
         args = [*self.wrapper, TRITONCTL, "daemon", "--repository", str(self.repository),
                 "--state-dir", str(self.state_dir), "--settle", str(self.settle_s),

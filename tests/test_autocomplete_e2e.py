@@ -57,7 +57,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     shutil.copytree(CORPUS, repo, ignore=shutil.ignore_patterns("README.md"))
     (repo / "pipe" / "1").mkdir(parents=True)
     (repo / "pipe" / "config.pbtxt").write_text(PIPE.format(name="pipe", type="TYPE_INT32"))
-    proc = DaemonProcess(repo, base / "state", settle_s=0.1).start()
+    proc = DaemonProcess(repo, base / "state", settle_s=0.1, auto_complete=True).start()
     try:
         wait_for(lambda: _serving(proc, (*MODELS, "pipe")), 180, 0.5, "every model serving")
         yield proc
