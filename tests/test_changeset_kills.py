@@ -14,6 +14,11 @@ own progress lines (`changeset <id>: <model> <step> <state>`, controlplane/intak
 After each restart the set must be finished or undone and then deployed: the pipeline answers the
 new generation, no private name is left in `serving/`, and every member is `synced`. Throughout, no
 request fails and no answer is anything but the previous or the new pipeline's (a "mixed" answer).
+
+These phases are the in-place set's (`--no-gateway`): with a gateway a set's members load under their
+digests' private names and the set is one route switch; its daemon killed mid set is
+tests/test_changesets.py's test_daemon_killed_mid_set_rolls_the_whole_set_forward[gateway], and random
+kills of a gateway's switch are tests/test_gateway_kills.py's.
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ def kill_rounds(tmp_path: Path, rounds: int, seed: int) -> dict[str, Any]:
     repo = tmp_path / "repo"
     repo.mkdir()
     write_pipe(repo, "t1", 10)
-    daemon = DaemonProcess(repo, tmp_path / "state", settle_s=0.3)
+    daemon = DaemonProcess(repo, tmp_path / "state", settle_s=0.3, extra_args=["--no-gateway"])
     hits: dict[str, list[str]] = {phase: [] for phase in PHASES}
     rounds_seen: list[dict[str, Any]] = []
     mixed: list[tuple[int, float]] = []

@@ -18,7 +18,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -115,6 +115,12 @@ DESCRIPTION = (
 )
 
 
+CanarySteps = Annotated[
+    list[Annotated[int, Field(ge=1, le=100)] | Literal["pause"]] | None,
+    Field(min_length=1, max_length=100, description="Percents of the requests, rising to 100; `pause` waits for "
+          "`tritonctl promote`, e.g. [10, 100] or [5, \"pause\", 25, 100]")]
+
+
 class LoadBody(BaseModel):
     model_config = STRICT
 
@@ -124,8 +130,9 @@ class LoadBody(BaseModel):
     wait: bool = True  # false: answer once accepted
     host: str = ""  # fleet: this host only (it is then held)
     bake_s: BakeSeconds = None  # this deploy's bake in seconds (0: none); unset: the daemon's bake_s
-    # this deploy's canary steps (percents rising to 100, "pause"); unset: the model's or the daemon's canary_steps
-    steps: list[int | str] | None = None
+    # this deploy's canary steps (percents rising to 100, "pause"); unset: the model's or the daemon's canary_steps.
+    # That they rise to 100 is a rule JSON Schema cannot say: a 400 names it (controlplane/settings/canarysteps.py)
+    steps: CanarySteps = None
     # this deploy's shadow in seconds before its first canary step (0: none); unset: the daemon's shadow_s
     shadow_s: ShadowSeconds = None
 
