@@ -22,7 +22,7 @@ from controlplane.errors import NotFoundError, StoreError, TritonctlError
 from controlplane.intake import tags
 from controlplane.intake.flow import Intake
 from controlplane.memory.ondemand import OnDemand
-from controlplane.names import validate_model_name
+from controlplane.names import printable_name, validate_model_name
 from controlplane.store.health import RegistryHealth
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead, iso
 from controlplane.store.registry import Registry
@@ -122,12 +122,14 @@ class StatusView:
 
     def _bad_name_rows(self, name_contains: str = "") -> list[StatusRow]:
         """A row for each source entry whose name no model can have (`my model`: the intake's `bad_names`), sync
-        `invalid` with why. It is no model of the registry: nothing is kept or made under its name."""
+        `invalid` with why, under its printable name (names.printable_name). It is no model of the registry: nothing is
+        kept or made under its name."""
         policy = self.intake.settings.policy
+        shown = {printable_name(name): reason for name, reason in dict(self.intake.bad_names).items()}
         return [StatusRow(model=name, state=ModelState.NEW, versions=[], digest=None, since=None, policy=policy,
                           pinned=False, drift=None, drift_detail=None, last_error=reason, removed=False,
                           sync=SyncState.INVALID, sync_reason=reason)
-                for name, reason in sorted(dict(self.intake.bad_names).items())
+                for name, reason in sorted(shown.items())
                 if name_contains.lower() in name.lower()]
 
     def _status_of(self, records: list[ModelRecord], wanted: dict[str, str | None] | None) -> StatusResult:
