@@ -1,7 +1,7 @@
 """`tritonctl ensure MODEL [--for 10m]` and `tritonctl lease renew|release MODEL LEASE`: on-demand models.
 
 `ensure` returns once MODEL is READY (loaded now, or found loaded) and prints the serving digest and the
-lease that holds it (on a fleet also the host it is placed on and that host's tritonserver URLs); the
+lease that holds it (on a fleet also the host it is placed on and that host's inference URLs); the
 lease expires unless renewed (controlplane/memory/ondemand.py, controlplane/memory/leases.py, and on a
 fleet controlplane/fleet/ondemand.py).
 Exit codes as every command (docs/cli.md "Exit codes"): 0 READY, 1 the load failed (a memory budget with no

@@ -381,6 +381,11 @@ class ControlPlane:
                     size: int = 100) -> StatusPage:
         return self.status_view.status_page(state=state, sync=sync, name=name, page=page, size=size)
 
+    def inference_urls(self) -> tuple[str, str | None]:
+        """Where clients send inference to this host: its gateway's gRPC and HTTP addresses, else its
+        tritonserver's (views/status.py; a fleet host's heartbeat advertises them)."""
+        return self.status_view.inference_urls()
+
     def registry_outage(self) -> RegistryHealth | None:
         return self.status_view.registry_outage()
 

@@ -33,6 +33,18 @@ def is_private_name(name: str) -> bool:
     return "__" in name and bool(PRIVATE_NAME_RE.fullmatch(name))
 
 
+def printable_name(name: str) -> str:
+    """A source entry's name as text any database, JSON document and terminal takes (`status` rows and audit
+    events of names no model can have): a byte of a file name that is not UTF-8, which os.fsdecode keeps as a
+    lone surrogate (U+DC80..U+DCFF), shown as `\\xNN`; any other lone surrogate as `\\uNNNN`. A valid name is
+    returned as it is."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def _shown(value: str, limit: int = 60) -> str:
     """The value as a short, printable, one-line quote for an error message."""
     text = ascii(value)

@@ -3,7 +3,8 @@ launched tritonserver, at the default log level, with the default reconcile inte
 timing depends on it) and the web view on loopback:
 
 - a directory whose name Triton cannot take (`my model`, `线性`) has a `status` row (`invalid`, the reason), one
-  WARNING line, its name in the audit, and nothing made under that name;
+  WARNING line, its name in the audit, and nothing made under that name; one whose name is not UTF-8 is
+  named by its printable form (`m\\xff`) in all three;
 - headless Chromium with `--virtual-time-budget` finishes every page (the event stream no longer holds it);
 - `load --bake` says what it baked (or, on content already serving, why nothing bakes), and plain `status`
   shows a baking model as `baking: N s left`;
@@ -13,6 +14,7 @@ timing depends on it) and the web view on loopback:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -100,6 +102,32 @@ def test_a_directory_triton_cannot_name_has_a_row_one_warning_and_its_name_in_th
     (daemon.repository / "my model").rename(daemon.repository / "my_model")
     wait_for(lambda: "my model" not in rows(daemon) and rows(daemon).get("my_model", {}).get("state") == "serving",
              90, 0.5, "the renamed model serving, the bad name's row gone")
+
+
+def test_a_directory_whose_name_is_not_utf8_is_shown_and_audited_by_a_printable_name(daemon: DaemonProcess) -> None:
+    """A directory named by bytes that are not UTF-8 (`m` and the byte 0xff) is refused like the names above:
+    its row, its audit event and the web view name it `m\\xff` (the byte escaped: what a database, JSON and a
+    terminal take), the daemon and what serves carry on, and renaming it away removes the row."""
+    raw = Path(os.fsdecode(os.fsencode(daemon.repository) + b"/m\xff"))
+    shown = "m\\xff"
+    shutil.copytree(EXAMPLES / "linear", raw)
+    try:
+        row = wait_for(lambda: rows(daemon).get(shown), 30, 0.3, "the row of the non-UTF-8 name")
+        assert (row["sync"], row["state"], row["digest"]) == ("invalid", "new", None), row
+        assert "model name" in row["sync_reason"], row
+        audited = wait_for(lambda: [e for e in json.loads(tritonctl(daemon, "audit", "--json").stdout)
+                                    if e["model"] == shown], 30, 0.3, "its audit event")
+        assert [(e["action"], e["outcome"]) for e in audited] == [("snapshot", "invalid")], audited
+        plain = tritonctl(daemon, "status")
+        assert plain.returncode == 0 and re.search(r"^m\\xff\s+new\s+invalid\b", plain.stdout, re.M), plain
+        page = urllib.request.urlopen(f"http://127.0.0.1:{daemon.web_port}/ui/", timeout=10).read().decode()  # type: ignore[attr-defined]
+        assert shown in page
+        assert rows(daemon)["linear"]["state"] == "serving"
+        assert daemon.proc is not None and daemon.proc.poll() is None
+    finally:
+        raw.rename(daemon.repository / ".m-gone")  # out of the source (a dot name is ignored), then deleted
+        shutil.rmtree(daemon.repository / ".m-gone")
+    wait_for(lambda: shown not in rows(daemon), 30, 0.3, "the row gone with the directory")
 
 
 @pytest.mark.parametrize("page", ["/ui/", "/ui/models/linear", "/ui/audit"])

@@ -4,12 +4,12 @@ Two `tritonctl daemon --fleet` processes (each with its launched tritonserver, a
 the global policy `ondemand`), one PostgreSQL, the CLI as a process. Three models that declare their
 footprint (`tritonctl.footprint_mb`): `a` and `b` 150 MB each (their real measurement replaces it once
 loaded), `huge` 5000 MB. In order: nothing is rolled out (on-demand); `ensure a` through h1 places it on
-a host and answers that host's tritonserver, where the inference goes; `ensure b` through h1 lands on
-the host with the most room; `ensure b` through h2 answers the same host without a second load; `huge`
-fits nowhere: exit 1 naming each host's budget; `status --fleet` shows where each one is placed, with
-its leases; renew and release work through the other host, and once no lease holds `b` its host
-unloads it when idle, which frees its placement (audited `place` / `unplace`). The placement rule's
-cases one by one: tests/unit/test_placement.py.
+a host and answers that host's gateway (the addresses its heartbeat records, `hosts`), where the inference
+goes; `ensure b` through h1 lands on the host with the most room; `ensure b` through h2 answers the same
+host without a second load; `huge` fits nowhere: exit 1 naming each host's budget; `status --fleet` shows
+where each one is placed, with its leases; renew and release work through the other host, and once no
+lease holds `b` its host unloads it when idle, which frees its placement (audited `place` / `unplace`).
+The placement rule's cases one by one: tests/unit/test_placement.py.
 """
 
 from __future__ import annotations
@@ -84,6 +84,13 @@ def test_ondemand_models_are_placed_on_one_host_and_leased_through_any(fleet: Fl
     assert first["host"] in HOSTS and first["loaded"] is True, first
     with grpcclient.InferenceServerClient(first["grpc_url"]) as client:  # where the answer says to send it
         assert infer_gen(client, "a") == 1.0
+    # the addresses a host advertises (its heartbeat: `hosts`, `ensure`) are where its clients send inference:
+    # its gateway's, which serves the public names (tritonserver's own ports answer private ones only)
+    placed_on = fleet.daemons[first["host"]].status()
+    assert (first["grpc_url"], first["http_url"]) == (placed_on["triton_grpc_url"], placed_on["triton_http_url"])
+    assert placed_on["gateway"] and first["grpc_url"] == placed_on["gateway"]["grpc_url"], placed_on
+    advertised = {h["host"]: h["triton_url"] for h in fleet.cli_json("hosts")}
+    assert advertised == {h: fleet.daemons[h].status()["gateway"]["grpc_url"] for h in HOSTS}, advertised
     other = next(h for h in HOSTS if h != first["host"])
     assert not fleet.clients[other].is_model_ready("a"), "loaded on one host only"
 

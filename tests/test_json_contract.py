@@ -21,11 +21,13 @@ The schemas are closed (`additionalProperties: false`) and list every key the co
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
@@ -38,6 +40,8 @@ from tests.harness import (
     DaemonProcess,
     answers,
     example_daemon,
+    gen_config,
+    python_model,
     served_name,
     upstream_url,
     wait_for,
@@ -48,6 +52,7 @@ from tests.webhook_receiver import Receiver
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 D1, D2 = "d1" * 32, "d2" * 32
+SHADOW_S = 15  # `load shadowed --shadow`: read while it runs (a loaded machine is slow); nothing waits for its end
 WEBHOOK_SECRET = "json-contract-webhook-secret"
 
 # Fields no real run here fills, and why (typed by tests/test_json_schemas.py from the dataclasses).
@@ -73,12 +78,12 @@ UNFILLED: dict[str, str] = {
                      "#bake.canary.history[].outcome", "#bake.canary.history[].requests",
                      "#bake.canary.history[].failures")},
     **{f"status:#model.canary{field}": "this scenario's daemon switches at once (tests/harness.py "
-                                       "SWITCH_AT_ONCE_ENV: canary steps [100], no canary): "
-                                       "tests/test_json_schemas.py types a canary from the bake's own record, "
-                                       "tests/test_canary_e2e.py checks real ones against the schema"
-       for field in ("", ".step", ".steps", ".weight", ".seconds_left", ".state", ".history", ".history[].step",
-                     ".history[].weight", ".history[].started", ".history[].ended", ".history[].outcome",
-                     ".history[].requests", ".history[].failures")},
+                                       "SWITCH_AT_ONCE_ENV: canary steps [100]) and its one canary is read in its "
+                                       "shadow, before any step ended: tests/test_json_schemas.py types a canary "
+                                       "from the bake's own record, tests/test_canary_e2e.py checks real ones "
+                                       "against the schema"
+       for field in (".history", ".history[].step", ".history[].weight", ".history[].started", ".history[].ended",
+                     ".history[].outcome", ".history[].requests", ".history[].failures")},
     **{f"versions:#version.canary{field}": "as status's `canary`: this scenario switches at once"
        for field in ("", ".weights", ".state", ".reason")},
     **{f"token-create:#created.{field}": "a token just created is not revoked: null by construction (`token "
@@ -93,13 +98,16 @@ UNFILLED: dict[str, str] = {
                                          "#version.completed_config.recorded_at")),
                            ("diff", ("$.completed_config_diff",)))
        for field in fields},
+    "status:#model.shadow.disagreements[].inputs[].error": "only where a disagreeing request's inputs cannot be "
+                                                           "read (shared memory): tests/test_json_schemas.py types "
+                                                           "it from a shadow's record",
     "status:$.registry_unreachable_since": "a time only while the registry is down: "
                                            "tests/test_fleet_outage_e2e.py crashes PostgreSQL for it",
-    **{f"status:#model.bake{field}": "this scenario's daemon does not bake (bake_s 0, the default): "
-                                     "tests/test_bake_e2e.py checks its status documents against the schema "
-                                     "with every field of `bake` filled (traffic, a latency baseline)"
-       for field in ("", ".state", ".digest", ".started", ".until", ".requests", ".failures", ".failure_ratio",
-                     ".latency_ms", ".baseline_latency_ms", ".latency_stat", ".reason")},
+    **{f"status:#model.bake{field}": "this scenario's daemon does not bake (bake_s 0): its one bake is a shadow's "
+                                     "(`load --shadow`), read before any step: tests/test_bake_e2e.py checks its "
+                                     "status documents against the schema with every field of `bake` filled "
+                                     "(traffic, a latency baseline)"
+       for field in (".failure_ratio", ".latency_ms", ".baseline_latency_ms", ".latency_stat")},
 }
 
 
@@ -139,8 +147,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iter
     secret.write_text(WEBHOOK_SECRET)
     secret.chmod(0o600)
     config = base / "tritonctl.toml"
-    config.write_text(f'webhook_retry_max_s = 1.0\n\n[[webhook]]\nurl = "{receiver.url}"\nevents = ["*"]\n'
-                      f'secret_file = "{secret}"\n')
+    # shadow_keep_inputs: the shadow's first disagreements show their inputs (no shadow runs without
+    # `load --shadow`: shadow_s stays 0)
+    config.write_text(f'webhook_retry_max_s = 1.0\nshadow_keep_inputs = true\n\n[[webhook]]\nurl = "{receiver.url}"\n'
+                      f'events = ["*"]\nsecret_file = "{secret}"\n')
     with example_daemon(base, extra_args=["--config", str(config)]) as proc:
         yield proc
 
@@ -155,6 +165,44 @@ def _write_torchy(repo: Path) -> None:
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
     )
+
+
+def _write_shadowed(repo: Path, gen: int) -> None:
+    """`shadowed`: generation 1 answers its input x; generation 2 the same up to x = 0.5 and x + 1 above it,
+    so its shadow's pairs agree on some requests and disagree on others."""
+    expr = "x.astype(np.float32)" if gen == 1 else "np.where(x > 0.5, x + 1, x).astype(np.float32)"
+    (repo / "shadowed" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "shadowed" / "config.pbtxt").write_text(gen_config("shadowed", gen))
+    (repo / "shadowed" / "1" / "model.py").write_text(python_model(expr))
+
+
+def _shadow_in_progress(daemon: DaemonProcess) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`load shadowed --shadow`: generation 2 gets copies of the requests the test sends through the gateway
+    (fewer than bake_min_requests: no verdict while it runs); (load's document, `status shadowed` once every
+    pair was compared, the shadow still running)."""
+    sd = ("--state-dir", str(daemon.state_dir))
+    run_json("policy", "shadowed", "manual", *sd)
+    _write_shadowed(daemon.repository, 2)
+    loaded = run_json("load", "shadowed", "--shadow", f"{SHADOW_S}s", *sd)
+    assert loaded["outcome"] == "ok", loaded
+    sent = [0.1, 0.2, 0.3, 0.7, 0.8, 0.9]  # the last three disagree
+    client = grpcclient.InferenceServerClient(daemon.triton_url())
+    try:
+        for value in sent:
+            time.sleep(0.05)  # under the gateway's copy rate (docs/gateway.md): every request is copied
+            x = grpcclient.InferInput("x", [1, 1], "FP32")
+            x.set_data_from_numpy(np.full((1, 1), value, dtype=np.float32))
+            got = float(client.infer("shadowed", [x], client_timeout=10).as_numpy("gen")[0][0])
+            assert got == pytest.approx(value), "a client got the shadow's answer"
+    finally:
+        client.close()
+
+    def compared() -> dict[str, Any] | None:
+        document: dict[str, Any] = run_json("status", "shadowed", *sd)
+        shadow = document["models"][0]["shadow"] or {}
+        return document if shadow.get("pairs", 0) >= len(sent) else None
+
+    return loaded, dict(wait_for(compared, SHADOW_S, 0.2, "the shadow's pairs compared"))
 
 
 def _write_invalid(repo: Path) -> None:
@@ -173,13 +221,15 @@ def documents(daemon: DaemonProcess, receiver: Receiver) -> dict[str, Any]:
     """One scenario, every daemon and history command's --json, each field filled at least once: two
     generations of `gen` (a file added, one removed), a model whose backend this tritonserver lacks
     (environment fault, retried: `load --failed`), one whose initialize() raises (content fault,
-    quarantined), one validation refuses, tags moved, a tracked tag, a rollback, policy, pin/unpin, an
-    unload, gc."""
+    quarantined), one validation refuses, a shadow in progress (`load --shadow`, requests through the
+    gateway, its first disagreements with their inputs), tags moved, a tracked tag, a rollback, policy,
+    pin/unpin, an unload, gc."""
     sd = ("--state-dir", str(daemon.state_dir))
     repo = daemon.repository
     _write_torchy(repo)
     _write_invalid(repo)
     write_gen_model(repo, "crashy", 1, init="raise RuntimeError('crashy refuses to start')")
+    _write_shadowed(repo, 1)
     (repo / "gen").mkdir()
     (repo / "gen" / "notes.txt").write_text("generation 1\n")
     client = grpcclient.InferenceServerClient(daemon.triton_url())
@@ -196,6 +246,8 @@ def documents(daemon: DaemonProcess, receiver: Receiver) -> dict[str, Any]:
     wait_for(lambda: daemon.model_status("torchy").get("next_retry_s") is not None, 60, 0.2, "torchy failed")
     wait_for(lambda: any(v["quarantined"] for v in daemon.json("versions", "crashy")), 60, 0.2, "crashy quarantined")
     wait_for(lambda: daemon.json("versions", "invalid"), 60, 0.2, "invalid recorded")
+    wait_for(lambda: daemon.model_status("shadowed").get("state") == "serving", 60, 0.2, "shadowed serving")
+    docs["load-shadow"], docs["status-shadow"] = _shadow_in_progress(daemon)
     docs["status"] = run_json("status", *sd)
     docs["load-failed"] = run_json("load", "--failed", *sd)
     versions = run_json("versions", "gen", *sd)
@@ -261,8 +313,9 @@ def _status_with_drift(daemon: DaemonProcess) -> dict[str, Any]:
         client.close()
 
 
-DAEMON_DOCUMENTS = ["status", "status-late", "status-drift", "versions", "versions-crashy", "versions-invalid",
-                    "versions-tagged", "diff", "load", "load-no-wait", "load-failed", "rollback", "unload", "tag",
+DAEMON_DOCUMENTS = ["status", "status-shadow", "load-shadow", "status-late", "status-drift", "versions",
+                    "versions-crashy", "versions-invalid", "versions-tagged", "diff", "load", "load-no-wait",
+                    "load-failed", "rollback", "unload", "tag",
                     "tag-move", "tags", "tags-at", "policy", "policy-track", "pin", "unpin", "gc", "audit", "audit-at",
                     "webhooks", "webhooks-pending", "webhooks-redeliver", "ensure", "ensure-renewed",
                     "status-ondemand", "token-create", "token-revoke", "token-list"]
@@ -275,7 +328,8 @@ def test_daemon_and_history_documents_match_their_schema(documents: dict[str, An
 
 def test_the_scenario_produced_what_the_contract_describes(documents: dict[str, Any]) -> None:
     """The documents above are the interesting ones (not empty lists, not errors)."""
-    assert {row["model"] for row in documents["status"]["models"]} == {"linear", "gen", "torchy", "crashy", "invalid"}
+    assert {row["model"] for row in documents["status"]["models"]} == {"linear", "gen", "torchy", "crashy", "invalid",
+                                                                       "shadowed"}
     assert ("torchy", "failed") in [(o["model"], o["outcome"]) for o in documents["load-failed"]]
     assert documents["rollback"]["outcome"] == "ok" and documents["unload"]["outcome"] == "ok"
     assert documents["diff"]["changed"] and documents["audit"] and documents["audit-at"]["models"]
@@ -290,6 +344,14 @@ def test_the_scenario_produced_what_the_contract_describes(documents: dict[str, 
     assert documents["webhooks-redeliver"]["state"] == "pending"
     assert documents["status-ondemand"]["models"][0]["ondemand"]["state"] == "loaded"
     assert documents["ensure-renewed"]["lease"] == documents["ensure"]["lease"]
+    [shadowed] = documents["status-shadow"]["models"]
+    shadow = shadowed["shadow"]  # in progress: copies of the test's requests compared, half of them disagreeing
+    assert (shadow["state"], shadowed["canary"]["state"]) == ("running", "shadow"), shadowed
+    assert shadow["seconds_left"] is not None and shadow["copied"] >= 6 and shadow["pairs"] >= 6, shadow
+    assert shadow["agreed"] >= 3 and shadow["disagreed"] >= 3 and shadow["keep_inputs"] is True, shadow
+    first = shadow["disagreements"][0]
+    assert (first["kind"], first["output"], first["inputs"][0]["name"]) == ("value", "gen", "x"), first
+    assert first["inputs"][0]["data"][0] > 0.5 and first["shadow"] == pytest.approx(first["serving"] + 1), first
     [drifted] = documents["status-drift"]["models"]
     assert drifted["drift"] == "missing" and "should serve" in drifted["drift_detail"], drifted
 

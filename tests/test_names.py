@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.errors import UsageError
-from controlplane.names import resolve_inside, validate_digest, validate_model_name
+from controlplane.names import printable_name, resolve_inside, validate_digest, validate_model_name
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
 
@@ -65,6 +65,20 @@ def test_model_names_accepted_are_safe(name: str) -> None:
 @given(st.from_regex(NAME_RE, fullmatch=True).filter(lambda n: ".." not in n))
 def test_every_name_of_the_documented_form_is_accepted(name: str) -> None:
     assert validate_model_name(name) == name
+
+
+@pytest.mark.parametrize(("name", "shown"), [("linear", "linear"), ("my model", "my model"), ("线性", "线性"),
+                                             (os.fsdecode(b"m\xff"), "m\\xff"), ("a\ud800b", "a\\ud800b")])
+def test_printable_name_escapes_what_utf8_cannot_hold(name: str, shown: str) -> None:
+    """A directory name that is not UTF-8 (os.fsdecode keeps its bytes as lone surrogates) is shown with the
+    byte escaped, which UTF-8 (the registry, JSON, a terminal) can hold; a valid name is unchanged."""
+    assert printable_name(name) == shown
+    shown.encode("utf-8")
+
+
+@given(st.text(st.characters(codec=None, exclude_categories=())))  # lone surrogates included
+def test_printable_name_always_encodes_as_utf8(name: str) -> None:
+    printable_name(name).encode("utf-8")
 
 
 FULL = "0123456789abcdef" * 4

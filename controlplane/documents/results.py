@@ -224,7 +224,7 @@ class LeaseResult:
     duration_ms: int
     released: bool = False
     host: str | None = None  # on a fleet: the host that serves it (docs/fleet.md "On-demand models")
-    grpc_url: str | None = None  # that host's tritonserver, where the client sends its inferences
+    grpc_url: str | None = None  # that host's gateway (else tritonserver), where the client sends its inferences
     http_url: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 The fleet sits beside the service in the layers (neither imports the other; the daemon wires them),
 so it names what it needs as a Protocol instead of taking `Any`: the host's local registry, content
-store and deployer, its Triton's URL, its source (controlplane/source/protocol.py), the shared capture pipeline and the
-watcher's "look again later".
+store and deployer, its Triton, where its clients send inference (its gateway, else its Triton), its
+source (controlplane/source/protocol.py), the shared capture pipeline and the watcher's "look again later".
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class HostPlane(TagTarget, SourcePlane, Protocol):
     @property
     def triton(self) -> TritonAddress: ...
 
-    http_url: str | None  # a launched tritonserver's HTTP URL (None: not known)
+    def inference_urls(self) -> tuple[str, str | None]: ...  # where its clients send inference: (gRPC, HTTP)
 
     def capture(self, model: str, actor: str = ..., *, settled: bool = ...,
                 members: dict[str, SnapshotRecord] | None = ...) -> SnapshotRecord: ...

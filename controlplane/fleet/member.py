@@ -154,8 +154,10 @@ class FleetMember:
                     pass
 
     def _heartbeat(self) -> None:
-        self.store.heartbeat(self.host, self.plane.triton.url, _version(), self.started_at,
-                             http_url=self.plane.http_url or "",
+        """Alive, with the addresses this host's clients send inference to (its gateway's when one carries the
+        traffic: `hosts`' triton_url, where `ensure` sends a placed model's clients) and its budgets."""
+        grpc_url, http_url = self.plane.inference_urls()
+        self.store.heartbeat(self.host, grpc_url, _version(), self.started_at, http_url=http_url or "",
                              budgets=(self.settings.memory_budget_mb, self.settings.gpu_memory_budget_mb))
 
     def _leader_tick(self) -> None:

@@ -161,7 +161,8 @@ class FleetOnDemand:
                            host=row.host, grpc_url=grpc_url, http_url=http_url)
 
     def _urls(self, host: str) -> tuple[str | None, str | None]:
-        """The host's tritonserver: gRPC and HTTP URLs, as its heartbeat records them."""
+        """Where the host's clients send inference (its gateway, else its tritonserver): gRPC and HTTP URLs, as
+        its heartbeat records them."""
         return self.store.urls(host)
 
     def _wait(self, model: str, placed: PlacementRow, digest: str, deadline: float) -> PlacementRow:

@@ -37,7 +37,7 @@ from controlplane.intake import recording
 from controlplane.intake.changeset import ChangeSets
 from controlplane.intake.decision import Rule, Verdict, decide, decide_capture
 from controlplane.intake.inhand import InHand
-from controlplane.names import MAX_NAME_LENGTH, validate_model_name
+from controlplane.names import MAX_NAME_LENGTH, printable_name, validate_model_name
 from controlplane.outcomes.counters import PipelineCounts
 from controlplane.settings.config import Settings
 from controlplane.settings.live import LiveSettings
@@ -219,7 +219,8 @@ class Intake:
         if not present or known == reason:
             return
         log.warning("source entry skipped: %s (rename it to serve it)", reason)
-        self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", name[:MAX_NAME_LENGTH], None, "invalid", reason))
+        self.registry.audit(AuditEntry(WATCHER_ACTOR, "snapshot", printable_name(name)[:MAX_NAME_LENGTH], None,
+                                       "invalid", reason))
 
     def _capture_and_decide(self, model: str, *, complete: bool = False) -> IntakePlan | None:
         try:

@@ -136,7 +136,8 @@ class PlacementStore:
         return placed, asked
 
     def urls(self, host: str) -> tuple[str | None, str | None]:
-        """A host's tritonserver: its gRPC and HTTP URLs, as its heartbeat records them."""
+        """Where a host's clients send inference, its gRPC and HTTP URLs as its heartbeat records them (its
+        gateway's, its tritonserver's without one)."""
         with self.registry.session() as session:
             row = session.get(schema.FleetHost, host)
             return (row.triton_url or None, row.http_url or None) if row is not None else (None, None)

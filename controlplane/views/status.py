@@ -22,7 +22,7 @@ from controlplane.errors import NotFoundError, StoreError, TritonctlError
 from controlplane.intake import tags
 from controlplane.intake.flow import Intake
 from controlplane.memory.ondemand import OnDemand
-from controlplane.names import validate_model_name
+from controlplane.names import printable_name, validate_model_name
 from controlplane.store.health import RegistryHealth
 from controlplane.store.records import DeploymentRecord, ModelRecord, SourceHead, iso
 from controlplane.store.registry import Registry
@@ -122,12 +122,14 @@ class StatusView:
 
     def _bad_name_rows(self, name_contains: str = "") -> list[StatusRow]:
         """A row for each source entry whose name no model can have (`my model`: the intake's `bad_names`), sync
-        `invalid` with why. It is no model of the registry: nothing is kept or made under its name."""
+        `invalid` with why, under its printable name (names.printable_name). It is no model of the registry: nothing is
+        kept or made under its name."""
         policy = self.intake.settings.policy
+        shown = {printable_name(name): reason for name, reason in dict(self.intake.bad_names).items()}
         return [StatusRow(model=name, state=ModelState.NEW, versions=[], digest=None, since=None, policy=policy,
                           pinned=False, drift=None, drift_detail=None, last_error=reason, removed=False,
                           sync=SyncState.INVALID, sync_reason=reason)
-                for name, reason in sorted(dict(self.intake.bad_names).items())
+                for name, reason in sorted(shown.items())
                 if name_contains.lower() in name.lower()]
 
     def _status_of(self, records: list[ModelRecord], wanted: dict[str, str | None] | None) -> StatusResult:
@@ -177,13 +179,24 @@ class StatusView:
             rows.append(row)
         outage = self.registry_outage()
         gateway = self.gateway()
-        grpc_url = str(gateway["grpc_url"]) if gateway is not None and gateway.get("grpc_url") else self.triton.url
-        return StatusResult(reachable, grpc_url, self.http_url, dict(self.intake.source.watch_info()), rows,
+        grpc_url, http_url = self.inference_urls(gateway)
+        return StatusResult(reachable, grpc_url, http_url, dict(self.intake.source.watch_info()), rows,
                             gateway=gateway,
                             registry_reachable=outage is None,
                             registry_unreachable_since=iso(outage.since) if outage and outage.since else None,
                             registry_reason=f"registry {outage.name}: {outage.reason}" if outage else "",
                             triton_key_exposed=self.key_exposed)
+
+    def inference_urls(self, gateway: dict[str, Any] | None = None) -> tuple[str, str | None]:
+        """Where clients send inference to this host, (gRPC HOST:PORT, HTTP URL or None): its gateway's when
+        one carries the traffic (clients name the public models; tritonserver's own ports serve only the
+        gateway's private names), else its tritonserver's. `status` shows them and a fleet host's heartbeat
+        advertises them (`hosts`' triton_url, `ensure`'s grpc_url / http_url). `gateway`: one read of it."""
+        gateway = self.gateway() if gateway is None else gateway
+        if gateway is None:
+            return self.triton.url, self.http_url
+        grpc_url = str(gateway["grpc_url"]) if gateway.get("grpc_url") else self.triton.url
+        return grpc_url, str(gateway["http_url"]) if gateway.get("http_url") else self.http_url
 
     def registry_outage(self) -> RegistryHealth | None:
         """The registry this plane reads that does not answer now (this host's, or where its tags live: a
