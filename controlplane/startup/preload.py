@@ -10,8 +10,9 @@ gateway sends requests to); the reconcile then finds them READY with the digest 
 restores only what did not load (it verifies every one, as for any server).
 
 Not preloaded: without a gateway, a model whose deployment was interrupted (crash recovery decides what
-it serves; with one, the route decides and its names are loaded), one not published, every model under a memory budget (each load is admitted and measured: the budget's
-count must hold), and in a fleet (the host converges to the fleet's target).
+it serves; with one, the route decides and its names are loaded), one not published, every model under a
+memory budget (each load is admitted and measured: the budget's count must hold), and in a fleet (the
+host converges to the fleet's target).
 """
 
 from __future__ import annotations
