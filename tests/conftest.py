@@ -186,6 +186,43 @@ class _refuse_servers:
             subprocess.Popen.__init__ = self.real  # type: ignore[method-assign]
 
 
+# What a test starts lives under the session's base temp dir (its repository, state dir, served trees), and
+# these are the commands that run long: a test that fails between starting one and stopping it, or kills a
+# daemon on purpose, may leave it running, taking CPU from every later test.
+LONG_RUNNING = ("tritonserver", "controlplane.gateway", "tritonctl daemon")
+
+
+def leftover_processes(base: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of the long-running processes whose command line names a path under `base`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(base) in command and any(kind in command for kind in LONG_RUNNING):
+            found.append((int(proc.name), command))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_outlives_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """At the session's end (after every other fixture stopped what it started), SIGKILL what is left under
+    the session's temp dir, and say so: a leak is visible in the log instead of slowing the next run."""
+    yield
+    import signal
+    import sys
+
+    for pid, command in leftover_processes(tmp_path_factory.getbasetemp()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        print(f"\ntests/conftest.py: killed pid {pid} left running by a test: {command[:200]}", file=sys.stderr)
+
+
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Registry]:
     """A migrated SQLite registry of the test's own (a test file needing a host or a clock defines its own)."""

@@ -275,9 +275,9 @@ class DaemonProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0, *,
              kill_triton: bool | None = None) -> int | None:
-        """Stop the daemon, then kill its tritonserver if it left one. A daemon started with `--keep-triton`
-        that exited cleanly leaves it serving for the next start to adopt (what the flag is for, and what
-        a restart measurement needs); `kill_triton=True` kills it anyway (a test's last stop)."""
+        """Stop the daemon, then kill its tritonserver and gateway if it left them. A daemon started with
+        `--keep-triton` that exited cleanly leaves them serving for the next start to adopt (what the flag is
+        for, and what a restart measurement needs); `kill_triton=True` kills them anyway (a test's last stop)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -291,6 +291,7 @@ class DaemonProcess:
         kept = "--keep-triton" in self.extra_args and code == 0
         if kill_triton or (kill_triton is None and not kept):
             self.kill_tritonserver()
+            kill_gateway(self.state_dir)  # a daemon killed, or kept, leaves its gateway running as well
         return code
 
     def kill(self) -> None:
@@ -311,6 +312,24 @@ class DaemonProcess:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and _alive(pid):
                 time.sleep(0.05)
+
+
+def kill_gateway(state_dir: Path) -> None:
+    """SIGKILL the gateway a daemon of `state_dir` started (`gateway/gateway.json`: its pid and start time, so
+    that a pid reused since is left alone), and wait until it is gone."""
+    from controlplane.gateway.launcher import start_time
+
+    try:
+        record = json.loads((state_dir / "gateway" / "gateway.json").read_text())
+        pid, started = int(record["pid"]), int(record["start_time"])
+        if start_time(pid) != started:
+            return
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError, KeyError):
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ needs none):
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from controlplane.errors import ConfigError, GatewayError
 from controlplane.gateway.launcher import GatewayProcess, free_port
 from controlplane.settings.config import load_settings
 from controlplane.startup import gateway, preflight
+from tests.harness import wait_for
 
 
 def a_gateway(workdir: Path) -> GatewayProcess:
@@ -43,21 +45,29 @@ def test_a_gateway_started_again_keeps_its_ports(tmp_path: Path) -> None:
 
 
 def test_a_gateway_whose_ports_were_taken_starts_on_free_ones(tmp_path: Path) -> None:
-    import socket
-
     process = a_gateway(tmp_path / "gw").start()
     holder = socket.socket()
     try:
         ports = dict(process.ports)
         process.kill()
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds (past TIME_WAIT)
-        holder.bind(("127.0.0.1", ports["grpc"]))  # someone took its gRPC port meanwhile
+        # someone took its gRPC port meanwhile: once the killed gateway's threads have all exited (its
+        # leader shows as a zombie before its last thread has closed the listening socket)
+        wait_for(lambda: _binds(holder, ports["grpc"]), 10, 0.02, "the killed gateway's port free")
         holder.listen()
         assert gateway.restarted(process)
         assert process.ports["grpc"] != ports["grpc"] and process.is_running()
     finally:
         holder.close()
         process.stop(5.0)
+
+
+def _binds(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def settings_for(tmp_path: Path, **file: str) -> object:
