@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from tests.harness import DaemonProcess, wait_for
 from tests.pg import PostgresServer
-from tests.test_changesets import pipe_answer, request_every, write_pipe
+from tests.test_changesets import assert_serving_root_holds_only_what_serves, pipe_answer, request_every, write_pipe
 
 HOSTS = ["h1", "h2", "h3"]
 SET = ("a", "b", "pipe")
@@ -101,7 +101,7 @@ def test_a_change_set_rolls_out_steps_first_with_zero_failed_requests(
     for host, proc in daemons.items():  # each host deployed its steps of the set as one change set
         sets = [e for e in proc.audit("--action", "changeset", "--limit", "20") if e["outcome"] == "deployed"]
         assert sets, host
-        assert not [p for p in (proc.state_dir / "serving").iterdir() if "__" in p.name], host
+        assert_serving_root_holds_only_what_serves(proc)  # no staged step name, no replaced digest left
 
 
 def test_a_broken_step_rolls_the_whole_set_back_at_the_canary(fleet: tuple[dict[str, DaemonProcess], str]) -> None:

@@ -203,7 +203,8 @@ class RequestLoads:
             try:
                 self.sync()
             except TritonctlError as exc:
-                log.warning("gateway routes of the models a request loads: %s", exc)
+                if not self.registry.health.told(exc):  # a registry outage has one voice (store/health.py)
+                    log.warning("gateway routes of the models a request loads: %s", exc)
             except Exception:  # noqa: BLE001 - the thread must outlive any one failure
                 log.exception("gateway routes of the models a request loads")
             try:
