@@ -78,6 +78,9 @@ class FleetPort(Protocol):
 
     def ondemand_models(self) -> set[str]: ...
 
+    @property
+    def registry(self) -> Registry: ...  # the fleet's shared registry, whose outage it tells itself
+
 
 def loads_on_request(record: ModelRecord, policy: str, last: DeploymentRecord | None) -> bool:
     """Whether a request for `record` loads it (see the module docstring): not serving, not removed, not last
@@ -112,6 +115,7 @@ class RequestLoads:
         # on a fleet, its on-demand models (controlplane/fleet/ondemand.py): loadable here whether this host
         # knows them yet or not, and loaded through the fleet's placement (`ensure` above)
         self.fleet_models: Callable[[], set[str]] | None = None
+        self._registries = [registry]  # the registries a round reads (the fleet's too): their outages' voices
         self._synced_at = 0.0
         self.counts = {"loads": 0, "refused": 0}
         self._busy: set[str] = set()
@@ -190,6 +194,7 @@ class RequestLoads:
             self.ensure = lambda model, for_s, actor, _wait_s: fleet.ensure_for_request(model, for_s, actor)
             self.release = fleet.release_lease
             self.fleet_models = fleet.ondemand_models
+            self._registries.append(fleet.registry)
         self._thread = threading.Thread(target=self._run, name="request-loads", daemon=True)
         self._thread.start()
 
@@ -203,7 +208,7 @@ class RequestLoads:
             try:
                 self.sync()
             except TritonctlError as exc:
-                if not self.registry.health.told(exc):  # a registry outage has one voice (store/health.py)
+                if not any(r.health.told(exc) for r in self._registries):  # an outage has one voice (store/health.py)
                     log.warning("gateway routes of the models a request loads: %s", exc)
             except Exception:  # noqa: BLE001 - the thread must outlive any one failure
                 log.exception("gateway routes of the models a request loads")
