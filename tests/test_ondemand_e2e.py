@@ -53,6 +53,7 @@ def free_port() -> int:
 
 
 @pytest.mark.triton
+@pytest.mark.alone  # it sums its python stubs' memory: stubs that exit late on a busy machine count too
 def test_ondemand_models_under_a_budget_serve_every_ensured_inference(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -8,7 +8,8 @@ command (b) and `.ci/run` call this module, which runs
   1. the default tier: `pytest -q` (every test not marked `slow`), then
   2. the slow tier: `pytest -q -m slow`,
 
-each in its own pytest process (the same commands a developer types), prints each tier's wall time
+each in its own pytest processes (the same commands a developer types, with two test files at a time,
+WORKERS, then the tier's `alone` tests one at a time), prints each tier's wall time
 and the total against the 45-minute budget of the 2-core CI machine, and exits non-zero when either
 tier fails. Extra arguments go to both tiers (`python -m tests.tiers tests/test_crash.py -x`). pytest's
 exit 5 ("no tests collected") passes for one tier only when the other tier ran tests (a file with no
@@ -31,16 +32,28 @@ ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = 45 * 60  # the whole suite on the 2-core CI machine (issue 25)
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 DURATIONS = "--durations=15"  # the slowest tests of each tier, in CI's log
+# Test files run side by side, two at a time (pytest-xdist, a file's tests on one worker: its module
+# fixtures, a daemon or a fleet, are shared by its tests as in a plain run). Most of a test's time is
+# waiting for a tritonserver and its python stubs to start, so two files at once fill the 2-core CI
+# machine; `-n 0` after these (an extra argument wins) runs one file at a time.
+WORKERS = ("-n", "2", "--dist", "loadfile")
+# A test marked `alone` measures the CPU or memory of the processes it started, which another test's
+# processes beside it would distort: each tier runs those afterwards, one at a time, with nothing beside them.
+ALONE = "alone"
 NO_SKIP_ENV = "TRITONCTL_TEST_NO_SKIP"  # tests/conftest.py: a skipped test fails (see there)
 
 
 @dataclass(frozen=True)
 class Tier:
     name: str
-    args: tuple[str, ...]  # after `python -m pytest -q`
+    marker: str  # the tier's `-m` expression (pyproject's addopts says `not slow`: a plain `pytest`)
+
+    def phases(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The tier's two pytest runs: its tests side by side, then its `alone` tests one at a time."""
+        return (("-m", f"({self.marker}) and not {ALONE}", *WORKERS), ("-m", f"({self.marker}) and {ALONE}"))
 
 
-TIERS = (Tier("default", ()), Tier("slow", ("-m", "slow")))
+TIERS = (Tier("default", "not slow"), Tier("slow", "slow"))
 
 
 @dataclass(frozen=True)
@@ -78,10 +91,14 @@ def summary(runs: Sequence[TierRun]) -> str:
 
 
 def run_tier(tier: Tier, extra: Sequence[str]) -> TierRun:
-    command = [sys.executable, "-m", "pytest", "-q", DURATIONS, *tier.args, *extra]
-    print(f"== tier {tier.name}: {' '.join(command[1:])}", flush=True)
+    """Both phases of the tier; its exit code is verdict()'s over them (one phase may select nothing)."""
     started = time.monotonic()
-    code = subprocess.call(command, cwd=ROOT, env={**os.environ, NO_SKIP_ENV: "1"})
+    codes = []
+    for args in tier.phases():
+        command = [sys.executable, "-m", "pytest", "-q", DURATIONS, *args, *extra]
+        print(f"== tier {tier.name}: {' '.join(command[1:])}", flush=True)
+        codes.append(subprocess.call(command, cwd=ROOT, env={**os.environ, NO_SKIP_ENV: "1"}))
+    code = verdict([TierRun(tier.name, c, 0.0) for c in codes])
     seconds = time.monotonic() - started
     print(f"== tier {tier.name}: exit {code} after {clock(seconds)}", flush=True)
     return TierRun(tier.name, code, seconds)
