@@ -33,6 +33,12 @@ def is_private_name(name: str) -> bool:
     return "__" in name and bool(PRIVATE_NAME_RE.fullmatch(name))
 
 
+def public_of(name: str) -> str:
+    """The public model a private name belongs to (a change set's step, or with a gateway the name one digest
+    is loaded under: controlplane/deploy/aliases.py); a public name: itself."""
+    return name.rsplit("__", 1)[0] if is_private_name(name) else name
+
+
 def printable_name(name: str) -> str:
     """A source entry's name as text any database, JSON document and terminal takes (`status` rows and audit
     events of names no model can have): a byte of a file name that is not UTF-8, which os.fsdecode keeps as a

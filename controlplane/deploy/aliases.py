@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controlplane.names import is_private_name
+from controlplane.names import is_private_name, public_of  # noqa: F401 - public_of: the aliases' vocabulary
 
 
 def private_name(model: str, digest: str) -> str:
@@ -39,11 +39,6 @@ def bound_name(model: str, digest: str, steps: Mapping[str, str]) -> str:
         return private_name(model, digest)
     binding = digest + "|" + ",".join(f"{step}={name}" for step, name in sorted(steps.items()))
     return f"{model}__{hashlib.sha256(binding.encode()).hexdigest()[:8]}"
-
-
-def public_of(name: str) -> str:
-    """The public model a private name belongs to (a public name: itself)."""
-    return name.rsplit("__", 1)[0] if is_private_name(name) else name
 
 
 @dataclass(frozen=True)

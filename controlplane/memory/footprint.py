@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.names import public_of
 from controlplane.settings.modelparams import model_parameter
 from controlplane.vocab import MEMORY_KINDS
 
@@ -94,7 +95,8 @@ def _cmdline(pid: str) -> list[str]:
 
 
 def stub_pids(model: str, server_pid: int | None = None) -> set[int]:
-    """The python backend stub processes serving `model` (of the server `server_pid`, when known)."""
+    """The python backend stub processes serving `model` (of the server `server_pid`, when known): loaded
+    under that name, or, for a public name, under any of its digests' private names (with a gateway)."""
     found: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -102,8 +104,8 @@ def stub_pids(model: str, server_pid: int | None = None) -> set[int]:
         argv = _cmdline(entry)
         if len(argv) < 9 or not argv[0].endswith(STUB):
             continue
-        model_py = Path(argv[1])
-        if model_py.parent.parent.name != model:
+        loaded = Path(argv[1]).parent.parent.name  # <repository>/<the name Triton loaded it under>/<version>/model.py
+        if model not in (loaded, public_of(loaded)):  # `model` by that name, or any digest of it (gateway)
             continue
         if server_pid is not None and argv[5] != str(server_pid):
             continue
