@@ -22,13 +22,15 @@ DIGEST_LENGTH = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
 _NAME_CHAR_RE = re.compile(r"[A-Za-z0-9_.-]", re.ASCII)
 _HEX_RE = re.compile(r"[0-9a-f]+", re.ASCII)
-# A change set's private step names (controlplane/intake/changeset.py): `<model>__<8 hex>`. Reserved, so that a
-# user's model can never be taken for (or collide with) one.
+# Private names, `<model>__<8 hex>`: a change set's staged steps (controlplane/intake/changeset.py) and, with a
+# gateway, the name each digest is loaded under (controlplane/deploy/aliases.py). Reserved, so that a user's
+# model can never be taken for (or collide with) one.
 PRIVATE_NAME_RE = re.compile(r".+__[0-9a-f]{8}", re.ASCII)
 
 
 def is_private_name(name: str) -> bool:
-    """Whether `name` is a change set's private step name (never a model of its own). The substring test
+    """Whether `name` is a private name (a staged step, or a digest's name behind the gateway; never a model of
+    its own). The substring test
     first: the reconcile asks this of every model in Triton's index each round (issue 39, item 3)."""
     return "__" in name and bool(PRIVATE_NAME_RE.fullmatch(name))
 
