@@ -678,6 +678,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def fine_cpu_seconds(pid: int) -> float:
+    """The CPU time `pid`'s live threads ran, in nanoseconds' resolution (/proc/PID/task/*/schedstat): for a
+    window of a few milliseconds, which utime + stime (clock ticks of 10 ms) may count as 0. A thread that
+    exited meanwhile is not counted: for long-lived servers (the gateway's event loop and its threads)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
 def children_cpu_seconds(pid: int) -> float:
     """cutime + cstime of `pid`: the CPU of its children it waited for (the daemon's capture workers,
     joined before READY; not its tritonserver, which runs on) in seconds."""
