@@ -9,9 +9,10 @@ in three cases: the route has no shadow; it has a shadow whose `fraction` copies
 shadow copies every request. It records the gateway's CPU per client request (the run time of its threads,
 the comparing one included, from /proc/PID/task/*/schedstat: nanoseconds, where utime + stime count 10 ms
 ticks, too coarse for the few milliseconds a quick run's window holds), tritonserver's (the copy is a
-second inference there), the client's p50 latency, and the shadow's figures (every pair compared, all agreeing: the answers are
-equal). The rows quote medians over rounds. No target: the issue asks that requests not copied pay
-nothing and that a copied request's cost is bounded; this says how much it is on this machine.
+second inference there), the client's p50 latency, and the shadow's figures (every pair compared, all
+agreeing: the answers are equal). The rows quote medians over rounds. No target: the issue asks that
+requests not copied pay nothing and that a copied request's cost is bounded; this says how much it is on
+this machine.
 
     python bench/shadow.py            # 5 rounds
     python bench/shadow.py --quick    # 1 round, fewer requests
