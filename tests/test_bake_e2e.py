@@ -316,7 +316,11 @@ def test_an_ensemble_and_its_steps_roll_back_as_a_set_with_the_old_pipeline_answ
 
     members = ("a", "b", "pipe")
     write_pipe(daemon.repository, "t1", 10)
-    firsts = {m: str(wait_for(lambda m=m: serving(daemon, m), 90, 0.3, f"{m} serving")) for m in members}
+    try:
+        firsts = {m: str(wait_for(lambda m=m: serving(daemon, m), 90, 0.3, f"{m} serving")) for m in members}
+    except AssertionError as exc:  # say what the daemon says of the set (a run under load timed out once)
+        rows = {m: daemon.model_status(m) for m in members}
+        raise AssertionError(f"{exc}\n{rows}\n{daemon.log_tail(6000)}") from None
     wait_for(lambda: all(bake_of(daemon, m).get("state") not in (None, "baking") for m in members), 30, 0.3,
              "the first set's bake ended")
     rng = random.Random(7)
