@@ -247,9 +247,13 @@ def _metrics_args() -> tuple[int, list[str]]:
 
 
 def _stop_kept_triton(daemon: Any) -> None:
-    """--keep-triton left the daemon's tritonserver running: stop it by its pid (the one this run launched)."""
+    """--keep-triton left the daemon's tritonserver running, and its gateway: stop the server by its pid (the
+    one this run launched), and the gateway (tests/harness.py kill_gateway)."""
     import signal
 
+    from tests.harness import kill_gateway
+
+    kill_gateway(daemon.state_dir)
     triton_pid = daemon.triton_pid()
     if triton_pid:
         os.kill(triton_pid, signal.SIGTERM)
