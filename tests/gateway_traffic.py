@@ -35,6 +35,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from controlplane.gateway.control import GatewayControl
+from tests.harness import wait_for
 
 PROBE_CONFIG = """name: "{name}"
 backend: "python"
@@ -299,6 +300,30 @@ def probe_verdict(samples: list[Sample], old: int, new: int, switched_at: float)
 REFUSED = ("UNAVAILABLE", "Connection refused", "connection refused", "Connection reset", "failed to connect",
            "Socket closed", "Broken pipe", "RemoteDisconnected", "Connection aborted", "ConnectionRefused",
            "Connection to the server failed", "connection closed")
+
+
+def decoupled_square(grpc_url: str) -> dict[str, list[int]]:
+    """python_backend's decoupled square_int32 client over one gRPC stream at `grpc_url`: requests 4, 2, 0, 1,
+    each answered n times (0: none). Every answer is asserted an answer of `square_int32`, none an error;
+    the answers' values by request id."""
+    answers: list[Any] = []
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: answers.append(error or result))
+    try:
+        for i, value in enumerate([4, 2, 0, 1]):
+            x = grpcclient.InferInput("IN", [1], "INT32")
+            x.set_data_from_numpy(np.array([value], dtype=np.int32))
+            client.async_stream_infer("square_int32", [x], request_id=str(i))
+        wait_for(lambda: len(answers) >= 7, 30, 0.05, "seven answers on the stream")
+    finally:
+        client.stop_stream()
+        client.close()
+    assert not [a for a in answers if isinstance(a, Exception)], answers
+    by_id: dict[str, list[int]] = {}
+    for answer in answers:
+        assert answer.get_response().model_name == "square_int32"
+        by_id.setdefault(answer.get_response().id, []).append(int(answer.as_numpy("OUT")[0]))
+    return by_id
 
 
 def refused(error: str) -> bool:

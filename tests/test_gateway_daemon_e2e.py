@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -38,6 +37,7 @@ from tests.gateway_traffic import (
     Sample,
     Traffic,
     control,
+    decoupled_square,
     gateway_urls,
     kill_gateway,
     probe_verdict,
@@ -311,23 +311,7 @@ def test_add_sub_client_through_the_daemons_gateway(examples: DaemonProcess) -> 
 def test_decoupled_square_client_through_the_daemons_gateway(examples: DaemonProcess) -> None:
     """python_backend's decoupled square_int32 client: n answers per request over one gRPC stream."""
     grpc, _ = gateway_urls(examples.state_dir)
-    answers: list[Any] = []
-    client = grpcclient.InferenceServerClient(grpc)
-    client.start_stream(callback=lambda result, error: answers.append(error or result))
-    try:
-        for i, value in enumerate([4, 2, 0, 1]):
-            x = grpcclient.InferInput("IN", [1], "INT32")
-            x.set_data_from_numpy(np.array([value], dtype=np.int32))
-            client.async_stream_infer("square_int32", [x], request_id=str(i))
-        wait_for(lambda: len(answers) >= 7, 30, 0.05, "seven answers on the stream")
-    finally:
-        client.stop_stream()
-        client.close()
-    assert not [a for a in answers if isinstance(a, Exception)], answers
-    by_id: dict[str, list[int]] = {}
-    for answer in answers:
-        assert answer.get_response().model_name == "square_int32"
-        by_id.setdefault(answer.get_response().id, []).append(int(answer.as_numpy("OUT")[0]))
+    by_id = decoupled_square(grpc)
     assert by_id == {"0": [4] * 4, "1": [2] * 2, "3": [1]}
 
 

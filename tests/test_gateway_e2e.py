@@ -27,6 +27,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.gateway_harness import GatewayRig, digest, private, route
+from tests.gateway_traffic import decoupled_square
 
 
 @pytest.fixture(scope="module")
@@ -101,25 +102,7 @@ def test_grpc_asyncio_client(rig: GatewayRig) -> None:
 
 def test_grpc_stream_of_a_decoupled_model(rig: GatewayRig) -> None:
     """python_backend's decoupled square example's client, through the gateway: n answers per request."""
-    answers: list[Any] = []
-    client = grpcclient.InferenceServerClient(rig.grpc_url)
-    client.start_stream(callback=lambda result, error: answers.append(error or result))
-    try:
-        for i, value in enumerate([4, 2, 0, 1]):
-            x = grpcclient.InferInput("IN", [1], "INT32")
-            x.set_data_from_numpy(np.array([value], dtype=np.int32))
-            client.async_stream_infer("square_int32", [x], request_id=str(i))
-        deadline = time.monotonic() + 30
-        while len(answers) < 7 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        client.stop_stream()
-        client.close()
-    assert not [a for a in answers if isinstance(a, Exception)], answers
-    by_id: dict[str, list[int]] = {}
-    for answer in answers:
-        assert answer.get_response().model_name == "square_int32"
-        by_id.setdefault(answer.get_response().id, []).append(int(answer.as_numpy("OUT")[0]))
+    by_id = decoupled_square(rig.grpc_url)
     assert by_id == {"0": [4] * 4, "1": [2] * 2, "3": [1]}
 
 
