@@ -194,14 +194,13 @@ LONG_RUNNING = ("tritonserver", "controlplane.gateway", "tritonctl daemon")
 
 def leftover_processes(base: Path) -> list[tuple[int, str]]:
     """(pid, command line) of the long-running processes whose command line names a path under `base`."""
+    from controlplane.gateway.launcher import cmdline
+
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
-        try:
-            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
+        command = " ".join(cmdline(int(proc.name)))
         if str(base) in command and any(kind in command for kind in LONG_RUNNING):
             found.append((int(proc.name), command))
     return found
