@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controlplane.names import is_private_name, public_of  # noqa: F401 - public_of: the aliases' vocabulary
-
 
 def private_name(model: str, digest: str) -> str:
     """The name one digest of `model` is loaded under (a change set's staged step names too)."""

@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controlplane.deploy.aliases import LOADABLE, Lane, Routed, Target, Weighted, public_of
+from controlplane.deploy.aliases import LOADABLE, Lane, Routed, Target, Weighted
 from controlplane.deploy.causes import classify
 from controlplane.deploy.drain import Drainer
 from controlplane.deploy.plans import point_steps
@@ -48,7 +48,7 @@ from controlplane.deploy.steps import (
 )
 from controlplane.documents.results import Outcome
 from controlplane.errors import EnvironmentFault, TritonctlError
-from controlplane.names import is_private_name
+from controlplane.names import is_private_name, public_of
 from controlplane.snapshot import ContentStore
 from controlplane.store.records import DeploymentRecord, ServingRecord, SnapshotRecord
 from controlplane.store.registry import Registry
